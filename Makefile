@@ -1,0 +1,35 @@
+# Two entry points (see README): `make run-local` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch. Outside a machine that has it on disk, point pip at the CPU wheels:
+#   make TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu run-local
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+TORCH_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
+
+.PHONY: setup run-local test compile bench clean
+
+$(BIN)/hyperpod-pretrain: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/hyperpod-pretrain
+
+run-local: setup
+	$(BIN)/hyperpod-pretrain run-local $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(ARGS)
+
+compile: setup
+	$(BIN)/hyperpod-pretrain compile
+
+bench: setup
+	$(BIN)/python bench/bench_run_local.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) local-runs

@@ -1,0 +1,85 @@
+"""The local backend: torchrun as a subprocess, its output streamed into this step's log.
+
+A SIGTERM to this process (KFP terminating the run) is passed on to torchrun, which passes it to the
+workers: nothing keeps training after the step is gone.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from components.errors import StepFailed
+from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 40
+
+
+def torchrun_command(cfg: LaunchConfig) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", "--nnodes=1", f"--nproc-per-node={cfg.nproc_per_node}",
+        "--tee=3", f"--log-dir={cfg.run_paths.logs / 'torchrun'}",  # each line prefixed [default<rank>]:
+        "-m", "trainer.train_ddp", *cfg.trainer_args(),
+    ]
+
+
+def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
+    command = torchrun_command(cfg)
+    threads = max(1, (os.cpu_count() or 1) // cfg.nproc_per_node)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **cfg.trainer_env()}
+    log.info("launching %d local processes for run %s: %s", cfg.nproc_per_node, cfg.run_id, " ".join(command))
+    started = time.monotonic()
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
+
+    def forward(signum: int, _frame: object) -> None:
+        log.warning("received signal %d: stopping torchrun", signum)
+        proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} \
+        if threading.current_thread() is threading.main_thread() else {}
+    timed_out = threading.Event()
+    deadline = None
+    if cfg.timeout_s:
+        def expire() -> None:
+            timed_out.set()
+            proc.send_signal(signal.SIGTERM)
+        deadline = threading.Timer(cfg.timeout_s, expire)
+        deadline.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            log.info("%s", line)
+        exit_code = proc.wait()
+    finally:
+        if deadline:
+            deadline.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    seconds = time.monotonic() - started
+    if timed_out.is_set():
+        raise StepFailed(f"training of run {cfg.run_id} exceeded its timeout of {cfg.timeout_s}s and was stopped")
+    if exit_code != 0:
+        last = "\n".join(tail)
+        raise StepFailed(
+            f"training of run {cfg.run_id} failed with exit code {exit_code} after {seconds:.0f}s; "
+            f"last {len(tail)} lines of output:\n{last}"
+        )
+    log.info("training of run %s finished in %.1fs", cfg.run_id, seconds)
+    return LaunchResult(run_id=cfg.run_id, run_dir=str(cfg.run_paths.root), backend="local",
+                        world_size=cfg.world_size, exit_code=exit_code, seconds=round(seconds, 3))

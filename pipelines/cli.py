@@ -1,0 +1,204 @@
+"""`hyperpod-pretrain`: compile the pipeline, run it locally, or run any one step's core by itself."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from components.errors import InputError, StepFailed
+from components.kfp_support import setup_logging
+from trainer.model import PRESETS
+
+log = logging.getLogger("hyperpod-pretrain")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def add_storage_args(p: argparse.ArgumentParser, dataset: bool = True, run_id: bool = True,
+                     root_default: str | None = None) -> None:
+    p.add_argument("--storage-root", required=root_default is None, default=root_default,
+                   help="root of the shared volume (/fsx on the cluster, any directory locally)")
+    if dataset:
+        p.add_argument("--dataset", required=True, help="dataset name: <root>/datasets/<name>")
+    if run_id:
+        p.add_argument("--run-id", required=True, help="run id: <root>/runs/<run_id>")
+
+
+def add_train_args(p: argparse.ArgumentParser, preset: str = "small", max_steps: int = 200) -> None:
+    p.add_argument("--nproc-per-node", type=positive_int, default=2, help="processes (GPUs) per node")
+    p.add_argument("--preset", default=preset, choices=sorted(PRESETS), help="model preset")
+    p.add_argument("--max-steps", type=positive_int, default=max_steps)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per process per step")
+    p.add_argument("--seq-len", type=positive_int, default=128)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--checkpoint-every", type=positive_int, default=50)
+    p.add_argument("--log-every", type=positive_int, default=10)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from pipelines.pipeline import compile_pipeline
+
+    output = Path(args.output)
+    if not args.check:
+        compile_pipeline(output)
+        log.info("wrote %s", output)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp) / output.name
+        compile_pipeline(fresh)
+        current = output.read_text() if output.is_file() else ""
+        if fresh.read_text() == current:
+            log.info("%s is up to date", output)
+            return 0
+        diff = difflib.unified_diff(current.splitlines(), fresh.read_text().splitlines(),
+                                    str(output), "fresh compile", lineterm="", n=1)
+        sys.stderr.write("\n".join(list(diff)[:40]) + "\n")
+    raise StepFailed(f"{output} differs from a fresh compile: run 'hyperpod-pretrain compile' and commit it")
+
+
+def cmd_run_local(args: argparse.Namespace) -> int:
+    from pipelines.local_run import new_run_id, run_local
+
+    arguments = {
+        "source": args.source, "dataset": args.dataset, "include": args.include, "vocab_size": args.vocab_size,
+        "val_fraction": 0.05, "run_id": args.run_id or new_run_id(), "backend": "local", "nnodes": 1,
+        "nproc_per_node": args.nproc_per_node, "preset": args.preset, "max_steps": args.max_steps,
+        "seed": args.seed, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
+        "checkpoint_every": args.checkpoint_every, "log_every": args.log_every, "eval_max_tokens": 65536,
+    }
+    result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments)
+    evaluation = json.loads((result.run_dir / "eval" / "eval.json").read_text())
+    lines = [
+        f"local pipeline run {arguments['run_id']} succeeded in {result.seconds:.0f}s: val loss "
+        f"{evaluation['val_loss']:.3f} after {evaluation['step']} steps (untrained {evaluation['untrained_val_loss']:.3f})",
+        "reports:",
+    ]
+    lines += [f"  {name:34s} {path}" for name, path in result.reports().items()]
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_stage_data(args: argparse.Namespace) -> int:
+    from components.stage_data.core import stage_data
+
+    result = stage_data(source=args.source, storage_root=args.storage_root, dataset=args.dataset,
+                        include=args.include, vocab_size=args.vocab_size, val_fraction=args.val_fraction,
+                        tokenizer_path=args.tokenizer_path)
+    print(json.dumps(asdict(result), indent=2))
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from components.launch_pytorchjob.core import LaunchConfig, launch
+
+    result = launch(LaunchConfig(
+        storage_root=args.storage_root, dataset=args.dataset, run_id=args.run_id, backend=args.backend,
+        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, preset=args.preset, max_steps=args.max_steps,
+        seed=args.seed, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+        checkpoint_every=args.checkpoint_every, log_every=args.log_every, timeout_s=args.timeout_s,
+    ))
+    print(json.dumps(asdict(result), indent=2))
+    return 0
+
+
+def cmd_verify_nccl(args: argparse.Namespace) -> int:
+    from components.verify_nccl.core import verify_nccl
+
+    result = verify_nccl(args.storage_root, args.run_id, args.world_size, args.logs)
+    print(result.markdown())
+    if not result.passed:
+        raise StepFailed("; ".join(f"{c.name}: {c.reason}" for c in result.failures))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from components.evaluate_checkpoint.core import evaluate_checkpoint
+
+    result = evaluate_checkpoint(args.storage_root, args.dataset, args.run_id, max_tokens=args.max_tokens)
+    print(result.markdown())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pipelines.local_run import default_corpus
+    from pipelines.pipeline import COMPILED_PIPELINE
+
+    parser = argparse.ArgumentParser(prog="hyperpod-pretrain", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="compile the pipeline to YAML")
+    p.add_argument("--output", default=str(COMPILED_PIPELINE))
+    p.add_argument("--check", action="store_true", help="exit non-zero if --output differs from a fresh compile")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run-local", help="run the compiled pipeline end to end on this machine (kfp.local)")
+    add_storage_args(p, dataset=False, run_id=False, root_default="local-runs")
+    p.add_argument("--source", default=default_corpus(), help="corpus to stage (default: the stdlib's email package)")
+    p.add_argument("--include", nargs="+", default=["*.py"], help="glob patterns of files to stage")
+    p.add_argument("--dataset", default="stdlib-email")
+    p.add_argument("--run-id", default="", help="default: local-<UTC time>")
+    p.add_argument("--vocab-size", type=positive_int, default=2048)
+    p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE))
+    add_train_args(p)
+    p.set_defaults(func=cmd_run_local)
+
+    p = sub.add_parser("stage-data", help="stage a corpus onto the volume and tokenize it")
+    p.add_argument("--source", required=True, help="file:// URI or local path")
+    add_storage_args(p, run_id=False)
+    p.add_argument("--include", nargs="+", default=["*"], help="glob patterns of files to stage")
+    p.add_argument("--vocab-size", type=positive_int, default=4096)
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--tokenizer-path", default="", help="use this tokenizer.json instead of training one")
+    p.set_defaults(func=cmd_stage_data)
+
+    p = sub.add_parser("launch", help="train: torchrun locally, or a PyTorchJob on the cluster")
+    p.add_argument("--backend", choices=["local", "kubernetes"], default="local")
+    add_storage_args(p)
+    p.add_argument("--nnodes", type=positive_int, default=1)
+    p.add_argument("--timeout-s", type=int, default=0, help="stop training after this many seconds (0: never)")
+    add_train_args(p)
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("verify-nccl", help="check a run's comms self-test reports and NCCL logs")
+    add_storage_args(p, dataset=False)
+    p.add_argument("--world-size", type=int, default=0, help="expected ranks (default: what the reports claim)")
+    p.add_argument("logs", nargs="*", metavar="PATH", help="more logs to read (pod logs, NCCL_DEBUG_FILE output)")
+    p.set_defaults(func=cmd_verify_nccl)
+
+    p = sub.add_parser("evaluate", help="evaluate a run's latest checkpoint on the val split")
+    add_storage_args(p)
+    p.add_argument("--max-tokens", type=positive_int, default=65536)
+    p.set_defaults(func=cmd_evaluate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging()
+    try:
+        return args.func(args)
+    except InputError as exc:
+        print(f"hyperpod-pretrain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except StepFailed as exc:
+        print(f"hyperpod-pretrain {args.command}: failed: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

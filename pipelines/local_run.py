@@ -1,0 +1,95 @@
+"""Run the compiled pipeline on this machine with kfp.local: same YAML, same components, a directory for FSx."""
+
+from __future__ import annotations
+
+import logging
+import sysconfig
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.errors import InputError, StepFailed
+from components.stage_data.core import prepare_storage_root
+from trainer.layout import RunPaths
+
+log = logging.getLogger(__name__)
+
+
+def default_corpus() -> str:
+    """A real corpus present on every machine: the standard library's email package, as Python source."""
+    return str(Path(sysconfig.get_paths()["stdlib"]) / "email")
+
+
+@dataclass
+class LocalRun:
+    run_dir: Path
+    artifacts_dir: Path
+    seconds: float
+
+    def reports(self) -> dict[str, Path]:
+        run = RunPaths(self.run_dir)
+        found = {
+            "training metrics": run.metrics,
+            "checkpoint": run.latest_checkpoint,
+            "communication report": run.comms / "verification.md",
+            "evaluation report": run.eval / "report.md",
+        }
+        for path in sorted(self.artifacts_dir.rglob("*")):
+            if path.is_file() and path.name == "report":
+                found[f"KFP {path.parent.name} {path.name}"] = path
+        return found
+
+
+def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]) -> LocalRun:
+    import kfp.local
+    from kfp import components
+
+    if not pipeline_file.is_file():
+        raise InputError(f"pipeline file {pipeline_file}: no such file (run 'hyperpod-pretrain compile')")
+    prepare_storage_root(str(storage_root))
+    storage_root = storage_root.resolve()
+    if KFP_LOCAL_REWRITES in str(storage_root):
+        raise InputError(f"storage root {storage_root}: kfp.local corrupts arguments that contain "
+                         f"{KFP_LOCAL_REWRITES!r}; choose a directory whose path does not")
+    arguments = {**arguments, "source": safe_source(arguments["source"], storage_root)}
+    run_id = arguments["run_id"]
+    pipeline_root = storage_root / "kfp-local" / run_id
+    kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    pipeline = components.load_component_from_file(str(pipeline_file))
+    started = time.monotonic()
+    with warnings.catch_warnings():
+        # kfp.local warns that our components image is not a python image: locally it runs in this venv.
+        warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
+        try:
+            pipeline(**arguments, storage_root=str(storage_root))
+        except RuntimeError as exc:
+            raise StepFailed(f"local pipeline run {run_id} failed: {exc}".splitlines()[0]) from None
+    return LocalRun(RunPaths.of(storage_root, run_id).root, pipeline_root, time.monotonic() - started)
+
+
+# kfp.local's SubprocessRunner replaces this string in every argument of a task's command (it means
+# to swap the interpreter), so a parameter value containing it arrives corrupted.
+KFP_LOCAL_REWRITES = "python3"
+
+
+def safe_source(source: str, storage_root: Path) -> str:
+    """A path to the same source that kfp.local passes through intact: a symlink under the storage root."""
+    if KFP_LOCAL_REWRITES not in source:
+        return source
+    target = Path(source.removeprefix("file://")).resolve()
+    if not target.exists():
+        raise InputError(f"source {source}: does not exist")
+    alias = storage_root / "sources" / target.name
+    alias.parent.mkdir(parents=True, exist_ok=True)
+    if alias.is_symlink() and alias.resolve() != target:
+        alias.unlink()
+    if not alias.is_symlink():
+        alias.symlink_to(target)
+    log.info("passing source %s as %s (kfp.local rewrites %r inside arguments)", source, alias, KFP_LOCAL_REWRITES)
+    return str(alias)
+
+
+def new_run_id() -> str:
+    return time.strftime("local-%Y%m%d-%H%M%S", time.gmtime())

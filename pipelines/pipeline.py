@@ -1,0 +1,64 @@
+"""The pretraining pipeline: stage_data -> launch_pytorchjob -> verify_nccl -> evaluate_checkpoint.
+
+Storage paths are parameters (kfp.local ignores kfp-kubernetes settings, so a local directory can stand
+in for the FSx volume). The defaults describe a cluster run; `hyperpod-pretrain run-local` overrides them.
+"""
+
+from pathlib import Path
+
+from kfp import compiler, dsl
+
+from components.evaluate_checkpoint.component import evaluate_checkpoint
+from components.launch_pytorchjob.component import launch_pytorchjob
+from components.stage_data.component import stage_data
+from components.verify_nccl.component import verify_nccl
+
+PIPELINE_NAME = "hyperpod-pretrain"
+COMPILED_PIPELINE = Path(__file__).resolve().parent.parent / "compiled" / "pretrain_pipeline.yaml"
+
+
+@dsl.pipeline(name=PIPELINE_NAME, description="Pretrain a causal LM with PyTorch DDP on SageMaker HyperPod (EKS).")
+def pretrain_pipeline(
+    source: str,
+    storage_root: str = "/fsx",
+    dataset: str = "corpus",
+    include: list = ["*"],
+    vocab_size: int = 8192,
+    val_fraction: float = 0.01,
+    tokenizer_path: str = "",
+    run_id: str = "",
+    backend: str = "kubernetes",
+    nnodes: int = 2,
+    nproc_per_node: int = 8,
+    preset: str = "gpt2-124m",
+    max_steps: int = 5000,
+    seed: int = 1234,
+    batch_size: int = 16,
+    seq_len: int = 1024,
+    lr: float = 6e-4,
+    checkpoint_every: int = 500,
+    log_every: int = 10,
+    train_timeout_s: int = 0,
+    eval_max_tokens: int = 1048576,
+):
+    staged = stage_data(
+        source=source, storage_root=storage_root, dataset=dataset, include=include, vocab_size=vocab_size,
+        val_fraction=val_fraction, tokenizer_path=tokenizer_path,
+    )
+    trained = launch_pytorchjob(
+        storage_root=storage_root, dataset=dataset, run_id=run_id, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        backend=backend, nnodes=nnodes, nproc_per_node=nproc_per_node, preset=preset, max_steps=max_steps,
+        seed=seed, batch_size=batch_size, seq_len=seq_len, lr=lr, checkpoint_every=checkpoint_every,
+        log_every=log_every, timeout_s=train_timeout_s,
+    ).after(staged)
+    verified = verify_nccl(
+        storage_root=storage_root, run_id=trained.output, nnodes=nnodes, nproc_per_node=nproc_per_node,
+    )
+    evaluate_checkpoint(
+        storage_root=storage_root, dataset=dataset, run_id=trained.output, max_tokens=eval_max_tokens,
+    ).after(verified)
+
+
+def compile_pipeline(output: Path) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(pretrain_pipeline, str(output))

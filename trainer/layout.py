@@ -1,0 +1,112 @@
+"""The storage layout on the shared FSx volume: the one contract between the pipeline's steps.
+
+Every step, the trainer included, finds its files through these two classes and nowhere else:
+
+    <root>/datasets/<dataset>/raw/...                mirror of the source
+    <root>/datasets/<dataset>/staging_manifest.json  key, size, sha256 per file
+    <root>/datasets/<dataset>/tokenized/             tokenizer.json, train_*.bin, val_*.bin, meta.json
+    <root>/runs/<run_id>/config.json                 resolved trainer config
+    <root>/runs/<run_id>/checkpoints/checkpoint_latest.pt
+    <root>/runs/<run_id>/metrics.jsonl               one JSON object per logged step
+    <root>/runs/<run_id>/logs/ nccl/ comms/ eval/    per-rank logs, NCCL_DEBUG_FILE output, comms self-test, evaluation
+
+It lives in the trainer package because the trainer image ships only that package.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Dataset names and run ids become directory names: refuse anything that could escape or collide."""
+    if not _NAME.match(value or "") or value in (".", ".."):
+        raise ValueError(
+            f"{kind} {value!r} is not a valid name: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class DatasetPaths:
+    root: Path
+
+    @classmethod
+    def of(cls, storage_root: str | Path, dataset: str) -> DatasetPaths:
+        return cls(Path(storage_root) / "datasets" / check_name("dataset", dataset))
+
+    @classmethod
+    def from_tokenized_dir(cls, tokenized_dir: str | Path) -> DatasetPaths:
+        return cls(Path(tokenized_dir).parent)
+
+    @property
+    def raw(self) -> Path:
+        return self.root / "raw"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "staging_manifest.json"
+
+    @property
+    def tokenized(self) -> Path:
+        return self.root / "tokenized"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.tokenized / "tokenizer.json"
+
+    @property
+    def meta(self) -> Path:
+        return self.tokenized / "meta.json"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @classmethod
+    def of(cls, storage_root: str | Path, run_id: str) -> RunPaths:
+        return cls(Path(storage_root) / "runs" / check_name("run id", run_id))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def latest_checkpoint(self) -> Path:
+        return self.checkpoints / "checkpoint_latest.pt"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def nccl(self) -> Path:
+        return self.root / "nccl"
+
+    @property
+    def comms(self) -> Path:
+        return self.root / "comms"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    def comms_report(self, rank: int) -> Path:
+        return self.comms / f"rank_{rank:05d}.json"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank_{rank:05d}.log"
