@@ -13,6 +13,7 @@ from pathlib import Path
 
 from components.errors import InputError, StepFailed
 from components.kfp_support import setup_logging
+from trainer.layout import RunPaths
 from trainer.model import PRESETS
 
 log = logging.getLogger("hyperpod-pretrain")
@@ -82,7 +83,7 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "checkpoint_every": args.checkpoint_every, "log_every": args.log_every, "eval_max_tokens": 65536,
     }
     result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments)
-    evaluation = json.loads((result.run_dir / "eval" / "eval.json").read_text())
+    evaluation = json.loads(RunPaths(result.run_dir).eval_result.read_text())
     lines = [
         f"local pipeline run {arguments['run_id']} succeeded in {result.seconds:.0f}s: val loss "
         f"{evaluation['val_loss']:.3f} after {evaluation['step']} steps (untrained {evaluation['untrained_val_loss']:.3f})",

@@ -33,8 +33,8 @@ class LocalRun:
         found = {
             "training metrics": run.metrics,
             "checkpoint": run.latest_checkpoint,
-            "communication report": run.comms / "verification.md",
-            "evaluation report": run.eval / "report.md",
+            "communication report": run.comms_verification,
+            "evaluation report": run.eval_report,
         }
         for path in sorted(self.artifacts_dir.rglob("*")):
             if path.is_file() and path.name == "report":

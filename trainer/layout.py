@@ -105,6 +105,18 @@ class RunPaths:
     def eval(self) -> Path:
         return self.root / "eval"
 
+    @property
+    def comms_verification(self) -> Path:
+        return self.comms / "verification.md"
+
+    @property
+    def eval_result(self) -> Path:
+        return self.eval / "eval.json"
+
+    @property
+    def eval_report(self) -> Path:
+        return self.eval / "report.md"
+
     def comms_report(self, rank: int) -> Path:
         return self.comms / f"rank_{rank:05d}.json"
 

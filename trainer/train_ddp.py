@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import comms
@@ -210,5 +211,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     )
 
 
-if __name__ == "__main__":
+@record  # a worker's exception reaches torchrun's failure summary, which the launcher shows
+def main() -> None:
     train(parse_args())
+
+
+if __name__ == "__main__":
+    main()

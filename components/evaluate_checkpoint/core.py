@@ -6,7 +6,6 @@ import json
 import logging
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -85,8 +84,8 @@ def evaluate_checkpoint(storage_root: str, dataset: str, run_id: str, max_tokens
         val_perplexity=round(math.exp(val_loss), 4), untrained_val_loss=round(untrained_loss, 6),
         loss_reduction=round(untrained_loss - val_loss, 6),
     )
-    write_json(run.eval / "eval.json", asdict(result))
-    with atomic_open(run.eval / "report.md", "w") as f:
+    write_json(run.eval_result, asdict(result))
+    with atomic_open(run.eval_report, "w") as f:
         f.write(result.markdown())
     log.info("run %s step %d: val loss %.4f (perplexity %.2f), untrained %.4f",
              run_id, result.step, val_loss, result.val_perplexity, untrained_loss)

@@ -7,6 +7,7 @@ workers: nothing keeps training after the step is gone.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from components.errors import StepFailed
 from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
@@ -23,11 +25,31 @@ log = logging.getLogger(__name__)
 TAIL_LINES = 40
 
 
+def torchrun_log_dir(cfg: LaunchConfig) -> Path:
+    return cfg.run_paths.logs / "torchrun"
+
+
+def root_cause(log_dir: Path) -> str:
+    """The first failing rank's exception, from the error.json that torchrun's @record writes per worker."""
+    launches = sorted(log_dir.glob("*/"), key=lambda d: d.stat().st_mtime)  # torchrun makes one per start
+    errors = []
+    for path in launches[-1].glob("attempt_*/*/error.json") if launches else ():
+        try:
+            error = json.loads(path.read_text())["message"]
+            errors.append((error["extraInfo"]["timestamp"], path.parent.name, error["message"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if not errors:
+        return ""
+    _, rank, message = min(errors)
+    return f"local rank {rank}: {message.splitlines()[0]}"
+
+
 def torchrun_command(cfg: LaunchConfig) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nnodes=1", f"--nproc-per-node={cfg.nproc_per_node}",
-        "--tee=3", f"--log-dir={cfg.run_paths.logs / 'torchrun'}",  # each line prefixed [default<rank>]:
+        "--tee=3", f"--log-dir={torchrun_log_dir(cfg)}",  # each line prefixed [default<rank>]:
         "-m", "trainer.train_ddp", *cfg.trainer_args(),
     ]
 
@@ -75,10 +97,11 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
     if timed_out.is_set():
         raise StepFailed(f"training of run {cfg.run_id} exceeded its timeout of {cfg.timeout_s}s and was stopped")
     if exit_code != 0:
+        cause = root_cause(torchrun_log_dir(cfg))
         last = "\n".join(tail)
         raise StepFailed(
-            f"training of run {cfg.run_id} failed with exit code {exit_code} after {seconds:.0f}s; "
-            f"last {len(tail)} lines of output:\n{last}"
+            f"training of run {cfg.run_id} failed with exit code {exit_code} after {seconds:.0f}s"
+            f"{': ' + cause if cause else ''}\nlast {len(tail)} lines of output:\n{last}"
         )
     log.info("training of run %s finished in %.1fs", cfg.run_id, seconds)
     return LaunchResult(run_id=cfg.run_id, run_dir=str(cfg.run_paths.root), backend="local",

@@ -99,7 +99,7 @@ def verify_nccl(storage_root: str, run_id: str, world_size: int = 0, extra_logs:
     result = Verification(str(run.root), world_size, reports, nccl)
     result.checks = report_checks(reports, world_size) + nccl_checks(nccl, reports, world_size)
 
-    with atomic_open(run.comms / "verification.md", "w") as f:
+    with atomic_open(run.comms_verification, "w") as f:
         f.write(result.markdown())
     for c in result.checks:
         log.log(logging.ERROR if c.status == FAIL else logging.INFO, "%s: %s (%s)", c.name, c.status, c.reason)

@@ -1,0 +1,85 @@
+"""The installed `hyperpod-pretrain` command: every core reachable, bad input one clear line and non-zero."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.layout import RunPaths
+
+CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("command", ["compile", "run-local", "stage-data", "launch", "verify-nccl", "evaluate"])
+def test_every_subcommand_has_help(command: str) -> None:
+    result = cli(command, "--help")
+    assert result.returncode == 0 and "--" in result.stdout
+
+
+def test_stage_data_prints_result(corpus: Path, tmp_path: Path) -> None:
+    result = cli("stage-data", "--source", f"file://{corpus}", "--storage-root", str(tmp_path), "--dataset", "d",
+                 "--vocab-size", "300")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["files"] == 12
+
+
+def test_verify_and_evaluate_on_a_trained_run(trained_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "fsx"
+    shutil.copytree(trained_root, root)
+    verified = cli("verify-nccl", "--storage-root", str(root), "--run-id", "run-1", "--world-size", "2")
+    assert verified.returncode == 0 and "Communication check: passed" in verified.stdout
+    failed = cli("verify-nccl", "--storage-root", str(root), "--run-id", "run-1", "--world-size", "3")
+    assert failed.returncode == 1
+    assert failed.stderr.strip().splitlines()[-1] == (
+        "hyperpod-pretrain verify-nccl: failed: all ranks reported: rank 2: no self-test report; "
+        "same world size: rank 0 reports world size 2, expected 3"
+    )
+    evaluated = cli("evaluate", "--storage-root", str(root), "--dataset", "synthetic", "--run-id", "run-1")
+    assert evaluated.returncode == 0 and "val loss" in evaluated.stdout
+
+    RunPaths.of(root, "run-1").latest_checkpoint.write_bytes(b"\x00garbage")
+    corrupt = cli("evaluate", "--storage-root", str(root), "--dataset", "synthetic", "--run-id", "run-1")
+    assert corrupt.returncode == 2
+    assert corrupt.stderr.splitlines() == [
+        f"hyperpod-pretrain evaluate: error: checkpoint {RunPaths.of(root, 'run-1').latest_checkpoint} is corrupt "
+        "or not a plain-tensor checkpoint (UnpicklingError from torch.load)"
+    ]
+
+
+def test_bad_input_is_one_line_and_leaves_nothing(corpus: Path, tmp_path: Path) -> None:
+    root = tmp_path / "fsx"
+    missing = cli("stage-data", "--source", str(tmp_path / "nope"), "--storage-root", str(root), "--dataset", "d")
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines() == [f"hyperpod-pretrain stage-data: error: source {tmp_path / 'nope'}: does not exist"]
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    unwritable = cli("stage-data", "--source", str(corpus), "--storage-root", str(blocker / "x"), "--dataset", "d")
+    assert unwritable.returncode == 2 and "storage root" in unwritable.stderr and "not writable" in unwritable.stderr
+    assert len(unwritable.stderr.splitlines()) == 1
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-steps", "0"], "argument --max-steps: must be a positive integer, got 0"),
+        (["--nproc-per-node", "-2"], "argument --nproc-per-node: must be a positive integer, got -2"),
+        (["--preset", "gpt5"], "argument --preset: invalid choice: 'gpt5'"),
+        (["--batch-size", "x"], "argument --batch-size: 'x' is not an integer"),
+    ],
+)
+@pytest.mark.parametrize("command", ["launch", "run-local"])
+def test_bad_training_arguments(command: str, args: list[str], message: str, tmp_path: Path) -> None:
+    base = ["--storage-root", str(tmp_path)] + (["--dataset", "d", "--run-id", "r"] if command == "launch" else [])
+    result = cli(command, *base, *args)
+    assert result.returncode == 2
+    assert message in result.stderr.splitlines()[-1]
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,101 @@
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from components.errors import InputError
+from components.stage_data.core import stage_data
+from trainer.layout import DatasetPaths
+
+
+def test_stages_mirror_manifest_and_shards(staged_root: Path, corpus: Path) -> None:
+    paths = DatasetPaths.of(staged_root, "synthetic")
+    manifest = json.loads(paths.manifest.read_text())
+    sources = sorted(p for p in corpus.rglob("*") if p.is_file())
+    assert [e["key"] for e in manifest["files"]] == sorted(p.relative_to(corpus).as_posix() for p in sources)
+    for entry in manifest["files"]:
+        mirrored = paths.raw / entry["key"]
+        assert mirrored.read_bytes() == (corpus / entry["key"]).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(mirrored.read_bytes()).hexdigest()
+        assert entry["size"] == mirrored.stat().st_size
+
+    meta = json.loads(paths.meta.read_text())
+    tokenizer = Tokenizer.from_file(str(paths.tokenizer))
+    assert meta["vocab_size"] == tokenizer.get_vocab_size() <= 512
+    for split in ("train", "val"):
+        tokens = sum(np.fromfile(paths.tokenized / s["file"], dtype=meta["dtype"]).size for s in meta["shards"][split])
+        assert tokens == meta["tokens"][split] > 0
+    # The token stream decodes back to the corpus text: the tokenizer is byte-level and lossless.
+    train = np.fromfile(paths.tokenized / meta["shards"]["train"][0]["file"], dtype=meta["dtype"])
+    first_doc = train[: list(train).index(meta["eos_id"])]
+    assert tokenizer.decode(first_doc.tolist()) == (paths.raw / manifest["files"][0]["key"]).read_text()
+    assert not list(paths.root.glob(".*")), "no temporary files left behind"
+
+
+def test_rerun_is_incremental_and_drops_deleted_files(corpus: Path, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    for p in list(corpus.rglob("*.txt"))[:4]:
+        (source / p.name).write_bytes(p.read_bytes())
+    first = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
+    assert (first.files_copied, first.files_skipped) == (4, 0)
+
+    victim = sorted(source.iterdir())[0]
+    victim.unlink()
+    changed = sorted(source.iterdir())[0]
+    changed.write_text(changed.read_text() + "the new node trains the model.\n")
+    second = stage_data(f"file://{source}", str(tmp_path / "fsx"), "d", vocab_size=300)
+    assert (second.files, second.files_copied, second.files_skipped) == (3, 1, 2)
+    raw = DatasetPaths.of(tmp_path / "fsx", "d").raw
+    assert not (raw / victim.name).exists()
+    assert (raw / changed.name).read_text().endswith("the new node trains the model.\n")
+
+
+def test_loads_a_given_tokenizer(staged_root: Path, corpus: Path, tmp_path: Path) -> None:
+    given = DatasetPaths.of(staged_root, "synthetic").tokenizer
+    result = stage_data(str(corpus), str(tmp_path), "reuse", tokenizer_path=str(given))
+    assert DatasetPaths.of(tmp_path, "reuse").tokenizer.read_text() == given.read_text()
+    assert result.vocab_size == Tokenizer.from_file(str(given)).get_vocab_size()
+
+
+def test_include_filters(corpus: Path, tmp_path: Path) -> None:
+    result = stage_data(str(corpus), str(tmp_path), "only-a", vocab_size=300, include=["part-a/*"])
+    keys = [e["key"] for e in json.loads(DatasetPaths.of(tmp_path, "only-a").manifest.read_text())["files"]]
+    assert result.files == len(keys) == 6 and all(k.startswith("part-a/") for k in keys)
+
+
+@pytest.mark.parametrize(
+    "files, include, message",
+    [
+        (None, ["*"], "does not exist"),
+        ({"a.txt": "text"}, ["*.md"], "no files to stage"),
+        ({"a.txt": "", "b.txt": ""}, ["*"], "all 2 files are empty"),
+    ],
+    ids=["missing", "nothing-matches", "all-empty"],
+)
+def test_bad_source_fails_and_writes_nothing(tmp_path: Path, files, include, message: str) -> None:
+    source = tmp_path / "src"
+    if files is not None:
+        source.mkdir()
+        for name, text in files.items():
+            (source / name).write_text(text)
+    with pytest.raises(InputError, match=message):
+        stage_data(str(source), str(tmp_path / "fsx"), "d", include=include)
+    assert not (tmp_path / "fsx").exists()
+
+
+def test_unwritable_storage_root(corpus: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(InputError, match="not writable"):
+        stage_data(str(corpus), str(blocker / "fsx"), "d")
+
+
+@pytest.mark.parametrize("dataset", ["../escape", "", "a/b", ".hidden"])
+def test_bad_dataset_name(corpus: Path, tmp_path: Path, dataset: str) -> None:
+    with pytest.raises(InputError, match="not a valid name"):
+        stage_data(str(corpus), str(tmp_path), dataset)
+    assert not any(tmp_path.iterdir())
