@@ -13,6 +13,7 @@ from pathlib import Path
 
 from components.errors import InputError, StepFailed
 from components.kfp_support import setup_logging
+from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import RunPaths
 from trainer.model import PRESETS
 
@@ -29,26 +30,34 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_storage_args(p: argparse.ArgumentParser, dataset: bool = True, run_id: bool = True,
-                     root_default: str | None = None) -> None:
-    p.add_argument("--storage-root", required=root_default is None, default=root_default,
-                   help="root of the shared volume (/fsx on the cluster, any directory locally)")
+def add_storage_args(
+    p: argparse.ArgumentParser, dataset: bool = True, run_id: bool = True, root_default: str | None = None
+) -> None:
+    p.add_argument(
+        "--storage-root",
+        required=root_default is None,
+        default=root_default,
+        help="root of the shared volume (/fsx on the cluster, any directory locally)",
+    )
     if dataset:
         p.add_argument("--dataset", required=True, help="dataset name: <root>/datasets/<name>")
     if run_id:
         p.add_argument("--run-id", required=True, help="run id: <root>/runs/<run_id>")
 
 
-def add_train_args(p: argparse.ArgumentParser, preset: str = "small", max_steps: int = 200) -> None:
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    """Training flags, with the trainer's own defaults."""
+    d = TRAIN_DEFAULTS
     p.add_argument("--nproc-per-node", type=positive_int, default=2, help="processes (GPUs) per node")
-    p.add_argument("--preset", default=preset, choices=sorted(PRESETS), help="model preset")
-    p.add_argument("--max-steps", type=positive_int, default=max_steps)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per process per step")
-    p.add_argument("--seq-len", type=positive_int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--checkpoint-every", type=positive_int, default=50)
-    p.add_argument("--log-every", type=positive_int, default=10)
+    p.add_argument("--preset", default=d["preset"], choices=sorted(PRESETS), help="model preset")
+    p.add_argument("--max-steps", type=positive_int, default=d["max_steps"])
+    p.add_argument("--seed", type=int, default=d["seed"])
+    p.add_argument("--batch-size", type=positive_int, default=d["batch_size"], help="sequences per process per step")
+    p.add_argument("--seq-len", type=positive_int, default=d["seq_len"])
+    p.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate")
+    p.add_argument("--warmup-steps", type=positive_int, default=d["warmup_steps"])
+    p.add_argument("--checkpoint-every", type=positive_int, default=d["checkpoint_every"])
+    p.add_argument("--log-every", type=positive_int, default=d["log_every"])
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -66,8 +75,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if fresh.read_text() == current:
             log.info("%s is up to date", output)
             return 0
-        diff = difflib.unified_diff(current.splitlines(), fresh.read_text().splitlines(),
-                                    str(output), "fresh compile", lineterm="", n=1)
+        diff = difflib.unified_diff(
+            current.splitlines(), fresh.read_text().splitlines(), str(output), "fresh compile", lineterm="", n=1
+        )
         sys.stderr.write("\n".join(list(diff)[:40]) + "\n")
     raise StepFailed(f"{output} differs from a fresh compile: run 'hyperpod-pretrain compile' and commit it")
 
@@ -76,17 +86,31 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     from pipelines.local_run import new_run_id, run_local
 
     arguments = {
-        "source": args.source, "dataset": args.dataset, "include": args.include, "vocab_size": args.vocab_size,
-        "val_fraction": 0.05, "run_id": args.run_id or new_run_id(), "backend": "local", "nnodes": 1,
-        "nproc_per_node": args.nproc_per_node, "preset": args.preset, "max_steps": args.max_steps,
-        "seed": args.seed, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
-        "checkpoint_every": args.checkpoint_every, "log_every": args.log_every, "eval_max_tokens": 65536,
+        "source": args.source,
+        "dataset": args.dataset,
+        "include": args.include,
+        "vocab_size": args.vocab_size,
+        "val_fraction": 0.05,
+        "run_id": args.run_id or new_run_id(),
+        "backend": "local",
+        "nnodes": 1,
+        "nproc_per_node": args.nproc_per_node,
+        "preset": args.preset,
+        "max_steps": args.max_steps,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "lr": args.lr,
+        "checkpoint_every": args.checkpoint_every,
+        "log_every": args.log_every,
+        "eval_max_tokens": 65536,
     }
     result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments)
     evaluation = json.loads(RunPaths(result.run_dir).eval_result.read_text())
     lines = [
         f"local pipeline run {arguments['run_id']} succeeded in {result.seconds:.0f}s: val loss "
-        f"{evaluation['val_loss']:.3f} after {evaluation['step']} steps (untrained {evaluation['untrained_val_loss']:.3f})",
+        f"{evaluation['val_loss']:.3f} after {evaluation['step']} steps "
+        f"(untrained {evaluation['untrained_val_loss']:.3f})",
         "reports:",
     ]
     lines += [f"  {name:34s} {path}" for name, path in result.reports().items()]
@@ -97,9 +121,15 @@ def cmd_run_local(args: argparse.Namespace) -> int:
 def cmd_stage_data(args: argparse.Namespace) -> int:
     from components.stage_data.core import stage_data
 
-    result = stage_data(source=args.source, storage_root=args.storage_root, dataset=args.dataset,
-                        include=args.include, vocab_size=args.vocab_size, val_fraction=args.val_fraction,
-                        tokenizer_path=args.tokenizer_path)
+    result = stage_data(
+        source=args.source,
+        storage_root=args.storage_root,
+        dataset=args.dataset,
+        include=args.include,
+        vocab_size=args.vocab_size,
+        val_fraction=args.val_fraction,
+        tokenizer_path=args.tokenizer_path,
+    )
     print(json.dumps(asdict(result), indent=2))
     return 0
 
@@ -107,12 +137,26 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from components.launch_pytorchjob.core import LaunchConfig, launch
 
-    result = launch(LaunchConfig(
-        storage_root=args.storage_root, dataset=args.dataset, run_id=args.run_id, backend=args.backend,
-        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, preset=args.preset, max_steps=args.max_steps,
-        seed=args.seed, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-        checkpoint_every=args.checkpoint_every, log_every=args.log_every, timeout_s=args.timeout_s,
-    ))
+    result = launch(
+        LaunchConfig(
+            storage_root=args.storage_root,
+            dataset=args.dataset,
+            run_id=args.run_id,
+            backend=args.backend,
+            nnodes=args.nnodes,
+            nproc_per_node=args.nproc_per_node,
+            preset=args.preset,
+            max_steps=args.max_steps,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            lr=args.lr,
+            warmup_steps=args.warmup_steps,
+            checkpoint_every=args.checkpoint_every,
+            log_every=args.log_every,
+            timeout_s=args.timeout_s,
+        )
+    )
     print(json.dumps(asdict(result), indent=2))
     return 0
 

@@ -51,8 +51,10 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
     prepare_storage_root(str(storage_root))
     storage_root = storage_root.resolve()
     if KFP_LOCAL_REWRITES in str(storage_root):
-        raise InputError(f"storage root {storage_root}: kfp.local corrupts arguments that contain "
-                         f"{KFP_LOCAL_REWRITES!r}; choose a directory whose path does not")
+        raise InputError(
+            f"storage root {storage_root}: kfp.local corrupts arguments that contain "
+            f"{KFP_LOCAL_REWRITES!r}; choose a directory whose path does not"
+        )
     arguments = {**arguments, "source": safe_source(arguments["source"], storage_root)}
     run_id = arguments["run_id"]
     pipeline_root = storage_root / "kfp-local" / run_id

@@ -22,7 +22,7 @@ def pretrain_pipeline(
     source: str,
     storage_root: str = "/fsx",
     dataset: str = "corpus",
-    include: list = ["*"],
+    include: list = ["*"],  # noqa: B006 - KFP reads the default from the signature
     vocab_size: int = 8192,
     val_fraction: float = 0.01,
     tokenizer_path: str = "",
@@ -42,20 +42,43 @@ def pretrain_pipeline(
     eval_max_tokens: int = 1048576,
 ):
     staged = stage_data(
-        source=source, storage_root=storage_root, dataset=dataset, include=include, vocab_size=vocab_size,
-        val_fraction=val_fraction, tokenizer_path=tokenizer_path,
+        source=source,
+        storage_root=storage_root,
+        dataset=dataset,
+        include=include,
+        vocab_size=vocab_size,
+        val_fraction=val_fraction,
+        tokenizer_path=tokenizer_path,
     )
     trained = launch_pytorchjob(
-        storage_root=storage_root, dataset=dataset, run_id=run_id, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-        backend=backend, nnodes=nnodes, nproc_per_node=nproc_per_node, preset=preset, max_steps=max_steps,
-        seed=seed, batch_size=batch_size, seq_len=seq_len, lr=lr, checkpoint_every=checkpoint_every,
-        log_every=log_every, timeout_s=train_timeout_s,
+        storage_root=storage_root,
+        dataset=dataset,
+        run_id=run_id,
+        pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        backend=backend,
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        preset=preset,
+        max_steps=max_steps,
+        seed=seed,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        timeout_s=train_timeout_s,
     ).after(staged)
     verified = verify_nccl(
-        storage_root=storage_root, run_id=trained.output, nnodes=nnodes, nproc_per_node=nproc_per_node,
+        storage_root=storage_root,
+        run_id=trained.output,
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
     )
     evaluate_checkpoint(
-        storage_root=storage_root, dataset=dataset, run_id=trained.output, max_tokens=eval_max_tokens,
+        storage_root=storage_root,
+        dataset=dataset,
+        run_id=trained.output,
+        max_tokens=eval_max_tokens,
     ).after(verified)
 
 

@@ -7,8 +7,6 @@ from pathlib import Path
 
 from components.launch_pytorchjob.core import LaunchConfig
 
-REPO = Path(__file__).resolve().parent.parent
-
 NOUNS = ["cluster", "node", "pod", "volume", "checkpoint", "gradient", "tensor", "rank", "shard", "model"]
 VERBS = ["saves", "loads", "reduces", "streams", "trains", "restores", "verifies", "schedules"]
 ADJECTIVES = ["large", "healthy", "elastic", "shared", "fast", "warm", "idle", "stale"]
@@ -29,8 +27,20 @@ def write_corpus(directory: Path, files: int = 12, sentences: int = 120, seed: i
 
 
 def tiny_launch(root: Path, run_id: str, **overrides) -> LaunchConfig:
-    settings = dict(storage_root=str(root), dataset="synthetic", run_id=run_id, nproc_per_node=2, preset="tiny",
-                    max_steps=60, batch_size=8, seq_len=64, lr=5e-3, warmup_steps=5, checkpoint_every=20,
-                    log_every=10, timeout_s=300)
+    settings = dict(
+        storage_root=str(root),
+        dataset="synthetic",
+        run_id=run_id,
+        nproc_per_node=2,
+        preset="tiny",
+        max_steps=60,
+        batch_size=8,
+        seq_len=64,
+        lr=5e-3,
+        warmup_steps=5,
+        checkpoint_every=20,
+        log_every=10,
+        timeout_s=300,
+    )
     settings.update(overrides)
     return LaunchConfig(**settings)

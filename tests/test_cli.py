@@ -24,8 +24,17 @@ def test_every_subcommand_has_help(command: str) -> None:
 
 
 def test_stage_data_prints_result(corpus: Path, tmp_path: Path) -> None:
-    result = cli("stage-data", "--source", f"file://{corpus}", "--storage-root", str(tmp_path), "--dataset", "d",
-                 "--vocab-size", "300")
+    result = cli(
+        "stage-data",
+        "--source",
+        f"file://{corpus}",
+        "--storage-root",
+        str(tmp_path),
+        "--dataset",
+        "d",
+        "--vocab-size",
+        "300",
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["files"] == 12
 
@@ -57,7 +66,9 @@ def test_bad_input_is_one_line_and_leaves_nothing(corpus: Path, tmp_path: Path) 
     root = tmp_path / "fsx"
     missing = cli("stage-data", "--source", str(tmp_path / "nope"), "--storage-root", str(root), "--dataset", "d")
     assert missing.returncode == 2
-    assert missing.stderr.splitlines() == [f"hyperpod-pretrain stage-data: error: source {tmp_path / 'nope'}: does not exist"]
+    assert missing.stderr.splitlines() == [
+        f"hyperpod-pretrain stage-data: error: source {tmp_path / 'nope'}: does not exist"
+    ]
 
     blocker = tmp_path / "file"
     blocker.write_text("")

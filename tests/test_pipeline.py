@@ -22,7 +22,9 @@ def test_drift_is_detected(tmp_path: Path) -> None:
     stale = tmp_path / "pipeline.yaml"
     stale.write_text(COMPILED_PIPELINE.read_text().replace("defaultValue: 5000.0", "defaultValue: 4000.0"))
     assert stale.read_text() != COMPILED_PIPELINE.read_text()
-    result = subprocess.run([CLI, "compile", "--check", "--output", str(stale)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [CLI, "compile", "--check", "--output", str(stale)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 1
     assert "differs from a fresh compile" in result.stderr.splitlines()[-1]
     assert any(line.startswith("-") and "defaultValue: 4000.0" in line for line in result.stderr.splitlines())
@@ -40,10 +42,33 @@ def test_compiled_pipeline_chains_the_four_steps() -> None:
 def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
     result = subprocess.run(
-        [CLI, "run-local", "--storage-root", str(root), "--source", str(corpus), "--include", "*.txt",
-         "--dataset", "synthetic", "--run-id", "e2e", "--vocab-size", "512", "--preset", "tiny",
-         "--max-steps", "40", "--seq-len", "64", "--checkpoint-every", "20"],
-        capture_output=True, text=True, timeout=600,
+        [
+            CLI,
+            "run-local",
+            "--storage-root",
+            str(root),
+            "--source",
+            str(corpus),
+            "--include",
+            "*.txt",
+            "--dataset",
+            "synthetic",
+            "--run-id",
+            "e2e",
+            "--vocab-size",
+            "512",
+            "--preset",
+            "tiny",
+            "--max-steps",
+            "40",
+            "--seq-len",
+            "64",
+            "--checkpoint-every",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "local pipeline run e2e succeeded" in result.stdout
@@ -61,8 +86,12 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
 def test_run_local_fails_when_a_step_fails(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = subprocess.run([CLI, "run-local", "--storage-root", str(tmp_path / "fsx"), "--source", str(empty)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [CLI, "run-local", "--storage-root", str(tmp_path / "fsx"), "--source", str(empty)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1
     assert "Inner task failed" in result.stderr.splitlines()[-1] and "stage-data" in result.stderr.splitlines()[-1]
     assert "no files to stage" in result.stderr + result.stdout

@@ -9,6 +9,7 @@ from components.verify_nccl.core import FAIL, NOT_APPLICABLE, PASS, verify_nccl
 from components.verify_nccl.nccl_log import summarize
 from trainer.layout import RunPaths
 
+# ruff: noqa: E501 - log lines are kept whole
 # Lines in the forms NCCL 2.18-2.30 and aws-ofi-nccl print them (see DESIGN.md), as two ranks on two hosts.
 NCCL_LINES = """\
 node-a:101:101 [0] NCCL INFO Bootstrap : Using eth0:10.1.2.3<0>
@@ -63,6 +64,15 @@ def test_wrong_world_size_and_wrong_sum(trained_root: Path, tmp_path: Path) -> N
     assert reasons["all_reduce correct"].startswith("rank 1: all_reduce gave 2.0")
 
 
+def test_no_reports_at_all(trained_root: Path, tmp_path: Path) -> None:
+    root, run = copy_run(trained_root, tmp_path)
+    for report in run.comms.glob("rank_*.json"):
+        report.unlink()
+    result = verify_nccl(str(root), "run-1")
+    assert [(c.name, c.status) for c in result.failures] == [("all ranks reported", FAIL)]
+    assert "never reached start-up" in result.failures[0].reason
+
+
 def test_expected_world_size_larger_than_reported(trained_root: Path, tmp_path: Path) -> None:
     root, _ = copy_run(trained_root, tmp_path)
     result = verify_nccl(str(root), "run-1", world_size=4)
@@ -79,14 +89,21 @@ def test_reads_nccl_lines_and_flags_warnings(trained_root: Path, tmp_path: Path)
     assert result.passed
 
     pod_log = tmp_path / "worker-1.log"
-    pod_log.write_text("2026-11-30T01:02:03.000Z node-b:202:260 [0] NCCL WARN NET/OFI Unable to find a protocol that worked\r\n")
+    pod_log.write_text(
+        "2026-11-30T01:02:03.000Z node-b:202:260 [0] NCCL WARN NET/OFI Unable to find a protocol that worked\r\n"
+    )
     result = verify_nccl(str(root), "run-1", world_size=2, extra_logs=[str(pod_log)])
-    assert {c.name: c.reason for c in result.failures} == {"no NCCL warnings": "NET/OFI Unable to find a protocol that worked"}
+    assert {c.name: c.reason for c in result.failures} == {
+        "no NCCL warnings": "NET/OFI Unable to find a protocol that worked"
+    }
 
 
 def test_nccl_summary_reads_versions_and_networks(tmp_path: Path) -> None:
     log = tmp_path / "a.log"
-    log.write_text(NCCL_LINES + "node-c:1:1 [3] NCCL INFO NCCL version 2.18.1+cuda12.1\nnode-c:1:1 [3] nccl info Using network Socket\n")
+    log.write_text(
+        NCCL_LINES
+        + "node-c:1:1 [3] NCCL INFO NCCL version 2.18.1+cuda12.1\nnode-c:1:1 [3] nccl info Using network Socket\n"
+    )
     summary = summarize([log])
     assert summary.versions == {"2.21.5", "2.18.1"}
     assert summary.networks == {"AWS Libfabric", "Socket"}

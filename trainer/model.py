@@ -5,7 +5,8 @@ Dropout is off in every preset: modern pretraining does without it, and it keeps
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import GPT2Config, LlamaConfig, PretrainedConfig

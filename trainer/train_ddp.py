@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -29,29 +29,12 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer import comms
 from trainer.atomic import write_json
 from trainer.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from trainer.config import TrainConfig
 from trainer.data import TokenBatches, load_meta, load_split
 from trainer.layout import RunPaths
 from trainer.model import PRESETS, build_model, model_config
 
 log = logging.getLogger("trainer")
-
-
-@dataclass
-class TrainConfig:
-    data_dir: str
-    run_dir: str
-    preset: str = "small"
-    max_steps: int = 200
-    seed: int = 1234
-    batch_size: int = 8  # per rank
-    seq_len: int = 128
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    checkpoint_every: int = 50
-    log_every: int = 10
 
 
 def lr_lambda(cfg: TrainConfig):
@@ -76,12 +59,17 @@ def train(cfg: TrainConfig) -> None:
         torch.cuda.set_device(device)
     run = RunPaths(Path(cfg.run_dir))
     setup_logging(rank, run.rank_log(rank))
-    log.info("rank %d/%d on %s, restart count %s", rank, world, device, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    log.info(
+        "rank %d/%d on %s, restart count %s", rank, world, device, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    )
 
     report = comms.self_test(device)
     write_json(run.comms_report(rank), report)
-    log.info("comms self-test: all_reduce %s, bus bandwidth %.3f GB/s",
-             "correct" if report["all_reduce_correct"] else "WRONG", report["busbw_gbps"])
+    log.info(
+        "comms self-test: all_reduce %s, bus bandwidth %.3f GB/s",
+        "correct" if report["all_reduce_correct"] else "WRONG",
+        report["busbw_gbps"],
+    )
 
     tokenized = Path(cfg.data_dir)
     meta = load_meta(tokenized)
@@ -93,7 +81,9 @@ def train(cfg: TrainConfig) -> None:
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95), fused=use_cuda,
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        fused=use_cuda,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     step, tokens_seen = 0, 0
@@ -101,35 +91,60 @@ def train(cfg: TrainConfig) -> None:
     if run.latest_checkpoint.exists():
         state = load_checkpoint(run.latest_checkpoint)
         if state["preset"] != cfg.preset:
-            raise CheckpointError(f"{run.latest_checkpoint} was trained with preset {state['preset']!r}, not {cfg.preset!r}")
+            raise CheckpointError(
+                f"{run.latest_checkpoint} was trained with preset {state['preset']!r}, not {cfg.preset!r}"
+            )
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         batches.position.load_state_dict(state["data"])
         step, tokens_seen = state["step"], state["tokens_seen"]
         set_rng_state(state["rng"])
-        log.info("resumed from %s at step %d (%d tokens seen, saved by %d ranks, now %d)",
-                 run.latest_checkpoint, step, tokens_seen, state["world_size"], world)
+        log.info(
+            "resumed from %s at step %d (%d tokens seen, saved by %d ranks, now %d)",
+            run.latest_checkpoint,
+            step,
+            tokens_seen,
+            state["world_size"],
+            world,
+        )
     else:
         np.random.seed(cfg.seed + rank)
 
     if rank == 0:
-        write_json(run.config, {
-            "trainer": asdict(cfg), "world_size": world, "model": mcfg.to_dict(),
-            "dataset": {"tokenized_dir": str(tokenized), "vocab_size": meta["vocab_size"], "train_tokens": meta["tokens"]["train"]},
-        })
+        write_json(
+            run.config,
+            {
+                "trainer": asdict(cfg),
+                "world_size": world,
+                "model": mcfg.to_dict(),
+                "dataset": {
+                    "tokenized_dir": str(tokenized),
+                    "vocab_size": meta["vocab_size"],
+                    "train_tokens": meta["tokens"]["train"],
+                },
+            },
+        )
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda)
 
     def checkpoint() -> None:
         if rank == 0:
             started = time.perf_counter()
-            save_checkpoint(run.latest_checkpoint, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "data": batches.position.state_dict(),
-                "step": step, "tokens_seen": tokens_seen, "rng": rng_state(),
-                "preset": cfg.preset, "world_size": world,
-            })
+            save_checkpoint(
+                run.latest_checkpoint,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "data": batches.position.state_dict(),
+                    "step": step,
+                    "tokens_seen": tokens_seen,
+                    "rng": rng_state(),
+                    "preset": cfg.preset,
+                    "world_size": world,
+                },
+            )
             log.info("saved %s at step %d in %.2fs", run.latest_checkpoint, step, time.perf_counter() - started)
         dist.barrier()
 
@@ -155,13 +170,23 @@ def train(cfg: TrainConfig) -> None:
             mean_loss /= world
             elapsed = time.perf_counter() - window_start
             record = {
-                "step": step, "loss": round(mean_loss.item(), 6), "lr": scheduler.get_last_lr()[0],
-                "tokens": tokens_seen, "tokens_per_s": round(window_tokens / elapsed, 1), "time": time.time(),
+                "step": step,
+                "loss": round(mean_loss.item(), 6),
+                "lr": scheduler.get_last_lr()[0],
+                "tokens": tokens_seen,
+                "tokens_per_s": round(window_tokens / elapsed, 1),
+                "time": time.time(),
             }
             if rank == 0:
                 with open(run.metrics, "a") as f:
                     f.write(json.dumps(record) + "\n")
-                log.info("step %d loss %.4f lr %.2e tokens/s %.0f", step, record["loss"], record["lr"], record["tokens_per_s"])
+                log.info(
+                    "step %d loss %.4f lr %.2e tokens/s %.0f",
+                    step,
+                    record["loss"],
+                    record["lr"],
+                    record["tokens_per_s"],
+                )
             window_start, window_tokens = time.perf_counter(), 0
         if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
             checkpoint()
@@ -205,9 +230,17 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     if not (Path(a.data_dir) / "meta.json").is_file():
         p.error(f"--data-dir {a.data_dir}: no meta.json there; stage the dataset first")
     return TrainConfig(
-        data_dir=a.data_dir, run_dir=a.run_dir, preset=a.preset, max_steps=a.max_steps, seed=a.seed,
-        batch_size=a.batch_size, seq_len=a.seq_len, lr=a.lr, warmup_steps=a.warmup_steps,
-        checkpoint_every=a.checkpoint_every, log_every=a.log_every,
+        data_dir=a.data_dir,
+        run_dir=a.run_dir,
+        preset=a.preset,
+        max_steps=a.max_steps,
+        seed=a.seed,
+        batch_size=a.batch_size,
+        seq_len=a.seq_len,
+        lr=a.lr,
+        warmup_steps=a.warmup_steps,
+        checkpoint_every=a.checkpoint_every,
+        log_every=a.log_every,
     )
 
 

@@ -29,10 +29,23 @@ def launch_pytorchjob(
     from components.launch_pytorchjob.core import LaunchConfig, launch
 
     setup_logging()
-    result = launch(LaunchConfig(
-        storage_root=storage_root, dataset=dataset, run_id=run_id or pipeline_run_id, backend=backend,
-        nnodes=nnodes, nproc_per_node=nproc_per_node, preset=preset, max_steps=max_steps, seed=seed,
-        batch_size=batch_size, seq_len=seq_len, lr=lr, checkpoint_every=checkpoint_every,
-        log_every=log_every, timeout_s=timeout_s,
-    ))
+    result = launch(
+        LaunchConfig(
+            storage_root=storage_root,
+            dataset=dataset,
+            run_id=run_id or pipeline_run_id,
+            backend=backend,
+            nnodes=nnodes,
+            nproc_per_node=nproc_per_node,
+            preset=preset,
+            max_steps=max_steps,
+            seed=seed,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            lr=lr,
+            checkpoint_every=checkpoint_every,
+            log_every=log_every,
+            timeout_s=timeout_s,
+        )
+    )
     return result.run_id

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.errors import InputError
+from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import DatasetPaths, RunPaths
 from trainer.model import PRESETS
 
@@ -28,15 +29,15 @@ class LaunchConfig:
     backend: str = "local"
     nnodes: int = 1
     nproc_per_node: int = 2
-    preset: str = "small"
-    max_steps: int = 200
-    seed: int = 1234
-    batch_size: int = 8
-    seq_len: int = 128
-    lr: float = 3e-3
-    warmup_steps: int = 20
-    checkpoint_every: int = 50
-    log_every: int = 10
+    preset: str = TRAIN_DEFAULTS["preset"]
+    max_steps: int = TRAIN_DEFAULTS["max_steps"]
+    seed: int = TRAIN_DEFAULTS["seed"]
+    batch_size: int = TRAIN_DEFAULTS["batch_size"]
+    seq_len: int = TRAIN_DEFAULTS["seq_len"]
+    lr: float = TRAIN_DEFAULTS["lr"]
+    warmup_steps: int = TRAIN_DEFAULTS["warmup_steps"]
+    checkpoint_every: int = TRAIN_DEFAULTS["checkpoint_every"]
+    log_every: int = TRAIN_DEFAULTS["log_every"]
     timeout_s: int = 0  # 0: no deadline
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -56,8 +57,16 @@ class LaunchConfig:
         """Fail before anything starts, with one line naming the input."""
         if self.backend not in BACKENDS:
             raise InputError(f"backend {self.backend!r} is unknown: choose one of {', '.join(BACKENDS)}")
-        for name in ("nnodes", "nproc_per_node", "max_steps", "batch_size", "seq_len", "warmup_steps",
-                     "checkpoint_every", "log_every"):
+        for name in (
+            "nnodes",
+            "nproc_per_node",
+            "max_steps",
+            "batch_size",
+            "seq_len",
+            "warmup_steps",
+            "checkpoint_every",
+            "log_every",
+        ):
             if getattr(self, name) <= 0:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
         if self.timeout_s < 0:
@@ -79,11 +88,28 @@ class LaunchConfig:
     def trainer_args(self) -> list[str]:
         """The trainer's command line, the same for every backend."""
         return [
-            "--data-dir", str(self.dataset_paths.tokenized), "--run-dir", str(self.run_paths.root),
-            "--preset", self.preset, "--max-steps", str(self.max_steps), "--seed", str(self.seed),
-            "--batch-size", str(self.batch_size), "--seq-len", str(self.seq_len), "--lr", repr(self.lr),
-            "--warmup-steps", str(self.warmup_steps), "--checkpoint-every", str(self.checkpoint_every),
-            "--log-every", str(self.log_every),
+            "--data-dir",
+            str(self.dataset_paths.tokenized),
+            "--run-dir",
+            str(self.run_paths.root),
+            "--preset",
+            self.preset,
+            "--max-steps",
+            str(self.max_steps),
+            "--seed",
+            str(self.seed),
+            "--batch-size",
+            str(self.batch_size),
+            "--seq-len",
+            str(self.seq_len),
+            "--lr",
+            repr(self.lr),
+            "--warmup-steps",
+            str(self.warmup_steps),
+            "--checkpoint-every",
+            str(self.checkpoint_every),
+            "--log-every",
+            str(self.log_every),
         ]
 
     def trainer_env(self) -> dict[str, str]:

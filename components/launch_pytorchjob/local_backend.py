@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from components.errors import StepFailed
@@ -23,6 +24,8 @@ from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
+# torchrun gives its workers 30 s after SIGTERM before it SIGKILLs them; past this, we kill the whole group.
+STOP_GRACE_S = 45
 
 
 def torchrun_log_dir(cfg: LaunchConfig) -> Path:
@@ -47,10 +50,17 @@ def root_cause(log_dir: Path) -> str:
 
 def torchrun_command(cfg: LaunchConfig) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes=1", f"--nproc-per-node={cfg.nproc_per_node}",
-        "--tee=3", f"--log-dir={torchrun_log_dir(cfg)}",  # each line prefixed [default<rank>]:
-        "-m", "trainer.train_ddp", *cfg.trainer_args(),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={cfg.nproc_per_node}",
+        "--tee=3",
+        f"--log-dir={torchrun_log_dir(cfg)}",  # each line prefixed [default<rank>]:
+        "-m",
+        "trainer.train_ddp",
+        *cfg.trainer_args(),
     ]
 
 
@@ -61,23 +71,34 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
     log.info("launching %d local processes for run %s: %s", cfg.nproc_per_node, cfg.run_id, " ".join(command))
     started = time.monotonic()
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True)
+    # Its own process group, so that a stuck torchrun can be killed with all its workers.
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    stop_reasons: list[str] = []
+    timers: list[threading.Timer] = []
 
-    def forward(signum: int, _frame: object) -> None:
-        log.warning("received signal %d: stopping torchrun", signum)
+    def stop(reason: str) -> None:
+        """SIGTERM torchrun (it passes it to the workers); SIGKILL the group if it lingers past the grace period."""
+        if stop_reasons:
+            return
+        stop_reasons.append(reason)
+        log.warning("%s: stopping torchrun and its workers", reason)
         proc.send_signal(signal.SIGTERM)
+        timers.append(_timer(STOP_GRACE_S, lambda: _kill_group(proc)))
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} \
-        if threading.current_thread() is threading.main_thread() else {}
-    timed_out = threading.Event()
-    deadline = None
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, lambda n, _f: stop(f"this step received {signal.Signals(n).name}"))
     if cfg.timeout_s:
-        def expire() -> None:
-            timed_out.set()
-            proc.send_signal(signal.SIGTERM)
-        deadline = threading.Timer(cfg.timeout_s, expire)
-        deadline.start()
+        timers.append(_timer(cfg.timeout_s, lambda: stop(f"the timeout of {cfg.timeout_s}s passed")))
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -86,16 +107,19 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
             log.info("%s", line)
         exit_code = proc.wait()
     finally:
-        if deadline:
-            deadline.cancel()
+        for timer in timers:
+            timer.cancel()
         if proc.poll() is None:
-            proc.kill()
+            _kill_group(proc)
             proc.wait()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     seconds = time.monotonic() - started
-    if timed_out.is_set():
-        raise StepFailed(f"training of run {cfg.run_id} exceeded its timeout of {cfg.timeout_s}s and was stopped")
+    if stop_reasons:
+        raise StepFailed(
+            f"training of run {cfg.run_id} was stopped after {seconds:.0f}s because {stop_reasons[0]}; "
+            f"torchrun exited with code {exit_code}"
+        )
     if exit_code != 0:
         cause = root_cause(torchrun_log_dir(cfg))
         last = "\n".join(tail)
@@ -104,5 +128,25 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
             f"{': ' + cause if cause else ''}\nlast {len(tail)} lines of output:\n{last}"
         )
     log.info("training of run %s finished in %.1fs", cfg.run_id, seconds)
-    return LaunchResult(run_id=cfg.run_id, run_dir=str(cfg.run_paths.root), backend="local",
-                        world_size=cfg.world_size, exit_code=exit_code, seconds=round(seconds, 3))
+    return LaunchResult(
+        run_id=cfg.run_id,
+        run_dir=str(cfg.run_paths.root),
+        backend="local",
+        world_size=cfg.world_size,
+        exit_code=exit_code,
+        seconds=round(seconds, 3),
+    )
+
+
+def _timer(seconds: float, action: Callable[[], None]) -> threading.Timer:
+    timer = threading.Timer(seconds, action)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

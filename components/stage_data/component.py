@@ -21,7 +21,14 @@ def stage_data(
     from components.stage_data.core import stage_data as run
 
     setup_logging()
-    result = run(source=source, storage_root=storage_root, dataset=dataset, include=include,
-                 vocab_size=vocab_size, val_fraction=val_fraction, tokenizer_path=tokenizer_path)
+    result = run(
+        source=source,
+        storage_root=storage_root,
+        dataset=dataset,
+        include=include,
+        vocab_size=vocab_size,
+        val_fraction=val_fraction,
+        tokenizer_path=tokenizer_path,
+    )
     log_numbers(metrics, result)
     return result.tokenized_dir

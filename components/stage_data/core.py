@@ -14,9 +14,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -83,13 +83,28 @@ def stage_data(
     tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else train_tokenizer(texts, vocab_size)
     meta = tokenize(texts, tokenizer, paths, val_fraction)
     result = StageResult(
-        dataset_dir=str(paths.root), tokenized_dir=str(paths.tokenized), files=len(files),
-        bytes=sum(f.size for f in files), files_copied=copied, files_skipped=skipped,
-        train_tokens=meta["tokens"]["train"], val_tokens=meta["tokens"]["val"],
-        vocab_size=meta["vocab_size"], seconds=round(time.perf_counter() - started, 3),
+        dataset_dir=str(paths.root),
+        tokenized_dir=str(paths.tokenized),
+        files=len(files),
+        bytes=sum(f.size for f in files),
+        files_copied=copied,
+        files_skipped=skipped,
+        train_tokens=meta["tokens"]["train"],
+        val_tokens=meta["tokens"]["val"],
+        vocab_size=meta["vocab_size"],
+        seconds=round(time.perf_counter() - started, 3),
     )
-    log.info("staged %d files (%d bytes; %d copied, %d unchanged) into %s: %d train + %d val tokens in %.1fs",
-             result.files, result.bytes, copied, skipped, paths.root, result.train_tokens, result.val_tokens, result.seconds)
+    log.info(
+        "staged %d files (%d bytes; %d copied, %d unchanged) into %s: %d train + %d val tokens in %.1fs",
+        result.files,
+        result.bytes,
+        copied,
+        skipped,
+        paths.root,
+        result.train_tokens,
+        result.val_tokens,
+        result.seconds,
+    )
     return result
 
 
@@ -111,9 +126,7 @@ def list_source(source: str, include: tuple[str, ...], exclude: tuple[str, ...])
         candidates = [(p.relative_to(root).as_posix(), p) for p in root.rglob("*") if p.is_file()]
 
     def wanted(key: str) -> bool:
-        name = key.rsplit("/", 1)[-1]
-        matches = lambda patterns: any(fnmatch.fnmatchcase(key, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
-        return matches(include) and not matches(exclude)
+        return matches(key, include) and not matches(key, exclude)
 
     files = sorted((SourceFile(key, p, p.stat().st_size) for key, p in candidates if wanted(key)), key=lambda f: f.key)
     if not files:
@@ -121,6 +134,12 @@ def list_source(source: str, include: tuple[str, ...], exclude: tuple[str, ...])
     if not any(f.size for f in files):
         raise InputError(f"source {source}: all {len(files)} files are empty")
     return files
+
+
+def matches(key: str, patterns: tuple[str, ...]) -> bool:
+    """A glob matches the whole key ('part-a/*.txt') or its file name alone ('*.txt')."""
+    name = key.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatchcase(key, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def prepare_storage_root(storage_root: str) -> None:
@@ -143,7 +162,13 @@ def mirror(files: list[SourceFile], paths: DatasetPaths, source: str) -> tuple[i
         dest = paths.raw / f.key
         old = previous.get(f.key)
         digest = sha256_of(f.path)
-        if old and old["size"] == f.size and old["sha256"] == digest and dest.is_file() and dest.stat().st_size == f.size:
+        if (
+            old
+            and old["size"] == f.size
+            and old["sha256"] == digest
+            and dest.is_file()
+            and dest.stat().st_size == f.size
+        ):
             skipped += 1
         else:
             with atomic_open(dest, "wb") as out, open(f.path, "rb") as src:
@@ -153,10 +178,17 @@ def mirror(files: list[SourceFile], paths: DatasetPaths, source: str) -> tuple[i
     keep = {f.key for f in files}
     for stale in [p for p in paths.raw.rglob("*") if p.is_file() and p.relative_to(paths.raw).as_posix() not in keep]:
         stale.unlink()
-    write_json(paths.manifest, {
-        "source": source, "staged_at": time.time(), "files": entries,
-        "total_bytes": sum(e["size"] for e in entries), "copied": copied, "skipped": skipped,
-    })
+    write_json(
+        paths.manifest,
+        {
+            "source": source,
+            "staged_at": time.time(),
+            "files": entries,
+            "total_bytes": sum(e["size"] for e in entries),
+            "copied": copied,
+            "skipped": skipped,
+        },
+    )
     return copied, skipped
 
 
@@ -174,7 +206,9 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
@@ -188,9 +222,7 @@ def tokenize(texts: list[str], tokenizer: Tokenizer, paths: DatasetPaths, val_fr
         raise InputError(f"tokenizer has no {EOS} token")
     vocab = tokenizer.get_vocab_size()
     dtype = np.uint16 if vocab <= 2**16 else np.uint32
-    stream = np.fromiter(
-        (t for enc in tokenizer.encode_batch(texts) for t in (*enc.ids, eos)), dtype=dtype
-    )
+    stream = np.fromiter((t for enc in tokenizer.encode_batch(texts) for t in (*enc.ids, eos)), dtype=dtype)
     n_val = int(len(stream) * val_fraction)
     if n_val < 2 or len(stream) - n_val < 2:
         raise InputError(f"the corpus has only {len(stream)} tokens: too few to split into train and val")
@@ -210,9 +242,15 @@ def tokenize(texts: list[str], tokenizer: Tokenizer, paths: DatasetPaths, val_fr
                 shards[split].append({"file": name, "tokens": int(min(SHARD_TOKENS, len(tokens) - start))})
         tokenizer.save(str(building / "tokenizer.json"))
         meta = {
-            "vocab_size": vocab, "dtype": np.dtype(dtype).name, "eos_id": eos, "tokenizer": "tokenizer.json",
-            "tokens": {s: int(len(t)) for s, t in splits.items()}, "shards": shards, "documents": len(texts),
-            "bytes": int(sum(len(t.encode("utf-8")) for t in texts)), "val_fraction": val_fraction,
+            "vocab_size": vocab,
+            "dtype": np.dtype(dtype).name,
+            "eos_id": eos,
+            "tokenizer": "tokenizer.json",
+            "tokens": {s: int(len(t)) for s, t in splits.items()},
+            "shards": shards,
+            "documents": len(texts),
+            "bytes": int(sum(len(t.encode("utf-8")) for t in texts)),
+            "val_fraction": val_fraction,
         }
         write_json(building / "meta.json", meta)
         swap_in(building, paths.tokenized)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from components.errors import InputError
 from components.verify_nccl.nccl_log import NcclSummary, summarize
@@ -67,14 +68,23 @@ class Verification:
             for r in sorted(self.reports, key=lambda r: r["rank"])
         ]
         verdict = "passed" if self.passed else f"FAILED ({len(self.failures)} check(s))"
-        return "\n".join([
-            f"# Communication check: {verdict}", "",
-            f"Run `{self.run_dir}`, world size {self.world_size}, {len(self.reports)} rank report(s), "
-            f"{self.nccl.lines} NCCL line(s).", "",
-            "| check | result | detail |", "| --- | --- | --- |", *rows, "",
-            "| rank | host | local rank | backend | device | all_reduce correct | bus bandwidth GB/s |",
-            "| --- | --- | --- | --- | --- | --- | --- |", *ranks, "",
-        ])
+        return "\n".join(
+            [
+                f"# Communication check: {verdict}",
+                "",
+                f"Run `{self.run_dir}`, world size {self.world_size}, {len(self.reports)} rank report(s), "
+                f"{self.nccl.lines} NCCL line(s).",
+                "",
+                "| check | result | detail |",
+                "| --- | --- | --- |",
+                *rows,
+                "",
+                "| rank | host | local rank | backend | device | all_reduce correct | bus bandwidth GB/s |",
+                "| --- | --- | --- | --- | --- | --- | --- |",
+                *ranks,
+                "",
+            ]
+        )
 
 
 def verify_nccl(storage_root: str, run_id: str, world_size: int = 0, extra_logs: Iterable[str] = ()) -> Verification:
@@ -107,45 +117,61 @@ def verify_nccl(storage_root: str, run_id: str, world_size: int = 0, extra_logs:
 
 
 def report_checks(reports: list[dict[str, Any]], world_size: int) -> list[Check]:
+    """One check per property of the self-test reports; a failure names the first rank at fault."""
     by_rank = {r["rank"]: r for r in reports}
     missing = [r for r in range(world_size) if r not in by_rank]
-    checks = [
-        Check("all ranks reported", FAIL, f"rank {missing[0]}: no self-test report"
-              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        if missing or not world_size else Check("all ranks reported", PASS, f"{world_size} of {world_size} ranks")
-    ]
-    if not world_size:
-        checks[0].reason = "no self-test report at all: the trainer never reached start-up"
     wrong_world = [r for r in reports if r["world_size"] != world_size]
-    checks.append(
-        Check("same world size", FAIL, f"rank {wrong_world[0]['rank']} reports world size "
-              f"{wrong_world[0]['world_size']}, expected {world_size}")
-        if wrong_world else Check("same world size", PASS, f"every report says {world_size}")
-    )
     wrong_sum = [r for r in reports if not r["all_reduce_correct"]]
-    checks.append(
-        Check("all_reduce correct", FAIL, f"rank {wrong_sum[0]['rank']}: all_reduce gave "
-              f"{wrong_sum[0]['all_reduce_min']}..{wrong_sum[0]['all_reduce_max']}, expected "
-              f"{wrong_sum[0]['all_reduce_expected']}")
-        if wrong_sum else Check("all_reduce correct", PASS, "every rank got n(n+1)/2")
-    )
-    return checks
+
+    if not reports:
+        return [Check("all ranks reported", FAIL, "no self-test report at all: the trainer never reached start-up")]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        reported = Check("all ranks reported", FAIL, f"rank {missing[0]}: no self-test report{more}")
+    else:
+        reported = Check("all ranks reported", PASS, f"{world_size} of {world_size} ranks")
+    if wrong_world:
+        r = wrong_world[0]
+        same_world = Check(
+            "same world size", FAIL, f"rank {r['rank']} reports world size {r['world_size']}, expected {world_size}"
+        )
+    else:
+        same_world = Check("same world size", PASS, f"every report says {world_size}")
+    if wrong_sum:
+        r = wrong_sum[0]
+        correct = Check(
+            "all_reduce correct",
+            FAIL,
+            f"rank {r['rank']}: all_reduce gave {r['all_reduce_min']}.."
+            f"{r['all_reduce_max']}, expected {r['all_reduce_expected']}",
+        )
+    else:
+        correct = Check("all_reduce correct", PASS, "every rank got n(n+1)/2")
+    return [reported, same_world, correct]
 
 
 def nccl_checks(nccl: NcclSummary, reports: list[dict[str, Any]], world_size: int) -> list[Check]:
     backends = {r["backend"] for r in reports}
     if not nccl.lines:
-        reason = (f"backend {', '.join(sorted(backends))}: NCCL not in use" if "nccl" not in backends
-                  else "no NCCL lines found: was NCCL_DEBUG=INFO set?")
+        reason = (
+            f"backend {', '.join(sorted(backends))}: NCCL not in use"
+            if "nccl" not in backends
+            else "no NCCL lines found: was NCCL_DEBUG=INFO set?"
+        )
         status = FAIL if "nccl" in backends else NOT_APPLICABLE
         return [Check("NCCL initialised", status, reason)]
     checks = [
-        Check("NCCL initialised", PASS if nccl.init_complete >= world_size else FAIL,
-              f"{nccl.init_complete} 'Init COMPLETE' line(s) for {world_size} rank(s)"),
-        Check("one NCCL version", PASS if len(nccl.versions) == 1 else FAIL,
-              ", ".join(sorted(nccl.versions)) or "no version line"),
-        Check("no NCCL warnings", FAIL if nccl.warnings else PASS,
-              nccl.warnings[0] if nccl.warnings else "none"),
+        Check(
+            "NCCL initialised",
+            PASS if nccl.init_complete >= world_size else FAIL,
+            f"{nccl.init_complete} 'Init COMPLETE' line(s) for {world_size} rank(s)",
+        ),
+        Check(
+            "one NCCL version",
+            PASS if len(nccl.versions) == 1 else FAIL,
+            ", ".join(sorted(nccl.versions)) or "no version line",
+        ),
+        Check("no NCCL warnings", FAIL if nccl.warnings else PASS, nccl.warnings[0] if nccl.warnings else "none"),
     ]
     if nccl.networks:
         checks.append(Check("network", PASS, "using " + ", ".join(sorted(nccl.networks))))

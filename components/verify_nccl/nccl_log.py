@@ -6,9 +6,9 @@ Lines are streamed one at a time, so memory does not grow with the size of the l
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)", re.I)
 _NETWORK = re.compile(r"Using network (AWS Libfabric|Libfabric|IB|Socket)", re.I)

@@ -1,0 +1,98 @@
+"""The local launcher: fails loudly, validates first, and leaves nothing running when it is stopped."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from components.errors import InputError, StepFailed
+from components.launch_pytorchjob.core import launch
+from tests.helpers import tiny_launch
+from trainer.layout import RunPaths
+
+CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
+
+
+def test_training_failure_fails_the_step_with_exit_code_and_output(staged_copy: Path) -> None:
+    run = RunPaths.of(staged_copy, "broken")
+    run.checkpoints.mkdir(parents=True)
+    run.latest_checkpoint.write_bytes(b"this is not a checkpoint")
+    with pytest.raises(StepFailed, match=r"exit code 1.*") as failure:
+        launch(tiny_launch(staged_copy, "broken"))
+    assert "corrupt" in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"max_steps": 0}, "max-steps must be a positive integer"),
+        ({"nproc_per_node": -1}, "nproc-per-node must be a positive integer"),
+        ({"preset": "gpt5"}, "model preset 'gpt5' is unknown"),
+        ({"backend": "slurm"}, "backend 'slurm' is unknown"),
+        ({"dataset": "not-staged"}, "is not staged"),
+        ({"run_id": "../../etc"}, "not a valid name"),
+    ],
+)
+def test_bad_launch_inputs_fail_before_anything_starts(staged_copy: Path, override: dict, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        launch(tiny_launch(staged_copy, **{"run_id": "r", **override}))
+    assert not (staged_copy / "runs").exists()
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_sigterm_stops_torchrun_and_every_worker(staged_copy: Path) -> None:
+    """KFP terminates a run by signalling the step: nothing of the training may outlive it."""
+    run = RunPaths.of(staged_copy, "cancelled")
+    launcher = subprocess.Popen(
+        [
+            CLI,
+            "launch",
+            "--storage-root",
+            str(staged_copy),
+            "--dataset",
+            "synthetic",
+            "--run-id",
+            "cancelled",
+            "--preset",
+            "tiny",
+            "--nproc-per-node",
+            "2",
+            "--max-steps",
+            "100000",
+            "--seq-len",
+            "64",
+            "--log-every",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not run.metrics.exists() and time.monotonic() < deadline and launcher.poll() is None:
+        time.sleep(0.2)
+    assert run.metrics.exists(), "training never started"
+    workers = processes_mentioning(str(run.root))
+    assert len(workers) >= 3  # torchrun and two workers
+
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=90)
+    assert launcher.returncode == 1
+    assert "was stopped" in stderr.splitlines()[-1] and "received SIGTERM" in stderr.splitlines()[-1]
+    time.sleep(0.5)
+    assert [p for p in workers if os.path.exists(f"/proc/{p}")] == []
+    assert processes_mentioning(str(run.root)) == []
