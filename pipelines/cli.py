@@ -13,6 +13,7 @@ from pathlib import Path
 
 from components.errors import InputError, StepFailed
 from components.kfp_support import setup_logging
+from pipelines import COMPILED_PIPELINE
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import RunPaths
 from trainer.model import PRESETS
@@ -101,6 +102,7 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size,
         "seq_len": args.seq_len,
         "lr": args.lr,
+        "warmup_steps": args.warmup_steps,
         "checkpoint_every": args.checkpoint_every,
         "log_every": args.log_every,
         "eval_max_tokens": 65536,
@@ -181,7 +183,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from pipelines.local_run import default_corpus
-    from pipelines.pipeline import COMPILED_PIPELINE
 
     parser = argparse.ArgumentParser(prog="hyperpod-pretrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -14,7 +14,6 @@ from components.stage_data.component import stage_data
 from components.verify_nccl.component import verify_nccl
 
 PIPELINE_NAME = "hyperpod-pretrain"
-COMPILED_PIPELINE = Path(__file__).resolve().parent.parent / "compiled" / "pretrain_pipeline.yaml"
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="Pretrain a causal LM with PyTorch DDP on SageMaker HyperPod (EKS).")
@@ -36,6 +35,7 @@ def pretrain_pipeline(
     batch_size: int = 16,
     seq_len: int = 1024,
     lr: float = 6e-4,
+    warmup_steps: int = 200,
     checkpoint_every: int = 500,
     log_every: int = 10,
     train_timeout_s: int = 0,
@@ -64,6 +64,7 @@ def pretrain_pipeline(
         batch_size=batch_size,
         seq_len=seq_len,
         lr=lr,
+        warmup_steps=warmup_steps,
         checkpoint_every=checkpoint_every,
         log_every=log_every,
         timeout_s=train_timeout_s,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.pipeline import COMPILED_PIPELINE
+from pipelines import COMPILED_PIPELINE
 from trainer.layout import RunPaths
 
 CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
