@@ -92,7 +92,9 @@ def test_sigterm_stops_torchrun_and_every_worker(staged_copy: Path) -> None:
     launcher.send_signal(signal.SIGTERM)
     _, stderr = launcher.communicate(timeout=90)
     assert launcher.returncode == 1
-    assert "was stopped" in stderr.splitlines()[-1] and "received SIGTERM" in stderr.splitlines()[-1]
+    last = stderr.splitlines()[-1]
+    assert "was stopped" in last and "received SIGTERM" in last
+    assert "the trainer committed a checkpoint of step" in last and "rerun to resume" in last
     time.sleep(0.5)
     assert [p for p in workers if os.path.exists(f"/proc/{p}")] == []
     assert processes_mentioning(str(run.root)) == []

@@ -1,17 +1,26 @@
 """The trainer under a real torchrun with 2 processes (gloo, CPU), through the local launcher."""
 
 import json
+import os
+import random
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
+from components.errors import StepFailed
 from components.launch_pytorchjob.core import launch
+from components.launch_pytorchjob.local_backend import torchrun_command
 from tests.helpers import tiny_launch
 from trainer.checkpoint import load_checkpoint
-from trainer.data import TokenBatches
-from trainer.layout import RunPaths
+from trainer.data import TokenBatches, load_split
+from trainer.layout import DatasetPaths, RunPaths
+from trainer.preemption import ExitCode
 
 
 def read_metrics(run: RunPaths) -> list[dict]:
@@ -47,7 +56,7 @@ def test_resumes_from_checkpoint(trained_root: Path, tmp_path: Path) -> None:
     records = read_metrics(run)
     assert [r["step"] for r in records] == [10, 20, 30, 40, 50, 60, 70, 80]
     assert records[-1]["tokens"] == 80 * 8 * 64 * 2
-    assert "resumed from" in run.rank_log(0).read_text()
+    assert "resumed at step 60" in run.rank_log(0).read_text()
     assert load_checkpoint(run.latest_checkpoint)["step"] == 80
 
 
@@ -61,3 +70,129 @@ def test_sample_order_does_not_depend_on_world_size() -> None:
         x2 = torch.cat([b.next_batch()[0] for b in two])
         assert torch.equal(x1, x2)
     assert one.position == two[0].position == two[1].position
+
+
+# -- preemption, exact resume, elasticity -------------------------------------------------------------
+
+EXACT = dict(max_steps=40, log_every=1, checkpoint_every=10)
+
+
+def start_torchrun(cfg) -> subprocess.Popen:
+    """The trainer under torchrun exactly as the local launcher starts it, but left for the test to signal."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **cfg.trainer_env()}
+    cfg.run_paths.logs.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(torchrun_command(cfg), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def wait_for_step(run: RunPaths, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if run.metrics.exists() and any(json.loads(r)["step"] >= step for r in run.metrics.read_text().splitlines()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"training never reached step {step}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    root = tmp_path_factory.mktemp("uninterrupted")
+    shutil.copytree(staged_root, root, dirs_exist_ok=True)
+    launch(tiny_launch(root, "straight", **EXACT))
+    return read_metrics(RunPaths.of(root, "straight"))
+
+
+def test_sigterm_checkpoints_and_resume_is_bit_identical(staged_copy: Path, uninterrupted: list[dict]) -> None:
+    cfg = tiny_launch(staged_copy, "preempted", **EXACT)
+    run = cfg.run_paths
+    at = random.Random().randint(3, 30)
+    proc = start_torchrun(cfg)
+    wait_for_step(run, at, proc)
+    os.kill(proc.pid, signal.SIGTERM)  # as the kubelet does to the container's torchrun
+    output, _ = proc.communicate(timeout=60)
+
+    status = json.loads(run.status.read_text())
+    assert status["state"] == "preempted" and status["exit_code"] == ExitCode.PREEMPTED, output[-2000:]
+    stopped = status["step"]
+    assert at <= stopped < 40, f"signalled at step >= {at}, stopped at {stopped}"
+    assert load_checkpoint(run.latest_checkpoint)["step"] == stopped
+    assert f"stopped by SIGTERM at step {stopped}: checkpoint committed" in output
+
+    launch(cfg)  # resume to the end
+    resumed = read_metrics(run)
+    assert [r["step"] for r in resumed] == list(range(1, 41))
+    for mine, reference in zip(resumed, uninterrupted, strict=True):
+        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
+            reference["loss"], reference["grad_norm"], reference["lr"]
+        ), f"step {mine['step']} differs after a SIGTERM at step {stopped}"  # fmt: skip
+
+
+def test_workers_exit_with_the_preempted_code(staged_copy: Path) -> None:
+    """Signalled directly (not through torchrun), each worker's own exit code shows in torchrun's summary."""
+    cfg = tiny_launch(staged_copy, "direct", max_steps=100000, log_every=1)
+    proc = start_torchrun(cfg)
+    wait_for_step(cfg.run_paths, 3, proc)
+    trainer_pids = [
+        int(p.name) for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _cmdline(p).count("trainer.train_ddp") and _ppid(p) == proc.pid
+    ]  # fmt: skip
+    assert len(trainer_pids) == 2
+    for pid in trainer_pids:
+        os.kill(pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert output.count(f"exitcode  : {int(ExitCode.PREEMPTED)}") == 2, output[-3000:]
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _ppid(proc_dir: Path) -> int:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "fsx"
+    shutil.copytree(trained_root, root)
+    run = RunPaths.of(root, "run-1")
+    # The latest is a hard link to the step-60 file (copytree made them two files): truncate both.
+    for path in (run.latest_checkpoint, run.checkpoints / "checkpoint_step_00000060.pt"):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    launch(tiny_launch(root, "run-1", max_steps=70))
+    log_text = run.rank_log(0).read_text()
+    assert "is truncated or altered" in log_text and "trying an older checkpoint" in log_text
+    assert "resumed at step 40" in log_text
+    assert load_checkpoint(run.latest_checkpoint)["step"] == 70
+
+
+def test_world_size_2_to_1_repeats_and_skips_no_sample(staged_copy: Path) -> None:
+    samples = {"TRAINER_LOG_SAMPLES": "true"}
+    launch(tiny_launch(staged_copy, "elastic", max_steps=5, extra_env=samples))
+    launch(tiny_launch(staged_copy, "elastic", max_steps=10, nproc_per_node=1, extra_env=samples))
+    run = RunPaths.of(staged_copy, "elastic")
+    seen = []
+    for rank_file in sorted(run.logs.glob("samples_rank_*.txt")):
+        for line in rank_file.read_text().splitlines():
+            seen += [int(w) for w in line.split()[2:]]
+    # 5 steps x 8 x 2 ranks, then 5 steps x 8 x 1 rank: the first 120 windows of epoch 0's order, once each.
+    batches = TokenBatches(load_split(DatasetPaths.of(staged_copy, "synthetic").tokenized, "train"), 64, 8, 0, 1,
+                           seed=1234)  # fmt: skip
+    assert batches.num_windows >= 120
+    assert sorted(seen) == sorted(batches.epoch_order(0)[:120].tolist())
+    assert "world size changed from 2 to 1" in run.rank_log(0).read_text()
+
+
+def test_incompatible_preset_is_one_clear_error(trained_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "fsx"
+    shutil.copytree(trained_root, root)
+    with pytest.raises(StepFailed) as failure:
+        launch(tiny_launch(root, "run-1", preset="small", max_steps=70))
+    first_line = str(failure.value).splitlines()[0]
+    assert "exit code" in first_line and "is of preset 'tiny'" in first_line
+    assert json.loads(RunPaths.of(root, "run-1").status.read_text())["state"] == "bad-input"

@@ -1,27 +1,198 @@
-"""Checkpoints: complete or absent, never half-written, and loaded without unpickling code."""
+"""Checkpoints: complete or absent, verified on load, with the previous good one to fall back on.
+
+    checkpoints/checkpoint_step_00000100.pt   one file per saved step, the newest `keep` kept
+    checkpoints/checkpoint_latest.pt          a hard link to the newest step file (a copy where links fail)
+    checkpoints/index.json                    step, size and CRC32 of each file, written after each commit
+
+Each step file is written under a temporary name in the same directory, fsynced, and renamed; the CRC32
+is computed on the bytes as they are written. Loading checks size, CRC32 and step against the index and
+loads with weights_only=True; a file that fails any of these is skipped, with a warning, for the next
+older one. Asynchronous saving copies the state to CPU memory and writes it in a background thread.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
+import re
+import shutil
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainer.atomic import atomic_open
+from trainer.atomic import atomic_open, fsync_dir, write_json
 
 log = logging.getLogger(__name__)
 
+LATEST = "checkpoint_latest.pt"
+INDEX = "index.json"
+_STEP_FILE = re.compile(r"^checkpoint_step_(\d+)\.pt$")
+
 
 class CheckpointError(Exception):
-    """A checkpoint file exists but cannot be used."""
+    """No usable checkpoint, or one that does not fit this run."""
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    with atomic_open(path, "wb") as f:
-        torch.save(state, f)
+class _Crc32Writer:
+    """A file object that keeps the CRC32 and size of what passes through it."""
+
+    def __init__(self, f: Any):
+        self.f, self.crc32, self.size = f, 0, 0
+
+    def write(self, data: bytes) -> int:
+        self.crc32 = zlib.crc32(data, self.crc32)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def step_file_name(step: int) -> str:
+    return f"checkpoint_step_{step:08d}.pt"
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A deep copy with every tensor on the CPU, detached from what training keeps changing."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(cpu_copy(v) for v in obj)
+    return obj
+
+
+class CheckpointManager:
+    def __init__(self, directory: Path, keep: int = 3, async_save: bool = False):
+        self.directory = directory
+        self.keep = keep
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint") if async_save else None
+        self._pending: Future[float] | None = None
+        self.last_commit_s: float | None = None  # how long the latest commit took (serialise, write, fsync)
+
+    @property
+    def latest(self) -> Path:
+        return self.directory / LATEST
+
+    # -- saving ---------------------------------------------------------------------------------------
+
+    def save(self, state: dict[str, Any], step: int, blocking: bool = True) -> float:
+        """Commit `state` as the checkpoint of `step`; returns the seconds the caller was held up."""
+        started = time.perf_counter()
+        self.wait()  # one write at a time, in order
+        if blocking or self._writer is None:
+            self._commit(state, step)
+        else:
+            self._pending = self._writer.submit(self._commit, cpu_copy(state), step)
+        return time.perf_counter() - started
+
+    def wait(self) -> None:
+        """Block until the pending asynchronous write is committed; raise if it failed."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        self.wait()
+        if self._writer:
+            self._writer.shutdown()
+
+    def _commit(self, state: dict[str, Any], step: int) -> float:
+        started = time.perf_counter()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(".*.tmp"):  # left by a writer killed mid-save (this is the only writer)
+            stale.unlink(missing_ok=True)
+            log.info("removed %s, left by an interrupted save", stale.name)
+        name = step_file_name(step)
+        with atomic_open(self.directory / name, "wb") as f:
+            counted = _Crc32Writer(f)
+            torch.save(state, counted)
+        self._point_latest_at(name)
+        index = self._read_index()
+        entries = [e for e in index.get("checkpoints", []) if e["file"] != name]
+        entries.append({"file": name, "step": step, "size": counted.size, "crc32": counted.crc32, "time": time.time()})
+        entries.sort(key=lambda e: e["step"])
+        for old in entries[: -self.keep]:
+            (self.directory / old["file"]).unlink(missing_ok=True)
+        write_json(self.directory / INDEX, {"checkpoints": entries[-self.keep :], "latest": entries[-1]})
+        seconds = self.last_commit_s = time.perf_counter() - started
+        log.info("checkpoint of step %d committed: %s (%.1f MB in %.2fs)", step, name, counted.size / 1e6, seconds)
+        return seconds
+
+    def _point_latest_at(self, name: str) -> None:
+        tmp = self.directory / f".{LATEST}.{os.getpid()}.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(self.directory / name, tmp)
+        except OSError:  # a filesystem without hard links: copy (and fsync) instead
+            with atomic_open(tmp, "wb") as out, open(self.directory / name, "rb") as src:
+                shutil.copyfileobj(src, out, 16 * 2**20)
+        os.replace(tmp, self.latest)
+        fsync_dir(self.directory)
+
+    # -- loading --------------------------------------------------------------------------------------
+
+    def _read_index(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.directory / INDEX).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def load(self) -> dict[str, Any] | None:
+        """The newest checkpoint that verifies, or None if there is none at all."""
+        index = self._read_index()
+        by_file = {e["file"]: e for e in index.get("checkpoints", [])}
+        candidates: list[tuple[Path, dict[str, Any] | None]] = []
+        if self.latest.exists():
+            candidates.append((self.latest, index.get("latest")))
+        step_files = sorted(
+            (p for p in self.directory.glob("checkpoint_step_*.pt") if _STEP_FILE.match(p.name)),
+            key=lambda p: int(_STEP_FILE.match(p.name).group(1)),
+            reverse=True,
+        )
+        candidates += [(p, by_file.get(p.name)) for p in step_files]
+        if not candidates:
+            return None
+        problems = []
+        for path, entry in candidates:
+            try:
+                state = verified_load(path, entry)
+            except CheckpointError as exc:
+                problems.append(str(exc))
+                log.warning("%s; trying an older checkpoint", exc)
+                continue
+            if problems:
+                log.warning("resuming from %s (step %d) because a newer checkpoint was unusable", path, state["step"])
+            return state
+        raise CheckpointError(f"no usable checkpoint in {self.directory}: {'; '.join(problems)}")
+
+
+def verified_load(path: Path, entry: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load with weights_only=True after checking the file against its index entry (when it has one)."""
+    if entry is not None:
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise CheckpointError(
+                f"checkpoint {path} is truncated or altered ({size} bytes, index says {entry['size']})"
+            )
+        crc = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(16 * 2**20):
+                crc = zlib.crc32(chunk, crc)
+        if crc != entry["crc32"]:
+            raise CheckpointError(f"checkpoint {path} is corrupt (CRC32 {crc:08x}, index says {entry['crc32']:08x})")
+    state = load_checkpoint(path)
+    if entry is not None and state["step"] != entry["step"]:
+        raise CheckpointError(f"checkpoint {path} holds step {state['step']}, index says {entry['step']}")
+    return state
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -37,12 +208,16 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
+# -- RNG state ------------------------------------------------------------------------------------------
+
+
 def rng_state() -> dict[str, Any]:
+    """Every random generator this process uses, in a form weights_only loading accepts."""
+    py = random.getstate()
+    np_state = np.random.get_state()
     state: dict[str, Any] = {
-        "python": list(random.getstate()[1]),
-        "python_pos": random.getstate()[2],
-        "numpy": np.random.get_state()[1].tolist(),
-        "numpy_pos": int(np.random.get_state()[2]),
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -51,8 +226,10 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate((3, tuple(state["python"]), state["python_pos"]))
-    np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32), state["numpy_pos"], 0, 0.0))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,26 +1,121 @@
-"""The trainer's configuration: one dataclass, whose defaults the launcher and the CLI share."""
+"""The trainer's configuration: one dataclass, readable from flags and from environment variables.
+
+Every field is a flag (`max_steps` -> `--max-steps`) and an environment variable (`TRAINER_MAX_STEPS`),
+so a PyTorchJob can set it either in the container's args or in its env. A flag wins over the variable,
+the variable over the default. The launcher and the CLI share the defaults through TRAIN_DEFAULTS.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+
+ENV_PREFIX = "TRAINER_"
+
+
+def _opt(default, help: str, minimum: float | None = None):
+    return field(default=default, metadata={"help": help, "min": minimum})
 
 
 @dataclass
 class TrainConfig:
-    data_dir: str
-    run_dir: str
-    preset: str = "small"
-    max_steps: int = 200
-    seed: int = 1234
-    batch_size: int = 8  # per rank
-    seq_len: int = 128
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    checkpoint_every: int = 50
-    log_every: int = 10
+    data_dir: str = field(metadata={"help": "tokenized dataset directory (<root>/datasets/<name>/tokenized)"})
+    run_dir: str = field(metadata={"help": "run directory (<root>/runs/<run_id>); resumed if it holds a checkpoint"})
+    preset: str = _opt("small", "model preset (see trainer/model.py)")
+    seed: int = _opt(1234, "seed of the initial weights and of the sample order")
+    # How long to train: the first limit reached ends the run.
+    max_steps: int = _opt(200, "optimizer steps to train for; also the length of the LR schedule", 1)
+    max_tokens: int = _opt(0, "stop after this many training tokens (0: no limit)", 0)
+    max_time_s: float = _opt(0.0, "checkpoint and stop after this many seconds in this process (0: no limit)", 0)
+    # The batch: batch_size sequences per rank per micro-step, grad_accum_steps micro-steps per step.
+    batch_size: int = _opt(8, "sequences per rank per micro-step", 1)
+    grad_accum_steps: int = _opt(1, "micro-steps per optimizer step", 1)
+    seq_len: int = _opt(128, "tokens per sequence", 1)
+    # The optimizer: AdamW with linear warm-up and cosine decay.
+    lr: float = _opt(3e-3, "peak learning rate", 0)
+    min_lr_ratio: float = _opt(0.1, "final learning rate as a fraction of the peak", 0)
+    warmup_steps: int = _opt(20, "steps of linear warm-up", 0)
+    weight_decay: float = _opt(0.1, "AdamW weight decay of matrices", 0)
+    grad_clip: float = _opt(1.0, "clip the gradient norm to this (0: no clipping)", 0)
+    compile: bool = _opt(False, "torch.compile the model")
+    # Checkpoints and preemption.
+    checkpoint_every: int = _opt(50, "steps between checkpoints", 1)
+    keep_checkpoints: int = _opt(3, "step checkpoints kept besides checkpoint_latest.pt", 1)
+    async_checkpoint: bool = _opt(False, "write periodic checkpoints in a background thread")
+    grace_period_s: float = _opt(120.0, "the pod's terminationGracePeriodSeconds: time from SIGTERM to SIGKILL", 1)
+    # Observability.
+    log_every: int = _opt(10, "steps between metrics rows and log lines", 1)
+    peak_tflops: float = _opt(0.0, "peak bf16 TFLOP/s of one accelerator for MFU (0: detect the GPU)", 0)
+    log_samples: bool = _opt(False, "record the sample (window) ids each rank trains on, under <run>/logs/")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Per rank; multiply by the world size for the global figure."""
+        return self.batch_size * self.grad_accum_steps * self.seq_len
 
 
-TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name not in ("data_dir", "run_dir")}
+TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+
+
+def convert(kind: type, minimum: float | None, text: str) -> bool | int | float | str:
+    """One setting from its text; ValueError says what is wrong with it."""
+    if kind is bool:
+        lowered = text.strip().lower()
+        if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(f"{text!r} is not a boolean (use true or false)")
+        return lowered in ("1", "true", "yes", "on")
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a valid {kind.__name__}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _flag_type(kind: type, minimum: float | None):
+    def parse(text: str):
+        try:
+            return convert(kind, minimum, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+# Field types as written in the class (strings, because of `from __future__ import annotations`).
+_KINDS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> TrainConfig:
+    """Flags, then TRAINER_* variables, then defaults; a bad value is one argparse error naming its source."""
+    from trainer.model import PRESETS  # plain data: cheap
+
+    environ = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog="train_ddp", description="DDP pretraining of a causal LM (under torchrun).")
+    for f in fields(TrainConfig):
+        env = ENV_PREFIX + f.name.upper()
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=_flag_type(_KINDS[f.type], f.metadata.get("min")),
+            required=f.default is MISSING and env not in environ,
+            help=f"{f.metadata['help']} [env {env}]",
+            **({"nargs": "?", "const": True} if f.type == "bool" else {}),
+        )
+    args = vars(parser.parse_args(argv))
+    values = {}
+    for f in fields(TrainConfig):
+        env = ENV_PREFIX + f.name.upper()
+        if args[f.name] is not None:
+            values[f.name] = args[f.name]
+        elif env in environ:
+            try:
+                values[f.name] = convert(_KINDS[f.type], f.metadata.get("min"), environ[env])
+            except ValueError as exc:
+                parser.error(f"{env}: {exc}")
+    config = TrainConfig(**values)
+    if config.preset not in PRESETS:
+        parser.error(f"argument --preset: {config.preset!r} is unknown: choose one of {', '.join(PRESETS)}")
+    return config

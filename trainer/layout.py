@@ -8,6 +8,7 @@ Every step, the trainer included, finds its files through these two classes and 
     <root>/runs/<run_id>/config.json                 resolved trainer config
     <root>/runs/<run_id>/checkpoints/checkpoint_latest.pt
     <root>/runs/<run_id>/metrics.jsonl               one JSON object per logged step
+    <root>/runs/<run_id>/status.json                 the trainer's state: running, done, preempted, crashed
     <root>/runs/<run_id>/logs/ nccl/ comms/ eval/    per-rank logs, NCCL_DEBUG_FILE output, comms self-test, evaluation
 
 It lives in the trainer package because the trainer image ships only that package.
@@ -88,6 +89,11 @@ class RunPaths:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def status(self) -> Path:
+        """The trainer's last word: running, done, preempted (and whether its checkpoint was committed), crashed."""
+        return self.root / "status.json"
 
     @property
     def logs(self) -> Path:

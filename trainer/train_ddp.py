@@ -1,43 +1,65 @@
 """DDP pretraining of a causal LM: the program torchrun starts in every PyTorchJob pod.
 
-    torchrun --nproc_per_node=N -m trainer.train_ddp --data-dir DIR --run-dir DIR --preset small ...
+    torchrun --nproc_per_node=N [--nnodes=MIN:MAX --rdzv_backend=c10d ...] trainer/train_ddp.py \\
+        --data-dir <root>/datasets/<name>/tokenized --run-dir <root>/runs/<id> --preset small ...
 
-NCCL on GPUs, gloo on CPU. Rank 0 writes config.json, metrics.jsonl and checkpoint_latest.pt under the
-run directory; every rank writes its comms self-test report and its log. A run directory that already
-holds a checkpoint is resumed from it.
+NCCL on GPUs (bf16 autocast), gloo on CPU (fp32). A run directory that holds a checkpoint is resumed
+from it, also with another world size. SIGTERM/SIGINT stop every rank after the same step, rank 0
+commits a checkpoint, and the processes exit with a code from trainer.preemption.ExitCode:
+0 done, 1 crashed, 2 bad input, 75 preempted and saved (rerun to resume), 76 preempted, save failed.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import contextlib
 import logging
 import math
 import os
+import random
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 from torch.nn.parallel import DistributedDataParallel
+
+if __package__ in (None, ""):  # run as a script (trainer/train_ddp.py), as torchrun does in the seed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainer import comms
 from trainer.atomic import write_json
-from trainer.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from trainer.config import TrainConfig
-from trainer.data import TokenBatches, load_meta, load_split
+from trainer.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
+from trainer.config import TrainConfig, parse_config
+from trainer.data import DataError, TokenBatches, load_meta, load_split
 from trainer.layout import RunPaths
-from trainer.model import PRESETS, build_model, model_config
+from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops
+from trainer.model import build_model, model_config
+from trainer.preemption import ExitCode, StopSignal, save_budget_s
 
 log = logging.getLogger("trainer")
 
 
-def lr_lambda(cfg: TrainConfig):
+@dataclass
+class Progress:
+    """How far training has come; saved in every checkpoint."""
+
+    step: int = 0
+    tokens_seen: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+
+
+def lr_schedule(cfg: TrainConfig):
     """Linear warm-up, then cosine decay to min_lr_ratio of the peak at max_steps."""
 
     def factor(step: int) -> float:
@@ -49,150 +71,212 @@ def lr_lambda(cfg: TrainConfig):
     return factor
 
 
-def train(cfg: TrainConfig) -> None:
+def train(cfg: TrainConfig) -> ExitCode:
     use_cuda = torch.cuda.is_available()
+    run = RunPaths(Path(cfg.run_dir))
+    if use_cuda and "NCCL_DEBUG" in os.environ:  # keep NCCL's lines on the volume, past the pod's life
+        os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl / "%h.%p.log"))
+        run.nccl.mkdir(parents=True, exist_ok=True)
     dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    run = RunPaths(Path(cfg.run_dir))
     setup_logging(rank, run.rank_log(rank))
-    log.info(
-        "rank %d/%d on %s, restart count %s", rank, world, device, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    )
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    log.info("rank %d of %d on %s (torchelastic restart count %s)", rank, world, device, restarts)
+    stop = StopSignal(device)
 
     report = comms.self_test(device)
     write_json(run.comms_report(rank), report)
-    log.info(
-        "comms self-test: all_reduce %s, bus bandwidth %.3f GB/s",
-        "correct" if report["all_reduce_correct"] else "WRONG",
-        report["busbw_gbps"],
-    )
+    log.info("comms self-test: all_reduce %s, bus bandwidth %.3f GB/s",
+             "correct" if report["all_reduce_correct"] else "WRONG", report["busbw_gbps"])  # fmt: skip
 
-    tokenized = Path(cfg.data_dir)
-    meta = load_meta(tokenized)
-    batches = TokenBatches(load_split(tokenized, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
-    mcfg = model_config(cfg.preset, meta["vocab_size"], cfg.seq_len, meta["eos_id"])
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
-    model = build_model(mcfg).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    # Data, model, optimizer.
+    meta = load_meta(Path(cfg.data_dir))
+    batches = TokenBatches(load_split(Path(cfg.data_dir), "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
+    mconfig = model_config(cfg.preset, meta["vocab_size"], cfg.seq_len, meta["eos_id"])
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = build_model(mconfig).to(device)
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    vectors = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-        fused=use_cuda,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    step, tokens_seen = 0, 0
+        [{"params": matrices, "weight_decay": cfg.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.95), fused=use_cuda,
+    )  # fmt: skip
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg))
+    progress = Progress()
+    checkpoints = CheckpointManager(run.checkpoints, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
+    metrics = MetricsLog(run.metrics, enabled=rank == 0)
 
-    if run.latest_checkpoint.exists():
-        state = load_checkpoint(run.latest_checkpoint)
-        if state["preset"] != cfg.preset:
+    # Resume from the newest good checkpoint, if any.
+    state = checkpoints.load()
+    if state is None:
+        seed_everything(cfg.seed + rank)
+    else:
+        if state["preset"] != cfg.preset or state["model_config"] != mconfig.to_dict():
             raise CheckpointError(
-                f"{run.latest_checkpoint} was trained with preset {state['preset']!r}, not {cfg.preset!r}"
+                f"the checkpoint in {run.checkpoints} is of preset {state['preset']!r} with another model "
+                f"configuration than this run's {cfg.preset!r}: use a new run directory or the original settings"
             )
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        progress.load_state_dict(state["progress"])
         batches.position.load_state_dict(state["data"])
-        step, tokens_seen = state["step"], state["tokens_seen"]
-        set_rng_state(state["rng"])
-        log.info(
-            "resumed from %s at step %d (%d tokens seen, saved by %d ranks, now %d)",
-            run.latest_checkpoint,
-            step,
-            tokens_seen,
-            state["world_size"],
-            world,
-        )
-    else:
-        np.random.seed(cfg.seed + rank)
-
+        if rank < len(state["rng"]):
+            set_rng_state(state["rng"][rank])
+        else:  # a rank the saved run did not have
+            seed_everything(cfg.seed + rank + progress.step)
+        log.info("resumed at step %d (%d tokens seen) from a checkpoint of %d ranks",
+                 progress.step, progress.tokens_seen, state["world_size"])  # fmt: skip
+        if state["world_size"] != world:
+            log.warning("world size changed from %d to %d: the data is re-partitioned from sample %d of epoch %d, "
+                        "nothing repeated or skipped; a step now takes %d sequences instead of %d",
+                        state["world_size"], world, batches.position.offset, batches.position.epoch,
+                        cfg.batch_size * cfg.grad_accum_steps * world,
+                        cfg.batch_size * cfg.grad_accum_steps * state["world_size"])  # fmt: skip
+        metrics.truncate_after(progress.step)
+        del state
+    write_status(run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts))
     if rank == 0:
-        write_json(
-            run.config,
-            {
-                "trainer": asdict(cfg),
-                "world_size": world,
-                "model": mcfg.to_dict(),
-                "dataset": {
-                    "tokenized_dir": str(tokenized),
-                    "vocab_size": meta["vocab_size"],
-                    "train_tokens": meta["tokens"]["train"],
-                },
-            },
-        )
+        dataset = {"tokenized_dir": cfg.data_dir, "vocab_size": meta["vocab_size"]}
+        resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset}
+        write_json(run.config, resolved)
+
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
+    step_fn = torch.compile(ddp) if cfg.compile else ddp
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda)
+    flops_per_step = flops_per_token(model, cfg.seq_len) * cfg.tokens_per_step * world
+    peak = peak_flops(device, cfg.peak_tflops)
+    samples_log = open(run.logs / f"samples_rank_{rank:05d}.txt", "a") if cfg.log_samples else None
+    budget_s = save_budget_s(cfg.grace_period_s)
 
-    def checkpoint() -> None:
-        if rank == 0:
-            started = time.perf_counter()
-            save_checkpoint(
-                run.latest_checkpoint,
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "data": batches.position.state_dict(),
-                    "step": step,
-                    "tokens_seen": tokens_seen,
-                    "rng": rng_state(),
-                    "preset": cfg.preset,
-                    "world_size": world,
-                },
-            )
-            log.info("saved %s at step %d in %.2fs", run.latest_checkpoint, step, time.perf_counter() - started)
-        dist.barrier()
+    def save(blocking: bool) -> float:
+        """Collective (the RNG states are gathered); rank 0 writes. Returns the seconds rank 0 was held up."""
+        rngs: list[Any] = [None] * world
+        dist.all_gather_object(rngs, rng_state())
+        if rank != 0:
+            return 0.0
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scheduler": scheduler.state_dict(), "progress": progress.state_dict(),
+                 "data": batches.position.state_dict(), "rng": rngs, "step": progress.step,
+                 "preset": cfg.preset, "model_config": mconfig.to_dict(), "world_size": world}  # fmt: skip
+        return checkpoints.save(state, progress.step, blocking=blocking)
 
-    window_start, window_tokens = time.perf_counter(), 0
-    while step < cfg.max_steps:
-        inputs, targets = (t.to(device, non_blocking=True) for t in batches.next_batch())
-        with autocast:
-            logits = ddp(input_ids=inputs).logits
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    # The loop: one optimizer step of grad_accum_steps micro-batches per iteration.
+    log.info("training from step %d to %d on %d ranks, %d tokens per step",
+             progress.step, cfg.max_steps, world, cfg.tokens_per_step * world)  # fmt: skip
+    started, throughput, budget_checked, resumed_at = time.monotonic(), Throughput(), False, progress.step
+    stop_reason = "max-steps" if progress.step >= cfg.max_steps else None
+    if stop_reason:
+        log.info("nothing to do: the run already reached step %d", progress.step)
+    while stop_reason is None:
+        step_started = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(cfg.grad_accum_steps):
+            inputs, targets = (t.to(device, non_blocking=True) for t in batches.next_batch())
+            if samples_log:
+                samples_log.write(f"{progress.step + 1} {micro} {' '.join(map(str, batches.last_windows))}\n")
+            last_micro = micro == cfg.grad_accum_steps - 1
+            with contextlib.nullcontext() if last_micro else ddp.no_sync(), autocast:
+                logits = step_fn(input_ids=inputs).logits
+                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+                (loss / cfg.grad_accum_steps).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         optimizer.step()
         scheduler.step()
-        step += 1
-        step_tokens = inputs.numel() * world
-        tokens_seen += step_tokens
-        window_tokens += step_tokens
+        optimizer.zero_grad(set_to_none=True)
+        progress.step += 1
+        progress.tokens_seen += cfg.tokens_per_step * world
+        throughput.add(cfg.tokens_per_step * world)
 
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-            mean_loss = loss.detach().clone()
-            dist.all_reduce(mean_loss)  # SUM: gloo has no AVG
-            mean_loss /= world
-            elapsed = time.perf_counter() - window_start
-            record = {
-                "step": step,
-                "loss": round(mean_loss.item(), 6),
-                "lr": scheduler.get_last_lr()[0],
-                "tokens": tokens_seen,
-                "tokens_per_s": round(window_tokens / elapsed, 1),
+        stop_reason = stop.should_stop(time_up=bool(cfg.max_time_s) and time.monotonic() - started > cfg.max_time_s)
+        if stop_reason is None and progress.step >= cfg.max_steps:
+            stop_reason = "max-steps"
+        if stop_reason is None and cfg.max_tokens and progress.tokens_seen >= cfg.max_tokens:
+            stop_reason = "max-tokens"
+        step_time_s = time.perf_counter() - step_started
+
+        if progress.step % cfg.log_every == 0 or stop_reason:
+            mean_loss = loss_sum / cfg.grad_accum_steps
+            dist.all_reduce(mean_loss)  # a sum: gloo has no average
+            tokens_per_s, seconds_per_step = throughput.report()
+            row = {
+                "step": progress.step, "loss": mean_loss.item() / world, "lr": scheduler.get_last_lr()[0],
+                "grad_norm": grad_norm.item(), "tokens": progress.tokens_seen, "tokens_per_s": round(tokens_per_s, 1),
+                "step_time_s": round(seconds_per_step, 4),
+                "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak else None,
+                "gpu_mem_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if use_cuda else None,
                 "time": time.time(),
-            }
+            }  # fmt: skip
+            metrics.write(row)
             if rank == 0:
-                with open(run.metrics, "a") as f:
-                    f.write(json.dumps(record) + "\n")
-                log.info(
-                    "step %d loss %.4f lr %.2e tokens/s %.0f",
-                    step,
-                    record["loss"],
-                    record["lr"],
-                    record["tokens_per_s"],
-                )
-            window_start, window_tokens = time.perf_counter(), 0
-        if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-            checkpoint()
+                mfu = f" mfu {row['mfu']:.1%}" if row["mfu"] is not None else ""
+                log.info("step %d loss %.4f lr %.2e grad norm %.2f tokens/s %.0f%s", progress.step, row["loss"],
+                         row["lr"], row["grad_norm"], tokens_per_s, mfu)  # fmt: skip
 
-    log.info("training done at step %d, %d tokens", step, tokens_seen)
+        if progress.step % cfg.checkpoint_every == 0 and stop_reason is None:
+            save(blocking=False)
+            if not budget_checked and checkpoints.last_commit_s is not None:
+                check_save_budget(step_time_s, checkpoints.last_commit_s, budget_s, rank)
+                budget_checked = True
+
+    # Stopping: a blocking save, waited for by every rank, so that the exit code tells the truth.
+    if progress.step == resumed_at:
+        write_status(run, rank, "done", step=progress.step, exit_code=ExitCode.DONE, reason="max-steps")
+        dist.destroy_process_group()
+        return ExitCode.DONE
+    if samples_log:
+        samples_log.close()
+    preempted = stop_reason == "signal"
+    try:
+        save(blocking=True)
+        checkpoints.close()
+        dist.barrier()
+    except Exception as exc:
+        log.exception("the final checkpoint of step %d could not be committed", progress.step)
+        code = ExitCode.PREEMPTED_UNSAVED if preempted else ExitCode.CRASHED
+        write_status(run, rank, "preempted-unsaved" if preempted else "crashed", step=progress.step,
+                     exit_code=code, reason=stop_reason, error=f"final checkpoint failed: {exc}")  # fmt: skip
+        return code
+    if preempted:
+        log.warning("stopped by %s at step %d: checkpoint committed %.1fs after the signal (budget %.0fs)",
+                    stop.signal.name if stop.signal else "a signal on another rank", progress.step,
+                    stop.seconds_since(), budget_s)  # fmt: skip
+    else:
+        log.info("training stopped at step %d (%s), %d tokens seen", progress.step, stop_reason, progress.tokens_seen)
+    code = ExitCode.PREEMPTED if preempted else ExitCode.DONE
+    write_status(run, rank, "preempted" if preempted else "done", step=progress.step, exit_code=code,
+                 reason=stop_reason, tokens_seen=progress.tokens_seen,
+                 seconds_to_commit=round(stop.seconds_since(), 3) if preempted else None)  # fmt: skip
+    stop.restore()
     dist.destroy_process_group()
+    return code
+
+
+def write_status(run: RunPaths, rank: int, state: str, **details: Any) -> None:
+    """Rank 0 records where the run stands, so that the launcher can tell preempted-and-saved from a crash."""
+    if rank == 0:
+        write_json(run.status, {"state": state, **details, "time": time.time()})
+
+
+def check_save_budget(step_time_s: float, save_s: float, budget_s: float, rank: int) -> None:
+    """After the first checkpoint: could a SIGTERM arriving mid-step still end in a committed checkpoint?"""
+    if rank == 0 and step_time_s + save_s > budget_s:
+        log.warning("!!! PREEMPTION WOULD LOSE WORK: one step (%.1fs) plus a checkpoint save (%.1fs) take longer "
+                    "than the %.0fs between SIGTERM and SIGKILL (the grace period, capped by torchrun's shutdown "
+                    "timeout); raise terminationGracePeriodSeconds and torchrun's --shutdown-timeout, or save "
+                    "faster (--async-checkpoint does not help here: the final save is always waited for)",
+                    step_time_s, save_s, budget_s)  # fmt: skip
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def setup_logging(rank: int, log_file: Path) -> None:
@@ -205,49 +289,24 @@ def setup_logging(rank: int, log_file: Path) -> None:
         root.addHandler(handler)
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    d = TrainConfig(data_dir="", run_dir="")
-    p = argparse.ArgumentParser(prog="train_ddp", description=__doc__.splitlines()[0])
-    p.add_argument("--data-dir", required=True, help="tokenized dataset directory (<root>/datasets/<name>/tokenized)")
-    p.add_argument("--run-dir", required=True, help="run directory (<root>/runs/<run_id>)")
-    p.add_argument("--preset", default=d.preset, choices=sorted(PRESETS))
-    p.add_argument("--max-steps", type=positive_int, default=d.max_steps)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="sequences per rank per step")
-    p.add_argument("--seq-len", type=positive_int, default=d.seq_len)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--warmup-steps", type=positive_int, default=d.warmup_steps)
-    p.add_argument("--checkpoint-every", type=positive_int, default=d.checkpoint_every)
-    p.add_argument("--log-every", type=positive_int, default=d.log_every)
-    a = p.parse_args(argv)
-    if not (Path(a.data_dir) / "meta.json").is_file():
-        p.error(f"--data-dir {a.data_dir}: no meta.json there; stage the dataset first")
-    return TrainConfig(
-        data_dir=a.data_dir,
-        run_dir=a.run_dir,
-        preset=a.preset,
-        max_steps=a.max_steps,
-        seed=a.seed,
-        batch_size=a.batch_size,
-        seq_len=a.seq_len,
-        lr=a.lr,
-        warmup_steps=a.warmup_steps,
-        checkpoint_every=a.checkpoint_every,
-        log_every=a.log_every,
-    )
-
-
-@record  # a worker's exception reaches torchrun's failure summary, which the launcher shows
-def main() -> None:
-    train(parse_args())
+def main(argv: list[str] | None = None) -> int:
+    """Exit codes as ExitCode documents; every failure reaches torchrun's error file and summary."""
+    errors = get_error_handler()
+    errors.initialize()
+    cfg = parse_config(argv)  # bad flags: argparse's one line and exit 2
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        return train(cfg)
+    except (CheckpointError, DataError) as exc:
+        log.error("%s", exc)
+        errors.record_exception(exc)
+        write_status(RunPaths(Path(cfg.run_dir)), rank, "bad-input", exit_code=ExitCode.BAD_INPUT, error=str(exc))
+        return ExitCode.BAD_INPUT
+    except Exception as exc:
+        errors.record_exception(exc)
+        write_status(RunPaths(Path(cfg.run_dir)), rank, "crashed", exit_code=ExitCode.CRASHED, error=repr(exc))
+        raise
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -94,7 +94,7 @@ def evaluate_checkpoint(
         run_id=run_id,
         checkpoint=str(run.latest_checkpoint),
         step=int(state["step"]),
-        train_tokens_seen=int(state["tokens_seen"]),
+        train_tokens_seen=int(state["progress"]["tokens_seen"]),
         val_tokens=n_tokens,
         val_loss=round(val_loss, 6),
         val_perplexity=round(math.exp(val_loss), 4),

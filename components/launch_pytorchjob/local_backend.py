@@ -48,6 +48,20 @@ def root_cause(log_dir: Path) -> str:
     return f"local rank {rank}: {message.splitlines()[0]}"
 
 
+def trainer_outcome(cfg: LaunchConfig) -> str:
+    """What the trainer's status.json says of how it ended, in words."""
+    try:
+        status = json.loads(cfg.run_paths.status.read_text())
+    except (OSError, ValueError):
+        return "the trainer left no status"
+    if status["state"] == "preempted":
+        return (f"the trainer committed a checkpoint of step {status['step']} "
+                f"{status['seconds_to_commit']}s after the signal: rerun to resume")  # fmt: skip
+    if status["state"] == "preempted-unsaved":
+        return f"the trainer could not commit its checkpoint of step {status['step']}: {status.get('error')}"
+    return f"the trainer's last status is {status['state']!r} at step {status.get('step')}"
+
+
 def torchrun_command(cfg: LaunchConfig) -> list[str]:
     return [
         sys.executable,

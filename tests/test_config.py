@@ -1,0 +1,37 @@
+"""The trainer's settings come from flags, then TRAINER_* variables, then defaults."""
+
+import pytest
+
+from trainer.config import TRAIN_DEFAULTS, parse_config
+
+REQUIRED = ["--data-dir", "d", "--run-dir", "r"]
+
+
+def test_flag_beats_env_beats_default() -> None:
+    cfg = parse_config([*REQUIRED, "--max-steps", "7"], {"TRAINER_MAX_STEPS": "9", "TRAINER_LR": "0.5"})
+    assert cfg.max_steps == 7 and cfg.lr == 0.5 and cfg.seq_len == TRAIN_DEFAULTS["seq_len"]
+
+
+def test_everything_from_the_environment() -> None:
+    env = {"TRAINER_DATA_DIR": "d", "TRAINER_RUN_DIR": "r", "TRAINER_ASYNC_CHECKPOINT": "true",
+           "TRAINER_GRAD_ACCUM_STEPS": "4"}  # fmt: skip
+    cfg = parse_config([], env)
+    assert (cfg.data_dir, cfg.async_checkpoint, cfg.grad_accum_steps) == ("d", True, 4)
+    assert parse_config([*REQUIRED, "--compile"], {}).compile is True
+
+
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["--max-steps", "0"], {}, "argument --max-steps: must be at least 1, got 0"),
+        (["--batch-size", "many"], {}, "argument --batch-size: 'many' is not a valid int"),
+        (["--preset", "gpt5"], {}, "argument --preset: 'gpt5' is unknown"),
+        ([], {"TRAINER_SEED": "x"}, "TRAINER_SEED: 'x' is not a valid int"),
+        ([], {"TRAINER_COMPILE": "maybe"}, "TRAINER_COMPILE: 'maybe' is not a boolean"),
+    ],
+)
+def test_bad_settings_are_one_line_naming_the_source(argv, env, message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config([*REQUIRED, *argv], env)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err.splitlines()[-1]
