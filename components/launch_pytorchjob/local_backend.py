@@ -132,7 +132,7 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
     if stop_reasons:
         raise StepFailed(
             f"training of run {cfg.run_id} was stopped after {seconds:.0f}s because {stop_reasons[0]}; "
-            f"torchrun exited with code {exit_code}"
+            f"{trainer_outcome(cfg)}"
         )
     if exit_code != 0:
         cause = root_cause(torchrun_log_dir(cfg))
