@@ -20,21 +20,31 @@ def fsync_dir(directory: Path) -> None:
 
 
 @contextmanager
-def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
-    """Yield a file object; on clean exit its content replaces `path` in one rename, else it vanishes."""
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path` to write by name; on clean exit it is fsynced and renamed onto it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
         fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
+    """Yield a file object; on clean exit its content replaces `path` in one rename, else it vanishes."""
+    with atomic_path(path) as tmp, open(tmp, mode) as f:
+        yield f
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -4,10 +4,11 @@
     checkpoints/checkpoint_latest.pt          a hard link to the newest step file (a copy where links fail)
     checkpoints/index.json                    step, size and CRC32 of each file, written after each commit
 
-Each step file is written under a temporary name in the same directory, fsynced, and renamed; the CRC32
-is computed on the bytes as they are written. Loading checks size, CRC32 and step against the index and
-loads with weights_only=True; a file that fails any of these is skipped, with a warning, for the next
-older one. Asynchronous saving copies the state to CPU memory and writes it in a background thread.
+Each step file is written under a temporary name in the same directory, fsynced, and renamed. Loading
+checks the file's size and step against the index, every record against the CRC32 that torch.save
+stores in its zip container, and loads with weights_only=True; a file that fails any of these is
+skipped, with a warning, for the next older one. Asynchronous saving copies the state to CPU memory
+and writes it in a background thread.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import random
 import re
 import shutil
 import time
-import zlib
+import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.atomic import atomic_open, fsync_dir, write_json
+from trainer.atomic import atomic_open, atomic_path, fsync_dir, write_json
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +39,6 @@ _STEP_FILE = re.compile(r"^checkpoint_step_(\d+)\.pt$")
 
 class CheckpointError(Exception):
     """No usable checkpoint, or one that does not fit this run."""
-
-
-class _Crc32Writer:
-    """A file object that keeps the CRC32 and size of what passes through it."""
-
-    def __init__(self, f: Any):
-        self.f, self.crc32, self.size = f, 0, 0
-
-    def write(self, data: bytes) -> int:
-        self.crc32 = zlib.crc32(data, self.crc32)
-        self.size += len(data)
-        return self.f.write(data)
-
-    def flush(self) -> None:
-        self.f.flush()
 
 
 def step_file_name(step: int) -> str:
@@ -112,19 +98,19 @@ class CheckpointManager:
             stale.unlink(missing_ok=True)
             log.info("removed %s, left by an interrupted save", stale.name)
         name = step_file_name(step)
-        with atomic_open(self.directory / name, "wb") as f:
-            counted = _Crc32Writer(f)
-            torch.save(state, counted)
+        with atomic_path(self.directory / name) as tmp:
+            torch.save(state, str(tmp))  # by name: torch's own writer, with a CRC32 per record
+        size = (self.directory / name).stat().st_size
         self._point_latest_at(name)
         index = self._read_index()
         entries = [e for e in index.get("checkpoints", []) if e["file"] != name]
-        entries.append({"file": name, "step": step, "size": counted.size, "crc32": counted.crc32, "time": time.time()})
+        entries.append({"file": name, "step": step, "size": size, "time": time.time()})
         entries.sort(key=lambda e: e["step"])
         for old in entries[: -self.keep]:
             (self.directory / old["file"]).unlink(missing_ok=True)
         write_json(self.directory / INDEX, {"checkpoints": entries[-self.keep :], "latest": entries[-1]})
         seconds = self.last_commit_s = time.perf_counter() - started
-        log.info("checkpoint of step %d committed: %s (%.1f MB in %.2fs)", step, name, counted.size / 1e6, seconds)
+        log.info("checkpoint of step %d committed: %s (%.1f MB in %.2fs)", step, name, size / 1e6, seconds)
         return seconds
 
     def _point_latest_at(self, name: str) -> None:
@@ -176,22 +162,21 @@ class CheckpointManager:
 
 
 def verified_load(path: Path, entry: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Load with weights_only=True after checking the file against its index entry (when it has one)."""
-    if entry is not None:
-        size = path.stat().st_size
-        if size != entry["size"]:
-            raise CheckpointError(
-                f"checkpoint {path} is truncated or altered ({size} bytes, index says {entry['size']})"
-            )
-        crc = 0
-        with open(path, "rb") as f:
-            while chunk := f.read(16 * 2**20):
-                crc = zlib.crc32(chunk, crc)
-        if crc != entry["crc32"]:
-            raise CheckpointError(f"checkpoint {path} is corrupt (CRC32 {crc:08x}, index says {entry['crc32']:08x})")
+    """Check the file (size and step against its index entry, when it has one; every record's CRC32), then load."""
+    if entry is not None and (size := path.stat().st_size) != entry["size"]:
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or altered ({size} bytes, the index says {entry['size']})"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad_record = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise CheckpointError(f"checkpoint {path} is not a complete checkpoint ({exc})") from None
+    if bad_record is not None:
+        raise CheckpointError(f"checkpoint {path} is corrupt: record {bad_record} fails its CRC32")
     state = load_checkpoint(path)
     if entry is not None and state["step"] != entry["step"]:
-        raise CheckpointError(f"checkpoint {path} holds step {state['step']}, index says {entry['step']}")
+        raise CheckpointError(f"checkpoint {path} holds step {state['step']}, the index says {entry['step']}")
     return state
 
 
