@@ -196,3 +196,30 @@ def test_incompatible_preset_is_one_clear_error(trained_root: Path, tmp_path: Pa
     first_line = str(failure.value).splitlines()[0]
     assert "exit code" in first_line and "is of preset 'tiny'" in first_line
     assert json.loads(RunPaths.of(root, "run-1").status.read_text())["state"] == "bad-input"
+
+
+def test_gradient_accumulation_matches_one_big_batch(staged_copy: Path, uninterrupted: list[dict]) -> None:
+    """4 sequences x 2 micro-steps per rank is the same 16 sequences per step as 8 x 1: the same training."""
+    launch(tiny_launch(staged_copy, "accum", batch_size=4, extra_env={"TRAINER_GRAD_ACCUM_STEPS": "2"}, **EXACT))
+    accumulated = read_metrics(RunPaths.of(staged_copy, "accum"))
+    assert [r["tokens"] for r in accumulated] == [r["tokens"] for r in uninterrupted]
+    for mine, reference in zip(accumulated, uninterrupted, strict=True):
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-4), mine["step"]
+
+
+def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path) -> None:
+    launch(
+        tiny_launch(staged_copy, "by-tokens", max_steps=1000, log_every=5, extra_env={"TRAINER_MAX_TOKENS": "20000"})
+    )
+    run = RunPaths.of(staged_copy, "by-tokens")
+    rows = read_metrics(run)
+    assert rows[-1]["step"] == 20 and rows[-1]["tokens"] == 20 * 8 * 64 * 2  # the first step past 20000 tokens
+    for row in rows:
+        assert row.keys() >= {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mfu"}
+        assert row["mfu"] is None and row["gpu_mem_gb"] is None  # CPU: no peak FLOP/s to compare with
+    assert json.loads(run.status.read_text())["reason"] == "max-tokens"
+
+    launch(tiny_launch(staged_copy, "by-time", max_steps=100000, extra_env={"TRAINER_MAX_TIME_S": "3"}))
+    status = json.loads(RunPaths.of(staged_copy, "by-time").status.read_text())
+    assert status["state"] == "done" and status["reason"] == "max-time" and status["step"] > 0
+    assert load_checkpoint(RunPaths.of(staged_copy, "by-time").latest_checkpoint)["step"] == status["step"]
