@@ -5,7 +5,9 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -132,15 +134,19 @@ def test_workers_exit_with_the_preempted_code(staged_copy: Path) -> None:
     cfg = tiny_launch(staged_copy, "direct", max_steps=100000, log_every=1)
     proc = start_torchrun(cfg)
     wait_for_step(cfg.run_paths, 3, proc)
-    trainer_pids = [
-        int(p.name) for p in Path("/proc").iterdir()
-        if p.name.isdigit() and _cmdline(p).count("trainer.train_ddp") and _ppid(p) == proc.pid
-    ]  # fmt: skip
+    trainer_pids = worker_pids(proc.pid)
     assert len(trainer_pids) == 2
     for pid in trainer_pids:
         os.kill(pid, signal.SIGTERM)
     output, _ = proc.communicate(timeout=60)
     assert output.count(f"exitcode  : {int(ExitCode.PREEMPTED)}") == 2, output[-3000:]
+
+
+def worker_pids(torchrun_pid: int) -> list[int]:
+    return [
+        int(p.name) for p in Path("/proc").iterdir()
+        if p.name.isdigit() and "trainer.train_ddp" in _cmdline(p) and _ppid(p) == torchrun_pid
+    ]  # fmt: skip
 
 
 def _cmdline(proc_dir: Path) -> str:
@@ -208,9 +214,8 @@ def test_gradient_accumulation_matches_one_big_batch(staged_copy: Path, uninterr
 
 
 def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path) -> None:
-    launch(
-        tiny_launch(staged_copy, "by-tokens", max_steps=1000, log_every=5, extra_env={"TRAINER_MAX_TOKENS": "20000"})
-    )
+    by_tokens = {"TRAINER_MAX_TOKENS": "20000", "TRAINER_GRACE_PERIOD_S": "0.01"}
+    launch(tiny_launch(staged_copy, "by-tokens", max_steps=1000, log_every=5, extra_env=by_tokens))
     run = RunPaths.of(staged_copy, "by-tokens")
     rows = read_metrics(run)
     assert rows[-1]["step"] == 20 and rows[-1]["tokens"] == 20 * 8 * 64 * 2  # the first step past 20000 tokens
@@ -218,8 +223,33 @@ def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path) -> N
         assert row.keys() >= {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mfu"}
         assert row["mfu"] is None and row["gpu_mem_gb"] is None  # CPU: no peak FLOP/s to compare with
     assert json.loads(run.status.read_text())["reason"] == "max-tokens"
+    assert "PREEMPTION WOULD LOSE WORK" in run.rank_log(0).read_text()  # 0.01 s cannot hold a step and a save
 
     launch(tiny_launch(staged_copy, "by-time", max_steps=100000, extra_env={"TRAINER_MAX_TIME_S": "3"}))
     status = json.loads(RunPaths.of(staged_copy, "by-time").status.read_text())
     assert status["state"] == "done" and status["reason"] == "max-time" and status["step"] > 0
     assert load_checkpoint(RunPaths.of(staged_copy, "by-time").latest_checkpoint)["step"] == status["step"]
+
+
+def test_elastic_torchrun_restarts_preempted_workers_which_resume(staged_copy: Path) -> None:
+    """torchrun --nnodes=1:2 (c10d): workers signalled directly exit 75, torchrun restarts them, they resume."""
+    cfg = tiny_launch(staged_copy, "restarted", max_steps=30, log_every=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2", "--max-restarts=1",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-conf=last_call_timeout=1",
+        "-m", "trainer.train_ddp", *cfg.trainer_args(),
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    wait_for_step(cfg.run_paths, 5, proc)
+    for pid in worker_pids(proc.pid):
+        os.kill(pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, output[-3000:]
+    log_text = cfg.run_paths.rank_log(0).read_text()
+    assert "restart count 1" in log_text and "resumed at step" in log_text
+    assert [r["step"] for r in read_metrics(cfg.run_paths)] == list(range(1, 31))
+    assert json.loads(cfg.run_paths.status.read_text())["state"] == "done"

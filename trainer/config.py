@@ -44,7 +44,7 @@ class TrainConfig:
     checkpoint_every: int = _opt(50, "steps between checkpoints", 1)
     keep_checkpoints: int = _opt(3, "step checkpoints kept besides checkpoint_latest.pt", 1)
     async_checkpoint: bool = _opt(False, "write periodic checkpoints in a background thread")
-    grace_period_s: float = _opt(120.0, "the pod's terminationGracePeriodSeconds: time from SIGTERM to SIGKILL", 1)
+    grace_period_s: float = _opt(120.0, "the pod's terminationGracePeriodSeconds: time from SIGTERM to SIGKILL", 0.01)
     # Observability.
     log_every: int = _opt(10, "steps between metrics rows and log lines", 1)
     peak_tflops: float = _opt(0.0, "peak bf16 TFLOP/s of one accelerator for MFU (0: detect the GPU)", 0)

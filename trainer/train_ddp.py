@@ -19,6 +19,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     if use_cuda and "NCCL_DEBUG" in os.environ:  # keep NCCL's lines on the volume, past the pod's life
         os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl / "%h.%p.log"))
         run.nccl.mkdir(parents=True, exist_ok=True)
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    init_distributed("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
@@ -236,6 +237,8 @@ def train(cfg: TrainConfig) -> ExitCode:
         save(blocking=True)
         checkpoints.close()
         dist.barrier()
+        if not budget_checked and checkpoints.last_commit_s is not None:
+            check_save_budget(step_time_s, checkpoints.last_commit_s, budget_s, rank)
     except Exception as exc:
         log.exception("the final checkpoint of step %d could not be committed", progress.step)
         code = ExitCode.PREEMPTED_UNSAVED if preempted else ExitCode.CRASHED
@@ -261,6 +264,26 @@ def write_status(run: RunPaths, rank: int, state: str, **details: Any) -> None:
     """Rank 0 records where the run stands, so that the launcher can tell preempted-and-saved from a crash."""
     if rank == 0:
         write_json(run.status, {"state": state, **details, "time": time.time()})
+
+
+def init_distributed(backend: str) -> None:
+    """env:// as torchrun sets it up, with each torchelastic restart's keys apart in the store.
+
+    Without the prefix, a group restarted by torchrun (--max-restarts) can read the previous attempt's
+    gloo addresses from the agent's store and fail with "connectFullMesh ... Connection refused".
+    """
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        dist.init_process_group(backend)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
+        is_master=rank == 0 and not agent_hosts_store, multi_tenant=not agent_hosts_store,
+        timeout=timedelta(minutes=15),
+    )  # fmt: skip
+    attempt = dist.PrefixStore(f"attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    dist.init_process_group(backend, store=attempt, rank=rank, world_size=world)
 
 
 def check_save_budget(step_time_s: float, save_s: float, budget_s: float, rank: int) -> None:
