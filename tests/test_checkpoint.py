@@ -23,6 +23,7 @@ def test_commits_links_latest_and_keeps_the_last_n(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path, keep=2)
     for step in (10, 20, 30):
         manager.save(state_of(step), step)
+    manager.close()  # old files are deleted in the background
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint_latest.pt", step_file_name(20), step_file_name(30), INDEX
     ]  # fmt: skip
@@ -74,7 +75,23 @@ def test_async_save_writes_a_snapshot(tmp_path: Path) -> None:
     manager.wait()
     assert torch.equal(manager.load()["model"]["w"], torch.full((2_000_000,), 10.0))
     assert manager.last_commit_s is not None
+    state["step"] = 20
+    manager.save(state, 20, blocking=False)  # into the same CPU buffers
     manager.close()
+    assert torch.equal(manager.load()["model"]["w"], torch.full((2_000_000,), -1.0))
+
+
+def test_async_copy_keeps_tied_weights_tied(tmp_path: Path) -> None:
+    embedding = torch.ones(1000, 8)
+    state = {"model": {"wte.weight": embedding, "lm_head.weight": embedding}, "step": 1}
+    manager = CheckpointManager(tmp_path, async_save=True)
+    manager.save(state, 1, blocking=False)
+    manager.close()
+    sync_dir = tmp_path / "sync"
+    CheckpointManager(sync_dir).save(state, 1)
+    assert (tmp_path / step_file_name(1)).stat().st_size == (sync_dir / step_file_name(1)).stat().st_size
+    loaded = manager.load()["model"]
+    assert loaded["wte.weight"].untyped_storage().data_ptr() == loaded["lm_head.weight"].untyped_storage().data_ptr()
 
 
 def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path) -> None:
