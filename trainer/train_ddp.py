@@ -37,7 +37,7 @@ from trainer import comms
 from trainer.atomic import write_json
 from trainer.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
 from trainer.config import TrainConfig, parse_config
-from trainer.data import DataError, TokenBatches, load_meta, load_split
+from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
 from trainer.layout import RunPaths
 from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops
 from trainer.model import build_model, model_config
@@ -58,6 +58,24 @@ class Progress:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint restores: one state_dict in, the same state out, so resume is exact."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    progress: Progress
+    data: DataPosition
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name).state_dict() for name in self.__dataclass_fields__}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.__dataclass_fields__:
+            getattr(self, name).load_state_dict(state[name])
 
 
 def lr_schedule(cfg: TrainConfig):
@@ -108,6 +126,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     )  # fmt: skip
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg))
     progress = Progress()
+    train_state = TrainState(model, optimizer, scheduler, progress, batches.position)
     checkpoints = CheckpointManager(run.checkpoints, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
     metrics = MetricsLog(run.metrics, enabled=rank == 0)
 
@@ -121,11 +140,7 @@ def train(cfg: TrainConfig) -> ExitCode:
                 f"the checkpoint in {run.checkpoints} is of preset {state['preset']!r} with another model "
                 f"configuration than this run's {cfg.preset!r}: use a new run directory or the original settings"
             )
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        progress.load_state_dict(state["progress"])
-        batches.position.load_state_dict(state["data"])
+        train_state.load_state_dict(state)
         if rank < len(state["rng"]):
             set_rng_state(state["rng"][rank])
         else:  # a rank the saved run did not have
@@ -160,10 +175,8 @@ def train(cfg: TrainConfig) -> ExitCode:
         dist.all_gather_object(rngs, rng_state())
         if rank != 0:
             return 0.0
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "progress": progress.state_dict(),
-                 "data": batches.position.state_dict(), "rng": rngs, "step": progress.step,
-                 "preset": cfg.preset, "model_config": mconfig.to_dict(), "world_size": world}  # fmt: skip
+        state = {**train_state.state_dict(), "rng": rngs, "step": progress.step, "preset": cfg.preset,
+                 "model_config": mconfig.to_dict(), "world_size": world}  # fmt: skip
         return checkpoints.save(state, progress.step, blocking=blocking)
 
     # The loop: one optimizer step of grad_accum_steps micro-batches per iteration.
