@@ -13,12 +13,9 @@ ratio, per stage and in total. It is a measurement, not a test: it never asserts
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.metadata
 import json
 import logging
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -30,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from machine import RESULTS, append_section, machine_lines
+
 log = logging.getLogger("bench-run-local")
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = Path(sys.executable).parent / "hyperpod-pretrain"
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 # kfp.local task names, in pipeline order; direct_commands maps each to its CLI subcommand.
 STAGES: tuple[str, ...] = ("stage-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint")
@@ -318,48 +316,10 @@ def caption(args: argparse.Namespace) -> str:
     )
 
 
-def first_field(path: Path, key: str) -> str:
-    """The value of the first `key: value` line of a /proc file, or '' where the file or key is missing."""
-    try:
-        for line in path.read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == key:
-                return value.strip()
-    except OSError:
-        pass
-    return ""
-
-
-def machine() -> list[str]:
-    """What the numbers depend on; versions are read from metadata so this process never imports torch."""
-    mem_kb = first_field(Path("/proc/meminfo"), "MemTotal").removesuffix("kB").strip()
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return [
-        f"platform: {platform.platform()}",
-        f"CPUs: {os.cpu_count()} ({first_field(Path('/proc/cpuinfo'), 'model name') or 'model unknown'})",
-        f"memory: {int(mem_kb) / 2**20:.1f} GiB" if mem_kb.isdigit() else "memory: unknown",
-        f"load average at the end: {' '.join(f'{x:.2f}' for x in load)}" if load else "load average: unknown",
-        f"python {platform.python_version()}, torch {importlib.metadata.version('torch')}, "
-        f"kfp {importlib.metadata.version('kfp')}",
-    ]
-
-
-RESULTS_HEADER = """# run-local benchmark results
-
-Each section compares every pipeline stage's wall time under kfp.local (`hyperpod-pretrain run-local`)
-with the same stage's core run directly through its CLI subcommand, side by side in one run; rerun it
-with `make bench` (which runs `.venv/bin/python bench/bench_run_local.py`) and pass
-`ARGS="--write-results"` to append a section here.
-"""
-
-
 def write_results(rows: list[Row], args: argparse.Namespace) -> None:
-    """Append a dated section, creating the file with its explanatory header the first time."""
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    section = [f"## {stamp}", "", caption(args), "", table(rows), "", "Machine:", ""]
-    section += [f"- {line}" for line in machine()]
-    text = RESULTS.read_text() if RESULTS.is_file() else RESULTS_HEADER
-    RESULTS.write_text(text.rstrip("\n") + "\n\n" + "\n".join(section) + "\n")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    machine = [*machine_lines("torch", "kfp"), f"load average at the end: {load}"]
+    append_section("run-local stage by stage", [caption(args), "", table(rows)], machine)
     log.info("appended results to %s", RESULTS)
 
 

@@ -24,10 +24,8 @@ a test: it never asserts on times.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -39,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import RESULTS, append_section, machine_lines
 
 from trainer.checkpoint import LATEST, CheckpointManager, rng_state, step_file_name
 from trainer.config import TrainConfig
@@ -49,7 +48,6 @@ from trainer.train_ddp import Progress, lr_schedule
 log = logging.getLogger("bench-checkpoint")
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 # The CLI's default storage root (gitignored): where run-local writes its checkpoints.
 DEFAULT_PARENT = REPO / "local-runs"
 
@@ -273,18 +271,6 @@ def table(rows: list[Row]) -> str:
 # -- the machine ------------------------------------------------------------------------------------------
 
 
-def first_field(path: Path, key: str) -> str:
-    """The value of the first `key: value` line of a /proc file, or '' where the file or key is missing."""
-    try:
-        for line in path.read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == key:
-                return value.strip()
-    except OSError:
-        pass
-    return ""
-
-
 def unescape_mount(text: str) -> str:
     """/proc/mounts writes space, tab, newline and backslash in paths as octal escapes."""
     for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
@@ -383,7 +369,6 @@ class Conditions:
 
 
 def machine(conditions: Conditions) -> list[str]:
-    mem_kb = first_field(Path("/proc/meminfo"), "MemTotal").removesuffix("kB").strip()
     dirty = []
     for name in ("dirty_ratio", "dirty_background_ratio", "dirty_bytes", "dirty_background_bytes"):
         try:
@@ -391,14 +376,11 @@ def machine(conditions: Conditions) -> list[str]:
         except OSError:
             pass
     return [
-        f"platform: {platform.platform()}",
-        f"CPUs: {os.cpu_count()} ({first_field(Path('/proc/cpuinfo'), 'model name') or 'model unknown'})",
-        f"memory: {int(mem_kb) / 2**20:.1f} GiB" if mem_kb.isdigit() else "memory: unknown",
+        *machine_lines("torch"),
         f"benchmark directory: {conditions.directory}",
         f"page cache writeback (vm.*): {', '.join(dirty) or 'unknown'}",
         f"1-minute load average: {loads(conditions)}; CPUs busy outside this process during the measurements: "
         f"{conditions.others_cpus:.2f} on average",
-        f"python {platform.python_version()}, torch {torch.__version__}",
     ]
 
 
@@ -449,19 +431,8 @@ def caption(args: argparse.Namespace, conditions: Conditions) -> str:
     return text
 
 
-RESULTS_HEADER = """# Benchmark results
-
-Each section is one run of a script in bench/, appended with its `--write-results` flag.
-"""
-
-
 def write_results(rows: list[Row], args: argparse.Namespace, conditions: Conditions) -> None:
-    """Append a dated section, creating the file with a header the first time."""
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    section = [f"## {stamp}: checkpoint save", "", caption(args, conditions), "", table(rows), "", "Machine:", ""]
-    section += [f"- {line}" for line in machine(conditions)]
-    text = RESULTS.read_text() if RESULTS.is_file() else RESULTS_HEADER
-    RESULTS.write_text(text.rstrip("\n") + "\n\n" + "\n".join(section) + "\n")
+    append_section("checkpoint save", [caption(args, conditions), "", table(rows)], machine(conditions))
     log.info("appended results to %s", RESULTS)
 
 

@@ -1,0 +1,43 @@
+"""What every benchmark records beside its numbers: the machine it ran on, appended to RESULTS.md."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def proc_field(path: Path, key: str) -> str:
+    """The value of the first `key: value` line of a /proc file, or '' where the file or key is missing."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == key:
+                return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def machine_lines(*packages: str) -> list[str]:
+    """Platform, CPUs, memory, and the versions of Python and `packages` (from metadata: nothing imported)."""
+    mem_kb = proc_field(Path("/proc/meminfo"), "MemTotal").removesuffix("kB").strip()
+    versions = ", ".join(f"{p} {importlib.metadata.version(p)}" for p in packages)
+    return [
+        f"platform: {platform.platform()}",
+        f"CPUs: {os.cpu_count()} ({proc_field(Path('/proc/cpuinfo'), 'model name') or 'model unknown'})",
+        f"memory: {int(mem_kb) / 2**20:.1f} GiB" if mem_kb.isdigit() else "memory: unknown",
+        f"python {platform.python_version()}" + (f", {versions}" if versions else ""),
+    ]
+
+
+def append_section(title: str, body: list[str], machine: list[str]) -> None:
+    """Append a dated section (re-reading the file first: another benchmark may have appended meanwhile)."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    section = [f"## {stamp}: {title}", "", *body, "", "Machine:", "", *(f"- {line}" for line in machine)]
+    text = RESULTS.read_text() if RESULTS.is_file() else "# Benchmark results\n"
+    RESULTS.write_text(text.rstrip("\n") + "\n\n" + "\n".join(section) + "\n")
