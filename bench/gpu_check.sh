@@ -4,6 +4,7 @@
 # Made for the device tool's one-GPU machine (an H200: torch, transformers and tokenizers are in its
 # image, nothing can be fetched), run from the repository root:
 #     bash bench/gpu_check.sh            # results in $OUT/gpu_check.md (or ./gpu_check.md), under 8 minutes
+# then append that table, dated, to bench/RESULTS.md (only $OUT comes back from the device machine).
 # Settings can be overridden for a quick dry run on a CPU: GPU_CHECK_PRESET=tiny GPU_CHECK_STEPS=20 ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,13 +18,14 @@ out_dir=${OUT:-.}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# A real corpus: the standard library's own source, tokenized with a GPT-2-sized BPE vocabulary.
+# A real corpus: the standard library's own source (not the packages installed beside it), tokenized with a
+# GPT-2-sized BPE vocabulary.
 python3 - "$work" "${GPU_CHECK_VOCAB:-50304}" <<'PY'
 import logging, sys, sysconfig
 from components.stage_data.core import stage_data
 logging.basicConfig(level=logging.INFO)
 stage_data(sysconfig.get_paths()["stdlib"], sys.argv[1], "stdlib", vocab_size=int(sys.argv[2]), val_fraction=0.01,
-           include=["*.py"])
+           include=["*.py"], exclude=["site-packages/*", "dist-packages/*", "__pycache__/*", ".*"])
 PY
 
 run() {  # $1: run name, then extra trainer flags
