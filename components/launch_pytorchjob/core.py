@@ -127,7 +127,6 @@ class LaunchResult:
     run_dir: str
     backend: str
     world_size: int
-    exit_code: int
     seconds: float
 
 

@@ -147,7 +147,6 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
         run_dir=str(cfg.run_paths.root),
         backend="local",
         world_size=cfg.world_size,
-        exit_code=exit_code,
         seconds=round(seconds, 3),
     )
 
