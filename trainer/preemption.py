@@ -48,7 +48,10 @@ class StopSignal:
         self.signal: signal.Signals | None = None
         self.received_at: float | None = None  # time.monotonic() of the first signal
         self._flag = torch.zeros(1, dtype=torch.int32, device=device)
-        self._previous = {s: signal.signal(s, self._record) for s in (signal.SIGTERM, signal.SIGINT)}
+        # Kept until the process exits: torchrun's own SIGTERM to the last workers, when the first of them
+        # has exited, must not kill one that is still tearing down after its checkpoint.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._record)
 
     def _record(self, signum: int, _frame: object) -> None:
         if self.signal is None:
@@ -69,7 +72,3 @@ class StopSignal:
 
     def seconds_since(self) -> float:
         return time.monotonic() - self.received_at if self.received_at is not None else 0.0
-
-    def restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)

@@ -268,7 +268,6 @@ def train(cfg: TrainConfig) -> ExitCode:
     write_status(run, rank, "preempted" if preempted else "done", step=progress.step, exit_code=code,
                  reason=stop_reason, tokens_seen=progress.tokens_seen,
                  seconds_to_commit=round(stop.seconds_since(), 3) if preempted else None)  # fmt: skip
-    stop.restore()
     dist.destroy_process_group()
     return code
 
@@ -344,5 +343,15 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown, which restores the default SIGTERM handler while it unloads
+    torch: torchrun SIGTERMs the remaining workers as soon as one exits, and a worker caught in teardown
+    would die by that signal (-15) instead of exiting with its own code."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
