@@ -9,9 +9,14 @@ and model config. In one invocation it times, side by side in one directory:
     plain+fsync   the same, then an fsync of the file: what durability itself costs
     trainer       CheckpointManager(dir, keep=2).save(state, step, blocking=True): temp name, torch.save with
                   early writeback, fsync, rename, hard link of checkpoint_latest.pt, index.json
-    async         CheckpointManager(dir, keep=2, async_save=True).save(state, step, blocking=False), after a
-                  first async save: the call (the training stall: cpu_copy into the buffers of the first
-                  save, hand-off to the writer thread), then wait() for the write
+    async         the training stall of an asynchronous save: a training step (forward/backward of the real
+                  model, optimizer step) that begins with CheckpointManager(dir, keep=2, async_save=True)
+                  .save(state, step, blocking=False) and waits in wait_until_staged() before its optimizer
+                  step, as train_ddp's does, against the median of the training steps just before it
+                  without a save; the background copy overlaps the forward/backward pass. After a first async
+                  save, so the CPU buffers exist. Informative: how much slower the next steps are while the
+                  writer thread serialises the file (on a CPU-only machine it competes with training for the
+                  cores), and the wait() for the write to commit
 
 Every timed call is preceded by os.sync(), so no earlier write's dirty pages are flushed while it runs;
 the order of the variants is reversed on every other repeat; each variant's files are deleted after it is
@@ -39,7 +44,7 @@ from typing import Any
 import torch
 from machine import RESULTS, append_section, machine_lines
 
-from trainer.checkpoint import LATEST, CheckpointManager, rng_state, step_file_name
+from trainer.checkpoint import LATEST, CheckpointManager, rng_state
 from trainer.config import TrainConfig
 from trainer.data import DataPosition
 from trainer.model import build_model, model_config
@@ -54,10 +59,13 @@ DEFAULT_PARENT = REPO / "local-runs"
 VOCAB_SIZE = 50304  # GPT-2's 50257 rounded up to a multiple of 64, as GPT-2 reproductions train with
 EOS_ID = 50256
 SEQ_LEN = 1024
-STEP_TOKENS = 64  # the one optimizer step runs on a single sequence this long: only the buffers matter
+STEP_TOKENS = 128  # each training step is one sequence this long: on 2 CPU cores, about a second of forward/backward
+PLAIN_STEPS = 3  # training steps without a save before each save step: the stall's baseline
+AFTER_STEPS = 2  # training steps after the save step, while the writer thread runs
 KEEP = 2
 
-PLAIN, PLAIN_FSYNC, TRAINER, STALL, WAIT = "plain", "plain+fsync", "trainer", "async stall", "async wait"
+PLAIN, PLAIN_FSYNC, TRAINER = "plain", "plain+fsync", "trainer"
+BLOCKED, SLOWER, AFTER, WAIT, STEP = "async blocked", "async slower", "async after", "async wait", "training step"
 VARIANTS: tuple[str, ...] = (PLAIN, PLAIN_FSYNC, TRAINER, "async")  # the order of even repeats
 STALL_TARGET = 0.10
 RATIO_TARGET = 1.15
@@ -83,39 +91,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the state --------------------------------------------------------------------------------------------
 
 
-def build_state(preset: str) -> dict[str, Any]:
-    """What train_ddp's save() hands to CheckpointManager on rank 0 of a one-process run, after one step."""
-    cfg = TrainConfig(data_dir="", run_dir="", preset=preset, seq_len=SEQ_LEN)
-    mconfig = model_config(preset, VOCAB_SIZE, SEQ_LEN, EOS_ID)
-    torch.manual_seed(cfg.seed)
-    model = build_model(mconfig)
-    # The trainer's optimizer and schedule, as train_ddp builds them on a CPU (fused is for CUDA).
-    matrices = [p for p in model.parameters() if p.dim() >= 2]
-    vectors = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": matrices, "weight_decay": cfg.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg))
-    tokens = torch.randint(0, VOCAB_SIZE, (1, STEP_TOKENS))
-    model(input_ids=tokens, labels=tokens).loss.backward()
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    progress = Progress(step=1, tokens_seen=cfg.tokens_per_step)
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "progress": progress.state_dict(),
-        "data": DataPosition(epoch=0, offset=cfg.batch_size).state_dict(),
-        "rng": [rng_state()],
-        "step": progress.step,
-        "preset": preset,
-        "model_config": mconfig.to_dict(),
-        "world_size": 1,
-    }
+@dataclass
+class Training:
+    """The trainer's model, optimizer and schedule for a preset, as train_ddp builds them on a CPU."""
+
+    preset: str
+    cfg: TrainConfig = field(init=False)
+    model: torch.nn.Module = field(init=False)
+    optimizer: torch.optim.Optimizer = field(init=False)
+    scheduler: torch.optim.lr_scheduler.LRScheduler = field(init=False)
+    progress: Progress = field(default_factory=Progress)
+
+    def __post_init__(self) -> None:
+        self.cfg = TrainConfig(data_dir="", run_dir="", preset=self.preset, seq_len=SEQ_LEN)
+        self.mconfig = model_config(self.preset, VOCAB_SIZE, SEQ_LEN, EOS_ID)
+        torch.manual_seed(self.cfg.seed)
+        self.model = build_model(self.mconfig)
+        matrices = [p for p in self.model.parameters() if p.dim() >= 2]
+        vectors = [p for p in self.model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(  # fused is for CUDA
+            [{"params": matrices, "weight_decay": self.cfg.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
+            lr=self.cfg.lr,
+            betas=(0.9, 0.95),
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(self.cfg))
+        self.step()  # every exp_avg and exp_avg_sq exists from here on
+
+    def step(self, checkpoints: CheckpointManager | None = None) -> float:
+        """One training step, with train_ddp's barrier before the optimizer changes what a save may be copying.
+
+        Returns the seconds the step waited at that barrier.
+        """
+        tokens = torch.randint(0, VOCAB_SIZE, (1, STEP_TOKENS))
+        self.model(input_ids=tokens, labels=tokens).loss.backward()
+        waited = checkpoints.wait_until_staged() if checkpoints is not None else 0.0
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.progress.step += 1
+        self.progress.tokens_seen += self.cfg.tokens_per_step
+        return waited
+
+    def state(self) -> dict[str, Any]:
+        """What train_ddp's save() hands to CheckpointManager on rank 0 of a one-process run."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "progress": self.progress.state_dict(),
+            "data": DataPosition(epoch=0, offset=self.progress.step * self.cfg.batch_size).state_dict(),
+            "rng": [rng_state()],
+            "step": self.progress.step,
+            "preset": self.preset,
+            "model_config": self.mconfig.to_dict(),
+            "world_size": 1,
+        }
 
 
 def tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -180,8 +210,37 @@ def plain_save(state: dict[str, Any], path: Path, fsync: bool) -> None:
             os.close(fd)
 
 
-def run_variant(name: str, directory: Path, state: dict[str, Any], step: int) -> tuple[dict[str, float], int]:
+def timed_step(training: Training, checkpoints: CheckpointManager | None = None) -> float:
+    started = time.perf_counter()
+    training.step(checkpoints)
+    return time.perf_counter() - started
+
+
+def async_stall(directory: Path, training: Training) -> dict[str, float]:
+    """Seconds a training step with an asynchronous save takes beyond one without, and what follows it."""
+    manager = CheckpointManager(directory, keep=KEEP, async_save=True)
+    try:
+        # Training saves many times: the first save allocates the CPU buffers the later ones copy into.
+        manager.save(training.state(), training.progress.step, blocking=False)
+        manager.wait()
+        clear(directory)
+        plain = statistics.median(timed_step(training) for _ in range(PLAIN_STEPS))
+        os.sync()
+        started = time.perf_counter()
+        blocked = manager.save(training.state(), training.progress.step, blocking=False)
+        blocked += training.step(manager)
+        slower = time.perf_counter() - started - plain
+        after = sum(timed_step(training, manager) - plain for _ in range(AFTER_STEPS))
+        started = time.perf_counter()
+        manager.wait()  # the write completes before anything else is measured
+        return {BLOCKED: blocked, SLOWER: slower, AFTER: after, WAIT: time.perf_counter() - started, STEP: plain}
+    finally:
+        manager.close()
+
+
+def run_variant(name: str, directory: Path, training: Training) -> tuple[dict[str, float], int]:
     """Time one variant into `directory` (empty before, emptied after): seconds per measurement, bytes written."""
+    state, step = training.state(), training.progress.step
     if name in (PLAIN, PLAIN_FSYNC):
         path = directory / f"{'plain_fsync' if name == PLAIN_FSYNC else 'plain'}.pt"
         seconds = {name: timed(lambda: plain_save(state, path, fsync=name == PLAIN_FSYNC))}
@@ -189,30 +248,19 @@ def run_variant(name: str, directory: Path, state: dict[str, Any], step: int) ->
         manager = CheckpointManager(directory, keep=KEEP)
         seconds = {TRAINER: timed(lambda: manager.save(state, step, blocking=True))}
     else:
-        manager = CheckpointManager(directory, keep=KEEP, async_save=True)
-        try:
-            # Training saves many times: the first save allocates the CPU buffers the later ones copy into.
-            manager.save(state, step - 1, blocking=False)
-            manager.wait()
-            (directory / step_file_name(step - 1)).unlink()
-            stall = timed(lambda: manager.save(state, step, blocking=False))
-            started = time.perf_counter()
-            manager.wait()  # the write completes before anything else is measured
-            seconds = {STALL: stall, WAIT: time.perf_counter() - started}
-        finally:
-            manager.close()
+        seconds = async_stall(directory, training)
     written = sum(p.stat().st_size for p in directory.glob("*.pt") if p.name != LATEST)
     log.info("  %s (%.1f MB)", ", ".join(f"{k} {v:.3f}s" for k, v in seconds.items()), written / 1e6)
     clear(directory)
     return seconds, written
 
 
-def measure_once(directory: Path, state: dict[str, Any], n: int, sizes: dict[str, int]) -> dict[str, float]:
+def measure_once(directory: Path, training: Training, n: int, sizes: dict[str, int]) -> dict[str, float]:
     """One repeat of every variant; the order is reversed on odd repeats so drift on a shared box evens out."""
     order = VARIANTS if n % 2 == 0 else tuple(reversed(VARIANTS))
     seconds: dict[str, float] = {}
     for name in order:
-        timings, sizes[name] = run_variant(name, directory, state, step=n + 1)
+        timings, sizes[name] = run_variant(name, directory, training)
         seconds.update(timings)
     return seconds
 
@@ -248,13 +296,16 @@ def summarise(repeats: list[dict[str, float]]) -> list[Row]:
         Row("plain `torch.save`", each(PLAIN), "s"),
         Row("plain `torch.save` + fsync of the file", each(PLAIN_FSYNC), "s"),
         Row("trainer `CheckpointManager.save(blocking=True)`", each(TRAINER), "s"),
-        Row("async `save(blocking=False)`: the stall (cpu_copy, hand-off)", each(STALL), "s"),
-        Row("async: `wait()` for the background write (informative)", each(WAIT), "s"),
+        Row("training step without a save (the stall's baseline)", each(STEP), "s"),
+        Row("async: the training stall (`save(blocking=False)` + `wait_until_staged()`)", each(BLOCKED), "s"),
+        Row("async: how much longer the step with the save took (informative)", each(SLOWER), "s"),
+        Row(f"async: the next {AFTER_STEPS} steps' slowdown while the writer runs (informative)", each(AFTER), "s"),
+        Row("async: `wait()` for the background write after them (informative)", each(WAIT), "s"),
     ]
     trainer_plain = Row("trainer / plain", [r[TRAINER] / r[PLAIN] for r in repeats], "x", f"≤ {RATIO_TARGET}")
     trainer_plain.met = trainer_plain.median <= RATIO_TARGET
     trainer_fsync = Row("trainer / plain+fsync", [r[TRAINER] / r[PLAIN_FSYNC] for r in repeats], "x")
-    stall = Row("async stall / trainer save", [r[STALL] / r[TRAINER] for r in repeats], "%", f"≤ {STALL_TARGET:.0%}")
+    stall = Row("async stall / trainer save", [r[BLOCKED] / r[TRAINER] for r in repeats], "%", f"≤ {STALL_TARGET:.0%}")
     stall.met = stall.median <= STALL_TARGET
     return rows + [trainer_plain, trainer_fsync, stall]
 
@@ -400,21 +451,21 @@ def caption(args: argparse.Namespace, conditions: Conditions) -> str:
         f"scheduler, progress, data position, RNG, config), {gb(conditions.state_bytes)} of tensors, a "
         f"{gb(written[TRAINER])} file. Side by side in one directory: a plain `torch.save`, the same plus an fsync "
         f"of the file, the trainer's `CheckpointManager(dir, keep=2).save(blocking=True)` (temp file written with "
-        f"early writeback, fsync, rename, hard link of checkpoint_latest.pt, index.json), and an async save "
-        f"(`async_save=True`, `blocking=False`, after a first one that allocated its CPU buffers), whose call is "
-        f"the training stall (cpu_copy into those buffers, hand-off to the writer thread) before `wait()` lets the "
-        f"write finish. Each timed call follows an `os.sync()`, the order of the "
-        f"variants is reversed on every other repeat, and each variant's files are deleted after it is timed (so "
-        f"every trainer save is a first one: its unlinking of step files beyond `keep` is not in its time); "
-        f"{how}. Rerun with `.venv/bin/python bench/checkpoint.py --write-results` (`--preset tiny --repeats 1`: "
-        f"a smoke run)."
+        f"early writeback, fsync, rename, hard link of checkpoint_latest.pt, index.json), and the training stall "
+        f"of an async save (`async_save=True`, `blocking=False`, after a first one that allocated its CPU buffers): "
+        f"a training step of the same model ({STEP_TOKENS} tokens of forward/backward, the AdamW step) that starts "
+        f"with the save call and waits in `wait_until_staged()` before its optimizer step, as train_ddp's does, "
+        f"minus the median of the {PLAIN_STEPS} steps just before it; the background copy to CPU memory overlaps "
+        f"the forward/backward pass. Each timed save follows an `os.sync()`, the order of the variants is reversed "
+        f"on every other repeat, and each variant's files are deleted after it is timed (so every trainer save is "
+        f"a first one: its unlinking of step files beyond `keep` is not in its time); {how}. Rerun with "
+        f"`.venv/bin/python bench/checkpoint.py --write-results` (`--preset tiny --repeats 1`: a smoke run)."
     )
     extra = written["async"] - written[TRAINER]
-    if extra and conditions.shared:
+    if abs(extra) > 0.01 * written[TRAINER]:
         text += (
-            f" The async save writes {gb(extra)} more ({gb(written['async'])}): cpu_copy copies tensors that share "
-            f"a storage separately, and {', '.join(conditions.shared)} shares one "
-            f"({gb(sum(conditions.shared.values()))})."
+            f" The async save wrote a file of {gb(written['async'])}, the trainer's sync save one of "
+            f"{gb(written[TRAINER])}."
         )
     cpus = os.cpu_count() or 1
     if conditions.others_cpus >= 0.25:
@@ -431,8 +482,25 @@ def caption(args: argparse.Namespace, conditions: Conditions) -> str:
     return text
 
 
-def write_results(rows: list[Row], args: argparse.Namespace, conditions: Conditions) -> None:
-    append_section("checkpoint save", [caption(args, conditions), "", table(rows)], machine(conditions))
+def contention(repeats: list[dict[str, float]]) -> str:
+    """What the async save cost training here besides the stall: the writer thread's share of the CPU."""
+    extra = [r[SLOWER] + r[AFTER] for r in repeats]
+    share = statistics.median(e / r[TRAINER] for e, r in zip(extra, repeats, strict=True))
+    return (
+        f"The stall is the time training is held up; it is not all an async save costs where training runs on "
+        f"the CPU. Here the writer thread's serialisation competes with training for the {os.cpu_count()} cores "
+        f"(and the memory bandwidth): the step with the save and the {AFTER_STEPS} after it took "
+        f"{statistics.median(extra):.2f} s longer together (median), {share:.0%} of the sync save. On a GPU node "
+        f"training runs on the GPU and the writer on otherwise idle host cores; `bench/gpu_check.sh` measures it "
+        f"there."
+    )
+
+
+def write_results(
+    rows: list[Row], repeats: list[dict[str, float]], args: argparse.Namespace, conditions: Conditions
+) -> None:
+    text = [caption(args, conditions), "", table(rows), "", contention(repeats)]
+    append_section("checkpoint save", text, machine(conditions))
     log.info("appended results to %s", RESULTS)
 
 
@@ -447,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         conditions.directory = check_directory(directory)
         log.info("building the %s state (vocabulary %d, sequence length %d)", args.preset, VOCAB_SIZE, SEQ_LEN)
-        state = build_state(args.preset)
+        training = Training(args.preset)
+        state = training.state()
         conditions.state_bytes, conditions.shared = tensor_bytes(state)
         log.info("state: %s of tensors; sharing an earlier tensor's storage: %s", gb(conditions.state_bytes),
                  ", ".join(f"{k} ({gb(v)})" for k, v in conditions.shared.items()) or "none")  # fmt: skip
@@ -459,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         repeats = []
         for n in range(args.repeats):
             log.info("repeat %d/%d", n + 1, args.repeats)
-            repeats.append(measure_once(directory, state, n, conditions.written))
+            repeats.append(measure_once(directory, training, n, conditions.written))
         conditions.others_cpus = others_cpus(start, CpuSample.now())
         conditions.load_end = loadavg()
         log.info("CPUs busy outside this process: %.2f on average; load average %s",
@@ -470,8 +539,9 @@ def main(argv: list[str] | None = None) -> int:
         if made_parent and not any(parent.iterdir()):
             parent.rmdir()
     if args.write_results:
-        write_results(rows, args, conditions)
+        write_results(rows, repeats, args, conditions)
     print(table(rows))
+    print(contention(repeats))
     return 0
 
 

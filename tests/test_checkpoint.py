@@ -71,6 +71,7 @@ def test_async_save_writes_a_snapshot(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path, keep=2, async_save=True)
     state = state_of(10, numel=2_000_000)
     manager.save(state, 10, blocking=False)
+    manager.wait_until_staged()  # the trainer's barrier before optimizer.step()
     state["model"]["w"].fill_(-1.0)  # training goes on changing the weights in place
     manager.wait()
     assert torch.equal(manager.load()["model"]["w"], torch.full((2_000_000,), 10.0))
@@ -79,6 +80,18 @@ def test_async_save_writes_a_snapshot(tmp_path: Path) -> None:
     manager.save(state, 20, blocking=False)  # into the same CPU buffers
     manager.close()
     assert torch.equal(manager.load()["model"]["w"], torch.full((2_000_000,), -1.0))
+
+
+def test_a_failed_async_copy_is_raised_to_the_trainer(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, async_save=True)
+    manager.save(state_of(1), 1)
+    uncopyable = {"model": {"w": torch.empty(4, device="meta")}, "step": 2}  # a meta tensor has no data to copy
+    manager.save(uncopyable, 2, blocking=False)
+    with pytest.raises(NotImplementedError):
+        manager.wait_until_staged()
+    with pytest.raises(NotImplementedError):
+        manager.wait()
+    assert manager.load()["step"] == 1
 
 
 def test_async_copy_keeps_tied_weights_tied(tmp_path: Path) -> None:

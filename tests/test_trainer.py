@@ -97,14 +97,14 @@ def wait_for_step(run: RunPaths, step: int, proc: subprocess.Popen, timeout: flo
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def uninterrupted(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
     root = tmp_path_factory.mktemp("uninterrupted")
     shutil.copytree(staged_root, root, dirs_exist_ok=True)
     launch(tiny_launch(root, "straight", **EXACT))
-    return read_metrics(RunPaths.of(root, "straight"))
+    return RunPaths.of(root, "straight")
 
 
-def test_sigterm_checkpoints_and_resume_is_bit_identical(staged_copy: Path, uninterrupted: list[dict]) -> None:
+def test_sigterm_checkpoints_and_resume_is_bit_identical(staged_copy: Path, uninterrupted: RunPaths) -> None:
     cfg = tiny_launch(staged_copy, "preempted", **EXACT)
     run = cfg.run_paths
     at = random.Random().randint(3, 30)
@@ -123,10 +123,23 @@ def test_sigterm_checkpoints_and_resume_is_bit_identical(staged_copy: Path, unin
     launch(cfg)  # resume to the end
     resumed = read_metrics(run)
     assert [r["step"] for r in resumed] == list(range(1, 41))
-    for mine, reference in zip(resumed, uninterrupted, strict=True):
+    for mine, reference in zip(resumed, read_metrics(uninterrupted), strict=True):
         assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
             reference["loss"], reference["grad_norm"], reference["lr"]
         ), f"step {mine['step']} differs after a SIGTERM at step {stopped}"  # fmt: skip
+
+
+def test_async_checkpoints_hold_exactly_their_step(staged_copy: Path, uninterrupted: RunPaths) -> None:
+    """The background copy overlaps the next forward/backward; the weights it saves are still its step's own."""
+    cfg = tiny_launch(staged_copy, "async", **EXACT, extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})
+    launch(cfg)
+    losses = [r["loss"] for r in read_metrics(cfg.run_paths)]
+    assert losses == [r["loss"] for r in read_metrics(uninterrupted)]
+    for step in (20, 30):  # saved asynchronously, while training went on
+        mine = load_checkpoint(cfg.run_paths.checkpoints / f"checkpoint_step_{step:08d}.pt")
+        theirs = load_checkpoint(uninterrupted.checkpoints / f"checkpoint_step_{step:08d}.pt")
+        for name, tensor in theirs["model"].items():
+            assert torch.equal(mine["model"][name], tensor), f"{name} of the async step-{step} checkpoint differs"
 
 
 def test_workers_exit_with_the_preempted_code(staged_copy: Path) -> None:
@@ -204,12 +217,12 @@ def test_incompatible_preset_is_one_clear_error(trained_root: Path, tmp_path: Pa
     assert json.loads(RunPaths.of(root, "run-1").status.read_text())["state"] == "bad-input"
 
 
-def test_gradient_accumulation_matches_one_big_batch(staged_copy: Path, uninterrupted: list[dict]) -> None:
+def test_gradient_accumulation_matches_one_big_batch(staged_copy: Path, uninterrupted: RunPaths) -> None:
     """4 sequences x 2 micro-steps per rank is the same 16 sequences per step as 8 x 1: the same training."""
     launch(tiny_launch(staged_copy, "accum", batch_size=4, extra_env={"TRAINER_GRAD_ACCUM_STEPS": "2"}, **EXACT))
-    accumulated = read_metrics(RunPaths.of(staged_copy, "accum"))
-    assert [r["tokens"] for r in accumulated] == [r["tokens"] for r in uninterrupted]
-    for mine, reference in zip(accumulated, uninterrupted, strict=True):
+    accumulated, reference_rows = read_metrics(RunPaths.of(staged_copy, "accum")), read_metrics(uninterrupted)
+    assert [r["tokens"] for r in accumulated] == [r["tokens"] for r in reference_rows]
+    for mine, reference in zip(accumulated, reference_rows, strict=True):
         assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-4), mine["step"]
 
 

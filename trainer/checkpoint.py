@@ -8,7 +8,8 @@ Each step file is written under a temporary name in the same directory, fsynced,
 checks the file's size and step against the index, every record against the CRC32 that torch.save
 stores in its zip container, and loads with weights_only=True; a file that fails any of these is
 skipped, with a warning, for the next older one. Asynchronous saving copies the state to CPU memory
-and writes it in a background thread.
+and writes it in a background thread; the copy itself runs there too, overlapping the next forward and
+backward pass, and the trainer waits for it (wait_until_staged) before the optimizer changes the weights.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import threading
 import time
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -95,14 +97,25 @@ def cpu_copy(obj: Any, reuse: Any = None, _shared: dict | None = None) -> Any:
     return obj
 
 
+def _lower_priority() -> None:
+    """Nice the writer thread: where training runs on the CPU, its cores go to training first."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux, or not allowed: the thread runs at normal priority
+        pass
+
+
 class CheckpointManager:
     def __init__(self, directory: Path, keep: int = 3, async_save: bool = False):
         self.directory = directory
         self.keep = keep
         self.async_save = async_save
         # One background thread, in order: asynchronous writes, and deleting checkpoints past `keep`.
-        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._background = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="checkpoint", initializer=_lower_priority
+        )
         self._pending: Future[float] | None = None
+        self._staged: Future[None] | None = None  # the pending save's copy of the live state
         self._buffers: Any = None  # CPU copies of the state for asynchronous saves, reused across saves
         self.last_commit_s: float | None = None  # how long the latest commit took (serialise, write, fsync)
 
@@ -113,21 +126,44 @@ class CheckpointManager:
     # -- saving ---------------------------------------------------------------------------------------
 
     def save(self, state: dict[str, Any], step: int, blocking: bool = True) -> float:
-        """Commit `state` as the checkpoint of `step`; returns the seconds the caller was held up."""
+        """Commit `state` as the checkpoint of `step`; returns the seconds the caller was held up.
+
+        An asynchronous save reads the tensors of `state` in the background: nothing may change them until
+        wait_until_staged() has returned.
+        """
         started = time.perf_counter()
         self.wait()  # one write at a time, in order; the buffers are free again
         if blocking or not self.async_save:
             self._commit(state, step)
         else:
-            self._buffers = cpu_copy(state, reuse=self._buffers)
-            self._pending = self._background.submit(self._commit, self._buffers, step)
+            self._staged = Future()
+            self._pending = self._background.submit(self._stage_and_commit, state, step, self._staged)
+        return time.perf_counter() - started
+
+    def wait_until_staged(self) -> float:
+        """Block until the pending asynchronous save has its own copy of the state; returns the seconds waited."""
+        if self._staged is None:
+            return 0.0
+        started = time.perf_counter()
+        staged, self._staged = self._staged, None
+        staged.result()
         return time.perf_counter() - started
 
     def wait(self) -> None:
         """Block until the pending asynchronous write is committed; raise if it failed."""
+        self.wait_until_staged()
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()
+
+    def _stage_and_commit(self, state: dict[str, Any], step: int, staged: Future[None]) -> float:
+        try:
+            self._buffers = cpu_copy(state, reuse=self._buffers)
+        except BaseException as exc:
+            staged.set_exception(exc)
+            raise
+        staged.set_result(None)
+        return self._commit(self._buffers, step)
 
     def close(self) -> None:
         self.wait()

@@ -200,6 +200,7 @@ def train(cfg: TrainConfig) -> ExitCode:
                 (loss / cfg.grad_accum_steps).backward()
             loss_sum += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+        checkpoints.wait_until_staged()  # an async save copies the weights during forward/backward: not past here
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
