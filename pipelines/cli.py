@@ -13,6 +13,7 @@ from pathlib import Path
 
 from components.errors import InputError, StepFailed
 from components.kfp_support import setup_logging
+from components.stage_data.sources import DEFAULT_EXCLUDE
 from pipelines import COMPILED_PIPELINE
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import RunPaths
@@ -128,9 +129,14 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
         storage_root=args.storage_root,
         dataset=args.dataset,
         include=args.include,
+        exclude=args.exclude,
         vocab_size=args.vocab_size,
         val_fraction=args.val_fraction,
         tokenizer_path=args.tokenizer_path,
+        endpoint_url=args.endpoint_url,
+        workers=args.workers,
+        chunk_size_mb=args.chunk_size_mb,
+        keep_deleted=args.keep_deleted,
     )
     print(json.dumps(asdict(result), indent=2))
     return 0
@@ -204,12 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run_local)
 
     p = sub.add_parser("stage-data", help="stage a corpus onto the volume and tokenize it")
-    p.add_argument("--source", required=True, help="file:// URI or local path")
+    p.add_argument("--source", required=True, help="s3://bucket/prefix, file:// URI or local path")
     add_storage_args(p, run_id=False)
     p.add_argument("--include", nargs="+", default=["*"], help="glob patterns of files to stage")
+    p.add_argument("--exclude", nargs="*", default=list(DEFAULT_EXCLUDE), help="glob patterns of files to leave out")
     p.add_argument("--vocab-size", type=positive_int, default=4096)
-    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--val-fraction", type=float, default=0.05, help="share of files held out for the val split")
     p.add_argument("--tokenizer-path", default="", help="use this tokenizer.json instead of training one")
+    p.add_argument("--endpoint-url", default="", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS)")
+    p.add_argument("--workers", type=positive_int, default=16, help="concurrent downloads")
+    p.add_argument("--chunk-size-mb", type=positive_int, default=8, help="multipart threshold and part size")
+    p.add_argument("--keep-deleted", action="store_true", help="keep mirrored files that are gone from the source")
     p.set_defaults(func=cmd_stage_data)
 
     p = sub.add_parser("launch", help="train: torchrun locally, or a PyTorchJob on the cluster")

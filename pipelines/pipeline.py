@@ -22,9 +22,14 @@ def pretrain_pipeline(
     storage_root: str = "/fsx",
     dataset: str = "corpus",
     include: list = ["*"],  # noqa: B006 - KFP reads the default from the signature
+    exclude: list = ["__pycache__/*", "*.pyc", ".*"],  # noqa: B006
     vocab_size: int = 8192,
     val_fraction: float = 0.01,
     tokenizer_path: str = "",
+    s3_endpoint_url: str = "",
+    staging_workers: int = 16,
+    staging_chunk_size_mb: int = 8,
+    keep_deleted: bool = False,
     run_id: str = "",
     backend: str = "kubernetes",
     nnodes: int = 2,
@@ -46,9 +51,14 @@ def pretrain_pipeline(
         storage_root=storage_root,
         dataset=dataset,
         include=include,
+        exclude=exclude,
         vocab_size=vocab_size,
         val_fraction=val_fraction,
         tokenizer_path=tokenizer_path,
+        endpoint_url=s3_endpoint_url,
+        workers=staging_workers,
+        chunk_size_mb=staging_chunk_size_mb,
+        keep_deleted=keep_deleted,
     )
     trained = launch_pytorchjob(
         storage_root=storage_root,

@@ -1,5 +1,7 @@
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +10,7 @@ from tokenizers import Tokenizer
 
 from components.errors import InputError
 from components.stage_data.core import stage_data
+from components.stage_data.tokenization import EOS, val_keys
 from trainer.layout import DatasetPaths
 
 
@@ -28,10 +31,16 @@ def test_stages_mirror_manifest_and_shards(staged_root: Path, corpus: Path) -> N
     for split in ("train", "val"):
         tokens = sum(np.fromfile(paths.tokenized / s["file"], dtype=meta["dtype"]).size for s in meta["shards"][split])
         assert tokens == meta["tokens"][split] > 0
-    # The token stream decodes back to the corpus text: the tokenizer is byte-level and lossless.
-    train = np.fromfile(paths.tokenized / meta["shards"]["train"][0]["file"], dtype=meta["dtype"])
-    first_doc = train[: list(train).index(meta["eos_id"])]
-    assert tokenizer.decode(first_doc.tolist()) == (paths.raw / manifest["files"][0]["key"]).read_text()
+    # Whole files are held out for val; the token stream decodes back to the corpus text (byte-level BPE).
+    keys = [e["key"] for e in manifest["files"]]
+    held_out = val_keys(keys, 0.1)
+    assert meta["val_files"] == len(held_out) >= 1
+    train_keys, val_keys_in_order = [k for k in keys if k not in held_out], [k for k in keys if k in held_out]
+    for split, split_keys in (("train", train_keys), ("val", val_keys_in_order)):
+        stream = np.concatenate([np.fromfile(paths.tokenized / s["file"], dtype=meta["dtype"])
+                                 for s in meta["shards"][split]])  # fmt: skip
+        documents = tokenizer.decode(stream.tolist(), skip_special_tokens=False).split(EOS)
+        assert documents == [(paths.raw / k).read_text() for k in split_keys] + [""]
     assert not list(paths.root.glob(".*")), "no temporary files left behind"
 
 
@@ -48,7 +57,8 @@ def test_rerun_is_incremental_and_drops_deleted_files(corpus: Path, tmp_path: Pa
     changed = sorted(source.iterdir())[0]
     changed.write_text(changed.read_text() + "the new node trains the model.\n")
     second = stage_data(f"file://{source}", str(tmp_path / "fsx"), "d", vocab_size=300)
-    assert (second.files, second.files_copied, second.files_skipped) == (3, 1, 2)
+    assert (second.files, second.files_copied, second.files_skipped, second.files_deleted) == (3, 1, 2, 1)
+    assert second.tokenized
     raw = DatasetPaths.of(tmp_path / "fsx", "d").raw
     assert not (raw / victim.name).exists()
     assert (raw / changed.name).read_text().endswith("the new node trains the model.\n")
@@ -99,3 +109,27 @@ def test_bad_dataset_name(corpus: Path, tmp_path: Path, dataset: str) -> None:
     with pytest.raises(InputError, match="not a valid name"):
         stage_data(str(corpus), str(tmp_path), dataset)
     assert not any(tmp_path.iterdir())
+
+
+def test_an_unchanged_or_only_touched_source_is_neither_copied_nor_retokenized(corpus: Path, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    shutil.copytree(corpus, source)
+    stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
+    meta = DatasetPaths.of(tmp_path / "fsx", "d").meta.read_text()
+    touched = next(source.rglob("*.txt"))
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    again = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
+    assert (again.files_copied, again.files_skipped, again.tokenized) == (0, 12, False)
+    assert DatasetPaths.of(tmp_path / "fsx", "d").meta.read_text() == meta
+    entry = next(e for e in json.loads(DatasetPaths.of(tmp_path / "fsx", "d").manifest.read_text())["files"]
+                 if e["key"] == touched.relative_to(source).as_posix())  # fmt: skip
+    assert entry["mtime_ns"] == touched.stat().st_mtime_ns, "the new mtime is recorded: no hashing next time"
+    retokenized = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=400)
+    assert retokenized.files_copied == 0 and retokenized.tokenized, "a new vocabulary size re-tokenizes"
+
+
+def test_a_single_file_cannot_hold_out_a_val_file(tmp_path: Path) -> None:
+    (tmp_path / "one.txt").write_text("the node saves the rank.\n" * 100)
+    with pytest.raises(InputError, match="held out by file"):
+        stage_data(str(tmp_path / "one.txt"), str(tmp_path / "fsx"), "d", vocab_size=300)
+    assert not (tmp_path / "fsx").exists()

@@ -3,7 +3,7 @@
 Every step, the trainer included, finds its files through these two classes and nowhere else:
 
     <root>/datasets/<dataset>/raw/...                mirror of the source
-    <root>/datasets/<dataset>/staging_manifest.json  key, size, sha256 per file
+    <root>/datasets/<dataset>/staging_manifest.json  key, size, ETag or sha256 per file; written last
     <root>/datasets/<dataset>/tokenized/             tokenizer.json, train_*.bin, val_*.bin, meta.json
     <root>/runs/<run_id>/config.json                 resolved trainer config
     <root>/runs/<run_id>/checkpoints/checkpoint_latest.pt
@@ -52,6 +52,11 @@ class DatasetPaths:
     @property
     def manifest(self) -> Path:
         return self.root / "staging_manifest.json"
+
+    @property
+    def staging_journal(self) -> Path:
+        """The objects an unfinished staging run has landed: the next run does not copy them again."""
+        return self.root / ".staging_journal.jsonl"
 
     @property
     def tokenized(self) -> Path:

@@ -1,0 +1,135 @@
+"""Where a corpus comes from: a local directory (or file) or an S3 prefix, listed and fetched one object at a time.
+
+A source lists its objects with what the incremental check compares (size and ETag on S3; size, mtime and,
+on demand, sha256 locally) and fetches one object into an open temporary file, returning the checksum it
+verified on the way. Keys become paths under the mirror, so every key is checked before anything is
+written: a key that could escape the destination is refused by name.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from components.errors import InputError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EXCLUDE = ("__pycache__/*", "*.pyc", ".*")
+READ_CHUNK = 1 * 2**20
+_MD5_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})"?$')  # a single-part upload's ETag is the MD5 of its bytes
+
+
+@dataclass(frozen=True)
+class SourceObject:
+    """One file to stage. `key` is its path under the mirror ('/'-separated); `etag` is S3's, `mtime_ns` local."""
+
+    key: str
+    size: int
+    etag: str = ""
+    mtime_ns: int = 0
+    location: str = ""  # the full S3 key, or the local path
+
+
+def safe_key(key: str, source: str) -> str:
+    """`key` as a relative path that stays under the destination, or an InputError naming it."""
+    problem = None
+    if "\x00" in key:
+        problem = "contains a NUL byte"
+    elif "\\" in key:
+        problem = "contains a backslash"
+    elif key.startswith("/"):
+        problem = "is an absolute path"
+    elif any(part in (".", "..") for part in key.split("/")):
+        problem = "has a '.' or '..' segment"
+    elif any(part == "" for part in key.split("/")):
+        problem = "has an empty path segment ('//')"
+    if problem:
+        raise InputError(f"source {source}: object key {key!r} {problem}; refusing to stage it (nothing was written)")
+    return key
+
+
+def matches(key: str, patterns: tuple[str, ...]) -> bool:
+    """A glob matches the whole key ('part-a/*.txt') or its file name alone ('*.txt')."""
+    name = key.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatchcase(key, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def select(
+    objects: list[SourceObject], source: str, include: tuple[str, ...], exclude: tuple[str, ...]
+) -> list[SourceObject]:
+    """The objects the filters keep, sorted by key, every key checked; an InputError when none is left."""
+    for obj in objects:
+        safe_key(obj.key, source)
+    chosen = sorted(
+        (o for o in objects if matches(o.key, include) and not matches(o.key, exclude)), key=lambda o: o.key
+    )
+    if not chosen:
+        raise InputError(f"source {source}: no files to stage (include {list(include)}, exclude {list(exclude)})")
+    if not any(o.size for o in chosen):
+        raise InputError(f"source {source}: all {len(chosen)} files are empty")
+    return chosen
+
+
+def copy_hashing(reader: BinaryIO, out: BinaryIO, digest: Any, on_bytes: Callable[[int], None]) -> int:
+    """Copy `reader` to `out`, feeding `digest` and reporting progress; returns the bytes copied."""
+    copied = 0
+    while chunk := reader.read(READ_CHUNK):
+        out.write(chunk)
+        digest.update(chunk)
+        copied += len(chunk)
+        on_bytes(len(chunk))
+    return copied
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class LocalSource:
+    """A directory (every file under it) or a single file, given as a path or a file:// URI."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.root = Path(uri.removeprefix("file://")).expanduser()
+        if not self.root.exists():
+            raise InputError(f"source {uri}: does not exist")
+
+    def list(self) -> list[SourceObject]:
+        if self.root.is_file():
+            paths = [(self.root.name, self.root)]
+        else:
+            paths = [(p.relative_to(self.root).as_posix(), p) for p in self.root.rglob("*") if p.is_file()]
+        objects = []
+        for key, path in paths:
+            stat = path.stat()
+            objects.append(SourceObject(key, stat.st_size, mtime_ns=stat.st_mtime_ns, location=str(path)))
+        return objects
+
+    def fetch(self, obj: SourceObject, out: BinaryIO, on_bytes: Callable[[int], None]) -> str:
+        """Copy the file into `out`; returns its sha256, taken from the bytes copied."""
+        digest = hashlib.sha256()
+        with open(obj.location, "rb") as f:
+            copied = copy_hashing(f, out, digest, on_bytes)
+        if copied != obj.size:
+            raise OSError(f"{obj.location} changed while it was copied ({copied} bytes, listed at {obj.size})")
+        return digest.hexdigest()
+
+    def close(self) -> None:
+        pass
+
+
+def md5_of_etag(etag: str) -> str | None:
+    """The MD5 an ETag stands for, or None (multipart uploads and SSE-KMS objects have other ETags)."""
+    match = _MD5_ETAG.match(etag)
+    return match.group(1).lower() if match else None
