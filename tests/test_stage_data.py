@@ -1,7 +1,10 @@
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,7 @@ from tokenizers import Tokenizer
 
 from components.errors import InputError
 from components.stage_data.core import stage_data
+from components.stage_data.mirror import ProgressLog
 from components.stage_data.tokenization import EOS, val_keys
 from trainer.layout import DatasetPaths
 
@@ -41,7 +45,7 @@ def test_stages_mirror_manifest_and_shards(staged_root: Path, corpus: Path) -> N
                                  for s in meta["shards"][split]])  # fmt: skip
         documents = tokenizer.decode(stream.tolist(), skip_special_tokens=False).split(EOS)
         assert documents == [(paths.raw / k).read_text() for k in split_keys] + [""]
-    assert not list(paths.root.glob(".*")), "no temporary files left behind"
+    assert list(paths.root.glob(".*")) == [paths.staging_lock], "no temporary files left behind"
 
 
 def test_rerun_is_incremental_and_drops_deleted_files(corpus: Path, tmp_path: Path) -> None:
@@ -124,7 +128,10 @@ def test_an_unchanged_or_only_touched_source_is_neither_copied_nor_retokenized(c
     entry = next(e for e in json.loads(DatasetPaths.of(tmp_path / "fsx", "d").manifest.read_text())["files"]
                  if e["key"] == touched.relative_to(source).as_posix())  # fmt: skip
     assert entry["mtime_ns"] == touched.stat().st_mtime_ns, "the new mtime is recorded: no hashing next time"
+    killed_mid_tokenizing = DatasetPaths.of(tmp_path / "fsx", "d").root / ".tokenized.k1ll3d"
+    killed_mid_tokenizing.mkdir()
     retokenized = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=400)
+    assert not killed_mid_tokenizing.exists()
     assert retokenized.files_copied == 0 and retokenized.tokenized, "a new vocabulary size re-tokenizes"
 
 
@@ -133,3 +140,27 @@ def test_a_single_file_cannot_hold_out_a_val_file(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="held out by file"):
         stage_data(str(tmp_path / "one.txt"), str(tmp_path / "fsx"), "d", vocab_size=300)
     assert not (tmp_path / "fsx").exists()
+
+
+def test_a_second_staging_run_of_a_dataset_waits_for_the_first(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    paths = DatasetPaths.of(tmp_path / "fsx", "d")
+    paths.root.mkdir(parents=True)
+    with open(paths.staging_lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a run staging this dataset right now does
+        second = threading.Thread(target=stage_data, args=(str(corpus), str(tmp_path / "fsx"), "d", 300))
+        second.start()
+        second.join(timeout=2)
+        assert second.is_alive() and not paths.manifest.exists(), "it waits while the lock is held"
+    second.join(timeout=60)
+    assert not second.is_alive() and paths.meta.exists()
+    assert "holds its lock; waiting" in caplog.text
+
+
+def test_progress_lines_say_files_bytes_rate_and_eta(caplog: pytest.LogCaptureFixture) -> None:
+    progress = ProgressLog(files=4, total_bytes=4_000_000, every_s=0.0)
+    progress.add_bytes(1_000_000)
+    progress.file_done()
+    assert re.search(r"staged 0/4 files, 1\.0/4\.0 MB, [\d.]+ MB/s, ETA \d+s", caplog.text)
+    assert "staged 1/4 files" in caplog.text

@@ -91,7 +91,7 @@ def test_mirrors_small_large_unicode_empty_and_markers(
     assert etags["empty.txt"].strip('"') == hashlib.md5(b"").hexdigest()
     assert manifest["source"] == f"s3://{bucket}/corpus" and not paths.staging_journal.exists()
     assert json.loads(paths.meta.read_text())["tokens"]["train"] > 0
-    assert not [p for p in paths.root.rglob(".*") if p != paths.staging_journal], "no temporary files left"
+    assert list(paths.root.rglob(".*")) == [paths.staging_lock], "no temporary files left"
 
 
 def test_rerun_copies_nothing_then_only_what_changed(s3, bucket: str, s3_endpoint: str, tmp_path: Path) -> None:

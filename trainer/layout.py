@@ -59,6 +59,11 @@ class DatasetPaths:
         return self.root / ".staging_journal.jsonl"
 
     @property
+    def staging_lock(self) -> Path:
+        """Held (flock) by the staging run of this dataset: two runs never stage it at once."""
+        return self.root / ".staging.lock"
+
+    @property
     def tokenized(self) -> Path:
         return self.root / "tokenized"
 

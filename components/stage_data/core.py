@@ -6,10 +6,12 @@ manifest is written last, and the tokenized directory is built beside the old on
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -71,11 +73,12 @@ def stage_data(
         if len(objects) < 2:
             raise InputError(f"source {source}: 1 file to stage; the val split is held out by file, so give at least 2")
         prepare_storage_root(storage_root)
-        mirrored = mirror(src, objects, paths, workers, keep_deleted)
+        with staging_lock(paths):
+            mirrored = mirror(src, objects, paths, workers, keep_deleted)
+            tokens = tokenize(paths, [o.key for o in objects], mirrored.content_sha256, vocab_size, val_fraction,
+                              tokenizer_path)  # fmt: skip
     finally:
         src.close()
-    tokens = tokenize(paths, [o.key for o in objects], mirrored.content_sha256, vocab_size, val_fraction,
-                      tokenizer_path)  # fmt: skip
     result = StageResult(
         **asdict(mirrored),
         dataset_dir=str(paths.root),
@@ -90,6 +93,21 @@ def stage_data(
     )
     log.info("staged %s into %s in %.1fs", source, paths.root, result.seconds)
     return result
+
+
+@contextmanager
+def staging_lock(paths: DatasetPaths) -> Iterator[None]:
+    """One staging run per dataset at a time (two pipeline runs may stage the same dataset); the next one waits."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with open(paths.staging_lock, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another staging run of %s holds its lock; waiting for it to finish", paths.root)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as exc:  # a filesystem mounted without lock support
+            log.warning("cannot lock %s (%s): make sure no other run stages this dataset now", paths.root, exc)
+        yield
 
 
 def open_source(source: str, endpoint_url: str, workers: int, chunk_size_mb: int):

@@ -201,6 +201,8 @@ def tokenize(
     dtype = np.dtype(np.uint16 if vocab <= 2**16 else np.uint32)
 
     paths.root.mkdir(parents=True, exist_ok=True)
+    for stale in paths.root.glob(".tokenized.*"):  # left by a killed run (the staging lock keeps out live ones)
+        shutil.rmtree(stale, ignore_errors=True)
     building = Path(tempfile.mkdtemp(prefix=".tokenized.", dir=paths.root))
     try:
         tokens, shards, text_bytes = {}, {}, 0
