@@ -10,6 +10,7 @@ import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from components.errors import InputError, StepFailed
 from components.kfp_support import setup_logging
@@ -18,6 +19,9 @@ from pipelines import COMPILED_PIPELINE
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import RunPaths
 from trainer.model import PRESETS
+
+if TYPE_CHECKING:
+    from components.launch_pytorchjob.core import LaunchConfig
 
 log = logging.getLogger("hyperpod-pretrain")
 
@@ -142,31 +146,80 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_launch(args: argparse.Namespace) -> int:
-    from components.launch_pytorchjob.core import LaunchConfig, launch
+def launch_config(args: argparse.Namespace) -> LaunchConfig:
+    from components.launch_pytorchjob.core import LaunchConfig
 
-    result = launch(
-        LaunchConfig(
-            storage_root=args.storage_root,
-            dataset=args.dataset,
-            run_id=args.run_id,
-            backend=args.backend,
-            nnodes=args.nnodes,
-            nproc_per_node=args.nproc_per_node,
-            preset=args.preset,
-            max_steps=args.max_steps,
-            seed=args.seed,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            lr=args.lr,
-            warmup_steps=args.warmup_steps,
-            checkpoint_every=args.checkpoint_every,
-            log_every=args.log_every,
-            timeout_s=args.timeout_s,
-        )
+    return LaunchConfig(
+        storage_root=args.storage_root,
+        dataset=args.dataset,
+        run_id=args.run_id,
+        backend=args.backend,
+        nnodes=args.nnodes,
+        nproc_per_node=args.nproc_per_node,
+        preset=args.preset,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        checkpoint_every=args.checkpoint_every,
+        log_every=args.log_every,
+        timeout_s=args.timeout_s,
+        pipeline_run_id=args.pipeline_run_id,
+        image=args.image,
+        namespace=args.namespace,
+        instance_type=args.instance_type,
+        max_nodes=args.max_nodes,
+        job_options=dict(args.job_option),
+        stream_logs=args.stream_logs,
+        owner_reference=not args.no_owner_reference,
     )
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from components.launch_pytorchjob.core import launch
+
+    result = launch(launch_config(args))
     print(json.dumps(asdict(result), indent=2))
     return 0
+
+
+def cmd_render_job(args: argparse.Namespace) -> int:
+    import yaml
+
+    from components.launch_pytorchjob.manifest import render_job
+
+    cfg = launch_config(args)
+    cfg.validate(check_storage=False)
+    print(yaml.safe_dump(render_job(cfg.job_spec()), sort_keys=False), end="")
+    return 0
+
+
+def job_option(text: str) -> tuple[str, Any]:
+    """KEY=VALUE, VALUE read as YAML: --job-option backoff_limit=5 --job-option 'node_selector={a: b}'."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({exc})") from None
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """Where the kubernetes backend runs the job (the local backend ignores these)."""
+    p.add_argument("--image", default="", help="the trainer image (docker/build.sh builds and pushes it)")
+    p.add_argument("--namespace", default="kubeflow")
+    p.add_argument("--instance-type", default="p5.48xlarge", help="sets GPUs and EFA devices per node")
+    p.add_argument("--max-nodes", type=int, default=0, help="elastic: up to this many nodes (0: --nnodes)")
+    p.add_argument("--pipeline-run-id", default="", help="names the job, so that a retry re-attaches (default: run id)")
+    p.add_argument("--job-option", type=job_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="any other JobSpec setting, e.g. memory=512Gi or auto_resume=false")  # fmt: skip
+    p.add_argument("--stream-logs", choices=["worker-0", "all", "none"], default="worker-0")
+    p.add_argument("--no-owner-reference", action="store_true", help="do not tie the job's life to the launcher pod")
 
 
 def cmd_verify_nccl(args: argparse.Namespace) -> int:
@@ -223,13 +276,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-deleted", action="store_true", help="keep mirrored files that are gone from the source")
     p.set_defaults(func=cmd_stage_data)
 
-    p = sub.add_parser("launch", help="train: torchrun locally, or a PyTorchJob on the cluster")
-    p.add_argument("--backend", choices=["local", "kubernetes"], default="local")
-    add_storage_args(p)
-    p.add_argument("--nnodes", type=positive_int, default=1)
-    p.add_argument("--timeout-s", type=int, default=0, help="stop training after this many seconds (0: never)")
-    add_train_args(p)
-    p.set_defaults(func=cmd_launch)
+    for name, func, backend, helptext in (
+        ("launch", cmd_launch, "local", "train: torchrun locally, or a PyTorchJob on the cluster"),
+        ("render-job", cmd_render_job, "kubernetes", "print the PyTorchJob manifest the kubernetes backend creates"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--backend", choices=["local", "kubernetes"], default=backend)
+        add_storage_args(p)
+        p.add_argument("--nnodes", type=positive_int, default=1, help="nodes (the minimum, when elastic)")
+        p.add_argument("--timeout-s", type=int, default=0, help="deadline for training in seconds (0: none)")
+        add_train_args(p)
+        add_cluster_args(p)
+        p.set_defaults(func=func)
 
     p = sub.add_parser("verify-nccl", help="check a run's comms self-test reports and NCCL logs")
     add_storage_args(p, dataset=False)

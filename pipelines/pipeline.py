@@ -33,6 +33,7 @@ def pretrain_pipeline(
     run_id: str = "",
     backend: str = "kubernetes",
     nnodes: int = 2,
+    max_nodes: int = 0,
     nproc_per_node: int = 8,
     preset: str = "gpt2-124m",
     max_steps: int = 5000,
@@ -44,6 +45,12 @@ def pretrain_pipeline(
     checkpoint_every: int = 500,
     log_every: int = 10,
     train_timeout_s: int = 0,
+    trainer_image: str = "",
+    namespace: str = "kubeflow",
+    instance_type: str = "p5.48xlarge",
+    job_options: dict = {},  # noqa: B006 - any other manifest setting (components/launch_pytorchjob/manifest.py)
+    stream_logs: str = "worker-0",
+    owner_reference: bool = True,
     eval_max_tokens: int = 1048576,
 ):
     staged = stage_data(
@@ -67,6 +74,7 @@ def pretrain_pipeline(
         pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         backend=backend,
         nnodes=nnodes,
+        max_nodes=max_nodes,
         nproc_per_node=nproc_per_node,
         preset=preset,
         max_steps=max_steps,
@@ -78,17 +86,23 @@ def pretrain_pipeline(
         checkpoint_every=checkpoint_every,
         log_every=log_every,
         timeout_s=train_timeout_s,
+        image=trainer_image,
+        namespace=namespace,
+        instance_type=instance_type,
+        job_options=job_options,
+        stream_logs=stream_logs,
+        owner_reference=owner_reference,
     ).after(staged)
     verified = verify_nccl(
         storage_root=storage_root,
-        run_id=trained.output,
+        run_id=trained.outputs["run_id"],
         nnodes=nnodes,
         nproc_per_node=nproc_per_node,
     )
     evaluate_checkpoint(
         storage_root=storage_root,
         dataset=dataset,
-        run_id=trained.output,
+        run_id=trained.outputs["run_id"],
         max_tokens=eval_max_tokens,
     ).after(verified)
 

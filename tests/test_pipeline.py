@@ -78,7 +78,7 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     assert evaluation["val_loss"] < evaluation["untrained_val_loss"] - 1.0
     assert "Communication check: passed" in run.comms_verification.read_text()
     kfp_reports = {p.parent.name: p for p in (root / "kfp-local" / "e2e").rglob("report")}
-    assert set(kfp_reports) == {"stage-data", "verify-nccl", "evaluate-checkpoint"}
+    assert set(kfp_reports) == {"stage-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint"}
     assert "| copied |" in kfp_reports["stage-data"].read_text()
     for name, path in kfp_reports.items():
         assert str(path) in result.stdout, name

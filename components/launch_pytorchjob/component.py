@@ -1,5 +1,7 @@
 """KFP wrapper of the launcher (core.py holds the logic)."""
 
+from typing import NamedTuple
+
 from kfp import dsl
 
 from components.kfp_support import COMPONENTS_IMAGE
@@ -13,6 +15,7 @@ def launch_pytorchjob(
     pipeline_run_id: str,
     backend: str,
     nnodes: int,
+    max_nodes: int,
     nproc_per_node: int,
     preset: str,
     max_steps: int,
@@ -24,10 +27,20 @@ def launch_pytorchjob(
     checkpoint_every: int,
     log_every: int,
     timeout_s: int,
-) -> str:
-    """Train with torchrun (locally or as a PyTorchJob); returns the run id, which names <root>/runs/<run_id>."""
-    from components.kfp_support import setup_logging
-    from components.launch_pytorchjob.core import LaunchConfig, launch
+    image: str,
+    namespace: str,
+    instance_type: str,
+    job_options: dict,
+    stream_logs: str,
+    owner_reference: bool,
+    metrics: dsl.Output[dsl.Metrics],
+    report: dsl.Output[dsl.Markdown],
+) -> NamedTuple("Outputs", run_id=str, job_name=str, namespace=str, state=str):  # noqa: UP014 - KFP reads it
+    """Train with torchrun (locally, or as a PyTorchJob that a retried step re-attaches to); returns the run id."""
+    from collections import namedtuple
+
+    from components.kfp_support import log_numbers, setup_logging
+    from components.launch_pytorchjob.core import LaunchConfig, launch, summary_markdown
 
     setup_logging()
     result = launch(
@@ -37,6 +50,7 @@ def launch_pytorchjob(
             run_id=run_id or pipeline_run_id,
             backend=backend,
             nnodes=nnodes,
+            max_nodes=max_nodes,
             nproc_per_node=nproc_per_node,
             preset=preset,
             max_steps=max_steps,
@@ -48,6 +62,17 @@ def launch_pytorchjob(
             checkpoint_every=checkpoint_every,
             log_every=log_every,
             timeout_s=timeout_s,
+            pipeline_run_id=pipeline_run_id,
+            image=image,
+            namespace=namespace,
+            instance_type=instance_type,
+            job_options=job_options,
+            stream_logs=stream_logs,
+            owner_reference=owner_reference,
         )
     )
-    return result.run_id
+    log_numbers(metrics, {k: v for k, v in vars(result).items() if v is not None})
+    with open(report.path, "w") as f:
+        f.write(summary_markdown(result))
+    outputs = namedtuple("Outputs", ["run_id", "job_name", "namespace", "state"])
+    return outputs(result.run_id, result.job_name, result.namespace, result.state)

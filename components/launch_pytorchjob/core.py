@@ -1,17 +1,20 @@
 """Launch the trainer: what the job runs is decided here, where it runs is the backend's business.
 
 backend="local" runs torchrun as a subprocess on this machine (CPU and gloo, or local GPUs);
-backend="kubernetes" creates a kubeflow.org/v1 PyTorchJob (the launcher issue builds it; until then
-it is refused with a clear message rather than pretending).
+backend="kubernetes" creates a kubeflow.org/v1 PyTorchJob (manifest.py) and follows it (k8s_backend.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from components.errors import InputError
+from components.launch_pytorchjob.manifest import PIPELINE_RUN_LABEL, RUN_LABEL, JobSpec, job_name, label_value
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import DatasetPaths, RunPaths
 from trainer.model import PRESETS
@@ -40,6 +43,15 @@ class LaunchConfig:
     log_every: int = TRAIN_DEFAULTS["log_every"]
     timeout_s: int = 0  # 0: no deadline
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The cluster (backend "kubernetes"): the job is named after the KFP run, so a retried step re-attaches.
+    pipeline_run_id: str = ""
+    image: str = ""
+    namespace: str = "kubeflow"
+    instance_type: str = "p5.48xlarge"
+    max_nodes: int = 0  # 0: nnodes (a fixed size); above nnodes: elastic between the two
+    job_options: dict[str, Any] = field(default_factory=dict)  # any other JobSpec field, by name
+    stream_logs: str = "worker-0"  # or "all", "none"
+    owner_reference: bool = True  # the job is garbage-collected with the launcher's pod (KFP_POD_NAME/UID)
 
     @property
     def dataset_paths(self) -> DatasetPaths:
@@ -53,7 +65,7 @@ class LaunchConfig:
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
-    def validate(self) -> None:
+    def validate(self, check_storage: bool = True) -> None:
         """Fail before anything starts, with one line naming the input."""
         if self.backend not in BACKENDS:
             raise InputError(f"backend {self.backend!r} is unknown: choose one of {', '.join(BACKENDS)}")
@@ -80,7 +92,9 @@ class LaunchConfig:
             RunPaths.of(self.storage_root, self.run_id)  # checks the run id
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        if not meta.is_file():
+        if self.stream_logs not in ("worker-0", "all", "none"):
+            raise InputError(f"stream-logs {self.stream_logs!r}: choose worker-0, all or none")
+        if check_storage and not meta.is_file():
             raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {meta} is missing")
         if self.backend == "local" and self.nnodes != 1:
             raise InputError(f"nnodes {self.nnodes}: the local backend runs on one node")
@@ -120,6 +134,53 @@ class LaunchConfig:
             **self.extra_env,
         }
 
+    def job_spec(self) -> JobSpec:
+        """The PyTorchJob's parameters: the trainer's command and environment, and the cluster settings."""
+        known = {f.name for f in dataclasses.fields(JobSpec)}
+        fixed = {"name", "image", "trainer_args", "namespace", "instance_type", "min_nodes", "max_nodes",
+                 "nproc_per_node", "owner", "mount_path"}  # fmt: skip
+        for key in self.job_options:
+            if key not in known or key in fixed:
+                raise InputError(f"job option {key!r} is unknown or set by its own parameter; the others: "
+                                 f"{', '.join(sorted(known - fixed))}")  # fmt: skip
+        options = dict(self.job_options)
+        options["env"] = {**self.trainer_env(), **options.get("env", {})}
+        run_labels = {RUN_LABEL: label_value(self.run_id), PIPELINE_RUN_LABEL: label_value(self.pipeline_run_id)}
+        options["labels"] = {k: v for k, v in run_labels.items() if v} | options.get("labels", {})
+        if not self.image:
+            raise InputError("image is empty: the kubernetes backend needs the trainer image (docker/build.sh)")
+        return JobSpec(
+            name=job_name(self.pipeline_run_id or self.run_id, self.run_id),
+            image=self.image,
+            trainer_args=self.trainer_args(),
+            namespace=self.namespace,
+            instance_type=self.instance_type,
+            min_nodes=self.nnodes,
+            max_nodes=self.max_nodes or self.nnodes,
+            nproc_per_node=self.nproc_per_node,
+            mount_path=self.storage_root,  # the volume is mounted where the trainer's paths point
+            owner=self.owner() if self.owner_reference else None,
+            **options,
+        )
+
+    def owner(self) -> tuple[str, str] | None:
+        """The launcher's own pod, when it runs as a KFP step in the job's namespace (owners cannot cross them)."""
+        name, uid = os.environ.get("KFP_POD_NAME"), os.environ.get("KFP_POD_UID")
+        try:
+            pod_namespace = Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
+        except OSError:
+            pod_namespace = ""
+        if not (name and uid):
+            return None
+        if pod_namespace != self.namespace:
+            log.warning("no ownerReference: the launcher's pod runs in namespace %r, the job in %r",
+                        pod_namespace, self.namespace)  # fmt: skip
+            return None
+        return name, uid
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
 
 @dataclass
 class LaunchResult:
@@ -128,14 +189,39 @@ class LaunchResult:
     backend: str
     world_size: int
     seconds: float
+    job_name: str = ""
+    namespace: str = ""
+    state: str = ""
+    reattached: bool = False
+    queued_s: float | None = None
+    running_s: float | None = None
+    restarts: int = 0
 
 
-def launch(cfg: LaunchConfig) -> LaunchResult:
+def launch(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
+    """Train; `api_client` (a kubernetes ApiClient) replaces the in-cluster/kubeconfig one, for tests."""
     cfg.validate()
     if cfg.backend == "kubernetes":
-        raise InputError("backend 'kubernetes' is not available in this release: use backend 'local'")
+        from components.launch_pytorchjob.k8s_backend import launch_on_kubernetes
+
+        return launch_on_kubernetes(cfg, api_client)
     from components.launch_pytorchjob.local_backend import run_torchrun
 
     for directory in (cfg.run_paths.root, cfg.run_paths.logs, cfg.run_paths.nccl):
         Path(directory).mkdir(parents=True, exist_ok=True)
     return run_torchrun(cfg)
+
+
+def summary_markdown(result: LaunchResult) -> str:
+    """The launcher's report in the KFP UI."""
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.0f} s"
+
+    rows = [("run", f"`{result.run_id}` ({result.run_dir})"), ("backend", result.backend),
+            ("world size", str(result.world_size)), ("wall time", seconds(result.seconds))]  # fmt: skip
+    if result.backend == "kubernetes":
+        rows += [("PyTorchJob", f"`{result.namespace}/{result.job_name}`" + (" (re-attached)" if result.reattached
+                  else "")), ("final state", result.state), ("queued", seconds(result.queued_s)),
+                 ("running", seconds(result.running_s)), ("restarts", str(result.restarts))]  # fmt: skip
+    return "\n".join(["## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])

@@ -164,8 +164,9 @@ class S3Source:
         for attempt in range(1, STREAM_ATTEMPTS + 1):
             response = self.client.get_object(Bucket=self.bucket, Key=obj.location, IfMatch=obj.etag)
             digest = hashlib.md5(usedforsecurity=False)
-            out.seek(0)
-            out.truncate()
+            if attempt > 1:
+                out.seek(0)
+                out.truncate()
             try:
                 copied = copy_hashing(response["Body"], out, digest, on_bytes)
                 break

@@ -1,0 +1,461 @@
+"""The Kubernetes backend: create (or re-attach to) the PyTorchJob, watch it to the end, stream its logs.
+
+- Create: the name comes from the KFP run id, so a retried step finds its own job. 409 re-attaches when the
+  existing job's spec digest matches, and fails clearly when it does not; never a second job.
+- Watch: a watch on the one job, resumed after dropped streams and 410 Gone (by reading the job again),
+  falling back to polling when watching is refused; conditions and pod phases are logged as they change.
+- Logs: worker-0's (or every worker's) log is streamed into this step's log, prefixed by pod, waiting
+  through Pending and reconnecting without repeating lines (timestamps mark where it stopped).
+- The end: Succeeded returns; Failed raises with the condition's reason and message after logging the
+  failing pod's last lines and events; the deadline or a SIGTERM (KFP terminating the run) deletes the job
+  (foreground propagation) and raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch import Watch
+
+from components.errors import StepFailed
+from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
+from components.launch_pytorchjob.kube import Kube, api_client_from_environment, describe, is_transient
+from components.launch_pytorchjob.manifest import (
+    CONTAINER,
+    GROUP,
+    PLURAL,
+    SPEC_HASH_ANNOTATION,
+    VERSION,
+    render_job,
+)
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("Succeeded", "Failed")
+JOB_LABEL = "training.kubeflow.org/job-name"
+TAIL_LINES = 40
+LOG_DRAIN_S = 10.0  # after the job ends, how long its log streams may take to reach their end
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    deadline_s: float = 0  # 0: none
+    watch_timeout_s: int = 60  # each watch request ends after this and is reopened
+    poll_interval_s: float = 10.0  # when watching is refused
+    logs: str = "worker-0"  # or "all" or "none"
+    log_reconnect_s: float = 1.0
+
+
+@dataclass
+class JobOutcome:
+    name: str
+    namespace: str
+    state: str  # Succeeded, Failed, DeadlineExceeded, Cancelled
+    reattached: bool
+    queued_s: float | None  # creation to Running
+    running_s: float | None  # Running to the end
+    restarts: int
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Cancelled(StepFailed):
+    """SIGTERM: the job was deleted."""
+
+
+def condition_times(job: dict[str, Any]) -> tuple[float | None, float | None]:
+    def seconds(stamp: str | None) -> float | None:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+
+    created = seconds(job.get("metadata", {}).get("creationTimestamp"))
+    by_type = {c["type"]: seconds(c.get("lastTransitionTime")) for c in job.get("status", {}).get("conditions", [])}
+    running = by_type.get("Running")
+    end = by_type.get("Succeeded") or by_type.get("Failed")
+    queued = running - created if running and created else None
+    return queued, (end - running if end and running else None)
+
+
+def latest_condition(job: dict[str, Any]) -> dict[str, Any] | None:
+    true = [c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"]
+    terminal = [c for c in true if c["type"] in TERMINAL]
+    return (terminal or true or [None])[-1]
+
+
+# -- create or re-attach ----------------------------------------------------------------------------------
+
+
+def create_or_attach(kube: Kube, job: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The job as stored, and whether it already existed (a retried step)."""
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    try:
+        created = kube.call("create PyTorchJob", kube.custom.create_namespaced_custom_object, GROUP, VERSION, ns,
+                            PLURAL, job)  # fmt: skip
+        check_nothing_pruned(job, created)
+        log.info("created PyTorchJob %s/%s", ns, name)
+        return created, False
+    except ApiException as exc:
+        if exc.status != 409:
+            raise StepFailed(f"creating PyTorchJob {ns}/{name}: {describe(exc)}") from None
+    existing = kube.call("get PyTorchJob", kube.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
+    ours = job["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    theirs = existing.get("metadata", {}).get("annotations", {}).get(SPEC_HASH_ANNOTATION)
+    if theirs != ours:
+        raise StepFailed(f"PyTorchJob {ns}/{name} already exists with a different spec (spec digest {theirs} here, "
+                         f"{ours} asked for): delete it, or run with another run id")  # fmt: skip
+    log.info("PyTorchJob %s/%s already exists with this spec (a retried step): re-attaching", ns, name)
+    return existing, True
+
+
+def leaf_paths(obj: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from leaf_paths(value, f"{prefix}.{key}" if prefix else key)
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield from leaf_paths(value, f"{prefix}[{i}]")
+    else:
+        yield prefix
+
+
+def check_nothing_pruned(sent: dict[str, Any], stored: dict[str, Any]) -> None:
+    """The API server drops fields its CRD schema does not know, silently: fail loudly instead."""
+    kept = set(leaf_paths(stored.get("spec", {})))
+    lost = [p for p in leaf_paths(sent["spec"]) if p not in kept]
+    if lost:
+        raise StepFailed(f"the API server dropped {', '.join('spec.' + p for p in lost[:5])} from the PyTorchJob: "
+                         "the installed Training Operator CRD is older than v1.8.1; upgrade it")  # fmt: skip
+
+
+# -- watching ---------------------------------------------------------------------------------------------
+
+
+class JobWatcher(threading.Thread):
+    """Puts every new state of the job on `updates`: a watch, resumed and re-listed as needed, or polling."""
+
+    def __init__(self, kube: Kube, job: dict[str, Any], settings: WatchSettings, stop: threading.Event):
+        super().__init__(name="job-watch", daemon=True)
+        self.kube, self.settings, self.stop = kube, settings, stop
+        self.ns, self.name = job["metadata"]["namespace"], job["metadata"]["name"]
+        self.resource_version = job["metadata"].get("resourceVersion")
+        self.updates: queue.Queue[dict[str, Any] | BaseException] = queue.Queue()
+        self.polling = False
+
+    def run(self) -> None:
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                if self.polling:
+                    self.updates.put(self._get())
+                    self.stop.wait(self.settings.poll_interval_s)
+                    continue
+                self._watch_once()
+                failures = 0
+            except ApiException as exc:
+                if exc.status == 410:  # our resourceVersion is too old: read the job, watch from there
+                    log.info("watch expired (410 Gone); reading the job and watching again")
+                    self._relist()
+                elif exc.status in (403, 405):
+                    log.warning("cannot watch PyTorchJobs (%s): polling every %gs instead", describe(exc),
+                                self.settings.poll_interval_s)  # fmt: skip
+                    self.polling = True
+                elif is_transient(exc):
+                    failures += 1
+                    self._pause(failures, exc)
+                else:
+                    self.updates.put(exc)
+                    return
+            except Exception as exc:
+                if not is_transient(exc):
+                    self.updates.put(exc)
+                    return
+                failures += 1
+                self._pause(failures, exc)
+
+    def _pause(self, failures: int, exc: BaseException) -> None:
+        if self.stop.is_set():
+            return
+        delay = min(8.0, 0.25 * 2 ** (failures - 1))
+        log.info("watch interrupted (%s); reconnecting in %.1fs", describe(exc), delay)
+        if failures >= 3:
+            self._relist()  # what changed while we were away
+        self.stop.wait(delay)
+
+    def _get(self) -> dict[str, Any]:
+        return self.kube.call("get PyTorchJob", self.kube.custom.get_namespaced_custom_object, GROUP, VERSION,
+                              self.ns, PLURAL, self.name)  # fmt: skip
+
+    def _relist(self) -> None:
+        job = self._get()
+        self.resource_version = job["metadata"]["resourceVersion"]
+        self.updates.put(job)
+
+    def _watch_once(self) -> None:
+        watch = Watch()
+        stream = watch.stream(
+            self.kube.custom.list_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL,
+            field_selector=f"metadata.name={self.name}", resource_version=self.resource_version,
+            timeout_seconds=self.settings.watch_timeout_s,
+            _request_timeout=(self.kube.settings.request_timeout_s, self.settings.watch_timeout_s + 15),
+        )  # fmt: skip
+        try:
+            for event in stream:
+                obj = event["raw_object"]
+                self.resource_version = obj["metadata"]["resourceVersion"]
+                if event["type"] == "DELETED":
+                    self.updates.put(StepFailed(f"PyTorchJob {self.ns}/{self.name} was deleted by someone else"))
+                    self.stop.set()
+                    return
+                self.updates.put(obj)
+                if self.stop.is_set():
+                    return
+        finally:
+            watch.stop()
+
+
+# -- logs -------------------------------------------------------------------------------------------------
+
+
+def stamp_key(stamp: str) -> tuple[str, int]:
+    """An RFC 3339 timestamp as the kubelet writes it (UTC, up to 9 fraction digits, trailing zeros cut), sortable."""
+    base, _, rest = stamp.partition(".")
+    digits = "".join(c for c in rest if c.isdigit())
+    return base[:19], int(digits.ljust(9, "0")[:9] or 0)
+
+
+class LogStreamer(threading.Thread):
+    """Follows one pod's log into ours, prefixed by pod; reconnects where it stopped, never repeating a line."""
+
+    def __init__(self, kube: Kube, namespace: str, pod: str, settings: WatchSettings, stop: threading.Event):
+        super().__init__(name=f"log-{pod}", daemon=True)
+        self.kube, self.ns, self.pod, self.settings, self.stop = kube, namespace, pod, settings, stop
+        self.job_done = threading.Event()  # set when the job ended: the next complete read is the last
+        self.last: tuple[str, int] = ("", 0)  # timestamp of the last line printed
+        self.printed_at_last = 0  # lines printed with exactly that timestamp
+        self.lines = 0
+        self.out = logging.getLogger(f"pod.{pod}")
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            done = self.job_done.is_set()
+            try:
+                self._follow()
+                if done:  # read to the end after the job ended: nothing more will come
+                    return
+            except ApiException as exc:
+                # 400: "waiting to start" (Pending, pulling the image); 404: not created yet, or being replaced
+                if exc.status not in (400, 404) and not is_transient(exc):
+                    log.warning("stopped streaming %s's log: %s", self.pod, describe(exc))
+                    return
+            except Exception as exc:  # a dropped stream: urllib3 and socket errors
+                if not is_transient(exc) and not isinstance(exc, OSError):
+                    log.warning("stopped streaming %s's log: %s", self.pod, describe(exc))
+                    return
+            if not self.job_done.is_set():
+                self.job_done.wait(self.settings.log_reconnect_s)
+
+    def _follow(self) -> None:
+        kwargs = {}
+        if self.last[0]:  # ask from a little before the last line; what was printed is skipped
+            last = datetime.fromisoformat(self.last[0] + "+00:00").timestamp()
+            kwargs["since_seconds"] = max(1, math.ceil(time.time() - last) + 1)
+        response = self.kube.core.read_namespaced_pod_log(
+            self.pod, self.ns, container=CONTAINER, follow=True, timestamps=True, _preload_content=False,
+            _request_timeout=(self.kube.settings.request_timeout_s, None), **kwargs,
+        )  # fmt: skip
+        skip = self.printed_at_last
+        try:
+            pending = b""
+            for chunk in response.stream(64 * 1024, decode_content=False):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    stamp, _, text = line.decode("utf-8", errors="replace").partition(" ")
+                    key = stamp_key(stamp)
+                    if key < self.last:
+                        continue
+                    if key == self.last and skip > 0:
+                        skip -= 1
+                        continue
+                    if key != self.last:
+                        self.last, self.printed_at_last = key, 0
+                    self.printed_at_last += 1
+                    self.lines += 1
+                    self.out.info("%s", text)
+                if self.stop.is_set():
+                    return
+        finally:
+            response.release_conn()
+
+
+# -- the run ----------------------------------------------------------------------------------------------
+
+
+def pod_summary(kube: Kube, ns: str, name: str) -> tuple[str, int]:
+    """'worker-0 Running, worker-1 Pending' and the containers' restarts, from the job's pods."""
+    pods = kube.call("list pods", kube.core.list_namespaced_pod, ns, label_selector=f"{JOB_LABEL}={name}").items
+    phases, restarts = [], 0
+    for pod in sorted(pods, key=lambda p: p.metadata.name):
+        phases.append(f"{pod.metadata.name.removeprefix(name + '-')} {pod.status.phase}")
+        restarts += sum(c.restart_count or 0 for c in pod.status.container_statuses or [])
+    return ", ".join(phases) or "no pods yet", restarts
+
+
+def describe_failure(kube: Kube, ns: str, name: str) -> None:
+    """Log the failing pod's last lines and its events, so the step's log says why without kubectl."""
+    pods = kube.call("list pods", kube.core.list_namespaced_pod, ns, label_selector=f"{JOB_LABEL}={name}").items
+
+    def failed(pod: Any) -> bool:
+        for status in pod.status.container_statuses or []:
+            for state in (status.state, status.last_state):
+                if state and state.terminated and state.terminated.exit_code:
+                    return True
+        return pod.status.phase == "Failed"
+
+    culprits = [p for p in pods if failed(p)] or pods[:1]
+    for pod in culprits[:2]:
+        pod_name = pod.metadata.name
+        try:
+            text = kube.call("read log", kube.core.read_namespaced_pod_log, pod_name, ns, container=CONTAINER,
+                             tail_lines=TAIL_LINES)  # fmt: skip
+            log.error("last %d lines of %s:\n%s", TAIL_LINES, pod_name, text.rstrip() or "(empty)")
+        except ApiException as exc:
+            log.error("cannot read %s's log: %s", pod_name, describe(exc))
+        try:
+            events = kube.call("list events", kube.core.list_namespaced_event, ns,
+                               field_selector=f"involvedObject.name={pod_name}").items  # fmt: skip
+            lines = [f"  {e.type} {e.reason}: {e.message}" for e in events] or ["  (none)"]
+            log.error("events of %s:\n%s", pod_name, "\n".join(lines))
+        except ApiException as exc:
+            if exc.status == 403:
+                log.error("events of %s: not readable by this service account (%s); add 'list events' to its "
+                          "Role (deploy/rbac.yaml) to see them here", pod_name, describe(exc))  # fmt: skip
+            else:
+                log.error("events of %s: %s", pod_name, describe(exc))
+
+
+def delete_job(kube: Kube, ns: str, name: str) -> None:
+    """Foreground propagation: the job goes when its pods have gone. Not waited for."""
+    try:
+        kube.call("delete PyTorchJob", kube.custom.delete_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name,
+                  body={"propagationPolicy": "Foreground"})  # fmt: skip
+        log.info("deleted PyTorchJob %s/%s (foreground: its pods go first)", ns, name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+class SigtermToEvent:
+    """While active, SIGTERM (how KFP terminates a run) sets `stop` instead of killing the process."""
+
+    def __init__(self, stop: threading.Event):
+        self.stop, self.previous = stop, None
+
+    def __enter__(self) -> SigtermToEvent:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: threading.Event) -> JobOutcome:
+    """Create or re-attach, then follow the job to its end. `cancel` set (by SIGTERM): delete and raise."""
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    stored, reattached = create_or_attach(kube, job)
+    started = time.monotonic()
+    stop = threading.Event()
+    watcher = JobWatcher(kube, stored, settings, stop)
+    watcher.updates.put(stored)
+    watcher.start()
+    workers = job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
+    pods = {"none": [], "all": [f"{name}-worker-{i}" for i in range(workers)]}.get(settings.logs, [f"{name}-worker-0"])
+    streamers = [LogStreamer(kube, ns, pod, settings, stop) for pod in pods]
+    for streamer in streamers:
+        streamer.start()
+    last_seen, current = None, stored
+    try:
+        while True:
+            if cancel.is_set():
+                log.warning("SIGTERM: the run is being terminated; deleting PyTorchJob %s/%s", ns, name)
+                delete_job(kube, ns, name)
+                raise Cancelled(f"cancelled: PyTorchJob {ns}/{name} deleted on SIGTERM")
+            if settings.deadline_s and time.monotonic() - started > settings.deadline_s:
+                condition = latest_condition(current) or {}
+                phases, _ = pod_summary(kube, ns, name)
+                describe_failure(kube, ns, name)  # a pod stuck in Pending says why in its events
+                delete_job(kube, ns, name)
+                raise StepFailed(f"PyTorchJob {ns}/{name} did not finish within {settings.deadline_s:.0f}s (last "
+                                 f"state: {condition.get('type', 'none')}; pods: {phases}); it was deleted")  # fmt: skip
+            try:
+                update = watcher.updates.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if isinstance(update, BaseException):
+                raise update
+            current = update
+            condition = latest_condition(current)
+            key = (condition or {}).get("type"), (condition or {}).get("reason")
+            if key != last_seen and condition is not None:
+                last_seen = key
+                phases, _ = pod_summary(kube, ns, name)
+                log.info("PyTorchJob %s: %s (%s) %s; pods: %s", name, condition["type"], condition.get("reason", ""),
+                         condition.get("message", ""), phases)  # fmt: skip
+            if condition is not None and condition["type"] in TERMINAL:
+                break
+        # The last lines may come after the job's condition. After a failure, other workers may still be running
+        # (until cleanPodPolicy removes them): their streams are not waited for long.
+        drain_until = time.monotonic() + (LOG_DRAIN_S if condition["type"] == "Succeeded" else 2.0)
+        for streamer in streamers:
+            streamer.job_done.set()
+        for streamer in streamers:
+            streamer.join(timeout=max(0.0, drain_until - time.monotonic()))
+    finally:
+        stop.set()
+    queued, running = condition_times(current)
+    _, restarts = pod_summary(kube, ns, name)
+    restarts += sum(1 for c in current.get("status", {}).get("conditions", []) if c["type"] == "Restarting")
+    outcome = JobOutcome(name, ns, condition["type"], reattached, queued, running, restarts,
+                         current.get("status", {}).get("conditions", []))  # fmt: skip
+    if condition["type"] == "Failed":
+        describe_failure(kube, ns, name)
+        raise StepFailed(f"PyTorchJob {ns}/{name} failed: {condition.get('reason', '')}: "
+                         f"{condition.get('message', '')}".rstrip(": "))  # fmt: skip
+    log.info("PyTorchJob %s/%s succeeded (queued %s, running %s, %d restarts)", ns, name,
+             f"{queued:.0f}s" if queued is not None else "?", f"{running:.0f}s" if running is not None else "?",
+             restarts)  # fmt: skip
+    return outcome
+
+
+def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
+    manifest = render_job(cfg.job_spec())
+    kube = Kube(api_client or api_client_from_environment())
+    settings = WatchSettings(deadline_s=cfg.timeout_s, logs=cfg.stream_logs)
+    started = time.perf_counter()
+    cancel = threading.Event()
+    with SigtermToEvent(cancel):
+        outcome = run_job(kube, manifest, settings, cancel)
+    return LaunchResult(
+        run_id=cfg.run_id,
+        run_dir=str(cfg.run_paths.root),
+        backend=cfg.backend,
+        world_size=cfg.world_size,
+        seconds=round(time.perf_counter() - started, 3),
+        job_name=outcome.name,
+        namespace=outcome.namespace,
+        state=outcome.state,
+        reattached=outcome.reattached,
+        queued_s=outcome.queued_s,
+        running_s=outcome.running_s,
+        restarts=outcome.restarts,
+    )

@@ -1,0 +1,321 @@
+"""The PyTorchJob manifest: a pure function of typed parameters, validated before anything is sent.
+
+It reproduces the seed's manifest (elastic Worker replicas under c10d, 8 GPUs and the EFA devices of the
+instance type, Guaranteed CPU/memory, NCCL/EFA environment, /dev/shm in memory, the FSx PVC at /fsx, the
+GPU toleration, a 120 s grace period, restartPolicy OnFailure) and adds what the seed leaves out:
+spec.runPolicy, spec.nprocPerNode, HyperPod auto-resume annotations, the node-health affinity, the Istio
+opt-out, the trainer's flags, and labels that tie the job to its pipeline run.
+
+Where the seed is wrong the manifest differs on purpose (tests/test_manifest.py lists each difference):
+a Worker-only elastic job gets no MASTER_ADDR/MASTER_PORT from the Training Operator, which sets
+PET_RDZV_ENDPOINT (<job>-worker-0:<port>) instead; and torchrun's --nnodes must be MIN:MAX when the
+elastic policy lets the node count vary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.errors import InputError
+
+GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
+CONTAINER = "pytorch"  # the Training Operator requires this container name
+SPEC_HASH_ANNOTATION = "hyperpod-pretrain.io/spec-sha256"
+RUN_LABEL = "hyperpod-pretrain.io/run-id"
+PIPELINE_RUN_LABEL = "hyperpod-pretrain.io/pipeline-run-id"
+AUTO_RESUME = "sagemaker.amazonaws.com/enable-job-auto-resume"
+MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
+HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
+# Pods are named <job>-worker-<index> and carry the job name as a label value (63 characters at most).
+MAX_NAME = 63 - len("-worker-999")
+_DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    gpus: int
+    efa: int  # EFA devices exposed to a pod that takes the whole node
+
+
+# GPUs and EFA devices per node (HyperPod names them ml.<type>; both spellings are accepted).
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    "p5.48xlarge": InstanceType(8, 32),
+    "p5e.48xlarge": InstanceType(8, 32),
+    "p5en.48xlarge": InstanceType(8, 16),
+    "p4d.24xlarge": InstanceType(8, 4),
+    "p4de.24xlarge": InstanceType(8, 4),
+    "g5.48xlarge": InstanceType(8, 1),
+    "g6e.48xlarge": InstanceType(8, 4),
+}
+
+
+@dataclass
+class JobSpec:
+    """Everything the manifest is made of. None means: derive it (from the instance type, or the seed's value)."""
+
+    name: str
+    image: str
+    trainer_args: list[str]
+    namespace: str = "kubeflow"
+    instance_type: str = "p5.48xlarge"
+    min_nodes: int = 2
+    max_nodes: int = 2
+    gpus_per_node: int | None = None
+    efa_per_node: int | None = None
+    nproc_per_node: int | None = None  # must equal gpus_per_node on GPU nodes
+    cpu: str = "96"
+    memory: str = "512Gi"
+    shm_size: str = "256Gi"
+    pvc_name: str = "fsx-lustre-pvc"
+    mount_path: str = "/fsx"
+    grace_period_s: int = 120
+    shutdown_timeout_s: int = 0  # torchrun's (TORCH_ELASTIC_SHUTDOWN_TIMEOUT); 0: the image's torchrun default
+    restart_policy: str = "OnFailure"
+    rdzv_backend: str = "c10d"
+    max_restarts: int = 3  # torchrun's restarts of the worker group (elasticPolicy.maxRestarts)
+    clean_pod_policy: str = "Running"  # finished pods stay for their logs; running ones go with the job
+    backoff_limit: int = 3
+    active_deadline_s: int = 0  # 0: none
+    ttl_after_finished_s: int = 7 * 24 * 3600
+    auto_resume: bool = True
+    auto_resume_max_retries: int = 3
+    health_affinity: bool = True
+    tolerations: list[dict[str, str]] = field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    )
+    node_selector: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # the trainer's own (NCCL_DEBUG_FILE, TRAINER_*), then extras
+    service_account: str = ""
+    owner: tuple[str, str] | None = None  # (pod name, uid) of the launcher: the job is garbage-collected with it
+
+    def instance(self) -> InstanceType:
+        key = self.instance_type.removeprefix("ml.")
+        if key not in INSTANCE_TYPES and (self.gpus_per_node is None or self.efa_per_node is None):
+            known = ", ".join(sorted(INSTANCE_TYPES))
+            raise InputError(
+                f"instance type {self.instance_type!r} is unknown ({known}): give gpus-per-node and efa-per-node"
+            )
+        base = INSTANCE_TYPES.get(key, InstanceType(0, 0))
+        gpus = base.gpus if self.gpus_per_node is None else self.gpus_per_node
+        return InstanceType(gpus, base.efa if self.efa_per_node is None else self.efa_per_node)
+
+    @property
+    def nproc(self) -> int:
+        return self.instance().gpus if self.nproc_per_node is None else self.nproc_per_node
+
+    def validate(self) -> None:
+        """Inconsistent inputs fail here, one line each, before the API server sees anything."""
+        if len(self.name) > MAX_NAME or not _DNS_1123.match(self.name):
+            raise InputError(f"job name {self.name!r} is not a DNS-1123 label of at most {MAX_NAME} characters "
+                             "(lowercase letters, digits, '-'; a letter or digit at each end)")  # fmt: skip
+        if len(self.namespace) > 63 or not _DNS_1123.match(self.namespace):
+            raise InputError(f"namespace {self.namespace!r} is not a DNS-1123 label")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise InputError(f"image {self.image!r} is not an image reference")
+        instance = self.instance()
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise InputError(f"min nodes {self.min_nodes} and max nodes {self.max_nodes}: need 1 <= min <= max")
+        if instance.gpus and self.nproc != instance.gpus:
+            raise InputError(f"nproc-per-node {self.nproc} differs from the {instance.gpus} GPUs requested per node: "
+                             "each process drives one GPU")  # fmt: skip
+        if self.nproc < 1 or instance.gpus < 0 or instance.efa < 0:
+            raise InputError("nproc-per-node must be positive; GPUs and EFA devices per node cannot be negative")
+        for name in ("cpu", "memory", "shm_size"):
+            if not _QUANTITY.match(getattr(self, name)):
+                raise InputError(f"{name.replace('_', '-')} {getattr(self, name)!r} is not a Kubernetes quantity")
+        if self.restart_policy not in ("OnFailure", "Never", "Always", "ExitCode"):
+            raise InputError(f"restart policy {self.restart_policy!r}: choose OnFailure, Never, Always or ExitCode")
+        if self.clean_pod_policy not in ("None", "Running", "All"):
+            raise InputError(f"clean pod policy {self.clean_pod_policy!r}: choose None, Running or All")
+        if self.rdzv_backend not in ("c10d", "etcd", "etcd-v2"):
+            raise InputError(f"rdzv backend {self.rdzv_backend!r}: choose c10d, etcd or etcd-v2")
+        if self.grace_period_s < 1:
+            raise InputError(f"grace period {self.grace_period_s}s must be positive")
+        if self.shutdown_timeout_s and not 0 < self.shutdown_timeout_s < self.grace_period_s:
+            raise InputError(f"shutdown timeout {self.shutdown_timeout_s}s must be shorter than the "
+                             f"{self.grace_period_s}s grace period, or the kubelet kills torchrun first")  # fmt: skip
+        for name in ("max_restarts", "backoff_limit", "active_deadline_s", "ttl_after_finished_s"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name.replace('_', '-')} cannot be negative")
+        if self.auto_resume:
+            if self.restart_policy != "OnFailure":
+                raise InputError(f"HyperPod auto-resume needs restartPolicy OnFailure, not {self.restart_policy}")
+            if not (self.namespace == "kubeflow" or self.namespace.startswith("hyperpod")):
+                raise InputError(f"namespace {self.namespace!r}: HyperPod auto-resumes jobs only in 'kubeflow' or a "
+                                 "namespace starting with 'hyperpod' (or turn auto-resume off)")  # fmt: skip
+            if self.auto_resume_max_retries < 1:
+                raise InputError("auto-resume max retries must be at least 1")
+        for key in (AUTO_RESUME, MAX_RETRY):
+            if key in self.annotations:
+                raise InputError(f"annotation {key} is set by the auto-resume option, not by hand (both or neither)")
+
+
+def torchrun_command(spec: JobSpec) -> list[str]:
+    nnodes = str(spec.min_nodes) if spec.min_nodes == spec.max_nodes else f"{spec.min_nodes}:{spec.max_nodes}"
+    return [
+        "torchrun",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={spec.nproc}",
+        f"--rdzv-backend={spec.rdzv_backend}",
+        # The operator sets PET_RDZV_ENDPOINT=<job>-worker-0:<port> for a Worker-only elastic job (no MASTER_ADDR).
+        "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)",
+        f"--rdzv-id={spec.name}",
+        f"--max-restarts={spec.max_restarts}",
+        "-m",
+        "trainer.train_ddp",
+        *spec.trainer_args,
+    ]
+
+
+def container_env(spec: JobSpec) -> list[dict[str, str]]:
+    env = {"NCCL_DEBUG": "INFO", "TRAINER_GRACE_PERIOD_S": str(spec.grace_period_s)}
+    if spec.instance().efa:
+        env |= {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
+    if spec.shutdown_timeout_s:
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(spec.shutdown_timeout_s)
+    env |= spec.env
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def resources(spec: JobSpec) -> dict[str, Any]:
+    instance = spec.instance()
+    amounts: dict[str, Any] = {}
+    if instance.gpus:
+        amounts["nvidia.com/gpu"] = instance.gpus
+    if instance.efa:
+        amounts["vpc.amazonaws.com/efa"] = instance.efa
+    amounts |= {"memory": spec.memory, "cpu": spec.cpu}
+    return {"requests": dict(amounts), "limits": dict(amounts)}  # requests == limits: Guaranteed QoS
+
+
+def affinity() -> dict[str, Any]:
+    """Only nodes HyperPod calls healthy; those that passed the deep health check first."""
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": HEALTH_LABEL, "operator": "In", "values": ["Schedulable"]}]}
+                ]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "preference": {
+                        "matchExpressions": [{"key": DEEP_HEALTH_LABEL, "operator": "In", "values": ["Passed"]}]
+                    },
+                }
+            ],
+        }
+    }
+
+
+def pod_template(spec: JobSpec) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "terminationGracePeriodSeconds": spec.grace_period_s,  # time for the SIGTERM checkpoint
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": spec.image,
+                "command": torchrun_command(spec),
+                "resources": resources(spec),
+                "env": container_env(spec),
+                "volumeMounts": [
+                    {"name": "fsx-pvc", "mountPath": spec.mount_path},
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "fsx-pvc", "persistentVolumeClaim": {"claimName": spec.pvc_name}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        ],
+        "tolerations": spec.tolerations,
+    }
+    if spec.health_affinity:
+        pod["affinity"] = affinity()
+    if spec.node_selector:
+        pod["nodeSelector"] = spec.node_selector
+    if spec.service_account:
+        pod["serviceAccountName"] = spec.service_account
+    return {
+        "metadata": {
+            "labels": dict(spec.labels),
+            # Istio's sidecar never exits, so a job with one never finishes.
+            "annotations": {"sidecar.istio.io/inject": "false"},
+        },
+        "spec": pod,
+    }
+
+
+def render_job(spec: JobSpec) -> dict[str, Any]:
+    """The PyTorchJob as a dict (dump it with yaml.safe_dump); raises InputError on inconsistent inputs."""
+    spec.validate()
+    annotations = dict(spec.annotations)
+    if spec.auto_resume:
+        annotations |= {AUTO_RESUME: "true", MAX_RETRY: str(spec.auto_resume_max_retries)}
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": spec.clean_pod_policy,
+        "backoffLimit": spec.backoff_limit,
+        "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
+    }
+    if spec.active_deadline_s:
+        run_policy["activeDeadlineSeconds"] = spec.active_deadline_s
+    job: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": spec.name,
+            "namespace": spec.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "hyperpod-pretrain"} | spec.labels,
+            "annotations": annotations,
+        },
+        "spec": {
+            "elasticPolicy": {
+                "rdzvBackend": spec.rdzv_backend,
+                "minReplicas": spec.min_nodes,
+                "maxReplicas": spec.max_nodes,
+                "maxRestarts": spec.max_restarts,
+            },
+            "nprocPerNode": str(spec.nproc),
+            "runPolicy": run_policy,
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": spec.max_nodes,
+                    "restartPolicy": spec.restart_policy,
+                    "template": pod_template(spec),
+                }
+            },
+        },
+    }
+    if spec.owner is not None:
+        name, uid = spec.owner
+        job["metadata"]["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "blockOwnerDeletion": False}
+        ]
+    job["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = spec_hash(job)
+    return job
+
+
+def spec_hash(job: dict[str, Any]) -> str:
+    """A digest of what the job is asked to do: a retried step re-attaches only to a job with the same one."""
+    return hashlib.sha256(json.dumps(job["spec"], sort_keys=True).encode()).hexdigest()
+
+
+def label_value(text: str) -> str:
+    """`text` as a label value: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63].strip("._-")
+
+
+def job_name(pipeline_run_id: str, run_id: str, task: str = "train") -> str:
+    """A DNS-1123 name that is the same for every retry of one pipeline run's step, and unique across runs."""
+    readable = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")[:24].strip("-") or "run"
+    digest = hashlib.sha256(f"{pipeline_run_id}/{run_id}/{task}".encode()).hexdigest()[:10]
+    return f"hpp-{readable}-{task}-{digest}"[:MAX_NAME].rstrip("-")

@@ -1,0 +1,2206 @@
+"""A fake Kubernetes API server on loopback that speaks enough of the real REST API to drive a PyTorchJob launcher.
+
+It serves, through the official ``kubernetes`` client, what a launcher does against a real cluster:
+
+- ``kubeflow.org/v1`` PyTorchJobs (create, get, list, watch, delete) validated against the CRD's schema the way the
+  API server does it: unknown fields are pruned (and reported), schema defaults applied, the rest validated (422),
+  then the training operator's validating webhook (403), then storage (409 on an existing name);
+- pods (list, watch, get) and their ``log`` subresource (follow, timestamps, sinceSeconds, tailLines, previous);
+- core/v1 events (list, watch), optionally forbidden (403) as for a service account without the RBAC rule.
+
+A :class:`Lifecycle` plays the training operator's and the kubelet's part for each created job: conditions, replica
+statuses, pods, container states, log lines and events on a timeline. :class:`Faults` injects error statuses,
+dropped connections and watch or log streams cut mid-way. Everything the server saw is recorded for assertions.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import jsonschema
+import yaml
+
+if TYPE_CHECKING:
+    import kubernetes
+
+log = logging.getLogger(__name__)
+
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+OPERATOR_NAME_LABEL = "training.kubeflow.org/operator-name"
+OPERATOR_NAME = "pytorchjob-controller"
+CONTAINER = "pytorch"
+WEBHOOK_NAME = "validator.pytorchjob.training-operator.kubeflow.org"
+DEFAULT_USER = "system:serviceaccount:kubeflow:pipeline-runner"
+INSUFFICIENT_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+DEFAULT_LOG_LINES = ("step 10 loss 4.2", "step 20 loss 3.1", "step 30 loss 2.5")
+
+# The fields of metav1.ObjectMeta: the API server keeps only these under a resource's root metadata.
+OBJECT_META_FIELDS = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
+
+REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+DEFAULT_MESSAGES = {
+    401: "Unauthorized",
+    429: "the server has received too many requests and has asked us to try again later",
+    500: "Internal error occurred: injected fault",
+    503: "the server is currently unable to handle the request",
+    504: "the server was unable to return a response in the time allotted, but may still be processing the request",
+}
+
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Time, JSON and Status helpers
+
+
+def now_rfc3339() -> str:
+    """The current time the way metav1.Time serializes: RFC 3339, UTC, whole seconds."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_nano(t_ns: int) -> str:
+    """A kubelet log timestamp: RFC 3339 with exactly nine fractional digits, UTC."""
+    seconds, nanos = divmod(t_ns, 1_000_000_000)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{nanos:09d}Z"
+
+
+def parse_rfc3339_ns(text: str) -> int:
+    """Nanoseconds since the epoch of an RFC 3339 time (fractional digits beyond microseconds are kept)."""
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text)
+    if not match:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    base = datetime.fromisoformat(match.group(1) + zone)
+    fraction = (match.group(2) or "").ljust(9, "0")[:9]
+    return int(base.timestamp()) * 1_000_000_000 + int(fraction)
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def status_body(code: int, message: str, reason: str | None = None, details: dict | None = None) -> dict[str, Any]:
+    """A metav1.Status failure, as the API server writes it."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or REASONS.get(code, ""),
+    }
+    if details is not None:
+        body["details"] = details
+    body["code"] = code
+    return body
+
+
+class ApiError(Exception):
+    """An error answered as a Status body."""
+
+    def __init__(self, code: int, message: str, reason: str | None = None, details: dict | None = None):
+        super().__init__(message)
+        self.body = status_body(code, message, reason, details)
+        self.code = code
+        self.headers: dict[str, str] = {}
+
+
+def parse_bool(text: str) -> bool:
+    """Go's strconv.ParseBool, which the API server uses for boolean query parameters."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise ApiError(400, f'strconv.ParseBool: parsing "{text}": invalid syntax')
+
+
+def flag(params: dict[str, str], name: str) -> bool:
+    """A boolean query parameter (absent or empty: false)."""
+    return parse_bool(params.get(name) or "false")
+
+
+def parse_int(params: dict[str, str], name: str) -> int | None:
+    if name not in params or params[name] == "":
+        return None
+    try:
+        return int(params[name])
+    except ValueError:
+        raise ApiError(400, f'strconv.ParseInt: parsing "{params[name]}": invalid syntax') from None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The CRD schema: pruning, defaulting and validation as the API server does them
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_crd(path: str, mtime_ns: int) -> dict[str, Any]:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml parses the 8000-line CRD ~10x faster
+    for doc in yaml.load_all(Path(path).read_text(), Loader=loader):
+        if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+            return doc
+    raise ValueError(f"{path}: no CustomResourceDefinition in the file")
+
+
+def load_crd(path: Path) -> dict[str, Any]:
+    """The CustomResourceDefinition document in a YAML file (a private copy; parsed once per file version)."""
+    path = Path(path).resolve()
+    return copy.deepcopy(_parse_crd(str(path), path.stat().st_mtime_ns))
+
+
+def crd_version(crd: dict[str, Any], version: str = "v1") -> dict[str, Any]:
+    for entry in crd["spec"]["versions"]:
+        if entry["name"] == version:
+            return entry
+    raise ValueError(f"the CRD {crd['metadata']['name']} has no version {version!r}")
+
+
+def load_crd_schema(path: Path, version: str = "v1") -> dict[str, Any]:
+    """``spec.versions[?name==version].schema.openAPIV3Schema`` of the CRD in the file at ``path``."""
+    return crd_version(load_crd(path), version)["schema"]["openAPIV3Schema"]
+
+
+def _walk_unknown(obj: Any, schema: dict[str, Any], path: str, out: list[str], prune: bool, resource: bool) -> None:
+    """Collect (and optionally remove) the fields structural pruning drops; see :func:`unknown_fields`."""
+    if isinstance(obj, list):
+        items = schema.get("items")
+        if isinstance(items, dict):
+            for i, value in enumerate(obj):
+                _walk_unknown(value, items, f"{path}[{i}]", out, prune, False)
+        return
+    if not isinstance(obj, dict):
+        return
+    embedded = resource or schema.get("x-kubernetes-embedded-resource") is True
+    props = schema.get("properties")
+    additional = schema.get("additionalProperties")
+    preserve = schema.get("x-kubernetes-preserve-unknown-fields") is True
+    for key in list(obj):
+        child = f"{path}.{key}" if path else key
+        if embedded and key == "metadata" and isinstance(obj[key], dict):
+            for meta_key in list(obj[key]):  # metadata is typed as ObjectMeta whatever the schema says
+                if meta_key not in OBJECT_META_FIELDS:
+                    out.append(f"{child}.{meta_key}")
+                    if prune:
+                        del obj[key][meta_key]
+        elif embedded and key in ("apiVersion", "kind"):
+            continue
+        elif isinstance(props, dict) and key in props:
+            _walk_unknown(obj[key], props[key], child, out, prune, False)
+        elif isinstance(additional, dict):
+            _walk_unknown(obj[key], additional, child, out, prune, False)
+        elif additional is True or preserve:
+            continue
+        else:
+            out.append(child)
+            if prune:
+                del obj[key]
+
+
+def unknown_fields(obj: Any, schema: dict[str, Any], *, resource: bool = True) -> list[str]:
+    """The dotted paths of the fields the API server would silently prune from ``obj`` under the structural ``schema``.
+
+    A field is pruned when its object's schema lists ``properties`` without it, has no ``additionalProperties`` and no
+    ``x-kubernetes-preserve-unknown-fields: true`` (an object schema with none of the three keeps no field at all).
+    With ``resource`` (the default) ``obj`` is a whole resource: ``apiVersion`` and ``kind`` are kept and root
+    ``metadata`` is checked against ObjectMeta's fields, as the API server does. List items read ``a.b[0].c``.
+    """
+    out: list[str] = []
+    _walk_unknown(obj, schema, "", out, False, resource)
+    return out
+
+
+def prune_unknown_fields(obj: Any, schema: dict[str, Any], *, resource: bool = True) -> list[str]:
+    """Remove in place what :func:`unknown_fields` reports, and return those paths."""
+    out: list[str] = []
+    _walk_unknown(obj, schema, "", out, True, resource)
+    return out
+
+
+def apply_defaults(obj: Any, schema: dict[str, Any]) -> None:
+    """Structural defaulting: drop null fields whose schema is not nullable, then fill in ``default`` values."""
+    if isinstance(obj, list):
+        items = schema.get("items")
+        if isinstance(items, dict):
+            for value in obj:
+                apply_defaults(value, items)
+        return
+    if not isinstance(obj, dict):
+        return
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    additional = schema.get("additionalProperties")
+    for key in list(obj):
+        child_schema = props.get(key) or (additional if isinstance(additional, dict) else None)
+        if obj[key] is None and child_schema is not None and not child_schema.get("nullable"):
+            del obj[key]
+        elif child_schema is not None:
+            apply_defaults(obj[key], child_schema)
+    for key, child_schema in props.items():
+        if key not in obj and "default" in child_schema:
+            obj[key] = copy.deepcopy(child_schema["default"])
+
+
+def _jsonschema_view(schema: Any) -> Any:
+    """The OpenAPI v3 schema with ``nullable`` turned into a JSON Schema type union (for jsonschema's Draft 4)."""
+    if isinstance(schema, list):
+        return [_jsonschema_view(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    view = {key: _jsonschema_view(value) for key, value in schema.items() if key != "default"}
+    if schema.get("nullable") is True and isinstance(schema.get("type"), str):
+        view["type"] = [schema["type"], "null"]
+    return view
+
+
+def _go_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return "null"
+
+
+def _field_path(parts: Iterable[Any]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One field.Error of the API server: its cause reason, the field path and the rendered message."""
+
+    reason: str  # FieldValueInvalid, FieldValueTypeInvalid, FieldValueRequired, FieldValueNotSupported, ...
+    field: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.detail}" if self.field else self.detail
+
+
+def schema_errors(obj: Any, validator: jsonschema.protocols.Validator) -> list[FieldError]:
+    """Validation errors in the API server's wording (kube-openapi's messages wrapped in field errors)."""
+    errors: list[FieldError] = []
+    for error in sorted(validator.iter_errors(obj), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
+        path = _field_path(error.absolute_path)
+        value = error.instance
+        shown = path or "<root>"
+        if error.validator == "required":
+            match = re.match(r"^'(.*)' is a required property$", error.message)
+            missing = match.group(1) if match else str(error.validator_value)
+            errors.append(FieldError("FieldValueRequired", f"{path}.{missing}" if path else missing, "Required value"))
+        elif error.validator == "type":
+            expected = error.validator_value
+            expected = ",".join(expected) if isinstance(expected, list) else expected
+            got = _go_type(value)
+            errors.append(
+                FieldError(
+                    "FieldValueTypeInvalid",
+                    path,
+                    f'Invalid value: "{got}": {shown} in body must be of type {expected}: "{got}"',
+                )
+            )
+        elif error.validator == "anyOf" and error.schema.get("x-kubernetes-int-or-string"):
+            got = _go_type(value)
+            errors.append(
+                FieldError(
+                    "FieldValueTypeInvalid",
+                    path,
+                    f'Invalid value: "{got}": {shown} in body must be of type integer,string: "{got}"',
+                )
+            )
+        elif error.validator == "enum":
+            supported = ", ".join(json.dumps(v) for v in error.validator_value)
+            errors.append(
+                FieldError(
+                    "FieldValueNotSupported",
+                    path,
+                    f"Unsupported value: {json.dumps(value)}: supported values: {supported}",
+                )
+            )
+        elif error.validator == "pattern":
+            errors.append(
+                FieldError(
+                    "FieldValueInvalid",
+                    path,
+                    f"Invalid value: {json.dumps(value)}: {shown} in body should match '{error.validator_value}'",
+                )
+            )
+        else:
+            errors.append(
+                FieldError("FieldValueInvalid", path, f"Invalid value: {json.dumps(value)}: {shown} {error.message}")
+            )
+    return errors
+
+
+def list_map_errors(obj: Any, schema: dict[str, Any], path: str = "") -> list[FieldError]:
+    """Duplicate keys in ``x-kubernetes-list-type: map`` and ``set`` lists (the API server answers 422 Duplicate)."""
+    errors: list[FieldError] = []
+    if isinstance(obj, list):
+        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        list_type = schema.get("x-kubernetes-list-type")
+        seen: set[str] = set()
+        for i, value in enumerate(obj):
+            if list_type == "map" and isinstance(value, dict):
+                key = json.dumps({k: value.get(k) for k in schema.get("x-kubernetes-list-map-keys", [])})
+            elif list_type == "set":
+                key = json.dumps(value, sort_keys=True)
+            else:
+                key = None
+            if key is not None:
+                if key in seen:
+                    errors.append(FieldError("FieldValueDuplicate", f"{path}[{i}]", f"Duplicate value: {key}"))
+                seen.add(key)
+            errors += list_map_errors(value, items, f"{path}[{i}]")
+    elif isinstance(obj, dict):
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        additional = schema.get("additionalProperties")
+        for key, value in obj.items():
+            child = props.get(key) or (additional if isinstance(additional, dict) else None)
+            if child is not None:
+                errors += list_map_errors(value, child, f"{path}.{key}" if path else key)
+    return errors
+
+
+def _qualified_name_errors(key: str) -> list[str]:
+    prefix, _, name = key.rpartition("/")
+    problems = []
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.fullmatch(prefix)):
+        problems.append("prefix part must be a lowercase RFC 1123 subdomain")
+    if not name or len(name) > 63 or not QUALIFIED_NAME.fullmatch(name):
+        problems.append(
+            "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+            "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is "
+            "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+        )
+    return problems
+
+
+def object_meta_errors(meta: dict[str, Any]) -> list[FieldError]:
+    """ObjectMeta validation of a namespaced custom resource: name, labels, annotations."""
+    errors: list[FieldError] = []
+    name = meta.get("name")
+    if not name:
+        errors.append(
+            FieldError("FieldValueRequired", "metadata.name", "Required value: name or generateName is required")
+        )
+    elif len(name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(name):
+        errors.append(
+            FieldError(
+                "FieldValueInvalid",
+                "metadata.name",
+                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
+                "characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', "
+                "regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+            )
+        )
+    for key, value in (meta.get("labels") or {}).items():
+        for problem in _qualified_name_errors(key):
+            errors.append(FieldError("FieldValueInvalid", "metadata.labels", f'Invalid value: "{key}": {problem}'))
+        if not isinstance(value, str):
+            continue
+        if len(value) > 63:
+            errors.append(
+                FieldError(
+                    "FieldValueInvalid",
+                    "metadata.labels",
+                    f'Invalid value: "{value}": must be no more than 63 characters',
+                )
+            )
+        if not LABEL_VALUE.fullmatch(value):
+            errors.append(
+                FieldError(
+                    "FieldValueInvalid",
+                    "metadata.labels",
+                    f'Invalid value: "{value}": a valid label must be an empty string or consist of alphanumeric '
+                    "characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. "
+                    "'MyValue',  or 'my_value',  or '12345', regex used for validation is "
+                    "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
+                )
+            )
+    annotations = meta.get("annotations") or {}
+    for key in annotations:
+        for problem in _qualified_name_errors(key):
+            errors.append(FieldError("FieldValueInvalid", "metadata.annotations", f'Invalid value: "{key}": {problem}'))
+    if sum(len(k) + len(str(v)) for k, v in annotations.items()) > 262144:
+        errors.append(
+            FieldError("FieldValueTooLong", "metadata.annotations", "Too long: must have at most 262144 bytes")
+        )
+    return errors
+
+
+def pytorchjob_webhook(job: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The training operator's validating webhook for PyTorchJobs: (warnings, errors)."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    name = job.get("metadata", {}).get("name", "")
+    if len(name) > 63 or not DNS1035_LABEL.fullmatch(name):
+        errors.append(
+            f'metadata.name: Invalid value: "{name}": should match: a DNS-1035 label must consist of lower case '
+            "alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric "
+            "character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"
+        )
+    spec = job.get("spec") or {}
+    replicas = spec.get("pytorchReplicaSpecs")
+    if spec.get("elasticPolicy") is not None:
+        if "Worker" not in (replicas or {}):
+            errors.append(
+                "spec.pytorchReplicaSpecs[Worker]: Required value: must be configured if elastic policy is used"
+            )
+        if spec["elasticPolicy"].get("nProcPerNode") is not None:
+            warnings.append("spec.elasticPolicy.nProcPerNode is deprecated, use spec.nprocPerNode instead")
+            if spec.get("nprocPerNode") is not None:
+                errors.append("spec.elasticPolicy.nProcPerNode: Forbidden: must not be used with spec.nprocPerNode")
+    if replicas is None:
+        errors.append("spec.pytorchReplicaSpecs: Required value: must be required")
+    for rtype, rspec in (replicas or {}).items():
+        role = f"spec.pytorchReplicaSpecs[{rtype}]"
+        if rtype not in ("Master", "Worker"):
+            errors.append(f'{role}: Unsupported value: "{rtype}": supported values: "Master", "Worker"')
+        containers = ((rspec or {}).get("template") or {}).get("spec", {}).get("containers") or []
+        if not containers:
+            errors.append(f"{role}.template.spec.containers: Required value: must be specified")
+        for i, container in enumerate(containers):
+            if not container.get("image"):
+                errors.append(f"{role}.template.spec.containers[{i}].image: Required value: must be required")
+        if not any(c.get("name") == CONTAINER for c in containers):
+            errors.append(
+                f"{role}.template.spec.containers: Required value: "
+                f"must have at least one container with name {CONTAINER}"
+            )
+        count = (rspec or {}).get("replicas")
+        if rtype == "Master" and count != 1:
+            errors.append(f"{role}.replicas: Forbidden: must be 1")
+        elif count is not None and count < 1:
+            errors.append(f"{role}.replicas: Forbidden: must be at least 1")
+    return warnings, errors
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Selectors
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def label_matcher(selector: str | None) -> Callable[[dict[str, str]], bool]:
+    """A label selector as a predicate: ``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``, ``a in (x,y)``, ``a notin (x)``."""
+    if not selector:
+        return lambda labels: True
+    tests: list[Callable[[dict[str, str]], bool]] = []
+    for term in _split_top_level(selector):
+        if m := re.fullmatch(r"([^\s!=]+)\s+(in|notin)\s+\((.*)\)", term):
+            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",") if v.strip()}
+            if op == "in":
+                tests.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
+            else:
+                tests.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+        elif m := re.fullmatch(r"([^\s!=]+)\s*(==|=|!=)\s*([^\s,]*)", term):
+            key, op, value = m.groups()
+            if op == "!=":
+                tests.append(lambda labels, k=key, v=value: labels.get(k) != v)
+            else:
+                tests.append(lambda labels, k=key, v=value: labels.get(k) == v)
+        elif m := re.fullmatch(r"!\s*([^\s!=]+)", term):
+            absent = m.group(1)
+            tests.append(lambda labels, k=absent: k not in labels)
+        elif re.fullmatch(r"[^\s!=(),]+", term):
+            tests.append(lambda labels, k=term: k in labels)
+        else:
+            raise ApiError(400, f"unable to parse requirement: found '{term}', expected: in, notin, =, ==, !=, gt, lt")
+    return lambda labels: all(test(labels) for test in tests)
+
+
+def _dig(obj: dict[str, Any], dotted: str) -> str:
+    value: Any = obj
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None:
+        return ""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def field_matcher(selector: str | None, supported: frozenset[str]) -> Callable[[dict[str, Any]], bool]:
+    """A field selector (``a=b``, ``a==b``, ``a!=b``, comma-joined) over the fields the resource supports."""
+    if not selector:
+        return lambda obj: True
+    tests: list[Callable[[dict[str, Any]], bool]] = []
+    for term in _split_top_level(selector):
+        m = re.fullmatch(r"([^=!]+?)\s*(==|=|!=)\s*(.*)", term)
+        if not m:
+            raise ApiError(400, f"invalid selector: '{selector}'; can't understand '{term}'")
+        key, op, value = m.group(1).strip(), m.group(2), m.group(3).strip()
+        if key not in supported:
+            raise ApiError(400, f"field label not supported: {key}")
+        if op == "!=":
+            tests.append(lambda obj, k=key, v=value: _dig(obj, k) != v)
+        else:
+            tests.append(lambda obj, k=key, v=value: _dig(obj, k) == v)
+    return lambda obj: all(test(obj) for test in tests)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Resources
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What the server needs to know about one resource type."""
+
+    resource: str  # plural, as in the URL
+    group: str  # "" for the core group
+    version: str
+    kind: str
+    fields: frozenset[str]  # field selectors it supports
+    typed_items: bool  # built-in lists leave kind/apiVersion out of their items
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+    def not_found(self, name: str) -> ApiError:
+        details = {"name": name, "kind": self.resource} | ({"group": self.group} if self.group else {})
+        return ApiError(404, f'{self.qualified} "{name}" not found', details=details)
+
+
+POD_FIELDS = frozenset(
+    {
+        "metadata.name",
+        "metadata.namespace",
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    }
+)
+EVENT_FIELDS = frozenset(
+    {
+        "metadata.name",
+        "metadata.namespace",
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    }
+)
+PODS = Kind("pods", "", "v1", "Pod", POD_FIELDS, True)
+EVENTS = Kind("events", "", "v1", "Event", EVENT_FIELDS, True)
+
+
+@dataclass
+class Change:
+    """One entry of the watch history."""
+
+    rv: int
+    resource: str
+    namespace: str
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: dict[str, Any]
+    prev: dict[str, Any] | None
+
+
+@dataclass
+class ContainerLog:
+    """The log of one pod's container: lines of the running instance and of the previous one."""
+
+    current: list[tuple[int, str]] = field(default_factory=list)
+    previous: list[tuple[int, str]] | None = None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Faults
+
+
+@dataclass
+class FaultRule:
+    kind: str  # "fail", "drop", "drop_watch", "drop_log"
+    method: str
+    pattern: re.Pattern[str]
+    times: int
+    status: int = 500
+    message: str | None = None
+    retry_after: int | None = None
+    after: int = 0
+
+
+class Faults:
+    """Faults to inject, each for a number of matching requests (``times``), consumed in the order they were added.
+
+    ``method`` is an HTTP method or ``"*"``; ``path_regex`` is searched (``re.search``) in the path with its query.
+    Note that urllib3 (under the kubernetes client) retries idempotent requests (GET, DELETE) by itself: up to 3
+    times on a dropped connection, and on 429/503 answers that carry a ``Retry-After`` header.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.rules: list[FaultRule] = []
+        self.injected: list[tuple[str, str, str]] = []  # (kind, method, path) of every fault served
+
+    def fail_next(
+        self,
+        method: str,
+        path_regex: str,
+        status: int = 500,
+        times: int = 1,
+        *,
+        message: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        """Answer the next ``times`` matching requests with ``status`` and a Status body.
+
+        429 answers carry ``Retry-After: 0`` unless ``retry_after`` says otherwise; others carry it only if given.
+        """
+        if status == 429 and retry_after is None:
+            retry_after = 0
+        self._add(FaultRule("fail", method, re.compile(path_regex), times, status, message, retry_after))
+
+    def drop_next(self, method: str, path_regex: str, times: int = 1) -> None:
+        """Close the connection of the next ``times`` matching requests without writing any response."""
+        self._add(FaultRule("drop", method, re.compile(path_regex), times))
+
+    def drop_watch_after(self, n_events: int, times: int = 1, path_regex: str = "") -> None:
+        """Cut the next ``times`` watch streams (closing the socket mid-chunked-stream) after ``n_events`` events."""
+        self._add(FaultRule("drop_watch", "GET", re.compile(path_regex), times, after=n_events))
+
+    def drop_log_after(self, n_lines: int, times: int = 1, path_regex: str = "") -> None:
+        """Cut the next ``times`` follow log streams (closing the socket mid-stream) after ``n_lines`` lines."""
+        self._add(FaultRule("drop_log", "GET", re.compile(path_regex), times, after=n_lines))
+
+    def clear(self) -> None:
+        with self._lock:
+            self.rules.clear()
+
+    def _add(self, rule: FaultRule) -> None:
+        if rule.times < 1:
+            raise ValueError("times must be at least 1")
+        with self._lock:
+            self.rules.append(rule)
+
+    def take(self, kinds: tuple[str, ...], method: str, path: str) -> FaultRule | None:
+        """The first rule of one of ``kinds`` matching the request, with one use consumed; None if none matches."""
+        with self._lock:
+            for rule in self.rules:
+                if rule.kind in kinds and rule.method in ("*", method) and rule.pattern.search(path):
+                    rule.times -= 1
+                    if rule.times == 0:
+                        self.rules.remove(rule)
+                    self.injected.append((rule.kind, method, path))
+                    return rule
+        return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Lifecycles: the training operator's and the kubelet's part
+
+
+Action = Callable[["JobHandle"], None]
+
+
+@dataclass
+class Lifecycle:
+    """Steps ``(delay_s, action)`` played in order for a created job; each delay is counted from the previous step.
+
+    An action receives a :class:`JobHandle`. The playback stops when the job is deleted or the server stops.
+    """
+
+    steps: list[tuple[float, Action]] = field(default_factory=list)
+
+    def then(self, delay_s: float, action: Action) -> Lifecycle:
+        """A copy with one more step."""
+        return Lifecycle([*self.steps, (delay_s, action)])
+
+    @classmethod
+    def success(cls, workers: int = 2, log_lines: Iterable[str] | None = None, tick_s: float = 0.05) -> Lifecycle:
+        """Created, pods Pending, Running (lines appended to every pod, one per tick), Succeeded (exit codes 0)."""
+        lines = list(DEFAULT_LOG_LINES if log_lines is None else log_lines)
+        steps = _start_steps(workers, tick_s)
+        steps += [(tick_s, lambda job, line=line: job.log_all(line)) for line in lines]
+        steps.append((tick_s, lambda job: job.succeed_all()))
+        return cls(steps)
+
+    @classmethod
+    def failure(
+        cls,
+        workers: int = 2,
+        reason: str = "PyTorchJobFailed",
+        message: str = "PyTorchJob {namespace}/{name} has failed because 1 Worker replica(s) failed.",
+        failing_pod_lines: Iterable[str] | None = None,
+        events: Iterable[tuple[str, str, str]] | None = None,
+        log_lines: Iterable[str] | None = None,
+        failing_index: int = 1,
+        exit_code: int = 1,
+        tick_s: float = 0.05,
+    ) -> Lifecycle:
+        """Runs, then worker ``failing_index`` exits with ``exit_code`` (phase Failed) and the job turns Failed.
+
+        ``events`` are ``(type, reason, message)`` recorded on the failing pod (``{pod}`` is replaced by its name);
+        by default a kubelet BackOff warning. The other workers keep running (cleanPodPolicy None).
+        """
+        lines = list(DEFAULT_LOG_LINES[:1] if log_lines is None else log_lines)
+        failing = list(
+            ["Traceback (most recent call last):", "RuntimeError: CUDA error: an illegal memory access was encountered"]
+            if failing_pod_lines is None
+            else failing_pod_lines
+        )
+        pod_events = list(
+            [("Warning", "BackOff", "Back-off restarting failed container pytorch in pod {pod}")]
+            if events is None
+            else events
+        )
+        steps = _start_steps(workers, tick_s)
+        steps += [(tick_s, lambda job, line=line: job.log_all(line)) for line in lines]
+        steps += [(tick_s, lambda job, line=line: job.log(failing_index, line)) for line in failing]
+
+        def fail(job: JobHandle) -> None:
+            job.terminate(failing_index, exit_code)
+            pod = job.pod_name(failing_index)
+            for type_, event_reason, event_message in pod_events:
+                job.event(event_reason, event_message.format(pod=pod), type_=type_, pod_index=failing_index)
+            job.set_replica_status(active=workers - 1, failed=1)
+            job.event(reason, message, type_="Normal")
+            job.set_condition("Failed", reason, message)
+
+        steps.append((tick_s, fail))
+        return cls(steps)
+
+    @classmethod
+    def restart(
+        cls,
+        workers: int = 2,
+        log_lines: Iterable[str] | None = None,
+        restarting_index: int = 1,
+        exit_code: int = 1,
+        tick_s: float = 0.05,
+    ) -> Lifecycle:
+        """Running, a worker's container exits and restarts (restartCount + 1; Restarting), Running, Succeeded."""
+        lines = list(DEFAULT_LOG_LINES if log_lines is None else log_lines)
+        half = len(lines) // 2
+        message = "PyTorchJob {namespace}/{name} is restarting because 1 Worker replica(s) failed."
+
+        def crash(job: JobHandle) -> None:
+            job.log(restarting_index, "RuntimeError: NCCL communicator was aborted")
+            job.terminate(restarting_index, exit_code, phase="Running")
+            job.set_replica_status(active=workers - 1, failed=1)
+            job.event("PyTorchJobRestarting", message, type_="Warning")
+            job.set_condition("Restarting", "PyTorchJobRestarting", message)
+
+        def resume(job: JobHandle) -> None:
+            job.restart_container(restarting_index)
+            job.set_replica_status(active=workers)
+            job.set_condition("Running", "PyTorchJobRunning", "PyTorchJob {namespace}/{name} is running.")
+
+        steps = _start_steps(workers, tick_s)
+        steps += [(tick_s, lambda job, line=line: job.log_all(line)) for line in lines[:half]]
+        steps += [(tick_s, crash), (tick_s, resume)]
+        steps += [(tick_s, lambda job, line=line: job.log_all(line)) for line in lines[half:]]
+        steps.append((tick_s, lambda job: job.succeed_all()))
+        return cls(steps)
+
+    @classmethod
+    def stuck_pending(cls, workers: int = 2, message: str = INSUFFICIENT_GPU, tick_s: float = 0.05) -> Lifecycle:
+        """Created; the pods stay Pending (unschedulable) for ever, with a FailedScheduling warning each."""
+
+        def pending(job: JobHandle) -> None:
+            job.create_pods(workers, scheduled=False, message=message)
+            for i in range(workers):
+                job.event("FailedScheduling", message, type_="Warning", pod_index=i, component="default-scheduler")
+
+        return cls([(0.0, _created), (tick_s, pending)])
+
+
+def _created(job: JobHandle) -> None:
+    job.set_condition("Created", "PyTorchJobCreated", "PyTorchJob {name} is created.")
+    job.set_status(startTime=now_rfc3339())
+
+
+def _start_steps(workers: int, tick_s: float) -> list[tuple[float, Action]]:
+    def pods(job: JobHandle) -> None:
+        job.create_pods(workers)
+        job.set_replica_status(active=0)
+
+    def running(job: JobHandle) -> None:
+        for i in range(workers):
+            job.run(i)
+        job.set_replica_status(active=workers)
+        job.set_condition("Running", "PyTorchJobRunning", "PyTorchJob {namespace}/{name} is running.")
+
+    return [(0.0, _created), (tick_s, pods), (tick_s, running)]
+
+
+class JobHandle:
+    """What a lifecycle action can do to one job, its pods, their logs and the events about them.
+
+    Every change bumps the resourceVersion and emits a watch event; a handle whose job is gone does nothing.
+    Messages of conditions and events may use ``{name}`` and ``{namespace}``.
+    """
+
+    def __init__(self, server: FakeKubernetes, namespace: str, name: str, uid: str):
+        self.server, self.namespace, self.name, self.uid = server, namespace, name, uid
+
+    def job(self) -> dict[str, Any] | None:
+        job = self.server.job(self.namespace, self.name)
+        return job if job and job["metadata"]["uid"] == self.uid else None
+
+    def pod_name(self, index: int, replica_type: str = "worker") -> str:
+        return f"{self.name}-{replica_type}-{index}"
+
+    def _fmt(self, text: str) -> str:
+        return text.replace("{name}", self.name).replace("{namespace}", self.namespace)
+
+    def _update_job(self, mutate: Callable[[dict[str, Any]], None]) -> None:
+        self.server._update(self.server.kind, self.namespace, self.name, mutate, uid=self.uid)
+
+    def set_condition(
+        self, type_: str, reason: str | None = None, message: str | None = None, status: str = "True"
+    ) -> None:
+        """Set a job condition the way the training operator's ``UpdateJobConditions`` does."""
+        now = now_rfc3339()
+        condition = {
+            "type": type_,
+            "status": status,
+            "reason": reason or f"PyTorchJob{type_}",
+            "message": self._fmt(message or f"PyTorchJob {{namespace}}/{{name}} is {type_.lower()}."),
+            "lastUpdateTime": now,
+            "lastTransitionTime": now,
+        }
+
+        def mutate(job: dict[str, Any]) -> None:
+            status_ = job.setdefault("status", {})
+            conditions = status_.setdefault("conditions", [])
+            if any(c["type"] == "Failed" and c["status"] == "True" for c in conditions):
+                return  # the operator never changes a failed job's conditions
+            current = next((c for c in conditions if c["type"] == type_), None)
+            if current and current["status"] == condition["status"] and current.get("reason") == condition["reason"]:
+                return
+            if current and current["status"] == condition["status"]:
+                condition["lastTransitionTime"] = current["lastTransitionTime"]
+            kept = []
+            for c in conditions:
+                if (type_, c["type"]) in (("Restarting", "Running"), ("Running", "Restarting")) or c["type"] == type_:
+                    continue
+                if type_ in ("Failed", "Succeeded") and c["type"] == "Running":
+                    c = {**c, "status": "False"}
+                kept.append(c)
+            status_["conditions"] = [*kept, condition]
+            if type_ in ("Succeeded", "Failed") and status == "True":
+                status_.setdefault("completionTime", now)
+            status_["lastReconcileTime"] = now
+
+        self._update_job(mutate)
+
+    def set_status(self, **fields: Any) -> None:
+        """Set top-level ``status`` fields (startTime, completionTime, ...)."""
+        self._update_job(lambda job: job.setdefault("status", {}).update(fields))
+
+    def set_replica_status(
+        self, replica_type: str = "Worker", *, active: int = 0, succeeded: int = 0, failed: int = 0
+    ) -> None:
+        """``status.replicaStatuses[replica_type]`` as the operator writes it (zero counts left out)."""
+        labels = {
+            JOB_NAME_LABEL: self.name,
+            OPERATOR_NAME_LABEL: OPERATOR_NAME,
+            REPLICA_TYPE_LABEL: replica_type.lower(),
+        }
+        entry: dict[str, Any] = {
+            "labelSelector": {"matchLabels": labels},
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+        }
+        entry |= {k: v for k, v in (("active", active), ("succeeded", succeeded), ("failed", failed)) if v}
+        self._update_job(
+            lambda job: job.setdefault("status", {}).setdefault("replicaStatuses", {}).update({replica_type: entry})
+        )
+
+    def create_pods(self, workers: int, *, scheduled: bool = True, message: str = INSUFFICIENT_GPU) -> None:
+        """Create ``<job>-worker-<i>`` pods, Pending: scheduled with the container being created, or unschedulable."""
+        job = self.job()
+        if job is None:
+            return
+        for i in range(workers):
+            self.server._create_pod(job, "Worker", i, scheduled=scheduled, unschedulable_message=message)
+            self.event(
+                "SuccessfulCreatePod", f"Created pod: {self.pod_name(i)}", type_="Normal", component=OPERATOR_NAME
+            )
+            if scheduled:
+                self.event(
+                    "Scheduled",
+                    f"Successfully assigned {self.namespace}/{self.pod_name(i)} to node-{i}",
+                    pod_index=i,
+                    component="default-scheduler",
+                )
+
+    def run(self, index: int) -> None:
+        """The pod turns Running, its container running and ready."""
+        now = now_rfc3339()
+
+        def mutate(pod: dict[str, Any]) -> None:
+            status = pod["status"]
+            status["phase"] = "Running"
+            cs = status["containerStatuses"][0]
+            cs.update(ready=True, started=True, state={"running": {"startedAt": now}})
+            cs["containerID"] = f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}"
+            cs["imageID"] = cs["imageID"] or f"{cs['image'].split(':')[0]}@sha256:{uuid.uuid4().hex}{uuid.uuid4().hex}"
+            _set_pod_ready(status, True, now)
+
+        self._update_pod(index, mutate)
+        for reason, message in (
+            ("Pulled", f'Container image "{self._image(index)}" already present on machine'),
+            ("Created", f"Created container {CONTAINER}"),
+            ("Started", f"Started container {CONTAINER}"),
+        ):
+            self.event(reason, message, pod_index=index, component="kubelet")
+
+    def terminate(self, index: int, exit_code: int, reason: str | None = None, phase: str | None = None) -> None:
+        """The container ends with ``exit_code``; the pod's phase becomes ``phase`` (Succeeded if 0, else Failed)."""
+        now = now_rfc3339()
+        reason = reason or ("Completed" if exit_code == 0 else "Error")
+        phase = phase or ("Succeeded" if exit_code == 0 else "Failed")
+
+        def mutate(pod: dict[str, Any]) -> None:
+            status = pod["status"]
+            status["phase"] = phase
+            cs = status["containerStatuses"][0]
+            started = (cs.get("state") or {}).get("running", {}).get("startedAt", now)
+            terminated = {
+                "exitCode": exit_code,
+                "reason": reason,
+                "startedAt": started,
+                "finishedAt": now,
+                "containerID": cs.get("containerID", ""),
+            }
+            cs.update(ready=False, started=False, state={"terminated": terminated})
+            _set_pod_ready(status, False, now)
+
+        self._update_pod(index, mutate)
+
+    def restart_container(self, index: int) -> None:
+        """The kubelet restarts the (terminated) container: restartCount + 1, the old state in lastState, running."""
+        now = now_rfc3339()
+
+        def mutate(pod: dict[str, Any]) -> None:
+            status = pod["status"]
+            status["phase"] = "Running"
+            cs = status["containerStatuses"][0]
+            cs["lastState"] = cs.get("state", {}) if "terminated" in cs.get("state", {}) else {}
+            cs["restartCount"] = cs.get("restartCount", 0) + 1
+            cs.update(ready=True, started=True, state={"running": {"startedAt": now}})
+            cs["containerID"] = f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}"
+            _set_pod_ready(status, True, now)
+
+        self.server._rotate_log(self.namespace, self.pod_name(index))
+        self._update_pod(index, mutate)
+
+    def wait_container(self, index: int, reason: str, message: str = "") -> None:
+        """The container waits (ContainerCreating, CrashLoopBackOff, ImagePullBackOff, ...)."""
+
+        def mutate(pod: dict[str, Any]) -> None:
+            cs = pod["status"]["containerStatuses"][0]
+            cs.update(
+                ready=False,
+                started=False,
+                state={"waiting": {"reason": reason} | ({"message": message} if message else {})},
+            )
+            _set_pod_ready(pod["status"], False, now_rfc3339())
+
+        self._update_pod(index, mutate)
+
+    def succeed_all(self) -> None:
+        """Every pod exits 0 and the job turns Succeeded."""
+        pods = self.server.pods(self.namespace, self.name)
+        for pod in pods:
+            self.terminate(int(pod["metadata"]["labels"][REPLICA_INDEX_LABEL]), 0)
+        self.set_replica_status(succeeded=len(pods))
+        message = "PyTorchJob {namespace}/{name} successfully completed."
+        self.event("PyTorchJobSucceeded", message)
+        self.set_condition("Succeeded", "PyTorchJobSucceeded", message)
+
+    def log(self, index: int, *lines: str) -> None:
+        """Append lines to the log of worker ``index``'s container (timestamped now)."""
+        self.server.append_log(self.namespace, self.pod_name(index), *lines)
+
+    def log_all(self, *lines: str) -> None:
+        """Append lines to the log of every pod of the job."""
+        for pod in self.server.pods(self.namespace, self.name):
+            self.server.append_log(self.namespace, pod["metadata"]["name"], *lines)
+
+    def event(
+        self,
+        reason: str,
+        message: str,
+        *,
+        type_: str = "Normal",
+        pod_index: int | None = None,
+        component: str | None = None,
+    ) -> None:
+        """Record an event about the job, or about worker ``pod_index``."""
+        if pod_index is None:
+            job = self.job()
+            if job is None:
+                return
+            self.server.add_event(job, reason, self._fmt(message), type_=type_, component=component or OPERATOR_NAME)
+        else:
+            pod = self.server._get(PODS, self.namespace, self.pod_name(pod_index))
+            if pod is None:
+                return
+            self.server.add_event(pod, reason, self._fmt(message), type_=type_, component=component or "kubelet")
+
+    def _image(self, index: int) -> str:
+        pod = self.server._get(PODS, self.namespace, self.pod_name(index))
+        return pod["status"]["containerStatuses"][0]["image"] if pod and pod["status"].get("containerStatuses") else ""
+
+    def _update_pod(self, index: int, mutate: Callable[[dict[str, Any]], None]) -> None:
+        if self.job() is not None:
+            self.server._update(PODS, self.namespace, self.pod_name(index), mutate)
+
+
+def _set_pod_ready(status: dict[str, Any], ready: bool, now: str) -> None:
+    for condition in status.get("conditions", []):
+        if condition["type"] in ("Ready", "ContainersReady"):
+            condition["status"] = "True" if ready else "False"
+            condition["lastTransitionTime"] = now
+            if ready:
+                condition.pop("reason", None)
+                condition.pop("message", None)
+            else:
+                condition["reason"] = (
+                    "PodCompleted" if status["phase"] in ("Succeeded", "Failed") else "ContainersNotReady"
+                )
+                if condition["reason"] == "ContainersNotReady":
+                    condition["message"] = f"containers with unready status: [{CONTAINER}]"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The server
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    fake: FakeKubernetes
+
+
+class FakeKubernetes:
+    """The fake API server; a context manager that starts it on ``127.0.0.1`` (a free port) and stops it.
+
+    ``lifecycle`` plays for every created job, unless ``lifecycles`` has one for the job's name. Attributes to read
+    after (or set before) the requests: ``requests`` ((method, path with query)), ``deletions`` ((namespace, name,
+    propagationPolicy or None)), ``validation_errors`` (str of each schema/metadata error answered with 422),
+    ``webhook_denials`` (messages answered with 403), ``pruned_fields`` (paths pruned from created jobs),
+    ``forbid_events``, ``faults``, ``delete_delay_s`` (how long foreground deletion waits on the dependents),
+    ``history_limit`` (watch history kept, in changes; None: all until :meth:`compact`), ``bookmark_interval_s``
+    (BOOKMARK events to watches that allow them), ``webhook`` (emulate the training operator's validating webhook),
+    ``user`` (the user named in 403 messages).
+    """
+
+    def __init__(self, crd_path: Path, lifecycle: Lifecycle | None = None):
+        crd = load_crd(crd_path)
+        version = crd_version(crd, "v1")
+        names = crd["spec"]["names"]
+        self.schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+        self.kind = Kind(
+            names["plural"],
+            crd["spec"]["group"],
+            "v1",
+            names["kind"],
+            frozenset({"metadata.name", "metadata.namespace"}),
+            False,
+        )
+        self.list_kind: str = names.get("listKind", names["kind"] + "List")
+        self.status_subresource = "status" in (version.get("subresources") or {})
+        self._validator = jsonschema.Draft4Validator(_jsonschema_view(self.schema))
+
+        self.lifecycle = lifecycle
+        self.lifecycles: dict[str, Lifecycle] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.deletions: list[tuple[str, str, str | None]] = []
+        self.validation_errors: list[str] = []
+        self.webhook_denials: list[str] = []
+        self.pruned_fields: list[str] = []
+        self.warnings: list[str] = []
+        self.forbid_events = False
+        self.faults = Faults()
+        self.delete_delay_s = 0.0
+        self.history_limit: int | None = None
+        self.bookmark_interval_s: float | None = None
+        self.webhook = True
+        self.user = DEFAULT_USER
+
+        self._cond = threading.Condition(threading.RLock())
+        self._rv = 1
+        self._floor = 0  # changes with rv <= floor are forgotten
+        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._history: list[Change] = []
+        self._logs: dict[tuple[str, str], ContainerLog] = {}
+        self._job_stops: dict[str, threading.Event] = {}  # by job uid
+        self._stopping = threading.Event()
+        self._connections: set[socket.socket] = set()
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    # ---------------------------------------------------------------- lifecycle of the server
+
+    def __enter__(self) -> FakeKubernetes:
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd.fake = self
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        log.info("fake Kubernetes API server on %s", self.url)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        with self._cond:
+            for stop in self._job_stops.values():
+                stop.set()
+            self._cond.notify_all()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            with self._cond:
+                connections = list(self._connections)
+            for conn in connections:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def client_configuration(self) -> kubernetes.client.Configuration:
+        """A ``kubernetes.client.Configuration`` pointing at this server."""
+        import kubernetes
+
+        cfg = kubernetes.client.Configuration()
+        cfg.host = self.url
+        return cfg
+
+    # ---------------------------------------------------------------- state, for tests
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(self.kind, namespace, name)
+
+    def pods(self, namespace: str, job_name: str | None = None) -> list[dict[str, Any]]:
+        """The pods of a namespace (of one job if ``job_name``), by name."""
+        with self._cond:
+            return [
+                copy.deepcopy(obj)
+                for (resource, ns, _), obj in sorted(self._objects.items())
+                if resource == "pods"
+                and ns == namespace
+                and (job_name is None or obj["metadata"]["labels"].get(JOB_NAME_LABEL) == job_name)
+            ]
+
+    def events(self, namespace: str) -> list[dict[str, Any]]:
+        with self._cond:
+            return [
+                copy.deepcopy(obj)
+                for (resource, ns, _), obj in sorted(self._objects.items())
+                if resource == "events" and ns == namespace
+            ]
+
+    def handle(self, namespace: str, name: str) -> JobHandle:
+        """A handle to drive an existing job by hand (as a lifecycle action would)."""
+        job = self.job(namespace, name)
+        if job is None:
+            raise KeyError(f"no job {namespace}/{name}")
+        return JobHandle(self, namespace, name, job["metadata"]["uid"])
+
+    def put_job(self, obj: dict[str, Any], lifecycle: Lifecycle | None = None) -> dict[str, Any]:
+        """Store a job as is (no validation, status kept), e.g. one existing before the test; plays ``lifecycle``."""
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        obj.setdefault("apiVersion", self.kind.api_version)
+        obj.setdefault("kind", self.kind.kind)
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now_rfc3339())
+        meta.setdefault("generation", 1)
+        with self._cond:
+            exists = (self.kind.resource, meta["namespace"], meta.get("name")) in self._objects
+            stored = self._put(self.kind, obj, "MODIFIED" if exists else "ADDED")
+            self._job_stops[meta["uid"]] = threading.Event()
+        if lifecycle is not None:
+            self._play(lifecycle, stored)
+        return stored
+
+    def append_log(self, namespace: str, pod: str, *lines: str) -> None:
+        """Append lines (timestamped now) to the running container's log of a pod."""
+        with self._cond:
+            if ("pods", namespace, pod) not in self._objects:
+                return
+            entry = self._logs.setdefault((namespace, pod), ContainerLog())
+            for line in lines:
+                entry.current.append((time.time_ns(), line))
+            self._cond.notify_all()
+
+    def add_event(
+        self,
+        involved: dict[str, Any],
+        reason: str,
+        message: str,
+        *,
+        type_: str = "Normal",
+        component: str = "kubelet",
+    ) -> None:
+        """Record a core/v1 Event about an object (aggregated: the same reason and message bump ``count``)."""
+        meta = involved["metadata"]
+        now = now_rfc3339()
+        with self._cond:
+            for (resource, ns, name), event in self._objects.items():
+                if (
+                    resource == "events"
+                    and ns == meta["namespace"]
+                    and event["involvedObject"]["uid"] == meta["uid"]
+                    and event["reason"] == reason
+                    and event["message"] == message
+                ):
+
+                    def bump(e: dict[str, Any]) -> None:
+                        e["count"] += 1
+                        e["lastTimestamp"] = now
+
+                    self._update(EVENTS, ns, name, bump)
+                    return
+            event = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {
+                    "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                    "namespace": meta["namespace"],
+                    "uid": str(uuid.uuid4()),
+                    "creationTimestamp": now,
+                },
+                "involvedObject": {
+                    "apiVersion": involved.get("apiVersion", "v1"),
+                    "kind": involved.get("kind", ""),
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                    "resourceVersion": meta.get("resourceVersion", ""),
+                }
+                | ({"fieldPath": f"spec.containers{{{CONTAINER}}}"} if involved.get("kind") == "Pod" else {}),
+                "reason": reason,
+                "message": message,
+                "source": {"component": component},
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+                "type": type_,
+                "eventTime": None,
+                "reportingComponent": component,
+                "reportingInstance": "",
+            }
+            self._put(EVENTS, event, "ADDED")
+
+    def compact(self) -> None:
+        """Forget the watch history: a watch from any earlier resourceVersion now gets 410 Expired."""
+        with self._cond:
+            self._history.clear()
+            self._floor = self._rv
+
+    # ---------------------------------------------------------------- storage (callers hold the lock or take it)
+
+    def _get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._cond:
+            obj = self._objects.get((kind.resource, namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def _record(self, kind: Kind, type_: str, obj: dict[str, Any], prev: dict[str, Any] | None) -> None:
+        self._history.append(Change(self._rv, kind.resource, obj["metadata"]["namespace"], type_, obj, prev))
+        if self.history_limit is not None and len(self._history) > self.history_limit:
+            dropped = self._history[: len(self._history) - self.history_limit]
+            del self._history[: len(dropped)]
+            self._floor = dropped[-1].rv
+        self._cond.notify_all()
+
+    def _put(self, kind: Kind, obj: dict[str, Any], type_: str) -> dict[str, Any]:
+        with self._cond:
+            self._rv += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            key = (kind.resource, obj["metadata"]["namespace"], obj["metadata"]["name"])
+            prev = self._objects.get(key)
+            self._objects[key] = obj
+            self._record(kind, type_, copy.deepcopy(obj), copy.deepcopy(prev) if prev else None)
+            return copy.deepcopy(obj)
+
+    def _update(
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        mutate: Callable[[dict[str, Any]], None],
+        uid: str | None = None,
+    ) -> dict[str, Any] | None:
+        with self._cond:
+            current = self._objects.get((kind.resource, namespace, name))
+            if current is None or (uid is not None and current["metadata"]["uid"] != uid):
+                return None
+            obj = copy.deepcopy(current)
+            mutate(obj)
+            if obj == current:
+                return copy.deepcopy(current)
+            return self._put(kind, obj, "MODIFIED")
+
+    def _remove(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._cond:
+            obj = self._objects.pop((kind.resource, namespace, name), None)
+            if obj is None:
+                return None
+            self._rv += 1
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            self._record(kind, "DELETED", copy.deepcopy(obj), copy.deepcopy(obj))
+            if kind is PODS:
+                self._logs.pop((namespace, name), None)
+            return obj
+
+    def _rotate_log(self, namespace: str, pod: str) -> None:
+        with self._cond:
+            entry = self._logs.setdefault((namespace, pod), ContainerLog())
+            entry.previous, entry.current = entry.current, []
+            self._cond.notify_all()
+
+    def _create_pod(
+        self, job: dict[str, Any], replica_type: str, index: int, *, scheduled: bool, unschedulable_message: str
+    ) -> None:
+        meta = job["metadata"]
+        rspec = (job.get("spec") or {}).get("pytorchReplicaSpecs", {}).get(replica_type) or {}
+        template = copy.deepcopy(rspec.get("template") or {})
+        spec = template.get("spec") or {"containers": [{"name": CONTAINER, "image": "x"}]}
+        container = next((c for c in spec.get("containers", []) if c.get("name") == CONTAINER), None)
+        image = (container or {}).get("image") or "x"
+        policy = rspec.get("restartPolicy") or "OnFailure"  # the operator's default for PyTorchJob replicas
+        spec["restartPolicy"] = "Never" if policy == "ExitCode" else policy  # ExitCode: the operator restarts pods
+        spec.setdefault("schedulerName", "default-scheduler")
+        spec.setdefault("serviceAccountName", "default")
+        now = now_rfc3339()
+        name = f"{meta['name']}-{replica_type.lower()}-{index}"
+        labels = (template.get("metadata") or {}).get("labels", {}) | {
+            JOB_NAME_LABEL: meta["name"],
+            OPERATOR_NAME_LABEL: OPERATOR_NAME,
+            REPLICA_TYPE_LABEL: replica_type.lower(),
+            REPLICA_INDEX_LABEL: str(index),
+        }
+        status: dict[str, Any] = {"phase": "Pending", "qosClass": "Burstable"}
+        if scheduled:
+            spec["nodeName"] = f"node-{index}"
+            status |= {
+                "hostIP": f"10.0.0.{index + 10}",
+                "podIP": f"10.1.0.{index + 10}",
+                "startTime": now,
+                "conditions": [
+                    {"type": t, "status": s, "lastProbeTime": None, "lastTransitionTime": now}
+                    for t, s in (
+                        ("Initialized", "True"),
+                        ("Ready", "False"),
+                        ("ContainersReady", "False"),
+                        ("PodScheduled", "True"),
+                    )
+                ],
+                "containerStatuses": [
+                    {
+                        "name": CONTAINER,
+                        "state": {"waiting": {"reason": "ContainerCreating"}},
+                        "lastState": {},
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": image,
+                        "imageID": "",
+                        "started": False,
+                    }
+                ],
+            }
+            _set_pod_ready(status, False, now)
+        else:
+            status["conditions"] = [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": now,
+                    "reason": "Unschedulable",
+                    "message": unschedulable_message,
+                }
+            ]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": meta["namespace"],
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": now,
+                "labels": labels,
+                "annotations": (template.get("metadata") or {}).get("annotations", {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": job.get("apiVersion", self.kind.api_version),
+                        "kind": self.kind.kind,
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": spec,
+            "status": status,
+        }
+        with self._cond:
+            if ("pods", meta["namespace"], name) not in self._objects:
+                self._put(PODS, pod, "ADDED")
+                self._logs[(meta["namespace"], name)] = ContainerLog()
+
+    # ---------------------------------------------------------------- lifecycles and deletion
+
+    def _play(self, lifecycle: Lifecycle, job: dict[str, Any]) -> None:
+        meta = job["metadata"]
+        handle = JobHandle(self, meta["namespace"], meta["name"], meta["uid"])
+        stop = self._job_stops.setdefault(meta["uid"], threading.Event())
+
+        def run() -> None:
+            for delay, action in lifecycle.steps:
+                if stop.wait(delay) or self._stopping.is_set():
+                    return
+                if handle.job() is None:
+                    return
+                try:
+                    action(handle)
+                except Exception:
+                    log.exception("lifecycle step of %s/%s failed", handle.namespace, handle.name)
+                    return
+
+        threading.Thread(target=run, name=f"lifecycle-{meta['name']}", daemon=True).start()
+
+    def _owned_pods(self, namespace: str, uid: str) -> list[str]:
+        return [
+            name
+            for (resource, ns, name), obj in self._objects.items()
+            if resource == "pods"
+            and ns == namespace
+            and any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences", []))
+        ]
+
+    def _collect(self, namespace: str, name: str, uid: str, policy: str) -> None:
+        """The garbage collector's part of a deletion, after ``delete_delay_s``."""
+
+        def run() -> None:
+            if self._stopping.wait(self.delete_delay_s):
+                return
+            with self._cond:
+                for pod in self._owned_pods(namespace, uid):
+                    if policy == "Orphan":
+                        self._update(PODS, namespace, pod, lambda p: p["metadata"].pop("ownerReferences", None))
+                    else:
+                        self._remove(PODS, namespace, pod)
+                job = self._objects.get((self.kind.resource, namespace, name))
+                if job is not None and job["metadata"]["uid"] == uid:
+                    self._remove(self.kind, namespace, name)
+
+        threading.Thread(target=run, name=f"gc-{name}", daemon=True).start()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# HTTP
+
+
+ROUTES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log$"), "pod_log"),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$"), "pod"),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$"), "events"),
+    (
+        re.compile(
+            r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)/(?P<name>[^/]+)$"
+        ),
+        "cr",
+    ),
+    (re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)$"), "crs"),
+]
+NO_RESOURCE = "the server could not find the requested resource"
+
+
+class _Abort(Exception):
+    """End the handler by closing the connection abruptly."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    streaming = False  # a chunked response has begun: errors can only cut it
+
+    # ---------------------------------------------------------------- plumbing
+
+    @property
+    def fake(self) -> FakeKubernetes:
+        return self.server.fake
+
+    def setup(self) -> None:
+        super().setup()
+        with self.fake._cond:
+            self.fake._connections.add(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass
+        with self.fake._cond:
+            self.fake._connections.discard(self.connection)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def do_DELETE(self) -> None:
+        self._dispatch()
+
+    def do_PUT(self) -> None:
+        self._dispatch()
+
+    def do_PATCH(self) -> None:
+        self._dispatch()
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _send_json(
+        self, code: int, obj: Any, headers: dict[str, str] | None = None, warnings: Iterable[str] = ()
+    ) -> None:
+        data = dumps(obj)
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-cache, private")
+        self.send_header("Audit-Id", str(uuid.uuid4()))
+        for warning in warnings:
+            self.send_header("Warning", f"299 - {json.dumps(warning)}")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _start_chunked(self, content_type: str) -> None:
+        self.streaming = True
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.send_header("Audit-Id", str(uuid.uuid4()))
+        self.end_headers()
+
+    def _chunk(self, data: bytes) -> None:
+        if data:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+    def _end_chunked(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _abort(self) -> None:
+        """Close the connection now: no response, or a response cut mid-stream."""
+        self.close_connection = True
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _dispatch(self) -> None:
+        method = self.command
+        self.streaming = False
+        with self.fake._cond:
+            self.fake.requests.append((method, self.path))
+        body = self._read_body()
+        split = urlsplit(self.path)
+        params = dict(parse_qsl(split.query, keep_blank_values=True))
+        fault = self.fake.faults.take(("fail", "drop"), method, self.path)
+        if fault is not None and fault.kind == "drop":
+            log.info("fault: dropping %s %s", method, self.path)
+            self._abort()
+            return
+        if fault is not None:
+            log.info("fault: answering %s %s with %d", method, self.path, fault.status)
+            error = ApiError(fault.status, fault.message or DEFAULT_MESSAGES.get(fault.status, "injected fault"))
+            headers = {}
+            if fault.retry_after is not None:
+                headers["Retry-After"] = str(fault.retry_after)
+                error.body["details"] = {"retryAfterSeconds": fault.retry_after}
+                error.body["code"] = error.body.pop("code")
+            self._send_json(fault.status, error.body, headers)
+            return
+        try:
+            self._route(method, split.path, params, body)
+        except _Abort:
+            self._abort()
+        except ApiError as error:
+            self._send_json(error.code, error.body, error.headers)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as error:  # a bug of the fake: answer like the API server would, and log it
+            log.exception("fake Kubernetes API server: %s %s failed", method, self.path)
+            if self.streaming:
+                self._abort()
+            else:
+                self._send_json(500, status_body(500, f"Internal error occurred: {error}"))
+
+    def _route(self, method: str, path: str, params: dict[str, str], body: bytes) -> None:
+        found = next(((m, route) for pattern, route in ROUTES if (m := pattern.match(path))), None)
+        if found is None:
+            raise ApiError(404, NO_RESOURCE, details={})
+        match, route = found
+        parts = {k: unquote(v) for k, v in match.groupdict().items()}
+        ns = parts["ns"]
+        kind = self.fake.kind
+        if route in ("cr", "crs") and (parts["group"], parts["version"], parts["plural"]) != (
+            kind.group,
+            kind.version,
+            kind.resource,
+        ):
+            raise ApiError(404, NO_RESOURCE, details={})
+        allowed = {
+            "crs": ("GET", "POST"),
+            "cr": ("GET", "DELETE"),
+            "pods": ("GET",),
+            "pod": ("GET",),
+            "pod_log": ("GET",),
+            "events": ("GET",),
+        }[route]
+        if method not in allowed:
+            raise ApiError(405, "the server does not allow this method on the requested resource", details={})
+        if route == "crs" and method == "POST":
+            self._create(ns, params, body)
+        elif route == "crs":
+            self._list_or_watch(kind, ns, params)
+        elif route == "cr" and method == "GET":
+            self._send_json(200, self._must_get(kind, ns, parts["name"]))
+        elif route == "cr":
+            self._delete(ns, parts["name"], params, body)
+        elif route == "pods":
+            self._list_or_watch(PODS, ns, params)
+        elif route == "pod":
+            self._send_json(200, self._must_get(PODS, ns, parts["name"]))
+        elif route == "pod_log":
+            self._pod_log(ns, parts["name"], params)
+        else:
+            if self.fake.forbid_events:
+                verb = "watch" if flag(params, "watch") else "list"
+                raise ApiError(
+                    403,
+                    f'events is forbidden: User "{self.fake.user}" cannot {verb} resource "events" in API group "" '
+                    f'in the namespace "{ns}"',
+                    details={"kind": "events"},
+                )
+            self._list_or_watch(EVENTS, ns, params)
+
+    def _must_get(self, kind: Kind, ns: str, name: str) -> dict[str, Any]:
+        obj = self.fake._get(kind, ns, name)
+        if obj is None:
+            raise kind.not_found(name)
+        return obj
+
+    # ---------------------------------------------------------------- create
+
+    def _create(self, ns: str, params: dict[str, str], body: bytes) -> None:
+        fake, kind = self.fake, self.fake.kind
+        directive = params.get("fieldValidation", "Warn") or "Warn"
+        if directive not in ("Ignore", "Warn", "Strict"):
+            raise ApiError(400, f"fieldValidation: Unsupported value: {json.dumps(directive)}")
+        try:
+            obj = json.loads(body or b"null")
+        except ValueError as error:
+            raise ApiError(400, f"the object provided is unrecognized (must be of type {kind.kind}): {error}") from None
+        if not isinstance(obj, dict):
+            raise ApiError(400, f"the object provided is unrecognized (must be of type {kind.kind})")
+        if not obj.get("kind"):
+            raise ApiError(400, f"Object 'Kind' is missing in '{body.decode(errors='replace')[:200]}'")
+        if obj.get("apiVersion") != kind.api_version or obj["kind"] != kind.kind:
+            raise ApiError(
+                400,
+                f"the API version in the data ({obj.get('apiVersion')}) does not match the expected API version "
+                f"({kind.api_version})"
+                if obj.get("apiVersion") != kind.api_version
+                else f"the kind in the data ({obj['kind']}) does not match the expected kind ({kind.kind})",
+            )
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            meta = obj["metadata"] = {}
+        if meta.get("namespace") not in (None, "", ns):
+            raise ApiError(400, "the namespace of the provided object does not match the namespace sent on the request")
+        if meta.get("resourceVersion"):
+            raise ApiError(500, "Internal error occurred: resourceVersion should not be set on objects to be created")
+
+        pruned = prune_unknown_fields(obj, fake.schema)
+        if pruned and directive == "Strict":
+            fields = ", ".join(f'unknown field "{p}"' for p in pruned)
+            raise ApiError(
+                400,
+                f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}: '
+                f"strict decoding error: {fields}",
+            )
+        warnings = [f'unknown field "{p}"' for p in pruned] if directive == "Warn" else []
+        with fake._cond:
+            fake.pruned_fields.extend(pruned)
+        if fake.status_subresource:
+            obj.pop("status", None)
+        meta = obj["metadata"]
+        meta["namespace"] = ns
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        apply_defaults(obj, fake.schema)
+
+        errors = object_meta_errors(meta) + schema_errors(obj, fake._validator) + list_map_errors(obj, fake.schema)
+        name = meta.get("name") or ""
+        if errors:
+            with fake._cond:
+                fake.validation_errors.extend(str(e) for e in errors)
+            rendered = [str(e) for e in errors]
+            message = rendered[0] if len(rendered) == 1 else "[" + ", ".join(rendered) + "]"
+            causes = [{"reason": e.reason, "message": e.detail, "field": e.field} for e in errors]
+            raise ApiError(
+                422,
+                f'{kind.kind}.{kind.group} "{name}" is invalid: {message}',
+                details={"name": name, "group": kind.group, "kind": kind.kind, "causes": causes},
+            )
+        if fake.webhook:
+            webhook_warnings, denials = pytorchjob_webhook(obj)
+            warnings += webhook_warnings
+            if denials:
+                detail = denials[0] if len(denials) == 1 else "[" + ", ".join(denials) + "]"
+                with fake._cond:
+                    fake.webhook_denials.append(detail)
+                raise ApiError(403, f'admission webhook "{WEBHOOK_NAME}" denied the request: {detail}')
+
+        now = now_rfc3339()
+        manager = (self.headers.get("User-Agent") or "unknown").split("/")[0]
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=now, generation=1)
+        meta["managedFields"] = [
+            {
+                "manager": params.get("fieldManager") or manager,
+                "operation": "Update",
+                "apiVersion": kind.api_version,
+                "time": now,
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {},
+            }
+        ]
+        for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
+            meta.pop(key, None)
+        dry_run = params.get("dryRun") == "All"
+        with fake._cond:
+            if (kind.resource, ns, name) in fake._objects:
+                raise ApiError(
+                    409,
+                    f'{kind.qualified} "{name}" already exists',
+                    "AlreadyExists",
+                    details={"name": name, "group": kind.group, "kind": kind.resource},
+                )
+            if dry_run:
+                stored = copy.deepcopy(obj)
+            else:
+                stored = fake._put(kind, obj, "ADDED")
+                fake._job_stops[meta["uid"]] = threading.Event()
+            fake.warnings.extend(warnings)
+        lifecycle = fake.lifecycles.get(name, fake.lifecycle)
+        if lifecycle is not None and not dry_run:
+            fake._play(lifecycle, stored)
+        self._send_json(201, stored, warnings=warnings)
+
+    # ---------------------------------------------------------------- delete
+
+    def _delete(self, ns: str, name: str, params: dict[str, str], body: bytes) -> None:
+        fake, kind = self.fake, self.fake.kind
+        options: dict[str, Any] = {}
+        if body.strip():
+            try:
+                options = json.loads(body)
+            except ValueError as error:
+                raise ApiError(400, f"invalid DeleteOptions: {error}") from None
+        policy = params.get("propagationPolicy") or options.get("propagationPolicy")
+        if policy is None and options.get("orphanDependents") is not None:
+            policy = "Orphan" if options["orphanDependents"] else "Background"
+        if policy not in (None, "Foreground", "Background", "Orphan"):
+            raise ApiError(
+                422,
+                f'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: Unsupported value: "{policy}": supported '
+                'values: "Foreground", "Background", "Orphan"',
+            )
+        with fake._cond:
+            job = fake._objects.get((kind.resource, ns, name))
+            if job is None:
+                raise kind.not_found(name)
+            fake.deletions.append((ns, name, policy))
+            uid = job["metadata"]["uid"]
+            if uid in fake._job_stops:
+                fake._job_stops[uid].set()
+            if job["metadata"].get("deletionTimestamp"):
+                self._send_json(200, copy.deepcopy(job))
+                return
+            effective = policy or "Background"
+            if effective in ("Foreground", "Orphan"):
+                finalizer = "foregroundDeletion" if effective == "Foreground" else "orphan"
+
+                def mark(obj: dict[str, Any]) -> None:
+                    obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+                    obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                    obj["metadata"]["finalizers"] = [*obj["metadata"].get("finalizers", []), finalizer]
+
+                marked = fake._update(kind, ns, name, mark)
+                fake._collect(ns, name, uid, effective)
+                self._send_json(200, marked)
+                return
+            fake._remove(kind, ns, name)
+            fake._collect(ns, name, uid, effective)
+        self._send_json(
+            200,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {"name": name, "group": kind.group, "kind": kind.resource, "uid": uid},
+            },
+        )
+
+    # ---------------------------------------------------------------- list and watch
+
+    def _selected(self, kind: Kind, namespace: str, params: dict[str, str]) -> Callable[[dict[str, Any]], bool]:
+        labels = label_matcher(params.get("labelSelector"))
+        fields = field_matcher(params.get("fieldSelector"), kind.fields)
+        return lambda obj: (
+            obj["metadata"]["namespace"] == namespace and labels(obj["metadata"].get("labels") or {}) and fields(obj)
+        )
+
+    def _list_or_watch(self, kind: Kind, ns: str, params: dict[str, str]) -> None:
+        selected = self._selected(kind, ns, params)
+        if flag(params, "watch"):
+            self._watch(kind, ns, params, selected)
+            return
+        fake = self.fake
+        with fake._cond:
+            items = [
+                copy.deepcopy(obj)
+                for (resource, _, _), obj in sorted(fake._objects.items())
+                if resource == kind.resource and selected(obj)
+            ]
+            rv = fake._rv
+        if kind.typed_items:
+            for item in items:
+                item.pop("kind", None)
+                item.pop("apiVersion", None)
+        list_kind = fake.list_kind if kind is fake.kind else f"{kind.kind}List"
+        self._send_json(
+            200,
+            {
+                "apiVersion": kind.api_version,
+                "kind": list_kind,
+                "metadata": {"resourceVersion": str(rv)},
+                "items": items,
+            },
+        )
+
+    def _watch(self, kind: Kind, ns: str, params: dict[str, str], selected: Callable[[dict[str, Any]], bool]) -> None:
+        fake = self.fake
+        timeout = parse_int(params, "timeoutSeconds")
+        deadline = time.monotonic() + (timeout if timeout is not None else 1800)
+        bookmarks = flag(params, "allowWatchBookmarks") and fake.bookmark_interval_s
+        requested = params.get("resourceVersion", "")
+        try:
+            since = int(requested) if requested not in ("", "0") else None
+        except ValueError:
+            raise ApiError(400, f'invalid resource version: "{requested}"') from None
+        cut = fake.faults.take(("drop_watch",), "GET", self.path)
+        self._start_chunked("application/json")
+        sent = 0
+
+        def check_cut() -> None:
+            if cut is not None and sent >= cut.after:
+                log.info("fault: cutting the watch %s after %d events", self.path, sent)
+                raise _Abort
+
+        def send(event: dict[str, Any]) -> None:
+            nonlocal sent
+            self._chunk(dumps(event) + b"\n")
+            sent += 1
+            check_cut()
+
+        check_cut()
+
+        with fake._cond:
+            if since is not None and since < fake._floor:
+                error = status_body(410, f"too old resource version: {since} ({fake._floor})", "Expired")
+                self._chunk(dumps({"type": "ERROR", "object": error}) + b"\n")
+                self._end_chunked()
+                return
+            pending: list[dict[str, Any]] = []
+            if since is None:  # the current state first, as synthetic ADDED events
+                pending = [
+                    {"type": "ADDED", "object": copy.deepcopy(obj)}
+                    for (resource, _, _), obj in sorted(fake._objects.items())
+                    if resource == kind.resource and selected(obj)
+                ]
+                since = fake._rv
+        for event in pending:
+            send(event)
+        last_bookmark = time.monotonic()
+        while True:
+            with fake._cond:
+                events = [
+                    self._event_for(c, selected) for c in fake._history if c.rv > since and c.resource == kind.resource
+                ]
+                events = [e for e in events if e is not None]
+                since = fake._rv  # every change up to here is in the history (or was compacted away)
+                if not events:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or fake._stopping.is_set():
+                        break
+                    fake._cond.wait(min(remaining, 0.25))
+            for event in events:
+                send(event)
+            if bookmarks and time.monotonic() - last_bookmark >= fake.bookmark_interval_s:
+                last_bookmark = time.monotonic()
+                marker = {
+                    "kind": kind.kind,
+                    "apiVersion": kind.api_version,
+                    "metadata": {"resourceVersion": str(since)},
+                }
+                send({"type": "BOOKMARK", "object": marker})
+        if fake._stopping.is_set():
+            raise _Abort
+        self._end_chunked()
+
+    @staticmethod
+    def _event_for(change: Change, selected: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """The watch event a change makes for this watch (objects entering or leaving the selection included)."""
+        now_in = selected(change.obj)
+        was_in = change.prev is not None and selected(change.prev)
+        if change.type == "DELETED":
+            return {"type": "DELETED", "object": copy.deepcopy(change.obj)} if now_in else None
+        if now_in and (change.type == "ADDED" or was_in):
+            return {"type": change.type, "object": copy.deepcopy(change.obj)}
+        if now_in:
+            return {"type": "ADDED", "object": copy.deepcopy(change.obj)}
+        if was_in:
+            return {"type": "DELETED", "object": copy.deepcopy(change.obj)}
+        return None
+
+    # ---------------------------------------------------------------- logs
+
+    def _pod_log(self, ns: str, name: str, params: dict[str, str]) -> None:
+        fake = self.fake
+        pod = self._must_get(PODS, ns, name)
+        containers = [c["name"] for c in pod["spec"].get("containers", [])]
+        container = params.get("container") or ""
+        if not container:
+            if len(containers) != 1:
+                raise ApiError(
+                    400,
+                    f"a container name must be specified for pod {name}, choose one of: [{' '.join(containers)}]",
+                )
+            container = containers[0]
+        elif container not in containers:
+            raise ApiError(400, f"container {container} is not valid for pod {name}")
+        follow, timestamps, previous = flag(params, "follow"), flag(params, "timestamps"), flag(params, "previous")
+        since_seconds = parse_int(params, "sinceSeconds")
+        tail = parse_int(params, "tailLines")
+        limit = parse_int(params, "limitBytes")
+        since_ns: int | None = None
+        if since_seconds is not None:
+            if since_seconds < 1:
+                raise ApiError(422, 'PodLogOptions "" is invalid: sinceSeconds: Invalid value: must be greater than 0')
+            since_ns = time.time_ns() - since_seconds * 1_000_000_000
+        elif params.get("sinceTime"):
+            try:
+                since_ns = parse_rfc3339_ns(params["sinceTime"])
+            except ValueError as error:
+                raise ApiError(400, str(error)) from None
+        if not pod["spec"].get("nodeName"):  # not scheduled: the API server has no kubelet to ask, and answers empty
+            self._start_chunked("text/plain")
+            self._end_chunked()
+            return
+        status = next((c for c in pod["status"].get("containerStatuses", []) if c["name"] == container), None)
+        state = (status or {}).get("state", {})
+        if previous:
+            with fake._cond:
+                entry = fake._logs.get((ns, name))
+                lines = list(entry.previous) if entry and entry.previous is not None else None
+            if lines is None:
+                raise ApiError(400, f'previous terminated container "{container}" in pod "{name}" not found')
+            follow = False
+        elif status is None or "waiting" in state:
+            reason = state.get("waiting", {}).get("reason", "ContainerCreating")
+            raise ApiError(400, f'container "{container}" in pod "{name}" is waiting to start: {reason}')
+        restarts = status.get("restartCount", 0) if status else 0
+        cut = fake.faults.take(("drop_log",), "GET", self.path) if follow else None
+
+        def render(entries: list[tuple[int, str]]) -> bytes:
+            return b"".join(
+                ((rfc3339_nano(t) + " " + text) if timestamps else text).encode() + b"\n" for t, text in entries
+            )
+
+        written = 0
+        sent_lines = 0
+
+        def check_cut() -> None:
+            if cut is not None and sent_lines >= cut.after:
+                log.info("fault: cutting the log stream %s after %d lines", self.path, sent_lines)
+                raise _Abort
+
+        def send(entries: list[tuple[int, str]]) -> bool:
+            """Write lines; False once limitBytes is reached."""
+            nonlocal written, sent_lines
+            for entry in entries:
+                data = render([entry])
+                if limit is not None and written + len(data) >= limit:
+                    self._chunk(data[: limit - written])
+                    written = limit
+                    return False
+                self._chunk(data)
+                written += len(data)
+                sent_lines += 1
+                check_cut()
+            return True
+
+        with fake._cond:
+            entry = fake._logs.get((ns, name), ContainerLog())
+            lines = list(entry.previous or []) if previous else list(entry.current)
+        offset = len(lines)
+        if since_ns is not None:
+            lines = [line for line in lines if line[0] >= since_ns]
+        if tail is not None and tail >= 0:
+            lines = lines[len(lines) - tail :] if tail else []
+        self._start_chunked("text/plain")
+        check_cut()
+        if not send(lines) or not follow:
+            self._end_chunked()
+            return
+        while True:
+            with fake._cond:
+                current = fake._objects.get(("pods", ns, name))
+                entry = fake._logs.get((ns, name))
+                cs = next(
+                    (
+                        c
+                        for c in (current or {}).get("status", {}).get("containerStatuses", [])
+                        if c["name"] == container
+                    ),
+                    None,
+                )
+                new = (
+                    list(entry.current[offset:])
+                    if entry is not None and cs and cs.get("restartCount", 0) == restarts
+                    else []
+                )
+                offset += len(new)
+                ended = (
+                    current is None
+                    or cs is None
+                    or cs.get("restartCount", 0) != restarts
+                    or "terminated" in cs.get("state", {})
+                )
+                if not new and not ended:
+                    if fake._stopping.is_set():
+                        raise _Abort
+                    fake._cond.wait(0.25)
+                    continue
+            if not send(new) or ended:
+                break
+        self._end_chunked()

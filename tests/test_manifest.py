@@ -1,0 +1,229 @@
+"""The PyTorchJob manifest: the seed's, field for field where the seed is right; valid against the CRD."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from components.errors import InputError
+from components.launch_pytorchjob.manifest import (
+    AUTO_RESUME,
+    MAX_RETRY,
+    SPEC_HASH_ANNOTATION,
+    JobSpec,
+    job_name,
+    render_job,
+)
+
+CRD_PATH = Path(__file__).resolve().parents[2] / "shared/reference/crds/kubeflow.org_pytorchjobs.v1.8.1.yaml"
+
+# The seed tutorial's manifest (its "pytorchjob-ddp.yaml"), as our users apply it today.
+SEED = yaml.safe_load("""
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata:
+  name: ddp-pretrain
+  namespace: kubeflow
+spec:
+  elasticPolicy:
+    rdzvBackend: c10d
+    minReplicas: 2
+    maxReplicas: 2
+  pytorchReplicaSpecs:
+    Worker:
+      replicas: 2
+      restartPolicy: OnFailure
+      template:
+        spec:
+          terminationGracePeriodSeconds: 120
+          containers:
+            - name: pytorch
+              image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/ddp-pretrain:latest
+              command:
+                - torchrun
+                - --nnodes=2
+                - --nproc_per_node=8
+                - --rdzv_backend=c10d
+                - --rdzv_endpoint=$(MASTER_ADDR):$(MASTER_PORT)
+                - /workspace/train_ddp.py
+              resources:
+                requests: {nvidia.com/gpu: 8, vpc.amazonaws.com/efa: 32, memory: "512Gi", cpu: "96"}
+                limits: {nvidia.com/gpu: 8, vpc.amazonaws.com/efa: 32, memory: "512Gi", cpu: "96"}
+              env:
+                - {name: NCCL_DEBUG, value: "INFO"}
+                - {name: FI_EFA_USE_DEVICE_RDMA, value: "1"}
+                - {name: FI_PROVIDER, value: "efa"}
+              volumeMounts:
+                - {name: fsx-pvc, mountPath: /fsx}
+                - {name: dshm, mountPath: /dev/shm}
+          volumes:
+            - name: fsx-pvc
+              persistentVolumeClaim: {claimName: fsx-lustre-pvc}
+            - name: dshm
+              emptyDir: {medium: Memory, sizeLimit: "256Gi"}
+          tolerations:
+            - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+""")
+
+CONTAINER_PATH = "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0]"
+# Where ours differs from the seed, and why: every other field of the seed is reproduced exactly.
+DIFFERENCES = {
+    f"{CONTAINER_PATH}.command": (
+        "the operator gives a Worker-only elastic job no MASTER_ADDR/MASTER_PORT, so the seed's rdzv endpoint "
+        "stays the literal '$(MASTER_ADDR):$(MASTER_PORT)'; ours is $(PET_RDZV_ENDPOINT) (<job>-worker-0:<port>), "
+        "and it runs the installed trainer module with its flags rather than a script path"
+    ),
+}
+
+
+def seed_spec(**overrides: Any) -> JobSpec:
+    settings: dict[str, Any] = dict(
+        name="ddp-pretrain",
+        image="123456789012.dkr.ecr.us-east-1.amazonaws.com/ddp-pretrain:latest",
+        trainer_args=["--data-dir", "/fsx/datasets/corpus/tokenized", "--run-dir", "/fsx/runs/r1"],
+        instance_type="p5.48xlarge",
+        min_nodes=2,
+        max_nodes=2,
+    )
+    return JobSpec(**{**settings, **overrides})
+
+
+def leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return {
+            k: v for key, value in obj.items() for k, v in leaves(value, f"{prefix}.{key}" if prefix else key).items()
+        }
+    if isinstance(obj, list) and obj and all(isinstance(x, dict) and "name" in x for x in obj):
+        return {k: v for x in obj for k, v in leaves(x, f"{prefix}[{x['name']}]").items()}
+    if isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj):
+        return {k: v for i, x in enumerate(obj) for k, v in leaves(x, f"{prefix}[{i}]").items()}
+    return {prefix: obj}
+
+
+def test_the_seed_parameters_reproduce_the_seed_field_for_field() -> None:
+    ours = render_job(seed_spec())
+    theirs = leaves(SEED)
+    mine = leaves(ours)
+    differing = set()
+    for path, value in theirs.items():
+        container_field = path.split("[pytorch].", 1)[-1] if "[pytorch]." in path else ""
+        if container_field.startswith("command"):
+            differing.add(f"{CONTAINER_PATH}.command")
+            continue
+        assert mine.get(path) == value, f"{path}: seed {value!r}, ours {mine.get(path)!r}"
+    assert differing == set(DIFFERENCES)
+    command = ours["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["torchrun", "--nnodes=2", "--nproc-per-node=8"]
+    assert "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)" in command and "--rdzv-backend=c10d" in command
+    assert command[-4:] == ["--data-dir", "/fsx/datasets/corpus/tokenized", "--run-dir", "/fsx/runs/r1"]
+
+
+def test_what_ours_adds_to_the_seed() -> None:
+    job = render_job(seed_spec())
+    spec = job["spec"]
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 3, "ttlSecondsAfterFinished": 604800}
+    assert spec["nprocPerNode"] == "8" and spec["elasticPolicy"]["maxRestarts"] == 3
+    assert job["metadata"]["annotations"][AUTO_RESUME] == "true" and job["metadata"]["annotations"][MAX_RETRY] == "3"
+    pod = spec["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    required = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert (
+        required["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "sagemaker.amazonaws.com/node-health-status"
+    )
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["TRAINER_GRACE_PERIOD_S"] == "120" and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in env
+    assert len(job["metadata"]["annotations"][SPEC_HASH_ANNOTATION]) == 64
+
+
+def test_elastic_nodes_and_instance_types() -> None:
+    job = render_job(seed_spec(min_nodes=2, max_nodes=4, instance_type="ml.p5en.48xlarge"))
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert "--nnodes=2:4" in worker["template"]["spec"]["containers"][0]["command"]
+    assert (job["spec"]["elasticPolicy"]["minReplicas"], job["spec"]["elasticPolicy"]["maxReplicas"]) == (2, 4)
+    assert worker["template"]["spec"]["containers"][0]["resources"]["limits"]["vpc.amazonaws.com/efa"] == 16
+    p4d = render_job(seed_spec(instance_type="p4d.24xlarge"))["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert p4d["template"]["spec"]["containers"][0]["resources"]["requests"]["vpc.amazonaws.com/efa"] == 4
+    overridden = render_job(seed_spec(instance_type="custom.large", gpus_per_node=4, efa_per_node=0, nproc_per_node=4))
+    resources = overridden["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == 4 and "vpc.amazonaws.com/efa" not in resources["limits"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"nproc_per_node": 4}, "nproc-per-node 4 differs from the 8 GPUs"),
+        ({"min_nodes": 3, "max_nodes": 2}, "need 1 <= min <= max"),
+        ({"restart_policy": "Never"}, "auto-resume needs restartPolicy OnFailure"),
+        ({"namespace": "training"}, "HyperPod auto-resumes jobs only in 'kubeflow'"),
+        ({"name": "Bad_Name"}, "is not a DNS-1123 label"),
+        ({"name": "x" * 60}, "is not a DNS-1123 label"),
+        ({"instance_type": "m5.large"}, "instance type 'm5.large' is unknown"),
+        ({"memory": "lots"}, "memory 'lots' is not a Kubernetes quantity"),
+        ({"shutdown_timeout_s": 120}, "shutdown timeout 120s must be shorter than the 120s grace period"),
+        ({"annotations": {AUTO_RESUME: "true"}}, "both or neither"),
+    ],
+    ids=[
+        "nproc",
+        "min-max",
+        "restart-policy",
+        "namespace",
+        "name",
+        "long-name",
+        "instance",
+        "memory",
+        "shutdown",
+        "half-auto-resume",
+    ],  # fmt: skip
+)
+def test_inconsistent_inputs_fail_with_one_clear_line(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        render_job(seed_spec(**overrides))
+
+
+def test_job_names_are_stable_per_pipeline_run_and_dns_safe() -> None:
+    first = job_name("0a1b2c3d-run-uuid", "Nightly_Run.2026-11-30")
+    assert first == job_name("0a1b2c3d-run-uuid", "Nightly_Run.2026-11-30"), "a retried step finds its job"
+    assert first != job_name("another-run-uuid", "Nightly_Run.2026-11-30")
+    render_job(seed_spec(name=first))  # a valid name
+
+
+@pytest.fixture(scope="module")
+def crd_schema() -> dict[str, Any]:
+    if not CRD_PATH.is_file():
+        pytest.skip(f"the PyTorchJob CRD is not here ({CRD_PATH}): it lives in ../shared/reference, beside the repo")
+    from tests.k8s_server import load_crd_schema
+
+    return load_crd_schema(CRD_PATH)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"min_nodes": 1, "max_nodes": 4, "active_deadline_s": 3600}, {"auto_resume": False, "namespace": "team-a",
+     "owner": ("launcher-pod", "uid-1"), "node_selector": {"a": "b"}, "service_account": "trainer"}],
+    ids=["seed", "elastic", "no-auto-resume"],
+)  # fmt: skip
+def test_every_rendered_manifest_validates_against_the_crd(crd_schema: dict[str, Any], overrides: dict) -> None:
+    from tests.k8s_server import unknown_fields
+
+    job = render_job(seed_spec(**overrides))
+    jsonschema.validate(job, crd_schema)
+    assert unknown_fields(job, crd_schema) == [], "the API server would silently prune these"
+
+
+def test_render_job_prints_yaml(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "pipelines.cli", "render-job", "--storage-root", "/fsx", "--dataset", "corpus",
+               "--run-id", "r1", "--image", "img:1", "--nnodes", "2", "--nproc-per-node", "8"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    job = yaml.safe_load(result.stdout)
+    assert job["kind"] == "PyTorchJob" and job["metadata"]["name"].startswith("hpp-r1-train-")
+    bad = subprocess.run([*command[:-2], "--nproc-per-node", "4"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "nproc-per-node 4 differs" in bad.stderr.strip().splitlines()[-1]
+    assert json.dumps(job)  # plain data
