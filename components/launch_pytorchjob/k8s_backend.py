@@ -395,8 +395,9 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                 phases, _ = pod_summary(kube, ns, name)
                 describe_failure(kube, ns, name)  # a pod stuck in Pending says why in its events
                 delete_job(kube, ns, name)
+                last = condition.get("type", "none")
                 raise StepFailed(f"PyTorchJob {ns}/{name} did not finish within {settings.deadline_s:.0f}s (last "
-                                 f"state: {condition.get('type', 'none')}; pods: {phases}); it was deleted")  # fmt: skip
+                                 f"state: {last}; pods: {phases}); it was deleted")  # fmt: skip
             try:
                 update = watcher.updates.get(timeout=0.2)
             except queue.Empty:
