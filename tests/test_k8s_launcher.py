@@ -230,3 +230,18 @@ def test_polls_when_watching_is_refused(staged_root: Path, caplog) -> None:
         server.faults.fail_next("GET", r"(?i)watch=true", 403, times=100)
         outcome = run_job(Kube(client(server)), job, WatchSettings(poll_interval_s=0.2), threading.Event())
     assert outcome.state == "Succeeded" and "polling every 0.2s instead" in caplog.text
+
+
+def test_the_job_is_owned_by_the_launcher_pod_in_its_namespace(staged_root: Path, tmp_path: Path, monkeypatch) -> None:
+    namespace_file = tmp_path / "namespace"
+    monkeypatch.setattr("components.launch_pytorchjob.core.SERVICE_ACCOUNT_NAMESPACE", str(namespace_file))
+    monkeypatch.setenv("KFP_POD_NAME", "pretrain-launch-pytorchjob-123")
+    monkeypatch.setenv("KFP_POD_UID", "6f1c9a52-0000-4000-8000-000000000001")
+    namespace_file.write_text("kubeflow")
+    cfg = cluster_config(staged_root, "owned", owner_reference=True)
+    (owner,) = render_job(cfg.job_spec())["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", "pretrain-launch-pytorchjob-123",
+                                                            "6f1c9a52-0000-4000-8000-000000000001")  # fmt: skip
+    namespace_file.write_text("kubeflow-user")  # owners cannot cross namespaces: none rather than a broken one
+    assert "ownerReferences" not in render_job(cfg.job_spec())["metadata"]
+    assert "ownerReferences" not in render_job(cluster_config(staged_root, "owned").job_spec())["metadata"]
