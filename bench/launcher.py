@@ -30,11 +30,10 @@ from components.launch_pytorchjob.core import LaunchConfig, launch  # noqa: E402
 from components.launch_pytorchjob.k8s_backend import WatchSettings  # noqa: E402
 from components.stage_data.core import stage_data  # noqa: E402
 from tests.helpers import write_corpus  # noqa: E402
-from tests.k8s_server import FakeKubernetes, Lifecycle  # noqa: E402
+from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle  # noqa: E402
 
 log = logging.getLogger("bench-launcher")
 
-CRD = REPO.parent / "shared/reference/crds/kubeflow.org_pytorchjobs.v1.8.1.yaml"
 TARGET_S = 1.0
 
 
@@ -64,7 +63,7 @@ def one_run(root: Path, n: int, polling: bool) -> float:
         .then(0.05, lambda j: j.log(0, "step 1 loss 4.2"))
         .then(0.3, succeed)
     )
-    with FakeKubernetes(CRD, lifecycle) as server:
+    with FakeKubernetes(CRD_PATH, lifecycle) as server:
         if polling:
             server.faults.fail_next("GET", r"(?i)watch=true", 403, times=10_000)
         cfg = LaunchConfig(storage_root=str(root), dataset="bench", run_id=f"bench-{n}-{int(polling)}",
@@ -79,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
-    if not CRD.is_file():
-        log.error("the PyTorchJob CRD is not at %s: this benchmark needs ../shared/reference", CRD)
+    if not CRD_PATH.is_file():
+        log.error("the PyTorchJob CRD is not at %s: this benchmark needs ../shared/reference", CRD_PATH)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "fsx"

@@ -223,12 +223,21 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_verify_nccl(args: argparse.Namespace) -> int:
-    from components.verify_nccl.core import verify_nccl
+    from components.verify_nccl.core import Expectations, verify_logs, verify_nccl
 
-    result = verify_nccl(args.storage_root, args.run_id, args.world_size, args.logs)
-    print(result.markdown())
+    expect = Expectations(world_size=args.expect_world_size, transport=args.expect_transport,
+                          instance_type=args.instance_type, bandwidth_fails=args.bandwidth_fails)  # fmt: skip
+    if bool(args.storage_root) != bool(args.run_id):
+        raise InputError("give --storage-root and --run-id together (a run), or neither (only the PATHs)")
+    if args.run_id:
+        result = verify_nccl(args.storage_root, args.run_id, extra_logs=args.logs, expect=expect)
+    elif args.logs:
+        result = verify_logs(args.logs, expect)
+    else:
+        raise InputError("nothing to verify: give PATHs (NCCL logs, files or directories) or a run")
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.markdown())
     if not result.passed:
-        raise StepFailed("; ".join(f"{c.name}: {c.reason}" for c in result.failures))
+        raise StepFailed("; ".join(f"{c.name}: {c.detail}" for c in result.failures))
     return 0
 
 
@@ -289,10 +298,17 @@ def build_parser() -> argparse.ArgumentParser:
         add_cluster_args(p)
         p.set_defaults(func=func)
 
-    p = sub.add_parser("verify-nccl", help="check a run's comms self-test reports and NCCL logs")
-    add_storage_args(p, dataset=False)
-    p.add_argument("--world-size", type=int, default=0, help="expected ranks (default: what the reports claim)")
-    p.add_argument("logs", nargs="*", metavar="PATH", help="more logs to read (pod logs, NCCL_DEBUG_FILE output)")
+    p = sub.add_parser("verify-nccl", help="check NCCL logs (and a run's comms self-test reports): exit 1 on a failure")
+    p.add_argument("--storage-root", default="", help="with --run-id: read the run's self-test reports and nccl/")
+    p.add_argument("--run-id", default="")
+    p.add_argument("--expect-world-size", "--world-size", type=int, default=0,
+                   help="expected ranks (default: what the logs and reports claim)")  # fmt: skip
+    p.add_argument("--expect-transport", choices=["efa", "ib", "socket", "any"], default="",
+                   help="inter-node transport (default: efa on EFA instance types, else any)")  # fmt: skip
+    p.add_argument("--instance-type", default="", help="sets the default transport and the bandwidth floor")
+    p.add_argument("--bandwidth-fails", action="store_true", help="a bus bandwidth below the floor fails, not warns")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown report")
+    p.add_argument("logs", nargs="*", metavar="PATH", help="NCCL logs: files or directories (gzip is fine)")
     p.set_defaults(func=cmd_verify_nccl)
 
     p = sub.add_parser("evaluate", help="evaluate a run's latest checkpoint on the val split")

@@ -51,6 +51,8 @@ def pretrain_pipeline(
     job_options: dict = {},  # noqa: B006 - any other manifest setting (components/launch_pytorchjob/manifest.py)
     stream_logs: str = "worker-0",
     owner_reference: bool = True,
+    expect_transport: str = "",
+    bandwidth_fails: bool = False,
     eval_max_tokens: int = 1048576,
 ):
     staged = stage_data(
@@ -98,6 +100,11 @@ def pretrain_pipeline(
         run_id=trained.outputs["run_id"],
         nnodes=nnodes,
         nproc_per_node=nproc_per_node,
+        instance_type=instance_type,
+        expect_transport=expect_transport,
+        bandwidth_fails=bandwidth_fails,
+        job_name=trained.outputs["job_name"],
+        namespace=trained.outputs["namespace"],
     )
     evaluate_checkpoint(
         storage_root=storage_root,

@@ -18,13 +18,12 @@ import pytest
 import yaml
 
 from components.errors import StepFailed
+from components.kube import Kube
 from components.launch_pytorchjob.core import LaunchConfig, launch
 from components.launch_pytorchjob.k8s_backend import WatchSettings, run_job
-from components.launch_pytorchjob.kube import Kube
 from components.launch_pytorchjob.manifest import job_name, render_job
-from tests.k8s_server import FakeKubernetes, Lifecycle
+from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle
 
-CRD_PATH = Path(__file__).resolve().parents[2] / "shared/reference/crds/kubeflow.org_pytorchjobs.v1.8.1.yaml"
 RBAC = Path(__file__).resolve().parents[1] / "deploy/rbac.yaml"
 LINES = [f"step {i} loss {5 - i / 10:.2f}" for i in range(1, 13)]
 

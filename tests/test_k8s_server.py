@@ -6,7 +6,6 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -14,9 +13,8 @@ import pytest
 import urllib3
 from kubernetes.client.rest import ApiException
 
-from tests.k8s_server import FakeKubernetes, Lifecycle, load_crd_schema, unknown_fields
+from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle, load_crd_schema, unknown_fields
 
-CRD_PATH = Path(__file__).resolve().parents[2] / "shared/reference/crds/kubeflow.org_pytorchjobs.v1.8.1.yaml"
 NS = "team-a"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 TIMESTAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z (.*)$")

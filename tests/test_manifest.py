@@ -21,8 +21,7 @@ from components.launch_pytorchjob.manifest import (
     job_name,
     render_job,
 )
-
-CRD_PATH = Path(__file__).resolve().parents[2] / "shared/reference/crds/kubeflow.org_pytorchjobs.v1.8.1.yaml"
+from tests.k8s_server import CRD_PATH
 
 # The seed tutorial's manifest (its "pytorchjob-ddp.yaml"), as our users apply it today.
 SEED = yaml.safe_load("""

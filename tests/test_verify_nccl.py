@@ -1,29 +1,183 @@
+"""verify_nccl: NCCL logs in the exact forms NCCL and aws-ofi-nccl print them, and the trainer's self-test."""
+
+from __future__ import annotations
+
+import gzip
 import json
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from components.errors import InputError
-from components.verify_nccl.core import FAIL, NOT_APPLICABLE, PASS, verify_nccl
-from components.verify_nccl.nccl_log import summarize
+from components.verify_nccl.core import FAIL, NOT_APPLICABLE, PASS, WARN, Expectations, verify_logs, verify_nccl
+from components.verify_nccl.nccl_log import NcclLogs
+from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle
+from tests.nccl_logs import Job, write_debug_files, write_pod_logs
 from trainer.layout import RunPaths
 
-# ruff: noqa: E501 - log lines are kept whole
-# Lines in the forms NCCL 2.18-2.30 and aws-ofi-nccl print them (see DESIGN.md), as two ranks on two hosts.
-NCCL_LINES = """\
-node-a:101:101 [0] NCCL INFO Bootstrap : Using eth0:10.1.2.3<0>
-node-a:101:101 [0] NCCL INFO NCCL version 2.21.5+cuda12.4
-node-a:101:180 [0] NCCL INFO NET/OFI Selected Provider is efa (found 32 nics)
-node-a:101:180 [0] NCCL INFO Using network AWS Libfabric
-node-a:101:180 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [send] via NET/AWS Libfabric/0/GDRDMA
-node-a:101:180 [0] NCCL INFO Connected all rings
-node-a:101:180 [0] NCCL INFO Connected all trees
-node-a:101:180 [0] NCCL INFO ncclCommInitRank comm 0x7f01 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 53000 commId 0xabc - Init COMPLETE
-node-b:202:202 [0] NCCL INFO NCCL version 2.21.5+cuda12.4
-node-b:202:260 [0] NCCL INFO Using network AWS Libfabric
-node-b:202:260 [0] NCCL INFO ncclCommInitRank comm 0x7f02 rank 1 nranks 2 cudaDev 0 nvmlDev 0 busId 53000 commId 0xabc - Init COMPLETE
-"""
+P5 = Expectations(instance_type="p5.48xlarge")
+
+
+def verdicts(result) -> dict[str, tuple[str, str]]:
+    return {c.name: (c.status, c.detail) for c in result.checks}
+
+
+def status_of(result) -> dict[str, str]:
+    return {c.name: c.status for c in result.checks}
+
+
+@pytest.mark.parametrize("network", ["efa-old", "efa-new"])
+def test_two_p5_nodes_over_efa_pass(tmp_path: Path, network: str) -> None:
+    job = Job(network=network, nics=32 if network == "efa-old" else 16)
+    write_debug_files(job, tmp_path / "nccl")
+    result = verify_logs([str(tmp_path / "nccl")], P5)
+    assert result.passed, result.markdown()
+    assert set(status_of(result).values()) == {PASS}
+    assert (result.world_size, result.ranks_initialized(), result.transports()) == (16, 16, ["efa"])
+    provider = {p.provider for p in result.nccl.processes.values() if p.provider}
+    assert provider == {"efa"} and result.nccl.files == 16
+    assert "| ip-10-1-0-17 | 0-7 (8) | 2.21.5 |" in result.markdown()
+
+
+def test_a_socket_fallback_on_an_efa_instance_fails(tmp_path: Path) -> None:
+    write_debug_files(Job(socket_ranks={9}), tmp_path)
+    result = verify_logs([str(tmp_path)], P5)
+    v = verdicts(result)
+    assert v["inter-node transport"] == (FAIL, "expected efa: rank 9 on ip-10-1-1-18 uses socket")
+    assert (
+        v["no Socket fallback"][0] == FAIL
+        and "rank 9 on ip-10-1-1-18 fell back to TCP sockets" in v["no Socket fallback"][1]
+    )
+    assert v["GPUDirect RDMA"][0] == PASS or "GDRDMA" in v["GPUDirect RDMA"][1]
+
+
+def test_a_rank_that_never_initialises_is_named(tmp_path: Path) -> None:
+    write_debug_files(Job(silent_ranks={5}), tmp_path)
+    result = verify_logs([str(tmp_path)], Expectations(world_size=16, instance_type="p5.48xlarge"))
+    assert verdicts(result)["all ranks initialised"] == (FAIL, "15 of 16 ranks reached Init COMPLETE; never: rank 5")
+    assert not result.passed
+
+
+def test_mixed_nccl_versions(tmp_path: Path) -> None:
+    write_debug_files(Job(versions={8: "2.18.3+cuda12.2"}), tmp_path)
+    status, detail = verdicts(verify_logs([str(tmp_path)], P5))["one NCCL version"]
+    assert status == FAIL
+    assert detail == "2 versions: 2.18.3 on rank 8 on ip-10-1-1-18; 2.21.5 on rank 0 on ip-10-1-0-17"
+
+
+def test_infiniband_passes_when_expected_and_fails_as_efa(tmp_path: Path) -> None:
+    write_debug_files(Job(network="ib", gdr=True), tmp_path)
+    ib = verify_logs([str(tmp_path)], Expectations(transport="ib"))
+    assert ib.passed and verdicts(ib)["inter-node transport"] == (PASS, "ib on every rank")
+    assert verdicts(ib)["GPUDirect RDMA"][0] == NOT_APPLICABLE
+    as_efa = verify_logs([str(tmp_path)], P5)
+    assert (
+        verdicts(as_efa)["inter-node transport"][0] == FAIL and "uses ib" in verdicts(as_efa)["inter-node transport"][1]
+    )
+
+
+def test_a_single_node_has_no_inter_node_checks(tmp_path: Path) -> None:
+    write_debug_files(Job(nodes=1), tmp_path)
+    result = verify_logs([str(tmp_path)], P5)
+    assert result.passed
+    for name in ("inter-node transport", "no Socket fallback", "GPUDirect RDMA"):
+        assert verdicts(result)[name] == (NOT_APPLICABLE, "one node: no inter-node traffic")
+
+
+def test_warn_and_ofi_error_lines_fail_with_their_rank(tmp_path: Path) -> None:
+    job = Job(warn_ranks={3: ["WARN NET/OFI Request 0x7f completed with error. RC: 21. Error: unknown error.",
+                              "INFO NET/OFI Unable to find a protocol that worked"]})  # fmt: skip
+    write_debug_files(job, tmp_path)
+    status, detail = verdicts(verify_logs([str(tmp_path)], P5))["no NCCL WARN or error"]
+    assert status == FAIL
+    assert detail.startswith("rank 3 on ip-10-1-0-17: NCCL WARN NET/OFI Request 0x7f completed with error.")
+    assert detail.endswith("(2 in all)")
+
+
+def test_gdr_missing_fails(tmp_path: Path) -> None:
+    write_debug_files(Job(gdr=False), tmp_path)
+    status, detail = verdicts(verify_logs([str(tmp_path)], P5))["GPUDirect RDMA"]
+    assert status == FAIL and detail.startswith("64 of 64 inter-node channels without GDRDMA")
+
+
+@pytest.mark.parametrize("crlf, ansi", [(False, False), (True, True)], ids=["plain", "crlf-ansi"])
+def test_prefixed_timestamped_pod_logs_read_the_same(tmp_path: Path, crlf: bool, ansi: bool) -> None:
+    job = Job()
+    write_debug_files(job, tmp_path / "files")
+    write_pod_logs(job, tmp_path / "pods", crlf=crlf, ansi=ansi)
+    from_files = verify_logs([str(tmp_path / "files")], P5)
+    from_pods = verify_logs([str(tmp_path / "pods")], P5)
+    assert from_pods.passed, from_pods.markdown()
+    assert [(c.name, c.status, c.detail) for c in from_pods.checks] == [
+        (c.name, c.status, c.detail) for c in from_files.checks
+    ]
+    assert from_pods.nccl.lines == from_files.nccl.lines
+
+
+def test_truncated_and_gzip_files(tmp_path: Path) -> None:
+    job = Job()
+    paths = write_debug_files(job, tmp_path / "gz", gz=True)
+    assert verify_logs([str(tmp_path / "gz")], P5).passed
+    # A process killed mid-write: its file ends mid-line; a gzip stream cut short.
+    cut = paths[3].read_bytes()
+    paths[3].write_bytes(cut[: len(cut) * 2 // 3])
+    plain = write_debug_files(job, tmp_path / "plain")
+    text = plain[5].read_bytes()
+    plain[5].write_bytes(text[: text.rindex(b"Init COMPLETE") + 5])
+    for directory in ("gz", "plain"):
+        result = verify_logs([str(tmp_path / directory)], P5)
+        assert result.nccl.truncated, directory
+        assert verdicts(result)["all ranks initialised"][0] == FAIL, directory
+
+
+def test_memory_does_not_depend_on_log_size(tmp_path: Path) -> None:
+    """What the parser keeps is per process, rank and communicator: 10x the lines, the same state."""
+    small, large = NcclLogs(), NcclLogs()
+    write_debug_files(Job(filler=10), tmp_path / "small")
+    write_debug_files(Job(filler=1000), tmp_path / "large")
+    small.read([tmp_path / "small"])
+    large.read([tmp_path / "large"])
+    assert large.lines > 20 * small.lines
+    assert (len(large.processes), len(large.comms), len(large.transports)) == (
+        len(small.processes), len(small.comms), len(small.transports))  # fmt: skip
+
+
+def test_reading_in_parallel_gives_what_reading_in_order_does(tmp_path: Path, monkeypatch) -> None:
+    job = Job(socket_ranks={3}, warn_ranks={5: ["WARN NET/OFI something broke"]})
+    write_debug_files(job, tmp_path / "files")
+    write_pod_logs(job, tmp_path / "pods")
+    in_order = NcclLogs().read([tmp_path], workers=1)
+    monkeypatch.setattr("components.verify_nccl.nccl_log.PARALLEL_BYTES", 0)
+    in_parallel = NcclLogs().read([tmp_path], workers=2)
+    for name in ("files", "lines", "processes", "comms", "transports", "intra", "channels", "problem_count"):
+        assert getattr(in_parallel, name) == getattr(in_order, name), name
+    assert sorted(p.text for p in in_parallel.problems) == sorted(p.text for p in in_order.problems)
+
+
+def test_cli_json_and_exit_codes(tmp_path: Path) -> None:
+    write_debug_files(Job(), tmp_path / "good")
+    write_debug_files(Job(socket_ranks={0}), tmp_path / "bad")
+    cli = [sys.executable, "-m", "pipelines.cli", "verify-nccl", "--instance-type", "p5.48xlarge", "--json"]
+    good = subprocess.run([*cli, str(tmp_path / "good")], capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr
+    report = json.loads(good.stdout)
+    expected = {"ok": True, "world_size": 16, "nccl_version": "2.21.5", "transport": "efa", "ranks_initialized": 16}
+    assert {k: report[k] for k in expected} == expected
+    assert {c["name"] for c in report["checks"]} >= {"all ranks initialised", "no Socket fallback"}
+    assert report["warnings"] == []
+    bad = subprocess.run([*cli, "--expect-world-size", "16", str(tmp_path / "bad")], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert bad.returncode == 1 and json.loads(bad.stdout)["ok"] is False
+    assert "no Socket fallback: rank 0 on ip-10-1-0-17 fell back" in bad.stderr.strip().splitlines()[-1]
+    missing = subprocess.run([*cli, str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no such file or directory" in missing.stderr.strip().splitlines()[-1]
+
+
+# -- with a real run's self-test reports (2 processes, gloo, CPU) ------------------------------------------
 
 
 def copy_run(trained_root: Path, tmp_path: Path) -> tuple[Path, RunPaths]:
@@ -32,82 +186,41 @@ def copy_run(trained_root: Path, tmp_path: Path) -> tuple[Path, RunPaths]:
     return root, RunPaths.of(root, "run-1")
 
 
-def statuses(result) -> dict[str, str]:
-    return {c.name: c.status for c in result.checks}
-
-
 def test_passes_on_a_real_two_process_run(trained_root: Path, tmp_path: Path) -> None:
     root, run = copy_run(trained_root, tmp_path)
     result = verify_nccl(str(root), "run-1", world_size=2)
     assert result.passed, result.markdown()
-    assert statuses(result)["NCCL initialised"] == NOT_APPLICABLE  # gloo on CPU
+    assert status_of(result)["NCCL initialised"] == NOT_APPLICABLE  # gloo on CPU
     assert result.metrics()["ranks_reported"] == 2 and result.metrics()["busbw_min_gbps"] > 0
     assert "| 1 |" in run.comms_verification.read_text()
 
 
-def test_missing_rank_is_named(trained_root: Path, tmp_path: Path) -> None:
-    root, run = copy_run(trained_root, tmp_path)
-    run.comms_report(1).unlink()
-    result = verify_nccl(str(root), "run-1", world_size=2)
-    assert not result.passed
-    assert result.failures[0].reason == "rank 1: no self-test report"
-
-
-def test_wrong_world_size_and_wrong_sum(trained_root: Path, tmp_path: Path) -> None:
+def test_self_test_failures_are_named(trained_root: Path, tmp_path: Path) -> None:
     root, run = copy_run(trained_root, tmp_path)
     report = json.loads(run.comms_report(1).read_text())
     report.update(world_size=3, all_reduce_correct=False, all_reduce_min=2.0)
     run.comms_report(1).write_text(json.dumps(report))
-    result = verify_nccl(str(root), "run-1", world_size=2)
-    reasons = {c.name: c.reason for c in result.failures}
+    reasons = {c.name: c.detail for c in verify_nccl(str(root), "run-1", world_size=2).failures}
     assert reasons["same world size"] == "rank 1 reports world size 3, expected 2"
     assert reasons["all_reduce correct"].startswith("rank 1: all_reduce gave 2.0")
-
-
-def test_no_reports_at_all(trained_root: Path, tmp_path: Path) -> None:
-    root, run = copy_run(trained_root, tmp_path)
-    for report in run.comms.glob("rank_*.json"):
-        report.unlink()
+    run.comms_report(1).unlink()
+    assert verify_nccl(str(root), "run-1", world_size=2).failures[0].detail == "rank 1: no self-test report"
+    for path in run.comms.glob("rank_*.json"):
+        path.unlink()
     result = verify_nccl(str(root), "run-1")
-    assert [(c.name, c.status) for c in result.failures] == [("all ranks reported", FAIL)]
-    assert "never reached start-up" in result.failures[0].reason
+    assert "never reached start-up" in result.failures[0].detail
 
 
-def test_expected_world_size_larger_than_reported(trained_root: Path, tmp_path: Path) -> None:
-    root, _ = copy_run(trained_root, tmp_path)
-    result = verify_nccl(str(root), "run-1", world_size=4)
-    assert statuses(result)["all ranks reported"] == FAIL
-    assert "rank 2" in result.failures[0].reason
-
-
-def test_reads_nccl_lines_and_flags_warnings(trained_root: Path, tmp_path: Path) -> None:
+def test_bandwidth_below_the_floor_warns_or_fails(trained_root: Path, tmp_path: Path) -> None:
     root, run = copy_run(trained_root, tmp_path)
-    (run.nccl / "node-a.101.log").write_text(NCCL_LINES)
-    result = verify_nccl(str(root), "run-1", world_size=2)
-    assert statuses(result)["NCCL initialised"] == PASS
-    assert statuses(result)["one NCCL version"] == PASS
-    assert result.passed
-
-    pod_log = tmp_path / "worker-1.log"
-    pod_log.write_text(
-        "2026-11-30T01:02:03.000Z node-b:202:260 [0] NCCL WARN NET/OFI Unable to find a protocol that worked\r\n"
-    )
-    result = verify_nccl(str(root), "run-1", world_size=2, extra_logs=[str(pod_log)])
-    assert {c.name: c.reason for c in result.failures} == {
-        "no NCCL warnings": "NET/OFI Unable to find a protocol that worked"
-    }
-
-
-def test_nccl_summary_reads_versions_and_networks(tmp_path: Path) -> None:
-    log = tmp_path / "a.log"
-    log.write_text(
-        NCCL_LINES
-        + "node-c:1:1 [3] NCCL INFO NCCL version 2.18.1+cuda12.1\nnode-c:1:1 [3] nccl info Using network Socket\n"
-    )
-    summary = summarize([log])
-    assert summary.versions == {"2.21.5", "2.18.1"}
-    assert summary.networks == {"AWS Libfabric", "Socket"}
-    assert (summary.init_complete, summary.rings_connected, summary.trees_connected) == (2, 1, 1)
+    write_debug_files(Job(nodes=1, gpus=2), run.nccl)  # the run's two ranks, as if on GPUs
+    report = json.loads(run.comms_report(1).read_text())
+    run.comms_report(1).write_text(json.dumps({**report, "hostname": "other-host"}))  # two nodes
+    expect = Expectations(world_size=2, instance_type="p5.48xlarge", transport="any")
+    warned = verdicts(verify_nccl(str(root), "run-1", expect=expect))["bus bandwidth"]
+    assert warned[0] == WARN and "below the 20 GB/s floor of p5.48xlarge" in warned[1]
+    expect.bandwidth_fails = True
+    assert verdicts(verify_nccl(str(root), "run-1", expect=expect))["bus bandwidth"][0] == FAIL
 
 
 def test_bad_inputs(trained_root: Path, tmp_path: Path) -> None:
@@ -115,3 +228,45 @@ def test_bad_inputs(trained_root: Path, tmp_path: Path) -> None:
         verify_nccl(str(trained_root), "no-such-run")
     with pytest.raises(InputError, match="no such file"):
         verify_nccl(str(trained_root), "run-1", extra_logs=[str(tmp_path / "missing.log")])
+    with pytest.raises(InputError, match="expected transport 'tcp'"):
+        verify_logs([str(tmp_path)], Expectations(transport="tcp"))
+
+
+def test_gzip_helper_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "x.log.gz"
+    path.write_bytes(gzip.compress(b"h:1:1 [0] NCCL INFO NCCL version 2.30.1+cuda13.0\n"))
+    logs = NcclLogs().read([path])
+    assert logs.processes[("h", 1)].version == "2.30.1" and logs.processes[("h", 1)].cuda == "13.0"
+
+
+@pytest.mark.skipif(not CRD_PATH.is_file(), reason=f"the PyTorchJob CRD is not here ({CRD_PATH})")
+def test_reads_the_jobs_pod_logs_through_the_kubernetes_api(tmp_path: Path) -> None:
+    """Given a job name, the pods' logs (kubectl logs --timestamps) are read through the API and checked."""
+    import kubernetes
+
+    from components.launch_pytorchjob.manifest import JobSpec, render_job
+    from components.verify_nccl.core import fetch_pod_logs
+    from tests.nccl_logs import process_lines
+
+    job = Job(nodes=2, gpus=2)
+    manifest = render_job(JobSpec(name="nccl-check", image="img:1", trainer_args=[], instance_type="p5.48xlarge",
+                                  gpus_per_node=2, nproc_per_node=2))  # fmt: skip
+
+    def run(handle) -> None:
+        handle.create_pods(2)
+        for node in (0, 1):
+            handle.run(node)
+            for g in range(job.gpus):
+                handle.log(node, *process_lines(job, node * job.gpus + g))
+
+    with FakeKubernetes(CRD_PATH) as server:
+        server.put_job(manifest, lifecycle=Lifecycle().then(0, run))
+        deadline = time.monotonic() + 10
+        while len(server.pods("kubeflow", "nccl-check")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the lines land with the pods
+        api = kubernetes.client.ApiClient(server.client_configuration())
+        paths = fetch_pod_logs("nccl-check", "kubeflow", tmp_path, api)
+    assert [p.name for p in paths] == ["nccl-check-worker-0.log", "nccl-check-worker-1.log"]
+    result = verify_logs([str(tmp_path)], P5)
+    assert result.passed and result.ranks_initialized() == 4, result.markdown()

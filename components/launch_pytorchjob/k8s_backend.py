@@ -28,8 +28,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import Watch
 
 from components.errors import StepFailed
+from components.kube import Kube, api_client_from_environment, describe, is_transient
 from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
-from components.launch_pytorchjob.kube import Kube, api_client_from_environment, describe, is_transient
 from components.launch_pytorchjob.manifest import (
     CONTAINER,
     GROUP,

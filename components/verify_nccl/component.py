@@ -11,18 +11,31 @@ def verify_nccl(
     run_id: str,
     nnodes: int,
     nproc_per_node: int,
+    instance_type: str,
+    expect_transport: str,
+    bandwidth_fails: bool,
+    job_name: str,
+    namespace: str,
     report: dsl.Output[dsl.Markdown],
     metrics: dsl.Output[dsl.Metrics],
 ):
-    """Check every rank's comms self-test and the run's NCCL lines; fails the step on any failed check."""
+    """Check every rank's comms self-test and the run's NCCL lines (and its pods' logs); fails on any failed check."""
+    import tempfile
+    from pathlib import Path
+
     from components.errors import StepFailed
     from components.kfp_support import log_numbers, setup_logging
+    from components.verify_nccl.core import Expectations, fetch_pod_logs
     from components.verify_nccl.core import verify_nccl as run
 
     setup_logging()
-    result = run(storage_root=storage_root, run_id=run_id, world_size=nnodes * nproc_per_node)
+    expect = Expectations(world_size=nnodes * nproc_per_node, transport=expect_transport,
+                          instance_type=instance_type, bandwidth_fails=bandwidth_fails)  # fmt: skip
+    with tempfile.TemporaryDirectory() as pod_logs:
+        logs = [str(p) for p in fetch_pod_logs(job_name, namespace, Path(pod_logs))] if job_name else []
+        result = run(storage_root=storage_root, run_id=run_id, extra_logs=logs, expect=expect)
     with open(report.path, "w") as f:
         f.write(result.markdown())
     log_numbers(metrics, result.metrics())
     if not result.passed:
-        raise StepFailed("; ".join(f"{c.name}: {c.reason}" for c in result.failures))
+        raise StepFailed("; ".join(f"{c.name}: {c.detail}" for c in result.failures))

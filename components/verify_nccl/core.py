@@ -1,42 +1,71 @@
-"""Verify that every rank of a run could talk to every other: self-test reports first, NCCL's own lines second.
+"""Verify that every rank could talk to every other, over the network it should: a gate, with the reasons.
 
-Every trainer rank writes a comms self-test report at start-up (trainer/comms.py). This step checks
-that all of them are there, agree on the world size, and computed the right all_reduce; then it reads
-whatever NCCL INFO/WARN lines the run left (NCCL_DEBUG_FILE output, pod logs) and checks those.
+Two sources: the trainer's comms self-test reports (every rank writes one at start-up: trainer/comms.py)
+and NCCL's own debug output (the run's NCCL_DEBUG_FILE files on FSx, pod logs, any other files). Each
+check is pass, fail or n/a with a one-line reason; the bandwidth floor warns by default. The silent
+failure this exists for: on EFA hardware NCCL falls back to TCP sockets and the job runs, many times
+slower, and nobody notices for days.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from components.errors import InputError
-from components.verify_nccl.nccl_log import NcclSummary, summarize
+from components.verify_nccl.nccl_log import NcclLogs
 from trainer.atomic import atomic_open
 from trainer.layout import RunPaths
 
 log = logging.getLogger(__name__)
 
-PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "n/a"
+PASS, FAIL, NOT_APPLICABLE, WARN = "pass", "fail", "n/a", "warn"
+TRANSPORTS = ("efa", "ib", "socket", "any")
+# NCCL's names for the network, as the transport they are.
+NETWORK_TRANSPORT = {"aws libfabric": "efa", "libfabric": "efa", "ib": "ib", "socket": "socket"}
+# Bus bandwidth floors (GB/s) for the trainer's 8 MiB start-up all_reduce across nodes: far below what the
+# network does, far above a TCP fallback. A floor catches a broken network, it is not a tuning target.
+BUSBW_FLOOR_GBPS = {"p5.48xlarge": 20.0, "p5e.48xlarge": 20.0, "p5en.48xlarge": 20.0, "p4d.24xlarge": 5.0,
+                    "p4de.24xlarge": 5.0, "g6e.48xlarge": 2.0, "g5.48xlarge": 1.0}  # fmt: skip
+EFA_INSTANCES = frozenset(BUSBW_FLOOR_GBPS)
 
 
 @dataclass
 class Check:
     name: str
     status: str
-    reason: str
+    detail: str
+
+    @property
+    def reason(self) -> str:
+        return self.detail
+
+
+@dataclass
+class Expectations:
+    world_size: int = 0  # 0: what the logs and reports claim
+    transport: str = ""  # efa, ib, socket, any; "": efa on EFA instance types, else any
+    instance_type: str = ""
+    gdr: bool | None = None  # None: expected with efa
+    bandwidth_fails: bool = False  # a bus bandwidth below the floor fails instead of warning
+
+    def resolved_transport(self) -> str:
+        if self.transport:
+            return self.transport
+        return "efa" if self.instance_type.removeprefix("ml.") in EFA_INSTANCES else "any"
 
 
 @dataclass
 class Verification:
-    run_dir: str
+    source: str
     world_size: int
     reports: list[dict[str, Any]]
-    nccl: NcclSummary
+    nccl: NcclLogs
     checks: list[Check] = field(default_factory=list)
 
     @property
@@ -47,132 +76,320 @@ class Verification:
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.status == FAIL]
 
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{c.name}: {c.detail}" for c in self.checks if c.status == WARN]
+
+    def versions(self) -> list[str]:
+        return sorted({p.version for p in self.nccl.processes.values() if p.version})
+
+    def transports(self) -> list[str]:
+        names = {NETWORK_TRANSPORT.get(p.network.lower(), p.network) for p in self.nccl.processes.values() if p.network}
+        return sorted(names)
+
+    def ranks_initialized(self) -> int:
+        comm = self.nccl.world_comm()
+        return len(comm.ranks) if comm else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.passed,
+            "world_size": self.world_size,
+            "nccl_version": self.versions()[0] if len(self.versions()) == 1 else self.versions(),
+            "transport": self.transports()[0] if len(self.transports()) == 1 else self.transports(),
+            "ranks_initialized": self.ranks_initialized(),
+            "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in self.checks],
+            "warnings": self.warnings,
+            "files": self.nccl.files,
+            "nccl_lines": self.nccl.lines,
+            "truncated_files": self.nccl.truncated,
+        }
+
     def metrics(self) -> dict[str, float]:
         busbw = [r["busbw_gbps"] for r in self.reports]
         return {
             "world_size": self.world_size,
             "ranks_reported": len(self.reports),
+            "ranks_initialized": self.ranks_initialized(),
             "checks_failed": len(self.failures),
+            "warnings": len(self.warnings),
             "busbw_min_gbps": round(min(busbw), 4) if busbw else 0.0,
-            "busbw_mean_gbps": round(sum(busbw) / len(busbw), 4) if busbw else 0.0,
             "nccl_lines": self.nccl.lines,
-            "nccl_warnings": len(self.nccl.warnings),
+            "nccl_problems": self.nccl.problem_count,
         }
 
     def markdown(self) -> str:
-        icon = {PASS: "PASS", FAIL: "**FAIL**", NOT_APPLICABLE: "n/a"}
-        rows = [f"| {c.name} | {icon[c.status]} | {c.reason} |" for c in self.checks]
-        ranks = [
-            f"| {r['rank']} | {r['hostname']} | {r['local_rank']} | {r['backend']} | {r['device']} | "
-            f"{'yes' if r['all_reduce_correct'] else 'NO'} | {r['busbw_gbps']:.3f} |"
-            for r in sorted(self.reports, key=lambda r: r["rank"])
-        ]
+        icon = {PASS: "PASS", FAIL: "**FAIL**", NOT_APPLICABLE: "n/a", WARN: "warn"}
         verdict = "passed" if self.passed else f"FAILED ({len(self.failures)} check(s))"
-        return "\n".join(
-            [
-                f"# Communication check: {verdict}",
-                "",
-                f"Run `{self.run_dir}`, world size {self.world_size}, {len(self.reports)} rank report(s), "
-                f"{self.nccl.lines} NCCL line(s).",
-                "",
-                "| check | result | detail |",
-                "| --- | --- | --- |",
-                *rows,
-                "",
-                "| rank | host | local rank | backend | device | all_reduce correct | bus bandwidth GB/s |",
-                "| --- | --- | --- | --- | --- | --- | --- |",
-                *ranks,
-                "",
-            ]
-        )
+        lines = [
+            f"# Communication check: {verdict}",
+            "",
+            f"{self.source}: world size {self.world_size}, {len(self.reports)} self-test report(s), "
+            f"{self.nccl.files} log file(s) with {self.nccl.lines} NCCL line(s).",
+            "",
+            "| check | result | detail |",
+            "| --- | --- | --- |",
+            *(f"| {c.name} | {icon[c.status]} | {c.detail} |" for c in self.checks),
+        ]
+        if self.nccl.processes:
+            lines += ["", "| host | ranks | NCCL | network | provider | NICs | warnings and errors |",
+                      "| --- | --- | --- | --- | --- | --- | --- |", *self._host_rows()]  # fmt: skip
+        if self.reports:
+            lines += ["", "| rank | host | backend | all_reduce correct | bus bandwidth GB/s |",
+                      "| --- | --- | --- | --- | --- |"]  # fmt: skip
+            for r in sorted(self.reports, key=lambda r: r["rank"]):
+                correct = "yes" if r["all_reduce_correct"] else "NO"
+                lines.append(f"| {r['rank']} | {r['hostname']} | {r['backend']} | {correct} | {r['busbw_gbps']:.3f} |")
+        return "\n".join(lines) + "\n"
+
+    def _host_rows(self) -> list[str]:
+        """One row per host: its ranks, NCCL version, network, EFA provider, NICs and problems."""
+        problems = Counter(p.host for p in self.nccl.problems)
+        rows = []
+        for host in self.nccl.hosts():
+            procs = [p for (h, _), p in self.nccl.processes.items() if h == host]
+            ranks = sorted(r for p in procs for r in p.ranks)
+            span = f"{ranks[0]}-{ranks[-1]} ({len(ranks)})" if ranks else "none initialised"
+
+            def joined(values: Iterable[str]) -> str:
+                return ", ".join(sorted({v for v in values if v})) or "-"
+
+            provider = joined(p.provider + (f"/{p.fabric}" if p.fabric else "") for p in procs)
+            nics = max((p.nics for p in procs), default=0) or "-"
+            rows.append(f"| {host} | {span} | {joined(p.version for p in procs)} | {joined(p.network for p in procs)} "
+                        f"| {provider} | {nics} | {problems.get(host, 0)} |")  # fmt: skip
+        return rows
 
 
-def verify_nccl(storage_root: str, run_id: str, world_size: int = 0, extra_logs: Iterable[str] = ()) -> Verification:
+# -- the entry points -------------------------------------------------------------------------------------
+
+
+def verify_logs(
+    paths: Iterable[str], expect: Expectations, reports: list[dict[str, Any]] | None = None, source: str = ""
+) -> Verification:
+    """Check NCCL logs (files or directories) and, when given, the trainer's self-test reports."""
+    if expect.transport and expect.transport not in TRANSPORTS:
+        raise InputError(f"expected transport {expect.transport!r}: choose one of {', '.join(TRANSPORTS)}")
+    if expect.world_size < 0:
+        raise InputError(f"expected world size must be 0 (from the logs) or positive, got {expect.world_size}")
+    files = [Path(p) for p in paths]
+    for path in files:
+        if not path.exists():
+            raise InputError(f"log {path}: no such file or directory")
+    nccl = NcclLogs().read(files)
+    reports = reports or []
+    world = expect.world_size or max([r["world_size"] for r in reports] + [c.nranks for c in nccl.comms.values()],
+                                     default=0)  # fmt: skip
+    result = Verification(source or ", ".join(map(str, files)) or "no logs", world, reports, nccl)
+    result.checks = (report_checks(reports, world) if reports else []) + nccl_checks(nccl, world, expect, reports)
+    for c in result.checks:
+        level = {FAIL: logging.ERROR, WARN: logging.WARNING}.get(c.status, logging.INFO)
+        log.log(level, "%s: %s (%s)", c.name, c.status, c.detail)
+    return result
+
+
+def verify_nccl(
+    storage_root: str, run_id: str, world_size: int = 0, extra_logs: Iterable[str] = (),
+    expect: Expectations | None = None,
+) -> Verification:  # fmt: skip
+    """The run's self-test reports and its nccl/ directory (plus `extra_logs`); the report goes to the run."""
     try:
         run = RunPaths.of(storage_root, run_id)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     if not run.root.is_dir():
         raise InputError(f"run {run_id!r} does not exist under {storage_root}")
-    if world_size < 0:
-        raise InputError(f"world size must be 0 (take it from the reports) or positive, got {world_size}")
-    logs = [Path(p) for p in extra_logs]
-    for p in logs:
-        if not p.is_file():
-            raise InputError(f"log {p}: no such file")
-
+    expect = expect or Expectations()
+    if world_size:
+        expect.world_size = world_size
     reports = [json.loads(p.read_text()) for p in sorted(run.comms.glob("rank_*.json"))]
-    if not world_size:
-        claimed = {r["world_size"] for r in reports}
-        world_size = max(claimed) if claimed else 0
-    nccl = summarize(sorted(run.nccl.glob("*")) + logs) if run.nccl.is_dir() or logs else NcclSummary()
-    result = Verification(str(run.root), world_size, reports, nccl)
-    result.checks = report_checks(reports, world_size) + nccl_checks(nccl, reports, world_size)
-
+    logs = ([str(run.nccl)] if run.nccl.is_dir() else []) + list(extra_logs)
+    result = verify_logs(logs, expect, reports, source=f"Run `{run.root}`")
+    if not reports:
+        result.checks.insert(0, Check("all ranks reported", FAIL,
+                                      "no self-test report at all: the trainer never reached start-up"))  # fmt: skip
     with atomic_open(run.comms_verification, "w") as f:
         f.write(result.markdown())
-    for c in result.checks:
-        log.log(logging.ERROR if c.status == FAIL else logging.INFO, "%s: %s (%s)", c.name, c.status, c.reason)
     return result
 
 
+def fetch_pod_logs(job_name: str, namespace: str, directory: Path, api_client: Any = None) -> list[Path]:
+    """The job's pods' logs (kubectl logs --timestamps), written to `directory`; [] when the pods are gone."""
+    from kubernetes.client.exceptions import ApiException
+
+    from components.kube import Kube, api_client_from_environment, describe
+
+    kube = Kube(api_client or api_client_from_environment())
+    label = f"training.kubeflow.org/job-name={job_name}"
+    pods = kube.call("list pods", kube.core.list_namespaced_pod, namespace, label_selector=label).items
+    if not pods:
+        log.warning("no pods of PyTorchJob %s/%s (cleaned up?): only the NCCL_DEBUG_FILE output on the volume is read",
+                    namespace, job_name)  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for pod in pods:
+        name = pod.metadata.name
+        try:
+            text = kube.call("read log", kube.core.read_namespaced_pod_log, name, namespace, container="pytorch",
+                             timestamps=True)  # fmt: skip
+        except ApiException as exc:
+            log.warning("cannot read %s's log: %s", name, describe(exc))
+            continue
+        path = directory / f"{name}.log"
+        path.write_text(text)
+        paths.append(path)
+    log.info("read the logs of %d pod(s) of PyTorchJob %s/%s", len(paths), namespace, job_name)
+    return paths
+
+
+# -- the checks -------------------------------------------------------------------------------------------
+
+
+def first_of(items: list[Any], describe) -> str:
+    more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+    return describe(items[0]) + more
+
+
 def report_checks(reports: list[dict[str, Any]], world_size: int) -> list[Check]:
-    """One check per property of the self-test reports; a failure names the first rank at fault."""
+    """The trainer's self-test: every rank reported, agrees on the world size, and summed right."""
     by_rank = {r["rank"]: r for r in reports}
     missing = [r for r in range(world_size) if r not in by_rank]
     wrong_world = [r for r in reports if r["world_size"] != world_size]
     wrong_sum = [r for r in reports if not r["all_reduce_correct"]]
-
-    if not reports:
-        return [Check("all ranks reported", FAIL, "no self-test report at all: the trainer never reached start-up")]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        reported = Check("all ranks reported", FAIL, f"rank {missing[0]}: no self-test report{more}")
-    else:
-        reported = Check("all ranks reported", PASS, f"{world_size} of {world_size} ranks")
-    if wrong_world:
-        r = wrong_world[0]
-        same_world = Check(
-            "same world size", FAIL, f"rank {r['rank']} reports world size {r['world_size']}, expected {world_size}"
-        )
-    else:
-        same_world = Check("same world size", PASS, f"every report says {world_size}")
-    if wrong_sum:
-        r = wrong_sum[0]
-        correct = Check(
-            "all_reduce correct",
-            FAIL,
-            f"rank {r['rank']}: all_reduce gave {r['all_reduce_min']}.."
-            f"{r['all_reduce_max']}, expected {r['all_reduce_expected']}",
-        )
-    else:
-        correct = Check("all_reduce correct", PASS, "every rank got n(n+1)/2")
-    return [reported, same_world, correct]
-
-
-def nccl_checks(nccl: NcclSummary, reports: list[dict[str, Any]], world_size: int) -> list[Check]:
-    backends = {r["backend"] for r in reports}
-    if not nccl.lines:
-        reason = (
-            f"backend {', '.join(sorted(backends))}: NCCL not in use"
-            if "nccl" not in backends
-            else "no NCCL lines found: was NCCL_DEBUG=INFO set?"
-        )
-        status = FAIL if "nccl" in backends else NOT_APPLICABLE
-        return [Check("NCCL initialised", status, reason)]
     checks = [
-        Check(
-            "NCCL initialised",
-            PASS if nccl.init_complete >= world_size else FAIL,
-            f"{nccl.init_complete} 'Init COMPLETE' line(s) for {world_size} rank(s)",
-        ),
-        Check(
-            "one NCCL version",
-            PASS if len(nccl.versions) == 1 else FAIL,
-            ", ".join(sorted(nccl.versions)) or "no version line",
-        ),
-        Check("no NCCL warnings", FAIL if nccl.warnings else PASS, nccl.warnings[0] if nccl.warnings else "none"),
-    ]
-    if nccl.networks:
-        checks.append(Check("network", PASS, "using " + ", ".join(sorted(nccl.networks))))
+        Check("all ranks reported", FAIL, first_of(missing, lambda r: f"rank {r}: no self-test report"))
+        if missing else Check("all ranks reported", PASS, f"{world_size} of {world_size} ranks"),
+        Check("same world size", FAIL, first_of(wrong_world, lambda r: f"rank {r['rank']} reports world size "
+                                                f"{r['world_size']}, expected {world_size}"))
+        if wrong_world else Check("same world size", PASS, f"every report says {world_size}"),
+        Check("all_reduce correct", FAIL, first_of(wrong_sum, lambda r: f"rank {r['rank']}: all_reduce gave "
+              f"{r['all_reduce_min']}..{r['all_reduce_max']}, expected {r['all_reduce_expected']}"))
+        if wrong_sum else Check("all_reduce correct", PASS, "every rank got n(n+1)/2"),
+    ]  # fmt: skip
     return checks
+
+
+def nccl_checks(nccl: NcclLogs, world: int, expect: Expectations, reports: list[dict[str, Any]]) -> list[Check]:
+    backends = {r["backend"] for r in reports}
+    if not nccl.processes:
+        if reports and "nccl" not in backends:
+            return [Check("NCCL initialised", NOT_APPLICABLE, f"backend {', '.join(sorted(backends))}: NCCL not used")]
+        return [Check("NCCL initialised", FAIL, "no NCCL lines found: was NCCL_DEBUG=INFO set, and the logs given?")]
+    transport = expect.resolved_transport()
+    return [
+        initialised(nccl, world),
+        one_version(nccl),
+        *network_checks(nccl, transport, expect),
+        connected(nccl),
+        no_problems(nccl),
+        *bandwidth(reports, expect, nccl),
+    ]
+
+
+def initialised(nccl: NcclLogs, world: int) -> Check:
+    comm = nccl.world_comm()
+    done = set(comm.ranks) if comm and comm.nranks == world else set()
+    missing = [r for r in range(world) if r not in done]
+    if missing:
+        return Check("all ranks initialised", FAIL, f"{len(done)} of {world} ranks reached Init COMPLETE; never: "
+                     f"{', '.join(f'rank {r}' for r in missing[:8])}{' ...' if len(missing) > 8 else ''}")  # fmt: skip
+    return Check("all ranks initialised", PASS, f"{world} of {world} ranks reached Init COMPLETE")
+
+
+def one_version(nccl: NcclLogs) -> Check:
+    by_version: dict[str, list[str]] = {}
+    for (host, pid), process in nccl.processes.items():
+        if process.version:
+            by_version.setdefault(process.version, []).append(nccl.rank_of(host, pid) + f" on {host}")
+    if not by_version:
+        return Check("one NCCL version", FAIL, "no 'NCCL version' line in the logs")
+    if len(by_version) == 1:
+        return Check("one NCCL version", PASS, next(iter(by_version)))
+    seen = sorted(by_version.items(), key=lambda item: (-len(item[1]), item[0]))
+    where = "; ".join(f"{v} on {places[0]}" + (f" and {len(places) - 1} more" if len(places) > 1 else "")
+                      for v, places in seen)  # fmt: skip
+    return Check("one NCCL version", FAIL, f"{len(by_version)} versions: {where}")
+
+
+def network_checks(nccl: NcclLogs, transport: str, expect: Expectations) -> list[Check]:
+    inter = Counter()
+    for t in nccl.transports.values():
+        inter.update({NETWORK_TRANSPORT.get(name.lower(), name): n for name, n in t.net.items()})
+    announced = {(h, p): NETWORK_TRANSPORT.get(x.network.lower(), x.network) for (h, p), x in nccl.processes.items()
+                 if x.network}  # fmt: skip
+    if not inter and len(nccl.hosts()) <= 1:
+        reason = "one node: no inter-node traffic"
+        return [Check("inter-node transport", NOT_APPLICABLE, reason), Check("no Socket fallback", NOT_APPLICABLE,
+                reason), Check("GPUDirect RDMA", NOT_APPLICABLE, reason)]  # fmt: skip
+    socket = [k for k, v in announced.items() if v == "socket"]
+    checks = []
+    used = sorted(set(inter) | set(announced.values()))
+    if transport == "any":
+        checks.append(Check("inter-node transport", PASS, f"{', '.join(used)} (any accepted)"))
+    else:
+        wrong = [k for k, v in announced.items() if v != transport]
+        wrong_channels = sum(n for name, n in inter.items() if name != transport)
+        if wrong or wrong_channels:
+            where = (
+                nccl.rank_of(*wrong[0]) + f" on {wrong[0][0]} uses {announced[wrong[0]]}"
+                if wrong
+                else f"{wrong_channels} inter-node channel(s) over {', '.join(n for n in inter if n != transport)}"
+            )
+            checks.append(Check("inter-node transport", FAIL, f"expected {transport}: {where}"))  # fmt: skip
+        else:
+            checks.append(Check("inter-node transport", PASS, f"{transport} on every rank"))
+    if transport == "socket":
+        checks.append(Check("no Socket fallback", NOT_APPLICABLE, "Socket is the expected transport"))
+    elif socket or inter.get("socket"):
+        where = nccl.rank_of(*socket[0]) + f" on {socket[0][0]}" if socket else "inter-node channels"
+        checks.append(Check("no Socket fallback", FAIL, f"{where} fell back to TCP sockets ({len(socket)} "
+                            "process(es)): many times slower; check the EFA device plugin, FI_PROVIDER"))  # fmt: skip
+    else:
+        checks.append(Check("no Socket fallback", PASS, "no process uses Socket"))
+    want_gdr = expect.gdr if expect.gdr is not None else transport == "efa"
+    net_channels = sum(inter.values())
+    gdr = sum(t.gdr for t in nccl.transports.values())
+    if not want_gdr:
+        checks.append(Check("GPUDirect RDMA", NOT_APPLICABLE, f"not expected over {transport}"))
+    elif not net_channels:
+        checks.append(Check("GPUDirect RDMA", FAIL, "no inter-node channel lines: cannot tell"))
+    elif gdr < net_channels:
+        without = sorted(r for r, t in nccl.transports.items() if sum(t.net.values()) > t.gdr)
+        checks.append(Check("GPUDirect RDMA", FAIL, f"{net_channels - gdr} of {net_channels} inter-node channels "
+                            f"without GDRDMA (rank {without[0]} first)"))  # fmt: skip
+    else:
+        checks.append(Check("GPUDirect RDMA", PASS, f"all {net_channels} inter-node channels"))
+    return checks
+
+
+def connected(nccl: NcclLogs) -> Check:
+    initialised = [(k, p) for k, p in nccl.processes.items() if p.ranks]
+    rings = [k for k, p in initialised if not p.rings]
+    trees = [k for k, p in initialised if not p.trees]
+    if rings or trees:
+        what, key = ("rings", rings[0]) if rings else ("trees", trees[0])
+        return Check("rings and trees connected", FAIL, f"{nccl.rank_of(*key)} on {key[0]} never connected all "
+                     f"{what} ({len(rings)} without rings, {len(trees)} without trees)")  # fmt: skip
+    return Check("rings and trees connected", PASS, f"on all {len(initialised)} initialised processes")
+
+
+def no_problems(nccl: NcclLogs) -> Check:
+    if not nccl.problems:
+        return Check("no NCCL WARN or error", PASS, "none")
+    first = nccl.problems[0]
+    where = f"{nccl.rank_of(first.host, first.pid)} on {first.host}: " if first.host else ""
+    more = f" ({nccl.problem_count} in all)" if nccl.problem_count > 1 else ""
+    return Check("no NCCL WARN or error", FAIL, f"{where}{first.text}{more}")
+
+
+def bandwidth(reports: list[dict[str, Any]], expect: Expectations, nccl: NcclLogs) -> list[Check]:
+    floor = BUSBW_FLOOR_GBPS.get(expect.instance_type.removeprefix("ml."))
+    hosts = {r["hostname"] for r in reports} | set(nccl.hosts())
+    if not reports or floor is None or len(hosts) <= 1:  # one node: the all_reduce never left it
+        return []
+    slowest = min(reports, key=lambda r: r["busbw_gbps"])
+    if slowest["busbw_gbps"] >= floor:
+        return [Check("bus bandwidth", PASS, f"{slowest['busbw_gbps']:.1f} GB/s at least (floor {floor:.0f})")]
+    status = FAIL if expect.bandwidth_fails else WARN
+    return [Check("bus bandwidth", status, f"rank {slowest['rank']}: {slowest['busbw_gbps']:.2f} GB/s, below the "
+                  f"{floor:.0f} GB/s floor of {expect.instance_type}")]  # fmt: skip

@@ -1,58 +1,275 @@
-"""Read NCCL's INFO/WARN lines from per-process NCCL_DEBUG_FILE output or pod logs.
+"""A streaming parser of NCCL's debug output: per-process files, pod logs, any mix, any size.
 
-Lines are streamed one at a time, so memory does not grow with the size of the logs.
+Input: NCCL_DEBUG_FILE files (`host:pid:tid [localrank] NCCL INFO ...`) and pod logs, also with the
+`[pod/name/container] ` and timestamp prefixes `kubectl logs --prefix --timestamps` adds, ANSI colour,
+CRLF line ends, a truncated last line, gzip. Files are read in large blocks cut at line ends; each block
+is scanned in C, never line by line in Python: the channel lines (most of any NCCL log) by one regex
+whose matches are counted by a Counter, the rare lines by fast substring search, each hit then parsed on
+its own. Memory is bounded by the number of processes, ranks and communicators, not the size of the logs.
+
+The wording is that of NCCL 2.18 to 2.30 and aws-ofi-nccl old and new (`Selected Provider is efa` /
+`Selected provider is efa, fabric is ...`, `Using network AWS Libfabric` / `Using network Libfabric`,
+`Connected all rings` with or without `, use ring PXN ...`).
 """
 
 from __future__ import annotations
 
+import gzip
+import os
 import re
-from collections.abc import Iterable, Iterator
+import zlib
+from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)", re.I)
-_NETWORK = re.compile(r"Using network (AWS Libfabric|Libfabric|IB|Socket)", re.I)
-_INIT = re.compile(r"Init COMPLETE", re.I)
-_WARN = re.compile(r"NCCL WARN (.*)", re.I)
-_RINGS = re.compile(r"Connected all rings", re.I)
-_TREES = re.compile(r"Connected all trees", re.I)
+BLOCK = 8 * 2**20
+MAX_PROBLEMS = 200  # WARN and error lines kept (all are counted)
+
+_ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
+_CHANNEL = re.compile(rb"Channel (\d+)/\d+ ?: (\d+)\[\d+\] -> (\d+)\[\d+\](?: \[(\w+)\])? via ([^\r\n]+)")
+_PREFIX = re.compile(
+    rb"(?:\[[^\]\r\n]*\] )?(?:\d{4}-\d\d-\d\dT[^ \r\n]+ )?([^\s:\[\]]+):(\d+):\d+ \[(\d+)\] NCCL (INFO|WARN) ([^\r\n]*)"
+)
+_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:[+-]cuda(\d+\.\d+))?", re.I)
+_NETWORK = re.compile(r"Using network (.+?)\s*$", re.I)
+_PROVIDER = re.compile(r"Selected provider is (\w+)(?:, fabric is ([\w-]+))? \(found (\d+) nics\)", re.I)
+_INIT = re.compile(r"comm (0x[0-9a-f]+) rank (\d+) nranks (\d+)\b.*?commId (0x[0-9a-f]+) - Init COMPLETE", re.I)
+
+# Lines worth a full parse, found by substring search (as NCCL prints them; a shared part where wording changed).
+MARKERS = (
+    b"NCCL version ", b"Using network ", b"NET/OFI ", b"Init COMPLETE", b"Connected all ", b" NCCL WARN ",
+    b" via NET/", b"Watchdog caught collective operation timeout",
+)  # fmt: skip
+# Known error lines that are INFO-level, or not NCCL lines at all (the PyTorch watchdog).
+KNOWN_ERRORS = (
+    "Unable to find a protocol that worked", "Failed to initialize any NET plugin",
+    "Watchdog caught collective operation timeout",
+)  # fmt: skip
+INTRA = (b" via P2P/IPC", b" via P2P/CUMEM", b" via SHM")
+PARALLEL_BYTES = 64 * 2**20  # from this much log on, files are read by a process per core
 
 
 @dataclass
-class NcclSummary:
-    lines: int = 0
-    versions: set[str] = field(default_factory=set)
-    networks: set[str] = field(default_factory=set)
-    init_complete: int = 0
-    rings_connected: int = 0
-    trees_connected: int = 0
-    warnings: list[str] = field(default_factory=list)
+class Process:
+    """What one NCCL process (host, pid) said of itself."""
 
-    MAX_WARNINGS = 50
+    host: str
+    pid: int
+    local_rank: int
+    version: str = ""
+    cuda: str = ""
+    network: str = ""  # as NCCL names it: AWS Libfabric, Libfabric, IB, Socket
+    provider: str = ""
+    fabric: str = ""
+    nics: int = 0
+    rings: int = 0
+    trees: int = 0
+    ranks: set[int] = field(default_factory=set)  # global ranks it initialised (one per communicator)
 
-    def feed(self, line: str) -> None:
-        if "NCCL" not in line.upper():
+
+@dataclass
+class Comm:
+    nranks: int
+    ranks: dict[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (host, pid), at Init COMPLETE
+
+
+@dataclass
+class Transport:
+    """The inter-node connections a global rank's channel lines show."""
+
+    net: Counter[str] = field(default_factory=Counter)  # inter-node channels by network name
+    gdr: int = 0  # inter-node channels with GPUDirect RDMA
+    channels: int = 0
+
+
+@dataclass
+class Problem:
+    host: str
+    pid: int
+    text: str
+
+
+@dataclass
+class NcclLogs:
+    files: int = 0
+    lines: int = 0  # NCCL INFO and WARN lines
+    truncated: list[str] = field(default_factory=list)  # files that ended mid-line or mid-stream
+    processes: dict[tuple[str, int], Process] = field(default_factory=dict)
+    comms: dict[str, Comm] = field(default_factory=dict)
+    transports: dict[int, Transport] = field(default_factory=dict)  # inter-node channels, by printing rank
+    intra: dict[str, set[str]] = field(default_factory=dict)  # intra-node transports, by source file
+    channels: dict[str, int] = field(default_factory=dict)  # channels, by source file
+    problems: list[Problem] = field(default_factory=list)
+    problem_count: int = 0
+
+    # -- reading ------------------------------------------------------------------------------------------
+
+    def read(self, paths: Iterable[Path], workers: int = 0) -> NcclLogs:
+        """Files and directories (recursively); large inputs are split over `workers` processes (0: one per core)."""
+        files = [f for p in paths for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]
+        workers = workers or os.cpu_count() or 1
+        if workers == 1 or len(files) < 2 or sum(f.stat().st_size for f in files) < PARALLEL_BYTES:
+            for path in files:
+                self.read_file(path)
+            return self
+        groups: list[list[Path]] = [[] for _ in range(min(workers, len(files)))]
+        sizes = [0] * len(groups)
+        for path in sorted(files, key=lambda f: -f.stat().st_size):  # largest first, onto the lightest group
+            lightest = sizes.index(min(sizes))
+            groups[lightest].append(path)
+            sizes[lightest] += path.stat().st_size
+        with ProcessPoolExecutor(len(groups)) as pool:
+            for part in pool.map(_read_group, groups):
+                self.merge(part)
+        return self
+
+    def merge(self, other: NcclLogs) -> None:
+        """Add what another reader found (of other files) to this one."""
+        self.files += other.files
+        self.lines += other.lines
+        self.truncated += other.truncated
+        for key, theirs in other.processes.items():
+            mine = self.processes.setdefault(key, theirs)
+            if mine is not theirs:
+                for name in ("version", "cuda", "network", "provider", "fabric"):
+                    setattr(mine, name, getattr(mine, name) or getattr(theirs, name))
+                mine.nics = max(mine.nics, theirs.nics)
+                mine.rings += theirs.rings
+                mine.trees += theirs.trees
+                mine.ranks |= theirs.ranks
+        for comm_id, comm in other.comms.items():
+            self.comms.setdefault(comm_id, Comm(comm.nranks)).ranks.update(comm.ranks)
+        for rank, theirs in other.transports.items():
+            mine = self.transports.setdefault(rank, Transport())
+            mine.net.update(theirs.net)
+            mine.gdr += theirs.gdr
+            mine.channels = max(mine.channels, theirs.channels)
+        for source, kinds in other.intra.items():
+            self.intra.setdefault(source, set()).update(kinds)
+        for source, channels in other.channels.items():
+            self.channels[source] = max(self.channels.get(source, 0), channels)
+        self.problems += other.problems[: MAX_PROBLEMS - len(self.problems)]
+        self.problem_count += other.problem_count
+
+    def read_file(self, path: Path) -> None:
+        self.files += 1
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        stream = gzip.open(path, "rb") if gzipped else open(path, "rb")
+        carry = b""
+        try:
+            with stream:
+                while block := stream.read(BLOCK):
+                    data = carry + block
+                    cut = data.rfind(b"\n") + 1
+                    carry = data[cut:]
+                    self.feed(data[:cut], str(path))
+        except (EOFError, zlib.error, gzip.BadGzipFile):  # a gzip file cut short: keep what came through
+            self.truncated.append(str(path))
+        if carry:  # a last line without its newline (the process died mid-write): parse what is there
+            if str(path) not in self.truncated:
+                self.truncated.append(str(path))
+            self.feed(carry + b"\n", str(path))
+
+    def feed(self, data: bytes, source: str = "") -> None:
+        """A block of complete lines from `source` (a file: one process's, or one pod's)."""
+        if b"\x1b" in data:
+            data = _ANSI.sub(b"", data)
+        self.lines += data.count(b"] NCCL ")
+        self._intra(data, source)
+        seen: set[int] = set()  # a line holding two markers is parsed once
+        for marker in MARKERS:
+            start = data.find(marker)
+            while start >= 0:
+                begin = data.rfind(b"\n", 0, start) + 1
+                end = data.find(b"\n", start)
+                if begin not in seen:
+                    seen.add(begin)
+                    self._line(data[begin:end])
+                start = data.find(marker, end)
+
+    def _intra(self, data: bytes, source: str) -> None:
+        """Intra-node transports and the channel count, per source: a few searches that stop at the first hit."""
+        seen = self.intra.setdefault(source, set())
+        for marker in INTRA:
+            if marker.decode().strip().removeprefix("via ") not in seen and marker in data:
+                seen.add(marker.decode().strip().removeprefix("via "))
+        channels = self.channels.get(source, 0)
+        while b"Channel %02d/" % channels in data:
+            channels += 1
+        self.channels[source] = channels
+
+    def _net_channel(self, line: bytes) -> None:
+        """An inter-node channel: the network, GPUDirect RDMA, and the rank that printed it."""
+        match = _CHANNEL.search(line)
+        if match is None:
             return
-        self.lines += 1
-        if m := _VERSION.search(line):
-            self.versions.add(m.group(1))
-        if m := _NETWORK.search(line):
-            self.networks.add(m.group(1))
-        self.init_complete += bool(_INIT.search(line))
-        self.rings_connected += bool(_RINGS.search(line))
-        self.trees_connected += bool(_TREES.search(line))
-        if (m := _WARN.search(line)) and len(self.warnings) < self.MAX_WARNINGS:
-            self.warnings.append(m.group(1).strip())
+        channel, src, dst, direction, via = match.groups()
+        via_text = via.decode(errors="replace").strip()
+        # The rank that printed the line: the receiver of a [receive] line, else the sender.
+        transport = self.transports.setdefault(int(dst if direction == b"receive" else src), Transport())
+        transport.channels = max(transport.channels, int(channel) + 1)
+        transport.net[via_text.split("/")[1]] += 1
+        transport.gdr += "/GDRDMA" in via_text
+
+    def _line(self, line: bytes) -> None:
+        if b" via NET/" in line:
+            self._net_channel(line)
+            return
+        match = _PREFIX.search(line)
+        if match is None:  # not an NCCL line: only the PyTorch watchdog's timeout matters among those
+            text = line.decode(errors="replace").strip()
+            if "Watchdog caught collective operation timeout" in text:
+                self._problem("", 0, text)
+            return
+        host, pid, local, level, message = (g.decode(errors="replace") for g in match.groups())
+        key = (host, int(pid))
+        process = self.processes.get(key) or self.processes.setdefault(key, Process(host, int(pid), int(local)))
+        if level == "WARN":
+            self._problem(host, int(pid), f"NCCL WARN {message.strip()}")
+            return
+        if m := _VERSION.search(message):
+            process.version, process.cuda = m.group(1), m.group(2) or ""
+        elif m := _NETWORK.search(message):
+            process.network = m.group(1)
+        elif m := _PROVIDER.search(message):
+            process.provider, process.fabric, process.nics = m.group(1), m.group(2) or "", int(m.group(3))
+        elif m := _INIT.search(message):
+            comm_id, rank, nranks = m.group(4), int(m.group(2)), int(m.group(3))
+            self.comms.setdefault(comm_id, Comm(nranks)).ranks[rank] = key
+            process.ranks.add(rank)
+        elif "Connected all rings" in message:
+            process.rings += 1
+        elif "Connected all trees" in message:
+            process.trees += 1
+        if any(e in message for e in KNOWN_ERRORS) or ("fi_getinfo" in message and "empty list" in message):
+            self._problem(host, int(pid), message.strip())
+
+    def _problem(self, host: str, pid: int, text: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(host, pid, text))
+
+    # -- what it adds up to -------------------------------------------------------------------------------
+
+    def rank_of(self, host: str, pid: int) -> str:
+        process = self.processes.get((host, pid))
+        ranks = sorted(process.ranks) if process else []
+        return f"rank {ranks[0]}" if ranks else f"{host}:{pid}"
+
+    def world_comm(self) -> Comm | None:
+        """The communicator with the most ranks: the default process group's."""
+        return max(self.comms.values(), key=lambda c: (c.nranks, len(c.ranks)), default=None)
+
+    def hosts(self) -> list[str]:
+        return sorted({host for host, _ in self.processes})
 
 
-def read_lines(paths: Iterable[Path]) -> Iterator[str]:
+def _read_group(paths: list[Path]) -> NcclLogs:
+    """One worker process's share of the files."""
+    logs = NcclLogs()
     for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            yield from f
-
-
-def summarize(paths: Iterable[Path]) -> NcclSummary:
-    summary = NcclSummary()
-    for line in read_lines(paths):
-        summary.feed(line)
-    return summary
+        logs.read_file(path)
+    return logs
