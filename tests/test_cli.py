@@ -48,7 +48,7 @@ def test_verify_and_evaluate_on_a_trained_run(trained_root: Path, tmp_path: Path
     assert failed.returncode == 1
     assert failed.stderr.strip().splitlines()[-1] == (
         "hyperpod-pretrain verify-nccl: failed: all ranks reported: rank 2: no self-test report; "
-        "same world size: rank 0 reports world size 2, expected 3"
+        "same world size: rank 0 reports world size 2, expected 3 (and 1 more)"
     )
     evaluated = cli("evaluate", "--storage-root", str(root), "--dataset", "synthetic", "--run-id", "run-1")
     assert evaluated.returncode == 0 and "val loss" in evaluated.stdout
