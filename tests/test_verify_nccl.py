@@ -98,6 +98,20 @@ def test_warn_and_ofi_error_lines_fail_with_their_rank(tmp_path: Path) -> None:
     assert detail.endswith("(2 in all)")
 
 
+def test_error_lines_outside_nccl_are_caught(tmp_path: Path) -> None:
+    write_debug_files(Job(), tmp_path / "nccl")
+    (tmp_path / "pod.log").write_text(
+        "libfabric:4021:1764496800::core:core:fi_getinfo_():1138<warn> fi_getinfo: provider efa output empty list\n"
+        "[rank3]:[E1130 10:00:00.000 ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=12, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.\n"
+    )
+    result = verify_logs([str(tmp_path)], P5)
+    status, detail = verdicts(result)["no NCCL WARN or error"]
+    assert status == FAIL and detail.endswith("(2 in all)")
+    texts = " | ".join(p.text for p in result.nccl.problems)
+    assert "fi_getinfo: provider efa output empty list" in texts and "Watchdog caught collective operation" in texts
+
+
 def test_gdr_missing_fails(tmp_path: Path) -> None:
     write_debug_files(Job(gdr=False), tmp_path)
     status, detail = verdicts(verify_logs([str(tmp_path)], P5))["GPUDirect RDMA"]

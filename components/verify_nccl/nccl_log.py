@@ -40,9 +40,9 @@ _INIT = re.compile(r"comm (0x[0-9a-f]+) rank (\d+) nranks (\d+)\b.*?commId (0x[0
 # Lines worth a full parse, found by substring search (as NCCL prints them; a shared part where wording changed).
 MARKERS = (
     b"NCCL version ", b"Using network ", b"NET/OFI ", b"Init COMPLETE", b"Connected all ", b" NCCL WARN ",
-    b" via NET/", b"Watchdog caught collective operation timeout",
+    b" via NET/", b"Watchdog caught collective operation timeout", b"fi_getinfo",
 )  # fmt: skip
-# Known error lines that are INFO-level, or not NCCL lines at all (the PyTorch watchdog).
+# Known error lines that are INFO-level, or not NCCL lines at all (the PyTorch watchdog, libfabric's log).
 KNOWN_ERRORS = (
     "Unable to find a protocol that worked", "Failed to initialize any NET plugin",
     "Watchdog caught collective operation timeout",
@@ -219,9 +219,11 @@ class NcclLogs:
             self._net_channel(line)
             return
         match = _PREFIX.search(line)
-        if match is None:  # not an NCCL line: only the PyTorch watchdog's timeout matters among those
+        if match is None:  # not an NCCL line: PyTorch's watchdog and libfabric's own log matter among those
             text = line.decode(errors="replace").strip()
-            if "Watchdog caught collective operation timeout" in text:
+            if "Watchdog caught collective operation timeout" in text or (
+                "fi_getinfo" in text and "empty list" in text
+            ):
                 self._problem("", 0, text)
             return
         host, pid, local, level, message = (g.decode(errors="replace") for g in match.groups())
