@@ -242,9 +242,12 @@ def cmd_verify_nccl(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from components.evaluate_checkpoint.core import evaluate_checkpoint
+    from components.evaluate_checkpoint.core import Gate, evaluate_checkpoint
 
-    result = evaluate_checkpoint(args.storage_root, args.dataset, args.run_id, max_tokens=args.max_tokens)
+    gate = Gate(max_val_loss=args.max_val_loss, baseline_run_id=args.baseline_run_id,
+                baseline_margin=args.baseline_margin, warn_only=args.gate_warn_only)  # fmt: skip
+    result = evaluate_checkpoint(args.storage_root, args.dataset, args.run_id, max_tokens=args.max_tokens,
+                                 checkpoint=args.checkpoint, gate=gate, export=not args.no_export)  # fmt: skip
     print(result.markdown())
     return 0
 
@@ -313,7 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="evaluate a run's latest checkpoint on the val split")
     add_storage_args(p)
-    p.add_argument("--max-tokens", type=positive_int, default=65536)
+    p.add_argument("--max-tokens", type=positive_int, default=65536, help="val tokens to evaluate at most")
+    p.add_argument("--checkpoint", default="latest", help="'latest' or a step number")
+    p.add_argument("--max-val-loss", type=float, default=0.0, help="gate: fail above this val loss (0: none)")
+    p.add_argument("--baseline-run-id", default="", help="gate: a run id, or 'previous', to be no worse than")
+    p.add_argument("--baseline-margin", type=float, default=0.0, help="gate: nats/token allowed above the baseline")
+    p.add_argument("--gate-warn-only", action="store_true", help="a failed gate warns instead of failing")
+    p.add_argument("--no-export", action="store_true", help="skip the Hugging Face export to <run>/export/")
     p.set_defaults(func=cmd_evaluate)
     return parser
 

@@ -54,6 +54,10 @@ def pretrain_pipeline(
     expect_transport: str = "",
     bandwidth_fails: bool = False,
     eval_max_tokens: int = 1048576,
+    max_val_loss: float = 0.0,
+    baseline_run_id: str = "",
+    baseline_margin: float = 0.0,
+    gate_warn_only: bool = False,
 ):
     staged = stage_data(
         source=source,
@@ -111,6 +115,11 @@ def pretrain_pipeline(
         dataset=dataset,
         run_id=trained.outputs["run_id"],
         max_tokens=eval_max_tokens,
+        checkpoint="latest",
+        max_val_loss=max_val_loss,
+        baseline_run_id=baseline_run_id,
+        baseline_margin=baseline_margin,
+        gate_warn_only=gate_warn_only,
     ).after(verified)
 
 

@@ -57,8 +57,8 @@ def test_verify_and_evaluate_on_a_trained_run(trained_root: Path, tmp_path: Path
     corrupt = cli("evaluate", "--storage-root", str(root), "--dataset", "synthetic", "--run-id", "run-1")
     assert corrupt.returncode == 2
     assert corrupt.stderr.splitlines() == [
-        f"hyperpod-pretrain evaluate: error: checkpoint {RunPaths.of(root, 'run-1').latest_checkpoint} is corrupt "
-        "or not a plain-tensor checkpoint (UnpicklingError from torch.load)"
+        f"hyperpod-pretrain evaluate: error: checkpoint {RunPaths.of(root, 'run-1').latest_checkpoint} is not a "
+        "complete checkpoint (File is not a zip file)"
     ]
 
 

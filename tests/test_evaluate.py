@@ -1,12 +1,13 @@
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from components.errors import InputError
-from components.evaluate_checkpoint.core import evaluate_checkpoint
+from components.errors import InputError, StepFailed
+from components.evaluate_checkpoint.core import Gate, evaluate_checkpoint
 from trainer.layout import RunPaths
 
 
@@ -29,7 +30,7 @@ def test_trained_model_beats_untrained(trained_copy: Path) -> None:
 def test_corrupt_checkpoint_is_one_clear_error(trained_copy: Path) -> None:
     ckpt = RunPaths.of(trained_copy, "run-1").latest_checkpoint
     ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated, as after a crash without atomic saves
-    with pytest.raises(InputError, match="is corrupt") as failure:
+    with pytest.raises(InputError, match="is not a complete checkpoint") as failure:
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
     assert "\n" not in str(failure.value)
 
@@ -53,4 +54,96 @@ def test_checkpoint_of_another_model_is_refused(trained_copy: Path) -> None:
 def test_missing_checkpoint(trained_copy: Path) -> None:
     RunPaths.of(trained_copy, "run-1").latest_checkpoint.unlink()
     with pytest.raises(InputError, match="checkpoint_latest.pt does not exist"):
+        evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
+
+
+def test_bits_per_byte_counts_the_bytes_the_tokens_stand_for(trained_copy: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from components.evaluate_checkpoint.core import token_byte_lengths
+    from trainer.data import load_meta, load_split
+    from trainer.layout import DatasetPaths
+
+    data = DatasetPaths.of(trained_copy, "synthetic")
+    lengths = token_byte_lengths(data.tokenizer, load_meta(data.tokenized)["vocab_size"])
+    val = load_split(data.tokenized, "val")[:500].tolist()
+    text = Tokenizer.from_file(str(data.tokenizer)).decode(val, skip_special_tokens=True)
+    assert int(lengths[val].sum()) == len(text.encode("utf-8"))
+    result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
+    assert 0 < result.val_bits_per_byte < result.untrained_val_loss / math.log(2)
+
+
+def test_a_named_step_and_the_samples(trained_copy: Path) -> None:
+    result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint="40", export=False)
+    assert result.step == 40 and result.checkpoint.endswith("checkpoint_step_00000040.pt")
+    assert [s["prompt"] for s in result.samples] == ["The", "def ", "import ", "In the"]
+    assert all(len(s["text"]) > len(s["prompt"]) for s in result.samples)
+    with pytest.raises(InputError, match="checkpoint_step_00000041.pt does not exist"):
+        evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint="41")
+
+
+def test_the_gate_against_a_ceiling(trained_copy: Path) -> None:
+    passed = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(max_val_loss=100.0), export=False)
+    assert passed.gate_passed and "<= ceiling 100.0000" in passed.gate_reasons[0]
+    with pytest.raises(
+        StepFailed, match=r"quality gate failed for run run-1 at step 60: val loss \d+\.\d+ > ceiling 0.1000"
+    ):
+        evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(max_val_loss=0.1), export=False)
+    warned = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(max_val_loss=0.1, warn_only=True),
+                                 export=False)  # fmt: skip
+    assert not warned.gate_passed
+    assert json.loads(RunPaths.of(trained_copy, "run-1").eval_result.read_text())["gate_passed"] is False
+
+
+def test_the_gate_against_a_baseline_run(trained_copy: Path) -> None:
+    runs = trained_copy / "runs"
+    shutil.copytree(runs / "run-1", runs / "run-0")
+    baseline = evaluate_checkpoint(str(trained_copy), "synthetic", "run-0", checkpoint="20", export=False)
+    better = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="previous"),
+                                 export=False)  # fmt: skip
+    assert better.gate_passed and better.baseline_run_id == "run-0"
+    assert better.baseline_val_loss == baseline.val_loss > better.val_loss
+    # run-0 at step 20 against run-1 at 60 as its baseline: worse, even with a small margin
+    with pytest.raises(StepFailed, match=r"> baseline run-1 .* \+ margin 0.0100"):
+        evaluate_checkpoint(str(trained_copy), "synthetic", "run-0", checkpoint="20", export=False,
+                            gate=Gate(baseline_run_id="run-1", baseline_margin=0.01))  # fmt: skip
+    with pytest.raises(InputError, match="baseline run 'run-9': no evaluation"):
+        evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="run-9"))
+
+
+def test_export_loads_with_from_pretrained_and_gives_the_same_loss(trained_copy: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.checkpoint import load_checkpoint
+    from trainer.model import build_model, config_from_dict
+
+    result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
+    run = RunPaths.of(trained_copy, "run-1")
+    exported = AutoModelForCausalLM.from_pretrained(result.export_dir, local_files_only=True).eval()
+    original = build_model(config_from_dict(json.loads(run.config.read_text())["model"])).eval()
+    original.load_state_dict(load_checkpoint(run.latest_checkpoint)["model"])
+    tokenizer = AutoTokenizer.from_pretrained(result.export_dir, local_files_only=True)
+    batch = torch.tensor([tokenizer("the healthy node saves the rank. the warm pod trains the model.")["input_ids"]])
+    with torch.no_grad():
+        theirs = exported(input_ids=batch, labels=batch).loss.item()
+        ours = original(input_ids=batch, labels=batch).loss.item()
+    assert abs(theirs - ours) < 1e-5
+    assert (Path(result.export_dir) / "model.safetensors").is_file()
+
+
+def test_html_report_has_the_curves_the_table_and_the_samples(trained_copy: Path) -> None:
+    evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
+    page = (RunPaths.of(trained_copy, "run-1").eval / "report.html").read_text()
+    assert '<img id="curves" alt="training curves" src="data:image/png;base64,iVBORw0KGgo' in page
+    assert '<table id="eval">' in page and "val bits per byte" in page and '<ul id="samples">' in page
+
+
+def test_an_empty_val_split_is_one_clear_error(trained_copy: Path) -> None:
+    from trainer.layout import DatasetPaths
+
+    meta_path = DatasetPaths.of(trained_copy, "synthetic").meta
+    meta = json.loads(meta_path.read_text())
+    meta["shards"]["val"] = []
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(InputError, match="the val split has no shards"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")

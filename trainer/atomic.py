@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,3 +52,15 @@ def write_json(path: str | Path, obj: Any) -> None:
     with atomic_open(path, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
+
+
+def replace_dir(new_dir: Path, final: Path) -> None:
+    """Put `new_dir` where `final` is, so that readers see the old or the new directory, never a mix."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old.{os.getpid()}")
+        os.replace(final, old)
+    os.replace(new_dir, final)
+    fsync_dir(final.parent)
+    if old:
+        shutil.rmtree(old)

@@ -11,15 +11,34 @@ def evaluate_checkpoint(
     dataset: str,
     run_id: str,
     max_tokens: int,
+    checkpoint: str,
+    max_val_loss: float,
+    baseline_run_id: str,
+    baseline_margin: float,
+    gate_warn_only: bool,
     report: dsl.Output[dsl.Markdown],
+    html_report: dsl.Output[dsl.HTML],
     metrics: dsl.Output[dsl.Metrics],
+    model: dsl.Output[dsl.Model],
 ):
-    """Validation loss and perplexity of the run's latest checkpoint, beside the untrained model's."""
+    """Val loss, perplexity and bits/byte of the checkpoint against the untrained model; the quality gate; the
+    Hugging Face export."""
+    import shutil
+
+    from components.evaluate_checkpoint.core import Gate
     from components.evaluate_checkpoint.core import evaluate_checkpoint as run
     from components.kfp_support import log_numbers, setup_logging
+    from trainer.layout import RunPaths
 
     setup_logging()
-    result = run(storage_root=storage_root, dataset=dataset, run_id=run_id, max_tokens=max_tokens)
+    gate = Gate(max_val_loss=max_val_loss, baseline_run_id=baseline_run_id, baseline_margin=baseline_margin,
+                warn_only=gate_warn_only)  # fmt: skip
+    result = run(storage_root=storage_root, dataset=dataset, run_id=run_id, max_tokens=max_tokens,
+                 checkpoint=checkpoint, gate=gate)  # fmt: skip
     with open(report.path, "w") as f:
         f.write(result.markdown())
-    log_numbers(metrics, result)
+    shutil.copyfile(RunPaths.of(storage_root, run_id).eval / "report.html", html_report.path)
+    log_numbers(metrics, result.metrics())
+    model.metadata.update({"path": result.export_dir, "format": "huggingface-safetensors", "step": result.step})
+    with open(model.path, "w") as f:  # the export stays on the volume; the artifact says where
+        f.write(result.export_dir + "\n")

@@ -1,24 +1,53 @@
-"""Evaluate a run's latest checkpoint on the held-out val split, against the same model untrained."""
+"""Evaluate a run's checkpoint on the held-out val split: numbers, a quality gate, reports, and an export.
+
+- Numbers: mean loss, perplexity and bits per byte (tokenizer-independent: runs with different tokenizers
+  compare) over up to `max_tokens` val tokens, beside the same model untrained; greedy samples from fixed
+  prompts for a person to read. bf16 on a GPU, fp32 on the CPU.
+- Gate: an absolute ceiling on the val loss and/or no worse than a baseline run's evaluation plus a
+  margin; the baseline is a run id or "previous" (the newest other run of the same dataset with an
+  evaluation). A failed gate fails the step with the numbers, or only warns.
+- Reports: eval/eval.json, eval/report.md and eval/report.html (training curves as an embedded PNG, the
+  eval table, the samples) under the run.
+- Export: the model in Hugging Face format (safetensors) with its tokenizer under <run>/export/.
+"""
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from components.errors import InputError
-from trainer.atomic import atomic_open, write_json
-from trainer.checkpoint import CheckpointError, load_checkpoint
-from trainer.data import load_split
+from components.errors import InputError, StepFailed
+from trainer.atomic import atomic_open, replace_dir, write_json
+from trainer.checkpoint import LATEST, CheckpointError, step_file_name, verified_load
+from trainer.data import DataError, load_meta, load_split
 from trainer.layout import DatasetPaths, RunPaths
 from trainer.model import build_model, config_from_dict
 
 log = logging.getLogger(__name__)
+
+PROMPTS = ("The", "def ", "import ", "In the")
+SAMPLE_TOKENS = 32
+PREVIOUS = "previous"
+
+
+@dataclass
+class Gate:
+    max_val_loss: float = 0.0  # 0: no ceiling
+    baseline_run_id: str = ""  # a run id, "previous", or "" for none
+    baseline_margin: float = 0.0  # nats/token the loss may exceed the baseline's by
+    warn_only: bool = False
 
 
 @dataclass
@@ -30,105 +59,335 @@ class EvalResult:
     val_tokens: int
     val_loss: float
     val_perplexity: float
+    val_bits_per_byte: float
     untrained_val_loss: float
     loss_reduction: float  # untrained loss minus trained loss, in nats per token
+    train_tokens_per_s: float | None
+    train_mfu: float | None
+    gate_passed: bool = True
+    gate_reasons: list[str] = field(default_factory=list)
+    baseline_run_id: str = ""
+    baseline_val_loss: float | None = None
+    samples: list[dict[str, str]] = field(default_factory=list)
+    export_dir: str = ""
+
+    def metrics(self) -> dict[str, float]:
+        values = {"val_loss": self.val_loss, "val_perplexity": self.val_perplexity,
+                  "val_bits_per_byte": self.val_bits_per_byte, "train_tokens_seen": self.train_tokens_seen,
+                  "untrained_val_loss": self.untrained_val_loss, "val_tokens": self.val_tokens,
+                  "train_tokens_per_s": self.train_tokens_per_s, "train_mfu": self.train_mfu,
+                  "gate_passed": float(self.gate_passed)}  # fmt: skip
+        return {k: float(v) for k, v in values.items() if v is not None}
+
+    def table_rows(self) -> list[tuple[str, str, str]]:
+        return [
+            ("val loss (nats/token)", f"{self.val_loss:.4f}", f"{self.untrained_val_loss:.4f}"),
+            ("val perplexity", f"{self.val_perplexity:.2f}", f"{math.exp(self.untrained_val_loss):.2f}"),
+            ("val bits per byte", f"{self.val_bits_per_byte:.4f}", ""),
+        ]
+
+    def gate_line(self) -> str:
+        if not self.gate_reasons:
+            return "Gate: none set."
+        return f"Gate: {'passed' if self.gate_passed else 'FAILED'} ({'; '.join(self.gate_reasons)})."
 
     def markdown(self) -> str:
-        return "\n".join(
-            [
-                f"# Evaluation of run `{self.run_id}`",
-                "",
-                f"Checkpoint `{self.checkpoint}` at step {self.step} ({self.train_tokens_seen:,} training tokens).",
-                "",
-                "| metric | trained | untrained |",
-                "| --- | --- | --- |",
-                f"| val loss (nats/token) | {self.val_loss:.4f} | {self.untrained_val_loss:.4f} |",
-                f"| val perplexity | {self.val_perplexity:.2f} | {math.exp(self.untrained_val_loss):.2f} |",
-                "",
-                f"Evaluated on {self.val_tokens:,} held-out tokens; training lowered the loss by "
-                f"{self.loss_reduction:.4f} nats/token.",
-                "",
-            ]
-        )
+        return "\n".join([
+            f"# Evaluation of run `{self.run_id}`",
+            "",
+            f"Checkpoint `{self.checkpoint}` at step {self.step} ({self.train_tokens_seen:,} training tokens).",
+            "",
+            "| metric | trained | untrained |",
+            "| --- | --- | --- |",
+            *(f"| {name} | {a} | {b} |" for name, a, b in self.table_rows()),
+            "",
+            f"Evaluated on {self.val_tokens:,} held-out tokens; training lowered the loss by "
+            f"{self.loss_reduction:.4f} nats/token. {self.gate_line()}",
+            "",
+        ])  # fmt: skip
+
+
+# -- evaluation -------------------------------------------------------------------------------------------
 
 
 def evaluate_checkpoint(
-    storage_root: str, dataset: str, run_id: str, max_tokens: int = 65536, batch_size: int = 8
+    storage_root: str,
+    dataset: str,
+    run_id: str,
+    max_tokens: int = 65536,
+    batch_size: int = 8,
+    checkpoint: str = "latest",
+    gate: Gate | None = None,
+    export: bool = True,
 ) -> EvalResult:
+    gate = gate or Gate()
     if max_tokens <= 0 or batch_size <= 0:
         raise InputError(f"max tokens and batch size must be positive, got {max_tokens} and {batch_size}")
     try:
         run, data = RunPaths.of(storage_root, run_id), DatasetPaths.of(storage_root, dataset)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    for required in (run.config, run.latest_checkpoint, data.meta):
+    path = checkpoint_path(run, checkpoint)
+    for required in (run.config, path, data.meta):
         if not required.is_file():
             raise InputError(f"{required} does not exist: run {run_id!r} or dataset {dataset!r} is incomplete")
+    baseline = find_baseline(storage_root, dataset, run_id, gate.baseline_run_id)
     try:
-        state = load_checkpoint(run.latest_checkpoint)
+        state = verified_load(path)
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
     config = json.loads(run.config.read_text())
     model_config = config_from_dict(config["model"])
     seq_len = config["trainer"]["seq_len"]
-    val = load_split(data.tokenized, "val")
+    try:
+        val = load_split(data.tokenized, "val")
+    except DataError as exc:
+        raise InputError(str(exc)) from None
     if len(val) < seq_len + 1:
-        raise InputError(
-            f"dataset {dataset!r}: the val split has {len(val)} tokens, fewer than one sequence of {seq_len}"
-        )
+        raise InputError(f"dataset {dataset!r}: the val split has {len(val)} tokens, fewer than one sequence of "
+                         f"{seq_len}")  # fmt: skip
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(model_config)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
-        raise InputError(
-            f"checkpoint {run.latest_checkpoint} does not fit the model in {run.config} "
-            f"(preset {state.get('preset')!r}): {str(exc).splitlines()[0]}"
-        ) from None
-    val_loss, n_tokens = mean_loss(model.to(device), val, seq_len, max_tokens, batch_size, device)
+        raise InputError(f"checkpoint {path} does not fit the model in {run.config} (preset "
+                         f"{state.get('preset')!r}): {str(exc).splitlines()[0]}") from None  # fmt: skip
+    model.to(device)
+    byte_lengths = token_byte_lengths(data.tokenizer, load_meta(data.tokenized)["vocab_size"])
+    val_loss, n_tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
     torch.manual_seed(config["trainer"]["seed"])
-    untrained_loss, _ = mean_loss(build_model(model_config).to(device), val, seq_len, max_tokens, batch_size, device)
-
+    untrained, _, _ = mean_loss(build_model(model_config).to(device), val, seq_len, max_tokens, batch_size, device,
+                                byte_lengths)  # fmt: skip
+    throughput = training_throughput(run)
     result = EvalResult(
         run_id=run_id,
-        checkpoint=str(run.latest_checkpoint),
+        checkpoint=str(path),
         step=int(state["step"]),
         train_tokens_seen=int(state["progress"]["tokens_seen"]),
         val_tokens=n_tokens,
         val_loss=round(val_loss, 6),
         val_perplexity=round(math.exp(val_loss), 4),
-        untrained_val_loss=round(untrained_loss, 6),
-        loss_reduction=round(untrained_loss - val_loss, 6),
+        val_bits_per_byte=round(val_loss * n_tokens / (n_bytes * math.log(2)), 6) if n_bytes else float("nan"),
+        untrained_val_loss=round(untrained, 6),
+        loss_reduction=round(untrained - val_loss, 6),
+        train_tokens_per_s=throughput[0],
+        train_mfu=throughput[1],
+        samples=greedy_samples(model, data.tokenizer, device),
     )
+    apply_gate(result, gate, baseline)
+    if export:
+        result.export_dir = str(export_model(model, data, run.root / "export"))
+    run.eval.mkdir(parents=True, exist_ok=True)
     write_json(run.eval_result, asdict(result))
     with atomic_open(run.eval_report, "w") as f:
         f.write(result.markdown())
-    log.info(
-        "run %s step %d: val loss %.4f (perplexity %.2f), untrained %.4f",
-        run_id,
-        result.step,
-        val_loss,
-        result.val_perplexity,
-        untrained_loss,
-    )
+    with atomic_open(run.eval / "report.html", "w") as f:
+        f.write(html_report(result, run))
+    log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), untrained %.4f; %s", run_id,
+             result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, untrained,
+             result.gate_line())  # fmt: skip
+    if not result.gate_passed and not gate.warn_only:
+        raise StepFailed(
+            f"quality gate failed for run {run_id} at step {result.step}: {'; '.join(result.gate_reasons)}"
+        )
     return result
+
+
+def checkpoint_path(run: RunPaths, checkpoint: str) -> Path:
+    """'latest', or a step number: that step's checkpoint file."""
+    if checkpoint in ("", "latest"):
+        return run.checkpoints / LATEST
+    if not checkpoint.isdigit():
+        raise InputError(f"checkpoint {checkpoint!r}: give 'latest' or a step number")
+    return run.checkpoints / step_file_name(int(checkpoint))
 
 
 @torch.no_grad()
 def mean_loss(
-    model: torch.nn.Module, tokens: np.ndarray, seq_len: int, max_tokens: int, batch_size: int, device: torch.device
-) -> tuple[float, int]:
-    """Mean next-token cross-entropy over consecutive windows of the split, up to max_tokens targets."""
+    model: torch.nn.Module, tokens: np.ndarray, seq_len: int, max_tokens: int, batch_size: int, device: torch.device,
+    byte_lengths: np.ndarray,
+) -> tuple[float, int, int]:  # fmt: skip
+    """Mean next-token cross-entropy over consecutive windows of the split (up to max_tokens targets), the
+    number of targets, and the bytes of text they stand for."""
     model.eval()
     windows = min((len(tokens) - 1) // seq_len, max(1, max_tokens // seq_len))
-    total, count = 0.0, 0
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = n_bytes = 0
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     for start in range(0, windows, batch_size):
-        rows = np.stack(
-            [tokens[w * seq_len : w * seq_len + seq_len + 1] for w in range(start, min(windows, start + batch_size))]
-        ).astype(np.int64)
-        batch = torch.from_numpy(rows).to(device)
-        logits = model(input_ids=batch[:, :-1]).logits.float()
-        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1), reduction="sum").item()
-        count += batch[:, 1:].numel()
-    return total / count, count
+        end = min(windows, start + batch_size)
+        rows = tokens[start * seq_len : end * seq_len + 1]
+        inputs = torch.from_numpy(
+            np.lib.stride_tricks.sliding_window_view(rows, seq_len + 1)[::seq_len].astype(np.int64)
+        )
+        batch = inputs.to(device, non_blocking=True)
+        with autocast:
+            logits = model(input_ids=batch[:, :-1]).logits
+        flat = logits.float().reshape(-1, logits.size(-1))
+        total += F.cross_entropy(flat, batch[:, 1:].reshape(-1), reduction="sum")
+        targets = inputs[:, 1:].numpy()
+        count += targets.size
+        n_bytes += int(byte_lengths[targets].sum())
+    return total.item() / count, count, n_bytes
+
+
+def token_byte_lengths(tokenizer_path: Path, vocab_size: int) -> np.ndarray:
+    """Bytes of text each token id stands for: a byte-level BPE token is one mapped character per byte;
+    special tokens (EOS) stand for none."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    lengths = np.zeros(vocab_size, dtype=np.int64)
+    for token, index in tokenizer.get_vocab().items():
+        if index < vocab_size and token not in special:
+            lengths[index] = len(token)
+    return lengths
+
+
+@torch.no_grad()
+def greedy_samples(model: torch.nn.Module, tokenizer_path: Path, device: torch.device) -> list[dict[str, str]]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    samples = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([tokenizer.encode(prompt).ids], device=device)
+        for _ in range(SAMPLE_TOKENS):
+            context = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+            window = ids[:, -context:]
+            next_id = model(input_ids=window).logits[0, -1].argmax()
+            ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
+        samples.append({"prompt": prompt, "text": tokenizer.decode(ids[0].tolist(), skip_special_tokens=False)})
+    return samples
+
+
+def training_throughput(run: RunPaths) -> tuple[float | None, float | None]:
+    """The training's median tokens/s and MFU over its logged steps (metrics.jsonl)."""
+    rows = read_metrics(run)
+    rates = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
+    mfus = [r["mfu"] for r in rows if r.get("mfu") is not None]
+    return (float(np.median(rates)) if rates else None, float(np.median(mfus)) if mfus else None)
+
+
+def read_metrics(run: RunPaths) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in run.metrics.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+# -- the gate ---------------------------------------------------------------------------------------------
+
+
+def find_baseline(storage_root: str, dataset: str, run_id: str, baseline: str) -> tuple[str, dict[str, Any]] | None:
+    """The baseline's evaluation: a named run's, or the newest other evaluated run of this dataset."""
+    if not baseline:
+        return None
+    if baseline != PREVIOUS:
+        try:
+            path = RunPaths.of(storage_root, baseline).eval_result
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        if not path.is_file():
+            raise InputError(f"baseline run {baseline!r}: no evaluation at {path}")
+        return baseline, json.loads(path.read_text())
+    candidates = []
+    for result in Path(storage_root, "runs").glob("*/eval/eval.json"):
+        other = result.parent.parent.name
+        config = result.parent.parent / "config.json"
+        try:
+            same_data = Path(json.loads(config.read_text())["trainer"]["data_dir"]).parent.name == dataset
+        except (OSError, ValueError, KeyError):
+            same_data = False
+        if other != run_id and same_data:
+            candidates.append((result.stat().st_mtime, other, result))
+    if not candidates:
+        raise InputError(f"baseline 'previous': no other evaluated run of dataset {dataset!r} under {storage_root}")
+    _, other, result = max(candidates)
+    return other, json.loads(result.read_text())
+
+
+def apply_gate(result: EvalResult, gate: Gate, baseline: tuple[str, dict[str, Any]] | None) -> None:
+    if gate.max_val_loss:
+        ok = result.val_loss <= gate.max_val_loss
+        result.gate_reasons.append(
+            f"val loss {result.val_loss:.4f} {'<=' if ok else '>'} ceiling {gate.max_val_loss:.4f}"
+        )
+        result.gate_passed &= ok
+    if baseline is not None:
+        name, theirs = baseline
+        limit = theirs["val_loss"] + gate.baseline_margin
+        ok = result.val_loss <= limit
+        result.baseline_run_id, result.baseline_val_loss = name, theirs["val_loss"]
+        result.gate_reasons.append(f"val loss {result.val_loss:.4f} {'<=' if ok else '>'} baseline {name} "
+                                   f"{theirs['val_loss']:.4f} + margin {gate.baseline_margin:.4f}")  # fmt: skip
+        result.gate_passed &= ok
+
+
+# -- reports and export -----------------------------------------------------------------------------------
+
+
+def curves_png(rows: list[dict[str, Any]]) -> bytes:
+    """Loss, learning rate and tokens/s against step, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    steps = [r["step"] for r in rows]
+    for axis, key, title in zip(axes, ("loss", "lr", "tokens_per_s"), ("train loss", "learning rate", "tokens/s"),
+                                strict=True):  # fmt: skip
+        axis.plot(steps, [r.get(key) for r in rows])
+        axis.set_title(title)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def html_report(result: EvalResult, run: RunPaths) -> str:
+    rows = read_metrics(run)
+    plot = (f'<img id="curves" alt="training curves" src="data:image/png;base64,'
+            f'{base64.b64encode(curves_png(rows)).decode()}">' if rows else "<p>No training metrics.</p>")  # fmt: skip
+    table = "".join(f"<tr><td>{html.escape(n)}</td><td>{a}</td><td>{b}</td></tr>" for n, a, b in result.table_rows())
+    samples = "".join(f"<li><b>{html.escape(s['prompt'])}</b><pre>{html.escape(s['text'])}</pre></li>"
+                      for s in result.samples)  # fmt: skip
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Evaluation of {html.escape(result.run_id)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:72em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 10px}} pre{{white-space:pre-wrap;background:#f6f6f6;padding:6px}}</style>
+</head><body>
+<h1>Evaluation of run {html.escape(result.run_id)}</h1>
+<p>Checkpoint {html.escape(result.checkpoint)} at step {result.step} ({result.train_tokens_seen:,} training tokens);
+{result.val_tokens:,} held-out tokens evaluated. {html.escape(result.gate_line())}</p>
+<h2>Training</h2>
+{plot}
+<h2>Validation</h2>
+<table id="eval"><tr><th>metric</th><th>trained</th><th>untrained</th></tr>{table}</table>
+<h2>Greedy samples</h2>
+<ul id="samples">{samples}</ul>
+</body></html>
+"""
+
+
+def export_model(model: torch.nn.Module, data: DatasetPaths, directory: Path) -> Path:
+    """save_pretrained (safetensors) with the tokenizer: AutoModelForCausalLM.from_pretrained(directory) loads it."""
+    from transformers import PreTrainedTokenizerFast
+
+    from components.stage_data.tokenization import EOS
+
+    staging = directory.with_name(f".{directory.name}.new")
+    shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
+    model.to("cpu").save_pretrained(staging, safe_serialization=True)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(data.tokenizer), eos_token=EOS, bos_token=EOS)
+    tokenizer.save_pretrained(staging)
+    replace_dir(staging, directory)
+    log.info("exported the model in Hugging Face format to %s", directory)
+    return directory

@@ -25,7 +25,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from components.errors import InputError
-from trainer.atomic import fsync_dir, write_json
+from trainer.atomic import replace_dir, write_json
 from trainer.layout import DatasetPaths
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def tokenize(
             "inputs": inputs,
         }
         write_json(building / "meta.json", meta)
-        swap_in(building, paths.tokenized)
+        replace_dir(building, paths.tokenized)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
@@ -247,15 +247,3 @@ def read_meta(tokenized: Path) -> dict[str, Any] | None:
         return json.loads((tokenized / "meta.json").read_text())
     except (OSError, ValueError):
         return None
-
-
-def swap_in(new_dir: Path, final: Path) -> None:
-    """Replace `final` by `new_dir` so that readers see the old or the new directory, never a mix."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old.{os.getpid()}")
-        os.replace(final, old)
-    os.replace(new_dir, final)
-    fsync_dir(final.parent)
-    if old:
-        shutil.rmtree(old)
