@@ -247,7 +247,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     gate = Gate(max_val_loss=args.max_val_loss, baseline_run_id=args.baseline_run_id,
                 baseline_margin=args.baseline_margin, warn_only=args.gate_warn_only)  # fmt: skip
     result = evaluate_checkpoint(args.storage_root, args.dataset, args.run_id, max_tokens=args.max_tokens,
-                                 checkpoint=args.checkpoint, gate=gate, export=not args.no_export)  # fmt: skip
+                                 checkpoint=args.checkpoint, gate=gate, export=not args.no_export,
+                                 export_s3_uri=args.export_s3_uri, s3_endpoint_url=args.endpoint_url)  # fmt: skip
     print(result.markdown())
     return 0
 
@@ -323,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-margin", type=float, default=0.0, help="gate: nats/token allowed above the baseline")
     p.add_argument("--gate-warn-only", action="store_true", help="a failed gate warns instead of failing")
     p.add_argument("--no-export", action="store_true", help="skip the Hugging Face export to <run>/export/")
+    p.add_argument("--export-s3-uri", default="", help="also upload the export to s3://bucket/prefix")
+    p.add_argument("--endpoint-url", default="", help="an S3-compatible endpoint for the upload")
     p.set_defaults(func=cmd_evaluate)
     return parser
 

@@ -58,6 +58,7 @@ def pretrain_pipeline(
     baseline_run_id: str = "",
     baseline_margin: float = 0.0,
     gate_warn_only: bool = False,
+    export_s3_uri: str = "",
 ):
     staged = stage_data(
         source=source,
@@ -120,6 +121,8 @@ def pretrain_pipeline(
         baseline_run_id=baseline_run_id,
         baseline_margin=baseline_margin,
         gate_warn_only=gate_warn_only,
+        export_s3_uri=export_s3_uri,
+        s3_endpoint_url=s3_endpoint_url,
     ).after(verified)
 
 

@@ -147,3 +147,44 @@ def test_an_empty_val_split_is_one_clear_error(trained_copy: Path) -> None:
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(InputError, match="the val split has no shards"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (make test installs Debian's where it runs as root)")
+def test_the_html_report_renders_in_headless_chromium(trained_copy: Path, tmp_path: Path) -> None:
+    """The browser decodes the embedded plot and lays out the table; a script added to a copy reports both."""
+    import subprocess
+
+    evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
+    page = (RunPaths.of(trained_copy, "run-1").eval / "report.html").read_text()
+    probe = """<script>window.addEventListener("load", () => {
+      const img = document.getElementById("curves");
+      document.body.dataset.curves = img.complete ? img.naturalWidth + "x" + img.naturalHeight : "broken";
+      document.body.dataset.rows = document.getElementById("eval").rows.length;
+    });</script>"""
+    copy = tmp_path / "report.html"
+    copy.write_text(page.replace("</body>", probe + "</body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom"]  # fmt: skip
+    dom = subprocess.run([CHROMIUM, *flags, copy.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert 'data-curves="1200x320"' in dom, dom[:500]
+    assert 'data-rows="4"' in dom
+
+
+@pytest.mark.usefixtures("aws_env")
+def test_the_export_is_uploaded_to_s3(trained_copy: Path, s3_endpoint: str) -> None:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket="models")
+    result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export_s3_uri="s3://models/nightly/run-1",
+                                 s3_endpoint_url=s3_endpoint)  # fmt: skip
+    listed = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket="models", Prefix="nightly/run-1/")["Contents"]}
+    local = {f"nightly/run-1/{p.relative_to(result.export_dir).as_posix()}": p.stat().st_size
+             for p in Path(result.export_dir).rglob("*") if p.is_file()}  # fmt: skip
+    assert listed == local and "nightly/run-1/model.safetensors" in listed
+    with pytest.raises(InputError, match="give s3://bucket/prefix"):
+        evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export_s3_uri="models/nightly")

@@ -16,6 +16,8 @@ def evaluate_checkpoint(
     baseline_run_id: str,
     baseline_margin: float,
     gate_warn_only: bool,
+    export_s3_uri: str,
+    s3_endpoint_url: str,
     report: dsl.Output[dsl.Markdown],
     html_report: dsl.Output[dsl.HTML],
     metrics: dsl.Output[dsl.Metrics],
@@ -34,11 +36,13 @@ def evaluate_checkpoint(
     gate = Gate(max_val_loss=max_val_loss, baseline_run_id=baseline_run_id, baseline_margin=baseline_margin,
                 warn_only=gate_warn_only)  # fmt: skip
     result = run(storage_root=storage_root, dataset=dataset, run_id=run_id, max_tokens=max_tokens,
-                 checkpoint=checkpoint, gate=gate)  # fmt: skip
+                 checkpoint=checkpoint, gate=gate, export_s3_uri=export_s3_uri,
+                 s3_endpoint_url=s3_endpoint_url)  # fmt: skip
     with open(report.path, "w") as f:
         f.write(result.markdown())
     shutil.copyfile(RunPaths.of(storage_root, run_id).eval / "report.html", html_report.path)
     log_numbers(metrics, result.metrics())
-    model.metadata.update({"path": result.export_dir, "format": "huggingface-safetensors", "step": result.step})
+    model.metadata.update({"path": result.export_dir, "format": "huggingface-safetensors", "step": result.step,
+                           "s3_uri": result.export_s3_uri})  # fmt: skip
     with open(model.path, "w") as f:  # the export stays on the volume; the artifact says where
         f.write(result.export_dir + "\n")

@@ -70,6 +70,7 @@ class EvalResult:
     baseline_val_loss: float | None = None
     samples: list[dict[str, str]] = field(default_factory=list)
     export_dir: str = ""
+    export_s3_uri: str = ""
 
     def metrics(self) -> dict[str, float]:
         values = {"val_loss": self.val_loss, "val_perplexity": self.val_perplexity,
@@ -119,10 +120,14 @@ def evaluate_checkpoint(
     checkpoint: str = "latest",
     gate: Gate | None = None,
     export: bool = True,
+    export_s3_uri: str = "",
+    s3_endpoint_url: str = "",
 ) -> EvalResult:
     gate = gate or Gate()
     if max_tokens <= 0 or batch_size <= 0:
         raise InputError(f"max tokens and batch size must be positive, got {max_tokens} and {batch_size}")
+    if export_s3_uri and (not export or not export_s3_uri.startswith("s3://")):
+        raise InputError(f"export S3 URI {export_s3_uri!r}: give s3://bucket/prefix, with the export on")
     try:
         run, data = RunPaths.of(storage_root, run_id), DatasetPaths.of(storage_root, dataset)
     except ValueError as exc:
@@ -179,6 +184,11 @@ def evaluate_checkpoint(
     apply_gate(result, gate, baseline)
     if export:
         result.export_dir = str(export_model(model, data, run.root / "export"))
+    if export_s3_uri:
+        from components.stage_data.s3 import S3Settings, upload_directory
+
+        upload_directory(Path(result.export_dir), export_s3_uri, S3Settings(endpoint_url=s3_endpoint_url))
+        result.export_s3_uri = export_s3_uri
     run.eval.mkdir(parents=True, exist_ok=True)
     write_json(run.eval_result, asdict(result))
     with atomic_open(run.eval_report, "w") as f:

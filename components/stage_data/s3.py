@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO
 
 import boto3
@@ -33,7 +34,7 @@ from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
 
 from components.errors import InputError, StepFailed
-from components.stage_data.sources import SourceObject, copy_hashing, md5_of_etag
+from components.stage_data.sources import SourceObject, copy_hashing, md5_of_etag, safe_key
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class S3Source:
     def close(self) -> None:
         self.transfers.shutdown()
 
-    def _fail(self, exc: Exception, doing: str) -> Exception:
+    def fail(self, exc: Exception, doing: str) -> Exception:
         """One line for what went wrong, in the user's terms; unknown errors keep their own message."""
         where = f"source {self.uri}"
         if isinstance(exc, NoCredentialsError):
@@ -134,7 +135,7 @@ class S3Source:
             if not objects and self.prefix and not self.prefix.endswith("/"):
                 objects = self._single_object()
         except (ClientError, BotoCoreError) as exc:
-            raise self._fail(exc, f"listing s3://{self.bucket}/{directory}") from None
+            raise self.fail(exc, f"listing s3://{self.bucket}/{directory}") from None
         if not objects:
             raise InputError(f"source {self.uri}: no objects under prefix {directory or '(bucket root)'!r}")
         return objects
@@ -157,7 +158,7 @@ class S3Source:
             else:
                 self._ranged_download(obj, out, on_bytes)
         except (ClientError, BotoCoreError) as exc:
-            raise self._fail(exc, f"downloading {obj.location}") from None
+            raise self.fail(exc, f"downloading {obj.location}") from None
         return obj.etag
 
     def _get(self, obj: SourceObject, out: BinaryIO, on_bytes: Callable[[int], None]) -> None:
@@ -201,3 +202,28 @@ class S3Source:
         expected = md5_of_etag(obj.etag)
         if md5 is not None and expected is not None and encryption not in _KMS and md5 != expected:
             raise StepFailed(f"source {self.uri}: {obj.location} arrived corrupt (MD5 {md5}, its ETag {obj.etag})")
+
+
+def upload_directory(directory: Path, uri: str, settings: S3Settings) -> list[str]:
+    """Every file under `directory` to s3://bucket/prefix/<relative path> (s3transfer, multipart when large).
+
+    The same client, timeouts and retries as staging; the keys it writes, in order.
+    """
+    source = S3Source(uri, settings)
+    prefix = source.prefix.rstrip("/")
+    keys = []
+    try:
+        futures = []
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            relative = safe_key(path.relative_to(directory).as_posix(), str(directory))
+            key = f"{prefix}/{relative}" if prefix else relative
+            futures.append(source.transfers.upload(str(path), source.bucket, key))
+            keys.append(key)
+        for future in futures:
+            future.result()
+    except (ClientError, BotoCoreError) as exc:
+        raise source.fail(exc, f"uploading to {uri}") from None
+    finally:
+        source.close()
+    log.info("uploaded %d files of %s to %s", len(keys), directory, uri)
+    return keys
