@@ -67,16 +67,18 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from pipelines.pipeline import compile_pipeline
+    from pipelines.pipeline import PlatformOptions, compile_pipeline
 
+    platform = PlatformOptions(mount_path=args.mount_path, node_selector=dict(args.node_selector),
+                               tolerations=args.toleration, image_pull_secrets=args.image_pull_secret)  # fmt: skip
     output = Path(args.output)
     if not args.check:
-        compile_pipeline(output)
+        compile_pipeline(output, platform)
         log.info("wrote %s", output)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp) / output.name
-        compile_pipeline(fresh)
+        compile_pipeline(fresh, platform)
         current = output.read_text() if output.is_file() else ""
         if fresh.read_text() == current:
             log.info("%s is up to date", output)
@@ -196,6 +198,25 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     return 0
 
 
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def toleration(text: str) -> dict[str, str]:
+    """KEY:EFFECT (operator Exists) or KEY=VALUE:EFFECT (operator Equal), as kubectl taint writes taints."""
+    spec, sep, effect = text.rpartition(":")
+    if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute") or not spec:
+        raise argparse.ArgumentTypeError(f"{text!r}: write KEY:EFFECT or KEY=VALUE:EFFECT, EFFECT one of NoSchedule, "
+                                         "PreferNoSchedule, NoExecute")  # fmt: skip
+    key, eq, value = spec.partition("=")
+    if eq:
+        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    return {"key": key, "operator": "Exists", "effect": effect}
+
+
 def job_option(text: str) -> tuple[str, Any]:
     """KEY=VALUE, VALUE read as YAML: --job-option backoff_limit=5 --job-option 'node_selector={a: b}'."""
     import yaml
@@ -262,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile the pipeline to YAML")
     p.add_argument("--output", default=str(COMPILED_PIPELINE))
     p.add_argument("--check", action="store_true", help="exit non-zero if --output differs from a fresh compile")
+    p.add_argument("--mount-path", default="/fsx", help="where every step mounts the FSx PVC (= storage_root)")
+    p.add_argument("--node-selector", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="schedule the steps on nodes with this label (repeatable)")  # fmt: skip
+    p.add_argument("--toleration", type=toleration, action="append", default=[], metavar="KEY[=VALUE]:EFFECT",
+                   help="let the steps run on nodes with this taint (repeatable)")  # fmt: skip
+    p.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME", help="(repeatable)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run-local", help="run the compiled pipeline end to end on this machine (kfp.local)")

@@ -2,11 +2,15 @@
 
 Storage paths are parameters (kfp.local ignores kfp-kubernetes settings, so a local directory can stand
 in for the FSx volume). The defaults describe a cluster run; `hyperpod-pretrain run-local` overrides them.
+Platform settings (the FSx mount, scheduling, resources, caching, retries, timeouts) come from
+`PlatformOptions` at compile time, except the PVC's name, which is a parameter.
 """
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfp import compiler, dsl
+from kfp import kubernetes as k8s
 
 from components.evaluate_checkpoint.component import evaluate_checkpoint
 from components.launch_pytorchjob.component import launch_pytorchjob
@@ -16,116 +20,174 @@ from components.verify_nccl.component import verify_nccl
 PIPELINE_NAME = "hyperpod-pretrain"
 
 
-@dsl.pipeline(name=PIPELINE_NAME, description="Pretrain a causal LM with PyTorch DDP on SageMaker HyperPod (EKS).")
-def pretrain_pipeline(
-    source: str,
-    storage_root: str = "/fsx",
-    dataset: str = "corpus",
-    include: list = ["*"],  # noqa: B006 - KFP reads the default from the signature
-    exclude: list = ["__pycache__/*", "*.pyc", ".*"],  # noqa: B006
-    vocab_size: int = 8192,
-    val_fraction: float = 0.01,
-    tokenizer_path: str = "",
-    s3_endpoint_url: str = "",
-    staging_workers: int = 16,
-    staging_chunk_size_mb: int = 8,
-    keep_deleted: bool = False,
-    run_id: str = "",
-    backend: str = "kubernetes",
-    nnodes: int = 2,
-    max_nodes: int = 0,
-    nproc_per_node: int = 8,
-    preset: str = "gpt2-124m",
-    max_steps: int = 5000,
-    seed: int = 1234,
-    batch_size: int = 16,
-    seq_len: int = 1024,
-    lr: float = 6e-4,
-    warmup_steps: int = 200,
-    checkpoint_every: int = 500,
-    log_every: int = 10,
-    train_timeout_s: int = 0,
-    trainer_image: str = "",
-    namespace: str = "kubeflow",
-    instance_type: str = "p5.48xlarge",
-    job_options: dict = {},  # noqa: B006 - any other manifest setting (components/launch_pytorchjob/manifest.py)
-    stream_logs: str = "worker-0",
-    owner_reference: bool = True,
-    expect_transport: str = "",
-    bandwidth_fails: bool = False,
-    eval_max_tokens: int = 1048576,
-    max_val_loss: float = 0.0,
-    baseline_run_id: str = "",
-    baseline_margin: float = 0.0,
-    gate_warn_only: bool = False,
-    export_s3_uri: str = "",
-):
-    staged = stage_data(
-        source=source,
-        storage_root=storage_root,
-        dataset=dataset,
-        include=include,
-        exclude=exclude,
-        vocab_size=vocab_size,
-        val_fraction=val_fraction,
-        tokenizer_path=tokenizer_path,
-        endpoint_url=s3_endpoint_url,
-        workers=staging_workers,
-        chunk_size_mb=staging_chunk_size_mb,
-        keep_deleted=keep_deleted,
-    )
-    trained = launch_pytorchjob(
-        storage_root=storage_root,
-        dataset=dataset,
-        run_id=run_id,
-        pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-        backend=backend,
-        nnodes=nnodes,
-        max_nodes=max_nodes,
-        nproc_per_node=nproc_per_node,
-        preset=preset,
-        max_steps=max_steps,
-        seed=seed,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        checkpoint_every=checkpoint_every,
-        log_every=log_every,
-        timeout_s=train_timeout_s,
-        image=trainer_image,
-        namespace=namespace,
-        instance_type=instance_type,
-        job_options=job_options,
-        stream_logs=stream_logs,
-        owner_reference=owner_reference,
-    ).after(staged)
-    verified = verify_nccl(
-        storage_root=storage_root,
-        run_id=trained.outputs["run_id"],
-        nnodes=nnodes,
-        nproc_per_node=nproc_per_node,
-        instance_type=instance_type,
-        expect_transport=expect_transport,
-        bandwidth_fails=bandwidth_fails,
-        job_name=trained.outputs["job_name"],
-        namespace=trained.outputs["namespace"],
-    )
-    evaluate_checkpoint(
-        storage_root=storage_root,
-        dataset=dataset,
-        run_id=trained.outputs["run_id"],
-        max_tokens=eval_max_tokens,
-        checkpoint="latest",
-        max_val_loss=max_val_loss,
-        baseline_run_id=baseline_run_id,
-        baseline_margin=baseline_margin,
-        gate_warn_only=gate_warn_only,
-        export_s3_uri=export_s3_uri,
-        s3_endpoint_url=s3_endpoint_url,
-    ).after(verified)
+@dataclass
+class StepSettings:
+    cpu: str
+    memory: str
+    timeout_s: int  # 0: none (the launcher has its own deadline, train_timeout_s)
+    retries: int = 0  # with exponential backoff from 30 s
+    cache: bool = True
 
 
-def compile_pipeline(output: Path) -> None:
+@dataclass
+class PlatformOptions:
+    """What kfp-kubernetes and the task settings put on each step of the compiled pipeline."""
+
+    mount_path: str = "/fsx"  # where the FSx PVC is mounted; storage_root must point there on the cluster
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, str]] = field(default_factory=list)  # key, operator, value, effect
+    image_pull_secrets: list[str] = field(default_factory=list)
+    steps: dict[str, StepSettings] = field(
+        default_factory=lambda: {
+            "stage-data": StepSettings("4", "16Gi", 6 * 3600, retries=3),
+            "launch-pytorchjob": StepSettings("500m", "1Gi", 0, cache=False),
+            "verify-nccl": StepSettings("1", "2Gi", 3600, retries=3),
+            "evaluate-checkpoint": StepSettings("8", "32Gi", 4 * 3600, cache=False),
+        }
+    )
+
+    def apply(self, task: dsl.PipelineTask, step: str, pvc_name: str) -> None:
+        settings = self.steps[step]
+        k8s.mount_pvc(task, pvc_name=pvc_name, mount_path=self.mount_path)
+        for key, value in self.node_selector.items():
+            k8s.add_node_selector(task, label_key=key, label_value=value)
+        for toleration in self.tolerations:
+            k8s.add_toleration(task, **toleration)
+        if self.image_pull_secrets:
+            k8s.set_image_pull_secrets(task, self.image_pull_secrets)
+        task.set_cpu_request(settings.cpu).set_cpu_limit(settings.cpu)
+        task.set_memory_request(settings.memory).set_memory_limit(settings.memory)
+        if settings.timeout_s:
+            k8s.set_timeout(task, settings.timeout_s)
+        if settings.retries:
+            task.set_retry(num_retries=settings.retries, backoff_duration="30s", backoff_factor=2.0,
+                           backoff_max_duration="600s")  # fmt: skip
+        task.set_caching_options(settings.cache)
+
+
+def build_pipeline(platform: PlatformOptions):
+    """The pipeline, with `platform`'s settings on its steps."""
+
+    @dsl.pipeline(name=PIPELINE_NAME, description="Pretrain a causal LM with PyTorch DDP on SageMaker HyperPod (EKS).")
+    def pretrain_pipeline(
+        source: str,
+        storage_root: str = "/fsx",
+        fsx_pvc: str = "fsx-lustre-pvc",
+        dataset: str = "corpus",
+        include: list = ["*"],  # noqa: B006 - KFP reads the default from the signature
+        exclude: list = ["__pycache__/*", "*.pyc", ".*"],  # noqa: B006
+        vocab_size: int = 8192,
+        val_fraction: float = 0.01,
+        tokenizer_path: str = "",
+        s3_endpoint_url: str = "",
+        staging_workers: int = 16,
+        staging_chunk_size_mb: int = 8,
+        keep_deleted: bool = False,
+        run_id: str = "",
+        backend: str = "kubernetes",
+        nnodes: int = 2,
+        max_nodes: int = 0,
+        nproc_per_node: int = 8,
+        preset: str = "gpt2-124m",
+        max_steps: int = 5000,
+        seed: int = 1234,
+        batch_size: int = 16,
+        seq_len: int = 1024,
+        lr: float = 6e-4,
+        warmup_steps: int = 200,
+        checkpoint_every: int = 500,
+        log_every: int = 10,
+        train_timeout_s: int = 0,
+        trainer_image: str = "",
+        namespace: str = "kubeflow",
+        instance_type: str = "p5.48xlarge",
+        job_options: dict = {},  # noqa: B006 - any other manifest setting (components/launch_pytorchjob/manifest.py)
+        stream_logs: str = "worker-0",
+        owner_reference: bool = True,
+        expect_transport: str = "",
+        bandwidth_fails: bool = False,
+        eval_max_tokens: int = 1048576,
+        max_val_loss: float = 0.0,
+        baseline_run_id: str = "",
+        baseline_margin: float = 0.0,
+        gate_warn_only: bool = False,
+        export_s3_uri: str = "",
+    ):
+        staged = stage_data(
+            source=source,
+            storage_root=storage_root,
+            dataset=dataset,
+            include=include,
+            exclude=exclude,
+            vocab_size=vocab_size,
+            val_fraction=val_fraction,
+            tokenizer_path=tokenizer_path,
+            endpoint_url=s3_endpoint_url,
+            workers=staging_workers,
+            chunk_size_mb=staging_chunk_size_mb,
+            keep_deleted=keep_deleted,
+        )
+        platform.apply(staged, "stage-data", fsx_pvc)
+        trained = launch_pytorchjob(
+            storage_root=storage_root,
+            dataset=dataset,
+            run_id=run_id,
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            backend=backend,
+            nnodes=nnodes,
+            max_nodes=max_nodes,
+            nproc_per_node=nproc_per_node,
+            preset=preset,
+            max_steps=max_steps,
+            seed=seed,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            lr=lr,
+            warmup_steps=warmup_steps,
+            checkpoint_every=checkpoint_every,
+            log_every=log_every,
+            timeout_s=train_timeout_s,
+            image=trainer_image,
+            namespace=namespace,
+            instance_type=instance_type,
+            job_options=job_options,
+            stream_logs=stream_logs,
+            owner_reference=owner_reference,
+        ).after(staged)
+        platform.apply(trained, "launch-pytorchjob", fsx_pvc)
+        verified = verify_nccl(
+            storage_root=storage_root,
+            run_id=trained.outputs["run_id"],
+            nnodes=nnodes,
+            nproc_per_node=nproc_per_node,
+            instance_type=instance_type,
+            expect_transport=expect_transport,
+            bandwidth_fails=bandwidth_fails,
+            job_name=trained.outputs["job_name"],
+            namespace=trained.outputs["namespace"],
+        )
+        platform.apply(verified, "verify-nccl", fsx_pvc)
+        evaluated = evaluate_checkpoint(
+            storage_root=storage_root,
+            dataset=dataset,
+            run_id=trained.outputs["run_id"],
+            max_tokens=eval_max_tokens,
+            checkpoint="latest",
+            max_val_loss=max_val_loss,
+            baseline_run_id=baseline_run_id,
+            baseline_margin=baseline_margin,
+            gate_warn_only=gate_warn_only,
+            export_s3_uri=export_s3_uri,
+            s3_endpoint_url=s3_endpoint_url,
+        ).after(verified)
+        platform.apply(evaluated, "evaluate-checkpoint", fsx_pvc)
+
+    return pretrain_pipeline
+
+
+pretrain_pipeline = build_pipeline(PlatformOptions())
+
+
+def compile_pipeline(output: Path, platform: PlatformOptions | None = None) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(pretrain_pipeline, str(output))
+    compiler.Compiler().compile(build_pipeline(platform or PlatformOptions()), str(output))

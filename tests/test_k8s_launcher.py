@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from components.errors import StepFailed
-from components.kube import Kube
+from components.kube import Kube, KubeSettings
 from components.launch_pytorchjob.core import LaunchConfig, launch
 from components.launch_pytorchjob.k8s_backend import WatchSettings, run_job
 from components.launch_pytorchjob.manifest import job_name, render_job
@@ -244,3 +244,32 @@ def test_the_job_is_owned_by_the_launcher_pod_in_its_namespace(staged_root: Path
     namespace_file.write_text("kubeflow-user")  # owners cannot cross namespaces: none rather than a broken one
     assert "ownerReferences" not in render_job(cfg.job_spec())["metadata"]
     assert "ownerReferences" not in render_job(cluster_config(staged_root, "owned").job_spec())["metadata"]
+
+
+def test_an_api_server_that_goes_away_fails_the_step_instead_of_hanging(staged_root: Path) -> None:
+    runs_forever = (
+        Lifecycle()
+        .then(0, lambda j: j.create_pods(1))
+        .then(0.05, lambda j: j.run(0))
+        .then(0.05, lambda j: j.set_condition("Running", "PyTorchJobRunning", "running"))
+    )
+    job = render_job(cluster_config(staged_root, "vanishing", nnodes=1).job_spec())
+    outcome: list[BaseException] = []
+    server = FakeKubernetes(CRD_PATH, runs_forever).__enter__()
+    kube = Kube(client(server), KubeSettings(attempts=2, backoff_s=0.05))
+
+    def launcher() -> None:
+        try:
+            run_job(kube, job, WatchSettings(logs="none"), threading.Event())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=launcher, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not running(server.job("kubeflow", job["metadata"]["name"])):
+        time.sleep(0.05)
+    server.__exit__(None, None, None)  # the API server goes away for good
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the launcher is still waiting on a server that is gone"
+    assert isinstance(outcome[0], StepFailed) and "failed 2 times" in str(outcome[0])

@@ -31,7 +31,7 @@ def test_drift_is_detected(tmp_path: Path) -> None:
 
 
 def test_compiled_pipeline_chains_the_four_steps() -> None:
-    spec = yaml.safe_load(COMPILED_PIPELINE.read_text())
+    spec = next(yaml.safe_load_all(COMPILED_PIPELINE.read_text()))
     tasks = spec["root"]["dag"]["tasks"]
     assert set(tasks) == {"stage-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint"}
     assert tasks["launch-pytorchjob"]["dependentTasks"] == ["stage-data"]
@@ -96,3 +96,51 @@ def test_run_local_fails_when_a_step_fails(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "Inner task failed" in result.stderr.splitlines()[-1] and "stage-data" in result.stderr.splitlines()[-1]
     assert "no files to stage" in result.stderr + result.stdout
+
+
+def executor_of(spec: dict, task: str) -> str:
+    return spec["root"]["dag"]["tasks"][task]["componentRef"]["name"].replace("comp-", "exec-")
+
+
+def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
+    output = tmp_path / "cluster.yaml"
+    result = subprocess.run(
+        [CLI, "compile", "--output", str(output), "--node-selector", "role=cpu-workers", "--toleration",
+         "dedicated=pipelines:NoSchedule", "--image-pull-secret", "ecr-pull"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    pipeline_spec, platform = yaml.safe_load_all(output.read_text())
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    tasks = pipeline_spec["root"]["dag"]["tasks"]
+    assert set(tasks) == {"stage-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint"}
+    for name in tasks:
+        k8s = executors[executor_of(pipeline_spec, name)]
+        assert k8s["pvcMount"][0]["mountPath"] == "/fsx"
+        assert k8s["pvcMount"][0]["pvcNameParameter"]["componentInputParameter"] == "fsx_pvc"
+        assert k8s["nodeSelector"]["labels"] == {"role": "cpu-workers"}
+        assert k8s["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "pipelines",
+                                       "effect": "NoSchedule"}]  # fmt: skip
+        assert [s["secretName"] for s in k8s["imagePullSecret"]] == ["ecr-pull"]
+    assert "activeDeadlineSeconds" not in executors[executor_of(pipeline_spec, "launch-pytorchjob")]
+    assert executors[executor_of(pipeline_spec, "stage-data")]["activeDeadlineSeconds"] == "21600"
+    # Caching off where a step must rerun; retries with backoff where a rerun is safe and often helps.
+    for name, cached, retries in (("stage-data", True, 3), ("launch-pytorchjob", False, 0), ("verify-nccl", True, 3),
+                                  ("evaluate-checkpoint", False, 0)):  # fmt: skip
+        task = tasks[name]
+        assert task.get("cachingOptions", {}).get("enableCache", False) is cached, name
+        assert task.get("retryPolicy", {}).get("maxRetryCount", 0) == retries, name
+        if retries:
+            assert task["retryPolicy"]["backoffFactor"] == 2.0 and task["retryPolicy"]["backoffDuration"] == "30s"
+    resources = {name: pipeline_spec["deploymentSpec"]["executors"][executor_of(pipeline_spec, name)]["container"]
+                 ["resources"] for name in tasks}  # fmt: skip
+    assert resources["launch-pytorchjob"]["resourceCpuLimit"] == "500m"
+    assert resources["evaluate-checkpoint"]["resourceMemoryLimit"] == "32Gi"
+
+
+def test_the_compiled_yaml_round_trips_through_kfp() -> None:
+    from kfp import components
+
+    loaded = components.load_component_from_file(str(COMPILED_PIPELINE))
+    assert loaded.name == "hyperpod-pretrain"
+    assert {"source", "fsx_pvc", "storage_root", "trainer_image"} <= set(loaded.component_spec.inputs)

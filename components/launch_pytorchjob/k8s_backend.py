@@ -150,6 +150,12 @@ class JobWatcher(threading.Thread):
         self.polling = False
 
     def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # anything unexpected reaches the launcher, which must not wait forever
+            self.updates.put(exc)
+
+    def _run(self) -> None:
         failures = 0
         while not self.stop.is_set():
             try:
@@ -401,6 +407,8 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
             try:
                 update = watcher.updates.get(timeout=0.2)
             except queue.Empty:
+                if not watcher.is_alive() and watcher.updates.empty():
+                    raise StepFailed(f"lost track of PyTorchJob {ns}/{name}: the watch stopped") from None
                 continue
             if isinstance(update, BaseException):
                 raise update
