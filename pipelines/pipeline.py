@@ -25,7 +25,9 @@ class StepSettings:
     cpu: str
     memory: str
     timeout_s: int  # 0: none (the launcher has its own deadline, train_timeout_s)
-    retries: int = 0  # with exponential backoff from 30 s
+    # KFP retries a failed step with exponential backoff from 10 s (kfp.local too). A step's own calls retry
+    # transient errors already; these are for the pod itself (a node lost, an eviction).
+    retries: int = 0
     cache: bool = True
 
 
@@ -39,9 +41,9 @@ class PlatformOptions:
     image_pull_secrets: list[str] = field(default_factory=list)
     steps: dict[str, StepSettings] = field(
         default_factory=lambda: {
-            "stage-data": StepSettings("4", "16Gi", 6 * 3600, retries=3),
+            "stage-data": StepSettings("4", "16Gi", 6 * 3600, retries=2),
             "launch-pytorchjob": StepSettings("500m", "1Gi", 0, cache=False),
-            "verify-nccl": StepSettings("1", "2Gi", 3600, retries=3),
+            "verify-nccl": StepSettings("1", "2Gi", 3600, retries=2),
             "evaluate-checkpoint": StepSettings("8", "32Gi", 4 * 3600, cache=False),
         }
     )
@@ -60,8 +62,8 @@ class PlatformOptions:
         if settings.timeout_s:
             k8s.set_timeout(task, settings.timeout_s)
         if settings.retries:
-            task.set_retry(num_retries=settings.retries, backoff_duration="30s", backoff_factor=2.0,
-                           backoff_max_duration="600s")  # fmt: skip
+            task.set_retry(num_retries=settings.retries, backoff_duration="10s", backoff_factor=2.0,
+                           backoff_max_duration="120s")  # fmt: skip
         task.set_caching_options(settings.cache)
 
 
