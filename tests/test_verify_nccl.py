@@ -237,6 +237,17 @@ def test_bandwidth_below_the_floor_warns_or_fails(trained_root: Path, tmp_path: 
     assert verdicts(verify_nccl(str(root), "run-1", expect=expect))["bus bandwidth"][0] == FAIL
 
 
+def test_every_ranks_self_test_report_tells_its_nccl_version(trained_root: Path, tmp_path: Path) -> None:
+    """Only some processes print 'NCCL version'; the self-test reports of all ranks fill the gap."""
+    root, run = copy_run(trained_root, tmp_path)
+    write_debug_files(Job(nodes=1, gpus=2), run.nccl)  # only rank 0 prints its version: 2.21.5
+    for rank, version in ((0, "2.21.5"), (1, "2.19.3")):
+        report = json.loads(run.comms_report(rank).read_text())
+        run.comms_report(rank).write_text(json.dumps({**report, "nccl_version": version}))
+    status, detail = verdicts(verify_nccl(str(root), "run-1", world_size=2))["one NCCL version"]
+    assert status == FAIL and "2.19.3 on rank 1 on" in detail
+
+
 def test_bad_inputs(trained_root: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="does not exist"):
         verify_nccl(str(trained_root), "no-such-run")

@@ -278,7 +278,7 @@ def nccl_checks(nccl: NcclLogs, world: int, expect: Expectations, reports: list[
     transport = expect.resolved_transport()
     return [
         initialised(nccl, world),
-        one_version(nccl),
+        one_version(nccl, reports),
         *network_checks(nccl, transport, expect),
         connected(nccl),
         no_problems(nccl),
@@ -296,11 +296,18 @@ def initialised(nccl: NcclLogs, world: int) -> Check:
     return Check("all ranks initialised", PASS, f"{world} of {world} ranks reached Init COMPLETE")
 
 
-def one_version(nccl: NcclLogs) -> Check:
+def one_version(nccl: NcclLogs, reports: list[dict[str, Any]]) -> Check:
+    """From the 'NCCL version' lines (only some processes print one) and every rank's self-test report."""
     by_version: dict[str, list[str]] = {}
     for (host, pid), process in nccl.processes.items():
         if process.version:
             by_version.setdefault(process.version, []).append(nccl.rank_of(host, pid) + f" on {host}")
+    for report in sorted(reports, key=lambda r: r["rank"]):
+        if report.get("nccl_version"):
+            where = f"rank {report['rank']} on {report['hostname']}"
+            places = by_version.setdefault(report["nccl_version"], [])
+            if where not in places:
+                places.append(where)
     if not by_version:
         return Check("one NCCL version", FAIL, "no 'NCCL version' line in the logs")
     if len(by_version) == 1:
