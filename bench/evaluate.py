@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from machine import RESULTS, append_section, machine_lines
+from tokenizers import Tokenizer
 
 from components.evaluate_checkpoint.core import mean_loss, token_byte_lengths
 from components.stage_data.core import stage_data
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         data = DatasetPaths.of(tmp, "email")
         meta = load_meta(data.tokenized)
         val = load_split(data.tokenized, "val")
-        lengths = token_byte_lengths(data.tokenizer, meta["vocab_size"])
+        lengths = token_byte_lengths(Tokenizer.from_file(str(data.tokenizer)), meta["vocab_size"])
         torch.manual_seed(0)
         model = build_model(model_config(args.preset, meta["vocab_size"], args.seq_len, meta["eos_id"])).eval()
         device = torch.device("cpu")

@@ -65,7 +65,7 @@ def test_bits_per_byte_counts_the_bytes_the_tokens_stand_for(trained_copy: Path)
     from trainer.layout import DatasetPaths
 
     data = DatasetPaths.of(trained_copy, "synthetic")
-    lengths = token_byte_lengths(data.tokenizer, load_meta(data.tokenized)["vocab_size"])
+    lengths = token_byte_lengths(Tokenizer.from_file(str(data.tokenizer)), load_meta(data.tokenized)["vocab_size"])
     val = load_split(data.tokenized, "val")[:500].tolist()
     text = Tokenizer.from_file(str(data.tokenizer)).decode(val, skip_special_tokens=True)
     assert int(lengths[val].sum()) == len(text.encode("utf-8"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -225,4 +224,3 @@ def test_render_job_prints_yaml(tmp_path: Path) -> None:
     assert job["kind"] == "PyTorchJob" and job["metadata"]["name"].startswith("hpp-r1-train-")
     bad = subprocess.run([*command[:-2], "--nproc-per-node", "4"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "nproc-per-node 4 differs" in bad.stderr.strip().splitlines()[-1]
-    assert json.dumps(job)  # plain data

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 
 from components.errors import InputError, StepFailed
 from trainer.atomic import atomic_open, replace_dir, write_json
@@ -160,7 +161,8 @@ def evaluate_checkpoint(
         raise InputError(f"checkpoint {path} does not fit the model in {run.config} (preset "
                          f"{state.get('preset')!r}): {str(exc).splitlines()[0]}") from None  # fmt: skip
     model.to(device)
-    byte_lengths = token_byte_lengths(data.tokenizer, load_meta(data.tokenized)["vocab_size"])
+    tokenizer = Tokenizer.from_file(str(data.tokenizer))
+    byte_lengths = token_byte_lengths(tokenizer, load_meta(data.tokenized)["vocab_size"])
     val_loss, n_tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
     torch.manual_seed(config["trainer"]["seed"])
     untrained, _, _ = mean_loss(build_model(model_config).to(device), val, seq_len, max_tokens, batch_size, device,
@@ -179,7 +181,7 @@ def evaluate_checkpoint(
         loss_reduction=round(untrained - val_loss, 6),
         train_tokens_per_s=throughput[0],
         train_mfu=throughput[1],
-        samples=greedy_samples(model, data.tokenizer, device),
+        samples=greedy_samples(model, tokenizer, device),
     )
     apply_gate(result, gate, baseline)
     if export:
@@ -243,12 +245,9 @@ def mean_loss(
     return total.item() / count, count, n_bytes
 
 
-def token_byte_lengths(tokenizer_path: Path, vocab_size: int) -> np.ndarray:
+def token_byte_lengths(tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
     """Bytes of text each token id stands for: a byte-level BPE token is one mapped character per byte;
     special tokens (EOS) stand for none."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_path))
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     lengths = np.zeros(vocab_size, dtype=np.int64)
     for token, index in tokenizer.get_vocab().items():
@@ -258,10 +257,7 @@ def token_byte_lengths(tokenizer_path: Path, vocab_size: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def greedy_samples(model: torch.nn.Module, tokenizer_path: Path, device: torch.device) -> list[dict[str, str]]:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+def greedy_samples(model: torch.nn.Module, tokenizer: Tokenizer, device: torch.device) -> list[dict[str, str]]:
     samples = []
     for prompt in PROMPTS:
         ids = torch.tensor([tokenizer.encode(prompt).ids], device=device)

@@ -41,10 +41,6 @@ class Check:
     status: str
     detail: str
 
-    @property
-    def reason(self) -> str:
-        return self.detail
-
 
 @dataclass
 class Expectations:
