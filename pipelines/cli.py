@@ -67,10 +67,14 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from pipelines.pipeline import PlatformOptions, compile_pipeline
+    from pipelines.pipeline import Images, PlatformOptions, compile_pipeline
 
+    if args.tag and not args.image_registry:
+        raise InputError("--tag names the images in --image-registry: give both")
+    images = Images.in_registry(args.image_registry, args.tag) if args.image_registry else Images()
     platform = PlatformOptions(mount_path=args.mount_path, node_selector=dict(args.node_selector),
-                               tolerations=args.toleration, image_pull_secrets=args.image_pull_secret)  # fmt: skip
+                               tolerations=args.toleration, image_pull_secrets=args.image_pull_secret,
+                               images=images)  # fmt: skip
     output = Path(args.output)
     if not args.check:
         compile_pipeline(output, platform)
@@ -91,6 +95,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
+    from components.run_summary.core import resolve_run_id
     from pipelines.local_run import new_run_id, run_local
 
     arguments = {
@@ -99,7 +104,9 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "include": args.include,
         "vocab_size": args.vocab_size,
         "val_fraction": 0.05,
-        "run_id": args.run_id or new_run_id(),
+        "run_id": resolve_run_id(args.run_id, args.resume_run_id, new_run_id()),
+        "resume_run_id": args.resume_run_id,
+        "skip_staging": args.skip_staging,
         "backend": "local",
         "nnodes": 1,
         "nproc_per_node": args.nproc_per_node,
@@ -289,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--toleration", type=toleration, action="append", default=[], metavar="KEY[=VALUE]:EFFECT",
                    help="let the steps run on nodes with this taint (repeatable)")  # fmt: skip
     p.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME", help="(repeatable)")
+    p.add_argument("--image-registry", default="", metavar="REGISTRY",
+                   help="where docker/build.sh pushed the images, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com: "
+                   "the steps run in REGISTRY/hyperpod-pretrain-components:TAG and trainer_image defaults to "
+                   "REGISTRY/hyperpod-pretrain-trainer:TAG")  # fmt: skip
+    p.add_argument("--tag", default="", help="the images' tag (default: the project's version)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run-local", help="run the compiled pipeline end to end on this machine (kfp.local)")
@@ -297,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include", nargs="+", default=["*.py"], help="glob patterns of files to stage")
     p.add_argument("--dataset", default="stdlib-email")
     p.add_argument("--run-id", default="", help="default: local-<UTC time>")
+    p.add_argument("--resume-run-id", default="", help="continue this run's training from its newest checkpoint")
+    p.add_argument("--skip-staging", action="store_true", help="train on the dataset as staged before")
     p.add_argument("--vocab-size", type=positive_int, default=2048)
     p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE))
     add_train_args(p)

@@ -35,6 +35,7 @@ class LocalRun:
             "checkpoint": run.latest_checkpoint,
             "communication report": run.comms_verification,
             "evaluation report": run.eval_report,
+            "run summary": run.summary_report,
         }
         for path in sorted(self.artifacts_dir.rglob("*")):
             if path.is_file() and path.name == "report":

@@ -2,22 +2,57 @@
 
 Storage paths are parameters (kfp.local ignores kfp-kubernetes settings, so a local directory can stand
 in for the FSx volume). The defaults describe a cluster run; `hyperpod-pretrain run-local` overrides them.
-Platform settings (the FSx mount, scheduling, resources, caching, retries, timeouts) come from
-`PlatformOptions` at compile time, except the PVC's name, which is a parameter.
+Platform settings (the FSx mount, scheduling, resources, caching, retries, timeouts) and the images come
+from `PlatformOptions` at compile time, except the PVC's name, which is a parameter. An exit step writes the
+run summary whatever happened (runs/<run_id>/summary.json).
 """
 
+import re
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 
 from kfp import compiler, dsl
 from kfp import kubernetes as k8s
+from kfp.dsl.python_component import PythonComponent
 
+from components.errors import InputError
 from components.evaluate_checkpoint.component import evaluate_checkpoint
+from components.kfp_support import COMPONENTS_IMAGE
 from components.launch_pytorchjob.component import launch_pytorchjob
+from components.run_summary.component import summarize_run
 from components.stage_data.component import stage_data
 from components.verify_nccl.component import verify_nccl
 
 PIPELINE_NAME = "hyperpod-pretrain"
+COMPONENTS_REPOSITORY = "hyperpod-pretrain-components"
+TRAINER_REPOSITORY = "hyperpod-pretrain-trainer"
+_REGISTRY = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._/-][a-z0-9]+)*)?$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass
+class Images:
+    """The components image every step runs in, and the trainer image (the default of `trainer_image`)."""
+
+    components: str = COMPONENTS_IMAGE
+    trainer: str = ""  # empty: each run sets trainer_image (the local backend needs none)
+
+    @classmethod
+    def in_registry(cls, registry: str, tag: str = "") -> "Images":
+        """Both images as docker/build.sh pushes them: <registry>/<repository>:<tag>."""
+        registry, tag = registry.rstrip("/"), tag or version("hyperpod-pretrain")
+        if not _REGISTRY.match(registry):
+            raise InputError(f"image registry {registry!r} is not a registry host (and path), e.g. "
+                             "123456789012.dkr.ecr.us-east-1.amazonaws.com")  # fmt: skip
+        if not _TAG.match(tag):
+            raise InputError(f"image tag {tag!r}: up to 128 of [A-Za-z0-9_.-], not starting with . or -")
+        return cls(f"{registry}/{COMPONENTS_REPOSITORY}:{tag}", f"{registry}/{TRAINER_REPOSITORY}:{tag}")
+
+
+def in_image(component: PythonComponent, image: str) -> PythonComponent:
+    """The component, running in `image` (KFP fixes a component's image when it is decorated)."""
+    return dsl.component(component.python_func, base_image=image, install_kfp_package=False)
 
 
 @dataclass
@@ -45,8 +80,10 @@ class PlatformOptions:
             "launch-pytorchjob": StepSettings("500m", "1Gi", 0, cache=False),
             "verify-nccl": StepSettings("1", "2Gi", 3600, retries=2),
             "evaluate-checkpoint": StepSettings("8", "32Gi", 4 * 3600, cache=False),
+            "summarize-run": StepSettings("500m", "1Gi", 600, cache=False),
         }
     )
+    images: Images = field(default_factory=Images)
 
     def apply(self, task: dsl.PipelineTask, step: str, pvc_name: str) -> None:
         settings = self.steps[step]
@@ -68,9 +105,17 @@ class PlatformOptions:
 
 
 def build_pipeline(platform: PlatformOptions):
-    """The pipeline, with `platform`'s settings on its steps."""
+    """The pipeline, with `platform`'s settings on its steps and its images."""
+    image = platform.images.components
+    stage, launch = in_image(stage_data, image), in_image(launch_pytorchjob, image)
+    verify, evaluate = in_image(verify_nccl, image), in_image(evaluate_checkpoint, image)
+    summarize = in_image(summarize_run, image)
 
-    @dsl.pipeline(name=PIPELINE_NAME, description="Pretrain a causal LM with PyTorch DDP on SageMaker HyperPod (EKS).")
+    @dsl.pipeline(
+        name=PIPELINE_NAME,
+        description="Pretrain a causal LM with PyTorch DDP on SageMaker HyperPod (EKS). Every step runs in the "
+        "components image, which carries kfp and this project: no step installs packages when it starts.",
+    )
     def pretrain_pipeline(
         source: str,
         storage_root: str = "/fsx",
@@ -85,7 +130,9 @@ def build_pipeline(platform: PlatformOptions):
         staging_workers: int = 16,
         staging_chunk_size_mb: int = 8,
         keep_deleted: bool = False,
+        skip_staging: bool = False,
         run_id: str = "",
+        resume_run_id: str = "",
         backend: str = "kubernetes",
         nnodes: int = 2,
         max_nodes: int = 0,
@@ -100,7 +147,7 @@ def build_pipeline(platform: PlatformOptions):
         checkpoint_every: int = 500,
         log_every: int = 10,
         train_timeout_s: int = 0,
-        trainer_image: str = "",
+        trainer_image: str = platform.images.trainer,
         namespace: str = "kubeflow",
         instance_type: str = "p5.48xlarge",
         job_options: dict = {},  # noqa: B006 - any other manifest setting (components/launch_pytorchjob/manifest.py)
@@ -115,74 +162,87 @@ def build_pipeline(platform: PlatformOptions):
         gate_warn_only: bool = False,
         export_s3_uri: str = "",
     ):
-        staged = stage_data(
-            source=source,
+        summary = summarize(
             storage_root=storage_root,
-            dataset=dataset,
-            include=include,
-            exclude=exclude,
-            vocab_size=vocab_size,
-            val_fraction=val_fraction,
-            tokenizer_path=tokenizer_path,
-            endpoint_url=s3_endpoint_url,
-            workers=staging_workers,
-            chunk_size_mb=staging_chunk_size_mb,
-            keep_deleted=keep_deleted,
-        )
-        platform.apply(staged, "stage-data", fsx_pvc)
-        trained = launch_pytorchjob(
-            storage_root=storage_root,
-            dataset=dataset,
             run_id=run_id,
+            resume_run_id=resume_run_id,
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            backend=backend,
-            nnodes=nnodes,
-            max_nodes=max_nodes,
-            nproc_per_node=nproc_per_node,
-            preset=preset,
-            max_steps=max_steps,
-            seed=seed,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            lr=lr,
-            warmup_steps=warmup_steps,
-            checkpoint_every=checkpoint_every,
-            log_every=log_every,
-            timeout_s=train_timeout_s,
-            image=trainer_image,
-            namespace=namespace,
-            instance_type=instance_type,
-            job_options=job_options,
-            stream_logs=stream_logs,
-            owner_reference=owner_reference,
-        ).after(staged)
-        platform.apply(trained, "launch-pytorchjob", fsx_pvc)
-        verified = verify_nccl(
-            storage_root=storage_root,
-            run_id=trained.outputs["run_id"],
-            nnodes=nnodes,
-            nproc_per_node=nproc_per_node,
-            instance_type=instance_type,
-            expect_transport=expect_transport,
-            bandwidth_fails=bandwidth_fails,
-            job_name=trained.outputs["job_name"],
-            namespace=trained.outputs["namespace"],
         )
-        platform.apply(verified, "verify-nccl", fsx_pvc)
-        evaluated = evaluate_checkpoint(
-            storage_root=storage_root,
-            dataset=dataset,
-            run_id=trained.outputs["run_id"],
-            max_tokens=eval_max_tokens,
-            checkpoint="latest",
-            max_val_loss=max_val_loss,
-            baseline_run_id=baseline_run_id,
-            baseline_margin=baseline_margin,
-            gate_warn_only=gate_warn_only,
-            export_s3_uri=export_s3_uri,
-            s3_endpoint_url=s3_endpoint_url,
-        ).after(verified)
-        platform.apply(evaluated, "evaluate-checkpoint", fsx_pvc)
+        platform.apply(summary, "summarize-run", fsx_pvc)
+        with dsl.ExitHandler(summary):
+            staged = stage(
+                source=source,
+                storage_root=storage_root,
+                dataset=dataset,
+                include=include,
+                exclude=exclude,
+                vocab_size=vocab_size,
+                val_fraction=val_fraction,
+                tokenizer_path=tokenizer_path,
+                endpoint_url=s3_endpoint_url,
+                workers=staging_workers,
+                chunk_size_mb=staging_chunk_size_mb,
+                keep_deleted=keep_deleted,
+                skip=skip_staging,
+                run_id=run_id,
+                resume_run_id=resume_run_id,
+                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            )
+            platform.apply(staged, "stage-data", fsx_pvc)
+            trained = launch(
+                storage_root=storage_root,
+                dataset=dataset,
+                run_id=run_id,
+                resume_run_id=resume_run_id,
+                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                backend=backend,
+                nnodes=nnodes,
+                max_nodes=max_nodes,
+                nproc_per_node=nproc_per_node,
+                preset=preset,
+                max_steps=max_steps,
+                seed=seed,
+                batch_size=batch_size,
+                seq_len=seq_len,
+                lr=lr,
+                warmup_steps=warmup_steps,
+                checkpoint_every=checkpoint_every,
+                log_every=log_every,
+                timeout_s=train_timeout_s,
+                image=trainer_image,
+                namespace=namespace,
+                instance_type=instance_type,
+                job_options=job_options,
+                stream_logs=stream_logs,
+                owner_reference=owner_reference,
+            ).after(staged)
+            platform.apply(trained, "launch-pytorchjob", fsx_pvc)
+            verified = verify(
+                storage_root=storage_root,
+                run_id=trained.outputs["run_id"],
+                nnodes=nnodes,
+                nproc_per_node=nproc_per_node,
+                instance_type=instance_type,
+                expect_transport=expect_transport,
+                bandwidth_fails=bandwidth_fails,
+                job_name=trained.outputs["job_name"],
+                namespace=trained.outputs["namespace"],
+            )
+            platform.apply(verified, "verify-nccl", fsx_pvc)
+            evaluated = evaluate(
+                storage_root=storage_root,
+                dataset=dataset,
+                run_id=trained.outputs["run_id"],
+                max_tokens=eval_max_tokens,
+                checkpoint="latest",
+                max_val_loss=max_val_loss,
+                baseline_run_id=baseline_run_id,
+                baseline_margin=baseline_margin,
+                gate_warn_only=gate_warn_only,
+                export_s3_uri=export_s3_uri,
+                s3_endpoint_url=s3_endpoint_url,
+            ).after(verified)
+            platform.apply(evaluated, "evaluate-checkpoint", fsx_pvc)
 
     return pretrain_pipeline
 

@@ -10,6 +10,8 @@ Every step, the trainer included, finds its files through these two classes and 
     <root>/runs/<run_id>/metrics.jsonl               one JSON object per logged step
     <root>/runs/<run_id>/status.json                 the trainer's state: running, done, preempted, crashed
     <root>/runs/<run_id>/logs/ nccl/ comms/ eval/    per-rank logs, NCCL_DEBUG_FILE output, comms self-test, evaluation
+    <root>/runs/<run_id>/steps/<step>.json           each pipeline step's outcome, written as it ends
+    <root>/runs/<run_id>/summary.json summary.md     the run summary, written by the pipeline's exit step
 
 It lives in the trainer package because the trainer image ships only that package.
 """
@@ -132,6 +134,21 @@ class RunPaths:
     @property
     def eval_report(self) -> Path:
         return self.eval / "report.md"
+
+    @property
+    def steps(self) -> Path:
+        return self.root / "steps"
+
+    def step_record(self, step: str) -> Path:
+        return self.steps / f"{step}.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def summary_report(self) -> Path:
+        return self.root / "summary.md"
 
     def comms_report(self, rank: int) -> Path:
         return self.comms / f"rank_{rank:05d}.json"

@@ -30,19 +30,24 @@ def evaluate_checkpoint(
     from components.evaluate_checkpoint.core import Gate
     from components.evaluate_checkpoint.core import evaluate_checkpoint as run
     from components.kfp_support import log_numbers, setup_logging
+    from components.run_summary.core import recorded_step
     from trainer.layout import RunPaths
 
     setup_logging()
-    gate = Gate(max_val_loss=max_val_loss, baseline_run_id=baseline_run_id, baseline_margin=baseline_margin,
-                warn_only=gate_warn_only)  # fmt: skip
-    result = run(storage_root=storage_root, dataset=dataset, run_id=run_id, max_tokens=max_tokens,
-                 checkpoint=checkpoint, gate=gate, export_s3_uri=export_s3_uri,
-                 s3_endpoint_url=s3_endpoint_url)  # fmt: skip
-    with open(report.path, "w") as f:
-        f.write(result.markdown())
-    shutil.copyfile(RunPaths.of(storage_root, run_id).eval / "report.html", html_report.path)
-    log_numbers(metrics, result.metrics())
-    model.metadata.update({"path": result.export_dir, "format": "huggingface-safetensors", "step": result.step,
-                           "s3_uri": result.export_s3_uri})  # fmt: skip
-    with open(model.path, "w") as f:  # the export stays on the volume; the artifact says where
-        f.write(result.export_dir + "\n")
+    run_paths = RunPaths.of(storage_root, run_id)
+    with recorded_step(storage_root, run_id, "evaluate-checkpoint", {"report": report.uri, "html": html_report.uri,
+                       "volume": str(run_paths.eval / "report.html")}) as record:  # fmt: skip
+        gate = Gate(max_val_loss=max_val_loss, baseline_run_id=baseline_run_id, baseline_margin=baseline_margin,
+                    warn_only=gate_warn_only)  # fmt: skip
+        result = run(storage_root=storage_root, dataset=dataset, run_id=run_id, max_tokens=max_tokens,
+                     checkpoint=checkpoint, gate=gate, export_s3_uri=export_s3_uri,
+                     s3_endpoint_url=s3_endpoint_url)  # fmt: skip
+        with open(report.path, "w") as f:
+            f.write(result.markdown())
+        shutil.copyfile(run_paths.eval / "report.html", html_report.path)
+        log_numbers(metrics, result.metrics())
+        model.metadata.update({"path": result.export_dir, "format": "huggingface-safetensors", "step": result.step,
+                               "s3_uri": result.export_s3_uri})  # fmt: skip
+        with open(model.path, "w") as f:  # the export stays on the volume; the artifact says where
+            f.write(result.export_dir + "\n")
+        record.details = {"val_loss": round(result.val_loss, 4), "gate_passed": result.gate_passed}

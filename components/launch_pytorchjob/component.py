@@ -12,6 +12,7 @@ def launch_pytorchjob(
     storage_root: str,
     dataset: str,
     run_id: str,
+    resume_run_id: str,
     pipeline_run_id: str,
     backend: str,
     nnodes: int,
@@ -36,41 +37,49 @@ def launch_pytorchjob(
     metrics: dsl.Output[dsl.Metrics],
     report: dsl.Output[dsl.Markdown],
 ) -> NamedTuple("Outputs", run_id=str, job_name=str, namespace=str, state=str):  # noqa: UP014 - KFP reads it
-    """Train with torchrun (locally, or as a PyTorchJob that a retried step re-attaches to); returns the run id."""
+    """Train with torchrun (locally, or as a PyTorchJob that a retried step re-attaches to); returns the run id.
+    With `resume_run_id`, training continues in that run's directory from its newest checkpoint."""
     from collections import namedtuple
 
     from components.kfp_support import log_numbers, setup_logging
     from components.launch_pytorchjob.core import LaunchConfig, launch, summary_markdown
+    from components.run_summary.core import recorded_step, resolve_run_id
 
     setup_logging()
-    result = launch(
-        LaunchConfig(
-            storage_root=storage_root,
-            dataset=dataset,
-            run_id=run_id or pipeline_run_id,
-            backend=backend,
-            nnodes=nnodes,
-            max_nodes=max_nodes,
-            nproc_per_node=nproc_per_node,
-            preset=preset,
-            max_steps=max_steps,
-            seed=seed,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            lr=lr,
-            warmup_steps=warmup_steps,
-            checkpoint_every=checkpoint_every,
-            log_every=log_every,
-            timeout_s=timeout_s,
-            pipeline_run_id=pipeline_run_id,
-            image=image,
-            namespace=namespace,
-            instance_type=instance_type,
-            job_options=job_options,
-            stream_logs=stream_logs,
-            owner_reference=owner_reference,
-        )
+    run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
+    config = LaunchConfig(
+        storage_root=storage_root,
+        dataset=dataset,
+        run_id=run_id,
+        resume=bool(resume_run_id),
+        backend=backend,
+        nnodes=nnodes,
+        max_nodes=max_nodes,
+        nproc_per_node=nproc_per_node,
+        preset=preset,
+        max_steps=max_steps,
+        seed=seed,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        timeout_s=timeout_s,
+        pipeline_run_id=pipeline_run_id,
+        image=image,
+        namespace=namespace,
+        instance_type=instance_type,
+        job_options=job_options,
+        stream_logs=stream_logs,
+        owner_reference=owner_reference,
     )
+    with recorded_step(storage_root, run_id, "launch-pytorchjob", {"report": report.uri}) as record:
+        if backend == "kubernetes":
+            record.details = {"job_name": config.job_name, "namespace": namespace}
+        result = launch(config)
+        if result.state:
+            record.details["state"] = result.state
     log_numbers(metrics, {k: v for k, v in vars(result).items() if v is not None})
     with open(report.path, "w") as f:
         f.write(summary_markdown(result))

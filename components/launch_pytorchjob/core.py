@@ -29,6 +29,7 @@ class LaunchConfig:
     storage_root: str
     dataset: str
     run_id: str
+    resume: bool = False  # the run directory must hold a checkpoint to continue from (resume_run_id)
     backend: str = "local"
     nnodes: int = 1
     nproc_per_node: int = 2
@@ -60,6 +61,11 @@ class LaunchConfig:
     @property
     def run_paths(self) -> RunPaths:
         return RunPaths.of(self.storage_root, self.run_id)
+
+    @property
+    def job_name(self) -> str:
+        """The PyTorchJob's name: the same for every retry of the pipeline run's step, so a retry re-attaches."""
+        return job_name(self.pipeline_run_id or self.run_id, self.run_id)
 
     @property
     def world_size(self) -> int:
@@ -96,6 +102,9 @@ class LaunchConfig:
             raise InputError(f"stream-logs {self.stream_logs!r}: choose worker-0, all or none")
         if check_storage and not meta.is_file():
             raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {meta} is missing")
+        if check_storage and self.resume and not any(self.run_paths.checkpoints.glob("checkpoint_*.pt")):
+            raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
+                             "continue from")  # fmt: skip
         if self.backend == "local" and self.nnodes != 1:
             raise InputError(f"nnodes {self.nnodes}: the local backend runs on one node")
 
@@ -150,7 +159,7 @@ class LaunchConfig:
         if not self.image:
             raise InputError("image is empty: the kubernetes backend needs the trainer image (docker/build.sh)")
         return JobSpec(
-            name=job_name(self.pipeline_run_id or self.run_id, self.run_id),
+            name=self.job_name,
             image=self.image,
             trainer_args=self.trainer_args(),
             namespace=self.namespace,

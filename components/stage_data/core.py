@@ -14,11 +14,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from components.errors import InputError
 from components.stage_data.mirror import MirrorResult, mirror
 from components.stage_data.sources import DEFAULT_EXCLUDE, LocalSource, select
-from components.stage_data.tokenization import tokenize
+from components.stage_data.tokenization import read_meta, tokenize
 from trainer.layout import DatasetPaths
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,19 @@ def stage_data(
     )
     log.info("staged %s into %s in %.1fs", source, paths.root, result.seconds)
     return result
+
+
+def staged_dataset(storage_root: str, dataset: str) -> dict[str, Any]:
+    """The tokenized dataset's meta.json, for a run that skips staging; fails if the dataset was never staged."""
+    try:
+        paths = DatasetPaths.of(storage_root, dataset)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    meta = read_meta(paths.tokenized)
+    if meta is None:
+        raise InputError(f"skip_staging: dataset {dataset!r} is not staged under {storage_root} ({paths.meta} is "
+                         "missing): stage it first")  # fmt: skip
+    return meta
 
 
 @contextmanager

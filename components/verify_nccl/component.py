@@ -25,17 +25,22 @@ def verify_nccl(
 
     from components.errors import StepFailed
     from components.kfp_support import log_numbers, setup_logging
+    from components.run_summary.core import recorded_step
     from components.verify_nccl.core import Expectations, fetch_pod_logs
     from components.verify_nccl.core import verify_nccl as run
+    from trainer.layout import RunPaths
 
     setup_logging()
-    expect = Expectations(world_size=nnodes * nproc_per_node, transport=expect_transport,
-                          instance_type=instance_type, bandwidth_fails=bandwidth_fails)  # fmt: skip
-    with tempfile.TemporaryDirectory() as pod_logs:
-        logs = [str(p) for p in fetch_pod_logs(job_name, namespace, Path(pod_logs))] if job_name else []
-        result = run(storage_root=storage_root, run_id=run_id, extra_logs=logs, expect=expect)
-    with open(report.path, "w") as f:
-        f.write(result.markdown())
-    log_numbers(metrics, result.metrics())
-    if not result.passed:
-        raise StepFailed("; ".join(f"{c.name}: {c.detail}" for c in result.failures))
+    with recorded_step(storage_root, run_id, "verify-nccl", {"report": report.uri}) as record:
+        expect = Expectations(world_size=nnodes * nproc_per_node, transport=expect_transport,
+                              instance_type=instance_type, bandwidth_fails=bandwidth_fails)  # fmt: skip
+        with tempfile.TemporaryDirectory() as pod_logs:
+            logs = [str(p) for p in fetch_pod_logs(job_name, namespace, Path(pod_logs))] if job_name else []
+            result = run(storage_root=storage_root, run_id=run_id, extra_logs=logs, expect=expect)
+        with open(report.path, "w") as f:
+            f.write(result.markdown())
+        log_numbers(metrics, result.metrics())
+        record.reports["volume"] = str(RunPaths.of(storage_root, run_id).comms_verification)
+        record.details = {"checks_failed": len(result.failures)}
+        if not result.passed:
+            raise StepFailed("; ".join(f"{c.name}: {c.detail}" for c in result.failures))

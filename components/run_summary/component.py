@@ -1,0 +1,29 @@
+"""KFP wrapper of the run summary, the pipeline's exit step (core.py holds the logic)."""
+
+from kfp import dsl
+
+from components.kfp_support import COMPONENTS_IMAGE
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def summarize_run(
+    storage_root: str,
+    run_id: str,
+    resume_run_id: str,
+    pipeline_run_id: str,
+    status: dsl.PipelineTaskFinalStatus,
+    summary: dsl.Output[dsl.Markdown],
+) -> str:
+    """Every step's outcome, the job's name and the reports' links, in <root>/runs/<run_id>/summary.json."""
+    import shutil
+
+    from components.kfp_support import setup_logging
+    from components.run_summary.core import resolve_run_id
+    from components.run_summary.core import summarize_run as run
+    from trainer.layout import RunPaths
+
+    setup_logging()
+    run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
+    result = run(storage_root, run_id, pipeline_run_id, state=status.state, error=status.error_message or "")
+    shutil.copyfile(RunPaths.of(storage_root, run_id).summary_report, summary.path)
+    return result.state

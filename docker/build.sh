@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Build the trainer and components images, push both to ECR (log in, build, tag, push, as in the seed), and
+# print the compile command that puts their references into the pipeline.
+#
+#   docker/build.sh --account 123456789012 --region us-east-1 [--tag TAG] [--platform linux/amd64] [--no-push]
+#
+# TAG defaults to the git commit (with -dirty when the tree has changes). Needs docker and, to push, the AWS
+# CLI with credentials that may push to ECR. The repositories are created when missing.
+set -euo pipefail
+
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "docker/build.sh: error: $*" >&2; exit 2; }
+
+account="${AWS_ACCOUNT_ID:-}" region="${AWS_REGION:-${AWS_DEFAULT_REGION:-}}" tag="" platform="linux/amd64" push=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --account) account="${2:?--account needs a value}"; shift 2 ;;
+    --region) region="${2:?--region needs a value}"; shift 2 ;;
+    --tag) tag="${2:?--tag needs a value}"; shift 2 ;;
+    --platform) platform="${2:?--platform needs a value}"; shift 2 ;;
+    --no-push) push=0; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+[[ "$account" =~ ^[0-9]{12}$ ]] || die "--account '$account' is not a 12-digit AWS account id"
+[[ "$region" =~ ^[a-z]{2}(-[a-z]+)+-[0-9]$ ]] || die "--region '$region' is not an AWS region such as us-east-1"
+cd "$(dirname "$0")/.."
+if [ -z "$tag" ]; then
+  tag="$(git rev-parse --short=12 HEAD 2>/dev/null)" || die "no --tag given and this is not a git checkout"
+  git diff --quiet HEAD 2>/dev/null || tag="$tag-dirty"
+fi
+[[ "$tag" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] || die "--tag '$tag' is not a valid image tag"
+
+registry="$account.dkr.ecr.$region.amazonaws.com"
+images=(trainer components)
+
+if [ "$push" = 1 ]; then
+  echo "logging in to $registry"
+  aws ecr get-login-password --region "$region" | docker login --username AWS --password-stdin "$registry"
+fi
+
+for image in "${images[@]}"; do
+  repository="hyperpod-pretrain-$image"
+  echo "building $repository:$tag ($platform)"
+  docker build --platform "$platform" -f "docker/$image.Dockerfile" -t "$repository:$tag" .
+  docker tag "$repository:$tag" "$registry/$repository:$tag"
+  if [ "$push" = 1 ]; then
+    aws ecr describe-repositories --region "$region" --repository-names "$repository" >/dev/null 2>&1 \
+      || aws ecr create-repository --region "$region" --repository-name "$repository" >/dev/null
+    docker push "$registry/$repository:$tag"
+  fi
+done
+
+echo
+echo "next: compile the pipeline with these images"
+echo "  hyperpod-pretrain compile --image-registry $registry --tag $tag"
