@@ -9,6 +9,7 @@ import logging
 import sys
 import tempfile
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -281,6 +282,72 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    from pipelines import remote
+
+    package = Path(args.pipeline_file)
+    parameters = remote.typed_parameters(args.param, package)
+    run_name = args.run_name or f"{args.pipeline_name} {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}"
+    with remote.api_errors(f"submitting {package}"):
+        client, ui = remote.connect(args.host, args.namespace)
+        version = remote.ensure_pipeline_version(client, package, args.pipeline_name)
+        experiment = remote.experiment_id(client, args.experiment, args.namespace)
+        run_id = remote.submit_run(client, version, experiment, run_name, parameters)
+        print(f"run {run_name!r} created ({'new' if version.uploaded else 'existing'} version {version.name}): "
+              f"{remote.run_link(ui, run_id)}", flush=True)  # fmt: skip
+        if not args.wait:
+            return 0
+        state = remote.wait_for_run(client, run_id, args.wait_timeout_s, args.poll_s)
+    print(f"run {run_name!r} {state}: {remote.run_link(ui, run_id)}")
+    if state != "SUCCEEDED":
+        raise StepFailed(f"run {run_id} ended {state}; its summary: <storage_root>/runs/<run_id>/summary.md")
+    return 0
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from pipelines import remote
+
+    action = "disable" if args.disable else "enable" if args.enable else "delete" if args.delete else "create"
+    if action == "create":
+        if not args.cron:
+            raise InputError("--cron is required to create a recurring run (or give --disable, --enable or --delete)")
+        cron = remote.check_cron(args.cron)
+        package = Path(args.pipeline_file)
+        parameters = remote.typed_parameters(args.param, package)
+    elif args.cron or args.param:
+        raise InputError(f"--{action} takes only --name (and --experiment): --cron and --param are for creating one")
+    with remote.api_errors(f"{action} recurring run {args.name!r}"):
+        client, ui = remote.connect(args.host, args.namespace)
+        experiment = remote.experiment_id(client, args.experiment, args.namespace)
+        existing = remote.find_recurring_run(client, args.name, experiment, args.namespace)
+        if action == "create":
+            if existing:
+                link = remote.recurring_run_link(ui, existing)
+                raise InputError(f"--name {args.name!r}: a recurring run of that name exists ({link}): --delete it "
+                                 "first or pick another name")  # fmt: skip
+            version = remote.ensure_pipeline_version(client, package, args.pipeline_name)
+            created = remote.create_recurring_run(client, version, experiment, args.name, cron, parameters)
+            print(f"recurring run {args.name!r} created ({cron}, one run at a time, no catch-up): "
+                  f"{remote.recurring_run_link(ui, created)}")  # fmt: skip
+            return 0
+        if existing is None:
+            raise InputError(f"--name {args.name!r}: no recurring run of that name in experiment {args.experiment!r}")
+        {"disable": client.disable_recurring_run, "enable": client.enable_recurring_run,
+         "delete": client.delete_recurring_run}[action](existing)  # fmt: skip
+    print(f"recurring run {args.name!r} {action}d: {remote.recurring_run_link(ui, existing)}")
+    return 0
+
+
+def add_kfp_args(p: argparse.ArgumentParser) -> None:
+    """Where the KFP API is, and the pipeline to upload."""
+    p.add_argument("--host", default="", help="the KFP API, e.g. http://localhost:8080 (default: "
+                   "KF_PIPELINES_ENDPOINT, else in-cluster or the current kubeconfig context)")  # fmt: skip
+    p.add_argument("--namespace", default="", help="the profile namespace of a multi-user KFP")
+    p.add_argument("--experiment", default="hyperpod-pretrain", help="created when missing")
+    p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE))
+    p.add_argument("--pipeline-name", default="hyperpod-pretrain", help="the pipeline's name in KFP")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipelines.local_run import default_corpus
 
@@ -342,6 +409,28 @@ def build_parser() -> argparse.ArgumentParser:
         add_train_args(p)
         add_cluster_args(p)
         p.set_defaults(func=func)
+
+    p = sub.add_parser("submit", help="upload the compiled pipeline (once per content) and start a run on KFP")
+    add_kfp_args(p)
+    p.add_argument("--run-name", default="", help="default: the pipeline's name and the UTC time")
+    p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="a pipeline parameter, typed by the pipeline (lists, dicts as JSON; repeatable)")  # fmt: skip
+    p.add_argument("--wait", action="store_true", help="wait for the run to finish: exit 0 only if it succeeded")
+    p.add_argument("--wait-timeout-s", type=positive_int, default=7 * 24 * 3600)
+    p.add_argument("--poll-s", type=float, default=15.0, help="seconds between checks of the run's state")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("schedule", help="create a recurring run on KFP, or disable, enable or delete one")
+    add_kfp_args(p)
+    p.add_argument("--name", required=True, help="the recurring run's name")
+    p.add_argument("--cron", default="", help="6 fields, seconds first: '0 0 2 * * *' is 02:00 every day")
+    p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="a pipeline parameter, typed by the pipeline (repeatable)")  # fmt: skip
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--disable", action="store_true", help="pause the recurring run --name")
+    action.add_argument("--enable", action="store_true", help="resume the recurring run --name")
+    action.add_argument("--delete", action="store_true", help="delete the recurring run --name")
+    p.set_defaults(func=cmd_schedule)
 
     p = sub.add_parser("verify-nccl", help="check NCCL logs (and a run's comms self-test reports): exit 1 on a failure")
     p.add_argument("--storage-root", default="", help="with --run-id: read the run's self-test reports and nccl/")

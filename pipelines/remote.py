@@ -1,0 +1,256 @@
+"""Submit and schedule the compiled pipeline on a Kubeflow Pipelines installation, through kfp.Client.
+
+The pipeline is uploaded once per content: its versions are named <project version>-<sha256 of the compiled
+file>, so submitting the same file again reuses its version and a changed file adds one. Parameters are given as
+KEY=VALUE and typed by the pipeline's own input definitions (the v2 API wants JSON numbers, booleans, lists and
+objects, not strings), so a typo or a bad value fails here, before anything is created.
+
+Auth is kfp.Client's: --host (or KF_PIPELINES_ENDPOINT) with the in-cluster service-account token when one is
+mounted (KF_PIPELINES_SA_TOKEN_PATH, or kfp's default path), or, with no host, the in-cluster service or the
+current kubeconfig context (kfp reaches the API through the Kubernetes API server's proxy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import kfp
+import kfp_server_api
+import urllib3
+import yaml
+
+from components.errors import InputError, StepFailed
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 10, 120  # an upload of the compiled file takes well under a second
+# Transient failures are retried with backoff: connection errors on any request, 429/5xx only on the idempotent
+# methods (a POST that created a run and then failed must not create a second one).
+RETRY = urllib3.Retry(total=4, connect=3, read=2, status=3, backoff_factor=1.0,
+                      status_forcelist=(429, 500, 502, 503, 504), raise_on_status=False)  # fmt: skip
+FINISHED = ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED")
+DEFAULT_SA_TOKEN = "/var/run/secrets/kubeflow/pipelines/token"  # where KFP mounts a pod's token
+
+
+class Client(kfp.Client):
+    """kfp.Client with a timeout on every call and bounded retries of transient errors (kfp sets neither)."""
+
+    def _load_config(self, *args: Any, **kwargs: Any) -> kfp_server_api.Configuration:
+        config = super()._load_config(*args, **kwargs)
+        config.retries = RETRY
+        return config
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        rest = self._run_api.api_client.rest_client  # shared by every API object of this client
+        request = rest.request
+
+        def request_with_timeout(*args: Any, _request_timeout: Any = None, **kw: Any) -> Any:
+            return request(*args, _request_timeout=_request_timeout or (CONNECT_TIMEOUT_S, READ_TIMEOUT_S), **kw)
+
+        rest.request = request_with_timeout
+
+    def get_kfp_healthz(self, sleep_duration: int = 5) -> kfp_server_api.V2beta1GetHealthzResponse:
+        """One call, with the timeout and the transport's retries (kfp's own tries 5 times, 5 s apart, unbounded)."""
+        return self._healthz_api.healthz_service_get_healthz(_request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
+
+
+def connect(host: str = "", namespace: str = "") -> tuple[Client, str]:
+    """A client, and the base of the UI's links (empty when kfp found the API itself, in-cluster or kubeconfig)."""
+    host = host or os.environ.get("KF_PIPELINES_ENDPOINT", "")
+    if host and not re.match(r"^https?://[^/\s]+", host):
+        raise InputError(f"--host {host!r} is not an http(s) URL such as http://localhost:8080")
+    kwargs: dict[str, Any] = {"host": host or None}
+    if namespace:
+        kwargs["namespace"] = namespace
+    token = os.environ.get("KF_PIPELINES_SA_TOKEN_PATH", DEFAULT_SA_TOKEN)
+    if host and os.path.isfile(token):
+        from kfp.client.set_volume_credentials import ServiceAccountTokenVolumeCredentials
+
+        kwargs["credentials"] = ServiceAccountTokenVolumeCredentials(path=token)
+    client = Client(**kwargs)
+    ui = os.environ.get("KF_PIPELINES_UI_ENDPOINT", host).rstrip("/")
+    return client, ui
+
+
+@contextmanager
+def api_errors(what: str) -> Iterator[None]:
+    """A failed call to the KFP API as one line: the status and the server's message, or why it was not reached."""
+    try:
+        yield
+    except kfp_server_api.ApiException as exc:
+        try:
+            message = json.loads(exc.body or "{}").get("message") or exc.body
+        except ValueError:
+            message = exc.body
+        raise StepFailed(
+            f"{what}: the KFP API answered {exc.status} {exc.reason}: {str(message).strip()[:300]}"
+        ) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise StepFailed(f"{what}: the KFP API could not be reached: {str(exc).splitlines()[0][:300]}") from None
+
+
+def run_link(ui: str, run_id: str) -> str:
+    return f"{ui}/#/runs/details/{run_id}" if ui else f"run {run_id} (set --host for a link)"
+
+
+def recurring_run_link(ui: str, recurring_run_id: str) -> str:
+    return f"{ui}/#/recurringrun/details/{recurring_run_id}" if ui else f"recurring run {recurring_run_id}"
+
+
+# --- parameters -----------------------------------------------------------------------------------------------
+
+
+def pipeline_inputs(package: Path) -> dict[str, dict[str, Any]]:
+    """The pipeline's parameters as the compiled file declares them: name -> parameterType, defaultValue."""
+    try:
+        spec = next(yaml.safe_load_all(package.read_text()))
+        return spec["root"]["inputDefinitions"]["parameters"]
+    except (OSError, yaml.YAMLError, StopIteration, KeyError, TypeError) as exc:
+        raise InputError(f"pipeline file {package}: not a compiled pipeline ({exc})") from None
+
+
+def typed_parameters(pairs: list[tuple[str, str]], package: Path) -> dict[str, Any]:
+    """KEY=VALUE pairs as the JSON values the pipeline's inputs take; every required input must be given."""
+    inputs = pipeline_inputs(package)
+    values: dict[str, Any] = {}
+    for key, text in pairs:
+        if key not in inputs:
+            raise InputError(f"--param {key}: the pipeline has no such parameter (see the README's parameter table)")
+        kind = inputs[key]["parameterType"]
+        try:
+            values[key] = _parse(text, kind)
+        except ValueError as exc:
+            raise InputError(f"--param {key}={text!r}: {exc}") from None
+    missing = [k for k, d in inputs.items() if not d.get("isOptional") and "defaultValue" not in d and k not in values]
+    if missing:
+        raise InputError(f"--param {missing[0]}=... is required (the pipeline has no default for it)")
+    return values
+
+
+def _parse(text: str, kind: str) -> Any:
+    if kind == "STRING":
+        return text
+    if kind == "NUMBER_INTEGER":
+        return int(text)
+    if kind == "NUMBER_DOUBLE":
+        return float(text)
+    if kind == "BOOLEAN":
+        if text.lower() not in ("true", "false"):
+            raise ValueError("expected true or false")
+        return text.lower() == "true"
+    expected = {"LIST": list, "STRUCT": dict}[kind]
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"expected a JSON {expected.__name__}") from None
+    if not isinstance(value, expected):
+        raise ValueError(f"expected a JSON {expected.__name__}")
+    return value
+
+
+# --- pipeline versions and runs -------------------------------------------------------------------------------
+
+
+@dataclass
+class PipelineVersion:
+    pipeline_id: str
+    version_id: str
+    name: str
+    uploaded: bool
+
+
+def version_name(package: Path) -> str:
+    digest = hashlib.sha256(package.read_bytes()).hexdigest()[:12]
+    return f"{version('hyperpod-pretrain')}-{digest}"
+
+
+def _name_filter(key: str, value: str) -> str:
+    return json.dumps({"predicates": [{"operation": "EQUALS", "key": key, "stringValue": value}]})
+
+
+def ensure_pipeline_version(client: Client, package: Path, pipeline_name: str) -> PipelineVersion:
+    """The pipeline version holding exactly `package`: found by its content-derived name, else uploaded."""
+    name = version_name(package)
+    pipeline_id = client.get_pipeline_id(pipeline_name)
+    if pipeline_id is None:
+        description = next(yaml.safe_load_all(package.read_text()))["pipelineInfo"].get("description", "")
+        pipeline_id = client.upload_pipeline(str(package), pipeline_name, description[:1000]).pipeline_id
+        log.info("created pipeline %s (%s)", pipeline_name, pipeline_id)
+    else:
+        found = client.list_pipeline_versions(pipeline_id, page_size=1, filter=_name_filter("display_name", name))
+        if found.pipeline_versions:
+            return PipelineVersion(pipeline_id, found.pipeline_versions[0].pipeline_version_id, name, uploaded=False)
+    uploaded = client.upload_pipeline_version(str(package), pipeline_version_name=name, pipeline_id=pipeline_id)
+    log.info("uploaded pipeline version %s (%s)", name, uploaded.pipeline_version_id)
+    return PipelineVersion(pipeline_id, uploaded.pipeline_version_id, name, uploaded=True)
+
+
+def experiment_id(client: Client, name: str, namespace: str) -> str:
+    """The experiment's id; created when missing (kfp looks it up by name first)."""
+    return client.create_experiment(name, namespace=namespace or None).experiment_id
+
+
+def submit_run(client: Client, version: PipelineVersion, experiment: str, run_name: str,
+               parameters: dict[str, Any]) -> str:  # fmt: skip
+    run = client.run_pipeline(experiment_id=experiment, job_name=run_name, pipeline_id=version.pipeline_id,
+                              version_id=version.version_id, params=parameters)  # fmt: skip
+    return run.run_id
+
+
+def wait_for_run(client: Client, run_id: str, timeout_s: float, poll_s: float = 15.0) -> str:
+    """Poll until the run finishes (CANCELED included, which kfp's own wait ignores); its final state."""
+    deadline, last = time.monotonic() + timeout_s, ""
+    while True:
+        run = client.get_run(run_id)
+        state = run.state or "PENDING"
+        if state != last:
+            log.info("run %s: %s", run_id, state)
+            last = state
+        if state in FINISHED:
+            return state
+        if time.monotonic() + poll_s > deadline:
+            raise StepFailed(f"run {run_id} is still {state} after {timeout_s:.0f} s (--wait-timeout-s)")
+        time.sleep(poll_s)
+
+
+# --- recurring runs -------------------------------------------------------------------------------------------
+
+CRON_FIELDS = 6  # KFP's scheduler takes seconds first: "0 0 2 * * *" is 02:00 every day
+
+
+def check_cron(cron: str) -> str:
+    fields = cron.split()
+    if len(fields) != CRON_FIELDS:
+        raise InputError(f"--cron {cron!r}: KFP's cron has 6 fields, seconds first, e.g. '0 0 2 * * *' for 02:00 "
+                         "every day")  # fmt: skip
+    return cron
+
+
+def find_recurring_run(client: Client, name: str, experiment: str, namespace: str) -> str | None:
+    found = client.list_recurring_runs(experiment_id=experiment, namespace=namespace or None, page_size=2,
+                                       filter=_name_filter("display_name", name))  # fmt: skip
+    runs = found.recurring_runs or []
+    if len(runs) > 1:
+        raise InputError(f"--name {name!r}: more than one recurring run has this name; manage them in the UI")
+    return runs[0].recurring_run_id if runs else None
+
+
+def create_recurring_run(client: Client, version: PipelineVersion, experiment: str, name: str, cron: str,
+                         parameters: dict[str, Any]) -> str:  # fmt: skip
+    """At most one run at a time, and no catch-up of the runs missed while disabled or down."""
+    recurring = client.create_recurring_run(experiment_id=experiment, job_name=name, cron_expression=cron,
+                                            max_concurrency=1, no_catchup=True, pipeline_id=version.pipeline_id,
+                                            version_id=version.version_id, params=parameters, enabled=True)  # fmt: skip
+    return recurring.recurring_run_id

@@ -1,0 +1,193 @@
+"""`submit` and `schedule`: the real CLI and kfp.Client against the loopback KFP v2beta1 server (tests/kfp_server.py),
+which checks every body against kfp_server_api's models and every run's parameters against the compiled spec."""
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines import COMPILED_PIPELINE
+from tests.kfp_server import FakeKfp
+
+pytestmark = pytest.mark.timeout(120)
+CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
+
+
+@pytest.fixture
+def server() -> Iterator[FakeKfp]:
+    with FakeKfp() as fake:
+        yield fake
+        assert fake.errors == []  # nothing the fake received broke the real API's schema
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """No kfp context file, KF_PIPELINES_* variable or service-account token of this machine leaks in."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KF_PIPELINES")}
+    return clean | {"HOME": str(tmp_path), "KF_PIPELINES_SA_TOKEN_PATH": str(tmp_path / "no-token")}
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, timeout=100)
+
+
+def test_submit_uploads_once_and_creates_a_run_with_typed_parameters(server: FakeKfp, env: dict[str, str]) -> None:
+    params = ["--param", "source=s3://corpus/prefix", "--param", "nnodes=4", "--param", "lr=0.0003",
+              "--param", "skip_staging=true", "--param", 'include=["*.txt", "*.md"]',
+              "--param", 'job_options={"memory": "512Gi"}']  # fmt: skip
+    result = cli(env, "submit", "--host", server.url, "--run-name", "first", *params)
+    assert result.returncode == 0, result.stderr
+    (run,) = server.runs.values()
+    assert f"{server.url}/#/runs/details/{run.id}" in result.stdout
+    assert run.parameters == {"source": "s3://corpus/prefix", "nnodes": 4, "lr": 0.0003, "skip_staging": True,
+                              "include": ["*.txt", "*.md"], "job_options": {"memory": "512Gi"}}  # fmt: skip
+    assert run["display_name"] == "first"
+    (pipeline,) = server.pipelines.values()
+    assert pipeline["display_name"] == "hyperpod-pretrain"
+    # The uploaded file is the compiled file, byte for byte, pipeline spec and platform spec.
+    version = server.versions[run["pipeline_version_reference"]["pipeline_version_id"]]
+    assert version.package == COMPILED_PIPELINE.read_bytes()
+    spec, platform = yaml.safe_load_all(COMPILED_PIPELINE.read_text())
+    assert version.pipeline_spec == spec and version.platform_spec == platform
+    (experiment,) = server.experiments.values()
+    assert experiment["display_name"] == "hyperpod-pretrain" and run["experiment_id"] == experiment.id
+
+    uploads = len(server.requests_to("POST", r"/pipelines/upload"))
+    again = cli(env, "submit", "--host", server.url, "--param", "source=s3://corpus/prefix")
+    assert again.returncode == 0, again.stderr
+    assert "existing version" in again.stdout
+    assert len(server.requests_to("POST", r"/pipelines/upload")) == uploads  # reused, not uploaded again
+    assert len(server.runs) == 2 and len(server.experiments) == 1
+    second = [r for r in server.runs.values() if r.id != run.id][0]
+    assert second["pipeline_version_reference"] == run["pipeline_version_reference"]
+
+
+def test_a_changed_pipeline_file_adds_a_version(server: FakeKfp, env: dict[str, str], tmp_path: Path) -> None:
+    assert cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b").returncode == 0
+    changed = tmp_path / "pipeline.yaml"
+    changed.write_text(COMPILED_PIPELINE.read_text().replace("defaultValue: 5000.0", "defaultValue: 6000.0"))
+    result = cli(env, "submit", "--host", server.url, "--pipeline-file", str(changed), "--param", "source=s3://a/b")
+    assert result.returncode == 0, result.stderr
+    assert "new version" in result.stdout
+    (pipeline,) = server.pipelines.values()
+    assert {v.package for v in server.versions_of(pipeline.id)} >= {
+        COMPILED_PIPELINE.read_bytes(),
+        changed.read_bytes(),
+    }
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (["--param", "source=s3://a", "--param", "nnode=2"], "--param nnode: the pipeline has no such parameter"),
+        (["--param", "source=s3://a", "--param", "nnodes=two"], "--param nnodes='two': invalid literal for int()"),
+        (["--param", "source=s3://a", "--param", "skip_staging=yes"], "expected true or false"),
+        (["--param", "source=s3://a", "--param", "include=*.txt"], "expected a JSON list"),
+        (["--param", "nnodes=2"], "--param source=... is required"),
+        (["--param", "source"], "'source' is not KEY=VALUE"),
+    ],
+)
+def test_bad_parameters_fail_before_anything_is_created(
+    server: FakeKfp, env: dict[str, str], params: list[str], message: str
+) -> None:
+    result = cli(env, "submit", "--host", server.url, *params)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1]
+    assert [r for r in server.requests if r.method != "GET"] == []
+
+
+@pytest.mark.parametrize("outcome, code", [("SUCCEEDED", 0), ("FAILED", 1), ("CANCELED", 1)])
+def test_submit_wait_exits_by_the_runs_outcome(server: FakeKfp, env: dict[str, str], outcome: str, code: int) -> None:
+    server.run_outcome = outcome
+    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b", "--wait", "--poll-s", "0.05")
+    assert result.returncode == code, result.stderr
+    (run,) = server.runs.values()
+    assert f"{outcome}: {server.url}/#/runs/details/{run.id}" in result.stdout
+    if code:
+        assert result.stderr.strip().splitlines()[-1].startswith("hyperpod-pretrain submit: failed: run ")
+
+
+def test_the_service_account_token_is_sent(server: FakeKfp, env: dict[str, str], tmp_path: Path) -> None:
+    server.require_token = "pipeline-runner-token"
+    token = tmp_path / "token"
+    token.write_text("pipeline-runner-token")
+    env["KF_PIPELINES_SA_TOKEN_PATH"] = str(token)
+    env["KF_PIPELINES_ENDPOINT"] = server.url  # the host from kfp's own variable
+    result = cli(env, "submit", "--param", "source=s3://a/b")
+    assert result.returncode == 0, result.stderr
+    assert all(r.headers.get("authorization") == "Bearer pipeline-runner-token" for r in server.requests)
+    token.write_text("expired")
+    denied = cli(env, "submit", "--param", "source=s3://a/b")
+    assert denied.returncode == 1
+    assert "the KFP API answered 401" in denied.stderr.strip().splitlines()[-1]
+    server.errors.clear()
+
+
+def test_transient_errors_are_retried_but_a_run_is_never_created_twice(server: FakeKfp, env: dict[str, str]) -> None:
+    server.fail_next("GET", r"/pipelines$", status=503, times=2)
+    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    assert result.returncode == 0, result.stderr
+    assert len(server.requests_to("GET", r"/pipelines$")) == 3
+    server.fail_next("POST", r"/runs$", status=503)
+    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    assert result.returncode == 1
+    assert "the KFP API answered 503" in result.stderr.strip().splitlines()[-1]
+    assert len(server.requests_to("POST", r"/runs$")) == 2  # the first submit's and this one's: no retry of a POST
+    server.errors.clear()
+
+
+def test_an_unreachable_api_is_one_line(env: dict[str, str]) -> None:
+    with FakeKfp() as gone:
+        url = gone.url
+    result = cli(env, "submit", "--host", url, "--param", "source=s3://a/b")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("hyperpod-pretrain submit: failed: submitting ") and "could not be reached" in last
+    bad = cli(env, "submit", "--host", "localhost:8080", "--param", "source=s3://a/b")
+    assert bad.returncode == 2 and "--host 'localhost:8080' is not an http(s) URL" in bad.stderr
+
+
+def test_schedule_creates_disables_enables_and_deletes(server: FakeKfp, env: dict[str, str]) -> None:
+    result = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 2 * * *",
+                 "--param", "source=s3://corpus/prefix", "--param", "max_steps=20000")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (recurring,) = server.recurring_runs.values()
+    assert f"{server.url}/#/recurringrun/details/{recurring.id}" in result.stdout
+    assert recurring.cron == "0 0 2 * * *" and recurring.max_concurrency == 1 and recurring.no_catchup is True
+    assert recurring.mode == "ENABLE" and recurring["display_name"] == "nightly"
+    assert recurring.parameters == {"source": "s3://corpus/prefix", "max_steps": 20000}
+    version = server.versions[recurring["pipeline_version_reference"]["pipeline_version_id"]]
+    assert version.package == COMPILED_PIPELINE.read_bytes()
+
+    duplicate = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 3 * * *",
+                    "--param", "source=s3://x/y")  # fmt: skip
+    assert duplicate.returncode == 2 and "a recurring run of that name exists" in duplicate.stderr
+    assert len(server.recurring_runs) == 1
+
+    for action, mode in (("--disable", "DISABLE"), ("--enable", "ENABLE")):
+        changed = cli(env, "schedule", "--host", server.url, "--name", "nightly", action)
+        assert changed.returncode == 0, changed.stderr
+        assert server.recurring_runs[recurring.id].mode == mode
+    deleted = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--delete")
+    assert deleted.returncode == 0, deleted.stderr
+    assert server.recurring_runs == {}
+    missing = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--disable")
+    assert missing.returncode == 2 and "no recurring run of that name" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cron", "0 2 * * *", "--param", "source=s3://a"], "KFP's cron has 6 fields, seconds first"),
+        (["--param", "source=s3://a"], "--cron is required to create a recurring run"),
+        (["--disable", "--cron", "0 0 2 * * *"], "--disable takes only --name"),
+    ],
+)
+def test_schedule_bad_input(server: FakeKfp, env: dict[str, str], args: list[str], message: str) -> None:
+    result = cli(env, "schedule", "--host", server.url, "--name", "nightly", *args)
+    assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1]
+    assert server.requests == []
