@@ -232,3 +232,27 @@ def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "image registry 'https://ecr'" in bad.stderr.splitlines()[-1]
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_the_readme_lists_every_parameter_with_its_default() -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("### Pipeline parameters", 1)[1].split("\n### ", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table, re.M))
+    spec = next(yaml.safe_load_all(COMPILED_PIPELINE.read_text()))
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert set(rows) == set(parameters)
+    for name, definition in parameters.items():
+        cell = rows[name].strip()
+        if "defaultValue" not in definition:
+            assert cell == "(required)", name
+            continue
+        value, kind = definition["defaultValue"], definition["parameterType"]
+        expected = {
+            "STRING": lambda v: v or '""',
+            "NUMBER_INTEGER": lambda v: str(int(v)),
+            "NUMBER_DOUBLE": lambda v: repr(float(v)),
+            "BOOLEAN": lambda v: str(v).lower(),
+        }.get(kind, json.dumps)(value)
+        assert re.match(r"`([^`]*)`", cell).group(1) == expected, name
