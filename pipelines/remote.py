@@ -49,6 +49,19 @@ class Client(kfp.Client):
     def _load_config(self, *args: Any, **kwargs: Any) -> kfp_server_api.Configuration:
         config = super()._load_config(*args, **kwargs)
         config.retries = RETRY
+        # Through a kubeconfig, kfp appends the API server's service-proxy path to the cluster's URL, but the
+        # kubernetes client's token refresh hook (run before every request) sets the URL back to the cluster's,
+        # and itself back as the hook: every call would miss the proxy. Put both back after it.
+        refresh = config.refresh_api_key_hook
+        if refresh is not None and config.host.endswith("/proxy/"):
+            proxied = config.host
+
+            def refresh_keeping_the_proxy(configuration: kfp_server_api.Configuration) -> None:
+                refresh(configuration)
+                configuration.host = proxied
+                configuration.refresh_api_key_hook = refresh_keeping_the_proxy
+
+            config.refresh_api_key_hook = refresh_keeping_the_proxy
         return config
 
     def __init__(self, **kwargs: Any) -> None:

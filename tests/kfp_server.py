@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import kfp
 import kfp_server_api
@@ -673,8 +673,12 @@ class FakeKfp:
         run_outcome: str = "SUCCEEDED",
         run_progression: Sequence[str] = ("RUNNING",),
         check_parameters: bool = True,
+        path_prefix: str = "",
     ) -> None:
         self.require_token = require_token
+        # Served under this prefix too, as kfp.Client reaches KFP through a kubeconfig: the Kubernetes API
+        # server's service proxy, e.g. /api/v1/namespaces/kubeflow/services/ml-pipeline:http/proxy.
+        self.path_prefix = path_prefix.rstrip("/")
         self.multi_user = multi_user
         self.run_outcome = run_outcome
         self.run_progression = run_progression
@@ -793,6 +797,10 @@ class FakeKfp:
         with self._lock:
             split = urlsplit(raw_path)
             path = split.path
+            if self.path_prefix:  # only under the prefix: anything else finds no route (a 404, in .errors)
+                path = unquote(path)  # the client sends the proxy path's ":" as %3A
+                inside = path.startswith(self.path_prefix + "/")
+                path = "/" + path[len(self.path_prefix) :].lstrip("/") if inside else "/outside-the-proxy" + path
             lower_headers = {name.lower(): value for name, value in headers.items()}
             pairs = parse_qsl(split.query, keep_blank_values=True)
             query = dict(pairs)

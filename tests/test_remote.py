@@ -127,6 +127,26 @@ def test_the_service_account_token_is_sent(server: FakeKfp, env: dict[str, str],
     server.errors.clear()
 
 
+def test_without_a_host_the_kubeconfig_reaches_kfp_through_the_api_servers_proxy(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    proxy = "/api/v1/namespaces/kubeflow/services/ml-pipeline:http/proxy"
+    with FakeKfp(path_prefix=proxy, require_token="kubeconfig-user-token") as server:
+        kubeconfig = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "hyperpod",
+            "clusters": [{"name": "eks", "cluster": {"server": server.url}}],
+            "users": [{"name": "me", "user": {"token": "kubeconfig-user-token"}}],
+            "contexts": [{"name": "hyperpod", "context": {"cluster": "eks", "user": "me"}}],
+        }  # fmt: skip
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+        env["KUBECONFIG"] = str(tmp_path / "kubeconfig")
+        result = cli(env, "submit", "--param", "source=s3://a/b")
+        assert result.returncode == 0, result.stderr
+        assert len(server.runs) == 1  # and every request came through the proxy's path (else server.errors)
+        assert "(set --host for a link)" in result.stdout
+        assert server.errors == []
+
+
 def test_transient_errors_are_retried_but_a_run_is_never_created_twice(server: FakeKfp, env: dict[str, str]) -> None:
     server.fail_next("GET", r"/pipelines$", status=503, times=2)
     result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
