@@ -6,7 +6,16 @@ It serves, through the official ``kubernetes`` client, what a launcher does agai
   API server does it: unknown fields are pruned (and reported), schema defaults applied, the rest validated (422),
   then the training operator's validating webhook (403), then storage (409 on an existing name);
 - pods (list, watch, get) and their ``log`` subresource (follow, timestamps, sinceSeconds, tailLines, previous);
-- core/v1 events (list, watch), optionally forbidden (403) as for a service account without the RBAC rule.
+- core/v1 events (list, watch), optionally forbidden (403) as for a service account without the RBAC rule;
+- what a preflight check reads about the cluster: nodes, pods on nodes (across namespaces, field selectors on
+  ``spec.nodeName`` and ``status.phase``), PersistentVolumeClaims, namespaces, apps/v1 DaemonSets and Deployments,
+  apiextensions.k8s.io/v1 CustomResourceDefinitions (the PyTorchJob CRD installed, removable: then the PyTorchJob
+  endpoints answer 404 as a real API server does) and authorization.k8s.io/v1 SelfSubjectAccessReviews.
+
+Every resource request is authorized the way the API server's RBAC authorizer does it: by default the user is bound
+to ``cluster-admin``; :meth:`FakeKubernetes.use_rbac` puts the Roles and bindings of a manifest (``deploy/rbac.yaml``)
+in its place, :meth:`FakeKubernetes.grant` adds rules and :meth:`FakeKubernetes.deny` takes permissions away. A
+forbidden request gets the API server's 403, and a SelfSubjectAccessReview answers from the same decision.
 
 A :class:`Lifecycle` plays the training operator's and the kubelet's part for each created job: conditions, replica
 statuses, pods, container states, log lines and events on a timeline. :class:`Faults` injects error statuses,
@@ -51,6 +60,46 @@ WEBHOOK_NAME = "validator.pytorchjob.training-operator.kubeflow.org"
 DEFAULT_USER = "system:serviceaccount:kubeflow:pipeline-runner"
 INSUFFICIENT_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
 DEFAULT_LOG_LINES = ("step 10 loss 4.2", "step 20 loss 3.1", "step 30 loss 2.5")
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+NODE_HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+# Allocatable resources of HyperPod instance types (8 GPUs each; EFA devices as in DESIGN.md).
+INSTANCE_RESOURCES: dict[str, dict[str, str]] = {
+    "ml.p5.48xlarge": {"cpu": "192", "memory": "2063937952Ki", GPU_RESOURCE: "8", EFA_RESOURCE: "32"},
+    "ml.p5en.48xlarge": {"cpu": "192", "memory": "2063937952Ki", GPU_RESOURCE: "8", EFA_RESOURCE: "16"},
+    "ml.p4d.24xlarge": {"cpu": "96", "memory": "1176338588Ki", GPU_RESOURCE: "8", EFA_RESOURCE: "4"},
+}
+CPU_NODE_RESOURCES = {"cpu": "8", "memory": "31669808Ki"}
+
+# The device plugins a GPU/EFA cluster runs (HyperPod installs both in kube-system).
+EFA_DEVICE_PLUGIN = "aws-efa-k8s-device-plugin-daemonset"
+EFA_DEVICE_PLUGIN_IMAGE = "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.5.6"
+NVIDIA_DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
+NVIDIA_DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.16.2"
+
+TRAINING_OPERATOR = "training-operator"
+TRAINING_OPERATOR_NAMESPACE = "kubeflow"
+TRAINING_OPERATOR_LABELS = {"control-plane": "kubeflow-training-operator"}
+
+# What the kubelet reports when containerd cannot pull an image ({ref}, {registry}, {repository}, {tag}, {image}).
+IMAGE_PULL_UNAUTHORIZED = (
+    'rpc error: code = Unknown desc = failed to pull and unpack image "{ref}": failed to resolve reference "{ref}": '
+    "unexpected status from HEAD request to https://{registry}/v2/{repository}/manifests/{tag}: 401 Unauthorized"
+)
+IMAGE_PULL_ACCESS_DENIED = (
+    'rpc error: code = Unknown desc = failed to pull and unpack image "{ref}": failed to resolve reference "{ref}": '
+    "pull access denied, repository does not exist or may require authorization: server message: insufficient_scope: "
+    "authorization failed"
+)
+IMAGE_PULL_NOT_FOUND = (
+    'rpc error: code = NotFound desc = failed to pull and unpack image "{ref}": failed to resolve reference "{ref}": '
+    "{ref}: not found"
+)
 
 # The fields of metav1.ObjectMeta: the API server keeps only these under a resource's root metadata.
 OBJECT_META_FIELDS = frozenset(
@@ -108,6 +157,43 @@ QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 def now_rfc3339() -> str:
     """The current time the way metav1.Time serializes: RFC 3339, UTC, whole seconds."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339(at: datetime | float | str | None = None) -> str:
+    """A metav1.Time: ``at`` as a datetime, seconds since the epoch or an RFC 3339 string (None: now)."""
+    if at is None:
+        return now_rfc3339()
+    if isinstance(at, str):
+        parse_rfc3339_ns(at)  # reject what is not a time
+        return at
+    if isinstance(at, datetime):
+        moment = at if at.tzinfo else at.replace(tzinfo=UTC)
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_image(image: str) -> dict[str, str]:
+    """An image name the way containerd resolves it: ``ref`` (normalized), ``registry`` (host), ``repository``, ``tag``
+    (or digest), and ``image`` as written."""
+    name, _, digest = image.partition("@")
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first, rest
+    else:
+        registry, path = "docker.io", name if "/" in name else f"library/{name}"
+    tag = ""
+    if ":" in path.rsplit("/", 1)[-1]:
+        path, tag = path.rsplit(":", 1)
+    ref = f"{registry}/{path}" + (f"@{digest}" if digest else f":{tag or 'latest'}")
+    host = "registry-1.docker.io" if registry == "docker.io" else registry
+    return {"image": image, "ref": ref, "registry": host, "repository": path, "tag": digest or tag or "latest"}
+
+
+def _image_message(template: str, image: str) -> str:
+    text = template
+    for key, value in parse_image(image).items():
+        text = text.replace("{" + key + "}", value)
+    return text
 
 
 def rfc3339_nano(t_ns: int) -> str:
@@ -600,10 +686,21 @@ def _dig(obj: dict[str, Any], dotted: str) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def field_matcher(selector: str | None, supported: frozenset[str]) -> Callable[[dict[str, Any]], bool]:
-    """A field selector (``a=b``, ``a==b``, ``a!=b``, comma-joined) over the fields the resource supports."""
+def field_matcher(
+    selector: str | None, supported: frozenset[str], defaults: dict[str, str] | None = None
+) -> Callable[[dict[str, Any]], bool]:
+    """A field selector (``a=b``, ``a==b``, ``a!=b``, comma-joined) over the fields the resource supports.
+
+    ``defaults`` are the values fields left out of the JSON have (``spec.unschedulable``: ``"false"``), as the API
+    server compares the Go struct's fields, not the serialized object.
+    """
     if not selector:
         return lambda obj: True
+    defaults = defaults or {}
+
+    def value_of(obj: dict[str, Any], key: str) -> str:
+        return _dig(obj, key) or defaults.get(key, "")
+
     tests: list[Callable[[dict[str, Any]], bool]] = []
     for term in _split_top_level(selector):
         m = re.fullmatch(r"([^=!]+?)\s*(==|=|!=)\s*(.*)", term)
@@ -613,9 +710,9 @@ def field_matcher(selector: str | None, supported: frozenset[str]) -> Callable[[
         if key not in supported:
             raise ApiError(400, f"field label not supported: {key}")
         if op == "!=":
-            tests.append(lambda obj, k=key, v=value: _dig(obj, k) != v)
+            tests.append(lambda obj, k=key, v=value: value_of(obj, k) != v)
         else:
-            tests.append(lambda obj, k=key, v=value: _dig(obj, k) == v)
+            tests.append(lambda obj, k=key, v=value: value_of(obj, k) == v)
     return lambda obj: all(test(obj) for test in tests)
 
 
@@ -633,6 +730,10 @@ class Kind:
     kind: str
     fields: frozenset[str]  # field selectors it supports
     typed_items: bool  # built-in lists leave kind/apiVersion out of their items
+    namespaced: bool = True
+    verbs: frozenset[str] = frozenset({"get", "list", "watch"})  # what the fake serves
+    subresources: frozenset[str] = frozenset()  # served for GET (``status`` answers the object itself)
+    field_defaults: tuple[tuple[str, str], ...] = ()  # see field_matcher
 
     @property
     def api_version(self) -> str:
@@ -652,6 +753,7 @@ POD_FIELDS = frozenset(
         "metadata.name",
         "metadata.namespace",
         "spec.nodeName",
+        "spec.hostNetwork",
         "spec.restartPolicy",
         "spec.schedulerName",
         "spec.serviceAccountName",
@@ -677,8 +779,65 @@ EVENT_FIELDS = frozenset(
         "type",
     }
 )
-PODS = Kind("pods", "", "v1", "Pod", POD_FIELDS, True)
+NAME_FIELDS = frozenset({"metadata.name"})
+NAMESPACED_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
+PODS = Kind(
+    "pods",
+    "",
+    "v1",
+    "Pod",
+    POD_FIELDS,
+    True,
+    subresources=frozenset({"log", "status"}),
+    field_defaults=(("spec.hostNetwork", "false"),),
+)
 EVENTS = Kind("events", "", "v1", "Event", EVENT_FIELDS, True)
+NODES = Kind(
+    "nodes",
+    "",
+    "v1",
+    "Node",
+    NAME_FIELDS | {"spec.unschedulable"},
+    True,
+    namespaced=False,
+    subresources=frozenset({"status"}),
+    field_defaults=(("spec.unschedulable", "false"),),
+)
+NAMESPACES = Kind("namespaces", "", "v1", "Namespace", NAME_FIELDS | {"status.phase"}, True, namespaced=False)
+PVCS = Kind(
+    "persistentvolumeclaims",
+    "",
+    "v1",
+    "PersistentVolumeClaim",
+    NAMESPACED_FIELDS,
+    True,
+    subresources=frozenset({"status"}),
+)
+DAEMONSETS = Kind("daemonsets", "apps", "v1", "DaemonSet", NAMESPACED_FIELDS, True, subresources=frozenset({"status"}))
+DEPLOYMENTS = Kind(
+    "deployments", "apps", "v1", "Deployment", NAMESPACED_FIELDS, True, subresources=frozenset({"status"})
+)
+CRDS = Kind(
+    "customresourcedefinitions",
+    "apiextensions.k8s.io",
+    "v1",
+    "CustomResourceDefinition",
+    NAME_FIELDS,
+    True,
+    namespaced=False,
+    subresources=frozenset({"status"}),
+)
+SSARS = Kind(
+    "selfsubjectaccessreviews",
+    "authorization.k8s.io",
+    "v1",
+    "SelfSubjectAccessReview",
+    frozenset(),
+    True,
+    namespaced=False,
+    verbs=frozenset({"create"}),
+)
+BUILTIN_KINDS = (PODS, EVENTS, NODES, NAMESPACES, PVCS, DAEMONSETS, DEPLOYMENTS, CRDS, SSARS)
 
 
 @dataclass
@@ -781,6 +940,210 @@ class Faults:
                     self.injected.append((rule.kind, method, path))
                     return rule
         return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Authorization: RBAC as the API server's authorizer evaluates it
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """What a request asks to do (the authorizer's Attributes): a resource request, or a non-resource ``path``."""
+
+    verb: str
+    group: str = ""
+    resource: str = ""
+    subresource: str = ""
+    namespace: str = ""  # "" for cluster-scoped resources and for requests across all namespaces
+    name: str = ""
+    path: str = ""  # non-resource requests only
+
+    @property
+    def resource_request(self) -> bool:
+        return not self.path
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An authorizer's answer, the way a SubjectAccessReview's status carries it."""
+
+    allowed: bool
+    denied: bool = False  # an explicit denial (RBAC never gives one: it only fails to allow)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The rules one binding gives the user.
+
+    ``namespace`` is None for a ClusterRoleBinding (every namespace and the cluster scope), else the RoleBinding's
+    namespace (its rules never reach cluster-scoped resources or requests across all namespaces). ``source`` names the
+    binding the way RBAC's reasons do; ``{subject}`` in it is replaced by the requesting user.
+    """
+
+    source: str
+    rules: tuple[dict[str, Any], ...]
+    namespace: str | None = None
+
+
+@dataclass(frozen=True)
+class Denial:
+    """A permission taken away by :meth:`FakeKubernetes.deny` (``*`` matches anything; namespace None: all)."""
+
+    verb: str
+    resource: str
+    group: str
+    subresource: str
+    namespace: str | None
+    reason: str
+    explicit: bool
+
+    def matches(self, attrs: Attributes) -> bool:
+        return (
+            attrs.resource_request
+            and self.verb in ("*", attrs.verb)
+            and self.group in ("*", attrs.group)
+            and self.resource in ("*", attrs.resource)
+            and self.subresource in ("*", attrs.subresource)
+            and (self.namespace is None or self.namespace == attrs.namespace)
+        )
+
+
+CLUSTER_ADMIN = Grant(
+    'ClusterRoleBinding "fake-cluster-admin" of ClusterRole "cluster-admin" to {subject}',
+    (
+        {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+        {"nonResourceURLs": ["*"], "verbs": ["*"]},
+    ),
+)
+
+
+def rule_allows(rule: dict[str, Any], attrs: Attributes) -> bool:
+    """rbac/v1 ``RuleAllows``: verbs, API groups, resources (``*``, ``pods/log``, ``*/log``) and resourceNames, or
+    nonResourceURLs (``*`` and ``/prefix*``) for a non-resource request."""
+    verbs = rule.get("verbs") or []
+    if "*" not in verbs and attrs.verb not in verbs:
+        return False
+    if not attrs.resource_request:
+        return any(
+            url in ("*", attrs.path) or (url.endswith("*") and attrs.path.startswith(url[:-1]))
+            for url in rule.get("nonResourceURLs") or []
+        )
+    groups = rule.get("apiGroups") or []
+    if "*" not in groups and attrs.group not in groups:
+        return False
+    combined = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
+    if not any(
+        r in ("*", combined) or (attrs.subresource and r == f"*/{attrs.subresource}")
+        for r in rule.get("resources") or []
+    ):
+        return False
+    names = rule.get("resourceNames") or []
+    return not names or attrs.name in names
+
+
+def _service_account(user: str) -> tuple[str, str] | None:
+    """(namespace, name) of a ``system:serviceaccount:<ns>:<name>`` user."""
+    parts = user.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        return parts[2], parts[3]
+    return None
+
+
+def user_groups(user: str) -> set[str]:
+    """The groups the authenticator puts the user in."""
+    groups = {"system:authenticated"}
+    sa = _service_account(user)
+    if sa is not None:
+        groups |= {"system:serviceaccounts", f"system:serviceaccounts:{sa[0]}"}
+    return groups
+
+
+def describe_user(user: str) -> str:
+    """The user as RBAC's reasons name a subject: ``ServiceAccount "name/ns"`` or ``User "name"``."""
+    sa = _service_account(user)
+    return f'ServiceAccount "{sa[1]}/{sa[0]}"' if sa else f'User "{user}"'
+
+
+def _subject_matches(subject: dict[str, Any], user: str, binding_namespace: str) -> bool:
+    kind, name = subject.get("kind"), subject.get("name")
+    if kind == "ServiceAccount":
+        return user == f"system:serviceaccount:{subject.get('namespace') or binding_namespace}:{name}"
+    if kind == "User":
+        return user == name
+    if kind == "Group":
+        return name in user_groups(user)
+    return False
+
+
+def _describe_subject(subject: dict[str, Any], binding_namespace: str) -> str:
+    if subject.get("kind") == "ServiceAccount":
+        return f'ServiceAccount "{subject.get("name")}/{subject.get("namespace") or binding_namespace}"'
+    return f'{subject.get("kind")} "{subject.get("name")}"'
+
+
+def rbac_grants(
+    documents: Iterable[dict[str, Any]] | Path | str, user: str, *, namespace: str = "default"
+) -> list[Grant]:
+    """What the Roles, ClusterRoles and bindings in ``documents`` (or a YAML file) give ``user``.
+
+    Namespaced documents without a namespace land in ``namespace``, as ``kubectl apply -n`` would put them.
+    ClusterRoleBindings come first, as the RBAC authorizer visits them; a binding whose role is missing gives nothing.
+    Of the API server's bootstrap ClusterRoles only ``cluster-admin`` is known (``admin``, ``edit`` and ``view``,
+    when bound, must be in ``documents``).
+    """
+    if isinstance(documents, (str, Path)):
+        documents = list(yaml.safe_load_all(Path(documents).read_text()))
+    docs: list[dict[str, Any]] = []
+    for doc in documents:
+        if isinstance(doc, dict) and doc.get("kind") == "List":
+            docs += [item for item in doc.get("items") or [] if isinstance(item, dict)]
+        elif isinstance(doc, dict):
+            docs.append(doc)
+
+    def ns_of(doc: dict[str, Any]) -> str:
+        return (doc.get("metadata") or {}).get("namespace") or namespace
+
+    roles = {(ns_of(d), d["metadata"]["name"]): d.get("rules") or [] for d in docs if d.get("kind") == "Role"}
+    cluster_roles = {"cluster-admin": list(CLUSTER_ADMIN.rules)}
+    cluster_roles |= {d["metadata"]["name"]: d.get("rules") or [] for d in docs if d.get("kind") == "ClusterRole"}
+    grants: list[Grant] = []
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        for binding in (d for d in docs if d.get("kind") == kind):
+            name, ref = binding["metadata"]["name"], binding.get("roleRef") or {}
+            bound_ns = ns_of(binding) if kind == "RoleBinding" else ""
+            if ref.get("kind") == "Role" and kind == "RoleBinding":
+                rules = roles.get((bound_ns, ref.get("name")))
+            elif ref.get("kind") == "ClusterRole":
+                rules = cluster_roles.get(ref.get("name"))
+            else:
+                rules = None
+            subject = next((s for s in binding.get("subjects") or [] if _subject_matches(s, user, bound_ns)), None)
+            if rules is None or subject is None:
+                continue
+            shown = f"{name}/{bound_ns}" if kind == "RoleBinding" else name
+            source = f'{kind} "{shown}" of {ref["kind"]} "{ref["name"]}" to {_describe_subject(subject, bound_ns)}'
+            grants.append(Grant(source, tuple(rules), bound_ns if kind == "RoleBinding" else None))
+    return grants
+
+
+def forbidden(attrs: Attributes, user: str, reason: str = "") -> ApiError:
+    """The API server's 403 for a request its authorizer did not allow (responsewriters.ForbiddenStatusError)."""
+    if not attrs.resource_request:
+        message = f'forbidden: User "{user}" cannot {attrs.verb} path "{attrs.path}"'
+        return ApiError(403, message + (f": {reason}" if reason else ""), details={})
+    resource = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
+    scope = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
+    why = f'User "{user}" cannot {attrs.verb} resource "{resource}" in API group "{attrs.group}" {scope}'
+    if reason:
+        why += f": {reason}"
+    qualified = f"{attrs.resource}.{attrs.group}" if attrs.group else attrs.resource
+    subject = f'{qualified} "{attrs.name}"' if attrs.name else qualified
+    details: dict[str, Any] = {"name": attrs.name} if attrs.name else {}
+    if attrs.group:
+        details["group"] = attrs.group
+    details["kind"] = attrs.resource
+    return ApiError(403, f"{subject} is forbidden: {why}", details=details)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -900,6 +1263,111 @@ class Lifecycle:
                 job.event("FailedScheduling", message, type_="Warning", pod_index=i, component="default-scheduler")
 
         return cls([(0.0, _created), (tick_s, pending)])
+
+    @classmethod
+    def image_pull_error(
+        cls, workers: int = 2, message: str = IMAGE_PULL_UNAUTHORIZED, tick_s: float = 0.05
+    ) -> Lifecycle:
+        """Created; the pods are scheduled but their image cannot be pulled: ErrImagePull, then ImagePullBackOff.
+
+        ``message`` is the runtime's error (:data:`IMAGE_PULL_UNAUTHORIZED`, :data:`IMAGE_PULL_ACCESS_DENIED`,
+        :data:`IMAGE_PULL_NOT_FOUND` or one's own, with the placeholders of :meth:`JobHandle.pull_failed`). The pods
+        stay Pending for ever, so the job stays Created with no active replica, as the Training Operator reports it.
+        """
+
+        def pods(job: JobHandle) -> None:
+            job.create_pods(workers)
+            job.set_replica_status(active=0)
+
+        def pull_failed(job: JobHandle) -> None:
+            for i in range(workers):
+                job.pull_failed(i, message)
+
+        def back_off(job: JobHandle) -> None:
+            for i in range(workers):
+                job.pull_back_off(i)
+
+        return cls([(0.0, _created), (tick_s, pods), (tick_s, pull_failed), (tick_s, back_off)])
+
+    @classmethod
+    def crash_loop(
+        cls,
+        workers: int = 2,
+        log_lines: Iterable[str] | None = None,
+        failing_index: int = 1,
+        exit_code: int = 1,
+        reason: str = "Error",
+        crashes: int = 2,
+        tick_s: float = 0.05,
+    ) -> Lifecycle:
+        """Running; worker ``failing_index``'s container prints ``log_lines`` and exits ``exit_code``, ``crashes``
+        times.
+
+        The kubelet and the operator react as :meth:`JobHandle.container_failed` says: with restartPolicy OnFailure
+        (the default) the first crash restarts the container at once and the second leaves it in CrashLoopBackOff
+        (``lastState.terminated`` holds the exit code and ``reason``; both the current and the ``previous`` log give
+        the last instance's lines); the job stays Running unless the restarts reach ``runPolicy.backoffLimit``.
+        """
+        lines = list(
+            ["Traceback (most recent call last):", "ModuleNotFoundError: No module named 'trainer'"]
+            if log_lines is None
+            else log_lines
+        )
+        steps = _start_steps(workers, tick_s)
+        for crash in range(crashes):
+            if crash >= 2:
+                steps.append((tick_s, lambda job: job.restart_after_back_off(failing_index)))
+            steps += [(tick_s, lambda job, line=line: job.log(failing_index, line)) for line in lines]
+            steps.append((tick_s, lambda job: job.container_failed(failing_index, exit_code, reason)))
+        return cls(steps)
+
+    @classmethod
+    def oom_killed(
+        cls,
+        workers: int = 2,
+        log_lines: Iterable[str] | None = None,
+        failing_index: int = 1,
+        crashes: int = 2,
+        tick_s: float = 0.05,
+    ) -> Lifecycle:
+        """Running; worker ``failing_index``'s container is killed for memory (OOMKilled, exit code 137).
+
+        As :meth:`crash_loop` (the lines are what each instance printed before the kill), and the kernel monitor's
+        ``OOMKilling`` warning about the pod's node (in the ``default`` namespace, where node events go).
+        """
+        lines = list(DEFAULT_LOG_LINES[:1] if log_lines is None else log_lines)
+
+        def oom(job: JobHandle) -> None:
+            pod = job.server._get(PODS, job.namespace, job.pod_name(failing_index))
+            node = (pod or {}).get("spec", {}).get("nodeName")
+            if node:
+                job.server.add_event(
+                    job.server._get(NODES, "", node) or _node_reference(node),
+                    "OOMKilling",
+                    "Memory cgroup out of memory: Killed process 4242 (python) total-vm:210318024kB, "
+                    "anon-rss:196831212kB, file-rss:131072kB, shmem-rss:0kB, UID:0 pgtables:387612kB "
+                    "oom_score_adj:-997",
+                    type_="Warning",
+                    component="kernel-monitor",
+                )
+            job.container_failed(failing_index, 137, "OOMKilled")
+
+        steps = _start_steps(workers, tick_s)
+        for crash in range(crashes):
+            if crash >= 2:
+                steps.append((tick_s, lambda job: job.restart_after_back_off(failing_index)))
+            steps += [(tick_s, lambda job, line=line: job.log(failing_index, line)) for line in lines]
+            steps.append((tick_s, oom))
+        return cls(steps)
+
+
+def _node_reference(name: str) -> dict[str, Any]:
+    """A Node as the kubelet and the node-problem-detector name it in events (their uid is the node's name)."""
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}}
+
+
+def _replica_spec(job: dict[str, Any], replica_type: str) -> dict[str, Any]:
+    return ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get(replica_type) or {}
 
 
 def _created(job: JobHandle) -> None:
@@ -1074,7 +1542,10 @@ class JobHandle:
             status = pod["status"]
             status["phase"] = "Running"
             cs = status["containerStatuses"][0]
-            cs["lastState"] = cs.get("state", {}) if "terminated" in cs.get("state", {}) else {}
+            if "terminated" in cs.get("state", {}):
+                cs["lastState"] = cs["state"]
+            elif "terminated" not in cs.get("lastState", {}):  # out of a back-off, the last instance stays there
+                cs["lastState"] = {}
             cs["restartCount"] = cs.get("restartCount", 0) + 1
             cs.update(ready=True, started=True, state={"running": {"startedAt": now}})
             cs["containerID"] = f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}"
@@ -1124,18 +1595,173 @@ class JobHandle:
         type_: str = "Normal",
         pod_index: int | None = None,
         component: str | None = None,
+        at: datetime | float | str | None = None,
+        count: int = 1,
     ) -> None:
-        """Record an event about the job, or about worker ``pod_index``."""
+        """Record an event about the job, or about worker ``pod_index`` (``at``: when; see FakeKubernetes.add_event)."""
         if pod_index is None:
             job = self.job()
             if job is None:
                 return
-            self.server.add_event(job, reason, self._fmt(message), type_=type_, component=component or OPERATOR_NAME)
+            involved, component = job, component or OPERATOR_NAME
         else:
             pod = self.server._get(PODS, self.namespace, self.pod_name(pod_index))
             if pod is None:
                 return
-            self.server.add_event(pod, reason, self._fmt(message), type_=type_, component=component or "kubelet")
+            involved, component = pod, component or "kubelet"
+        self.server.add_event(
+            involved, reason, self._fmt(message), type_=type_, component=component, at=at, count=count
+        )
+
+    # ------------------------------------------------------------ failures, as the kubelet and the operator see them
+
+    def pull_failed(self, index: int, message: str = IMAGE_PULL_UNAUTHORIZED) -> None:
+        """The kubelet cannot pull worker ``index``'s image: container waiting ErrImagePull, Pulling/Failed events.
+
+        ``message`` may use ``{image}``, ``{ref}`` (the normalized reference), ``{registry}``, ``{repository}`` and
+        ``{tag}``. The pod stays Pending, so the operator counts it as neither active nor failed.
+        """
+        image = self._image(index)
+        error = _image_message(message, image)
+        self.wait_container(index, "ErrImagePull", error)
+        self.event("Pulling", f'Pulling image "{image}"', pod_index=index)
+        self.event("Failed", f'Failed to pull image "{image}": {error}', type_="Warning", pod_index=index)
+        self.event("Failed", "Error: ErrImagePull", type_="Warning", pod_index=index)
+
+    def pull_back_off(self, index: int) -> None:
+        """The kubelet backs off pulling worker ``index``'s image: waiting ImagePullBackOff, BackOff/Failed events."""
+        image = self._image(index)
+        self.wait_container(index, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+        self.event("BackOff", f'Back-off pulling image "{image}"', pod_index=index)
+        self.event("Failed", "Error: ImagePullBackOff", type_="Warning", pod_index=index)
+
+    def back_off(self, index: int) -> None:
+        """The kubelet waits before restarting worker ``index``'s terminated container: CrashLoopBackOff.
+
+        The terminated state moves to ``lastState``; restartCount is unchanged (it counts restarts done).
+        """
+        pod = self.server._get(PODS, self.namespace, self.pod_name(index))
+        if pod is None or not pod["status"].get("containerStatuses"):
+            return
+        uid = pod["metadata"]["uid"]
+        message = (
+            f"back-off 10s restarting failed container={CONTAINER} pod={self.pod_name(index)}_{self.namespace}({uid})"
+        )
+
+        def mutate(pod: dict[str, Any]) -> None:
+            cs = pod["status"]["containerStatuses"][0]
+            if "terminated" in cs.get("state", {}):
+                cs["lastState"] = cs["state"]
+            cs.update(ready=False, started=False, state={"waiting": {"reason": "CrashLoopBackOff", "message": message}})
+            _set_pod_ready(pod["status"], False, now_rfc3339())
+
+        self._update_pod(index, mutate)
+        self.event(
+            "BackOff",
+            f"Back-off restarting failed container {CONTAINER} in pod {self.pod_name(index)}_{self.namespace}({uid})",
+            type_="Warning",
+            pod_index=index,
+        )
+
+    def container_failed(self, index: int, exit_code: int, reason: str = "Error") -> None:
+        """Worker ``index``'s container exits with ``exit_code``; the kubelet and the Training Operator react.
+
+        As the pod's restartPolicy says: with OnFailure/Always the kubelet restarts the container in place (at once
+        the first time, else after a CrashLoopBackOff; the pod stays Running) and the operator fails the job once the
+        restarts of its Running pods reach ``runPolicy.backoffLimit`` (deleting all its pods, as it does then). With
+        Never the pod fails: a replica policy ExitCode and a retryable code (>= 128) make the operator recreate the
+        pod (Restarting, then Running again); otherwise the job fails (past the backoff limit, or a replica failed).
+        """
+        pod = self.server._get(PODS, self.namespace, self.pod_name(index))
+        job = self.job()
+        if pod is None or job is None or not pod["status"].get("containerStatuses"):
+            return
+        if pod["status"].get("phase") in ("Succeeded", "Failed") or _is_finished(job):
+            return
+        if pod["spec"].get("restartPolicy") in ("OnFailure", "Always"):
+            cs = pod["status"]["containerStatuses"][0]
+            first = cs.get("restartCount", 0) == 0 and "terminated" not in cs.get("lastState", {})
+            self.terminate(index, exit_code, reason, phase="Running")
+            if first:  # the kubelet's back-off starts with the first restart
+                self.restart_container(index)
+            else:
+                self.back_off(index)
+            self._sync_replicas()
+            return
+        self.terminate(index, exit_code, reason, phase="Failed")
+        rspec = _replica_spec(job, "Worker")
+        backoff_limit = ((job.get("spec") or {}).get("runPolicy") or {}).get("backoffLimit")
+        if backoff_limit is not None and backoff_limit < 1:  # exceedsBackoffLimit: a new failure, no requeue yet
+            self._fail_past_backoff_limit()
+            return
+        if rspec.get("restartPolicy") == "ExitCode" and exit_code >= 128:
+            message = "PyTorchJob {namespace}/{name} is restarting because 1 Worker replica(s) failed."
+            self.event("PyTorchJobRestarting", message, type_="Warning")
+            self.set_condition("Restarting", "PyTorchJobRestarting", message)
+            self.server._remove(PODS, self.namespace, self.pod_name(index))
+            self.server._create_pod(job, "Worker", index, scheduled=True, unschedulable_message="")
+            self.run(index)
+            self._sync_replicas()
+            self.set_condition("Running", "PyTorchJobRunning", "PyTorchJob {namespace}/{name} is running.")
+            return
+        self._sync_replicas()
+        message = "PyTorchJob {namespace}/{name} has failed because 1 Worker replica(s) failed."
+        self.event("PyTorchJobFailed", message)
+        self.set_condition("Failed", "PyTorchJobFailed", message)
+        self.clean_pods()
+
+    def restart_after_back_off(self, index: int) -> None:
+        """The back-off is over: the kubelet restarts the container; the operator checks its backoff limit."""
+        pod = self.server._get(PODS, self.namespace, self.pod_name(index))
+        statuses = (pod or {}).get("status", {}).get("containerStatuses") or [{}]
+        if statuses[0].get("state", {}).get("waiting", {}).get("reason") != "CrashLoopBackOff":
+            return
+        self.restart_container(index)
+        self._sync_replicas()
+
+    def clean_pods(self) -> None:
+        """The operator's clean-up of a finished job's pods, as ``runPolicy.cleanPodPolicy`` says (None by default)."""
+        job = self.job()
+        if job is None:
+            return
+        policy = ((job.get("spec") or {}).get("runPolicy") or {}).get("cleanPodPolicy") or "None"
+        for pod in self.server.pods(self.namespace, self.name):
+            if policy == "All" or (policy == "Running" and pod["status"].get("phase") in ("Running", "Pending")):
+                self.server._remove(PODS, self.namespace, pod["metadata"]["name"])
+
+    def _sync_replicas(self) -> None:
+        """``replicaStatuses`` from the pods' phases, and the backoff-limit check, as the operator's reconcile does."""
+        job = self.job()
+        if job is None or _is_finished(job):
+            return
+        pods = self.server.pods(self.namespace, self.name)
+        phases = [p["status"].get("phase") for p in pods]
+        self.set_replica_status(
+            active=phases.count("Running"), succeeded=phases.count("Succeeded"), failed=phases.count("Failed")
+        )
+        backoff_limit = ((job.get("spec") or {}).get("runPolicy") or {}).get("backoffLimit")
+        if backoff_limit is None or _replica_spec(job, "Worker").get("restartPolicy", "OnFailure") not in (
+            "OnFailure",
+            "Always",
+            "ExitCode",
+        ):
+            return
+        restarts = sum(
+            cs.get("restartCount", 0)
+            for p in pods
+            if p["status"].get("phase") == "Running"
+            for cs in p["status"].get("containerStatuses", []) + p["status"].get("initContainerStatuses", [])
+        )
+        if (restarts > 0) if backoff_limit == 0 else (restarts >= backoff_limit):
+            self._fail_past_backoff_limit()
+
+    def _fail_past_backoff_limit(self) -> None:
+        """PastBackoffLimit: the operator deletes all the job's pods (whatever cleanPodPolicy) and fails the job."""
+        message = "Job {name} has failed because it has reached the specified backoff limit"
+        for pod in self.server.pods(self.namespace, self.name):
+            self.server._remove(PODS, self.namespace, pod["metadata"]["name"])
+        self.event("PyTorchJobFailed", message)
+        self.set_condition("Failed", "PyTorchJobFailed", message)
 
     def _image(self, index: int) -> str:
         pod = self.server._get(PODS, self.namespace, self.pod_name(index))
@@ -1144,6 +1770,36 @@ class JobHandle:
     def _update_pod(self, index: int, mutate: Callable[[dict[str, Any]], None]) -> None:
         if self.job() is not None:
             self.server._update(PODS, self.namespace, self.pod_name(index), mutate)
+
+
+def _taint(taint: dict[str, str] | str) -> dict[str, str]:
+    """A taint from a dict or a ``key=value:Effect`` / ``key:Effect`` string."""
+    if isinstance(taint, dict):
+        return dict(taint)
+    key_value, _, effect = taint.rpartition(":")
+    if not key_value or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise ValueError(f"a taint is key=value:Effect (NoSchedule, PreferNoSchedule, NoExecute), not {taint!r}")
+    key, _, value = key_value.partition("=")
+    return {"key": key, "effect": effect} | ({"value": value} if value else {})
+
+
+def _qos_class(containers: list[dict[str, Any]]) -> str:
+    """The pod's QoS class: Guaranteed (cpu and memory limits equal requests everywhere), BestEffort (no resources)."""
+    resources = [c.get("resources") or {} for c in containers]
+    if not any(r.get("requests") or r.get("limits") for r in resources):
+        return "BestEffort"
+    for r in resources:
+        limits, requests = r.get("limits") or {}, {**(r.get("limits") or {}), **(r.get("requests") or {})}
+        if any(limits.get(name) is None or limits[name] != requests.get(name) for name in ("cpu", "memory")):
+            return "Burstable"
+    return "Guaranteed"
+
+
+def _is_finished(job: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions", [])
+    )
 
 
 def _set_pod_ready(status: dict[str, Any], ready: bool, now: str) -> None:
@@ -1182,10 +1838,17 @@ class FakeKubernetes:
     ``forbid_events``, ``faults``, ``delete_delay_s`` (how long foreground deletion waits on the dependents),
     ``history_limit`` (watch history kept, in changes; None: all until :meth:`compact`), ``bookmark_interval_s``
     (BOOKMARK events to watches that allow them), ``webhook`` (emulate the training operator's validating webhook),
-    ``user`` (the user named in 403 messages).
+    ``user`` (who makes the requests: RBAC decisions and 403 messages), ``access_reviews`` ((resourceAttributes or
+    nonResourceAttributes, Decision) of every SelfSubjectAccessReview answered).
+
+    A new server holds the namespaces ``default``, ``kube-system``, ``kube-public``, ``kube-node-lease`` and
+    ``kubeflow``, the PyTorchJob CRD read from ``crd_path`` and, unless ``training_operator`` is None, the Training
+    Operator's Deployment (``kubeflow/training-operator``, image ``kubeflow/training-operator:<training_operator>``).
+    No nodes, device plugins or PVCs: a test adds what its cluster has (:meth:`add_node`, :meth:`add_device_plugins`,
+    :meth:`add_pvc`, ...).
     """
 
-    def __init__(self, crd_path: Path, lifecycle: Lifecycle | None = None):
+    def __init__(self, crd_path: Path, lifecycle: Lifecycle | None = None, *, training_operator: str | None = "v1.8.1"):
         crd = load_crd(crd_path)
         version = crd_version(crd, "v1")
         names = crd["spec"]["names"]
@@ -1195,8 +1858,9 @@ class FakeKubernetes:
             crd["spec"]["group"],
             "v1",
             names["kind"],
-            frozenset({"metadata.name", "metadata.namespace"}),
+            NAMESPACED_FIELDS,
             False,
+            verbs=frozenset({"create", "get", "list", "watch", "delete"}),
         )
         self.list_kind: str = names.get("listKind", names["kind"] + "List")
         self.status_subresource = "status" in (version.get("subresources") or {})
@@ -1217,6 +1881,9 @@ class FakeKubernetes:
         self.bookmark_interval_s: float | None = None
         self.webhook = True
         self.user = DEFAULT_USER
+        self.access_reviews: list[tuple[dict[str, Any], Decision]] = []
+        self._grants: list[Grant] = [CLUSTER_ADMIN]
+        self._denials: list[Denial] = []
 
         self._cond = threading.Condition(threading.RLock())
         self._rv = 1
@@ -1229,7 +1896,19 @@ class FakeKubernetes:
         self._connections: set[socket.socket] = set()
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._node_count = 0
         self.url = ""
+
+        for namespace in ("default", "kube-system", "kube-public", "kube-node-lease", "kubeflow"):
+            self.add_namespace(namespace)
+        self.add_crd(crd)
+        if training_operator is not None:
+            self.add_deployment(
+                TRAINING_OPERATOR_NAMESPACE,
+                TRAINING_OPERATOR,
+                image=f"kubeflow/training-operator:{training_operator}",
+                labels=TRAINING_OPERATOR_LABELS,
+            )
 
     # ---------------------------------------------------------------- lifecycle of the server
 
@@ -1287,7 +1966,7 @@ class FakeKubernetes:
                 for (resource, ns, _), obj in sorted(self._objects.items())
                 if resource == "pods"
                 and ns == namespace
-                and (job_name is None or obj["metadata"]["labels"].get(JOB_NAME_LABEL) == job_name)
+                and (job_name is None or (obj["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job_name)
             ]
 
     def events(self, namespace: str) -> list[dict[str, Any]]:
@@ -1341,50 +2020,67 @@ class FakeKubernetes:
         *,
         type_: str = "Normal",
         component: str = "kubelet",
+        at: datetime | float | str | None = None,
+        count: int = 1,
     ) -> None:
-        """Record a core/v1 Event about an object (aggregated: the same reason and message bump ``count``)."""
+        """Record a core/v1 Event about an object (aggregated: the same reason and message bump ``count``).
+
+        ``at`` sets when it happened (``lastTimestamp``; also ``firstTimestamp`` of a new event): a datetime, seconds
+        since the epoch or an RFC 3339 string; None is now. ``count`` is how many times it happened by then.
+        Events about a cluster-scoped object (a Node: :meth:`node`) go to the ``default`` namespace, as the
+        kubelet's do; events about pods come from the kubelet with the container's ``fieldPath``, other components'
+        (the scheduler's) without.
+        """
         meta = involved["metadata"]
-        now = now_rfc3339()
+        when = rfc3339(at)
+        namespace = meta.get("namespace") or "default"
+        uid = meta.get("uid") or meta["name"]
+        if involved.get("kind") == "Node":
+            uid = meta["name"]  # the kubelet's and node-problem-detector's node reference
         with self._cond:
             for (resource, ns, name), event in self._objects.items():
                 if (
                     resource == "events"
-                    and ns == meta["namespace"]
-                    and event["involvedObject"]["uid"] == meta["uid"]
+                    and ns == namespace
+                    and event["involvedObject"]["uid"] == uid
                     and event["reason"] == reason
                     and event["message"] == message
                 ):
 
                     def bump(e: dict[str, Any]) -> None:
-                        e["count"] += 1
-                        e["lastTimestamp"] = now
+                        e["count"] += count
+                        e["lastTimestamp"] = when
 
                     self._update(EVENTS, ns, name, bump)
                     return
+            reference = {
+                "apiVersion": involved.get("apiVersion", "v1"),
+                "kind": involved.get("kind", ""),
+                "name": meta["name"],
+            }
+            if meta.get("namespace"):
+                reference["namespace"] = meta["namespace"]
+            reference |= {"uid": uid, "resourceVersion": meta.get("resourceVersion", "")}
+            if involved.get("kind") == "Pod" and component == "kubelet":
+                containers = [c["name"] for c in (involved.get("spec") or {}).get("containers", [])]
+                container = CONTAINER if CONTAINER in containers or not containers else containers[0]
+                reference["fieldPath"] = f"spec.containers{{{container}}}"
             event = {
                 "apiVersion": "v1",
                 "kind": "Event",
                 "metadata": {
                     "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
-                    "namespace": meta["namespace"],
+                    "namespace": namespace,
                     "uid": str(uuid.uuid4()),
-                    "creationTimestamp": now,
+                    "creationTimestamp": when,
                 },
-                "involvedObject": {
-                    "apiVersion": involved.get("apiVersion", "v1"),
-                    "kind": involved.get("kind", ""),
-                    "name": meta["name"],
-                    "namespace": meta["namespace"],
-                    "uid": meta["uid"],
-                    "resourceVersion": meta.get("resourceVersion", ""),
-                }
-                | ({"fieldPath": f"spec.containers{{{CONTAINER}}}"} if involved.get("kind") == "Pod" else {}),
+                "involvedObject": reference,
                 "reason": reason,
                 "message": message,
                 "source": {"component": component},
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
+                "firstTimestamp": when,
+                "lastTimestamp": when,
+                "count": count,
                 "type": type_,
                 "eventTime": None,
                 "reportingComponent": component,
@@ -1398,6 +2094,676 @@ class FakeKubernetes:
             self._history.clear()
             self._floor = self._rv
 
+    # ---------------------------------------------------------------- the cluster a preflight check reads, for tests
+
+    def _add(self, kind: Kind, obj: dict[str, Any], namespace: str = "") -> dict[str, Any]:
+        """Store a built-in object as the API server would hold it (uid, creationTimestamp, ...; replaces one)."""
+        obj = copy.deepcopy(obj)
+        obj.setdefault("apiVersion", kind.api_version)
+        obj.setdefault("kind", kind.kind)
+        meta = obj.setdefault("metadata", {})
+        if kind.namespaced:
+            meta["namespace"] = namespace or meta.get("namespace") or "default"
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now_rfc3339())
+        if kind.group:  # apps/v1 and apiextensions.k8s.io/v1 objects carry a generation
+            meta.setdefault("generation", 1)
+        with self._cond:
+            exists = (kind.resource, meta.get("namespace", ""), meta["name"]) in self._objects
+            return self._put(kind, obj, "MODIFIED" if exists else "ADDED")
+
+    def add_namespace(self, name: str, *, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """An Active namespace (labelled ``kubernetes.io/metadata.name`` as the API server does)."""
+        meta = {"name": name, "labels": {"kubernetes.io/metadata.name": name} | (labels or {})}
+        body = {"metadata": meta, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+        return self._add(NAMESPACES, body)
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        instance_type: str = "ml.p5.48xlarge",
+        labels: dict[str, str | None] | None = None,
+        allocatable: dict[str, str] | None = None,
+        capacity: dict[str, str] | None = None,
+        taints: Iterable[dict[str, str] | str] | None = None,
+        unschedulable: bool = False,
+        ready: bool | str = True,
+        health_status: str | None = "Schedulable",
+        deep_health_check: str | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """A node as the kubelet (and, on HyperPod, the health agent) reports it; returns the stored object.
+
+        Labels: ``kubernetes.io/hostname``, ``node.kubernetes.io/instance-type`` (``instance_type``), os/arch,
+        ``sagemaker.amazonaws.com/node-health-status`` (``health_status``; None: no label),
+        ``sagemaker.amazonaws.com/deep-health-check-status`` (``deep_health_check``, e.g. ``"Passed"``), the HyperPod
+        compute-type label for ``ml.*`` types; ``labels`` override them (a None value removes one). ``allocatable``
+        defaults to the instance type's (:data:`INSTANCE_RESOURCES`, 110 pods), ``capacity`` to ``allocatable``.
+        ``taints`` are dicts (key, value, effect) or ``"key=value:Effect"`` strings; the node controller's own taints
+        follow ``unschedulable`` and ``ready`` (False, or ``"Unknown"`` for a node that stopped reporting).
+        """
+        with self._cond:
+            self._node_count += 1
+            number = self._node_count
+        node_labels: dict[str, str] = {
+            "beta.kubernetes.io/arch": "amd64",
+            "beta.kubernetes.io/instance-type": instance_type,
+            "beta.kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            HOSTNAME_LABEL: name,
+            "kubernetes.io/os": "linux",
+            INSTANCE_TYPE_LABEL: instance_type,
+            "topology.kubernetes.io/region": "us-west-2",
+            "topology.kubernetes.io/zone": "us-west-2a",
+        }
+        if instance_type.startswith("ml."):
+            node_labels["sagemaker.amazonaws.com/compute-type"] = "hyperpod"
+        if health_status is not None:
+            node_labels[NODE_HEALTH_LABEL] = health_status
+        if deep_health_check is not None:
+            node_labels[DEEP_HEALTH_LABEL] = deep_health_check
+        for key, value in (labels or {}).items():
+            if value is None:
+                node_labels.pop(key, None)
+            else:
+                node_labels[key] = value
+        alloc = (
+            dict(allocatable)
+            if allocatable is not None
+            else dict(INSTANCE_RESOURCES.get(instance_type, CPU_NODE_RESOURCES)) | {"pods": "110"}
+        )
+        now = now_rfc3339()
+        node_taints = [_taint(t) for t in taints or ()]
+        if unschedulable:
+            node_taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "timeAdded": now})
+        if ready is not True:
+            key = "node.kubernetes.io/not-ready" if ready is False else "node.kubernetes.io/unreachable"
+            node_taints += [
+                {"key": key, "effect": "NoSchedule", "timeAdded": now},
+                {"key": key, "effect": "NoExecute", "timeAdded": now},
+            ]
+        if ready is True:
+            ready_condition = ("True", "KubeletReady", "kubelet is posting ready status")
+        elif ready is False:
+            ready_condition = (
+                "False",
+                "KubeletNotReady",
+                "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:"
+                "Network plugin returns error: cni plugin not initialized",
+            )
+        else:
+            ready_condition = ("Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+        pressure = [
+            ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+            ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+        ]
+        conditions = [
+            {
+                "type": type_,
+                "status": "False" if ready_condition[0] != "Unknown" else "Unknown",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+                "reason": reason if ready_condition[0] != "Unknown" else "NodeStatusUnknown",
+                "message": message if ready_condition[0] != "Unknown" else "Kubelet stopped posting node status.",
+            }
+            for type_, reason, message in pressure
+        ]
+        conditions.append(
+            {
+                "type": "Ready",
+                "status": ready_condition[0],
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+                "reason": ready_condition[1],
+                "message": ready_condition[2],
+            }
+        )
+        ip = f"10.2.{number // 250}.{number % 250 + 4}"
+        instance_id = f"i-{uuid.uuid5(uuid.NAMESPACE_DNS, name).hex[:17]}"
+        spec: dict[str, Any] = {"providerID": f"aws:///us-west-2a/{instance_id}"}
+        if node_taints:
+            spec["taints"] = node_taints
+        if unschedulable:
+            spec["unschedulable"] = True
+        node = {
+            "metadata": {"name": name, "labels": node_labels, "annotations": dict(annotations or {})},
+            "spec": spec,
+            "status": {
+                "capacity": dict(capacity) if capacity is not None else dict(alloc),
+                "allocatable": alloc,
+                "conditions": conditions,
+                "addresses": [
+                    {"type": "InternalIP", "address": ip},
+                    {"type": "InternalDNS", "address": f"ip-{ip.replace('.', '-')}.us-west-2.compute.internal"},
+                    {"type": "Hostname", "address": f"ip-{ip.replace('.', '-')}.us-west-2.compute.internal"},
+                ],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                "nodeInfo": {
+                    "architecture": "amd64",
+                    "bootID": str(uuid.uuid5(uuid.NAMESPACE_URL, f"boot/{name}")),
+                    "containerRuntimeVersion": "containerd://1.7.22",
+                    "kernelVersion": "5.10.227-219.884.amzn2.x86_64",
+                    "kubeProxyVersion": "v1.30.4-eks-a737599",
+                    "kubeletVersion": "v1.30.4-eks-a737599",
+                    "machineID": uuid.uuid5(uuid.NAMESPACE_URL, f"machine/{name}").hex,
+                    "operatingSystem": "linux",
+                    "osImage": "Amazon Linux 2",
+                    "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_URL, f"system/{name}")),
+                },
+            },
+        }
+        return self._add(NODES, node)
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        return self._get(NODES, "", name)
+
+    def update_node(self, name: str, mutate: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+        """Change a node in place (a watch sees MODIFIED); None if there is no such node."""
+        return self._update(NODES, "", name, mutate)
+
+    def remove_node(self, name: str) -> None:
+        self._remove(NODES, "", name)
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node_name: str | None = None,
+        phase: str = "Running",
+        requests: dict[str, str] | None = None,
+        limits: dict[str, str] | None = None,
+        image: str = "public.ecr.aws/docker/library/busybox:1.36",
+        labels: dict[str, str] | None = None,
+        containers: list[dict[str, Any]] | None = None,
+        init_containers: list[dict[str, Any]] | None = None,
+        message: str = INSUFFICIENT_GPU,
+    ) -> dict[str, Any]:
+        """A pod that is not a job's (another team's training, a daemon), with a status consistent with ``phase``.
+
+        One container ``main`` with ``requests``/``limits`` unless ``containers`` (container dicts) are given.
+        ``phase`` Running (bound to ``node_name``, containers running and ready), Pending (ContainerCreating on
+        ``node_name``, or unschedulable with ``message`` when there is none), Succeeded (exit 0) or Failed (exit 1).
+        """
+        if phase not in ("Pending", "Running", "Succeeded", "Failed"):
+            raise ValueError(f"phase must be Pending, Running, Succeeded or Failed, not {phase!r}")
+        if phase != "Pending" and not node_name:
+            raise ValueError(f"a {phase} pod runs on a node: give node_name")
+        if containers is None:
+            resources: dict[str, Any] = {}
+            if requests:
+                resources["requests"] = dict(requests)
+            if limits:
+                resources["limits"] = dict(limits)
+            containers = [{"name": "main", "image": image, "resources": resources}]
+        spec: dict[str, Any] = {
+            "containers": copy.deepcopy(containers),
+            "restartPolicy": "Always" if phase in ("Pending", "Running") else "Never",
+            "schedulerName": "default-scheduler",
+            "serviceAccountName": "default",
+            "terminationGracePeriodSeconds": 30,
+            "priority": 0,
+        }
+        if init_containers:
+            spec["initContainers"] = copy.deepcopy(init_containers)
+        if node_name:
+            spec["nodeName"] = node_name
+        now = now_rfc3339()
+        status: dict[str, Any] = {"phase": phase, "qosClass": _qos_class(containers + (init_containers or []))}
+        if not node_name:
+            status["conditions"] = [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": now,
+                    "reason": "Unschedulable",
+                    "message": message,
+                }
+            ]
+        else:
+            running = phase == "Running"
+            node = self.node(node_name)
+            host_ip = next(
+                (
+                    a["address"]
+                    for a in (node or {}).get("status", {}).get("addresses", [])
+                    if a["type"] == "InternalIP"
+                ),
+                "10.2.0.4",
+            )
+            digest = uuid.uuid5(uuid.NAMESPACE_URL, f"{namespace}/{name}").bytes
+            status |= {"hostIP": host_ip, "podIP": f"10.3.{digest[0]}.{digest[1] % 250 + 2}", "startTime": now}
+            status["conditions"] = [
+                {"type": t, "status": v, "lastProbeTime": None, "lastTransitionTime": now}
+                for t, v in (
+                    ("Initialized", "True"),
+                    ("Ready", "True" if running else "False"),
+                    ("ContainersReady", "True" if running else "False"),
+                    ("PodScheduled", "True"),
+                )
+            ]
+            states = {
+                "Pending": {"waiting": {"reason": "ContainerCreating"}},
+                "Running": {"running": {"startedAt": now}},
+                "Succeeded": {
+                    "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}
+                },
+                "Failed": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}},
+            }
+            status["containerStatuses"] = []
+            for c in containers:
+                state = copy.deepcopy(states[phase])
+                cid = f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}" if phase != "Pending" else ""
+                if "terminated" in state:
+                    state["terminated"]["containerID"] = cid
+                entry = {
+                    "name": c["name"],
+                    "state": state,
+                    "lastState": {},
+                    "ready": running,
+                    "restartCount": 0,
+                    "image": c.get("image", image),
+                    "imageID": ""
+                    if phase == "Pending"
+                    else f"{c.get('image', image).split(':')[0]}@sha256:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+                    "started": running,
+                }
+                if cid:
+                    entry["containerID"] = cid
+                status["containerStatuses"].append(entry)
+            _set_pod_ready(status, running, now)
+        pod = {
+            "metadata": {"name": name, "labels": dict(labels or {}), "annotations": {}},
+            "spec": spec,
+            "status": status,
+        }
+        stored = self._add(PODS, pod, namespace)
+        with self._cond:
+            self._logs.setdefault((namespace, name), ContainerLog())
+        return stored
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(PODS, namespace, name)
+
+    def update_pod(self, namespace: str, name: str, mutate: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+        """Change a pod in place (status scripting: conditions, container states); None if there is no such pod."""
+        return self._update(PODS, namespace, name, mutate)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._remove(PODS, namespace, name)
+
+    def add_pvc(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        phase: str = "Bound",
+        access_modes: Iterable[str] = ("ReadWriteMany",),
+        storage_class: str | None = "fsx-sc",
+        capacity: str = "1200Gi",
+        volume_name: str | None = None,
+        request: str | None = None,
+    ) -> dict[str, Any]:
+        """A PersistentVolumeClaim (an FSx for Lustre one by default); ``request`` defaults to ``capacity``.
+
+        Bound: ``spec.volumeName`` (``volume_name``, else ``pvc-<uid>`` as dynamic provisioning names it), status
+        access modes and capacity. Pending or Lost: no volume, status phase only (Lost keeps the volume name).
+        """
+        uid = str(uuid.uuid4())
+        modes = list(access_modes)
+        spec: dict[str, Any] = {
+            "accessModes": modes,
+            "resources": {"requests": {"storage": request or capacity}},
+            "volumeMode": "Filesystem",
+        }
+        if storage_class is not None:
+            spec["storageClassName"] = storage_class
+        annotations: dict[str, str] = {}
+        status: dict[str, Any] = {"phase": phase}
+        if phase in ("Bound", "Lost"):
+            spec["volumeName"] = volume_name or f"pvc-{uid}"
+        if phase == "Bound":
+            annotations = {"pv.kubernetes.io/bind-completed": "yes", "pv.kubernetes.io/bound-by-controller": "yes"}
+            if volume_name is None:
+                annotations |= {
+                    "volume.beta.kubernetes.io/storage-provisioner": "fsx.csi.aws.com",
+                    "volume.kubernetes.io/storage-provisioner": "fsx.csi.aws.com",
+                }
+            status |= {"accessModes": modes, "capacity": {"storage": capacity}}
+        pvc = {
+            "metadata": {
+                "name": name,
+                "uid": uid,
+                "annotations": annotations,
+                "finalizers": ["kubernetes.io/pvc-protection"],
+            },
+            "spec": spec,
+            "status": status,
+        }
+        return self._add(PVCS, pvc, namespace)
+
+    def add_daemonset(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        image: str,
+        labels: dict[str, str] | None = None,
+        node_selector: dict[str, str] | None = None,
+        tolerations: list[dict[str, Any]] | None = None,
+        desired: int = 0,
+        ready: int | None = None,
+        available: int | None = None,
+        updated: int | None = None,
+        misscheduled: int = 0,
+        container_name: str | None = None,
+        resources: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A DaemonSet with the status its controller would write.
+
+        ``labels`` (default ``{"name": name}``) label it, select its pods and label their template. ``ready``
+        defaults to ``desired``, ``available`` to ``ready``, ``updated`` to ``desired``; ``numberUnavailable`` is
+        ``desired - available`` (left out when 0, as the API server omits zero counts).
+        """
+        labels = dict(labels or {"name": name})
+        ready = desired if ready is None else ready
+        available = ready if available is None else available
+        updated = desired if updated is None else updated
+        container: dict[str, Any] = {"name": container_name or name, "image": image, "imagePullPolicy": "IfNotPresent"}
+        if resources:
+            container["resources"] = resources
+        pod_spec: dict[str, Any] = {"containers": [container], "restartPolicy": "Always"}
+        if node_selector:
+            pod_spec["nodeSelector"] = dict(node_selector)
+        if tolerations:
+            pod_spec["tolerations"] = copy.deepcopy(tolerations)
+        status: dict[str, Any] = {
+            "currentNumberScheduled": desired,
+            "desiredNumberScheduled": desired,
+            "numberMisscheduled": misscheduled,
+            "numberReady": ready,
+            "observedGeneration": 1,
+        }
+        status |= {k: v for k, v in (("updatedNumberScheduled", updated), ("numberAvailable", available)) if v}
+        if desired - available > 0:
+            status["numberUnavailable"] = desired - available
+        daemonset = {
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": {"deprecated.daemonset.template.generation": "1"},
+            },
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
+                "revisionHistoryLimit": 10,
+            },
+            "status": status,
+        }
+        return self._add(DAEMONSETS, daemonset, namespace)
+
+    def add_device_plugins(
+        self, *, desired: int | None = None, ready: int | None = None, efa: bool = True, nvidia: bool = True
+    ) -> None:
+        """The EFA and NVIDIA device plugin DaemonSets in kube-system, as HyperPod installs them.
+
+        ``desired`` defaults to the number of nodes with GPUs (``nvidia.com/gpu`` allocatable), ``ready`` to it.
+        """
+        if desired is None:
+            with self._cond:
+                desired = sum(
+                    1
+                    for (resource, _, _), obj in self._objects.items()
+                    if resource == "nodes" and obj["status"].get("allocatable", {}).get(GPU_RESOURCE, "0") != "0"
+                )
+        gpu_toleration = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+        if efa:
+            self.add_daemonset(
+                "kube-system",
+                EFA_DEVICE_PLUGIN,
+                image=EFA_DEVICE_PLUGIN_IMAGE,
+                labels={"name": "aws-efa-k8s-device-plugin"},
+                container_name="aws-efa-k8s-device-plugin",
+                tolerations=[{"key": "CriticalAddonsOnly", "operator": "Exists"}, *gpu_toleration],
+                desired=desired,
+                ready=ready,
+            )
+        if nvidia:
+            self.add_daemonset(
+                "kube-system",
+                NVIDIA_DEVICE_PLUGIN,
+                image=NVIDIA_DEVICE_PLUGIN_IMAGE,
+                labels={"name": "nvidia-device-plugin-ds"},
+                container_name="nvidia-device-plugin-ctr",
+                tolerations=gpu_toleration,
+                desired=desired,
+                ready=ready,
+            )
+
+    def add_deployment(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        image: str,
+        labels: dict[str, str] | None = None,
+        replicas: int = 1,
+        ready_replicas: int | None = None,
+        container_name: str | None = None,
+    ) -> dict[str, Any]:
+        """A Deployment with the status its controller would write (``ready_replicas`` defaults to ``replicas``).
+
+        ``labels`` (default ``{"app": name}``) label it, select its pods and label their template; the container is
+        named ``container_name`` (default: the Deployment's name).
+        """
+        labels = dict(labels or {"app": name})
+        ready = replicas if ready_replicas is None else ready_replicas
+        now = now_rfc3339()
+        available = ready >= replicas
+        status: dict[str, Any] = {"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas}
+        status |= {k: v for k, v in (("readyReplicas", ready), ("availableReplicas", ready)) if v}
+        if replicas - ready > 0:
+            status["unavailableReplicas"] = replicas - ready
+        template_hash = uuid.uuid5(uuid.NAMESPACE_URL, f"{namespace}/{name}/{image}").hex[:10]
+        status["conditions"] = [
+            {
+                "type": "Available",
+                "status": "True" if available else "False",
+                "lastUpdateTime": now,
+                "lastTransitionTime": now,
+                "reason": "MinimumReplicasAvailable" if available else "MinimumReplicasUnavailable",
+                "message": "Deployment has minimum availability."
+                if available
+                else "Deployment does not have minimum availability.",
+            },
+            {
+                "type": "Progressing",
+                "status": "True",
+                "lastUpdateTime": now,
+                "lastTransitionTime": now,
+                "reason": "NewReplicaSetAvailable",
+                "message": f'ReplicaSet "{name}-{template_hash}" has successfully progressed.',
+            },
+        ]
+        deployment = {
+            "metadata": {"name": name, "labels": labels, "annotations": {"deployment.kubernetes.io/revision": "1"}},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": {"sidecar.istio.io/inject": "false"}},
+                    "spec": {
+                        "containers": [
+                            {"name": container_name or name, "image": image, "imagePullPolicy": "IfNotPresent"}
+                        ],
+                        "restartPolicy": "Always",
+                    },
+                },
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}},
+                "revisionHistoryLimit": 10,
+                "progressDeadlineSeconds": 600,
+            },
+            "status": status,
+        }
+        return self._add(DEPLOYMENTS, deployment, namespace)
+
+    def add_crd(self, crd: dict[str, Any]) -> dict[str, Any]:
+        """Install a CustomResourceDefinition (Established, names accepted). Only the PyTorchJob CRD's resources are
+        served; installing it again (after :meth:`remove_crd`) brings the PyTorchJob endpoints back."""
+        crd = copy.deepcopy(crd)
+        now = now_rfc3339()
+        names = crd["spec"]["names"]
+        crd["status"] = {
+            "acceptedNames": {
+                k: v
+                for k, v in names.items()
+                if k in ("kind", "listKind", "plural", "singular", "shortNames", "categories")
+            },
+            "conditions": [
+                {
+                    "type": "NamesAccepted",
+                    "status": "True",
+                    "lastTransitionTime": now,
+                    "reason": "NoConflicts",
+                    "message": "no conflicts found",
+                },
+                {
+                    "type": "Established",
+                    "status": "True",
+                    "lastTransitionTime": now,
+                    "reason": "InitialNamesAccepted",
+                    "message": "the initial names have been accepted",
+                },
+            ],
+            "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
+        }
+        meta = crd.setdefault("metadata", {})
+        meta["name"] = f"{names['plural']}.{crd['spec']['group']}"
+        for key in ("uid", "resourceVersion", "creationTimestamp", "generation"):
+            meta.pop(key, None)
+        return self._add(CRDS, crd)
+
+    def remove_crd(self, name: str | None = None) -> None:
+        """Uninstall a CRD (default: the PyTorchJob one): its resources are deleted with it, and their endpoints
+        answer 404 ("the server could not find the requested resource") until it is installed again."""
+        name = name or self.kind.qualified
+        with self._cond:
+            removed = self._remove(CRDS, "", name)
+            if removed is None or name != self.kind.qualified:
+                return
+            jobs = [(ns, n) for (resource, ns, n) in self._objects if resource == self.kind.resource]
+            for ns, job_name in jobs:
+                job = self._remove(self.kind, ns, job_name)
+                if job is not None:
+                    uid = job["metadata"]["uid"]
+                    if uid in self._job_stops:
+                        self._job_stops[uid].set()
+                    self._collect(ns, job_name, uid, "Background")
+
+    @property
+    def crd_installed(self) -> bool:
+        """Whether the PyTorchJob CRD is installed (and its endpoints served)."""
+        with self._cond:
+            return (CRDS.resource, "", self.kind.qualified) in self._objects
+
+    # ---------------------------------------------------------------- authorization, for tests
+
+    def use_rbac(self, source: Iterable[dict[str, Any]] | Path | str, *, namespace: str = "default") -> list[Grant]:
+        """Authorize as the RBAC manifests in ``source`` (documents, or a YAML file such as deploy/rbac.yaml) say.
+
+        The bindings naming :attr:`user` (or one of its groups) replace the default ``cluster-admin`` binding; rules
+        given by :meth:`grant` are dropped, denials kept. Returns the grants found (empty: the user may do nothing).
+        """
+        grants = rbac_grants(source, self.user, namespace=namespace)
+        with self._cond:
+            self._grants = list(grants)
+        return grants
+
+    def grant(
+        self,
+        verbs: Iterable[str] | str,
+        resources: Iterable[str] | str,
+        *,
+        groups: Iterable[str] | str = ("",),
+        namespace: str | None = None,
+        resource_names: Iterable[str] = (),
+    ) -> Grant:
+        """Give the user one more PolicyRule: in ``namespace`` (a RoleBinding's reach) or everywhere (None)."""
+
+        def as_list(value: Iterable[str] | str) -> list[str]:
+            return [value] if isinstance(value, str) else list(value)
+
+        rule: dict[str, Any] = {"apiGroups": as_list(groups), "resources": as_list(resources), "verbs": as_list(verbs)}
+        if resource_names:
+            rule["resourceNames"] = list(resource_names)
+        with self._cond:
+            n = len(self._grants)
+            if namespace is None:
+                source = f'ClusterRoleBinding "fake-grant-{n}" of ClusterRole "fake-grant-{n}" to {{subject}}'
+            else:
+                source = f'RoleBinding "fake-grant-{n}/{namespace}" of Role "fake-grant-{n}" to {{subject}}'
+            grant = Grant(source, (rule,), namespace)
+            self._grants.append(grant)
+        return grant
+
+    def deny(
+        self,
+        verb: str,
+        resource: str,
+        group: str = "",
+        subresource: str = "",
+        *,
+        namespace: str | None = None,
+        reason: str = "",
+        explicit: bool = False,
+    ) -> None:
+        """Take a permission away: requests with this verb on this resource get 403, and access reviews say no.
+
+        ``"*"`` matches any verb, resource, group or subresource; ``resource`` may be written ``"pods/log"``;
+        ``namespace`` None matches every namespace and the cluster scope. Without ``explicit`` the answer is RBAC's
+        (``allowed: false`` and no reason unless one is given); with it, an authorizer's explicit ``denied: true``.
+        """
+        if "/" in resource and not subresource:
+            resource, subresource = resource.split("/", 1)
+        with self._cond:
+            self._denials.append(Denial(verb, resource, group, subresource, namespace, reason, explicit))
+
+    def allow_all(self) -> None:
+        """Back to the default: the user is bound to ``cluster-admin``, nothing denied, events allowed."""
+        with self._cond:
+            self._grants = [CLUSTER_ADMIN]
+            self._denials.clear()
+            self.forbid_events = False
+
+    def authorize(self, attrs: Attributes) -> Decision:
+        """The authorizer's decision on a request: denials first, ``forbid_events``, then the RBAC grants."""
+        with self._cond:
+            denials, grants, user = list(self._denials), list(self._grants), self.user
+            forbid_events = self.forbid_events
+        for denial in denials:
+            if denial.matches(attrs):
+                return Decision(False, denial.explicit, denial.reason)
+        if forbid_events and attrs.resource_request and attrs.group == "" and attrs.resource == "events":
+            return Decision(False)
+        for grant in sorted(grants, key=lambda g: g.namespace is not None):  # ClusterRoleBindings first
+            if grant.namespace is not None and grant.namespace != attrs.namespace:
+                continue
+            if any(rule_allows(rule, attrs) for rule in grant.rules):
+                return Decision(
+                    True, reason="RBAC: allowed by " + grant.source.replace("{subject}", describe_user(user))
+                )
+        return Decision(False)
+
+    def _served_kind(self, group: str, version: str, resource: str) -> Kind | None:
+        """The resource type a URL names, if the server serves it (PyTorchJobs only while their CRD is installed)."""
+        if (group, version, resource) == (self.kind.group, self.kind.version, self.kind.resource):
+            return self.kind if self.crd_installed else None
+        return next((k for k in BUILTIN_KINDS if (k.group, k.version, k.resource) == (group, version, resource)), None)
+
     # ---------------------------------------------------------------- storage (callers hold the lock or take it)
 
     def _get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
@@ -1406,7 +2772,7 @@ class FakeKubernetes:
             return copy.deepcopy(obj) if obj is not None else None
 
     def _record(self, kind: Kind, type_: str, obj: dict[str, Any], prev: dict[str, Any] | None) -> None:
-        self._history.append(Change(self._rv, kind.resource, obj["metadata"]["namespace"], type_, obj, prev))
+        self._history.append(Change(self._rv, kind.resource, obj["metadata"].get("namespace", ""), type_, obj, prev))
         if self.history_limit is not None and len(self._history) > self.history_limit:
             dropped = self._history[: len(self._history) - self.history_limit]
             del self._history[: len(dropped)]
@@ -1418,7 +2784,7 @@ class FakeKubernetes:
             self._rv += 1
             obj = copy.deepcopy(obj)
             obj["metadata"]["resourceVersion"] = str(self._rv)
-            key = (kind.resource, obj["metadata"]["namespace"], obj["metadata"]["name"])
+            key = (kind.resource, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
             prev = self._objects.get(key)
             self._objects[key] = obj
             self._record(kind, type_, copy.deepcopy(obj), copy.deepcopy(prev) if prev else None)
@@ -1604,20 +2970,99 @@ class FakeKubernetes:
 # HTTP
 
 
-ROUTES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log$"), "pod_log"),
-    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$"), "pod"),
-    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
-    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$"), "events"),
-    (
-        re.compile(
-            r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)/(?P<name>[^/]+)$"
-        ),
-        "cr",
-    ),
-    (re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)$"), "crs"),
-]
+@dataclass(frozen=True)
+class RequestInfo:
+    """A request as the API server's RequestInfo parser reads it (k8s.io/apiserver/pkg/endpoints/request)."""
+
+    attrs: Attributes
+    version: str = ""
+    resource_path: bool = True  # under /api/v1 or /apis/<group>/<version>, with a resource
+    named_namespace: bool = False  # /namespaces/<name>[/status]: the Namespace object itself
+
+
+def request_info(method: str, path: str, params: dict[str, str]) -> RequestInfo:
+    """Verb, API group, version, namespace, resource, subresource and name of a request (the authorizer's input)."""
+    segments = [unquote(part) for part in path.strip("/").split("/")] if path.strip("/") else []
+    if segments[:2] == ["api", "v1"]:
+        group, version, rest = "", "v1", segments[2:]
+    elif len(segments) >= 3 and segments[0] == "apis":
+        group, version, rest = segments[1], segments[2], segments[3:]
+    else:
+        rest = []
+    if not rest:
+        verb = {"GET": "get", "HEAD": "get", "POST": "post", "PUT": "put", "DELETE": "delete", "PATCH": "patch"}
+        return RequestInfo(Attributes(verb.get(method, method.lower()), path=path or "/"), resource_path=False)
+    namespace, named_namespace = "", False
+    if rest[0] == "namespaces" and len(rest) > 1:
+        namespace = rest[1]
+        if len(rest) > 2 and rest[2] not in ("status", "finalize"):
+            rest = rest[2:]
+        else:
+            named_namespace = True
+    resource = rest[0]
+    name = rest[1] if len(rest) > 1 else ""
+    subresource = rest[2] if len(rest) > 2 else ""
+    watching = params.get("watch", "") in ("1", "t", "T", "TRUE", "true", "True")
+    if method in ("GET", "HEAD"):
+        verb = "get" if name else ("watch" if watching else "list")
+    elif method == "DELETE":
+        verb = "delete" if name else "deletecollection"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+    attrs = Attributes(verb, group, resource, subresource, namespace, name)
+    return RequestInfo(attrs, version, len(rest) <= 3, named_namespace)
+
+
 NO_RESOURCE = "the server could not find the requested resource"
+
+
+REVIEW_RESOURCE_FIELDS = ("namespace", "verb", "group", "version", "resource", "subresource", "name")
+REVIEW_SELECTOR_FIELDS = ("fieldSelector", "labelSelector")  # authorization.k8s.io/v1 since Kubernetes 1.31
+
+
+def _review_shape(obj: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Type errors (as Go's JSON decoder words them) and unknown fields of a SelfSubjectAccessReview body."""
+    type_errors: list[str] = []
+    unknown: list[str] = []
+
+    def expect_object(value: Any, parent: str, path: str, target: str) -> bool:
+        if value is None or isinstance(value, dict):
+            return isinstance(value, dict)
+        type_errors.append(
+            f"json: cannot unmarshal {_go_type(value)} into Go struct field {parent}.{path} of type v1.{target}"
+        )
+        return False
+
+    def strings(value: dict[str, Any], allowed: Iterable[str], go_type: str, path: str) -> None:
+        allowed = tuple(allowed)
+        for key, item in value.items():
+            into = f"into Go struct field {go_type}.{path}.{key}"
+            if key in REVIEW_SELECTOR_FIELDS and path.endswith("resourceAttributes"):
+                if item is not None and not isinstance(item, dict):
+                    target = f"v1.{key[0].upper()}{key[1:]}Attributes"
+                    type_errors.append(f"json: cannot unmarshal {_go_type(item)} {into} of type {target}")
+            elif key not in allowed:
+                unknown.append(f"{path}.{key}")
+            elif item is not None and not isinstance(item, str):
+                type_errors.append(f"json: cannot unmarshal {_go_type(item)} {into} of type string")
+
+    for key in obj:
+        if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
+            unknown.append(key)
+    if isinstance(obj.get("metadata"), dict):
+        unknown += [f"metadata.{k}" for k in obj["metadata"] if k not in OBJECT_META_FIELDS]
+    spec = obj.get("spec")
+    if expect_object(spec, "SelfSubjectAccessReview", "spec", "SelfSubjectAccessReviewSpec"):
+        for key in spec:
+            if key not in ("resourceAttributes", "nonResourceAttributes"):
+                unknown.append(f"spec.{key}")
+        for key, target, fields in (
+            ("resourceAttributes", "ResourceAttributes", REVIEW_RESOURCE_FIELDS),
+            ("nonResourceAttributes", "NonResourceAttributes", ("path", "verb")),
+        ):
+            if expect_object(spec.get(key), "SelfSubjectAccessReviewSpec", f"spec.{key}", target):
+                strings(spec[key], fields, target, f"spec.{key}")
+    return type_errors, unknown
 
 
 class _Abort(Exception):
@@ -1752,59 +3197,141 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(500, status_body(500, f"Internal error occurred: {error}"))
 
     def _route(self, method: str, path: str, params: dict[str, str], body: bytes) -> None:
-        found = next(((m, route) for pattern, route in ROUTES if (m := pattern.match(path))), None)
-        if found is None:
+        fake = self.fake
+        info = request_info(method, path, params)
+        attrs = info.attrs
+        ssar = (attrs.group, attrs.resource) == (SSARS.group, SSARS.resource) and not attrs.name
+        if not ssar:  # system:basic-user lets every authenticated user review its own access
+            decision = fake.authorize(attrs)
+            if not decision.allowed:
+                raise forbidden(attrs, fake.user, decision.reason)
+        if not attrs.resource_request or not info.resource_path:
             raise ApiError(404, NO_RESOURCE, details={})
-        match, route = found
-        parts = {k: unquote(v) for k, v in match.groupdict().items()}
-        ns = parts["ns"]
-        kind = self.fake.kind
-        if route in ("cr", "crs") and (parts["group"], parts["version"], parts["plural"]) != (
-            kind.group,
-            kind.version,
-            kind.resource,
+        kind = fake._served_kind(attrs.group, info.version, attrs.resource)
+        if kind is None:
+            raise ApiError(404, NO_RESOURCE, details={})
+        ns = attrs.namespace if kind.namespaced else ""
+        name, sub = attrs.name, attrs.subresource
+        if (kind.namespaced and name and not ns) or (
+            not kind.namespaced and attrs.namespace and not info.named_namespace
         ):
             raise ApiError(404, NO_RESOURCE, details={})
-        allowed = {
-            "crs": ("GET", "POST"),
-            "cr": ("GET", "DELETE"),
-            "pods": ("GET",),
-            "pod": ("GET",),
-            "pod_log": ("GET",),
-            "events": ("GET",),
-        }[route]
+        if sub and sub not in kind.subresources:
+            raise ApiError(404, NO_RESOURCE, details={})
+        if sub:
+            allowed = ("GET",)
+        elif name:
+            allowed = tuple(m for m, v in (("GET", "get"), ("DELETE", "delete")) if v in kind.verbs)
+        else:
+            allowed = tuple(m for m, v in (("GET", "list"), ("POST", "create")) if v in kind.verbs)
         if method not in allowed:
             raise ApiError(405, "the server does not allow this method on the requested resource", details={})
-        if route == "crs" and method == "POST":
+        if kind is SSARS:
+            self._access_review(params, body)
+        elif kind is fake.kind and method == "POST":
             self._create(ns, params, body)
-        elif route == "crs":
-            self._list_or_watch(kind, ns, params)
-        elif route == "cr" and method == "GET":
-            self._send_json(200, self._must_get(kind, ns, parts["name"]))
-        elif route == "cr":
-            self._delete(ns, parts["name"], params, body)
-        elif route == "pods":
-            self._list_or_watch(PODS, ns, params)
-        elif route == "pod":
-            self._send_json(200, self._must_get(PODS, ns, parts["name"]))
-        elif route == "pod_log":
-            self._pod_log(ns, parts["name"], params)
+        elif kind is fake.kind and method == "DELETE":
+            self._delete(ns, name, params, body)
+        elif sub == "log":
+            self._pod_log(ns, name, params)
+        elif name:
+            self._send_json(200, self._must_get(kind, ns, name))
         else:
-            if self.fake.forbid_events:
-                verb = "watch" if flag(params, "watch") else "list"
-                raise ApiError(
-                    403,
-                    f'events is forbidden: User "{self.fake.user}" cannot {verb} resource "events" in API group "" '
-                    f'in the namespace "{ns}"',
-                    details={"kind": "events"},
-                )
-            self._list_or_watch(EVENTS, ns, params)
+            self._list_or_watch(kind, ns or None, params)
 
     def _must_get(self, kind: Kind, ns: str, name: str) -> dict[str, Any]:
         obj = self.fake._get(kind, ns, name)
         if obj is None:
             raise kind.not_found(name)
         return obj
+
+    # ---------------------------------------------------------------- SelfSubjectAccessReview
+
+    def _access_review(self, params: dict[str, str], body: bytes) -> None:
+        """Answer a SelfSubjectAccessReview from the decision the server would take on that request.
+
+        Unknown fields are a 400 unless ``fieldValidation`` is Warn (a warning) or Ignore: stricter than a real API
+        server, which warns by default (kubectl asks for Strict), so that a misspelled field cannot pass a test.
+        """
+        fake, kind = self.fake, SSARS
+        directive = params.get("fieldValidation") or "Strict"
+        if directive not in ("Ignore", "Warn", "Strict"):
+            raise ApiError(400, f"fieldValidation: Unsupported value: {json.dumps(directive)}")
+        cannot = f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}'
+        try:
+            obj = json.loads(body or b"null")
+        except ValueError as error:
+            raise ApiError(400, f"{cannot}: json parse error: {error}") from None
+        if not isinstance(obj, dict):
+            raise ApiError(
+                400, f"{cannot}: json: cannot unmarshal {_go_type(obj)} into Go value of type v1.{kind.kind}"
+            )
+        if obj.get("apiVersion") not in (None, kind.api_version):
+            raise ApiError(
+                400,
+                f"the API version in the data ({obj['apiVersion']}) does not match the expected API version "
+                f"({kind.api_version})",
+            )
+        if obj.get("kind") not in (None, kind.kind):
+            raise ApiError(400, f"the kind in the data ({obj['kind']}) does not match the expected kind ({kind.kind})")
+        type_errors, unknown = _review_shape(obj)
+        if type_errors:
+            raise ApiError(400, f"{cannot}: {type_errors[0]}")
+        warnings: list[str] = []
+        if unknown and directive == "Strict":
+            fields = ", ".join(f'unknown field "{u}"' for u in unknown)
+            raise ApiError(400, f"{cannot}: strict decoding error: {fields}")
+        if directive == "Warn":
+            warnings = [f'unknown field "{u}"' for u in unknown]
+        spec = obj.get("spec") or {}
+        resource_attrs = spec.get("resourceAttributes")
+        non_resource_attrs = spec.get("nonResourceAttributes")
+        invalid = f'{kind.kind}.{kind.group} "" is invalid: '
+        if resource_attrs is None and non_resource_attrs is None:
+            raise ApiError(
+                422,
+                invalid + 'spec.resourceAttributes: Invalid value: "null": exactly one of nonResourceAttributes or '
+                "resourceAttributes must be specified",
+                details={"group": kind.group, "kind": kind.kind, "causes": []},
+            )
+        if resource_attrs is not None and non_resource_attrs is not None:
+            raise ApiError(
+                422,
+                invalid + f"spec.nonResourceAttributes: Invalid value: {json.dumps(non_resource_attrs)}: cannot be "
+                "specified in combination with resourceAttributes",
+                details={"group": kind.group, "kind": kind.kind, "causes": []},
+            )
+        if resource_attrs is not None:
+            asked = {k: v for k, v in resource_attrs.items() if k in REVIEW_RESOURCE_FIELDS}
+            attrs = Attributes(
+                asked.get("verb") or "",
+                asked.get("group") or "",
+                asked.get("resource") or "",
+                asked.get("subresource") or "",
+                asked.get("namespace") or "",
+                asked.get("name") or "",
+            )
+            clean_spec: dict[str, Any] = {"resourceAttributes": asked}
+        else:
+            asked = {k: v for k, v in non_resource_attrs.items() if k in ("path", "verb")}
+            attrs = Attributes(asked.get("verb") or "", path=asked.get("path") or "/")
+            clean_spec = {"nonResourceAttributes": asked}
+        decision = fake.authorize(attrs)
+        with fake._cond:
+            fake.access_reviews.append((copy.deepcopy(asked), decision))
+        status: dict[str, Any] = {"allowed": decision.allowed}
+        if decision.denied:
+            status["denied"] = True
+        if decision.reason:
+            status["reason"] = decision.reason
+        review = {
+            "kind": kind.kind,
+            "apiVersion": kind.api_version,
+            "metadata": {"creationTimestamp": None},
+            "spec": clean_spec,
+            "status": status,
+        }
+        self._send_json(201, review, warnings=warnings)
 
     # ---------------------------------------------------------------- create
 
@@ -1971,14 +3498,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---------------------------------------------------------------- list and watch
 
-    def _selected(self, kind: Kind, namespace: str, params: dict[str, str]) -> Callable[[dict[str, Any]], bool]:
+    def _selected(self, kind: Kind, namespace: str | None, params: dict[str, str]) -> Callable[[dict[str, Any]], bool]:
+        """The objects a list or watch selects: in ``namespace`` (None: every namespace, or cluster-scoped)."""
         labels = label_matcher(params.get("labelSelector"))
-        fields = field_matcher(params.get("fieldSelector"), kind.fields)
+        fields = field_matcher(params.get("fieldSelector"), kind.fields, dict(kind.field_defaults))
         return lambda obj: (
-            obj["metadata"]["namespace"] == namespace and labels(obj["metadata"].get("labels") or {}) and fields(obj)
+            (namespace is None or obj["metadata"].get("namespace", "") == namespace)
+            and labels(obj["metadata"].get("labels") or {})
+            and fields(obj)
         )
 
-    def _list_or_watch(self, kind: Kind, ns: str, params: dict[str, str]) -> None:
+    def _list_or_watch(self, kind: Kind, ns: str | None, params: dict[str, str]) -> None:
         selected = self._selected(kind, ns, params)
         if flag(params, "watch"):
             self._watch(kind, ns, params, selected)
@@ -2006,7 +3536,9 @@ class _Handler(BaseHTTPRequestHandler):
             },
         )
 
-    def _watch(self, kind: Kind, ns: str, params: dict[str, str], selected: Callable[[dict[str, Any]], bool]) -> None:
+    def _watch(
+        self, kind: Kind, ns: str | None, params: dict[str, str], selected: Callable[[dict[str, Any]], bool]
+    ) -> None:
         fake = self.fake
         timeout = parse_int(params, "timeoutSeconds")
         deadline = time.monotonic() + (timeout if timeout is not None else 1800)
@@ -2127,16 +3659,23 @@ class _Handler(BaseHTTPRequestHandler):
             return
         status = next((c for c in pod["status"].get("containerStatuses", []) if c["name"] == container), None)
         state = (status or {}).get("state", {})
+        # In a back-off the kubelet serves the last (terminated) instance's log, with or without ``previous``.
+        backing_off = "waiting" in state and "terminated" in (status or {}).get("lastState", {})
+        source = "current"
         if previous:
             with fake._cond:
                 entry = fake._logs.get((ns, name))
-                lines = list(entry.previous) if entry and entry.previous is not None else None
-            if lines is None:
+                has_previous = entry is not None and entry.previous is not None
+            if not backing_off and not has_previous:
                 raise ApiError(400, f'previous terminated container "{container}" in pod "{name}" not found')
+            source = "current" if backing_off else "previous"
             follow = False
-        elif status is None or "waiting" in state:
+        elif status is None or ("waiting" in state and not backing_off):
             reason = state.get("waiting", {}).get("reason", "ContainerCreating")
-            raise ApiError(400, f'container "{container}" in pod "{name}" is waiting to start: {reason}')
+            detail = {"ErrImagePull": "image can't be pulled", "ImagePullBackOff": "trying and failing to pull image"}
+            raise ApiError(
+                400, f'container "{container}" in pod "{name}" is waiting to start: {detail.get(reason, reason)}'
+            )
         restarts = status.get("restartCount", 0) if status else 0
         cut = fake.faults.take(("drop_log",), "GET", self.path) if follow else None
 
@@ -2170,7 +3709,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         with fake._cond:
             entry = fake._logs.get((ns, name), ContainerLog())
-            lines = list(entry.previous or []) if previous else list(entry.current)
+            lines = list(entry.previous or []) if source == "previous" else list(entry.current)
         offset = len(lines)
         if since_ns is not None:
             lines = [line for line in lines if line[0] >= since_ns]
@@ -2204,6 +3743,7 @@ class _Handler(BaseHTTPRequestHandler):
                     or cs is None
                     or cs.get("restartCount", 0) != restarts
                     or "terminated" in cs.get("state", {})
+                    or "waiting" in cs.get("state", {})
                 )
                 if not new and not ended:
                     if fake._stopping.is_set():

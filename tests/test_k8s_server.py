@@ -6,6 +6,8 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -13,7 +15,16 @@ import pytest
 import urllib3
 from kubernetes.client.rest import ApiException
 
-from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle, load_crd_schema, unknown_fields
+from tests.k8s_server import (
+    CRD_PATH,
+    IMAGE_PULL_ACCESS_DENIED,
+    INSUFFICIENT_GPU,
+    FakeKubernetes,
+    Lifecycle,
+    load_crd,
+    load_crd_schema,
+    unknown_fields,
+)
 
 NS = "team-a"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
@@ -324,3 +335,732 @@ def test_faults(server: FakeKubernetes, crs: Any, core: Any) -> None:
         ):
             pass
     assert server.faults.rules == []
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# What a preflight check reads: nodes, pods on nodes, PVCs, DaemonSets, Deployments, CRDs, access reviews
+
+
+@pytest.fixture
+def apps(api_client: Any) -> Any:
+    return kubernetes.client.AppsV1Api(api_client)
+
+
+@pytest.fixture
+def apiext(api_client: Any) -> Any:
+    return kubernetes.client.ApiextensionsV1Api(api_client)
+
+
+@pytest.fixture
+def authz(api_client: Any) -> Any:
+    return kubernetes.client.AuthorizationV1Api(api_client)
+
+
+def pod_when(core: Any, name: str, predicate: Callable[[Any], Any]) -> Any:
+    """The pod, read through the client, once ``predicate(pod)`` holds (it may not exist yet)."""
+
+    def check() -> Any:
+        try:
+            pod = core.read_namespaced_pod(name, NS)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return predicate(pod) and pod
+
+    return wait_for(check)
+
+
+def waiting_reason(pod: Any) -> str | None:
+    statuses = pod.status.container_statuses or []
+    waiting = statuses[0].state.waiting if statuses else None
+    return waiting.reason if waiting else None
+
+
+def status_of(error: pytest.ExceptionInfo[ApiException]) -> dict[str, Any]:
+    body = json.loads(error.value.body)
+    assert body["kind"] == "Status" and body["status"] == "Failure" and body["code"] == error.value.status
+    return body
+
+
+def review(authz: Any, verb: str, resource: str, group: str = "", namespace: str = "", **extra: str) -> Any:
+    attrs = kubernetes.client.V1ResourceAttributes(
+        verb=verb, resource=resource, group=group, namespace=namespace or None, **extra
+    )
+    body = kubernetes.client.V1SelfSubjectAccessReview(
+        spec=kubernetes.client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs)
+    )
+    return authz.create_self_subject_access_review(body).status
+
+
+def test_nodes_list_get_and_selectors(server: FakeKubernetes, core: Any) -> None:
+    server.add_node("hyperpod-i-0a", deep_health_check="Passed")
+    server.add_node("hyperpod-i-0b", allocatable={"cpu": "192", "memory": "2063937952Ki", "nvidia.com/gpu": "8"})
+    server.add_node("hyperpod-i-0c", health_status="UnschedulablePendingReplacement", unschedulable=True, ready=False)
+    server.add_node("cpu-1", instance_type="ml.m5.2xlarge", health_status=None, taints=["dedicated=system:NoSchedule"])
+
+    nodes = core.list_node().items
+    assert [n.metadata.name for n in nodes] == ["cpu-1", "hyperpod-i-0a", "hyperpod-i-0b", "hyperpod-i-0c"]
+    a = core.read_node("hyperpod-i-0a")
+    assert a.metadata.labels["kubernetes.io/hostname"] == "hyperpod-i-0a"
+    assert a.metadata.labels["node.kubernetes.io/instance-type"] == "ml.p5.48xlarge"
+    assert a.metadata.labels["sagemaker.amazonaws.com/node-health-status"] == "Schedulable"
+    assert a.metadata.labels["sagemaker.amazonaws.com/deep-health-check-status"] == "Passed"
+    assert a.status.allocatable == {
+        "cpu": "192",
+        "memory": "2063937952Ki",
+        "nvidia.com/gpu": "8",
+        "vpc.amazonaws.com/efa": "32",
+        "pods": "110",
+    }
+    assert a.status.capacity == a.status.allocatable
+    assert {c.type: c.status for c in a.status.conditions}["Ready"] == "True"
+    assert a.spec.taints is None and a.spec.unschedulable is None and a.status.node_info.kubelet_version
+    b = core.read_node("hyperpod-i-0b")
+    assert "vpc.amazonaws.com/efa" not in b.status.allocatable
+    c = core.read_node("hyperpod-i-0c")
+    assert c.spec.unschedulable is True
+    assert {c.type: (c.status, c.reason) for c in c.status.conditions}["Ready"] == ("False", "KubeletNotReady")
+    assert {(t.key, t.effect) for t in c.spec.taints} == {
+        ("node.kubernetes.io/unschedulable", "NoSchedule"),
+        ("node.kubernetes.io/not-ready", "NoSchedule"),
+        ("node.kubernetes.io/not-ready", "NoExecute"),
+    }
+    cpu = core.read_node("cpu-1")
+    assert "sagemaker.amazonaws.com/node-health-status" not in cpu.metadata.labels
+    assert [(t.key, t.value, t.effect) for t in cpu.spec.taints] == [("dedicated", "system", "NoSchedule")]
+
+    healthy = core.list_node(label_selector="sagemaker.amazonaws.com/node-health-status=Schedulable").items
+    assert [n.metadata.name for n in healthy] == ["hyperpod-i-0a", "hyperpod-i-0b"]
+    p5 = core.list_node(label_selector="node.kubernetes.io/instance-type in (ml.p5.48xlarge,ml.p5en.48xlarge)")
+    assert len(p5.items) == 3
+    schedulable = core.list_node(field_selector="spec.unschedulable=false").items  # a left-out field is false
+    assert [n.metadata.name for n in schedulable] == ["cpu-1", "hyperpod-i-0a", "hyperpod-i-0b"]
+    assert [n.metadata.name for n in core.list_node(field_selector="metadata.name=cpu-1").items] == ["cpu-1"]
+    with pytest.raises(ApiException) as error:
+        core.list_node(field_selector="status.phase=Running")
+    assert error.value.status == 400 and status_of(error)["message"] == "field label not supported: status.phase"
+
+    with pytest.raises(ApiException) as error:
+        core.read_node("nope")
+    body = status_of(error)
+    assert error.value.status == 404 and body["reason"] == "NotFound"
+    assert body["message"] == 'nodes "nope" not found' and body["details"] == {"name": "nope", "kind": "nodes"}
+    with pytest.raises(ApiException) as error:  # nodes are cluster-scoped
+        core.api_client.call_api("/api/v1/namespaces/default/nodes", "GET", _preload_content=False)
+    assert error.value.status == 404
+
+    # a watch sees a node turn unhealthy
+    rv = core.list_node().metadata.resource_version
+    server.update_node(
+        "hyperpod-i-0b",
+        lambda n: n["metadata"]["labels"].update({"sagemaker.amazonaws.com/node-health-status": "Unschedulable"}),
+    )
+    watch = kubernetes.watch.Watch()
+    events = [
+        (e["type"], e["object"].metadata.name)
+        for e in watch.stream(core.list_node, resource_version=rv, timeout_seconds=1)
+    ]
+    assert events == [("MODIFIED", "hyperpod-i-0b")]
+
+
+def test_pods_on_nodes_across_namespaces(server: FakeKubernetes, core: Any) -> None:
+    gpu8 = {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
+    server.add_node("node-a")
+    server.add_node("node-b")
+    server.add_pod("team-b", "big-train-0", node_name="node-a", requests=gpu8, limits=gpu8)
+    server.add_pod("kube-system", "aws-node-x", node_name="node-a", requests={"cpu": "25m"})
+    server.add_pod("team-b", "done", node_name="node-a", phase="Succeeded", requests=gpu8)
+    server.add_pod("team-b", "crashed", node_name="node-a", phase="Failed", requests=gpu8)
+    server.add_pod("team-c", "starting", node_name="node-b", phase="Pending", requests={"nvidia.com/gpu": "4"})
+    server.add_pod("team-c", "waiting", phase="Pending", requests={"nvidia.com/gpu": "8"})
+
+    active = core.list_pod_for_all_namespaces(
+        field_selector="spec.nodeName=node-a,status.phase!=Succeeded,status.phase!=Failed"
+    )
+    assert active.kind == "PodList" and active.api_version == "v1"
+    assert [(p.metadata.namespace, p.metadata.name) for p in active.items] == [
+        ("kube-system", "aws-node-x"),
+        ("team-b", "big-train-0"),
+    ]
+    big = active.items[1]
+    assert big.spec.node_name == "node-a" and big.status.phase == "Running" and big.status.qos_class == "Guaranteed"
+    assert big.spec.containers[0].resources.requests == gpu8
+    assert big.status.container_statuses[0].state.running is not None and big.status.container_statuses[0].ready
+
+    assert [p.metadata.name for p in core.list_pod_for_all_namespaces(field_selector="spec.nodeName=").items] == [
+        "waiting"
+    ]
+    waiting = core.read_namespaced_pod("waiting", "team-c")
+    scheduled = next(c for c in waiting.status.conditions if c.type == "PodScheduled")
+    assert (scheduled.status, scheduled.reason) == ("False", "Unschedulable")
+    assert scheduled.message == "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    starting = core.read_namespaced_pod("starting", "team-c")
+    assert starting.status.container_statuses[0].state.waiting.reason == "ContainerCreating"
+    done = core.read_namespaced_pod("done", "team-b").status.container_statuses[0].state.terminated
+    assert (done.exit_code, done.reason) == (0, "Completed")
+    assert len(core.list_pod_for_all_namespaces(label_selector="nothing=here").items) == 0
+    assert [
+        p.metadata.name for p in core.list_namespaced_pod("team-b", field_selector="status.phase=Failed").items
+    ] == ["crashed"]
+    with pytest.raises(ApiException) as error:
+        core.list_pod_for_all_namespaces(field_selector="spec.nodeNames=node-a")
+    assert error.value.status == 400 and status_of(error)["message"] == "field label not supported: spec.nodeNames"
+
+
+def test_persistent_volume_claims(server: FakeKubernetes, core: Any) -> None:
+    server.add_pvc("kubeflow", "fsx-claim")
+    server.add_pvc("kubeflow", "static-claim", volume_name="fsx-pv", storage_class="", capacity="2400Gi")
+    server.add_pvc("kubeflow", "pending-claim", phase="Pending", access_modes=("ReadWriteOnce",))
+
+    pvc = core.read_namespaced_persistent_volume_claim("fsx-claim", "kubeflow")
+    assert pvc.status.phase == "Bound" and pvc.status.access_modes == ["ReadWriteMany"]
+    assert pvc.status.capacity == {"storage": "1200Gi"} and pvc.spec.storage_class_name == "fsx-sc"
+    assert pvc.spec.volume_name == f"pvc-{pvc.metadata.uid}" and pvc.spec.resources.requests == {"storage": "1200Gi"}
+    static = core.read_namespaced_persistent_volume_claim("static-claim", "kubeflow")
+    assert static.spec.volume_name == "fsx-pv" and static.spec.storage_class_name == ""
+    pending = core.read_namespaced_persistent_volume_claim("pending-claim", "kubeflow")
+    assert pending.status.phase == "Pending" and pending.spec.volume_name is None and pending.status.capacity is None
+
+    listed = core.list_namespaced_persistent_volume_claim("kubeflow")
+    assert listed.kind == "PersistentVolumeClaimList"
+    assert [p.metadata.name for p in listed.items] == ["fsx-claim", "pending-claim", "static-claim"]
+    assert len(core.list_persistent_volume_claim_for_all_namespaces().items) == 3
+    assert core.list_namespaced_persistent_volume_claim("default").items == []
+    with pytest.raises(ApiException) as error:
+        core.read_namespaced_persistent_volume_claim("fsx-claim", "default")
+    assert error.value.status == 404
+    assert status_of(error)["message"] == 'persistentvolumeclaims "fsx-claim" not found'
+
+
+def test_daemonsets_and_deployments(server: FakeKubernetes, apps: Any) -> None:
+    for i in range(3):
+        server.add_node(f"gpu-{i}")
+    server.add_device_plugins(ready=2)
+    server.add_daemonset("kube-system", "aws-node", image="amazon-k8s-cni:v1.18.5", labels={"k8s-app": "aws-node"})
+
+    listed = apps.list_daemon_set_for_all_namespaces()
+    assert listed.kind == "DaemonSetList" and listed.api_version == "apps/v1"
+    assert [d.metadata.name for d in listed.items] == [
+        "aws-efa-k8s-device-plugin-daemonset",
+        "aws-node",
+        "nvidia-device-plugin-daemonset",
+    ]
+    efa = apps.read_namespaced_daemon_set("aws-efa-k8s-device-plugin-daemonset", "kube-system")
+    assert efa.spec.template.spec.containers[0].image.startswith(
+        "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:"
+    )
+    s = efa.status
+    assert (s.desired_number_scheduled, s.current_number_scheduled, s.number_ready, s.number_available) == (3, 3, 2, 2)
+    assert (s.updated_number_scheduled, s.number_misscheduled, s.number_unavailable) == (3, 0, 1)
+    nvidia = apps.list_namespaced_daemon_set("kube-system", label_selector="name=nvidia-device-plugin-ds").items
+    assert [d.spec.template.spec.containers[0].image for d in nvidia] == ["nvcr.io/nvidia/k8s-device-plugin:v0.16.2"]
+    assert apps.read_namespaced_daemon_set("aws-node", "kube-system").status.number_unavailable is None
+
+    operator = apps.read_namespaced_deployment("training-operator", "kubeflow")
+    assert operator.spec.template.spec.containers[0].image == "kubeflow/training-operator:v1.8.1"
+    assert operator.spec.template.spec.containers[0].name == "training-operator"
+    assert operator.metadata.labels == {"control-plane": "kubeflow-training-operator"}
+    assert (operator.status.replicas, operator.status.ready_replicas, operator.status.available_replicas) == (1, 1, 1)
+    assert {c.type: c.status for c in operator.status.conditions} == {"Available": "True", "Progressing": "True"}
+
+    server.add_deployment(
+        "kubeflow",
+        "training-operator",
+        image="kubeflow/training-operator:v1-855e096",
+        labels={"control-plane": "kubeflow-training-operator", "app.kubernetes.io/version": "v1.8.0"},
+        ready_replicas=0,
+    )
+    replaced = apps.list_namespaced_deployment(
+        "kubeflow", label_selector="control-plane=kubeflow-training-operator"
+    ).items
+    assert len(replaced) == 1 and replaced[0].metadata.labels["app.kubernetes.io/version"] == "v1.8.0"
+    assert replaced[0].status.ready_replicas is None and replaced[0].status.unavailable_replicas == 1
+    available = next(c for c in replaced[0].status.conditions if c.type == "Available")
+    assert (available.status, available.reason) == ("False", "MinimumReplicasUnavailable")
+    assert len(apps.list_deployment_for_all_namespaces().items) == 1
+    with pytest.raises(ApiException) as error:
+        apps.read_namespaced_deployment("training-operator", "default")
+    assert status_of(error)["message"] == 'deployments.apps "training-operator" not found'
+    assert status_of(error)["details"] == {"name": "training-operator", "group": "apps", "kind": "deployments"}
+
+
+def test_no_training_operator_deployment_when_told_not_to() -> None:
+    with FakeKubernetes(CRD_PATH, training_operator=None) as fake:
+        client = kubernetes.client.ApiClient(fake.client_configuration())
+        with pytest.raises(ApiException) as error:
+            kubernetes.client.AppsV1Api(client).read_namespaced_deployment("training-operator", "kubeflow")
+        client.close()
+    assert error.value.status == 404
+
+
+def test_namespaces(server: FakeKubernetes, core: Any) -> None:
+    assert core.read_namespace("kubeflow").status.phase == "Active"
+    names = [n.metadata.name for n in core.list_namespace().items]
+    assert names == ["default", "kube-node-lease", "kube-public", "kube-system", "kubeflow"]
+    server.add_namespace("hyperpod-team", labels={"team": "a"})
+    assert core.read_namespace("hyperpod-team").metadata.labels == {
+        "kubernetes.io/metadata.name": "hyperpod-team",
+        "team": "a",
+    }
+    with pytest.raises(ApiException) as error:
+        core.read_namespace("team-z")
+    assert status_of(error)["message"] == 'namespaces "team-z" not found'
+
+
+def test_custom_resource_definitions(server: FakeKubernetes, apiext: Any, crs: Any) -> None:
+    crd = apiext.read_custom_resource_definition("pytorchjobs.kubeflow.org")
+    assert crd.spec.group == "kubeflow.org" and crd.spec.names.kind == "PyTorchJob" and crd.spec.scope == "Namespaced"
+    assert [(v.name, v.served, v.storage) for v in crd.spec.versions] == [("v1", True, True)]
+    assert "elasticPolicy" in crd.spec.versions[0].schema.open_apiv3_schema.properties["spec"].properties
+    assert {c.type: c.status for c in crd.status.conditions} == {"NamesAccepted": "True", "Established": "True"}
+    assert crd.status.accepted_names.plural == "pytorchjobs" and crd.status.stored_versions == ["v1"]
+    assert [c.metadata.name for c in apiext.list_custom_resource_definition().items] == ["pytorchjobs.kubeflow.org"]
+
+    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-crd"))
+    server.remove_crd()
+    assert not server.crd_installed and server.job(NS, "job-crd") is None  # its resources went with it
+    with pytest.raises(ApiException) as error:
+        apiext.read_custom_resource_definition("pytorchjobs.kubeflow.org")
+    body = status_of(error)
+    assert error.value.status == 404
+    assert body["message"] == 'customresourcedefinitions.apiextensions.k8s.io "pytorchjobs.kubeflow.org" not found'
+    for call in (
+        lambda: crs.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL),
+        lambda: crs.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "job-crd"),
+        lambda: crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-crd")),
+    ):
+        with pytest.raises(ApiException) as error:
+            call()
+        assert error.value.status == 404
+        assert status_of(error)["message"] == "the server could not find the requested resource"
+    assert apiext.list_custom_resource_definition().items == []
+
+    server.add_crd(load_crd(CRD_PATH))
+    assert crs.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["items"] == []
+    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-crd"))
+    assert len(crs.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]) == 1
+
+
+def test_access_reviews_default_to_cluster_admin(server: FakeKubernetes, authz: Any) -> None:
+    status = review(authz, "create", "pytorchjobs", "kubeflow.org", "kubeflow")
+    assert status.allowed is True and status.denied is None
+    assert status.reason == (
+        'RBAC: allowed by ClusterRoleBinding "fake-cluster-admin" of ClusterRole "cluster-admin" to '
+        'ServiceAccount "pipeline-runner/kubeflow"'
+    )
+    assert review(authz, "list", "nodes").allowed
+    assert server.access_reviews[0][0] == {
+        "namespace": "kubeflow",
+        "verb": "create",
+        "group": "kubeflow.org",
+        "resource": "pytorchjobs",
+    }
+
+
+def test_deny_forbids_requests_and_access_reviews(server: FakeKubernetes, authz: Any, core: Any, crs: Any) -> None:
+    server.add_node("node-a")
+    server.deny("list", "nodes")
+    server.deny("get", "pods/log", namespace="kubeflow")
+    server.deny("create", "pytorchjobs", "kubeflow.org", reason="blocked by policy", explicit=True)
+
+    status = review(authz, "list", "nodes")
+    assert (status.allowed, status.denied, status.reason) == (False, None, None)
+    with pytest.raises(ApiException) as error:
+        core.list_node()
+    body = status_of(error)
+    assert error.value.status == 403 and body["reason"] == "Forbidden" and body["details"] == {"kind": "nodes"}
+    assert body["message"] == (
+        'nodes is forbidden: User "system:serviceaccount:kubeflow:pipeline-runner" cannot list resource "nodes" '
+        'in API group "" at the cluster scope'
+    )
+    assert core.read_node("node-a").metadata.name == "node-a"  # only list was taken away
+
+    assert not review(authz, "get", "pods", namespace="kubeflow", subresource="log").allowed
+    assert review(authz, "get", "pods", namespace="kubeflow").allowed
+    assert review(authz, "get", "pods", namespace="team-a", subresource="log").allowed
+
+    status = review(authz, "create", "pytorchjobs", "kubeflow.org", NS)
+    assert (status.allowed, status.denied, status.reason) == (False, True, "blocked by policy")
+    with pytest.raises(ApiException) as error:
+        crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-denied"))
+    body = status_of(error)
+    assert body["message"] == (
+        'pytorchjobs.kubeflow.org is forbidden: User "system:serviceaccount:kubeflow:pipeline-runner" cannot create '
+        f'resource "pytorchjobs" in API group "kubeflow.org" in the namespace "{NS}": blocked by policy'
+    )
+    assert body["details"] == {"group": "kubeflow.org", "kind": "pytorchjobs"}
+
+    server.forbid_events = True  # the older switch answers reviews too
+    assert not review(authz, "list", "events", namespace=NS).allowed
+    server.allow_all()
+    assert review(authz, "list", "nodes").allowed and review(authz, "list", "events", namespace=NS).allowed
+
+
+LAUNCHER_RBAC = [
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "launcher", "namespace": "kubeflow"},
+        "rules": [
+            {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["create", "get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]},
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "launcher", "namespace": "kubeflow"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "launcher"},
+        "subjects": [{"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "node-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "node-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "node-reader"},
+        "subjects": [{"kind": "Group", "name": "system:serviceaccounts:kubeflow"}],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "someone-else", "namespace": "kubeflow"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "other", "namespace": "kubeflow"}],
+    },
+]
+
+
+def test_rbac_rules_decide_requests_and_reviews(server: FakeKubernetes, authz: Any, core: Any, crs: Any) -> None:
+    grants = server.use_rbac(LAUNCHER_RBAC)
+    assert [(g.namespace, len(g.rules)) for g in grants] == [(None, 1), ("kubeflow", 2)]
+
+    status = review(authz, "create", "pytorchjobs", "kubeflow.org", "kubeflow")
+    assert status.allowed and status.reason == (
+        'RBAC: allowed by RoleBinding "launcher/kubeflow" of Role "launcher" to ServiceAccount '
+        '"pipeline-runner/kubeflow"'
+    )
+    assert review(authz, "list", "nodes").reason == (
+        'RBAC: allowed by ClusterRoleBinding "node-reader" of ClusterRole "node-reader" to Group '
+        '"system:serviceaccounts:kubeflow"'
+    )
+    assert review(authz, "get", "pods", namespace="kubeflow", subresource="log").allowed
+    for denied in (
+        review(authz, "delete", "pytorchjobs", "kubeflow.org", "kubeflow"),  # not in the Role
+        review(authz, "create", "pytorchjobs", "kubeflow.org", "team-a"),  # another namespace
+        review(authz, "list", "pods"),  # across all namespaces: a RoleBinding does not reach
+        review(authz, "list", "daemonsets", "apps"),
+    ):
+        assert (denied.allowed, denied.denied, denied.reason) == (False, None, None)
+
+    core.list_node()
+    core.list_namespaced_pod("kubeflow")
+    crs.create_namespaced_custom_object(GROUP, VERSION, "kubeflow", PLURAL, job_body("job-rbac"))
+    with pytest.raises(ApiException) as error:
+        crs.delete_namespaced_custom_object(GROUP, VERSION, "kubeflow", PLURAL, "job-rbac")
+    assert status_of(error)["message"] == (
+        'pytorchjobs.kubeflow.org "job-rbac" is forbidden: User "system:serviceaccount:kubeflow:pipeline-runner" '
+        'cannot delete resource "pytorchjobs" in API group "kubeflow.org" in the namespace "kubeflow"'
+    )
+    with pytest.raises(ApiException) as error:
+        core.list_pod_for_all_namespaces()
+    assert error.value.status == 403 and "at the cluster scope" in status_of(error)["message"]
+    with pytest.raises(ApiException) as error:
+        core.list_namespaced_event("kubeflow")
+    assert error.value.status == 403
+
+    server.grant(["list", "watch"], "events", namespace="kubeflow")
+    assert [e.reason for e in core.list_namespaced_event("kubeflow").items] == []
+    assert review(authz, "watch", "events", namespace="kubeflow").reason.startswith(
+        'RBAC: allowed by RoleBinding "fake-grant-2/kubeflow" of Role "fake-grant-2" to ServiceAccount'
+    )
+
+
+def test_a_rolebinding_to_cluster_admin_reaches_one_namespace(server: FakeKubernetes, authz: Any) -> None:
+    server.user = "system:serviceaccount:kubeflow:other"
+    (grant,) = server.use_rbac(LAUNCHER_RBAC)[1:]  # the node-reader group binding, then this one
+    assert grant.namespace == "kubeflow"
+    assert review(authz, "delete", "pytorchjobs", "kubeflow.org", "kubeflow").reason == (
+        'RBAC: allowed by RoleBinding "someone-else/kubeflow" of ClusterRole "cluster-admin" to ServiceAccount '
+        '"other/kubeflow"'
+    )
+    assert not review(authz, "delete", "pytorchjobs", "kubeflow.org", "default").allowed
+    assert not review(authz, "list", "daemonsets", "apps").allowed
+
+
+def test_the_projects_rbac_manifest_is_understood(server: FakeKubernetes, authz: Any) -> None:
+    rbac = Path(__file__).resolve().parents[1] / "deploy/rbac.yaml"
+    assert server.use_rbac(rbac), f"no binding in {rbac} names {server.user}"
+    assert review(authz, "create", "pytorchjobs", "kubeflow.org", "kubeflow").allowed
+    assert not review(authz, "create", "pytorchjobs", "kubeflow.org", "default").allowed
+
+
+def test_access_review_body_is_validated(server: FakeKubernetes, authz: Any) -> None:
+    def post(body: Any) -> pytest.ExceptionInfo[ApiException]:
+        with pytest.raises(ApiException) as error:
+            authz.create_self_subject_access_review(body)
+        return error
+
+    base = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview"}
+    error = post({**base, "spec": {"resourceAttributes": {"verb": "list", "resources": "nodes"}}})
+    assert error.value.status == 400 and status_of(error)["message"] == (
+        'SelfSubjectAccessReview in version "v1" cannot be handled as a SelfSubjectAccessReview: strict decoding '
+        'error: unknown field "spec.resourceAttributes.resources"'
+    )
+    error = post({**base, "spec": {"resourceAttributes": {"verb": ["list"], "resource": "nodes"}}})
+    assert error.value.status == 400 and status_of(error)["message"].endswith(
+        "json: cannot unmarshal array into Go struct field ResourceAttributes.spec.resourceAttributes.verb of type "
+        "string"
+    )
+    error = post({**base, "spec": {}})
+    assert error.value.status == 422 and status_of(error)["message"] == (
+        'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: spec.resourceAttributes: Invalid value: "null": '
+        "exactly one of nonResourceAttributes or resourceAttributes must be specified"
+    )
+    both = {"resourceAttributes": {"verb": "get"}, "nonResourceAttributes": {"verb": "get", "path": "/healthz"}}
+    assert post({**base, "spec": both}).value.status == 422
+    assert post({**base, "kind": "SubjectAccessReview", "spec": both}).value.status == 400
+
+    # fieldValidation=Warn: the unknown field is reported in a Warning header and dropped
+    answer = authz.api_client.call_api(
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        "POST",
+        query_params=[("fieldValidation", "Warn")],
+        header_params={"Content-Type": "application/json"},
+        body={**base, "spec": {"resourceAttributes": {"verb": "list", "resource": "nodes", "extra": "x"}}},
+        _preload_content=False,
+    )[0]
+    assert answer.status == 201 and 'unknown field \\"spec.resourceAttributes.extra\\"' in answer.headers["Warning"]
+    assert json.loads(answer.data)["status"] == {
+        "allowed": True,
+        "reason": 'RBAC: allowed by ClusterRoleBinding "fake-cluster-admin" of ClusterRole "cluster-admin" to '
+        'ServiceAccount "pipeline-runner/kubeflow"',
+    }
+    non_resource = kubernetes.client.V1SelfSubjectAccessReview(
+        spec=kubernetes.client.V1SelfSubjectAccessReviewSpec(
+            non_resource_attributes=kubernetes.client.V1NonResourceAttributes(path="/healthz", verb="get")
+        )
+    )
+    assert authz.create_self_subject_access_review(non_resource).status.allowed
+    with pytest.raises(ApiException) as error:
+        authz.api_client.call_api("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "GET")
+    assert error.value.status == 405
+
+
+def test_faults_apply_to_the_new_endpoints(server: FakeKubernetes, core: Any, apps: Any, authz: Any) -> None:
+    server.add_node("node-a")
+    server.faults.fail_next("GET", r"^/api/v1/nodes", 500)
+    with pytest.raises(ApiException) as error:
+        core.list_node()
+    assert error.value.status == 500 and status_of(error)["reason"] == "InternalError"
+    assert len(core.list_node().items) == 1
+
+    server.faults.fail_next("POST", r"/selfsubjectaccessreviews$", 503, message="etcd is away")
+    with pytest.raises(ApiException) as error:
+        review(authz, "list", "nodes")
+    assert error.value.status == 503 and status_of(error)["message"] == "etcd is away"
+
+    server.faults.drop_next("GET", r"/apis/apps/v1/namespaces/kubeflow/deployments/training-operator$", times=4)
+    with pytest.raises(urllib3.exceptions.MaxRetryError):  # urllib3 retries a dropped GET 3 times, then gives up
+        apps.read_namespaced_deployment("training-operator", "kubeflow")
+    assert [k for k, *_ in server.faults.injected].count("drop") == 4
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pod troubles: scheduling, image pulls, crash loops, OOM kills
+
+
+def test_events_at_chosen_times(server: FakeKubernetes, core: Any) -> None:
+    server.add_node("node-a")
+    pod = server.add_pod(NS, "p", phase="Pending")
+    earlier = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    server.add_event(
+        pod, "FailedScheduling", INSUFFICIENT_GPU, type_="Warning", component="default-scheduler", at=earlier
+    )
+    server.add_event(pod, "FailedScheduling", INSUFFICIENT_GPU, type_="Warning", component="default-scheduler", count=3)
+    server.add_event(server.node("node-a"), "OOMKilling", "Memory cgroup out of memory", type_="Warning", at=0)
+    (event,) = core.list_namespaced_event(NS, field_selector="involvedObject.name=p,reason=FailedScheduling").items
+    assert event.count == 4 and event.first_timestamp == earlier and event.last_timestamp > earlier
+    assert event.involved_object.field_path is None and event.source.component == "default-scheduler"
+    (oom,) = core.list_namespaced_event("default", field_selector="involvedObject.kind=Node").items
+    assert oom.involved_object.name == oom.involved_object.uid == "node-a" and oom.involved_object.namespace is None
+    assert oom.last_timestamp == datetime(1970, 1, 1, tzinfo=UTC)
+    assert len(core.list_event_for_all_namespaces().items) == 2
+
+
+def test_stuck_pending_pods_are_unschedulable(server: FakeKubernetes, crs: Any, core: Any) -> None:
+    server.lifecycle = Lifecycle.stuck_pending(workers=2, tick_s=0.01)
+    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-p"))
+    pod = pod_when(core, "job-p-worker-1", lambda p: True)
+    (condition,) = pod.status.conditions
+    assert (condition.type, condition.status, condition.reason) == ("PodScheduled", "False", "Unschedulable")
+    assert condition.message == INSUFFICIENT_GPU and pod.status.phase == "Pending" and pod.spec.node_name is None
+
+
+def test_image_pull_error_lifecycle(server: FakeKubernetes, crs: Any, core: Any) -> None:
+    server.lifecycle = Lifecycle.image_pull_error(workers=2, tick_s=0.02)
+    body = job_body("job-pull")
+    image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer:1"
+    body["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] = image
+    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+
+    pod = pod_when(core, "job-pull-worker-0", lambda p: waiting_reason(p) == "ImagePullBackOff")
+    assert pod.status.phase == "Pending" and pod.status.container_statuses[0].state.waiting.message == (
+        f'Back-off pulling image "{image}"'
+    )
+    events = core.list_namespaced_event(NS, field_selector="involvedObject.name=job-pull-worker-0").items
+    messages = {(e.reason, e.message) for e in events}
+    assert ("Failed", "Error: ErrImagePull") in messages and ("Failed", "Error: ImagePullBackOff") in messages
+    assert ("BackOff", f'Back-off pulling image "{image}"') in messages
+    (pull_failed,) = [e for e in events if e.message.startswith("Failed to pull image")]
+    assert pull_failed.type == "Warning" and pull_failed.message == (
+        f'Failed to pull image "{image}": rpc error: code = Unknown desc = failed to pull and unpack image '
+        f'"{image}": failed to resolve reference "{image}": unexpected status from HEAD request to '
+        "https://123456789012.dkr.ecr.us-west-2.amazonaws.com/v2/trainer/manifests/1: 401 Unauthorized"
+    )
+    with pytest.raises(ApiException) as error:
+        core.read_namespaced_pod_log("job-pull-worker-0", NS, container="pytorch")
+    assert status_of(error)["message"] == (
+        'container "pytorch" in pod "job-pull-worker-0" is waiting to start: trying and failing to pull image'
+    )
+    job = server.job(NS, "job-pull")
+    assert conditions(job) == {"Created": "True"} and "active" not in job["status"]["replicaStatuses"]["Worker"]
+
+
+def test_image_pull_error_access_denied_while_pulling(server: FakeKubernetes, crs: Any, core: Any) -> None:
+    server.lifecycle = Lifecycle(
+        [(0.0, lambda job: job.create_pods(1)), (0.0, lambda job: job.pull_failed(0, IMAGE_PULL_ACCESS_DENIED))]
+    )
+    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-denied"))
+
+    pod = pod_when(core, "job-denied-worker-0", lambda p: waiting_reason(p) == "ErrImagePull")
+    waiting = pod.status.container_statuses[0].state.waiting
+    assert waiting.message == (
+        'rpc error: code = Unknown desc = failed to pull and unpack image "docker.io/library/trainer:1": failed to '
+        'resolve reference "docker.io/library/trainer:1": pull access denied, repository does not exist or may '
+        "require authorization: server message: insufficient_scope: authorization failed"
+    )
+    with pytest.raises(ApiException) as error:
+        core.read_namespaced_pod_log("job-denied-worker-0", NS, container="pytorch")
+    assert status_of(error)["message"].endswith("is waiting to start: image can't be pulled")
+
+
+def test_crash_loop_lifecycle(server: FakeKubernetes, crs: Any, core: Any) -> None:
+    lines = ["Traceback (most recent call last):", "ImportError: libnccl.so.2: cannot open shared object file"]
+    server.lifecycle = Lifecycle.crash_loop(workers=2, log_lines=lines, tick_s=0.02)
+    crs.create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, job_body("job-crash", runPolicy={"backoffLimit": 3})
+    )
+
+    pod = pod_when(core, "job-crash-worker-1", lambda p: waiting_reason(p) == "CrashLoopBackOff")
+    cs = pod.status.container_statuses[0]
+    assert pod.status.phase == "Running" and cs.restart_count == 1 and not cs.ready
+    assert (cs.last_state.terminated.exit_code, cs.last_state.terminated.reason) == (1, "Error")
+    assert cs.state.waiting.message.startswith(
+        "back-off 10s restarting failed container=pytorch pod=job-crash-worker-1_"
+    )
+    expected = "".join(f"{line}\n" for line in lines)
+    assert core.read_namespaced_pod_log("job-crash-worker-1", NS, container="pytorch") == expected
+    assert core.read_namespaced_pod_log("job-crash-worker-1", NS, container="pytorch", previous=True) == expected
+    (backoff,) = core.list_namespaced_event(
+        NS, field_selector="involvedObject.name=job-crash-worker-1,reason=BackOff"
+    ).items
+    assert backoff.type == "Warning" and backoff.message.startswith(
+        "Back-off restarting failed container pytorch in pod job-crash-worker-1_team-a("
+    )
+    job = server.job(NS, "job-crash")
+    assert conditions(job)["Running"] == "True" and "Failed" not in conditions(job)
+    assert job["status"]["replicaStatuses"]["Worker"]["active"] == 2  # the pod is Running, as the operator counts
+    assert core.read_namespaced_pod("job-crash-worker-0", NS).status.phase == "Running"
+
+
+def test_crash_loop_past_the_backoff_limit_fails_the_job(server: FakeKubernetes, crs: Any, core: Any) -> None:
+    server.lifecycle = Lifecycle.crash_loop(workers=2, crashes=3, tick_s=0.01)
+    crs.create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, job_body("job-limit", runPolicy={"backoffLimit": 2})
+    )
+    job = wait_for(lambda: (j := server.job(NS, "job-limit")) and conditions(j).get("Failed") == "True" and j)
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert (failed["reason"], failed["message"]) == (
+        "PyTorchJobFailed",
+        "Job job-limit has failed because it has reached the specified backoff limit",
+    )
+    assert server.pods(NS, "job-limit") == []  # the operator deletes every pod then, whatever cleanPodPolicy says
+    assert job["status"]["completionTime"]
+
+
+def test_oom_killed_lifecycle(server: FakeKubernetes, crs: Any, core: Any) -> None:
+    server.lifecycle = Lifecycle.oom_killed(workers=2, tick_s=0.02)
+    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-oom", runPolicy={}))
+
+    pod = pod_when(core, "job-oom-worker-1", lambda p: waiting_reason(p) == "CrashLoopBackOff")
+    cs = pod.status.container_statuses[0]
+    assert (cs.last_state.terminated.reason, cs.last_state.terminated.exit_code, cs.restart_count) == (
+        "OOMKilled",
+        137,
+        1,
+    )
+    events = core.list_namespaced_event("default", field_selector="reason=OOMKilling").items
+    assert events[0].involved_object.kind == "Node" and events[0].involved_object.name == "node-1"
+    assert events[0].count == 2 and events[0].message.startswith("Memory cgroup out of memory: Killed process")
+
+
+def test_oom_killed_with_restart_policy_never_fails_the_job(server: FakeKubernetes, crs: Any, core: Any) -> None:
+    server.lifecycle = Lifecycle.oom_killed(workers=2, tick_s=0.02)
+    body = job_body("job-never", runPolicy={"cleanPodPolicy": "None", "backoffLimit": 3})
+    body["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = "Never"
+    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    job = wait_for(lambda: (j := server.job(NS, "job-never")) and conditions(j).get("Failed") == "True" and j)
+    assert next(c for c in job["status"]["conditions"] if c["type"] == "Failed")["message"] == (
+        f"PyTorchJob {NS}/job-never has failed because 1 Worker replica(s) failed."
+    )
+    worker = job["status"]["replicaStatuses"]["Worker"]
+    assert (worker.get("active"), worker.get("failed")) == (1, 1)
+    pod = pod_when(core, "job-never-worker-1", lambda p: p.status.phase == "Failed")
+    terminated = pod.status.container_statuses[0].state.terminated
+    assert pod.status.phase == "Failed" and (terminated.reason, terminated.exit_code) == ("OOMKilled", 137)
+    assert pod.status.container_statuses[0].restart_count == 0
+
+
+def test_pod_status_scripting(server: FakeKubernetes, core: Any) -> None:
+    server.add_node("node-a")
+    server.add_pod(NS, "script", node_name="node-a")
+
+    def image_pull_back_off(pod: dict[str, Any]) -> None:
+        pod["status"]["phase"] = "Pending"
+        pod["status"]["containerStatuses"][0]["state"] = {
+            "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}
+        }
+
+    server.update_pod(NS, "script", image_pull_back_off)
+    pod = core.read_namespaced_pod("script", NS)
+    assert pod.status.container_statuses[0].state.waiting.reason == "ImagePullBackOff"
+    server.delete_pod(NS, "script")
+    assert core.list_namespaced_pod(NS).items == []
+
+
+def test_exit_code_policy_recreates_a_pod_killed_by_a_signal(server: FakeKubernetes, crs: Any, core: Any) -> None:
+    server.lifecycle = Lifecycle.oom_killed(workers=2, crashes=1, tick_s=0.02)
+    body = job_body("job-exit", runPolicy={"backoffLimit": 3})
+    body["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
+    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    first = pod_when(core, "job-exit-worker-1", lambda p: p.status.phase == "Running")
+
+    def recreated() -> Any:
+        pod = server.pod(NS, "job-exit-worker-1")
+        return pod and pod["metadata"]["uid"] != first.metadata.uid and pod["status"]["phase"] == "Running"
+
+    wait_for(recreated)
+    events = core.list_namespaced_event(NS, field_selector="involvedObject.name=job-exit,reason=PyTorchJobRestarting")
+    assert [e.message for e in events.items] == [
+        f"PyTorchJob {NS}/job-exit is restarting because 1 Worker replica(s) failed."
+    ]
+    job = server.job(NS, "job-exit")
+    assert conditions(job) == {"Created": "True", "Running": "True"}
+    assert job["status"]["replicaStatuses"]["Worker"]["active"] == 2

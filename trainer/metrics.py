@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,15 @@ PEAK_BF16_FLOPS: list[tuple[str, float]] = [
     ("H100", 989e12),
     ("A100", 312e12),
 ]
+
+
+def rss_gib() -> float:
+    """This process's resident memory (Linux; 0 elsewhere): the launcher quotes it when a worker is OOMKilled."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def peak_flops(device: torch.device, given_tflops: float) -> float | None:

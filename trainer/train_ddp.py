@@ -39,7 +39,7 @@ from trainer.checkpoint import CheckpointError, CheckpointManager, rng_state, se
 from trainer.config import TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
 from trainer.layout import RunPaths
-from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops
+from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
 from trainer.model import build_model, model_config
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
 
@@ -218,6 +218,8 @@ def train(cfg: TrainConfig) -> ExitCode:
         if progress.step % cfg.log_every == 0 or stop_reason:
             mean_loss = loss_sum / cfg.grad_accum_steps
             dist.all_reduce(mean_loss)  # a sum: gloo has no average
+            rss = torch.tensor([rss_gib()], device=mean_loss.device)
+            dist.all_reduce(rss, op=dist.ReduceOp.MAX)  # the largest worker process's resident memory
             tokens_per_s, seconds_per_step = throughput.report()
             row = {
                 "step": progress.step, "loss": mean_loss.item() / world, "lr": scheduler.get_last_lr()[0],
@@ -225,7 +227,7 @@ def train(cfg: TrainConfig) -> ExitCode:
                 "step_time_s": round(seconds_per_step, 4),
                 "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak else None,
                 "gpu_mem_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if use_cuda else None,
-                "time": time.time(),
+                "rss_gb": round(rss.item(), 2), "time": time.time(),
             }  # fmt: skip
             metrics.write(row)
             if rank == 0:

@@ -43,6 +43,7 @@ class LaunchConfig:
     checkpoint_every: int = TRAIN_DEFAULTS["checkpoint_every"]
     log_every: int = TRAIN_DEFAULTS["log_every"]
     timeout_s: int = 0  # 0: no deadline
+    pending_timeout_s: int = 0  # kubernetes: pods Pending this long fail the step and delete the job (0: none)
     extra_env: dict[str, str] = field(default_factory=dict)
     # The cluster (backend "kubernetes"): the job is named after the KFP run, so a retried step re-attaches.
     pipeline_run_id: str = ""
@@ -89,6 +90,8 @@ class LaunchConfig:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
         if self.timeout_s < 0:
             raise InputError(f"timeout-s must be 0 (none) or positive, got {self.timeout_s}")
+        if self.pending_timeout_s < 0:
+            raise InputError(f"pending-timeout-s must be 0 (none) or positive, got {self.pending_timeout_s}")
         if not self.lr > 0:
             raise InputError(f"lr must be positive, got {self.lr}")
         if self.preset not in PRESETS:
@@ -205,6 +208,7 @@ class LaunchResult:
     queued_s: float | None = None
     running_s: float | None = None
     restarts: int = 0
+    diagnosis: list[str] = field(default_factory=list)  # symptoms seen while the job ran, one line each
 
 
 def launch(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
@@ -233,4 +237,7 @@ def summary_markdown(result: LaunchResult) -> str:
         rows += [("PyTorchJob", f"`{result.namespace}/{result.job_name}`" + (" (re-attached)" if result.reattached
                   else "")), ("final state", result.state), ("queued", seconds(result.queued_s)),
                  ("running", seconds(result.running_s)), ("restarts", str(result.restarts))]  # fmt: skip
-    return "\n".join(["## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+    lines = ["## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+    if result.diagnosis:
+        lines += ["", "### Seen on the way", "", *(f"- {line}" for line in result.diagnosis)]
+    return "\n".join(lines)

@@ -6,22 +6,27 @@
   falling back to polling when watching is refused; conditions and pod phases are logged as they change.
 - Logs: worker-0's (or every worker's) log is streamed into this step's log, prefixed by pod, waiting
   through Pending and reconnecting without repeating lines (timestamps mark where it stopped).
-- The end: Succeeded returns; Failed raises with the condition's reason and message after logging the
-  failing pod's last lines and events; the deadline or a SIGTERM (KFP terminating the run) deletes the job
-  (foreground propagation) and raises.
+- Diagnosis: every few seconds the job's pods and their events, and every streamed log line, are matched to
+  the troubleshooting table (diagnosis.py); each symptom is logged once as it happens, and a job whose pods
+  stay Pending past the Pending deadline is deleted and fails with what kept them there.
+- The end: Succeeded returns; Failed raises with the condition's reason, message and diagnosis after logging
+  the failing pod's last lines and events; the deadline or a SIGTERM (KFP terminating the run) deletes the
+  job (foreground propagation) and raises.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -30,6 +35,7 @@ from kubernetes.watch import Watch
 from components.errors import StepFailed
 from components.kube import Kube, api_client_from_environment, describe, is_transient
 from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
+from components.launch_pytorchjob.diagnosis import Diagnosis
 from components.launch_pytorchjob.manifest import (
     CONTAINER,
     GROUP,
@@ -45,6 +51,7 @@ TERMINAL = ("Succeeded", "Failed")
 JOB_LABEL = "training.kubeflow.org/job-name"
 TAIL_LINES = 40
 LOG_DRAIN_S = 10.0  # after the job ends, how long its log streams may take to reach their end
+DIAGNOSE_EVERY_S = 10.0  # how often the job's pods and events are read for the diagnosis
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,8 @@ class WatchSettings:
     poll_interval_s: float = 10.0  # when watching is refused
     logs: str = "worker-0"  # or "all" or "none"
     log_reconnect_s: float = 1.0
+    pending_timeout_s: float = 0  # 0: none; else pods Pending this long delete the job and fail the step
+    diagnose_every_s: float = DIAGNOSE_EVERY_S
 
 
 @dataclass
@@ -66,6 +75,7 @@ class JobOutcome:
     running_s: float | None  # Running to the end
     restarts: int
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    diagnosis: list[str] = field(default_factory=list)  # what went wrong on the way, one line each
 
 
 class Cancelled(StepFailed):
@@ -240,9 +250,11 @@ def stamp_key(stamp: str) -> tuple[str, int]:
 class LogStreamer(threading.Thread):
     """Follows one pod's log into ours, prefixed by pod; reconnects where it stopped, never repeating a line."""
 
-    def __init__(self, kube: Kube, namespace: str, pod: str, settings: WatchSettings, stop: threading.Event):
+    def __init__(self, kube: Kube, namespace: str, pod: str, settings: WatchSettings, stop: threading.Event,
+                 on_line: Callable[[str, str], None] = lambda pod, text: None):  # fmt: skip
         super().__init__(name=f"log-{pod}", daemon=True)
         self.kube, self.ns, self.pod, self.settings, self.stop = kube, namespace, pod, settings, stop
+        self.on_line = on_line
         self.job_done = threading.Event()  # set when the job ended: the next complete read is the last
         self.last: tuple[str, int] = ("", 0)  # timestamp of the last line printed
         self.printed_at_last = 0  # lines printed with exactly that timestamp
@@ -296,6 +308,7 @@ class LogStreamer(threading.Thread):
                     self.printed_at_last += 1
                     self.lines += 1
                     self.out.info("%s", text)
+                    self.on_line(self.pod, text)
                 if self.stop.is_set():
                     return
         finally:
@@ -348,6 +361,41 @@ def describe_failure(kube: Kube, ns: str, name: str) -> None:
                 log.error("events of %s: %s", pod_name, describe(exc))
 
 
+def last_lines(kube: Kube, ns: str, pod: str) -> str:
+    """The last lines of the container's previous run (a crash-looping container's own is about to restart)."""
+    try:
+        return kube.call("read log", kube.core.read_namespaced_pod_log, pod, ns, container=CONTAINER,
+                         tail_lines=TAIL_LINES, previous=True)  # fmt: skip
+    except ApiException:
+        return ""
+
+
+class Diagnoser:
+    """Reads the job's pods and their events for the diagnosis, at most every `every_s`."""
+
+    def __init__(self, kube: Kube, ns: str, name: str, diagnosis: Diagnosis, every_s: float):
+        self.kube, self.ns, self.name, self.diagnosis, self.every_s = kube, ns, name, diagnosis, every_s
+        self.next_at = 0.0
+        self.events_readable = True
+
+    def tick(self) -> None:
+        if time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + self.every_s
+        pods = self.kube.call("list pods", self.kube.core.list_namespaced_pod, self.ns,
+                              label_selector=f"{JOB_LABEL}={self.name}").items  # fmt: skip
+        events: list[Any] = []
+        if self.events_readable:
+            try:
+                events = self.kube.call("list events", self.kube.core.list_namespaced_event, self.ns,
+                                        field_selector="involvedObject.kind=Pod").items  # fmt: skip
+            except ApiException as exc:
+                if exc.status != 403:
+                    raise
+                self.events_readable = False  # the pods' statuses still tell most of it
+        self.diagnosis.observe(pods, events)
+
+
 def delete_job(kube: Kube, ns: str, name: str) -> None:
     """Foreground propagation: the job goes when its pods have gone. Not waited for."""
     try:
@@ -375,9 +423,12 @@ class SigtermToEvent:
             signal.signal(signal.SIGTERM, self.previous)
 
 
-def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: threading.Event) -> JobOutcome:
+def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: threading.Event,
+            diagnosis: Diagnosis | None = None) -> JobOutcome:  # fmt: skip
     """Create or re-attach, then follow the job to its end. `cancel` set (by SIGTERM): delete and raise."""
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    diagnosis = diagnosis or Diagnosis(name, last_lines=lambda pod: last_lines(kube, ns, pod))
+    diagnoser = Diagnoser(kube, ns, name, diagnosis, settings.diagnose_every_s)
     stored, reattached = create_or_attach(kube, job)
     started = time.monotonic()
     stop = threading.Event()
@@ -386,7 +437,7 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     watcher.start()
     workers = job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
     pods = {"none": [], "all": [f"{name}-worker-{i}" for i in range(workers)]}.get(settings.logs, [f"{name}-worker-0"])
-    streamers = [LogStreamer(kube, ns, pod, settings, stop) for pod in pods]
+    streamers = [LogStreamer(kube, ns, pod, settings, stop, diagnosis.observe_line) for pod in pods]
     for streamer in streamers:
         streamer.start()
     last_seen, current = None, stored
@@ -403,7 +454,14 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                 delete_job(kube, ns, name)
                 last = condition.get("type", "none")
                 raise StepFailed(f"PyTorchJob {ns}/{name} did not finish within {settings.deadline_s:.0f}s (last "
-                                 f"state: {last}; pods: {phases}); it was deleted")  # fmt: skip
+                                 f"state: {last}; pods: {phases}){_why(diagnosis)}; it was deleted")  # fmt: skip
+            diagnoser.tick()
+            if settings.pending_timeout_s and diagnosis.pending_for() > settings.pending_timeout_s:
+                phases, _ = pod_summary(kube, ns, name)
+                delete_job(kube, ns, name)
+                raise StepFailed(f"PyTorchJob {ns}/{name}: pods Pending for {diagnosis.pending_for():.0f}s, past the "
+                                 f"Pending deadline of {settings.pending_timeout_s:.0f}s (pods: {phases})"
+                                 f"{_why(diagnosis)}; it was deleted")  # fmt: skip
             try:
                 update = watcher.updates.get(timeout=0.2)
             except queue.Empty:
@@ -434,26 +492,49 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     queued, running = condition_times(current)
     _, restarts = pod_summary(kube, ns, name)
     restarts += sum(1 for c in current.get("status", {}).get("conditions", []) if c["type"] == "Restarting")
-    outcome = JobOutcome(name, ns, condition["type"], reattached, queued, running, restarts,
-                         current.get("status", {}).get("conditions", []))  # fmt: skip
+    conditions = current.get("status", {}).get("conditions", [])
+    findings = [f.line() for f in diagnosis.findings]
+    outcome = JobOutcome(name, ns, condition["type"], reattached, queued, running, restarts, conditions, findings)
     if condition["type"] == "Failed":
+        diagnoser.next_at = 0.0
+        diagnoser.tick()  # the pods' last word: an OOMKilled or a crash loop the last tick missed
         describe_failure(kube, ns, name)
-        raise StepFailed(f"PyTorchJob {ns}/{name} failed: {condition.get('reason', '')}: "
-                         f"{condition.get('message', '')}".rstrip(": "))  # fmt: skip
+        reason = f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
+        raise StepFailed(f"PyTorchJob {ns}/{name} failed: {reason}{_why(diagnosis)}")
     log.info("PyTorchJob %s/%s succeeded (queued %s, running %s, %d restarts)", ns, name,
              f"{queued:.0f}s" if queued is not None else "?", f"{running:.0f}s" if running is not None else "?",
              restarts)  # fmt: skip
     return outcome
 
 
+def _why(diagnosis: Diagnosis) -> str:
+    return f"; diagnosis: {diagnosis.summary()}" if diagnosis.findings else ""
+
+
+def last_memory_use(metrics: Path) -> str:
+    """What the trainer last recorded of its memory, for an OOMKilled worker: the largest process's RSS."""
+    try:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()[-20:] if line.strip()]
+    except (OSError, ValueError):
+        return ""
+    rows = [r for r in rows if r.get("rss_gb")]
+    if not rows:
+        return ""
+    return f"the largest worker process held {rows[-1]['rss_gb']:.1f} GiB at step {rows[-1]['step']} (metrics.jsonl)"
+
+
 def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
     manifest = render_job(cfg.job_spec())
     kube = Kube(api_client or api_client_from_environment())
-    settings = WatchSettings(deadline_s=cfg.timeout_s, logs=cfg.stream_logs)
+    settings = WatchSettings(deadline_s=cfg.timeout_s, logs=cfg.stream_logs, pending_timeout_s=cfg.pending_timeout_s,
+                             diagnose_every_s=DIAGNOSE_EVERY_S)  # fmt: skip
+    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    diagnosis = Diagnosis(name, last_lines=lambda pod: last_lines(kube, ns, pod),
+                          memory_note=lambda: last_memory_use(cfg.run_paths.metrics))  # fmt: skip
     started = time.perf_counter()
     cancel = threading.Event()
     with SigtermToEvent(cancel):
-        outcome = run_job(kube, manifest, settings, cancel)
+        outcome = run_job(kube, manifest, settings, cancel, diagnosis)
     return LaunchResult(
         run_id=cfg.run_id,
         run_dir=str(cfg.run_paths.root),
@@ -467,4 +548,5 @@ def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchRes
         queued_s=outcome.queued_s,
         running_s=outcome.running_s,
         restarts=outcome.restarts,
+        diagnosis=outcome.diagnosis,
     )

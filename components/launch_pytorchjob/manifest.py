@@ -41,17 +41,18 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 class InstanceType:
     gpus: int
     efa: int  # EFA devices exposed to a pod that takes the whole node
+    memory_gib: int = 0  # the instance's memory (0: unknown); a pod's memory limit and /dev/shm must fit in it
 
 
-# GPUs and EFA devices per node (HyperPod names them ml.<type>; both spellings are accepted).
+# GPUs, EFA devices and memory per node (HyperPod names them ml.<type>; both spellings are accepted).
 INSTANCE_TYPES: dict[str, InstanceType] = {
-    "p5.48xlarge": InstanceType(8, 32),
-    "p5e.48xlarge": InstanceType(8, 32),
-    "p5en.48xlarge": InstanceType(8, 16),
-    "p4d.24xlarge": InstanceType(8, 4),
-    "p4de.24xlarge": InstanceType(8, 4),
-    "g5.48xlarge": InstanceType(8, 1),
-    "g6e.48xlarge": InstanceType(8, 4),
+    "p5.48xlarge": InstanceType(8, 32, 2048),
+    "p5e.48xlarge": InstanceType(8, 32, 2048),
+    "p5en.48xlarge": InstanceType(8, 16, 2048),
+    "p4d.24xlarge": InstanceType(8, 4, 1152),
+    "p4de.24xlarge": InstanceType(8, 4, 1152),
+    "g5.48xlarge": InstanceType(8, 1, 768),
+    "g6e.48xlarge": InstanceType(8, 4, 1536),
 }
 
 
@@ -105,7 +106,7 @@ class JobSpec:
             )
         base = INSTANCE_TYPES.get(key, InstanceType(0, 0))
         gpus = base.gpus if self.gpus_per_node is None else self.gpus_per_node
-        return InstanceType(gpus, base.efa if self.efa_per_node is None else self.efa_per_node)
+        return InstanceType(gpus, base.efa if self.efa_per_node is None else self.efa_per_node, base.memory_gib)
 
     @property
     def nproc(self) -> int:
