@@ -176,6 +176,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,
         timeout_s=args.timeout_s,
+        pending_timeout_s=args.pending_timeout_s,
         pipeline_run_id=args.pipeline_run_id,
         image=args.image,
         namespace=args.namespace,
@@ -248,6 +249,8 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job-option", type=job_option, action="append", default=[], metavar="KEY=VALUE",
                    help="any other JobSpec setting, e.g. memory=512Gi or auto_resume=false")  # fmt: skip
     p.add_argument("--stream-logs", choices=["worker-0", "all", "none"], default="worker-0")
+    p.add_argument("--pending-timeout-s", type=int, default=1800,
+                   help="pods Pending this long delete the job and fail the step (0: never)")  # fmt: skip
     p.add_argument("--no-owner-reference", action="store_true", help="do not tie the job's life to the launcher pod")
 
 
