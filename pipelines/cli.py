@@ -254,6 +254,16 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-owner-reference", action="store_true", help="do not tie the job's life to the launcher pod")
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from components.preflight.core import preflight
+
+    result = preflight(launch_config(args), warn_only=args.warn_only)
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.markdown())
+    if not result.passed:
+        raise StepFailed("; ".join(f"{c.name}: {c.reason}" for c in result.failures))
+    return 0
+
+
 def cmd_verify_nccl(args: argparse.Namespace) -> int:
     from components.verify_nccl.core import Expectations, verify_logs, verify_nccl
 
@@ -403,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, backend, helptext in (
         ("launch", cmd_launch, "local", "train: torchrun locally, or a PyTorchJob on the cluster"),
         ("render-job", cmd_render_job, "kubernetes", "print the PyTorchJob manifest the kubernetes backend creates"),
+        ("preflight", cmd_preflight, "kubernetes", "check that the cluster can run the job: exit 1 on a failed check"),
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--backend", choices=["local", "kubernetes"], default=backend)
@@ -412,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_train_args(p)
         add_cluster_args(p)
         p.set_defaults(func=func)
+        if name == "preflight":
+            p.add_argument("--warn-only", action="store_true", help="report failed checks, but exit 0")
+            p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown report")
 
     p = sub.add_parser("submit", help="upload the compiled pipeline (once per content) and start a run on KFP")
     add_kfp_args(p)

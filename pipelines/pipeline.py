@@ -20,6 +20,7 @@ from components.errors import InputError
 from components.evaluate_checkpoint.component import evaluate_checkpoint
 from components.kfp_support import COMPONENTS_IMAGE
 from components.launch_pytorchjob.component import launch_pytorchjob
+from components.preflight.component import preflight
 from components.run_summary.component import summarize_run
 from components.stage_data.component import stage_data
 from components.verify_nccl.component import verify_nccl
@@ -76,6 +77,7 @@ class PlatformOptions:
     image_pull_secrets: list[str] = field(default_factory=list)
     steps: dict[str, StepSettings] = field(
         default_factory=lambda: {
+            "preflight": StepSettings("500m", "1Gi", 600, cache=False),
             "stage-data": StepSettings("4", "16Gi", 6 * 3600, retries=2),
             "launch-pytorchjob": StepSettings("500m", "1Gi", 0, cache=False),
             "verify-nccl": StepSettings("1", "2Gi", 3600, retries=2),
@@ -109,7 +111,7 @@ def build_pipeline(platform: PlatformOptions):
     image = platform.images.components
     stage, launch = in_image(stage_data, image), in_image(launch_pytorchjob, image)
     verify, evaluate = in_image(verify_nccl, image), in_image(evaluate_checkpoint, image)
-    summarize = in_image(summarize_run, image)
+    check, summarize = in_image(preflight, image), in_image(summarize_run, image)
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
@@ -148,6 +150,7 @@ def build_pipeline(platform: PlatformOptions):
         log_every: int = 10,
         train_timeout_s: int = 0,
         pending_timeout_s: int = 1800,
+        preflight_warn_only: bool = False,
         trainer_image: str = platform.images.trainer,
         namespace: str = "kubeflow",
         instance_type: str = "p5.48xlarge",
@@ -171,6 +174,25 @@ def build_pipeline(platform: PlatformOptions):
         )
         platform.apply(summary, "summarize-run", fsx_pvc)
         with dsl.ExitHandler(summary):
+            # First: a cluster the job cannot run on fails in a minute, not after hours of staging.
+            checked = check(
+                storage_root=storage_root,
+                dataset=dataset,
+                run_id=run_id,
+                resume_run_id=resume_run_id,
+                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                backend=backend,
+                nnodes=nnodes,
+                max_nodes=max_nodes,
+                nproc_per_node=nproc_per_node,
+                preset=preset,
+                image=trainer_image,
+                namespace=namespace,
+                instance_type=instance_type,
+                job_options=job_options,
+                warn_only=preflight_warn_only,
+            )
+            platform.apply(checked, "preflight", fsx_pvc)
             staged = stage(
                 source=source,
                 storage_root=storage_root,
@@ -188,7 +210,7 @@ def build_pipeline(platform: PlatformOptions):
                 run_id=run_id,
                 resume_run_id=resume_run_id,
                 pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            )
+            ).after(checked)
             platform.apply(staged, "stage-data", fsx_pvc)
             trained = launch(
                 storage_root=storage_root,

@@ -17,7 +17,21 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("command", ["compile", "run-local", "stage-data", "launch", "verify-nccl", "evaluate"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "compile",
+        "run-local",
+        "stage-data",
+        "launch",
+        "render-job",
+        "preflight",
+        "verify-nccl",
+        "evaluate",
+        "submit",
+        "schedule",
+    ],
+)
 def test_every_subcommand_has_help(command: str) -> None:
     result = cli(command, "--help")
     assert result.returncode == 0 and "--" in result.stdout

@@ -204,7 +204,8 @@ def crd_schema() -> dict[str, Any]:
 @pytest.mark.parametrize(
     "overrides",
     [{}, {"min_nodes": 1, "max_nodes": 4, "active_deadline_s": 3600}, {"auto_resume": False, "namespace": "team-a",
-     "owner": ("launcher-pod", "uid-1"), "node_selector": {"a": "b"}, "service_account": "trainer"}],
+     "owner": ("launcher-pod", "uid-1"), "node_selector": {"a": "b"}, "service_account": "trainer",
+     "image_pull_secrets": ["ecr-pull"]}],
     ids=["seed", "elastic", "no-auto-resume"],
 )  # fmt: skip
 def test_every_rendered_manifest_validates_against_the_crd(crd_schema: dict[str, Any], overrides: dict) -> None:

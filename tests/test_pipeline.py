@@ -11,7 +11,7 @@ from pipelines import COMPILED_PIPELINE
 from trainer.layout import RunPaths
 
 CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
-STEPS = {"stage-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint"}
+STEPS = {"preflight", "stage-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint"}
 
 
 def all_tasks(spec: dict) -> dict[str, dict]:
@@ -45,6 +45,7 @@ def test_compiled_pipeline_chains_the_four_steps_inside_an_exit_handler() -> Non
     assert set(root) == {"exit-handler-1", "summarize-run"}
     assert set(spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]) == STEPS
     tasks = all_tasks(spec)
+    assert tasks["stage-data"]["dependentTasks"] == ["preflight"]  # a cluster that cannot run the job fails first
     assert tasks["launch-pytorchjob"]["dependentTasks"] == ["stage-data"]
     assert "launch-pytorchjob" in tasks["evaluate-checkpoint"]["dependentTasks"]
     # The summary runs however the steps ended, and gets the pipeline's final status.
@@ -183,8 +184,9 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     assert "activeDeadlineSeconds" not in executors[executor_of(pipeline_spec, "launch-pytorchjob")]
     assert executors[executor_of(pipeline_spec, "stage-data")]["activeDeadlineSeconds"] == "21600"
     # Caching off where a step must rerun; retries with backoff where a rerun is safe and often helps.
-    for name, cached, retries in (("stage-data", True, 2), ("launch-pytorchjob", False, 0), ("verify-nccl", True, 2),
-                                  ("evaluate-checkpoint", False, 0), ("summarize-run", False, 0)):  # fmt: skip
+    for name, cached, retries in (("preflight", False, 0), ("stage-data", True, 2), ("launch-pytorchjob", False, 0),
+                                  ("verify-nccl", True, 2), ("evaluate-checkpoint", False, 0),
+                                  ("summarize-run", False, 0)):  # fmt: skip
         task = tasks[name]
         assert task.get("cachingOptions", {}).get("enableCache", False) is cached, name
         assert task.get("retryPolicy", {}).get("maxRetryCount", 0) == retries, name
@@ -214,7 +216,7 @@ def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     spec = next(yaml.safe_load_all(output.read_text()))
     containers = [e["container"] for e in spec["deploymentSpec"]["executors"].values()]
-    assert len(containers) == 5
+    assert len(containers) == 6
     assert {c["image"] for c in containers} == {f"{registry}/hyperpod-pretrain-components:v7"}
     trainer = spec["root"]["inputDefinitions"]["parameters"]["trainer_image"]
     assert trainer["defaultValue"] == f"{registry}/hyperpod-pretrain-trainer:v7"

@@ -34,10 +34,10 @@ def test_records_and_summary_of_a_failed_run(tmp_path: Path) -> None:
     assert saved["state"] == "FAILED" and saved["error"] == "verify-nccl failed"
     assert saved["job"] == {"name": "hpp-r1-train-0123456789", "namespace": "kubeflow"}
     outcomes = {s["step"]: s["state"] for s in saved["steps"]}
-    assert outcomes == {"stage-data": "skipped", "launch-pytorchjob": "succeeded", "verify-nccl": "failed",
-                        "evaluate-checkpoint": "no record"}  # fmt: skip
+    assert outcomes == {"preflight": "no record", "stage-data": "skipped", "launch-pytorchjob": "succeeded",
+                        "verify-nccl": "failed", "evaluate-checkpoint": "no record"}  # fmt: skip
     assert [s["step"] for s in saved["steps"]] == list(STEPS)
-    assert saved["steps"][2]["error"] == "transport: rank 3 | used Socket"
+    assert saved["steps"][3]["error"] == "transport: rank 3 | used Socket"
     markdown = paths.summary_report.read_text()
     assert markdown == summary.markdown()
     assert "| verify-nccl | failed |" in markdown and "rank 3 \\| used Socket" in markdown  # the pipe is escaped
@@ -58,5 +58,5 @@ def test_an_unreadable_record_is_reported_not_fatal(tmp_path: Path) -> None:
     paths.steps.mkdir(parents=True)
     paths.step_record("stage-data").write_text("{not json")
     summary = summarize_run(str(tmp_path), "r1", "kfp-uuid", "SUCCEEDED")
-    assert summary.steps[0]["state"] == "unreadable" and "stage-data.json" in summary.steps[0]["error"]
+    assert summary.steps[1]["state"] == "unreadable" and "stage-data.json" in summary.steps[1]["error"]
     assert summary.job == {}

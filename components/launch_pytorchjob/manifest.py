@@ -95,6 +95,7 @@ class JobSpec:
     annotations: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # the trainer's own (NCCL_DEBUG_FILE, TRAINER_*), then extras
     service_account: str = ""
+    image_pull_secrets: list[str] = field(default_factory=list)  # for a registry the nodes cannot pull from
     owner: tuple[str, str] | None = None  # (pod name, uid) of the launcher: the job is garbage-collected with it
 
     def instance(self) -> InstanceType:
@@ -246,6 +247,8 @@ def pod_template(spec: JobSpec) -> dict[str, Any]:
         pod["nodeSelector"] = spec.node_selector
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
     return {
         "metadata": {
             "labels": dict(spec.labels),

@@ -24,7 +24,7 @@ from trainer.layout import RunPaths
 
 log = logging.getLogger(__name__)
 
-STEPS = ("stage-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint")
+STEPS = ("preflight", "stage-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint")
 
 
 def resolve_run_id(run_id: str, resume_run_id: str, pipeline_run_id: str) -> str:

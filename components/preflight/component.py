@@ -1,0 +1,59 @@
+"""KFP wrapper of the preflight check (core.py holds the logic)."""
+
+from kfp import dsl
+
+from components.kfp_support import COMPONENTS_IMAGE
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def preflight(
+    storage_root: str,
+    dataset: str,
+    run_id: str,
+    resume_run_id: str,
+    pipeline_run_id: str,
+    backend: str,
+    nnodes: int,
+    max_nodes: int,
+    nproc_per_node: int,
+    preset: str,
+    image: str,
+    namespace: str,
+    instance_type: str,
+    job_options: dict,
+    warn_only: bool,
+    report: dsl.Output[dsl.Markdown],
+):
+    """Check the cluster for the PyTorchJob the launcher would create (CRD, permissions, FSx PVC, nodes, device
+    plugins, image, memory); fails on any failed check unless `warn_only`."""
+    from components.errors import StepFailed
+    from components.kfp_support import setup_logging
+    from components.launch_pytorchjob.core import LaunchConfig
+    from components.preflight.core import preflight as run
+    from components.run_summary.core import recorded_step, resolve_run_id
+
+    setup_logging()
+    run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
+    config = LaunchConfig(
+        storage_root=storage_root,
+        dataset=dataset,
+        run_id=run_id,
+        backend=backend,
+        nnodes=nnodes,
+        max_nodes=max_nodes,
+        nproc_per_node=nproc_per_node,
+        preset=preset,
+        pipeline_run_id=pipeline_run_id,
+        image=image,
+        namespace=namespace,
+        instance_type=instance_type,
+        job_options=job_options,
+        owner_reference=False,  # the job is not created here: whose pod owns it does not matter
+    )
+    with recorded_step(storage_root, run_id, "preflight", {"report": report.uri}) as record:
+        result = run(config, warn_only=warn_only)  # validates the config first (not the storage: not staged yet)
+        with open(report.path, "w") as f:
+            f.write(result.markdown())
+        record.details = {"verdict": result.verdict(), "failed": [c.name for c in result.failures]}
+        if not result.passed:
+            raise StepFailed("preflight: " + "; ".join(f"{c.name}: {c.reason}" for c in result.failures))

@@ -1,0 +1,841 @@
+"""Preflight: check the cluster against the exact PyTorchJob the launcher would create, before it creates it.
+
+The manifest is rendered with the launcher's own `render_job(cfg.job_spec())` and everything checked comes from
+it: namespace, the worker's resources, nodeSelector, node affinity, tolerations, the PVC, /dev/shm, the image,
+the node counts and the auto-resume annotation. Each check is pass, warn, fail or n/a with a one-line reason and
+a one-line fix (the seed's troubleshooting table where it has one). Every call goes through `Kube.call`
+(timeouts, retries of transient errors); any other API error fails only its own check, and a 403 on reading
+cluster state warns (the step's service account may not be allowed to look), so the other checks still run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from components.errors import StepFailed
+from components.kube import Kube, KubeSettings, api_client_from_environment, describe
+from components.launch_pytorchjob.core import LaunchConfig
+from components.launch_pytorchjob.manifest import (
+    AUTO_RESUME,
+    CONTAINER,
+    GROUP,
+    HEALTH_LABEL,
+    PLURAL,
+    render_job,
+)
+
+log = logging.getLogger(__name__)
+
+PASS, WARN, FAIL, NOT_APPLICABLE = "pass", "warn", "fail", "n/a"
+
+CRD_NAME = f"{PLURAL}.{GROUP}"
+OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE = "training-operator", "kubeflow"
+OPERATOR_SELECTOR = "control-plane=kubeflow-training-operator"
+VERSION_LABEL = "app.kubernetes.io/version"
+AUTO_RESUME_OPERATOR_VERSIONS = ("1.7.0", "1.8.0", "1.8.1")  # the Training Operator versions HyperPod resumes
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
+FIT_RESOURCES = (GPU, EFA, "cpu", "memory")
+HEALTHY = "Schedulable"
+# A memory limit above this share of the instance's memory leaves too little for the kubelet's reserve, the eviction
+# threshold, the OS, the device plugins and the daemons on the node: EKS nodes keep ~4% of a 2 TiB instance back
+# (a p5.48xlarge has ~1968 GiB allocatable of 2048), so 95% is already at the edge of what can be scheduled at all.
+MEMORY_HEADROOM = Decimal("0.95")
+GI = Decimal(2**30)
+EXAMPLES = 4  # nodes named in the nodes check's reason, one per cause first
+
+SEED_FIX = {  # the seed's troubleshooting table
+    "pending": "Check kubectl describe node for allocatable GPUs",
+    "efa": "Ensure aws-efa-k8s-device-plugin DaemonSet is running",
+    "oom": "Increase memory in resources",
+    "ecr": "Re-run aws ecr get-login-password or use IRSA",
+}
+RBAC_FIX = "kubectl apply -n {ns} -f deploy/rbac.yaml (edit its namespace and subject for another namespace or account)"
+READ_FIX = "grant the step's service account {what} (a ClusterRole for preflight reads) to run this check"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # pass, warn, fail, n/a
+    reason: str  # one line
+    fix: str = ""  # one line; empty when there is nothing to do
+
+
+@dataclass
+class PreflightResult:
+    checks: list[Check]
+    warn_only: bool = False
+    target: str = ""  # what was checked: the PyTorchJob's namespace/name and its size
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    @property
+    def warnings(self) -> list[Check]:
+        return [c for c in self.checks if c.status == WARN]
+
+    @property
+    def passed(self) -> bool:
+        """No check failed, or failures are allowed (warn_only)."""
+        return self.warn_only or not self.failures
+
+    def verdict(self) -> str:
+        failed, warned = len(self.failures), len(self.warnings)
+        tail = f", {warned} warning(s)" if warned else ""
+        if not failed:
+            return f"passed{tail}"
+        if self.warn_only:
+            return f"passed: {failed} failed check(s) allowed (warn_only){tail}"
+        return f"FAILED ({failed} check(s){tail})"
+
+    def markdown(self) -> str:
+        icon = {PASS: "PASS", FAIL: "**FAIL**", WARN: "warn", NOT_APPLICABLE: "n/a"}
+        lines = [f"# Preflight: {self.verdict()}", ""]
+        if self.target:
+            lines += [self.target, ""]
+        lines += ["| check | status | reason | fix |", "| --- | --- | --- | --- |"]
+        lines += [f"| {c.name} | {icon[c.status]} | {_cell(c.reason)} | {_cell(c.fix)} |" for c in self.checks]
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "warn_only": self.warn_only,
+            "verdict": self.verdict(),
+            "target": self.target,
+            "failed": [c.name for c in self.failures],
+            "warned": [c.name for c in self.warnings],
+            "checks": [{"name": c.name, "status": c.status, "reason": c.reason, "fix": c.fix} for c in self.checks],
+        }
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|") or "-"
+
+
+# -- the entry points -------------------------------------------------------------------------------------
+
+
+def preflight(
+    cfg: LaunchConfig, api_client: Any = None, *, warn_only: bool = False, settings: KubeSettings | None = None
+) -> PreflightResult:
+    """Check the cluster for the PyTorchJob `cfg` makes; `api_client` replaces the in-cluster/kubeconfig one."""
+    if cfg.backend == "local":
+        reason = "backend local: torchrun runs on this machine, there is no cluster to check"
+        return PreflightResult([Check(name, NOT_APPLICABLE, reason) for name in CHECK_NAMES], warn_only, "local run")
+    cfg.validate(check_storage=False)  # the dataset may not be staged yet when preflight runs
+    spec = cfg.job_spec()
+    job = render_job(spec)
+    return check_manifest(job, api_client, memory_gib=spec.instance().memory_gib, instance_type=spec.instance_type,
+                          warn_only=warn_only, settings=settings)  # fmt: skip
+
+
+def check_manifest(
+    job: dict[str, Any],
+    api_client: Any = None,
+    *,
+    memory_gib: int = 0,
+    instance_type: str = "",
+    warn_only: bool = False,
+    settings: KubeSettings | None = None,
+) -> PreflightResult:
+    """Check the cluster for a rendered PyTorchJob manifest (`render_job`'s dict); `memory_gib`: the instance's."""
+    api_client = api_client or api_client_from_environment()
+    kube = Kube(api_client, settings or KubeSettings())
+    ctx = Context(job, kube, api_client, memory_gib)
+    checks = [_guarded(name, fn, ctx) for name, fn in CHECKS]
+    for c in checks:
+        level = {FAIL: logging.ERROR, WARN: logging.WARNING}.get(c.status, logging.INFO)
+        log.log(level, "preflight %s: %s (%s)", c.name, c.status, c.reason)
+    nodes = str(ctx.min_nodes) if ctx.min_nodes == ctx.max_nodes else f"{ctx.min_nodes} to {ctx.max_nodes}"
+    target = f"PyTorchJob `{ctx.namespace}/{job['metadata']['name']}`: {nodes} node(s)" + (
+        f" of {instance_type}" if instance_type else ""
+    )
+    return PreflightResult(checks, warn_only, target)
+
+
+def _guarded(name: str, fn: Callable[[Context], Check], ctx: Context) -> Check:
+    """Run one check; an error it does not handle fails that check alone. Once the API server could not be reached
+    at all (every retry of a call lost its connection), the checks that read the cluster fail at once, unattempted."""
+    if ctx.unreachable and name in API_CHECKS:
+        return Check(name, FAIL, f"not checked: {ctx.unreachable}", UNREACHABLE_FIX)
+    try:
+        return fn(ctx)
+    except ApiException as exc:
+        return Check(name, FAIL, f"Kubernetes API: {describe(exc)}", "see the API server's message; rerun when fixed")
+    except StepFailed as exc:  # transient errors, retried to the end by Kube.call
+        if not isinstance(exc.__cause__, ApiException) or exc.__cause__.status == 0:
+            ctx.unreachable = "the Kubernetes API server is unreachable"
+        return Check(name, FAIL, str(exc), UNREACHABLE_FIX)
+    except Exception as exc:  # bad data from the server (an unparsable quantity), ...
+        log.debug("preflight %s", name, exc_info=True)
+        return Check(name, FAIL, f"{type(exc).__name__}: {exc}", "see the reason; rerun when fixed")
+
+
+UNREACHABLE_FIX = "rerun when the API server answers; check the step's network, the API endpoint and credentials"
+
+
+class Context:
+    """The manifest's facts the checks need, and the API groups to read the cluster with."""
+
+    def __init__(self, job: dict[str, Any], kube: Kube, api_client: Any, memory_gib: int):
+        self.job, self.kube, self.memory_gib = job, kube, memory_gib
+        self.namespace: str = job["metadata"]["namespace"]
+        self.name: str = job["metadata"]["name"]
+        self.apps = client.AppsV1Api(api_client)
+        self.apiext = client.ApiextensionsV1Api(api_client)
+        self.authz = client.AuthorizationV1Api(api_client)
+        worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+        elastic = job["spec"].get("elasticPolicy") or {}
+        self.max_nodes: int = int(elastic.get("maxReplicas") or worker.get("replicas") or 1)
+        self.min_nodes: int = int(elastic.get("minReplicas") or self.max_nodes)
+        self.pod: dict[str, Any] = worker["template"].get("spec") or {}
+        containers = self.pod.get("containers") or []
+        self.container: dict[str, Any] = next((c for c in containers if c.get("name") == CONTAINER), containers[0])
+        self.request: dict[str, Decimal] = pod_requests(self.pod)
+        self.annotations: dict[str, str] = job["metadata"].get("annotations") or {}
+        self.unreachable = ""  # set once the API server could not be reached: later cluster reads are skipped
+
+    @property
+    def auto_resume(self) -> bool:
+        return self.annotations.get(AUTO_RESUME) == "true"
+
+    def volume(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        return next((v for v in self.pod.get("volumes") or [] if predicate(v)), None)
+
+
+def forbidden(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 403
+
+
+def not_found(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 404
+
+
+# -- 1. the PyTorchJob CRD and the Training Operator --------------------------------------------------------
+
+
+def check_crd(ctx: Context) -> Check:
+    kube = ctx.kube
+    try:
+        # Raw JSON: the typed model would deserialize the CRD's schema (thousands of lines) for nothing.
+        answer = kube.call("read CRD", ctx.apiext.read_custom_resource_definition, CRD_NAME, _preload_content=False)
+        crd: dict[str, Any] | None = json.loads(answer.data)
+    except ApiException as exc:
+        if not_found(exc):
+            return Check("crd", FAIL, f"the PyTorchJob CRD {CRD_NAME} is not installed: no job can be created",
+                         "install the Kubeflow Training Operator 1.8.x (kubectl apply --server-side -k github.com/"
+                         "kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1)")  # fmt: skip
+        if not forbidden(exc):
+            raise
+        crd = None
+    reasons, fixes, status = [], [], PASS
+    if crd is None:
+        status = WARN
+        reasons.append("cannot read CRDs: the service account may not get customresourcedefinitions")
+        fixes.append(READ_FIX.format(what="get on customresourcedefinitions.apiextensions.k8s.io"))
+    else:
+        served = [v["name"] for v in (crd.get("spec") or {}).get("versions") or [] if v.get("served")]
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        established = next((c for c in conditions if c.get("type") == "Established"), None)
+        if "v1" not in served:
+            return Check("crd", FAIL, f"{CRD_NAME} serves {', '.join(served) or 'no version'}, not v1",
+                         "install the Kubeflow Training Operator 1.8.x")  # fmt: skip
+        if established is None or established.get("status") != "True":
+            why = f": {established['message']}" if established is not None and established.get("message") else ""
+            return Check("crd", FAIL, f"{CRD_NAME} is not Established{why}",
+                         "kubectl describe crd pytorchjobs.kubeflow.org; reinstall the Training Operator")  # fmt: skip
+        reasons.append(f"{CRD_NAME} v1 installed")
+    version, where = operator_version(ctx)
+    shown = f"Training Operator {version or 'version unknown'} ({where})"
+    if ctx.auto_resume and version.removeprefix("v") not in AUTO_RESUME_OPERATOR_VERSIONS:
+        status = WARN
+        reasons.append(f"{shown}: HyperPod auto-resume needs {', '.join(AUTO_RESUME_OPERATOR_VERSIONS[:-1])} or "
+                       f"{AUTO_RESUME_OPERATOR_VERSIONS[-1]}")  # fmt: skip
+        fixes.append("install Training Operator v1.8.1, or turn auto-resume off (job option auto_resume: false)")
+    else:
+        reasons.append(shown)
+    return Check("crd", status, "; ".join(reasons), "; ".join(fixes))
+
+
+_SEMVER = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+][0-9A-Za-z.+-]+)?")
+
+
+def operator_version(ctx: Context) -> tuple[str, str]:
+    """(version as written, e.g. "v1.8.1", or "" when unknown; where it was read, or why not)."""
+    kube, apps = ctx.kube, ctx.apps
+    deployments: list[Any] = []
+    refused = False
+    try:
+        deployments = [kube.call("read Deployment", apps.read_namespaced_deployment, OPERATOR_DEPLOYMENT,
+                                 OPERATOR_NAMESPACE)]  # fmt: skip
+    except ApiException as exc:
+        if not (not_found(exc) or forbidden(exc)):
+            raise
+        refused = forbidden(exc)
+    if not deployments:
+        try:
+            deployments = kube.call("list Deployments", apps.list_deployment_for_all_namespaces,
+                                    label_selector=OPERATOR_SELECTOR).items  # fmt: skip
+        except ApiException as exc:
+            if not forbidden(exc):
+                raise
+            return "", "cannot read Deployments: the service account may not get or list deployments"
+    if not deployments:
+        return "", "no Deployment training-operator in kubeflow" + (" readable" if refused else "") + (
+            f" nor labelled {OPERATOR_SELECTOR}"
+        )
+    deployment = deployments[0]
+    where = f"{deployment.metadata.namespace}/{deployment.metadata.name}"
+    label = (deployment.metadata.labels or {}).get(VERSION_LABEL, "")
+    if _SEMVER.fullmatch(label):
+        return label, where
+    containers = deployment.spec.template.spec.containers or []
+    image = next((c.image for c in containers if "training-operator" in (c.image or "")), None)
+    image = image or (containers[0].image if containers else "")
+    tag = image_tag(image)
+    if _SEMVER.fullmatch(tag):
+        return tag, where
+    return "", f"{where}, image tag {tag or 'none'!r} is no version"
+
+
+def image_tag(image: str) -> str:
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return last.split(":", 1)[1] if ":" in last else ""
+
+
+# -- 2. the launcher's permissions --------------------------------------------------------------------------
+
+# (verb, group, resource, subresource, needed): what the launcher does in the job's namespace (deploy/rbac.yaml).
+LAUNCHER_ACCESS = (
+    *(("create", GROUP, PLURAL, "", True), ("get", GROUP, PLURAL, "", True)),
+    *(("watch", GROUP, PLURAL, "", True), ("delete", GROUP, PLURAL, "", True)),
+    *(("get", "", "pods", "", True), ("list", "", "pods", "", True), ("watch", "", "pods", "", True)),
+    ("get", "", "pods", "log", True),
+    ("list", "", "events", "", False),  # without it the launcher runs, but cannot show the pods' events
+)
+
+
+def check_permissions(ctx: Context) -> Check:
+    ns = ctx.namespace
+    missing: list[tuple[str, str, bool]] = []
+    for verb, group, resource, subresource, needed in LAUNCHER_ACCESS:
+        attrs = client.V1ResourceAttributes(namespace=ns, verb=verb, group=group, resource=resource,
+                                            subresource=subresource or None)  # fmt: skip
+        review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs))
+        try:
+            answer = ctx.kube.call("review access", ctx.authz.create_self_subject_access_review, review)
+        except ApiException as exc:
+            if not forbidden(exc):
+                raise
+            return Check("permissions", WARN, "cannot review the service account's access (SelfSubjectAccessReview "
+                         "forbidden)", RBAC_FIX.format(ns=ns))  # fmt: skip
+        if not (answer.status and answer.status.allowed):
+            qualified = f"{resource}.{group}" if group else resource
+            missing.append((verb, f"{qualified}/{subresource}" if subresource else qualified, needed))
+    needed = [f"{verb} {what}" for verb, what, must in missing if must]
+    optional = [f"{verb} {what}" for verb, what, must in missing if not must]
+    if needed:
+        also = f"; also {', '.join(optional)} (the pods' events)" if optional else ""
+        return Check("permissions", FAIL, f"the service account may not, in namespace {ns}: {', '.join(needed)}"
+                     f"{also}", RBAC_FIX.format(ns=ns))  # fmt: skip
+    if optional:
+        return Check("permissions", WARN, f"may not {', '.join(optional)} in {ns}: the launcher runs but cannot show "
+                     "the pods' events", RBAC_FIX.format(ns=ns))  # fmt: skip
+    return Check("permissions", PASS, f"all {len(LAUNCHER_ACCESS)} permissions the launcher uses, in namespace {ns}")
+
+
+# -- 3. the FSx PVC -----------------------------------------------------------------------------------------
+
+
+def check_pvc(ctx: Context) -> Check:
+    volume = ctx.volume(lambda v: "persistentVolumeClaim" in v)
+    if volume is None:
+        return Check("fsx-pvc", NOT_APPLICABLE, "the job mounts no PersistentVolumeClaim")
+    claim, ns = volume["persistentVolumeClaim"]["claimName"], ctx.namespace
+    try:
+        pvc = ctx.kube.call("read PVC", ctx.kube.core.read_namespaced_persistent_volume_claim, claim, ns)
+    except ApiException as exc:
+        if not_found(exc):
+            return Check("fsx-pvc", FAIL, f"PVC {claim} does not exist in namespace {ns}: the pods would stay Pending",
+                         f"create the FSx for Lustre PV and PVC {claim} in {ns} (static, or the FSx CSI driver's "
+                         "StorageClass), or set job option pvc_name")  # fmt: skip
+        if forbidden(exc):
+            return Check("fsx-pvc", WARN, f"cannot read PVC {claim}: the service account may not get "
+                         f"persistentvolumeclaims in {ns}", READ_FIX.format(what=f"get on persistentvolumeclaims "
+                         f"in {ns}"))  # fmt: skip
+        raise
+    phase = (pvc.status.phase if pvc.status else None) or "unknown"
+    modes = (pvc.status.access_modes if pvc.status and pvc.status.access_modes else None) or pvc.spec.access_modes
+    modes = list(modes or [])
+    problems, fixes = [], []
+    if phase != "Bound":
+        problems.append(f"PVC {claim} is {phase}, not Bound")
+        fixes.append(f"kubectl -n {ns} describe pvc {claim}: check the FSx CSI driver, the StorageClass or the "
+                     "static PV's claimRef")  # fmt: skip
+    if "ReadWriteMany" not in modes:
+        problems.append(f"PVC {claim} is {', '.join(modes) or 'without access modes'}, not ReadWriteMany: the "
+                        f"{ctx.max_nodes} nodes and the pipeline's steps must mount it at once")  # fmt: skip
+        fixes.append("use an FSx for Lustre PV/PVC with accessModes [ReadWriteMany]")
+    if problems:
+        return Check("fsx-pvc", FAIL, "; ".join(problems), "; ".join(fixes))
+    capacity = (pvc.status.capacity or {}).get("storage", "?")
+    return Check("fsx-pvc", PASS, f"{claim} in {ns}: Bound, ReadWriteMany, {capacity}")
+
+
+# -- 4. nodes the workers fit on ----------------------------------------------------------------------------
+
+
+@dataclass
+class NodeFit:
+    name: str
+    slots: int = 0  # workers that fit on it now
+    cause: str = ""  # why none does, counted across nodes ("cordoned", "short of nvidia.com/gpu", ...)
+    detail: str = ""  # the same, for this node ("nvidia.com/gpu 8 requested, 4 free")
+
+
+def check_nodes(ctx: Context) -> Check:
+    kube = ctx.kube
+    try:
+        nodes = raw_items(kube.call("list nodes", kube.core.list_node, _preload_content=False))
+    except ApiException as exc:
+        if not forbidden(exc):
+            raise
+        return Check("nodes", WARN, "cannot list nodes: the service account may not list nodes, so whether "
+                     f"{ctx.min_nodes} node(s) fit is unknown", READ_FIX.format(what="list on nodes and on pods in "
+                     "all namespaces"))  # fmt: skip
+    used: dict[str, dict[str, Decimal]] = {}
+    pods_unknown = ""
+    try:
+        pods = raw_items(kube.call("list pods", kube.core.list_pod_for_all_namespaces, _preload_content=False,
+                                   field_selector="status.phase!=Succeeded,status.phase!=Failed"))  # fmt: skip
+    except ApiException as exc:
+        if not forbidden(exc):
+            raise
+        pods_unknown = "cannot list pods in all namespaces, so free resources are unknown: counted by allocatable"
+        pods = []
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == ctx.name:  # unscheduled, ours
+            continue
+        add_to(used.setdefault(node, {}), pod_requests(pod["spec"]))
+    fits = sorted((node_fit(ctx, node, used.get(node["metadata"]["name"], {})) for node in nodes),
+                  key=lambda f: f.name)  # fmt: skip
+    slots = sum(f.slots for f in fits)
+    fitting = [f for f in fits if f.slots]
+    request = ", ".join(f"{show(r, q)} {r}" for r, q in ctx.request.items() if r in FIT_RESOURCES and q)
+    needs = f"the job needs {ctx.min_nodes}" + (f" (up to {ctx.max_nodes})" if ctx.max_nodes != ctx.min_nodes else "")
+    workers = f" ({slots} workers in all)" if slots != len(fitting) else ""
+    reason = f"{len(fitting)} of {len(fits)} node(s) fit a worker{workers} ({request}); {needs}"
+    others = [f for f in fits if not f.slots]
+    if others:
+        counts = sorted(Counter(f.cause for f in others).items(), key=lambda item: (-item[1], item[0]))
+        examples = [next(f for f in others if f.cause == cause) for cause, _ in counts]
+        examples += [f for f in others if f not in examples]
+        named = "; ".join(f"{f.name}: {f.detail}" for f in examples[:EXAMPLES])
+        more = f"; +{len(others) - EXAMPLES} more" if len(others) > EXAMPLES else ""
+        summary = ", ".join(f"{n} {cause}" for cause, n in counts)
+        reason += f". Not fitting: {summary} ({named}{more})"
+    if pods_unknown:
+        reason += f". {pods_unknown}"
+    fix = (f"{SEED_FIX['pending']}; uncordon or replace unhealthy nodes, free busy ones, add tolerations, or lower "
+           "nnodes")  # fmt: skip
+    if slots < ctx.min_nodes:
+        return Check("nodes", FAIL, reason, fix)
+    if slots < ctx.max_nodes:
+        return Check("nodes", WARN, reason + f": the elastic job starts with {slots} of {ctx.max_nodes}", fix)
+    if pods_unknown:
+        return Check("nodes", WARN, reason, READ_FIX.format(what="list on pods in all namespaces"))
+    return Check("nodes", PASS, reason)
+
+
+def raw_items(response: Any) -> list[dict[str, Any]]:
+    """The items of a list read with _preload_content=False: plain dicts, as the API server wrote them (a cluster's
+    pods deserialize into typed models many times slower)."""
+    return json.loads(response.data).get("items") or []
+
+
+def node_fit(ctx: Context, node: dict[str, Any], used: dict[str, Decimal]) -> NodeFit:
+    """How many workers fit on the node now, or the first reason none does."""
+    name = node["metadata"]["name"]
+    labels = node["metadata"].get("labels") or {}
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    fit = NodeFit(name)
+
+    def blocked(cause: str, detail: str = "") -> NodeFit:
+        fit.cause, fit.detail = cause, detail or cause
+        return fit
+
+    if spec.get("unschedulable"):
+        return blocked("cordoned")
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
+        return blocked("not Ready", f"not Ready ({(ready or {}).get('reason') or 'no Ready condition'})")
+    health = labels.get(HEALTH_LABEL)
+    if health is not None and health != HEALTHY:  # HyperPod is about to reboot or replace it, affinity or not
+        return blocked(f"health {health}")
+    selector = ctx.pod.get("nodeSelector") or {}
+    wrong = [f"{k}={v}" for k, v in selector.items() if labels.get(k) != v]
+    if wrong:
+        return blocked("node selector", f"node selector {', '.join(wrong)} not matched")
+    unmatched = required_affinity_mismatch(ctx.pod.get("affinity") or {}, labels)
+    if unmatched:
+        if HEALTH_LABEL in unmatched and health is None:
+            return blocked("no health label", f"no {HEALTH_LABEL} label (the job's affinity requires {HEALTHY})")
+        return blocked("node affinity", f"node affinity {unmatched} not matched")
+    taint = untolerated_taint(spec.get("taints") or [], ctx.pod.get("tolerations") or [])
+    if taint:
+        return blocked("untolerated taint", f"taint {taint} not tolerated")
+    allocatable = {r: quantity(v) for r, v in (status.get("allocatable") or {}).items()}
+    short = []
+    slots: int | None = None
+    for resource, wanted in ctx.request.items():
+        if resource not in FIT_RESOURCES or wanted <= 0:
+            continue
+        free = allocatable.get(resource, Decimal(0)) - used.get(resource, Decimal(0))
+        n = int(max(free, Decimal(0)) // wanted)
+        slots = n if slots is None else min(slots, n)
+        if n == 0:
+            short.append((resource, wanted, free))
+    if short:
+        first = short[0][0]
+        detail = ", ".join(f"{r} {show(r, w)} requested, {show(r, max(f, Decimal(0)))} free" for r, w, f in short)
+        return blocked(f"short of {first}", detail)
+    fit.slots = ctx.max_nodes if slots is None else min(slots, ctx.max_nodes)
+    return fit
+
+
+def required_affinity_mismatch(affinity: dict[str, Any], labels: dict[str, str]) -> str:
+    """ "" when the node satisfies the pod's required node affinity, else the first term's unmatched expression."""
+    required = (affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return ""
+    first_miss = ""
+    for term in terms:  # terms are ORed, expressions ANDed
+        missed = next((e for e in term.get("matchExpressions") or [] if not expression_matches(e, labels)), None)
+        if missed is None:
+            return ""
+        first_miss = first_miss or f"{missed['key']} {missed['operator']} {','.join(missed.get('values') or [])}"
+    return first_miss.strip()
+
+
+def expression_matches(expression: dict[str, Any], labels: dict[str, str]) -> bool:
+    key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+    value = labels.get(key)
+    if operator == "In":
+        return value in values
+    if operator == "NotIn":
+        return value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt"):
+        try:
+            number, bound = int(value or ""), int(values[0])
+        except (ValueError, IndexError):
+            return False
+        return number > bound if operator == "Gt" else number < bound
+    return False
+
+
+def untolerated_taint(taints: Iterable[dict[str, Any]], tolerations: list[dict[str, Any]]) -> str:
+    """The first NoSchedule/NoExecute taint no toleration tolerates, as key=value:Effect; "" if none."""
+    for taint in taints:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(tolerates(t, taint) for t in tolerations):
+            value = taint.get("value")
+            return f"{taint.get('key')}" + (f"={value}" if value else "") + f":{taint['effect']}"
+    return ""
+
+
+def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """Whether a pod's toleration tolerates a node's taint (an empty effect or key with Exists matches all)."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key, operator = toleration.get("key") or "", toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return not key or key == taint.get("key")
+    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def pod_requests(pod_spec: dict[str, Any]) -> dict[str, Decimal]:
+    """What the scheduler counts for a pod: the containers' requests (a limit stands in for a missing request),
+    sidecar init containers included; at least any one init container's; plus the pod's overhead."""
+
+    def of(container: dict[str, Any]) -> dict[str, Decimal]:
+        resources = container.get("resources") or {}
+        amounts = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        return {r: quantity(v) for r, v in amounts.items()}
+
+    total: dict[str, Decimal] = {}
+    for container in pod_spec.get("containers") or []:
+        add_to(total, of(container))
+    init_peak: dict[str, Decimal] = {}
+    sidecars: dict[str, Decimal] = {}
+    for container in pod_spec.get("initContainers") or []:
+        if container.get("restartPolicy") == "Always":  # a sidecar runs alongside the containers
+            add_to(sidecars, of(container))
+            add_to(total, of(container))
+        else:
+            for r, q in of(container).items():
+                init_peak[r] = max(init_peak.get(r, Decimal(0)), q + sidecars.get(r, Decimal(0)))
+    for r, q in init_peak.items():
+        total[r] = max(total.get(r, Decimal(0)), q)
+    add_to(total, {r: quantity(v) for r, v in (pod_spec.get("overhead") or {}).items()})
+    return total
+
+
+def add_to(total: dict[str, Decimal], amounts: dict[str, Decimal]) -> None:
+    for r, q in amounts.items():
+        total[r] = total.get(r, Decimal(0)) + q
+
+
+_QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?")
+_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "n": Decimal("1e-9"),
+           "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+           "E": 10**18}  # fmt: skip
+
+
+def quantity(value: str | int | float) -> Decimal:
+    """A Kubernetes resource quantity as a number: "96", "500m", "512Gi", "2063937952Ki", "1e3", "1.5", 8."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    match = _QUANTITY.fullmatch(value.strip())
+    if not match:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}")
+    number, suffix = match.groups()
+    try:
+        amount = Decimal(number)
+    except InvalidOperation:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}") from None
+    if not suffix:
+        return amount
+    if suffix[0] in "eE" and len(suffix) > 1:
+        return amount.scaleb(int(suffix[1:]))
+    return amount * Decimal(_SUFFIX[suffix])
+
+
+def show(resource: str, amount: Decimal) -> str:
+    """A quantity for people: memory in Gi, everything else as a plain number."""
+    if resource == "memory" or resource.endswith("storage"):
+        gib = amount / GI
+        return f"{gib.quantize(Decimal(1)) if gib == gib.to_integral_value() else round(gib, 1)}Gi"
+    return str(amount.quantize(Decimal(1)) if amount == amount.to_integral_value() else amount.normalize())
+
+
+# -- 5. device plugins --------------------------------------------------------------------------------------
+
+
+def check_device_plugins(ctx: Context) -> Check:
+    wanted = [
+        (what, words, fix)
+        for what, resource, words, fix in (
+            ("EFA", EFA, ("efa", "device-plugin"), SEED_FIX["efa"]),
+            ("NVIDIA", GPU, ("nvidia", "device-plugin"), "Ensure the NVIDIA device plugin DaemonSet is running "
+             "(HyperPod installs it in kube-system; or the NVIDIA GPU Operator)"),
+        )
+        if ctx.request.get(resource, Decimal(0)) > 0
+    ]  # fmt: skip
+    if not wanted:
+        return Check("device-plugins", NOT_APPLICABLE, "the job requests neither GPUs nor EFA devices")
+    try:
+        daemonsets = ctx.kube.call("list DaemonSets", ctx.apps.list_daemon_set_for_all_namespaces).items
+    except ApiException as exc:
+        if not forbidden(exc):
+            raise
+        return Check("device-plugins", WARN, "cannot list DaemonSets: the service account may not list daemonsets "
+                     "in all namespaces", READ_FIX.format(what="list on daemonsets.apps"))  # fmt: skip
+    problems, fixes, fine = [], [], []
+    for what, words, fix in wanted:
+        found = [d for d in daemonsets if all(w in d.metadata.name.lower() for w in words)]
+        if not found:
+            problems.append(f"no {what} device plugin DaemonSet (a name with {' and '.join(words)}) in any namespace")
+            fixes.append(fix)
+            continue
+        best = max(found, key=lambda d: (d.status.number_ready or 0) if d.status else 0)
+        ready = (best.status.number_ready or 0) if best.status else 0
+        desired = (best.status.desired_number_scheduled or 0) if best.status else 0
+        where = f"{best.metadata.namespace}/{best.metadata.name}"
+        if desired == 0:
+            problems.append(f"{what} device plugin {where} schedules no pod (0 desired): its nodeSelector or "
+                            "tolerations match no node")  # fmt: skip
+            fixes.append(f"{fix} (kubectl -n {best.metadata.namespace} describe ds {best.metadata.name})")
+        elif ready != desired:
+            problems.append(f"{what} device plugin {where}: {ready} of {desired} pods ready")
+            fixes.append(f"{fix} (kubectl -n {best.metadata.namespace} describe ds {best.metadata.name})")
+        else:
+            fine.append(f"{what} {where} {ready}/{desired} ready")
+    if problems:
+        return Check("device-plugins", FAIL, "; ".join(problems + fine), "; ".join(fixes))
+    return Check("device-plugins", PASS, "; ".join(fine))
+
+
+# -- 6. the image -------------------------------------------------------------------------------------------
+
+# The distribution reference grammar (github.com/distribution/reference): [domain/]path[:tag][@digest].
+_ALNUM = r"[a-z0-9]+"
+_SEPARATOR = r"(?:[._]|__|-+)"
+_PATH_COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_IPV6 = r"\[(?:[a-fA-F0-9:]+)\]"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|{_IPV6})"
+_DOMAIN = rf"{_HOST}(?::[0-9]+)?"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE = re.compile(
+    rf"(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
+)
+ECR = re.compile(r"(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?")
+MAX_NAME_LENGTH = 255
+
+
+def parse_reference(image: str) -> dict[str, str]:
+    """{domain, path, tag, digest} of a well-formed image reference; ValueError naming what is wrong."""
+    match = IMAGE_REFERENCE.fullmatch(image)
+    if match is None:
+        raise ValueError(_reference_problem(image))
+    parts = {k: v or "" for k, v in match.groupdict().items()}
+    domain = parts["domain"]
+    if domain and not ("." in domain or ":" in domain or domain == "localhost" or domain != domain.lower()):
+        parts["domain"], parts["path"] = "", f"{domain}/{parts['path']}"  # "library/ubuntu": a path, no registry
+    name = (parts["domain"] + "/" if parts["domain"] else "") + parts["path"]
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(f"the repository name is longer than {MAX_NAME_LENGTH} characters")
+    algorithm, _, hexdigits = parts["digest"].partition(":")
+    if algorithm == "sha256" and len(hexdigits) != 64:
+        raise ValueError(f"a sha256 digest has 64 hex digits, this one {len(hexdigits)}")
+    return parts
+
+
+def _reference_problem(image: str) -> str:
+    name, _, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    repository = name.rsplit(":", 1)[0] if ":" in last else name
+    first, _, rest = repository.partition("/")
+    path = rest if rest and ("." in first or ":" in first or first == "localhost") else repository
+    if not image:
+        return "it is empty"
+    if any(c.isspace() for c in image):
+        return "it contains whitespace"
+    if "://" in image:
+        return "a reference has no scheme (drop the https://)"
+    if digest and not re.fullmatch(_DIGEST, digest):
+        return f"digest {digest!r} is not algorithm:hex (sha256:<64 hex digits>)"
+    if last.count(":") > 1 or last.endswith(":"):
+        return "the tag is empty or has a ':'"
+    if ":" in last and not re.fullmatch(_TAG, last.split(":", 1)[1]):
+        return f"tag {last.split(':', 1)[1]!r} is not [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}"
+    if path != path.lower():
+        return f"repository {path!r} has uppercase letters"
+    return "repository path components are lowercase letters and digits separated by '.', '_', '__' or '-'"
+
+
+def check_image(ctx: Context) -> Check:
+    image = ctx.container.get("image") or ""
+    try:
+        parts = parse_reference(image)
+    except ValueError as exc:
+        return Check("image", FAIL, f"image {image!r} is not a valid reference: {exc}",
+                     "give registry/repository:tag or registry/repository@sha256:<64 hex digits>")  # fmt: skip
+    secrets = [s.get("name", "") for s in ctx.pod.get("imagePullSecrets") or []]
+    ecr = ECR.fullmatch(parts["domain"])
+    pinned = f"@{parts['digest'][:19]}..." if parts["digest"] else f":{parts['tag'] or 'latest'}"
+    if ecr is not None:
+        where = (f"ECR image {parts['path']}{pinned} (account {ecr['account']}, {ecr['region']}): its registry is not "
+                 "reachable from here")  # fmt: skip
+        if secrets:
+            return Check("image", WARN, f"{where}; an ECR token in an image pull secret ({', '.join(secrets)}) "
+                         "expires after 12 hours: refresh it, or drop the secret and use the node role / IRSA",
+                         f"{SEED_FIX['ecr']} (ECR auth expires)")  # fmt: skip
+        return Check("image", WARN, f"{where}; nodes pull with their instance role: it needs ecr:BatchGetImage "
+                     "(AmazonEC2ContainerRegistryReadOnly)", f"{SEED_FIX['ecr']}; attach "
+                     "AmazonEC2ContainerRegistryReadOnly to the nodes' role")  # fmt: skip
+    if not parts["tag"] and not parts["digest"] or parts["tag"] == "latest" and not parts["digest"]:
+        return Check("image", WARN, f"image {image} has no tag but :latest: a rerun or a restarted pod may get "
+                     "another image", "tag the image (docker/build.sh) or pin it by @sha256 digest")  # fmt: skip
+    registry = parts["domain"] or "docker.io"
+    return Check("image", PASS, f"{image}: well formed ({registry}, {pinned.lstrip(':@')})")
+
+
+# -- 7. memory ----------------------------------------------------------------------------------------------
+
+
+def check_memory(ctx: Context) -> Check:
+    resources = ctx.container.get("resources") or {}
+    memory = (resources.get("limits") or {}).get("memory") or (resources.get("requests") or {}).get("memory")
+    shm_volume = ctx.volume(lambda v: (v.get("emptyDir") or {}).get("medium") == "Memory")
+    shm_text = (shm_volume or {}).get("emptyDir", {}).get("sizeLimit")
+    if memory is None:
+        return Check("memory", WARN, "the container has no memory limit: /dev/shm and the processes are unbounded",
+                     f"{SEED_FIX['oom']} (job option memory)")  # fmt: skip
+    limit = quantity(memory)
+    problems, fixes, notes = [], [], []
+    status = PASS
+    if shm_text is not None:
+        shm = quantity(shm_text)
+        if shm >= limit:
+            status = FAIL
+            over = shm - limit
+            by = "equal to it" if not over else f"{show('memory', over)} over it"
+            problems.append(f"/dev/shm sizeLimit {show('memory', shm)} is not below the {show('memory', limit)} "
+                            f"memory limit ({by}): /dev/shm is memory-backed and counts against the pod's memory, "
+                            "so the pod is OOM-killed before /dev/shm fills")  # fmt: skip
+            fixes.append(f"{SEED_FIX['oom']} (job option memory) or lower shm_size below it")
+        else:
+            notes.append(f"/dev/shm {show('memory', shm)} leaves {show('memory', limit - shm)} of the "
+                         f"{show('memory', limit)} limit for the processes")  # fmt: skip
+    if not ctx.memory_gib:
+        if status == FAIL:
+            return Check("memory", FAIL, "; ".join(problems), "; ".join(fixes))
+        return Check("memory", NOT_APPLICABLE, "the instance type's memory is unknown" + (
+            f"; {notes[0]}" if notes else ""))  # fmt: skip
+    instance = Decimal(ctx.memory_gib) * GI
+    ceiling = instance * MEMORY_HEADROOM
+    pct = f"{limit / instance * 100:.0f}%"
+    if limit > instance:
+        status = FAIL
+        problems.append(f"memory limit {show('memory', limit)} is above the instance's {ctx.memory_gib}Gi "
+                        f"({pct}): no node can hold a worker")  # fmt: skip
+        fixes.append(f"lower job option memory to at most {show('memory', ceiling)} (95% of {ctx.memory_gib}Gi)")
+    elif limit > ceiling:
+        status = WARN if status == PASS else status
+        problems.append(f"memory limit {show('memory', limit)} is {pct} of the instance's {ctx.memory_gib}Gi: above "
+                        "95% too little is left for the kubelet's reserve, the OS and the node's daemons")  # fmt: skip
+        fixes.append(f"lower job option memory to at most {show('memory', ceiling)} (95% of {ctx.memory_gib}Gi)")
+    if problems:
+        return Check("memory", status, "; ".join(problems), "; ".join(fixes))
+    return Check("memory", PASS, f"memory limit {show('memory', limit)} is {pct} of the instance's {ctx.memory_gib}Gi "
+                 f"(at most 95%)" + (f"; {notes[0]}" if notes else ""))  # fmt: skip
+
+
+CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
+    ("crd", check_crd),
+    ("permissions", check_permissions),
+    ("fsx-pvc", check_pvc),
+    ("nodes", check_nodes),
+    ("device-plugins", check_device_plugins),
+    ("image", check_image),
+    ("memory", check_memory),
+)
+CHECK_NAMES = tuple(name for name, _ in CHECKS)
+API_CHECKS = frozenset({"crd", "permissions", "fsx-pvc", "nodes", "device-plugins"})  # the others read the manifest

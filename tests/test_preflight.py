@@ -1,0 +1,780 @@
+"""The preflight check through the real `kubernetes` client, against a loopback server speaking the API."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from components.errors import InputError, StepFailed
+from components.kube import KubeSettings
+from components.launch_pytorchjob.core import LaunchConfig
+from components.launch_pytorchjob.manifest import render_job
+from components.preflight.core import (
+    CHECK_NAMES,
+    FAIL,
+    NOT_APPLICABLE,
+    PASS,
+    WARN,
+    PreflightResult,
+    check_manifest,
+    parse_reference,
+    pod_requests,
+    preflight,
+    quantity,
+)
+from tests.k8s_server import CRD_PATH, FakeKubernetes, load_crd
+
+RBAC = Path(__file__).resolve().parents[1] / "deploy/rbac.yaml"
+IMAGE = "registry.example.com/ml/hyperpod-pretrain-trainer:1.0"
+ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-trainer:1"
+GPU8 = {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
+FAST = KubeSettings(request_timeout_s=5, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
+
+pytestmark = pytest.mark.skipif(not CRD_PATH.is_file(), reason=f"the PyTorchJob CRD is not here ({CRD_PATH})")
+
+
+def config(**overrides: Any) -> LaunchConfig:
+    settings: dict[str, Any] = dict(
+        storage_root="/fsx",
+        dataset="synthetic",
+        run_id="pf-1",
+        backend="kubernetes",
+        nnodes=2,
+        nproc_per_node=8,
+        pipeline_run_id="pipeline-pf-1",
+        image=IMAGE,
+        instance_type="ml.p5.48xlarge",
+        owner_reference=False,
+    )
+    return LaunchConfig(**{**settings, **overrides})
+
+
+def healthy_cluster(server: FakeKubernetes, *, pvc: bool = True, device_plugins: bool = True) -> None:
+    """Two GPU nodes with room, a CPU node, device plugins, the FSx PVC, and deploy/rbac.yaml's permissions."""
+    for i in range(2):
+        server.add_node(f"hyperpod-i-{i:02d}", deep_health_check="Passed")
+    server.add_node("cpu-system", instance_type="ml.m5.2xlarge", health_status=None)
+    server.add_pod("kube-system", "aws-node-0", node_name="hyperpod-i-00", requests={"cpu": "25m", "memory": "64Mi"})
+    if device_plugins:
+        server.add_device_plugins()
+    if pvc:
+        server.add_pvc("kubeflow", "fsx-lustre-pvc")
+    assert server.use_rbac(RBAC)  # deploy/rbac.yaml alone: the launcher's Role and the preflight's ClusterRole
+
+
+@contextmanager
+def cluster(training_operator: str | None = "v1.8.1", **parts: bool) -> Iterator[FakeKubernetes]:
+    with FakeKubernetes(CRD_PATH, training_operator=training_operator) as fake:
+        healthy_cluster(fake, **parts)
+        yield fake
+
+
+@pytest.fixture
+def server() -> Iterator[FakeKubernetes]:
+    with cluster() as fake:
+        yield fake
+
+
+def connect(server: FakeKubernetes) -> kubernetes.client.ApiClient:
+    return kubernetes.client.ApiClient(server.client_configuration())
+
+
+@pytest.fixture
+def api_client(server: FakeKubernetes) -> Iterator[kubernetes.client.ApiClient]:
+    with kubernetes.client.ApiClient(server.client_configuration()) as api:
+        yield api
+
+
+def run(api_client: Any, **overrides: Any) -> PreflightResult:
+    warn_only = overrides.pop("warn_only", False)
+    return preflight(config(**overrides), api_client, warn_only=warn_only, settings=FAST)
+
+
+def check(result: PreflightResult, name: str) -> Any:
+    return next(c for c in result.checks if c.name == name)
+
+
+def statuses(result: PreflightResult) -> dict[str, str]:
+    return {c.name: c.status for c in result.checks}
+
+
+def others_pass(result: PreflightResult, *names: str) -> None:
+    assert {n: s for n, s in statuses(result).items() if n not in names} == {
+        n: PASS for n in CHECK_NAMES if n not in names
+    }
+
+
+# -- the whole cluster ---------------------------------------------------------------------------------------
+
+
+def test_a_cluster_where_everything_fits_passes(server: FakeKubernetes, api_client: Any) -> None:
+    result = run(api_client)
+    assert [c.name for c in result.checks] == list(CHECK_NAMES)
+    assert statuses(result) == dict.fromkeys(CHECK_NAMES, PASS), result.markdown()
+    assert result.passed and result.verdict() == "passed"
+    assert all("\n" not in c.reason and "\n" not in c.fix for c in result.checks)
+    assert check(result, "crd").reason == (
+        "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 (kubeflow/training-operator)"
+    )
+    assert check(result, "permissions").reason == "all 9 permissions the launcher uses, in namespace kubeflow"
+    assert check(result, "fsx-pvc").reason == "fsx-lustre-pvc in kubeflow: Bound, ReadWriteMany, 1200Gi"
+    assert check(result, "nodes").reason == (
+        "2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi memory, 96 cpu); the job "
+        "needs 2. Not fitting: 1 no health label (cpu-system: no sagemaker.amazonaws.com/node-health-status label "
+        "(the job's affinity requires Schedulable))"
+    )
+    assert check(result, "device-plugins").reason == (
+        "EFA kube-system/aws-efa-k8s-device-plugin-daemonset 2/2 ready; "
+        "NVIDIA kube-system/nvidia-device-plugin-daemonset 2/2 ready"
+    )
+    assert check(result, "image").reason == f"{IMAGE}: well formed (registry.example.com, 1.0)"
+    assert check(result, "memory").reason == (
+        "memory limit 512Gi is 25% of the instance's 2048Gi (at most 95%); /dev/shm 256Gi leaves 256Gi of the 512Gi "
+        "limit for the processes"
+    )
+    markdown = result.markdown()
+    assert markdown.startswith("# Preflight: passed\n")
+    assert "| check | status | reason | fix |" in markdown and "| nodes | PASS | 2 of 3 node(s)" in markdown
+    assert result.target.startswith("PyTorchJob `kubeflow/hpp-pf-1-train-") and "2 node(s) of ml.p5.48xlarge" in (
+        result.target
+    )
+    payload = json.loads(json.dumps(result.to_json()))
+    assert payload["passed"] is True and payload["failed"] == [] and len(payload["checks"]) == 7
+    # Only reads and access reviews: nothing is created.
+    assert {m for m, _ in server.requests} == {"GET", "POST"}
+    assert all(p.startswith("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews") for m, p in server.requests
+               if m == "POST")  # fmt: skip
+    reviewed = {(r["verb"], r["resource"], r.get("subresource", "")) for r, _ in server.access_reviews}
+    assert ("create", "pytorchjobs", "") in reviewed and ("get", "pods", "log") in reviewed
+    assert all(d.allowed for _, d in server.access_reviews)
+
+
+def test_an_ecr_image_gives_exactly_one_warning(api_client: Any) -> None:
+    result = run(api_client, image=ECR_IMAGE)
+    assert result.passed and [c.name for c in result.warnings] == ["image"] and not result.failures
+    image = check(result, "image")
+    assert image.reason == (
+        "ECR image hyperpod-pretrain-trainer:1 (account 123456789012, us-east-1): its registry is not reachable from "
+        "here; nodes pull with their instance role: it needs ecr:BatchGetImage (AmazonEC2ContainerRegistryReadOnly)"
+    )
+    assert image.fix.startswith("Re-run aws ecr get-login-password or use IRSA")
+    assert result.verdict() == "passed, 1 warning(s)"
+
+    job = render_job(config(image=ECR_IMAGE, job_options={"image_pull_secrets": ["ecr-token"]}).job_spec())
+    with_secret = check(check_manifest(job, api_client, memory_gib=2048, settings=FAST), "image")
+    assert with_secret.status == WARN
+    assert "an ECR token in an image pull secret (ecr-token) expires after 12 hours: refresh it, or drop the secret " \
+           "and use the node role / IRSA" in with_secret.reason  # fmt: skip
+    assert with_secret.fix == "Re-run aws ecr get-login-password or use IRSA (ECR auth expires)"
+
+
+# -- 1. the CRD and the Training Operator --------------------------------------------------------------------
+
+
+def test_crd_missing_fails(server: FakeKubernetes, api_client: Any) -> None:
+    server.remove_crd()
+    result = run(api_client)
+    crd = check(result, "crd")
+    assert crd.status == FAIL and not result.passed
+    assert crd.reason == "the PyTorchJob CRD pytorchjobs.kubeflow.org is not installed: no job can be created"
+    assert crd.fix.startswith("install the Kubeflow Training Operator 1.8.x")
+    others_pass(result, "crd")
+    assert result.verdict() == "FAILED (1 check(s))"
+    assert "| crd | **FAIL** | the PyTorchJob CRD" in result.markdown()
+
+
+@pytest.mark.parametrize(
+    ("image", "labels", "namespace", "auto_resume", "status", "shown"),
+    [
+        ("kubeflow/training-operator:v1.6.0", {}, "kubeflow", True, WARN, "v1.6.0 (kubeflow/training-operator)"),
+        ("kubeflow/training-operator:v1.6.0", {}, "kubeflow", False, PASS, "v1.6.0 (kubeflow/training-operator)"),
+        ("kubeflow/training-operator:v1.7.0", {}, "kubeflow", True, PASS, "v1.7.0 (kubeflow/training-operator)"),
+        ("kubeflow/training-operator:v1-855e096", {"app.kubernetes.io/version": "v1.8.0"}, "kubeflow", True, PASS,
+         "v1.8.0 (kubeflow/training-operator)"),
+        ("kubeflow/training-operator:v1-855e096", {}, "kubeflow", True, WARN,
+         "version unknown (kubeflow/training-operator, image tag 'v1-855e096' is no version)"),
+        ("kubeflow/training-operator@sha256:" + "c" * 64, {}, "kubeflow", False, PASS,
+         "version unknown (kubeflow/training-operator, image tag 'none' is no version)"),
+        ("kubeflow/training-operator:v1.8.1", {}, "training", True, PASS, "v1.8.1 (training/training-operator)"),
+    ],
+)  # fmt: skip
+def test_training_operator_version(
+    image: str, labels: dict[str, str], namespace: str, auto_resume: bool, status: str, shown: str
+) -> None:
+    with cluster(training_operator=None) as server, connect(server) as api:
+        server.add_deployment(namespace, "training-operator", image=image,
+                              labels={"control-plane": "kubeflow-training-operator", **labels})  # fmt: skip
+        result = run(api, job_options={"auto_resume": auto_resume})
+    crd = check(result, "crd")
+    assert crd.status == status and f"Training Operator {shown}" in crd.reason
+    if status == WARN:
+        assert crd.reason.endswith("HyperPod auto-resume needs 1.7.0, 1.8.0 or 1.8.1")
+        assert crd.fix == "install Training Operator v1.8.1, or turn auto-resume off (job option auto_resume: false)"
+    else:
+        assert crd.fix == ""
+    others_pass(result, "crd")
+
+
+def test_no_training_operator_and_no_right_to_read_crds() -> None:
+    with cluster(training_operator=None) as server, connect(server) as api:
+        server.deny("get", "customresourcedefinitions", "apiextensions.k8s.io")
+        crd = check(run(api), "crd")
+    assert crd.status == WARN
+    assert crd.reason == (
+        "cannot read CRDs: the service account may not get customresourcedefinitions; Training Operator version "
+        "unknown (no Deployment training-operator in kubeflow nor labelled control-plane=kubeflow-training-operator): "
+        "HyperPod auto-resume needs 1.7.0, 1.8.0 or 1.8.1"
+    )
+    assert crd.fix.startswith("grant the step's service account get on customresourcedefinitions.apiextensions.k8s.io")
+
+
+def test_a_crd_that_does_not_serve_v1_fails(server: FakeKubernetes, api_client: Any) -> None:
+    crd = load_crd(CRD_PATH)
+    for version in crd["spec"]["versions"]:
+        version["served"] = False
+    server.add_crd(crd)
+    got = check(run(api_client), "crd")
+    assert (got.status, got.reason) == (FAIL, "pytorchjobs.kubeflow.org serves no version, not v1")
+
+
+def test_bad_input_fails_before_any_request(server: FakeKubernetes, api_client: Any) -> None:
+    server.requests.clear()
+    with pytest.raises(InputError, match="nnodes must be a positive integer, got 0"):
+        run(api_client, nnodes=0)
+    with pytest.raises(InputError, match="nproc-per-node 4 differs from the 8 GPUs requested per node"):
+        run(api_client, nproc_per_node=4)
+    assert server.requests == []
+
+
+# -- 2. permissions ------------------------------------------------------------------------------------------
+
+
+def test_permissions_missing_create_pytorchjobs_fails(server: FakeKubernetes, api_client: Any) -> None:
+    server.deny("create", "pytorchjobs", "kubeflow.org", namespace="kubeflow")
+    server.deny("get", "pods/log")
+    server.deny("list", "events")
+    result = run(api_client)
+    permissions = check(result, "permissions")
+    assert permissions.status == FAIL
+    assert permissions.reason == (
+        "the service account may not, in namespace kubeflow: create pytorchjobs.kubeflow.org, get pods/log; also list "
+        "events (the pods' events)"
+    )
+    assert permissions.fix.startswith("kubectl apply -n kubeflow -f deploy/rbac.yaml")
+    others_pass(result, "permissions")
+
+
+def test_permissions_missing_list_events_warns(server: FakeKubernetes, api_client: Any) -> None:
+    server.deny("list", "events", namespace="kubeflow")
+    result = run(api_client)
+    permissions = check(result, "permissions")
+    assert permissions.status == WARN and result.passed
+    assert permissions.reason == "may not list events in kubeflow: the launcher runs but cannot show the pods' events"
+    assert permissions.fix.startswith("kubectl apply -n kubeflow -f deploy/rbac.yaml")
+
+
+def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(server: FakeKubernetes, api_client: Any) -> None:
+    server.add_namespace("hyperpod-team")
+    server.add_pvc("hyperpod-team", "fsx-lustre-pvc")
+    server.grant("get", "persistentvolumeclaims", namespace="hyperpod-team")
+    permissions = check(run(api_client, namespace="hyperpod-team"), "permissions")
+    assert permissions.status == FAIL and permissions.reason.startswith(
+        "the service account may not, in namespace hyperpod-team: create pytorchjobs.kubeflow.org, get "
+        "pytorchjobs.kubeflow.org, watch pytorchjobs.kubeflow.org, delete pytorchjobs.kubeflow.org, get pods, watch "
+        "pods, get pods/log; also list events"  # list pods: the preflight's own cluster-wide grant
+    )
+    assert permissions.fix.startswith("kubectl apply -n hyperpod-team -f deploy/rbac.yaml")
+
+
+# -- 3. the FSx PVC ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pvc", "reason", "fix"),
+    [
+        (None, "PVC fsx-lustre-pvc does not exist in namespace kubeflow: the pods would stay Pending",
+         "create the FSx for Lustre PV and PVC fsx-lustre-pvc in kubeflow"),
+        ({"phase": "Pending"}, "PVC fsx-lustre-pvc is Pending, not Bound",
+         "kubectl -n kubeflow describe pvc fsx-lustre-pvc: check the FSx CSI driver"),
+        ({"access_modes": ("ReadWriteOnce",)},
+         "PVC fsx-lustre-pvc is ReadWriteOnce, not ReadWriteMany: the 2 nodes and the pipeline's steps must mount it "
+         "at once", "use an FSx for Lustre PV/PVC with accessModes [ReadWriteMany]"),
+    ],
+)  # fmt: skip
+def test_pvc_problems_fail(pvc: dict[str, Any] | None, reason: str, fix: str) -> None:
+    with cluster(pvc=False) as server, connect(server) as api:
+        if pvc is not None:
+            server.add_pvc("kubeflow", "fsx-lustre-pvc", **pvc)
+        result = run(api)
+    got = check(result, "fsx-pvc")
+    assert (got.status, got.reason) == (FAIL, reason) and got.fix.startswith(fix)
+    others_pass(result, "fsx-pvc")
+
+
+def test_pvc_name_from_the_job_options(server: FakeKubernetes, api_client: Any) -> None:
+    server.add_pvc("kubeflow", "team-fsx", access_modes=("ReadWriteOnce", "ReadWriteMany"), capacity="2400Gi")
+    assert check(run(api_client, job_options={"pvc_name": "team-fsx"}), "fsx-pvc").reason == (
+        "team-fsx in kubeflow: Bound, ReadWriteMany, 2400Gi"
+    )
+
+
+# -- 4. nodes ------------------------------------------------------------------------------------------------
+
+
+def test_a_running_pod_holding_gpus_leaves_too_few_nodes(server: FakeKubernetes, api_client: Any) -> None:
+    half = {"cpu": "48", "memory": "500Gi", "nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "16"}
+    server.add_pod("team-b", "other-train-0", node_name="hyperpod-i-01", requests=half, limits=half)
+    result = run(api_client)
+    nodes = check(result, "nodes")
+    assert nodes.status == FAIL and not result.passed
+    assert nodes.reason.startswith("1 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
+                                   "memory, 96 cpu); the job needs 2. Not fitting: ")  # fmt: skip
+    assert "1 short of nvidia.com/gpu" in nodes.reason and "1 no health label" in nodes.reason
+    assert "hyperpod-i-01: nvidia.com/gpu 8 requested, 4 free, vpc.amazonaws.com/efa 32 requested, 16 free" in (
+        nodes.reason
+    )
+    assert nodes.fix.startswith("Check kubectl describe node for allocatable GPUs")
+    others_pass(result, "nodes")
+
+
+def test_cpu_and_memory_are_counted_with_their_units(server: FakeKubernetes, api_client: Any) -> None:
+    server.add_pod("team-b", "cpu-hog", node_name="hyperpod-i-00", requests={"cpu": "150500m"})
+    server.add_pod("team-b", "mem-hog", node_name="hyperpod-i-01", limits={"memory": "1500Gi"})  # limit = request
+    nodes = check(run(api_client), "nodes")
+    assert nodes.status == FAIL
+    assert "hyperpod-i-00: cpu 96 requested, 41.475 free" in nodes.reason  # 192 - 150.5 - 0.025
+    assert "hyperpod-i-01: memory 512Gi requested, 468.3Gi free" in nodes.reason  # 2063937952Ki - 1500Gi
+
+
+@pytest.mark.parametrize(
+    ("node", "cause", "detail"),
+    [
+        ({"unschedulable": True}, "1 cordoned", "cordoned"),
+        ({"health_status": "Unschedulable"}, "1 health Unschedulable", "health Unschedulable"),
+        ({"health_status": "UnschedulablePendingReplacement"}, "1 health UnschedulablePendingReplacement",
+         "health UnschedulablePendingReplacement"),
+        ({"taints": ["dedicated=inference:NoSchedule"]}, "1 untolerated taint",
+         "taint dedicated=inference:NoSchedule not tolerated"),
+        ({"taints": ["maintenance:NoExecute"]}, "1 untolerated taint", "taint maintenance:NoExecute not tolerated"),
+        ({"ready": False}, "1 not Ready", "not Ready (KubeletNotReady)"),
+        ({"health_status": None}, "2 no health label",
+         "no sagemaker.amazonaws.com/node-health-status label (the job's affinity requires Schedulable)"),
+    ],
+)  # fmt: skip
+def test_a_node_that_cannot_take_a_worker(
+    server: FakeKubernetes, api_client: Any, node: dict[str, Any], cause: str, detail: str
+) -> None:
+    server.add_node("hyperpod-i-01", deep_health_check="Passed", **node)  # replaces the healthy one
+    result = run(api_client)
+    nodes = check(result, "nodes")
+    assert nodes.status == FAIL and nodes.reason.startswith("1 of 3 node(s) fit a worker")
+    assert f"Not fitting: {cause}" in nodes.reason or f", {cause}" in nodes.reason
+    assert f"hyperpod-i-01: {detail}" in nodes.reason
+    others_pass(result, "nodes")
+
+
+def test_tolerated_taints_and_preferred_effects_do_not_block(server: FakeKubernetes, api_client: Any) -> None:
+    server.add_node("hyperpod-i-00", taints=["nvidia.com/gpu=present:NoSchedule", "spot:PreferNoSchedule"])
+    server.add_node("hyperpod-i-01", taints=["dedicated=training:NoSchedule"])
+    tolerations = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "training"},
+    ]
+    assert check(run(api_client, job_options={"tolerations": tolerations}), "nodes").status == PASS
+    assert check(run(api_client), "nodes").status == FAIL  # the default toleration is for nvidia.com/gpu only
+
+
+def test_node_selector_must_match(server: FakeKubernetes, api_client: Any) -> None:
+    options = {"node_selector": {"node.kubernetes.io/instance-type": "ml.p5en.48xlarge"}}
+    nodes = check(run(api_client, job_options=options), "nodes")
+    assert nodes.status == FAIL and nodes.reason.startswith("0 of 3 node(s) fit a worker")
+    assert "Not fitting: 3 node selector (cpu-system: node selector" in nodes.reason
+    assert "node selector node.kubernetes.io/instance-type=ml.p5en.48xlarge not matched" in nodes.reason
+    options = {"node_selector": {"node.kubernetes.io/instance-type": "ml.p5.48xlarge"}}
+    assert check(run(api_client, job_options=options), "nodes").status == PASS
+
+
+def test_without_the_health_affinity_an_unlabelled_node_fits(server: FakeKubernetes, api_client: Any) -> None:
+    server.add_node("hyperpod-i-01", health_status=None)
+    assert check(run(api_client), "nodes").status == FAIL
+    nodes = check(run(api_client, job_options={"health_affinity": False}), "nodes")
+    assert nodes.status == PASS and nodes.reason.startswith("2 of 3 node(s) fit a worker")  # cpu-system: short
+
+
+def test_pods_that_hold_nothing_are_not_counted(server: FakeKubernetes, api_client: Any) -> None:
+    server.add_pod("team-c", "waiting", phase="Pending", requests={"nvidia.com/gpu": "8"})  # not scheduled
+    server.add_pod("team-b", "done", node_name="hyperpod-i-00", phase="Succeeded", requests=GPU8)
+    server.add_pod("team-b", "crashed", node_name="hyperpod-i-01", phase="Failed", requests=GPU8)
+    nodes = check(run(api_client), "nodes")
+    assert nodes.status == PASS and nodes.reason.startswith("2 of 3 node(s) fit a worker")
+    server.add_pod("team-c", "starting", node_name="hyperpod-i-01", phase="Pending", requests={"nvidia.com/gpu": "1"})
+    nodes = check(run(api_client), "nodes")  # a pod bound to a node holds its requests before it runs
+    assert nodes.status == FAIL and "hyperpod-i-01: nvidia.com/gpu 8 requested, 7 free" in nodes.reason
+
+
+def test_elastic_job_with_fewer_nodes_than_max_warns(server: FakeKubernetes, api_client: Any) -> None:
+    nodes = check(run(api_client, max_nodes=4), "nodes")
+    assert nodes.status == WARN
+    assert nodes.reason.startswith("2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
+                                   "memory, 96 cpu); the job needs 2 (up to 4)")  # fmt: skip
+    assert nodes.reason.endswith(": the elastic job starts with 2 of 4")
+
+
+def test_many_unfit_nodes_are_summarized_on_one_line(server: FakeKubernetes, api_client: Any) -> None:
+    for i in range(2, 12):
+        server.add_node(f"hyperpod-i-{i:02d}", unschedulable=i % 2 == 0, health_status="Unschedulable")
+    nodes = check(run(api_client, nnodes=3), "nodes")
+    assert nodes.status == FAIL and "\n" not in nodes.reason
+    assert "Not fitting: 5 cordoned, 5 health Unschedulable, 1 no health label (hyperpod-i-02: cordoned; " \
+           "hyperpod-i-03: health Unschedulable; cpu-system: no " in nodes.reason  # fmt: skip
+    assert nodes.reason.endswith("; +7 more)")
+
+
+def test_cannot_list_nodes_warns_and_the_other_checks_run(server: FakeKubernetes, api_client: Any) -> None:
+    server.deny("list", "nodes")
+    result = run(api_client)
+    nodes = check(result, "nodes")
+    assert nodes.status == WARN and result.passed
+    assert nodes.reason == "cannot list nodes: the service account may not list nodes, so whether 2 node(s) fit is " \
+                           "unknown"  # fmt: skip
+    assert nodes.fix.startswith("grant the step's service account list on nodes and on pods in all namespaces")
+    others_pass(result, "nodes")
+
+
+def test_cannot_list_pods_counts_by_allocatable_and_warns(server: FakeKubernetes, api_client: Any) -> None:
+    server.deny("list", "pods", namespace="")  # across all namespaces; the launcher's list in kubeflow stays allowed
+    result = run(api_client)
+    nodes = check(result, "nodes")
+    assert nodes.status == WARN and nodes.reason.startswith("2 of 3 node(s) fit a worker")
+    assert nodes.reason.endswith("cannot list pods in all namespaces, so free resources are unknown: counted by "
+                                 "allocatable")  # fmt: skip
+    assert nodes.fix.startswith("grant the step's service account list on pods in all namespaces")
+    others_pass(result, "nodes")
+
+
+# -- 5. device plugins ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("plugins", "reason", "fix"),
+    [
+        ([{"efa": False}], "no EFA device plugin DaemonSet (a name with efa and device-plugin) in any namespace",
+         "Ensure aws-efa-k8s-device-plugin DaemonSet is running"),
+        ([{"nvidia": False}], "no NVIDIA device plugin DaemonSet (a name with nvidia and device-plugin) in any "
+         "namespace", "Ensure the NVIDIA device plugin DaemonSet is running"),
+        ([{"nvidia": False, "ready": 1}, {"efa": False}], "EFA device plugin kube-system/aws-efa-k8s-device-plugin-"
+         "daemonset: 1 of 2 pods ready", "Ensure aws-efa-k8s-device-plugin DaemonSet is running (kubectl -n "
+         "kube-system describe ds aws-efa-k8s-device-plugin-daemonset)"),
+        ([{"nvidia": False, "desired": 0}, {"efa": False}], "EFA device plugin kube-system/aws-efa-k8s-device-plugin-"
+         "daemonset schedules no pod (0 desired)", "Ensure aws-efa-k8s-device-plugin DaemonSet is running"),
+    ],
+)  # fmt: skip
+def test_device_plugin_problems_fail(plugins: list[dict[str, Any]], reason: str, fix: str) -> None:
+    with cluster(device_plugins=False) as server, connect(server) as api:
+        for kwargs in plugins:
+            server.add_device_plugins(**kwargs)
+        result = run(api)
+    got = check(result, "device-plugins")
+    assert got.status == FAIL and got.reason.startswith(reason) and got.fix.startswith(fix)
+    others_pass(result, "device-plugins")
+
+
+def test_a_device_plugin_in_another_namespace_counts() -> None:
+    with cluster(device_plugins=False) as server, connect(server) as api:
+        server.add_device_plugins(efa=False)
+        server.add_daemonset("aws-efa", "efa-device-plugin", image="efa:1", desired=2)
+        got = check(run(api), "device-plugins")
+    assert got.status == PASS and got.reason.startswith("EFA aws-efa/efa-device-plugin 2/2 ready")
+
+
+def test_device_plugins_not_applicable_without_gpus_or_efa(api_client: Any) -> None:
+    job = render_job(config().job_spec())
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    for amounts in container["resources"].values():
+        amounts.pop("nvidia.com/gpu"), amounts.pop("vpc.amazonaws.com/efa")
+    got = check(check_manifest(job, api_client, settings=FAST), "device-plugins")
+    assert (got.status, got.reason) == (NOT_APPLICABLE, "the job requests neither GPUs nor EFA devices")
+
+
+# -- 6. the image --------------------------------------------------------------------------------------------
+
+
+def test_a_malformed_image_fails(api_client: Any) -> None:
+    result = run(api_client, image="Registry.example.com/ML/Trainer:1")
+    image = check(result, "image")
+    assert image.status == FAIL
+    assert image.reason == (
+        "image 'Registry.example.com/ML/Trainer:1' is not a valid reference: repository 'ML/Trainer' has uppercase "
+        "letters"
+    )
+    assert image.fix == "give registry/repository:tag or registry/repository@sha256:<64 hex digits>"
+    others_pass(result, "image")
+
+
+@pytest.mark.parametrize(
+    ("reference", "parts"),
+    [
+        ("ubuntu", ("", "ubuntu", "", "")),
+        ("library/ubuntu:24.04", ("", "library/ubuntu", "24.04", "")),
+        ("localhost:5000/trainer:dev_1", ("localhost:5000", "trainer", "dev_1", "")),
+        ("nvcr.io/nvidia/pytorch:24.04-py3", ("nvcr.io", "nvidia/pytorch", "24.04-py3", "")),
+        (ECR_IMAGE, ("123456789012.dkr.ecr.us-east-1.amazonaws.com", "hyperpod-pretrain-trainer", "1", "")),
+        ("ghcr.io/a__b/c.d-e@sha256:" + "a" * 64, ("ghcr.io", "a__b/c.d-e", "", "sha256:" + "a" * 64)),
+        ("[::1]:5000/x:v1@sha256:" + "0" * 64, ("[::1]:5000", "x", "v1", "sha256:" + "0" * 64)),
+    ],
+)
+def test_well_formed_references(reference: str, parts: tuple[str, str, str, str]) -> None:
+    got = parse_reference(reference)
+    assert (got["domain"], got["path"], got["tag"], got["digest"]) == parts
+
+
+@pytest.mark.parametrize(
+    ("reference", "problem"),
+    [
+        ("", "it is empty"),
+        ("https://nvcr.io/nvidia/pytorch:24.04", "a reference has no scheme (drop the https://)"),
+        ("nvcr.io/nvidia/pytorch::24.04", "the tag is empty or has a ':'"),
+        ("nvcr.io/nvidia/pytorch:", "the tag is empty or has a ':'"),
+        ("nvcr.io/nvidia/pytorch:-rc1", "tag '-rc1' is not [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"),
+        ("nvcr.io/nvidia/pytorch@sha256:abc", "digest 'sha256:abc' is not algorithm:hex (sha256:<64 hex digits>)"),
+        ("nvcr.io/nvidia/pytorch@sha256:" + "a" * 40, "a sha256 digest has 64 hex digits, this one 40"),
+        ("nvcr.io/nvidia/-pytorch:1", "repository path components are lowercase letters and digits separated by"),
+        ("nvcr.io//pytorch:1", "repository path components are lowercase letters and digits separated by"),
+    ],
+)
+def test_malformed_references(reference: str, problem: str) -> None:
+    with pytest.raises(ValueError) as error:
+        parse_reference(reference)
+    assert str(error.value).startswith(problem)
+
+
+def test_an_untagged_image_warns(api_client: Any) -> None:
+    image = check(run(api_client, image="registry.example.com/ml/trainer"), "image")
+    assert image.status == WARN and "has no tag but :latest" in image.reason
+
+
+# -- 7. memory -----------------------------------------------------------------------------------------------
+
+
+def test_memory_limit_above_the_instance_fails(api_client: Any) -> None:
+    result = run(api_client, job_options={"memory": "2100Gi"})
+    memory = check(result, "memory")
+    assert memory.status == FAIL
+    assert memory.reason == "memory limit 2100Gi is above the instance's 2048Gi (103%): no node can hold a worker"
+    assert memory.fix == "lower job option memory to at most 1945.6Gi (95% of 2048Gi)"
+    assert "memory 2100Gi requested, 1968.3Gi free" in check(result, "nodes").reason
+
+
+def test_memory_limit_above_the_headroom_warns(api_client: Any) -> None:
+    memory = check(run(api_client, job_options={"memory": "1960Gi"}), "memory")
+    assert memory.status == WARN and memory.reason.startswith("memory limit 1960Gi is 96% of the instance's 2048Gi")
+
+
+@pytest.mark.parametrize(("shm", "by"), [("512Gi", "equal to it"), ("600Gi", "88Gi over it"), ("1Ti", "512Gi over it")])
+def test_shm_not_below_the_memory_limit_fails(api_client: Any, shm: str, by: str) -> None:
+    result = run(api_client, job_options={"shm_size": shm})
+    memory = check(result, "memory")
+    assert memory.status == FAIL and memory.reason.startswith(
+        f"/dev/shm sizeLimit {shm if shm != '1Ti' else '1024Gi'} is not below the 512Gi memory limit ({by}): /dev/shm "
+        "is memory-backed and counts against the pod's memory"
+    )
+    assert memory.fix == "Increase memory in resources (job option memory) or lower shm_size below it"
+    others_pass(result, "memory")
+
+
+def test_memory_not_applicable_for_an_unknown_instance_type(api_client: Any) -> None:
+    options = {"gpus_per_node": 8, "efa_per_node": 0}
+    memory = check(run(api_client, instance_type="ml.p6-b200.48xlarge", job_options=options), "memory")
+    assert memory.status == NOT_APPLICABLE and memory.reason.startswith("the instance type's memory is unknown")
+
+
+# -- the verdict, the local backend, API errors ----------------------------------------------------------------
+
+
+def test_warn_only_passes_with_the_failures_listed(server: FakeKubernetes, api_client: Any) -> None:
+    server.remove_crd()
+    server.remove_node("hyperpod-i-01")
+    result = run(api_client, warn_only=True)
+    assert result.passed and [c.name for c in result.failures] == ["crd", "nodes"]
+    assert result.verdict() == "passed: 2 failed check(s) allowed (warn_only)"
+    markdown = result.markdown()
+    assert markdown.startswith("# Preflight: passed: 2 failed check(s) allowed (warn_only)\n")
+    assert markdown.count("| **FAIL** |") == 2
+    assert result.to_json()["passed"] is True and result.to_json()["failed"] == ["crd", "nodes"]
+
+
+def test_the_local_backend_has_nothing_to_check(server: FakeKubernetes, api_client: Any) -> None:
+    server.requests.clear()
+    result = preflight(config(backend="local", nnodes=1, image=""), api_client)
+    assert statuses(result) == dict.fromkeys(CHECK_NAMES, NOT_APPLICABLE) and result.passed
+    assert server.requests == []
+    assert result.markdown().startswith("# Preflight: passed\n")
+
+
+def test_a_transient_500_is_retried(server: FakeKubernetes, api_client: Any) -> None:
+    server.faults.fail_next("GET", r"^/api/v1/nodes", 500)
+    result = run(api_client)
+    assert statuses(result) == dict.fromkeys(CHECK_NAMES, PASS)
+    assert [(kind, method) for kind, method, _ in server.faults.injected] == [("fail", "GET")]
+
+
+def test_an_api_error_fails_only_its_check(server: FakeKubernetes, api_client: Any) -> None:
+    server.faults.fail_next("GET", r"/persistentvolumeclaims/", 503, times=10, message="etcd is away")
+    server.faults.fail_next("GET", r"/apis/apps/v1/daemonsets", 400, message="bad selector")
+    result = run(api_client)
+    pvc, plugins = check(result, "fsx-pvc"), check(result, "device-plugins")
+    assert pvc.status == FAIL and pvc.reason == (
+        "Kubernetes API: read PVC failed 3 times; last: HTTP 503 Service Unavailable: etcd is away"
+    )
+    assert plugins.status == FAIL and plugins.reason == "Kubernetes API: HTTP 400 Bad Request: bad selector"
+    others_pass(result, "fsx-pvc", "device-plugins")
+
+
+def test_an_unreachable_api_server_fails_the_cluster_checks_once() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    configuration = kubernetes.client.Configuration()
+    configuration.host = url
+    with kubernetes.client.ApiClient(configuration) as api:
+        started = time.monotonic()
+        result = run(api)
+    assert time.monotonic() - started < 10
+    crd = check(result, "crd")
+    assert crd.status == FAIL and crd.reason.startswith("Kubernetes API: read CRD failed 3 times; last: MaxRetryError")
+    for name in ("permissions", "fsx-pvc", "nodes", "device-plugins"):
+        got = check(result, name)
+        assert (got.status, got.reason) == (FAIL, "not checked: the Kubernetes API server is unreachable")
+        assert got.fix.startswith("rerun when the API server answers")
+    assert statuses(result)["image"] == statuses(result)["memory"] == PASS  # from the manifest alone
+
+
+# -- units -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("96", "96"), ("500m", "0.5"), ("512Gi", str(512 * 2**30)), ("2063937952Ki", str(2063937952 * 1024)),
+        ("1e3", "1000"), ("1E3", "1000"), ("1E", str(10**18)), ("1.5", "1.5"), ("1.5Gi", str(3 * 2**29)),
+        ("100M", str(10**8)), ("0.1", "0.1"), (".5", "0.5"), ("25u", "0.000025"), (8, "8"), ("+2k", "2000"),
+    ],
+)  # fmt: skip
+def test_quantities(text: str | int, value: str) -> None:
+    assert quantity(text) == Decimal(value)
+
+
+@pytest.mark.parametrize("text", ["", "Gi", "1GB", "1e", "1 Gi", "0x10", "1.2.3"])
+def test_bad_quantities(text: str) -> None:
+    with pytest.raises(ValueError):
+        quantity(text)
+
+
+def test_pod_requests_like_the_scheduler() -> None:
+    spec = {
+        "containers": [
+            {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+            {"name": "b", "resources": {"limits": {"cpu": "500m", "nvidia.com/gpu": 2}}},  # a limit is the request
+        ],
+        "initContainers": [
+            {"name": "setup", "resources": {"requests": {"cpu": "4"}}},
+            {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"memory": "1Gi"}}},
+        ],
+        "overhead": {"cpu": "250m"},
+    }
+    assert pod_requests(spec) == {
+        "cpu": Decimal("4.25"),
+        "memory": Decimal(2 * 2**30),
+        "nvidia.com/gpu": Decimal(2),
+    }
+
+
+# -- the KFP component -----------------------------------------------------------------------------------------
+
+
+def kubeconfig(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": "runner", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "runner"}}],
+    }))  # fmt: skip
+    return path
+
+
+def component_args(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    args: dict[str, Any] = dict(
+        storage_root=str(tmp_path / "fsx"), dataset="synthetic", run_id="", resume_run_id="",
+        pipeline_run_id="pipeline-pf-2",
+        backend="kubernetes", nnodes=2, max_nodes=0, nproc_per_node=8, preset="tiny", image=IMAGE,
+        namespace="kubeflow", instance_type="ml.p5.48xlarge", job_options={}, warn_only=False,
+        report=SimpleNamespace(path=str(tmp_path / "report.md"), uri="minio://report"),
+    )  # fmt: skip
+    return {**args, **overrides}
+
+
+def test_the_component_writes_the_report_and_fails_on_a_failed_check(
+    server: FakeKubernetes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from components.preflight.component import preflight as component
+
+    assert list(component.component_spec.inputs) == list(component_args(tmp_path))[:-1]
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a cluster: the kubeconfig's credentials
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION",
+                        str(kubeconfig(tmp_path, server.url)))  # fmt: skip
+    component.python_func(**component_args(tmp_path))
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# Preflight: passed\n") and "| nodes | PASS |" in report
+    record = json.loads((tmp_path / "fsx/runs/pipeline-pf-2/steps/preflight.json").read_text())
+    assert record["state"] == "succeeded" and record["details"]["verdict"] == "passed"
+
+    server.remove_crd()
+    with pytest.raises(StepFailed) as error:
+        component.python_func(**component_args(tmp_path))
+    assert str(error.value) == (
+        "preflight: crd: the PyTorchJob CRD pytorchjobs.kubeflow.org is not installed: no job can be created"
+    )
+    assert "| crd | **FAIL** |" in (tmp_path / "report.md").read_text()
+    component.python_func(**component_args(tmp_path, warn_only=True))  # allowed
+    started = time.monotonic()
+    component.python_func(**component_args(tmp_path, backend="local", nnodes=1, image=""))
+    assert time.monotonic() - started < 5 and "| crd | n/a |" in (tmp_path / "report.md").read_text()
+
+
+def test_the_cli_checks_through_the_kubeconfig_and_exits_by_the_verdict(server: FakeKubernetes, tmp_path: Path) -> None:
+    cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    env["KUBECONFIG"] = str(kubeconfig(tmp_path, server.url))
+    command = [cli, "preflight", "--storage-root", str(tmp_path), "--dataset", "d", "--run-id", "r", "--image", IMAGE,
+               "--nnodes", "2", "--nproc-per-node", "8", "--json"]  # fmt: skip
+    passed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert passed.returncode == 0, passed.stderr
+    assert {c["name"]: c["status"] for c in json.loads(passed.stdout)["checks"]}["nodes"] == "pass"
+    failed = subprocess.run([*command[:-5], "--nnodes", "3", "--nproc-per-node", "8"], capture_output=True, text=True,
+                            env=env, timeout=120)  # fmt: skip
+    assert failed.returncode == 1
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("hyperpod-pretrain preflight: failed: nodes: 2 of 3 node(s) fit"), last
+
+
+def test_job_manifest_is_not_changed_by_the_checks(api_client: Any) -> None:
+    job = render_job(config().job_spec())
+    before = copy.deepcopy(job)
+    check_manifest(job, api_client, memory_gib=2048, settings=FAST)
+    assert job == before
