@@ -382,17 +382,20 @@ class Diagnoser:
         if time.monotonic() < self.next_at:
             return
         self.next_at = time.monotonic() + self.every_s
-        pods = self.kube.call("list pods", self.kube.core.list_namespaced_pod, self.ns,
-                              label_selector=f"{JOB_LABEL}={self.name}").items  # fmt: skip
+        try:  # the diagnosis helps; it never stops the launch
+            pods = self.kube.call("list pods", self.kube.core.list_namespaced_pod, self.ns,
+                                  label_selector=f"{JOB_LABEL}={self.name}").items  # fmt: skip
+        except (ApiException, StepFailed) as exc:
+            log.warning("diagnosis: cannot list the job's pods: %s", describe(exc))
+            return
         events: list[Any] = []
         if self.events_readable:
             try:
                 events = self.kube.call("list events", self.kube.core.list_namespaced_event, self.ns,
                                         field_selector="involvedObject.kind=Pod").items  # fmt: skip
-            except ApiException as exc:
-                if exc.status != 403:
-                    raise
+            except (ApiException, StepFailed) as exc:
                 self.events_readable = False  # the pods' statuses still tell most of it
+                log.info("diagnosis: without events (%s)", describe(exc))
         self.diagnosis.observe(pods, events)
 
 
