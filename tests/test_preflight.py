@@ -45,7 +45,7 @@ ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-trai
 GPU8 = {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
 FAST = KubeSettings(request_timeout_s=5, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
 
-pytestmark = pytest.mark.skipif(not CRD_PATH.is_file(), reason=f"the PyTorchJob CRD is not here ({CRD_PATH})")
+NO_CRD = f"the PyTorchJob CRD is not here ({CRD_PATH})"  # the fake server installs it; the unit tests need none
 
 
 def config(**overrides: Any) -> LaunchConfig:
@@ -79,6 +79,8 @@ def healthy_cluster(server: FakeKubernetes, *, pvc: bool = True, device_plugins:
 
 @contextmanager
 def cluster(training_operator: str | None = "v1.8.1", **parts: bool) -> Iterator[FakeKubernetes]:
+    if not CRD_PATH.is_file():
+        pytest.skip(NO_CRD)
     with FakeKubernetes(CRD_PATH, training_operator=training_operator) as fake:
         healthy_cluster(fake, **parts)
         yield fake
