@@ -313,7 +313,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         state = remote.wait_for_run(client, run_id, args.wait_timeout_s, args.poll_s)
     print(f"run {run_name!r} {state}: {remote.run_link(ui, run_id)}")
     if state != "SUCCEEDED":
-        raise StepFailed(f"run {run_id} ended {state}; its summary: <storage_root>/runs/<run_id>/summary.md")
+        raise StepFailed(f"run {run_id} ended {state}; its summary: {remote.summary_path(package, parameters, run_id)}")
     return 0
 
 
@@ -331,7 +331,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         raise InputError(f"--{action} takes only --name (and --experiment): --cron and --param are for creating one")
     with remote.api_errors(f"{action} recurring run {args.name!r}"):
         client, ui = remote.connect(args.host, args.namespace)
-        experiment = remote.experiment_id(client, args.experiment, args.namespace)
+        experiment = remote.experiment_id(client, args.experiment, args.namespace, create=action == "create")
         existing = remote.find_recurring_run(client, args.name, experiment, args.namespace)
         if action == "create":
             if existing:

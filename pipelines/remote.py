@@ -210,9 +210,14 @@ def ensure_pipeline_version(client: Client, package: Path, pipeline_name: str) -
     return PipelineVersion(pipeline_id, uploaded.pipeline_version_id, name, uploaded=True)
 
 
-def experiment_id(client: Client, name: str, namespace: str) -> str:
-    """The experiment's id; created when missing (kfp looks it up by name first)."""
-    return client.create_experiment(name, namespace=namespace or None).experiment_id
+def experiment_id(client: Client, name: str, namespace: str, create: bool = True) -> str:
+    """The experiment's id; created when missing (kfp looks it up by name first), or an InputError."""
+    if create:
+        return client.create_experiment(name, namespace=namespace or None).experiment_id
+    try:
+        return client.get_experiment(experiment_name=name, namespace=namespace or None).experiment_id
+    except ValueError:
+        raise InputError(f"--experiment {name!r}: no experiment of that name") from None
 
 
 def submit_run(client: Client, version: PipelineVersion, experiment: str, run_name: str,
@@ -220,6 +225,14 @@ def submit_run(client: Client, version: PipelineVersion, experiment: str, run_na
     run = client.run_pipeline(experiment_id=experiment, job_name=run_name, pipeline_id=version.pipeline_id,
                               version_id=version.version_id, params=parameters)  # fmt: skip
     return run.run_id
+
+
+def summary_path(package: Path, parameters: dict[str, Any], run_id: str) -> str:
+    """Where the run's exit step writes its summary, from the run's parameters and the pipeline's defaults."""
+    defaults = {k: d.get("defaultValue", "") for k, d in pipeline_inputs(package).items()}
+    values = defaults | parameters
+    run_dir = values.get("resume_run_id") or values.get("run_id") or run_id
+    return f"{str(values.get('storage_root', '')).rstrip('/')}/runs/{run_dir}/summary.md"
 
 
 def wait_for_run(client: Client, run_id: str, timeout_s: float, poll_s: float = 15.0) -> str:

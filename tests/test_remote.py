@@ -108,7 +108,9 @@ def test_submit_wait_exits_by_the_runs_outcome(server: FakeKfp, env: dict[str, s
     (run,) = server.runs.values()
     assert f"{outcome}: {server.url}/#/runs/details/{run.id}" in result.stdout
     if code:
-        assert result.stderr.strip().splitlines()[-1].startswith("hyperpod-pretrain submit: failed: run ")
+        last = result.stderr.strip().splitlines()[-1]
+        assert last == (f"hyperpod-pretrain submit: failed: run {run.id} ended {outcome}; its summary: "
+                        f"/fsx/runs/{run.id}/summary.md")  # fmt: skip
 
 
 def test_the_service_account_token_is_sent(server: FakeKfp, env: dict[str, str], tmp_path: Path) -> None:
@@ -197,6 +199,9 @@ def test_schedule_creates_disables_enables_and_deletes(server: FakeKfp, env: dic
     assert server.recurring_runs == {}
     missing = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--disable")
     assert missing.returncode == 2 and "no recurring run of that name" in missing.stderr
+    elsewhere = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--delete", "--experiment", "other")
+    assert elsewhere.returncode == 2 and "--experiment 'other': no experiment of that name" in elsewhere.stderr
+    assert len(server.experiments) == 1  # looking up what to disable or delete creates nothing
 
 
 @pytest.mark.parametrize(
