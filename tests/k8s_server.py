@@ -1313,13 +1313,8 @@ class Lifecycle:
             if log_lines is None
             else log_lines
         )
-        steps = _start_steps(workers, tick_s)
-        for crash in range(crashes):
-            if crash >= 2:
-                steps.append((tick_s, lambda job: job.restart_after_back_off(failing_index)))
-            steps += [(tick_s, lambda job, line=line: job.log(failing_index, line)) for line in lines]
-            steps.append((tick_s, lambda job: job.container_failed(failing_index, exit_code, reason)))
-        return cls(steps)
+        return cls(_crashes(workers, lines, failing_index, crashes, tick_s,
+                            lambda job: job.container_failed(failing_index, exit_code, reason)))  # fmt: skip
 
     @classmethod
     def oom_killed(
@@ -1352,13 +1347,20 @@ class Lifecycle:
                 )
             job.container_failed(failing_index, 137, "OOMKilled")
 
-        steps = _start_steps(workers, tick_s)
-        for crash in range(crashes):
-            if crash >= 2:
-                steps.append((tick_s, lambda job: job.restart_after_back_off(failing_index)))
-            steps += [(tick_s, lambda job, line=line: job.log(failing_index, line)) for line in lines]
-            steps.append((tick_s, oom))
-        return cls(steps)
+        return cls(_crashes(workers, lines, failing_index, crashes, tick_s, oom))
+
+
+def _crashes(workers: int, lines: list[str], index: int, crashes: int, tick_s: float,
+             fail: Action) -> list[tuple[float, Action]]:  # fmt: skip
+    """Start, then worker ``index`` prints ``lines`` and ``fail``s, ``crashes`` times (from the third, after its
+    back-off ends)."""
+    steps = _start_steps(workers, tick_s)
+    for crash in range(crashes):
+        if crash >= 2:
+            steps.append((tick_s, lambda job: job.restart_after_back_off(index)))
+        steps += [(tick_s, lambda job, line=line: job.log(index, line)) for line in lines]
+        steps.append((tick_s, fail))
+    return steps
 
 
 def _node_reference(name: str) -> dict[str, Any]:
