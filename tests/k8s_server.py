@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 OPERATOR_NAME_LABEL = "training.kubeflow.org/operator-name"
@@ -866,7 +867,7 @@ class ContainerLog:
 
 @dataclass
 class FaultRule:
-    kind: str  # "fail", "drop", "drop_watch", "drop_log"
+    kind: str  # "fail", "drop", "drop_watch", "drop_log", "stall_log"
     method: str
     pattern: re.Pattern[str]
     times: int
@@ -918,6 +919,11 @@ class Faults:
     def drop_log_after(self, n_lines: int, times: int = 1, path_regex: str = "") -> None:
         """Cut the next ``times`` follow log streams (closing the socket mid-stream) after ``n_lines`` lines."""
         self._add(FaultRule("drop_log", "GET", re.compile(path_regex), times, after=n_lines))
+
+    def stall_log_after(self, n_lines: int, times: int = 1, path_regex: str = "") -> None:
+        """The next ``times`` follow log streams stop sending after ``n_lines`` lines but keep the connection open, as
+        a stream from a node that went away does (no FIN reaches the client; only a read timeout ends it)."""
+        self._add(FaultRule("stall_log", "GET", re.compile(path_regex), times, after=n_lines))
 
     def clear(self) -> None:
         with self._lock:
@@ -1254,6 +1260,85 @@ class Lifecycle:
         return cls(steps)
 
     @classmethod
+    def elastic(
+        cls, min_nodes: int = 2, max_nodes: int = 4, log_lines: Iterable[str] | None = None, tick_s: float = 0.05
+    ) -> Lifecycle:
+        """An elastic job on a cluster with room for ``min_nodes`` workers: all ``max_nodes`` pods are created (the
+        Training Operator creates ``replicas`` = maxReplicas pods), the first ``min_nodes`` run while the others stay
+        Pending (unschedulable), and the job runs and succeeds on those it has.
+
+        Sources, kubeflow/training-operator v1.8.1: pkg/controller.v1/pytorch/pytorchjob_controller.go
+        ``UpdateJobStatus`` sets Running when any worker runs and, for an elastic job, Succeeded as soon as one worker
+        succeeded (kubeflow/training-operator#1752, "success condition of the job in PyTorchJob's Elastic mode");
+        pkg/controller.v1/common/job.go ``DeletePodsAndServices`` then deletes the Running and Pending pods
+        (cleanPodPolicy Running).
+        """
+        lines = list(DEFAULT_LOG_LINES if log_lines is None else log_lines)
+        message = f"0/{min_nodes} nodes are available: {min_nodes} Insufficient nvidia.com/gpu."
+
+        def pods(job: JobHandle) -> None:
+            job.create_pods(min_nodes)
+            for i in range(min_nodes, max_nodes):
+                job.create_pod(i, scheduled=False, message=message)
+                job.event("FailedScheduling", message, type_="Warning", pod_index=i, component="default-scheduler")
+            job.set_replica_status(active=0)
+
+        def running(job: JobHandle) -> None:
+            for i in range(min_nodes):
+                job.run(i)
+            job.set_replica_status(active=min_nodes)
+            job.set_condition("Running", "PyTorchJobRunning", "PyTorchJob {namespace}/{name} is running.")
+
+        def log_running(job: JobHandle, line: str) -> None:
+            for i in range(min_nodes):
+                job.log(i, line)
+
+        def succeed(job: JobHandle) -> None:
+            for i in range(min_nodes):
+                job.terminate(i, 0)
+            job.set_replica_status(succeeded=min_nodes)
+            message = "PyTorchJob {namespace}/{name} successfully completed."
+            job.event("PyTorchJobSucceeded", message)
+            job.set_condition("Succeeded", "PyTorchJobSucceeded", message)
+            job.clean_pods()
+
+        steps: list[tuple[float, Action]] = [(0.0, _created), (tick_s, pods), (tick_s, running)]
+        steps += [(tick_s, lambda job, line=line: log_running(job, line)) for line in lines]
+        steps.append((tick_s, succeed))
+        return cls(steps)
+
+    @classmethod
+    def queued(
+        cls, workers: int = 2, admit_after_s: float = 1.0, log_lines: Iterable[str] | None = None, tick_s: float = 0.05
+    ) -> Lifecycle:
+        """A job held by Kueue (HyperPod task governance) until it is admitted, then a normal success.
+
+        Kueue's webhook creates the job suspended (kubernetes-sigs/kueue pkg/controller/jobframework/defaults.go
+        ``ApplyDefaultForSuspend``: a job with the ``kueue.x-k8s.io/queue-name`` label gets ``runPolicy.suspend:
+        true``; :attr:`FakeKubernetes.kueue` does that here). Training Operator v1.8.1 (pkg/controller.v1/common/job.go
+        ``ReconcileJobs``) then creates no pods and sets Suspended (reason PyTorchJobSuspended, "PyTorchJob <name> is
+        suspended."). Admission sets suspend to false; the operator sets Suspended False (PyTorchJobResumed, "... is
+        resumed."), resets startTime and creates the pods.
+        """
+        lines = list(DEFAULT_LOG_LINES if log_lines is None else log_lines)
+
+        def suspended(job: JobHandle) -> None:
+            job.set_condition("Suspended", "PyTorchJobSuspended", "PyTorchJob {name} is suspended.")
+            job.event("PyTorchJobSuspended", "PyTorchJob {name} is suspended.")
+
+        def admitted(job: JobHandle) -> None:
+            job._update_job(lambda j: j["spec"].setdefault("runPolicy", {}).update(suspend=False))
+            job.set_condition("Suspended", "PyTorchJobResumed", "PyTorchJob {name} is resumed.", status="False")
+            job.set_status(startTime=now_rfc3339())
+            job.event("PyTorchJobResumed", "PyTorchJob {name} is resumed.")
+
+        steps: list[tuple[float, Action]] = [(0.0, _created), (tick_s, suspended), (admit_after_s, admitted)]
+        steps += _start_steps(workers, tick_s)[1:]
+        steps += [(tick_s, lambda job, line=line: job.log_all(line)) for line in lines]
+        steps.append((tick_s, lambda job: job.succeed_all()))
+        return cls(steps)
+
+    @classmethod
     def stuck_pending(cls, workers: int = 2, message: str = INSUFFICIENT_GPU, tick_s: float = 0.05) -> Lifecycle:
         """Created; the pods stay Pending (unschedulable) for ever, with a FailedScheduling warning each."""
 
@@ -1491,6 +1576,15 @@ class JobHandle:
                     pod_index=i,
                     component="default-scheduler",
                 )
+
+    def create_pod(self, index: int, *, scheduled: bool = True, message: str = INSUFFICIENT_GPU) -> None:
+        """Create worker ``index``'s pod alone (the operator creates the missing ones on each reconcile)."""
+        job = self.job()
+        if job is None:
+            return
+        self.server._create_pod(job, "Worker", index, scheduled=scheduled, unschedulable_message=message)
+        self.event("SuccessfulCreatePod", f"Created pod: {self.pod_name(index)}", type_="Normal",
+                   component=OPERATOR_NAME)  # fmt: skip
 
     def run(self, index: int) -> None:
         """The pod turns Running, its container running and ready."""
@@ -1837,9 +1931,11 @@ class FakeKubernetes:
     after (or set before) the requests: ``requests`` ((method, path with query)), ``deletions`` ((namespace, name,
     propagationPolicy or None)), ``validation_errors`` (str of each schema/metadata error answered with 422),
     ``webhook_denials`` (messages answered with 403), ``pruned_fields`` (paths pruned from created jobs),
-    ``forbid_events``, ``faults``, ``delete_delay_s`` (how long foreground deletion waits on the dependents),
+    ``forbid_events``, ``faults``, ``delete_delay_s`` (how long the garbage collector takes to start on a deletion),
+    ``pod_termination_s`` (how long a deleted pod stays Terminating, holding a foreground-deleted job),
     ``history_limit`` (watch history kept, in changes; None: all until :meth:`compact`), ``bookmark_interval_s``
     (BOOKMARK events to watches that allow them), ``webhook`` (emulate the training operator's validating webhook),
+    ``kueue`` (emulate Kueue's webhook: jobs labelled with a queue are created suspended),
     ``user`` (who makes the requests: RBAC decisions and 403 messages), ``access_reviews`` ((resourceAttributes or
     nonResourceAttributes, Decision) of every SelfSubjectAccessReview answered).
 
@@ -1879,9 +1975,11 @@ class FakeKubernetes:
         self.forbid_events = False
         self.faults = Faults()
         self.delete_delay_s = 0.0
+        self.pod_termination_s = 0.2
         self.history_limit: int | None = None
         self.bookmark_interval_s: float | None = None
         self.webhook = True
+        self.kueue = False
         self.user = DEFAULT_USER
         self.access_reviews: list[tuple[dict[str, Any], Decision]] = []
         self._grants: list[Grant] = [CLUSTER_ADMIN]
@@ -2950,22 +3048,46 @@ class FakeKubernetes:
         ]
 
     def _collect(self, namespace: str, name: str, uid: str, policy: str) -> None:
-        """The garbage collector's part of a deletion, after ``delete_delay_s``."""
+        """The garbage collector's part of a deletion, after ``delete_delay_s``.
+
+        As kubernetes v1.36's garbage collector does it (pkg/controller/garbagecollector/garbagecollector.go,
+        ``attemptToDeleteItem`` and ``processDeletingDependentsItem``): with Foreground propagation the owner keeps its
+        ``foregroundDeletion`` finalizer, and stays readable (a create under its name answers 409), until every
+        dependent is gone; the dependents, the job's pods, are deleted gracefully: they carry a ``deletionTimestamp``
+        and stay Terminating while the kubelet stops their containers (``pod_termination_s`` here stands for the
+        trainer's SIGTERM checkpoint within terminationGracePeriodSeconds). With Background the owner is already gone
+        and the pods follow the same way; Orphan strips their ownerReferences.
+        """
 
         def run() -> None:
             if self._stopping.wait(self.delete_delay_s):
                 return
             with self._cond:
-                for pod in self._owned_pods(namespace, uid):
+                pods = self._owned_pods(namespace, uid)
+                for pod in pods:
                     if policy == "Orphan":
                         self._update(PODS, namespace, pod, lambda p: p["metadata"].pop("ownerReferences", None))
                     else:
+                        self._update(PODS, namespace, pod, _mark_terminating)
+            if policy != "Orphan" and pods and self._stopping.wait(self.pod_termination_s):
+                return
+            with self._cond:
+                if policy != "Orphan":
+                    for pod in pods:
                         self._remove(PODS, namespace, pod)
                 job = self._objects.get((self.kind.resource, namespace, name))
                 if job is not None and job["metadata"]["uid"] == uid:
                     self._remove(self.kind, namespace, name)
 
         threading.Thread(target=run, name=f"gc-{name}", daemon=True).start()
+
+
+def _mark_terminating(pod: dict[str, Any]) -> None:
+    """A graceful delete of a pod: the API server sets deletionTimestamp (now + grace) and the grace period."""
+    grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+    meta = pod["metadata"]
+    meta.setdefault("deletionTimestamp", rfc3339(time.time() + grace))
+    meta.setdefault("deletionGracePeriodSeconds", grace)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -3410,6 +3532,10 @@ class _Handler(BaseHTTPRequestHandler):
                     fake.webhook_denials.append(detail)
                 raise ApiError(403, f'admission webhook "{WEBHOOK_NAME}" denied the request: {detail}')
 
+        if fake.kueue and (meta.get("labels") or {}).get(KUEUE_QUEUE_LABEL):
+            # Kueue's mutating webhook (kubernetes-sigs/kueue pkg/controller/jobframework/defaults.go,
+            # ApplyDefaultForSuspend): a queued job is created suspended and waits for admission.
+            obj["spec"].setdefault("runPolicy", {})["suspend"] = True
         now = now_rfc3339()
         manager = (self.headers.get("User-Agent") or "unknown").split("/")[0]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now, generation=1)
@@ -3682,7 +3808,7 @@ class _Handler(BaseHTTPRequestHandler):
                 400, f'container "{container}" in pod "{name}" is waiting to start: {detail.get(reason, reason)}'
             )
         restarts = status.get("restartCount", 0) if status else 0
-        cut = fake.faults.take(("drop_log",), "GET", self.path) if follow else None
+        cut = fake.faults.take(("drop_log", "stall_log"), "GET", self.path) if follow else None
 
         def render(entries: list[tuple[int, str]]) -> bytes:
             return b"".join(
@@ -3694,6 +3820,9 @@ class _Handler(BaseHTTPRequestHandler):
 
         def check_cut() -> None:
             if cut is not None and sent_lines >= cut.after:
+                if cut.kind == "stall_log":  # silent until the server stops: the client must time out its read
+                    log.info("fault: stalling the log stream %s after %d lines", self.path, sent_lines)
+                    fake._stopping.wait()
                 log.info("fault: cutting the log stream %s after %d lines", self.path, sent_lines)
                 raise _Abort
 

@@ -103,7 +103,8 @@ def test_failure_names_the_reason_and_shows_the_failing_pod(staged_root: Path, c
     )  # fmt: skip
     with FakeKubernetes(CRD_PATH, lifecycle) as server, pytest.raises(StepFailed) as failure:
         launch(cluster_config(staged_root, "bad"), client(server))
-    assert "failed: PyTorchJobFailed: worker 1 exited with 1" in str(failure.value)
+    assert "failed (attempt 1): PyTorchJobFailed: worker 1 exited with 1" in str(failure.value)
+    assert "RuntimeError: CUDA error: out of memory" in str(failure.value), "the failed pod's last lines"
     assert "RuntimeError: CUDA error: out of memory" in caplog.text
     assert "Back-off restarting failed container pytorch" in caplog.text
 
@@ -214,7 +215,38 @@ def test_sigterm_deletes_the_job_and_exits_within_5_s(staged_root: Path, tmp_pat
         deletions = list(server.deletions)
     assert exited < 5, f"the launcher took {exited:.1f}s to exit after SIGTERM"
     assert launcher.returncode == 1 and "deleted on SIGTERM" in stderr.strip().splitlines()[-1]
-    assert [(ns, propagation) for ns, _, propagation in deletions] == [("kubeflow", "Foreground")]
+    assert "SIGTERM: deleted PyTorchJob" in stderr, "the signal handler itself sent the delete"
+    assert {(ns, propagation) for ns, _, propagation in deletions} == {("kubeflow", "Foreground")}
+
+
+def test_sigterm_deletes_the_job_even_when_the_process_is_killed_right_after(staged_root: Path, tmp_path: Path) -> None:
+    """KFP signals the step's process group: its Go launcher dies at once, the container ends, and this process is
+    killed moments later (reference/kfp_backend_support.md, "Terminate"). The delete must already be out by then."""
+    with FakeKubernetes(CRD_PATH, runs_forever()) as server:
+        command = [sys.executable, "-m", "pipelines.cli", "launch", "--backend", "kubernetes", "--storage-root",
+                   str(staged_root), "--dataset", "synthetic", "--run-id", "killed", "--nnodes", "2",
+                   "--nproc-per-node", "8", "--image", "img:1", "--no-owner-reference"]  # fmt: skip
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig(server, tmp_path / "kubeconfig"))}
+        launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        name, deadline = job_name("killed", "killed"), time.monotonic() + 60
+        while time.monotonic() < deadline and not running(server.job("kubeflow", name)):
+            time.sleep(0.05)
+        assert running(server.job("kubeflow", name)), "the job never ran"
+        launcher.send_signal(signal.SIGTERM)
+        time.sleep(0.1)  # the container's end
+        launcher.kill()
+        launcher.wait(timeout=10)
+        deletions = list(server.deletions)
+    assert [(ns, n, propagation) for ns, n, propagation in deletions][:1] == [("kubeflow", name, "Foreground")]
+
+
+def runs_forever() -> Lifecycle:
+    return (
+        Lifecycle()
+        .then(0, lambda j: j.create_pods(2))
+        .then(0.05, lambda j: [j.run(i) for i in (0, 1)])
+        .then(0.05, lambda j: j.set_condition("Running", "PyTorchJobRunning", "running"))
+    )
 
 
 def running(job: dict[str, Any] | None) -> bool:

@@ -341,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         write_status(RunPaths(Path(cfg.run_dir)), rank, "bad-input", exit_code=ExitCode.BAD_INPUT, error=str(exc))
         return ExitCode.BAD_INPUT
     except Exception as exc:
+        log.exception("training crashed")  # into this rank's log on the volume, which outlives the pod
         errors.record_exception(exc)
         write_status(RunPaths(Path(cfg.run_dir)), rank, "crashed", exit_code=ExitCode.CRASHED, error=repr(exc))
         raise

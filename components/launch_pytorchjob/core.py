@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,32 @@ from trainer.model import PRESETS
 log = logging.getLogger(__name__)
 
 BACKENDS = ("local", "kubernetes")
+# The job's deadline on the operator's side (runPolicy.activeDeadlineSeconds) is the launcher's plus this margin:
+# the launcher, which says more, deletes first; the operator stops the job if the launcher is gone.
+OPERATOR_DEADLINE_MARGIN_S = 300
+
+
+@dataclass(frozen=True)
+class Platform:
+    """The platform team's settings: compiled into the pipeline (`compile` flags), not chosen by who starts a run.
+
+    One volume, one path: the FSx PVC is mounted at `mount_path` in every step and in the PyTorchJob's pods, so a
+    storage root under it names the same directory everywhere. An empty `mount_path` (the CLI, tests) mounts the
+    PVC at the storage root itself.
+    """
+
+    pvc_name: str = "fsx-lustre-pvc"
+    mount_path: str = ""
+    queue_name: str = ""  # Kueue LocalQueue of HyperPod task governance; empty: no queue
+    priority_class: str = ""  # Kueue WorkloadPriorityClass; empty: the queue's default
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Platform:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InputError(f"platform setting(s) {', '.join(map(repr, unknown))} unknown: {', '.join(sorted(known))}")
+        return cls(**{k: str(v) for k, v in values.items()})
 
 
 @dataclass
@@ -43,7 +70,9 @@ class LaunchConfig:
     checkpoint_every: int = TRAIN_DEFAULTS["checkpoint_every"]
     log_every: int = TRAIN_DEFAULTS["log_every"]
     timeout_s: int = 0  # 0: no deadline
-    pending_timeout_s: int = 0  # kubernetes: pods Pending this long fail the step and delete the job (0: none)
+    pending_timeout_s: int = 0  # kubernetes: a job that never started, pods Pending this long: failed (0: none)
+    recovery_timeout_s: int = 0  # kubernetes: after it ran, below its minimum of pods this long: failed (0: none)
+    queue_timeout_s: int = 0  # kubernetes: queued (suspended by Kueue) this long: failed (0: none)
     extra_env: dict[str, str] = field(default_factory=dict)
     # The cluster (backend "kubernetes"): the job is named after the KFP run, so a retried step re-attaches.
     pipeline_run_id: str = ""
@@ -54,6 +83,7 @@ class LaunchConfig:
     job_options: dict[str, Any] = field(default_factory=dict)  # any other JobSpec field, by name
     stream_logs: str = "worker-0"  # or "all", "none"
     owner_reference: bool = True  # the job is garbage-collected with the launcher's pod (KFP_POD_NAME/UID)
+    platform: Platform = field(default_factory=Platform)
 
     @property
     def dataset_paths(self) -> DatasetPaths:
@@ -88,10 +118,9 @@ class LaunchConfig:
         ):
             if getattr(self, name) <= 0:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
-        if self.timeout_s < 0:
-            raise InputError(f"timeout-s must be 0 (none) or positive, got {self.timeout_s}")
-        if self.pending_timeout_s < 0:
-            raise InputError(f"pending-timeout-s must be 0 (none) or positive, got {self.pending_timeout_s}")
+        for name in ("timeout_s", "pending_timeout_s", "recovery_timeout_s", "queue_timeout_s"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name.replace('_', '-')} must be 0 (none) or positive, got {getattr(self, name)}")
         if not self.lr > 0:
             raise InputError(f"lr must be positive, got {self.lr}")
         if self.preset not in PRESETS:
@@ -110,6 +139,21 @@ class LaunchConfig:
                              "continue from")  # fmt: skip
         if self.backend == "local" and self.nnodes != 1:
             raise InputError(f"nnodes {self.nnodes}: the local backend runs on one node")
+        if self.backend == "kubernetes":
+            self.check_under_mount()
+
+    @property
+    def mount_path(self) -> str:
+        """Where the FSx PVC is mounted, in the steps and in the job's pods alike."""
+        return self.platform.mount_path or self.storage_root
+
+    def check_under_mount(self) -> None:
+        """The job sees the volume at the mount path: a storage root elsewhere would not be the steps' directory."""
+        root, mount = posixpath.normpath(self.storage_root), posixpath.normpath(self.mount_path)
+        if not posixpath.isabs(root) or (root != mount and not root.startswith(mount.rstrip("/") + "/")):
+            raise InputError(f"storage_root {self.storage_root!r} is outside the FSx mount path {mount!r}: every step "
+                             f"and the PyTorchJob see PVC {self.platform.pvc_name!r} there, so the storage root must "
+                             f"be {mount} or a directory under it")  # fmt: skip
 
     def trainer_args(self) -> list[str]:
         """The trainer's command line, the same for every backend."""
@@ -150,7 +194,8 @@ class LaunchConfig:
         """The PyTorchJob's parameters: the trainer's command and environment, and the cluster settings."""
         known = {f.name for f in dataclasses.fields(JobSpec)}
         fixed = {"name", "image", "trainer_args", "namespace", "instance_type", "min_nodes", "max_nodes",
-                 "nproc_per_node", "owner", "mount_path"}  # fmt: skip
+                 "nproc_per_node", "owner", "mount_path", "pvc_name", "queue_name", "priority_class",
+                 "active_deadline_s"}  # fmt: skip
         for key in self.job_options:
             if key not in known or key in fixed:
                 raise InputError(f"job option {key!r} is unknown or set by its own parameter; the others: "
@@ -170,7 +215,11 @@ class LaunchConfig:
             min_nodes=self.nnodes,
             max_nodes=self.max_nodes or self.nnodes,
             nproc_per_node=self.nproc_per_node,
-            mount_path=self.storage_root,  # the volume is mounted where the trainer's paths point
+            mount_path=self.mount_path,  # where the steps mount it: the trainer's paths mean the same files
+            pvc_name=self.platform.pvc_name,
+            queue_name=self.platform.queue_name,
+            priority_class=self.platform.priority_class,
+            active_deadline_s=self.timeout_s + OPERATOR_DEADLINE_MARGIN_S if self.timeout_s else 0,
             owner=self.owner() if self.owner_reference else None,
             **options,
         )
@@ -205,6 +254,7 @@ class LaunchResult:
     namespace: str = ""
     state: str = ""
     reattached: bool = False
+    attempt: int = 1  # kubernetes: 1, then +1 each time a failed job of this run was replaced (a retried run)
     queued_s: float | None = None
     running_s: float | None = None
     restarts: int = 0
@@ -235,7 +285,8 @@ def summary_markdown(result: LaunchResult) -> str:
             ("world size", str(result.world_size)), ("wall time", seconds(result.seconds))]  # fmt: skip
     if result.backend == "kubernetes":
         rows += [("PyTorchJob", f"`{result.namespace}/{result.job_name}`" + (" (re-attached)" if result.reattached
-                  else "")), ("final state", result.state), ("queued", seconds(result.queued_s)),
+                  else "")), ("attempt", str(result.attempt)), ("final state", result.state),
+                 ("queued", seconds(result.queued_s)),
                  ("running", seconds(result.running_s)), ("restarts", str(result.restarts))]  # fmt: skip
     lines = ["## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
     if result.diagnosis:

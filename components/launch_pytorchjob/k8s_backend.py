@@ -1,17 +1,20 @@
 """The Kubernetes backend: create (or re-attach to) the PyTorchJob, watch it to the end, stream its logs.
 
-- Create: the name comes from the KFP run id, so a retried step finds its own job. 409 re-attaches when the
-  existing job's spec digest matches, and fails clearly when it does not; never a second job.
+- Create: the name comes from the KFP run id, so a retried step or run finds its own job. A running or
+  succeeded job with our spec digest is re-attached to; a failed one is deleted, waited for, and created again
+  as the next attempt; one with another digest is refused and never touched.
 - Watch: a watch on the one job, resumed after dropped streams and 410 Gone (by reading the job again),
   falling back to polling when watching is refused; conditions and pod phases are logged as they change.
 - Logs: worker-0's (or every worker's) log is streamed into this step's log, prefixed by pod, waiting
-  through Pending and reconnecting without repeating lines (timestamps mark where it stopped).
+  through Pending and reconnecting without repeating lines (timestamps mark where it stopped), also when a
+  stream falls silent (a read timeout).
 - Diagnosis: every few seconds the job's pods and their events, and every streamed log line, are matched to
-  the troubleshooting table (diagnosis.py); each symptom is logged once as it happens, and a job whose pods
-  stay Pending past the Pending deadline is deleted and fails with what kept them there.
-- The end: Succeeded returns; Failed raises with the condition's reason, message and diagnosis after logging
-  the failing pod's last lines and events; the deadline or a SIGTERM (KFP terminating the run) deletes the
-  job (foreground propagation) and raises.
+  the troubleshooting table (diagnosis.py); each symptom is logged once as it happens.
+- Deadlines (`Deadlines`): queued (suspended by Kueue), never started (pods Pending), running below its minimum
+  of pods (a lost node), and the training deadline, each its own; past one the job is deleted and the step fails.
+- The end: Succeeded returns; Failed raises with the condition's reason, the trainer's own account from the
+  volume (evidence.py) or what the pods showed at their restarts, and the diagnosis; a SIGTERM (KFP terminating
+  the run) deletes the job from the signal handler itself, then again from the loop, and raises.
 """
 
 from __future__ import annotations
@@ -36,12 +39,16 @@ from components.errors import StepFailed
 from components.kube import Kube, api_client_from_environment, describe, is_transient
 from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
 from components.launch_pytorchjob.diagnosis import Diagnosis
+from components.launch_pytorchjob.evidence import TrainerEvidence, read_evidence
 from components.launch_pytorchjob.manifest import (
+    ATTEMPT_ANNOTATION,
     CONTAINER,
     GROUP,
+    PIPELINE_RUN_LABEL,
     PLURAL,
     SPEC_HASH_ANNOTATION,
     VERSION,
+    label_value,
     render_job,
 )
 
@@ -56,12 +63,20 @@ DIAGNOSE_EVERY_S = 10.0  # how often the job's pods and events are read for the 
 
 @dataclass(frozen=True)
 class WatchSettings:
-    deadline_s: float = 0  # 0: none
+    deadline_s: float = 0  # 0: none; time spent queued (suspended by Kueue) does not count
     watch_timeout_s: int = 60  # each watch request ends after this and is reopened
     poll_interval_s: float = 10.0  # when watching is refused
     logs: str = "worker-0"  # or "all" or "none"
     log_reconnect_s: float = 1.0
-    pending_timeout_s: float = 0  # 0: none; else pods Pending this long delete the job and fail the step
+    # A log stream from a node that went away sends nothing and never closes: past this silence it is reopened
+    # (from where it stopped, so nothing repeats). Quiet trainers cost a reconnect, nothing else.
+    log_read_timeout_s: float = 120.0
+    # Until the job first runs with its minimum of pods: pods Pending this long delete it (0: never).
+    pending_timeout_s: float = 0
+    # After that: fewer than the minimum running this long (a lost node not yet replaced) deletes it (0: never).
+    recovery_timeout_s: float = 0
+    queue_timeout_s: float = 0  # suspended (queued by Kueue) this long deletes it (0: wait as long as it takes)
+    replace_timeout_s: float = 600  # a failed earlier attempt's job must be gone within this before a new one
     diagnose_every_s: float = DIAGNOSE_EVERY_S
 
 
@@ -71,6 +86,7 @@ class JobOutcome:
     namespace: str
     state: str  # Succeeded, Failed, DeadlineExceeded, Cancelled
     reattached: bool
+    attempt: int  # 1 for the run's first job; +1 each time a failed one was replaced
     queued_s: float | None  # creation to Running
     running_s: float | None  # Running to the end
     restarts: int
@@ -80,6 +96,14 @@ class JobOutcome:
 
 class Cancelled(StepFailed):
     """SIGTERM: the job was deleted."""
+
+
+def true_condition(job: dict[str, Any], type_: str) -> bool:
+    return any(c.get("type") == type_ and c.get("status") == "True" for c in job.get("status", {}).get("conditions", []))
+
+
+def is_finished(job: dict[str, Any]) -> bool:
+    return true_condition(job, "Succeeded") or true_condition(job, "Failed")
 
 
 def condition_times(job: dict[str, Any]) -> tuple[float | None, float | None]:
@@ -103,26 +127,97 @@ def latest_condition(job: dict[str, Any]) -> dict[str, Any] | None:
 # -- create or re-attach ----------------------------------------------------------------------------------
 
 
-def create_or_attach(kube: Kube, job: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """The job as stored, and whether it already existed (a retried step)."""
+def create_or_attach(kube: Kube, job: dict[str, Any], replace_timeout_s: float = 600,
+                     cancel: threading.Event | None = None) -> tuple[dict[str, Any], bool, int]:  # fmt: skip
+    """The job as stored, whether it already existed (a retried step re-attaches), and its attempt number.
+
+    The name comes from the pipeline run, so a retried step, and a retried run (KFP's run-level Retry keeps the run
+    id), meet the job of an earlier attempt: a running or succeeded one is re-attached to; a failed one, or one
+    being deleted (a cancelled attempt), is deleted and waited for, and the job created again as the next attempt
+    (the trainer resumes from the run's checkpoint). A job of the same name with another spec digest is not ours to
+    touch: refused, never deleted.
+    """
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    try:
-        created = kube.call("create PyTorchJob", kube.custom.create_namespaced_custom_object, GROUP, VERSION, ns,
-                            PLURAL, job)  # fmt: skip
-        check_nothing_pruned(job, created)
-        log.info("created PyTorchJob %s/%s", ns, name)
-        return created, False
-    except ApiException as exc:
-        if exc.status != 409:
-            raise StepFailed(f"creating PyTorchJob {ns}/{name}: {describe(exc)}") from None
+    created = _create(kube, job, attempt=1)
+    if created is not None:
+        return created, False, 1
     existing = kube.call("get PyTorchJob", kube.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
     ours = job["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     theirs = existing.get("metadata", {}).get("annotations", {}).get(SPEC_HASH_ANNOTATION)
     if theirs != ours:
         raise StepFailed(f"PyTorchJob {ns}/{name} already exists with a different spec (spec digest {theirs} here, "
                          f"{ours} asked for): delete it, or run with another run id")  # fmt: skip
-    log.info("PyTorchJob %s/%s already exists with this spec (a retried step): re-attaching", ns, name)
-    return existing, True
+    attempt = _attempt(existing)
+    uid = existing["metadata"]["uid"]
+    if existing["metadata"].get("deletionTimestamp"):
+        log.warning("PyTorchJob %s/%s of attempt %d is being deleted: waiting for it to go, then starting attempt %d",
+                    ns, name, attempt, attempt + 1)  # fmt: skip
+    elif true_condition(existing, "Failed"):
+        condition = latest_condition(existing) or {}
+        log.warning("PyTorchJob %s/%s of attempt %d failed (%s: %s): deleting it to train again as attempt %d",
+                    ns, name, attempt, condition.get("reason", ""), condition.get("message", ""),
+                    attempt + 1)  # fmt: skip
+        delete_job(kube, ns, name, uid)
+    else:
+        state = (latest_condition(existing) or {}).get("type", "Created")
+        log.info("PyTorchJob %s/%s of attempt %d already exists with this spec (%s): re-attaching", ns, name, attempt,
+                 state)  # fmt: skip
+        return existing, True, attempt
+    wait_until_gone(kube, ns, name, uid, replace_timeout_s, cancel)
+    created = _create(kube, job, attempt=attempt + 1)
+    if created is None:
+        raise StepFailed(f"PyTorchJob {ns}/{name} was created again by someone else while attempt {attempt}'s was "
+                         "being deleted")  # fmt: skip
+    log.info("attempt %d: created PyTorchJob %s/%s again", attempt + 1, ns, name)
+    return created, False, attempt + 1
+
+
+def _attempt(job: dict[str, Any]) -> int:
+    try:
+        return max(1, int(job["metadata"].get("annotations", {}).get(ATTEMPT_ANNOTATION, "1")))
+    except ValueError:
+        return 1
+
+
+def _create(kube: Kube, job: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+    """The created job, or None when one of that name exists (409)."""
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    body = {**job, "metadata": {**job["metadata"],
+                                "annotations": {**job["metadata"]["annotations"], ATTEMPT_ANNOTATION: str(attempt)}}}  # fmt: skip
+    try:
+        created = kube.call("create PyTorchJob", kube.custom.create_namespaced_custom_object, GROUP, VERSION, ns,
+                            PLURAL, body)  # fmt: skip
+    except ApiException as exc:
+        if exc.status == 409:
+            return None
+        raise StepFailed(f"creating PyTorchJob {ns}/{name}: {describe(exc)}") from None
+    check_nothing_pruned(body, created)
+    log.info("created PyTorchJob %s/%s (attempt %d)", ns, name, attempt)
+    return created
+
+
+def wait_until_gone(kube: Kube, ns: str, name: str, uid: str, timeout_s: float,
+                    cancel: threading.Event | None = None, poll_s: float = 1.0) -> None:  # fmt: skip
+    """A foreground-deleted job stays, with its finalizer, until its pods have terminated (their grace period)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            current = kube.call("get PyTorchJob", kube.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL,
+                                name)  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        if current["metadata"]["uid"] != uid:
+            return  # ours is gone; whoever made the new one, creating ours will tell
+        if time.monotonic() > deadline:
+            raise StepFailed(f"PyTorchJob {ns}/{name} of an earlier attempt is still there {timeout_s:.0f}s after its "
+                             f"deletion (finalizers {current['metadata'].get('finalizers', [])}): its pods may be "
+                             "stuck Terminating; check `kubectl get pods -l training.kubeflow.org/job-name="
+                             f"{name}`")  # fmt: skip
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"cancelled while PyTorchJob {ns}/{name} of an earlier attempt was being deleted")
+        time.sleep(poll_s)
 
 
 def leaf_paths(obj: Any, prefix: str = "") -> Iterator[str]:
@@ -273,10 +368,11 @@ class LogStreamer(threading.Thread):
                 if exc.status not in (400, 404) and not is_transient(exc):
                     log.warning("stopped streaming %s's log: %s", self.pod, describe(exc))
                     return
-            except Exception as exc:  # a dropped stream: urllib3 and socket errors
+            except Exception as exc:  # a dropped or silent stream: urllib3 and socket errors, the read timeout
                 if not is_transient(exc) and not isinstance(exc, OSError):
                     log.warning("stopped streaming %s's log: %s", self.pod, describe(exc))
                     return
+                log.info("log stream of %s interrupted (%s): reconnecting", self.pod, describe(exc))
             if not self.job_done.is_set():
                 self.job_done.wait(self.settings.log_reconnect_s)
 
@@ -287,7 +383,7 @@ class LogStreamer(threading.Thread):
             kwargs["since_seconds"] = max(1, math.ceil(time.time() - last) + 1)
         response = self.kube.core.read_namespaced_pod_log(
             self.pod, self.ns, container=CONTAINER, follow=True, timestamps=True, _preload_content=False,
-            _request_timeout=(self.kube.settings.request_timeout_s, None), **kwargs,
+            _request_timeout=(self.kube.settings.request_timeout_s, self.settings.log_read_timeout_s), **kwargs,
         )  # fmt: skip
         skip = self.printed_at_last
         try:
@@ -328,8 +424,9 @@ def pod_summary(kube: Kube, ns: str, name: str) -> tuple[str, int]:
     return ", ".join(phases) or "no pods yet", restarts
 
 
-def describe_failure(kube: Kube, ns: str, name: str) -> None:
-    """Log the failing pod's last lines and its events, so the step's log says why without kubectl."""
+def describe_failure(kube: Kube, ns: str, name: str) -> dict[str, str]:
+    """Log the failing pod's last lines and its events, so the step's log says why without kubectl; returns the
+    last lines read, by pod (none when the pods are gone)."""
     pods = kube.call("list pods", kube.core.list_namespaced_pod, ns, label_selector=f"{JOB_LABEL}={name}").items
 
     def failed(pod: Any) -> bool:
@@ -340,12 +437,15 @@ def describe_failure(kube: Kube, ns: str, name: str) -> None:
         return pod.status.phase == "Failed"
 
     culprits = [p for p in pods if failed(p)] or pods[:1]
+    tails: dict[str, str] = {}
     for pod in culprits[:2]:
         pod_name = pod.metadata.name
         try:
             text = kube.call("read log", kube.core.read_namespaced_pod_log, pod_name, ns, container=CONTAINER,
                              tail_lines=TAIL_LINES)  # fmt: skip
             log.error("last %d lines of %s:\n%s", TAIL_LINES, pod_name, text.rstrip() or "(empty)")
+            if failed(pod) and text.strip():
+                tails[pod_name] = "last lines: " + " | ".join(text.strip().splitlines()[-8:])
         except ApiException as exc:
             log.error("cannot read %s's log: %s", pod_name, describe(exc))
         try:
@@ -359,6 +459,7 @@ def describe_failure(kube: Kube, ns: str, name: str) -> None:
                           "Role (deploy/rbac.yaml) to see them here", pod_name, describe(exc))  # fmt: skip
             else:
                 log.error("events of %s: %s", pod_name, describe(exc))
+    return tails
 
 
 def last_lines(kube: Kube, ns: str, pod: str) -> str:
@@ -371,15 +472,22 @@ def last_lines(kube: Kube, ns: str, pod: str) -> str:
 
 
 class Diagnoser:
-    """Reads the job's pods and their events for the diagnosis, at most every `every_s`."""
+    """Reads the job's pods and their events for the diagnosis, at most every `every_s`.
+
+    Also keeps what will be gone when the job fails: with restartPolicy OnFailure the operator deletes every pod at
+    the backoff limit, so the last lines of each container that exited are read at its restart, while they exist.
+    """
 
     def __init__(self, kube: Kube, ns: str, name: str, diagnosis: Diagnosis, every_s: float):
         self.kube, self.ns, self.name, self.diagnosis, self.every_s = kube, ns, name, diagnosis, every_s
         self.next_at = 0.0
         self.events_readable = True
+        self.pods: list[Any] | None = None  # the last list read; None until one was
+        self.restart_tails: dict[str, str] = {}  # pod -> "exit code N; last lines: ..." of its last restart
+        self._restarts_seen: dict[str, int] = {}
 
-    def tick(self) -> None:
-        if time.monotonic() < self.next_at:
+    def tick(self, force: bool = False) -> None:
+        if not force and time.monotonic() < self.next_at:
             return
         self.next_at = time.monotonic() + self.every_s
         try:  # the diagnosis helps; it never stops the launch
@@ -388,6 +496,7 @@ class Diagnoser:
         except (ApiException, StepFailed) as exc:
             log.warning("diagnosis: cannot list the job's pods: %s", describe(exc))
             return
+        self.pods = pods
         events: list[Any] = []
         if self.events_readable:
             try:
@@ -397,28 +506,120 @@ class Diagnoser:
                 self.events_readable = False  # the pods' statuses still tell most of it
                 log.info("diagnosis: without events (%s)", describe(exc))
         self.diagnosis.observe(pods, events)
+        self._keep_restart_tails(pods)
+
+    def _keep_restart_tails(self, pods: list[Any]) -> None:
+        for pod in pods:
+            for status in pod.status.container_statuses or []:
+                count = status.restart_count or 0
+                last = status.last_state.terminated if status.last_state else None
+                name = pod.metadata.name
+                if count <= self._restarts_seen.get(name, 0) or last is None:
+                    continue
+                self._restarts_seen[name] = count
+                tail = last_lines(self.kube, self.ns, name).strip().splitlines()[-8:]
+                self.restart_tails[name] = (f"exit code {last.exit_code} ({last.reason}) at restart {count}"
+                                            + (f"; last lines: {' | '.join(tail)}" if tail else ""))  # fmt: skip
+                log.warning("%s restarted (%s)", name, self.restart_tails[name])
 
 
-def delete_job(kube: Kube, ns: str, name: str) -> None:
-    """Foreground propagation: the job goes when its pods have gone. Not waited for."""
+class Deadlines:
+    """Which clock runs, from the job's conditions and its pods.
+
+    - queued: the job is suspended (Kueue holds it until admitted); counts only against `queue_timeout_s`.
+    - not started: until the job first runs with its minimum of pods, pods Pending past `pending_timeout_s` fail
+      it (image not pulled, no room).
+    - started: Pending pods beyond the minimum are how elasticity works (a 2:4 job runs on 2 while 2 wait for
+      room): reported once, never fatal. Fewer than the minimum running (a node lost, its pod recreated and
+      waiting for a replacement) fails only past `recovery_timeout_s`.
+    """
+
+    def __init__(self, settings: WatchSettings, min_pods: int, now: Callable[[], float] = time.monotonic):
+        self.settings, self.min_pods, self.now = settings, min_pods, now
+        self.started = False
+        self.queued_since: float | None = None
+        self.queued_total = 0.0
+        self.degraded_since: float | None = None
+        self.reported_waiting: set[str] = set()
+
+    def job_changed(self, job: dict[str, Any]) -> None:
+        suspended = true_condition(job, "Suspended") or bool(job.get("spec", {}).get("runPolicy", {}).get("suspend"))
+        if suspended and self.queued_since is None:
+            self.queued_since = self.now()
+            log.info("PyTorchJob %s is queued: suspended until the cluster's queue (Kueue) admits it%s",
+                     job["metadata"]["name"], "" if not self.settings.queue_timeout_s else
+                     f" (queue deadline {self.settings.queue_timeout_s:.0f}s)")  # fmt: skip
+        elif not suspended and self.queued_since is not None:
+            waited = self.now() - self.queued_since
+            self.queued_total += waited
+            self.queued_since = None
+            log.info("PyTorchJob %s was admitted after %.0fs in the queue", job["metadata"]["name"], waited)
+
+    def pods_changed(self, pods: list[Any], job: dict[str, Any]) -> None:
+        live = [p for p in pods if not p.metadata.deletion_timestamp]
+        running = [p for p in live if p.status.phase == "Running"]
+        if not self.started and len(running) >= self.min_pods and true_condition(job, "Running"):
+            self.started = True
+            log.info("PyTorchJob %s runs with %d of its pods (minimum %d)", job["metadata"]["name"], len(running),
+                     self.min_pods)  # fmt: skip
+        if not self.started:
+            return
+        self.degraded_since = (self.degraded_since or self.now()) if len(running) < self.min_pods else None
+        waiting = sorted(p.metadata.name for p in live if p.status.phase == "Pending")
+        new = [name for name in waiting if name not in self.reported_waiting]
+        if new and len(running) >= self.min_pods:
+            self.reported_waiting.update(new)
+            log.info("%s Pending beyond the minimum of %d: the job runs on %d pods and takes them in when there is "
+                     "room (elastic; not an error)", ", ".join(new), self.min_pods, len(running))  # fmt: skip
+
+    @property
+    def queued(self) -> bool:
+        return self.queued_since is not None
+
+    def queued_for(self) -> float:
+        return 0.0 if self.queued_since is None else self.now() - self.queued_since
+
+    def degraded_for(self) -> float:
+        return 0.0 if self.degraded_since is None else self.now() - self.degraded_since
+
+    def active_time(self, since: float) -> float:
+        """Time since `since`, less the time spent queued: the training deadline's clock."""
+        return self.now() - since - self.queued_total - self.queued_for()
+
+
+def delete_job(kube: Kube, ns: str, name: str, uid: str | None = None) -> None:
+    """Foreground propagation: the job goes when its pods have gone. Not waited for. `uid`: only that object."""
+    body: dict[str, Any] = {"propagationPolicy": "Foreground"}
+    if uid:
+        body["preconditions"] = {"uid": uid}
     try:
         kube.call("delete PyTorchJob", kube.custom.delete_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name,
-                  body={"propagationPolicy": "Foreground"})  # fmt: skip
+                  body=body)  # fmt: skip
         log.info("deleted PyTorchJob %s/%s (foreground: its pods go first)", ns, name)
     except ApiException as exc:
-        if exc.status != 404:
+        if exc.status not in (404, 409):  # 409: the precondition failed, another object holds the name now
             raise
 
 
 class SigtermToEvent:
-    """While active, SIGTERM (how KFP terminates a run) sets `stop` instead of killing the process."""
+    """While active, SIGTERM (how KFP terminates a run) sets `stop` and calls `on_signal` at once, in the handler.
 
-    def __init__(self, stop: threading.Event):
-        self.stop, self.previous = stop, None
+    KFP signals the step's whole process group: its Go launcher has no handler and dies, the container ends, and
+    this process is killed moments later. So whatever must reach the API server is sent from the handler itself.
+    """
+
+    def __init__(self, stop: threading.Event, on_signal: Callable[[], None] = lambda: None):
+        self.stop, self.on_signal, self.previous = stop, on_signal, None
+
+    def _handle(self, *_: object) -> None:
+        first = not self.stop.is_set()
+        self.stop.set()
+        if first:
+            self.on_signal()
 
     def __enter__(self) -> SigtermToEvent:
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -426,13 +627,48 @@ class SigtermToEvent:
             signal.signal(signal.SIGTERM, self.previous)
 
 
+class ImmediateDelete:
+    """The delete a SIGTERM sends from its handler: its own connection pool (the handler may interrupt a request of
+    the main pool, whose lock it would wait on for ever), one try, a short timeout. Armed once the job is ours."""
+
+    def __init__(self, api_client: Any, ns: str, name: str, timeout_s: float = 3.0):
+        from kubernetes import client
+
+        self.custom = client.CustomObjectsApi(client.ApiClient(api_client.configuration))
+        self.ns, self.name, self.timeout_s = ns, name, timeout_s
+        self.uid: str | None = None
+
+    def __call__(self) -> None:
+        if self.uid is None:
+            return  # not created (or not ours) yet: the launch loop deletes it as soon as it is
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.ns, PLURAL, self.name,
+                body={"propagationPolicy": "Foreground", "preconditions": {"uid": self.uid}},
+                _request_timeout=(self.timeout_s, self.timeout_s),
+            )  # fmt: skip
+            log.warning("SIGTERM: deleted PyTorchJob %s/%s", self.ns, self.name)
+        except Exception as exc:  # the loop tries again, with retries, if it lives long enough
+            log.warning("SIGTERM: deleting PyTorchJob %s/%s failed at once: %s", self.ns, self.name, describe(exc))
+
+
 def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: threading.Event,
-            diagnosis: Diagnosis | None = None) -> JobOutcome:  # fmt: skip
-    """Create or re-attach, then follow the job to its end. `cancel` set (by SIGTERM): delete and raise."""
+            diagnosis: Diagnosis | None = None, evidence: Callable[[], TrainerEvidence | None] = lambda: None,
+            on_owned: Callable[[str], None] = lambda uid: None) -> JobOutcome:  # fmt: skip
+    """Create or re-attach, then follow the job to its end. `cancel` set (by SIGTERM): delete and raise.
+
+    `evidence` reads the trainer's own account of a failure (its logs on the volume); `on_owned` is told the uid of
+    the job once it is known to be ours (created, or re-attached with our spec digest).
+    """
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
     diagnosis = diagnosis or Diagnosis(name, last_lines=lambda pod: last_lines(kube, ns, pod))
     diagnoser = Diagnoser(kube, ns, name, diagnosis, settings.diagnose_every_s)
-    stored, reattached = create_or_attach(kube, job)
+    min_pods = int(job["spec"].get("elasticPolicy", {}).get("minReplicas")
+                   or job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])  # fmt: skip
+    deadlines = Deadlines(settings, min_pods)
+    stored, reattached, attempt = create_or_attach(kube, job, settings.replace_timeout_s, cancel)
+    uid = stored["metadata"]["uid"]
+    on_owned(uid)
     started = time.monotonic()
     stop = threading.Event()
     watcher = JobWatcher(kube, stored, settings, stop)
@@ -444,27 +680,38 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     for streamer in streamers:
         streamer.start()
     last_seen, current = None, stored
+
+    def give_up(why: str) -> None:
+        phases, _ = pod_summary(kube, ns, name)
+        describe_failure(kube, ns, name)  # a pod stuck in Pending says why in its events
+        delete_job(kube, ns, name, uid)
+        raise StepFailed(f"PyTorchJob {ns}/{name} {why} (pods: {phases}){_why(diagnosis)}; it was deleted")
+
     try:
         while True:
             if cancel.is_set():
                 log.warning("SIGTERM: the run is being terminated; deleting PyTorchJob %s/%s", ns, name)
-                delete_job(kube, ns, name)
+                delete_job(kube, ns, name, uid)
                 raise Cancelled(f"cancelled: PyTorchJob {ns}/{name} deleted on SIGTERM")
-            if settings.deadline_s and time.monotonic() - started > settings.deadline_s:
-                condition = latest_condition(current) or {}
-                phases, _ = pod_summary(kube, ns, name)
-                describe_failure(kube, ns, name)  # a pod stuck in Pending says why in its events
-                delete_job(kube, ns, name)
-                last = condition.get("type", "none")
-                raise StepFailed(f"PyTorchJob {ns}/{name} did not finish within {settings.deadline_s:.0f}s (last "
-                                 f"state: {last}; pods: {phases}){_why(diagnosis)}; it was deleted")  # fmt: skip
+            if settings.deadline_s and deadlines.active_time(started) > settings.deadline_s:
+                last = (latest_condition(current) or {}).get("type", "none")
+                give_up(f"did not finish within {settings.deadline_s:.0f}s (not counting time queued; last state: "
+                        f"{last})")  # fmt: skip
             diagnoser.tick()
-            if settings.pending_timeout_s and diagnosis.pending_for() > settings.pending_timeout_s:
-                phases, _ = pod_summary(kube, ns, name)
-                delete_job(kube, ns, name)
-                raise StepFailed(f"PyTorchJob {ns}/{name}: pods Pending for {diagnosis.pending_for():.0f}s, past the "
-                                 f"Pending deadline of {settings.pending_timeout_s:.0f}s (pods: {phases})"
-                                 f"{_why(diagnosis)}; it was deleted")  # fmt: skip
+            if diagnoser.pods is not None:
+                deadlines.pods_changed(diagnoser.pods, current)
+            if deadlines.queued:
+                if settings.queue_timeout_s and deadlines.queued_for() > settings.queue_timeout_s:
+                    give_up(f"was queued (suspended, not admitted) for {deadlines.queued_for():.0f}s, past the queue "
+                            f"deadline of {settings.queue_timeout_s:.0f}s")  # fmt: skip
+            elif not deadlines.started:
+                if settings.pending_timeout_s and diagnosis.pending_for() > settings.pending_timeout_s:
+                    give_up(f"never started: pods Pending for {diagnosis.pending_for():.0f}s, past the Pending "
+                            f"deadline of {settings.pending_timeout_s:.0f}s")  # fmt: skip
+            elif settings.recovery_timeout_s and deadlines.degraded_for() > settings.recovery_timeout_s:
+                give_up(f"ran with fewer than its minimum of {min_pods} pod(s) for {deadlines.degraded_for():.0f}s "
+                        f"(a lost node not replaced), past the recovery deadline of "
+                        f"{settings.recovery_timeout_s:.0f}s")  # fmt: skip
             try:
                 update = watcher.updates.get(timeout=0.2)
             except queue.Empty:
@@ -474,6 +721,7 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
             if isinstance(update, BaseException):
                 raise update
             current = update
+            deadlines.job_changed(current)
             condition = latest_condition(current)
             key = (condition or {}).get("type"), (condition or {}).get("reason")
             if key != last_seen and condition is not None:
@@ -497,17 +745,28 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     restarts += sum(1 for c in current.get("status", {}).get("conditions", []) if c["type"] == "Restarting")
     conditions = current.get("status", {}).get("conditions", [])
     findings = [f.line() for f in diagnosis.findings]
-    outcome = JobOutcome(name, ns, condition["type"], reattached, queued, running, restarts, conditions, findings)
+    outcome = JobOutcome(name, ns, condition["type"], reattached, attempt, queued, running, restarts, conditions,
+                         findings)  # fmt: skip
     if condition["type"] == "Failed":
-        diagnoser.next_at = 0.0
-        diagnoser.tick()  # the pods' last word: an OOMKilled or a crash loop the last tick missed
-        describe_failure(kube, ns, name)
+        diagnoser.tick(force=True)  # the pods' last word, if they still exist: an OOMKilled, a crash loop
+        pod_tails = {**diagnoser.restart_tails, **describe_failure(kube, ns, name)}
         reason = f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
-        raise StepFailed(f"PyTorchJob {ns}/{name} failed: {reason}{_why(diagnosis)}")
-    log.info("PyTorchJob %s/%s succeeded (queued %s, running %s, %d restarts)", ns, name,
+        raise StepFailed(f"PyTorchJob {ns}/{name} failed (attempt {attempt}): {reason}"
+                         f"{_evidence(evidence(), pod_tails)}{_why(diagnosis)}")  # fmt: skip
+    log.info("PyTorchJob %s/%s succeeded (attempt %d; queued %s, running %s, %d restarts)", ns, name, attempt,
              f"{queued:.0f}s" if queued is not None else "?", f"{running:.0f}s" if running is not None else "?",
              restarts)  # fmt: skip
     return outcome
+
+
+def _evidence(trainer: TrainerEvidence | None, pod_tails: dict[str, str]) -> str:
+    """The trainer's account from the volume; without one, what the failed pods showed (at their last restart,
+    or now, if they still exist)."""
+    if trainer is not None and (summary := trainer.summary()):
+        return f"; {summary}"
+    if pod_tails:
+        return "; " + "; ".join(f"{pod}: {tail}" for pod, tail in sorted(pod_tails.items()))
+    return "; the trainer left no log or status on the volume (it may never have started)"
 
 
 def _why(diagnosis: Diagnosis) -> str:
@@ -528,16 +787,24 @@ def last_memory_use(metrics: Path) -> str:
 
 def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
     manifest = render_job(cfg.job_spec())
-    kube = Kube(api_client or api_client_from_environment())
+    api_client = api_client or api_client_from_environment()
+    kube = Kube(api_client)
     settings = WatchSettings(deadline_s=cfg.timeout_s, logs=cfg.stream_logs, pending_timeout_s=cfg.pending_timeout_s,
+                             recovery_timeout_s=cfg.recovery_timeout_s, queue_timeout_s=cfg.queue_timeout_s,
                              diagnose_every_s=DIAGNOSE_EVERY_S)  # fmt: skip
     ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     diagnosis = Diagnosis(name, last_lines=lambda pod: last_lines(kube, ns, pod),
                           memory_note=lambda: last_memory_use(cfg.run_paths.metrics))  # fmt: skip
     started = time.perf_counter()
     cancel = threading.Event()
-    with SigtermToEvent(cancel):
-        outcome = run_job(kube, manifest, settings, cancel, diagnosis)
+    delete_now = ImmediateDelete(api_client, ns, name)
+
+    def owned(uid: str) -> None:
+        delete_now.uid = uid
+
+    with SigtermToEvent(cancel, delete_now):
+        outcome = run_job(kube, manifest, settings, cancel, diagnosis, evidence=lambda: read_evidence(cfg.run_paths),
+                          on_owned=owned)  # fmt: skip
     return LaunchResult(
         run_id=cfg.run_id,
         run_dir=str(cfg.run_paths.root),
@@ -548,8 +815,33 @@ def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchRes
         namespace=outcome.namespace,
         state=outcome.state,
         reattached=outcome.reattached,
+        attempt=outcome.attempt,
         queued_s=outcome.queued_s,
         running_s=outcome.running_s,
         restarts=outcome.restarts,
         diagnosis=outcome.diagnosis,
     )
+
+
+def delete_unfinished_job(kube: Kube, ns: str, name: str, pipeline_run_id: str) -> str:
+    """The pipeline's exit step, after a run that did not succeed: a job of this pipeline run still running (its
+    launcher was killed before it could delete it) is deleted. Returns what was done, in words.
+
+    A finished job is left for its logs (ttlSecondsAfterFinished removes it); a job of the name that another
+    pipeline run made is not touched.
+    """
+    try:
+        job = kube.call("get PyTorchJob", kube.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return f"no PyTorchJob {ns}/{name} to clean up"
+        raise
+    labels = job["metadata"].get("labels") or {}
+    if labels.get(PIPELINE_RUN_LABEL) != label_value(pipeline_run_id):
+        return f"PyTorchJob {ns}/{name} belongs to another pipeline run: left alone"
+    if is_finished(job):
+        return f"PyTorchJob {ns}/{name} had already finished: left for its logs"
+    if job["metadata"].get("deletionTimestamp"):
+        return f"PyTorchJob {ns}/{name} was already being deleted"
+    delete_job(kube, ns, name, job["metadata"]["uid"])
+    return f"PyTorchJob {ns}/{name} was still running after the run ended: deleted"

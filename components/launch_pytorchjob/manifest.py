@@ -25,6 +25,11 @@ from components.errors import InputError
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"  # the Training Operator requires this container name
 SPEC_HASH_ANNOTATION = "hyperpod-pretrain.io/spec-sha256"
+ATTEMPT_ANNOTATION = "hyperpod-pretrain.io/attempt"  # 1, then +1 each time a failed job of the run is replaced
+# Kueue (HyperPod task governance) queues a job labelled with its LocalQueue and priority class
+# (kubernetes-sigs/kueue pkg/controller/constants: QueueLabel, WorkloadPriorityClassLabel).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 RUN_LABEL = "hyperpod-pretrain.io/run-id"
 PIPELINE_RUN_LABEL = "hyperpod-pretrain.io/pipeline-run-id"
 AUTO_RESUME = "sagemaker.amazonaws.com/enable-job-auto-resume"
@@ -96,6 +101,8 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)  # the trainer's own (NCCL_DEBUG_FILE, TRAINER_*), then extras
     service_account: str = ""
     image_pull_secrets: list[str] = field(default_factory=list)  # for a registry the nodes cannot pull from
+    queue_name: str = ""  # Kueue LocalQueue (HyperPod task governance): the job waits, suspended, until admitted
+    priority_class: str = ""  # Kueue WorkloadPriorityClass
     owner: tuple[str, str] | None = None  # (pod name, uid) of the launcher: the job is garbage-collected with it
 
     def instance(self) -> InstanceType:
@@ -155,6 +162,10 @@ class JobSpec:
                                  "namespace starting with 'hyperpod' (or turn auto-resume off)")  # fmt: skip
             if self.auto_resume_max_retries < 1:
                 raise InputError("auto-resume max retries must be at least 1")
+        for name in ("queue_name", "priority_class"):
+            value = getattr(self, name)
+            if value and (len(value) > 63 or not _DNS_1123.match(value)):
+                raise InputError(f"{name.replace('_', '-')} {value!r} is not a DNS-1123 label")
         for key in (AUTO_RESUME, MAX_RETRY):
             if key in self.annotations:
                 raise InputError(f"annotation {key} is set by the auto-resume option, not by hand (both or neither)")
@@ -272,13 +283,15 @@ def render_job(spec: JobSpec) -> dict[str, Any]:
     }
     if spec.active_deadline_s:
         run_policy["activeDeadlineSeconds"] = spec.active_deadline_s
+    queue = {QUEUE_LABEL: spec.queue_name, PRIORITY_CLASS_LABEL: spec.priority_class}
     job: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
         "metadata": {
             "name": spec.name,
             "namespace": spec.namespace,
-            "labels": {"app.kubernetes.io/managed-by": "hyperpod-pretrain"} | spec.labels,
+            "labels": {"app.kubernetes.io/managed-by": "hyperpod-pretrain"} | spec.labels
+            | {k: v for k, v in queue.items() if v},
             "annotations": annotations,
         },
         "spec": {
