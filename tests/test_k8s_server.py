@@ -558,7 +558,7 @@ def test_daemonsets_and_deployments(server: FakeKubernetes, apps: Any) -> None:
     assert apps.read_namespaced_daemon_set("aws-node", "kube-system").status.number_unavailable is None
 
     operator = apps.read_namespaced_deployment("training-operator", "kubeflow")
-    assert operator.spec.template.spec.containers[0].image == "kubeflow/training-operator:v1.8.1"
+    assert operator.spec.template.spec.containers[0].image == "kubeflow/training-operator:v1-5170a36"
     assert operator.spec.template.spec.containers[0].name == "training-operator"
     assert operator.metadata.labels == {"control-plane": "kubeflow-training-operator"}
     assert (operator.status.replicas, operator.status.ready_replicas, operator.status.available_replicas) == (1, 1, 1)

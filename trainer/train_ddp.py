@@ -317,9 +317,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# Each rank's log on the volume; the launcher reads it back after a failure (components/launch_pytorchjob/evidence.py).
+LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
+
+
 def setup_logging(rank: int, log_file: Path) -> None:
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    fmt = logging.Formatter(LOG_FORMAT.replace("{rank}", str(rank)))
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(log_file)):

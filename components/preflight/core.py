@@ -43,6 +43,24 @@ OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE = "training-operator", "kubeflow"
 OPERATOR_SELECTOR = "control-plane=kubeflow-training-operator"
 VERSION_LABEL = "app.kubernetes.io/version"
 AUTO_RESUME_OPERATOR_VERSIONS = ("1.7.0", "1.8.0", "1.8.1")  # the Training Operator versions HyperPod resumes
+# Release images carry the commit they were built from (kubeflow/training-operator:v1-<sha>), not the release: each
+# release's manifests/overlays/standalone/kustomization.yaml names its image by `images: newTag`. Image tag -> release.
+# Matched on the tag alone, so an image mirrored to another registry (ECR) is recognised too.
+OPERATOR_RELEASE_TAGS: dict[str, str] = {
+    # kubeflow/training-operator v1.7.0, manifests/overlays/standalone/kustomization.yaml, newTag "v1-855e096". Not
+    # read at the tag itself: the same file in the fork Kamui741/training-operator, and project-codeflare/appwrapper
+    # hack/e2e-util.sh, which applies overlays/standalone?ref=v1.7.0 with image kubeflow/training-operator:v1-855e096.
+    "v1-855e096": "v1.7.0",
+    # kubeflow/training-operator v1.8.1, the standalone overlay's image as project-codeflare/appwrapper
+    # hack/e2e-util.sh pins it beside KUBEFLOW_VERSION=v1.8.1 ("these must be kept in synch"). Second-hand too: a
+    # rendering of a later release's overlay was reported with the same tag, so an image of that tag is told apart
+    # from a 1.8.1 install only by hand (HOW_TO_CHECK).
+    "v1-5170a36": "v1.8.1",
+}
+OPERATOR_MANIFEST = "github.com/kubeflow/training-operator/blob/v1.8.1/manifests/overlays/standalone/kustomization.yaml"
+HOW_TO_CHECK = ("check by hand: kubectl -n {ns} get deploy {name} -o jsonpath='{{.spec.template.spec.containers[0]"
+                ".image}}' and compare its tag with newTag in the release's manifests/overlays/standalone/"
+                f"kustomization.yaml ({OPERATOR_MANIFEST})")  # fmt: skip
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
 FIT_RESOURCES = (GPU, EFA, "cpu", "memory")
@@ -125,6 +143,15 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|") or "-"
 
 
+def failure_message(result: PreflightResult) -> str:
+    """One line naming each failed check with its reason and fix: a failed KFP step uploads no artifact, so the
+    Markdown report never reaches the UI, only this message (the exception's) and the log do."""
+    if not result.failures:
+        return f"preflight {result.verdict()}"
+    parts = [f"{c.name}: {c.reason.rstrip('.')}." + (f" Fix: {c.fix}" if c.fix else "") for c in result.failures]
+    return "preflight failed: " + "; ".join(parts)
+
+
 # -- the entry points -------------------------------------------------------------------------------------
 
 
@@ -156,9 +183,9 @@ def check_manifest(
     kube = Kube(api_client, settings or KubeSettings())
     ctx = Context(job, kube, api_client, memory_gib)
     checks = [_guarded(name, fn, ctx) for name, fn in CHECKS]
-    for c in checks:
+    for c in checks:  # the log is all a failed step shows in the KFP UI (no artifact is uploaded): the fix goes too
         level = {FAIL: logging.ERROR, WARN: logging.WARNING}.get(c.status, logging.INFO)
-        log.log(level, "preflight %s: %s (%s)", c.name, c.status, c.reason)
+        log.log(level, "preflight %s: %s (%s)%s", c.name, c.status, c.reason, f" Fix: {c.fix}" if c.fix else "")
     nodes = str(ctx.min_nodes) if ctx.min_nodes == ctx.max_nodes else f"{ctx.min_nodes} to {ctx.max_nodes}"
     target = f"PyTorchJob `{ctx.namespace}/{job['metadata']['name']}`: {nodes} node(s)" + (
         f" of {instance_type}" if instance_type else ""
@@ -258,12 +285,14 @@ def check_crd(ctx: Context) -> Check:
             return Check("crd", FAIL, f"{CRD_NAME} is not Established{why}",
                          "kubectl describe crd pytorchjobs.kubeflow.org; reinstall the Training Operator")  # fmt: skip
         reasons.append(f"{CRD_NAME} v1 installed")
-    version, where = operator_version(ctx)
-    shown = f"Training Operator {version or 'version unknown'} ({where})"
-    if ctx.auto_resume and version.removeprefix("v") not in AUTO_RESUME_OPERATOR_VERSIONS:
+    operator = operator_version(ctx)
+    shown = f"Training Operator {operator.version or 'version unknown'} ({operator.where})"
+    if ctx.auto_resume and operator.version.removeprefix("v") not in AUTO_RESUME_OPERATOR_VERSIONS:
         status = WARN
         reasons.append(f"{shown}: HyperPod auto-resume needs {', '.join(AUTO_RESUME_OPERATOR_VERSIONS[:-1])} or "
                        f"{AUTO_RESUME_OPERATOR_VERSIONS[-1]}")  # fmt: skip
+        if not operator.version:
+            fixes.append(HOW_TO_CHECK.format(ns=operator.namespace, name=operator.name))
         fixes.append("install Training Operator v1.8.1, or turn auto-resume off (job option auto_resume: false)")
     else:
         reasons.append(shown)
@@ -273,8 +302,16 @@ def check_crd(ctx: Context) -> Check:
 _SEMVER = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+][0-9A-Za-z.+-]+)?")
 
 
-def operator_version(ctx: Context) -> tuple[str, str]:
-    """(version as written, e.g. "v1.8.1", or "" when unknown; where it was read, or why not)."""
+@dataclass
+class OperatorVersion:
+    version: str  # as written ("v1.8.1"), "" when unknown
+    where: str  # the Deployment it was read from and how, or why it could not be
+    namespace: str = OPERATOR_NAMESPACE  # the Deployment's, for the how-to-check line
+    name: str = OPERATOR_DEPLOYMENT
+
+
+def operator_version(ctx: Context) -> OperatorVersion:
+    """The Training Operator's version: a semver version label or image tag, else its release image tag's release."""
     kube, apps = ctx.kube, ctx.apps
     deployments: list[Any] = []
     refused = False
@@ -292,23 +329,29 @@ def operator_version(ctx: Context) -> tuple[str, str]:
         except ApiException as exc:
             if not forbidden(exc):
                 raise
-            return "", "cannot read Deployments: the service account may not get or list deployments"
+            return OperatorVersion("", "cannot read Deployments: the service account may not get or list deployments")
     if not deployments:
-        return "", "no Deployment training-operator in kubeflow" + (" readable" if refused else "") + (
-            f" nor labelled {OPERATOR_SELECTOR}"
-        )
+        readable = " readable" if refused else ""
+        why = f"no Deployment training-operator in kubeflow{readable} nor labelled {OPERATOR_SELECTOR}"
+        return OperatorVersion("", why)
     deployment = deployments[0]
-    where = f"{deployment.metadata.namespace}/{deployment.metadata.name}"
+    namespace, name = deployment.metadata.namespace, deployment.metadata.name
+    found = OperatorVersion("", f"{namespace}/{name}", namespace, name)
     label = (deployment.metadata.labels or {}).get(VERSION_LABEL, "")
     if _SEMVER.fullmatch(label):
-        return label, where
+        found.version = label
+        return found
     containers = deployment.spec.template.spec.containers or []
     image = next((c.image for c in containers if "training-operator" in (c.image or "")), None)
     image = image or (containers[0].image if containers else "")
     tag = image_tag(image)
     if _SEMVER.fullmatch(tag):
-        return tag, where
-    return "", f"{where}, image tag {tag or 'none'!r} is no version"
+        found.version = tag
+    elif tag in OPERATOR_RELEASE_TAGS:
+        found.version, found.where = OPERATOR_RELEASE_TAGS[tag], f"{found.where}, image tag {tag}"
+    else:
+        found.where += f", image tag {tag or 'none'!r} is no version nor a release's tag known here"
+    return found
 
 
 def image_tag(image: str) -> str:
@@ -402,8 +445,9 @@ def check_pvc(ctx: Context) -> Check:
 @dataclass
 class NodeFit:
     name: str
-    slots: int = 0  # workers that fit on it now
-    cause: str = ""  # why none does, counted across nodes ("cordoned", "short of nvidia.com/gpu", ...)
+    slots: int = 0  # workers that fit on it now, after what runs there
+    idle_slots: int = 0  # workers that would fit were nothing else running there (its allocatable alone)
+    cause: str = ""  # why none fits now, counted across nodes ("cordoned", "short of nvidia.com/gpu", ...)
     detail: str = ""  # the same, for this node ("nvidia.com/gpu 8 requested, 4 free")
 
 
@@ -434,12 +478,21 @@ def check_nodes(ctx: Context) -> Check:
         add_to(used.setdefault(node, {}), pod_requests(pod["spec"]))
     fits = sorted((node_fit(ctx, node, used.get(node["metadata"]["name"], {})) for node in nodes),
                   key=lambda f: f.name)  # fmt: skip
-    slots = sum(f.slots for f in fits)
+    slots, idle_slots = sum(f.slots for f in fits), sum(f.idle_slots for f in fits)
     fitting = [f for f in fits if f.slots]
     request = ", ".join(f"{show(r, q)} {r}" for r, q in ctx.request.items() if r in FIT_RESOURCES and q)
     needs = f"the job needs {ctx.min_nodes}" + (f" (up to {ctx.max_nodes})" if ctx.max_nodes != ctx.min_nodes else "")
     workers = f" ({slots} workers in all)" if slots != len(fitting) else ""
-    reason = f"{len(fitting)} of {len(fits)} node(s) fit a worker{workers} ({request}); {needs}"
+    busy = slots < ctx.min_nodes <= idle_slots  # too full now, big enough once the other pods are gone
+    if busy:
+        idle_nodes = sum(1 for f in fits if f.idle_slots)
+        reason = (f"does not fit now: {len(fitting)} of {len(fits)} node(s) free for a worker{workers} ({request}); "
+                  f"{needs}; would fit an idle cluster ({idle_nodes} node(s) hold a worker when nothing else runs), "
+                  "so the job will wait in Pending/queue until capacity frees")  # fmt: skip
+    else:
+        reason = f"{len(fitting)} of {len(fits)} node(s) fit a worker{workers} ({request}); {needs}"
+        if slots < ctx.min_nodes:
+            reason += f"; even an idle cluster holds only {idle_slots}"
     others = [f for f in fits if not f.slots]
     if others:
         counts = sorted(Counter(f.cause for f in others).items(), key=lambda item: (-item[1], item[0]))
@@ -448,9 +501,13 @@ def check_nodes(ctx: Context) -> Check:
         named = "; ".join(f"{f.name}: {f.detail}" for f in examples[:EXAMPLES])
         more = f"; +{len(others) - EXAMPLES} more" if len(others) > EXAMPLES else ""
         summary = ", ".join(f"{n} {cause}" for cause, n in counts)
-        reason += f". Not fitting: {summary} ({named}{more})"
+        reason += f". Not fitting{' now' if busy else ''}: {summary} ({named}{more})"
     if pods_unknown:
         reason += f". {pods_unknown}"
+    if busy:
+        return Check("nodes", WARN, reason, "nothing to change if waiting is fine; to start sooner, see what holds the "
+                     "nodes (kubectl get pods -A -o wide --field-selector spec.nodeName=NODE) and free them, or lower "
+                     "nnodes (or set max_nodes above it: an elastic job starts with what fits)")  # fmt: skip
     fix = (f"{SEED_FIX['pending']}; uncordon or replace unhealthy nodes, free busy ones, add tolerations, or lower "
            "nnodes")  # fmt: skip
     if slots < ctx.min_nodes:
@@ -469,7 +526,8 @@ def raw_items(response: Any) -> list[dict[str, Any]]:
 
 
 def node_fit(ctx: Context, node: dict[str, Any], used: dict[str, Decimal]) -> NodeFit:
-    """How many workers fit on the node now, or the first reason none does."""
+    """How many workers fit on the node now and with nothing else on it, or the first reason none does now. What
+    keeps a worker off the node whatever runs there (cordon, health, Ready, selector, affinity, taints) blocks both."""
     name = node["metadata"]["name"]
     labels = node["metadata"].get("labels") or {}
     spec, status = node.get("spec") or {}, node.get("status") or {}
@@ -500,22 +558,20 @@ def node_fit(ctx: Context, node: dict[str, Any], used: dict[str, Decimal]) -> No
     if taint:
         return blocked("untolerated taint", f"taint {taint} not tolerated")
     allocatable = {r: quantity(v) for r, v in (status.get("allocatable") or {}).items()}
-    short = []
-    slots: int | None = None
-    for resource, wanted in ctx.request.items():
-        if resource not in FIT_RESOURCES or wanted <= 0:
-            continue
-        free = allocatable.get(resource, Decimal(0)) - used.get(resource, Decimal(0))
-        n = int(max(free, Decimal(0)) // wanted)
-        slots = n if slots is None else min(slots, n)
-        if n == 0:
-            short.append((resource, wanted, free))
+    wanted = {r: q for r, q in ctx.request.items() if r in FIT_RESOURCES and q > 0}
+    idle = {r: allocatable.get(r, Decimal(0)) for r in wanted}
+    free = {r: idle[r] - used.get(r, Decimal(0)) for r in wanted}
+    fit.slots, fit.idle_slots = workers_in(wanted, free, ctx.max_nodes), workers_in(wanted, idle, ctx.max_nodes)
+    short = [(r, q, free[r]) for r, q in wanted.items() if free[r] < q]
     if short:
-        first = short[0][0]
         detail = ", ".join(f"{r} {show(r, w)} requested, {show(r, max(f, Decimal(0)))} free" for r, w, f in short)
-        return blocked(f"short of {first}", detail)
-    fit.slots = ctx.max_nodes if slots is None else min(slots, ctx.max_nodes)
+        return blocked(f"short of {short[0][0]}", detail)
     return fit
+
+
+def workers_in(wanted: dict[str, Decimal], free: dict[str, Decimal], most: int) -> int:
+    """How many workers needing `wanted` fit in `free`, at most `most` (all of them when nothing is requested)."""
+    return min([int(max(free[r], Decimal(0)) // q) for r, q in wanted.items()] + [most])
 
 
 def required_affinity_mismatch(affinity: dict[str, Any], labels: dict[str, str]) -> str:
