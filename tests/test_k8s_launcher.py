@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,12 +18,14 @@ import kubernetes
 import pytest
 import yaml
 
-from components.errors import StepFailed
+from components.errors import InputError, StepFailed
 from components.kube import Kube, KubeSettings
-from components.launch_pytorchjob.core import LaunchConfig, launch
+from components.launch_pytorchjob.core import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig, Platform, launch
 from components.launch_pytorchjob.k8s_backend import WatchSettings, run_job
 from components.launch_pytorchjob.manifest import job_name, render_job
-from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle
+from tests.k8s_server import CRD_PATH, PODS, FakeKubernetes, Lifecycle
+from trainer.layout import RunPaths
+from trainer.train_ddp import LOG_FORMAT, write_status
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy/rbac.yaml"
 LINES = [f"step {i} loss {5 - i / 10:.2f}" for i in range(1, 13)]
@@ -305,3 +308,207 @@ def test_an_api_server_that_goes_away_fails_the_step_instead_of_hanging(staged_r
     thread.join(timeout=60)
     assert not thread.is_alive(), "the launcher is still waiting on a server that is gone"
     assert isinstance(outcome[0], StepFailed) and "failed 2 times" in str(outcome[0])
+
+
+# -- as a real cluster runs it: retries, evidence, elasticity, queues, volumes -----------------------------------
+
+
+def fast(**overrides: Any) -> WatchSettings:
+    return WatchSettings(**{"diagnose_every_s": 0.1, "poll_interval_s": 0.2, "replace_timeout_s": 30, **overrides})
+
+
+def test_a_retried_run_after_a_failed_job_trains_again(staged_root: Path, caplog) -> None:
+    """KFP's run-level Retry keeps the run id, so the job name: the failed job is replaced, not re-reported."""
+    caplog.set_level(logging.INFO)
+    cfg = cluster_config(staged_root, "retried")
+    with FakeKubernetes(CRD_PATH, Lifecycle.crash_loop(crashes=4)) as server:
+        server.pod_termination_s = 0.5  # the old job stays, with its finalizer, while its pods terminate
+        with pytest.raises(StepFailed, match=r"failed \(attempt 1\): PyTorchJobFailed: Job .* backoff limit"):
+            launch(cfg, client(server))
+        server.lifecycle = Lifecycle.success(workers=2, log_lines=LINES[:3])
+        second = launch(cfg, client(server))
+        job = server.job("kubeflow", second.job_name)
+        creates = [p for m, p in server.requests if m == "POST"]
+        deletions = list(server.deletions)
+    assert (second.state, second.attempt, second.reattached) == ("Succeeded", 2, False)
+    assert job["metadata"]["annotations"]["hyperpod-pretrain.io/attempt"] == "2"
+    assert deletions == [("kubeflow", second.job_name, "Foreground")], "the failed job, once"
+    assert len(creates) == 3, "attempt 1; the 409 that found the failed job; attempt 2 once it was gone"
+    assert "deleting it to train again as attempt 2" in caplog.text
+
+
+def test_a_job_of_a_run_that_is_still_running_is_reattached_not_replaced(staged_root: Path) -> None:
+    cfg = cluster_config(staged_root, "still-running")
+    with FakeKubernetes(CRD_PATH, runs_forever()) as server:
+        server.put_job(render_job(cfg.job_spec()))
+        server.lifecycle = Lifecycle.success(workers=2, log_lines=LINES[:2])
+        handle = server.handle("kubeflow", cfg.job_name)
+        handle.create_pods(2)
+        for i in (0, 1):
+            handle.run(i)
+        handle.set_condition("Running", "PyTorchJobRunning", "running")
+        threading.Timer(0.5, handle.succeed_all).start()
+        result = launch(cfg, client(server))
+        deletions = list(server.deletions)
+    assert (result.state, result.reattached, result.attempt) == ("Succeeded", True, 1) and deletions == []
+
+
+def write_trainer_logs(run: RunPaths, failing_rank: int, world: int = 4) -> None:
+    """Per-rank logs and status.json as the trainer writes them (its LOG_FORMAT and write_status)."""
+    run.logs.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        logger = logging.getLogger(f"trainer-fixture-{rank}")
+        logger.propagate = False
+        handler = logging.FileHandler(run.rank_log(rank))
+        handler.setFormatter(logging.Formatter(LOG_FORMAT.replace("{rank}", str(rank))))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        for step in (10, 20, 30):
+            logger.info("step %d loss %.2f", step, 5 - step / 10)
+        if rank == failing_rank:
+            try:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            except RuntimeError:
+                logger.exception("training crashed")
+        handler.close()
+        logger.removeHandler(handler)
+    time.sleep(0.01)
+    for rank in range(world):  # the others die in the collective later
+        with open(run.rank_log(rank), "a") as f:
+            if rank != failing_rank:
+                f.write(logging.Formatter(LOG_FORMAT.replace("{rank}", str(rank))).format(logging.makeLogRecord(
+                    {"name": "trainer", "levelname": "ERROR", "levelno": logging.ERROR,
+                     "msg": "training crashed: Connection reset by peer"})) + "\n")  # fmt: skip
+    write_status(run, 0, "crashed", exit_code=1, step=30, error="RuntimeError('Connection reset by peer')")
+
+
+def test_a_failed_job_whose_pods_were_deleted_still_names_the_trainers_last_lines(staged_copy: Path) -> None:
+    """Training Operator 1.8.1 deletes every pod at the backoff limit before it writes Failed: the evidence comes
+    from the trainer's own logs on the volume."""
+    cfg = cluster_config(staged_copy, "evidence")
+    write_trainer_logs(cfg.run_paths, failing_rank=3)
+    with FakeKubernetes(CRD_PATH, Lifecycle.crash_loop(crashes=4, log_lines=["boom"])) as server:
+        with pytest.raises(StepFailed) as failure:
+            launch(cfg, client(server))
+        assert server.pods("kubeflow", cfg.job_name) == [], "the operator deleted the pods"
+    message = str(failure.value)
+    assert "backoff limit" in message and "trainer crashed at step 30" in message
+    assert "rank 3, the first to log an error" in message
+    assert "RuntimeError: CUDA error: an illegal memory access was encountered" in message
+
+
+def test_without_the_trainers_logs_the_lines_kept_at_each_restart_are_the_evidence(staged_root: Path) -> None:
+    cfg = cluster_config(staged_root, "restart-lines")
+    lines = ["Traceback (most recent call last):", "ModuleNotFoundError: No module named 'trainer'"]
+    with FakeKubernetes(CRD_PATH, Lifecycle.crash_loop(crashes=4, log_lines=lines, tick_s=0.3)) as server:
+        job = render_job(cfg.job_spec())
+        with pytest.raises(StepFailed) as failure:
+            run_job(Kube(client(server)), job, fast(logs="none"), threading.Event())
+    assert "ModuleNotFoundError: No module named 'trainer'" in str(failure.value)
+    assert "exit code 1 (Error) at restart" in str(failure.value)
+
+
+def test_an_elastic_job_running_on_its_minimum_with_pods_pending_succeeds(staged_root: Path, caplog) -> None:
+    """A 2:4 job runs on 2 nodes while 2 pods wait Pending for room: that is elasticity, not a stuck job."""
+    caplog.set_level(logging.INFO)
+    cfg = cluster_config(staged_root, "elastic", nnodes=2, max_nodes=4)
+    job = render_job(cfg.job_spec())
+    with FakeKubernetes(CRD_PATH, Lifecycle.elastic(2, 4, log_lines=LINES, tick_s=0.3)) as server:
+        outcome = run_job(Kube(client(server)), job, fast(pending_timeout_s=1.5), threading.Event())
+        deletions = list(server.deletions)
+    assert outcome.state == "Succeeded" and deletions == []
+    assert "Pending beyond the minimum of 2" in caplog.text
+
+
+def test_a_job_that_never_starts_is_deleted_at_the_pending_deadline(staged_root: Path) -> None:
+    job = render_job(cluster_config(staged_root, "never").job_spec())
+    with FakeKubernetes(CRD_PATH, Lifecycle.stuck_pending()) as server:
+        with pytest.raises(StepFailed, match=r"never started: pods Pending .* Insufficient nvidia.com/gpu"):
+            run_job(Kube(client(server)), job, fast(pending_timeout_s=0.5), threading.Event())
+        assert [d[2] for d in server.deletions] == ["Foreground"]
+
+
+def test_a_lost_node_gets_the_recovery_deadline(staged_root: Path) -> None:
+    """After the job ran, a pod recreated Pending (its node lost, no replacement yet) is held to the recovery
+    deadline, not the (shorter) Pending one."""
+    lost_node = (
+        runs_forever()
+        .then(0.5, lambda j: j.server._remove(PODS, j.namespace, j.pod_name(1)))
+        .then(0.05, lambda j: j.create_pod(1, scheduled=False))
+    )
+    job = render_job(cluster_config(staged_root, "lost-node").job_spec())
+    with FakeKubernetes(CRD_PATH, lost_node) as server:
+        started = time.monotonic()
+        with pytest.raises(StepFailed, match=r"fewer than its minimum of 2 pod\(s\) for \d+s .* recovery deadline"):
+            run_job(Kube(client(server)), job, fast(pending_timeout_s=1.2, recovery_timeout_s=2.5), threading.Event())
+    assert time.monotonic() - started > 2.5
+
+
+def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(staged_root: Path, caplog) -> None:
+    """HyperPod task governance (Kueue) creates the job suspended and admits it later: waiting in the queue is not
+    being stuck in Pending."""
+    caplog.set_level(logging.INFO)
+    cfg = cluster_config(staged_root, "queued", platform=Platform(queue_name="hyperpod-ns-team-a-localqueue",
+                                                                  priority_class="training-priority"))  # fmt: skip
+    job = render_job(cfg.job_spec())
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-team-a-localqueue"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training-priority"
+    with FakeKubernetes(CRD_PATH, Lifecycle.queued(admit_after_s=3, log_lines=LINES[:2])) as server:
+        server.kueue = True
+        outcome = run_job(Kube(client(server)), job, fast(pending_timeout_s=1.5), threading.Event())
+        stored = server.job("kubeflow", cfg.job_name)
+        deletions = list(server.deletions)
+    assert outcome.state == "Succeeded" and deletions == []
+    assert "is queued: suspended until the cluster's queue (Kueue) admits it" in caplog.text
+    assert re.search(r"was admitted after \d+s in the queue", caplog.text)
+    assert stored["spec"]["runPolicy"]["suspend"] is False, "Kueue suspended it at creation and admitted it"
+
+
+def test_the_queue_deadline_is_its_own(staged_root: Path) -> None:
+    job = render_job(cluster_config(staged_root, "queued-long", platform=Platform(queue_name="q")).job_spec())
+    with FakeKubernetes(CRD_PATH, Lifecycle.queued(admit_after_s=600)) as server:
+        server.kueue = True
+        with pytest.raises(StepFailed, match=r"queued \(suspended, not admitted\) for \d+s, past the queue deadline"):
+            run_job(Kube(client(server)), job, fast(pending_timeout_s=1.2, queue_timeout_s=1), threading.Event())
+        assert len(server.deletions) == 1
+
+
+def test_a_log_stream_that_falls_silent_is_reopened(staged_root: Path, caplog) -> None:
+    """A stream from a lost node sends nothing and never closes: the read timeout reopens it, nothing repeats."""
+    caplog.set_level(logging.INFO)
+    job = render_job(cluster_config(staged_root, "silent").job_spec())
+    with FakeKubernetes(CRD_PATH, Lifecycle.success(workers=2, log_lines=LINES, tick_s=0.15)) as server:
+        server.faults.stall_log_after(3)
+        outcome = run_job(Kube(client(server)), job, fast(log_read_timeout_s=0.5), threading.Event())
+        stalled = [f for f in server.faults.injected if f[0] == "stall_log"]
+    assert outcome.state == "Succeeded" and stalled
+    assert pod_lines(caplog, f"{job['metadata']['name']}-worker-0") == LINES
+
+
+def test_one_volume_one_path(tmp_path: Path, staged_root: Path) -> None:
+    """fsx_pvc=team-fsx and storage_root=<mount>/teamA: the job mounts team-fsx where the steps do, so the trainer
+    reads the directory the steps wrote (<pvc>/teamA/...); a storage root outside the mount is refused."""
+    mount = tmp_path / "fsx"
+    shutil.copytree(staged_root, mount / "teamA")
+    platform = Platform(pvc_name="team-fsx", mount_path=str(mount))
+    cfg = cluster_config(mount / "teamA", "team", platform=platform)
+    pod = render_job(cfg.job_spec())["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    mounted = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
+    assert volume["persistentVolumeClaim"]["claimName"] == "team-fsx" and mounted["mountPath"] == str(mount)
+    command = pod["containers"][0]["command"]
+    data_dir = Path(command[command.index("--data-dir") + 1])
+    assert data_dir.relative_to(mount) == Path("teamA/datasets/synthetic/tokenized")
+    assert (data_dir / "meta.json").is_file(), "what the job reads is what staging wrote"
+    with pytest.raises(InputError, match=r"storage_root '/data/teamA' is outside the FSx mount path"):
+        cluster_config(Path("/data/teamA"), "team", platform=platform).validate(check_storage=False)
+    with pytest.raises(InputError, match="job option 'pvc_name' is unknown or set by its own parameter"):
+        cluster_config(mount / "teamA", "team", platform=platform, job_options={"pvc_name": "other"}).job_spec()
+
+
+def test_the_training_deadline_reaches_the_operator(staged_root: Path) -> None:
+    """runPolicy.activeDeadlineSeconds backs the launcher's deadline up when the launcher is gone."""
+    policy = render_job(cluster_config(staged_root, "deadline", timeout_s=3600).job_spec())["spec"]["runPolicy"]
+    assert policy["activeDeadlineSeconds"] == 3600 + OPERATOR_DEADLINE_MARGIN_S
+    unbounded = render_job(cluster_config(staged_root, "deadline", timeout_s=0).job_spec())["spec"]["runPolicy"]
+    assert "activeDeadlineSeconds" not in unbounded
