@@ -73,7 +73,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.tag and not args.image_registry:
         raise InputError("--tag names the images in --image-registry: give both")
     images = Images.in_registry(args.image_registry, args.tag) if args.image_registry else Images()
-    platform = PlatformOptions(mount_path=args.mount_path, node_selector=dict(args.node_selector),
+    platform = PlatformOptions(pvc_name=args.fsx_pvc, mount_path=args.mount_path, queue_name=args.queue_name,
+                               priority_class=args.priority_class, node_selector=dict(args.node_selector),
                                tolerations=args.toleration, image_pull_secrets=args.image_pull_secret,
                                images=images)  # fmt: skip
     output = Path(args.output)
@@ -157,7 +158,7 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
 
 
 def launch_config(args: argparse.Namespace) -> LaunchConfig:
-    from components.launch_pytorchjob.core import LaunchConfig
+    from components.launch_pytorchjob.core import LaunchConfig, Platform
 
     return LaunchConfig(
         storage_root=args.storage_root,
@@ -177,6 +178,8 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         log_every=args.log_every,
         timeout_s=args.timeout_s,
         pending_timeout_s=args.pending_timeout_s,
+        recovery_timeout_s=args.recovery_timeout_s,
+        queue_timeout_s=args.queue_timeout_s,
         pipeline_run_id=args.pipeline_run_id,
         image=args.image,
         namespace=args.namespace,
@@ -185,6 +188,12 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         job_options=dict(args.job_option),
         stream_logs=args.stream_logs,
         owner_reference=not args.no_owner_reference,
+        platform=Platform(
+            pvc_name=args.fsx_pvc,
+            mount_path=args.mount_path,
+            queue_name=args.queue_name,
+            priority_class=args.priority_class,
+        ),  # fmt: skip
     )
 
 
@@ -249,18 +258,42 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job-option", type=job_option, action="append", default=[], metavar="KEY=VALUE",
                    help="any other JobSpec setting, e.g. memory=512Gi or auto_resume=false")  # fmt: skip
     p.add_argument("--stream-logs", choices=["worker-0", "all", "none"], default="worker-0")
-    p.add_argument("--pending-timeout-s", type=int, default=1800,
-                   help="pods Pending this long delete the job and fail the step (0: never)")  # fmt: skip
+    p.add_argument(
+        "--pending-timeout-s",
+        type=int,
+        default=1800,
+        help="a job that never started: pods Pending this long delete it and fail the step (0: never)",
+    )
+    p.add_argument(
+        "--recovery-timeout-s",
+        type=int,
+        default=3600,
+        help="after it ran: fewer than its minimum of pods this long (a lost node) fails it (0: never)",
+    )
+    p.add_argument(
+        "--queue-timeout-s",
+        type=int,
+        default=0,
+        help="queued (suspended by Kueue) this long fails it (0: wait as long as it takes)",
+    )
+    p.add_argument("--fsx-pvc", default="fsx-lustre-pvc", help="the FSx PVC the job mounts")
+    p.add_argument(
+        "--mount-path",
+        default="",
+        help="where the job mounts it; the storage root must lie under it (default: the storage root)",
+    )
+    p.add_argument("--queue-name", default="", help="Kueue LocalQueue (HyperPod task governance)")
+    p.add_argument("--priority-class", default="", help="Kueue WorkloadPriorityClass")  # fmt: skip
     p.add_argument("--no-owner-reference", action="store_true", help="do not tie the job's life to the launcher pod")
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from components.preflight.core import preflight
+    from components.preflight.core import failure_message, preflight
 
     result = preflight(launch_config(args), warn_only=args.warn_only)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.markdown())
     if not result.passed:
-        raise StepFailed("; ".join(f"{c.name}: {c.reason}" for c in result.failures))
+        raise StepFailed(failure_message(result))
     return 0
 
 
@@ -310,10 +343,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
               f"{remote.run_link(ui, run_id)}", flush=True)  # fmt: skip
         if not args.wait:
             return 0
-        state = remote.wait_for_run(client, run_id, args.wait_timeout_s, args.poll_s)
-    print(f"run {run_name!r} {state}: {remote.run_link(ui, run_id)}")
-    if state != "SUCCEEDED":
-        raise StepFailed(f"run {run_id} ended {state}; its summary: {remote.summary_path(package, parameters, run_id)}")
+        run = remote.wait_for_run(client, run_id, args.wait_timeout_s, args.poll_s)
+    print(f"run {run_name!r} {run.state}: {remote.run_link(ui, run_id)}")
+    if run.state == "FAILED":
+        for line in remote.failure_lines(run, package):
+            log.error("%s", line)
+    if run.state != "SUCCEEDED":
+        summary = remote.summary_path(package, parameters, run_id)
+        raise StepFailed(f"run {run_id} ended {run.state}; its summary: {summary}")
     return 0
 
 
@@ -370,7 +407,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile the pipeline to YAML")
     p.add_argument("--output", default=str(COMPILED_PIPELINE))
     p.add_argument("--check", action="store_true", help="exit non-zero if --output differs from a fresh compile")
-    p.add_argument("--mount-path", default="/fsx", help="where every step mounts the FSx PVC (= storage_root)")
+    p.add_argument("--fsx-pvc", default="fsx-lustre-pvc", help="the FSx PVC every step and the PyTorchJob mount")
+    p.add_argument(
+        "--mount-path",
+        default="/fsx",
+        help="where they mount it: storage_root's default, and a run's storage_root must lie under it",
+    )
+    p.add_argument("--queue-name", default="", help="Kueue LocalQueue the PyTorchJob is queued in (task governance)")
+    p.add_argument("--priority-class", default="", help="Kueue WorkloadPriorityClass of the PyTorchJob")  # fmt: skip
     p.add_argument("--node-selector", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="schedule the steps on nodes with this label (repeatable)")  # fmt: skip
     p.add_argument("--toleration", type=toleration, action="append", default=[], metavar="KEY[=VALUE]:EFFECT",

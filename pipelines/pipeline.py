@@ -1,10 +1,16 @@
-"""The pretraining pipeline: stage_data -> launch_pytorchjob -> verify_nccl -> evaluate_checkpoint.
+"""The pretraining pipeline: preflight -> stage_data -> launch_pytorchjob -> verify_nccl -> evaluate_checkpoint.
 
-Storage paths are parameters (kfp.local ignores kfp-kubernetes settings, so a local directory can stand
-in for the FSx volume). The defaults describe a cluster run; `hyperpod-pretrain run-local` overrides them.
-Platform settings (the FSx mount, scheduling, resources, caching, retries, timeouts) and the images come
-from `PlatformOptions` at compile time, except the PVC's name, which is a parameter. An exit step writes the
-run summary whatever happened (runs/<run_id>/summary.json).
+Storage paths are parameters (kfp.local ignores kfp-kubernetes settings, so a local directory can stand in for the
+FSx volume). The defaults describe a cluster run; `hyperpod-pretrain run-local` overrides them. What belongs to
+the platform team (the FSx PVC and its mount path, the Kueue queue, scheduling, resources, caching, retries,
+timeouts, the images) comes from `PlatformOptions` at compile time and is baked into the YAML: no run can change
+it. An exit step writes the run summary whatever happened (runs/<run_id>/summary.json) and deletes a PyTorchJob
+that a terminated run left running.
+
+The compiled YAML needs KFP backend 2.14.0 or newer (MIN_KFP_BACKEND): its exit step takes
+`dsl.PipelineTaskFinalStatus`, which the Argo compiler of older backends rejects ("task final status not supported
+yet", backend/src/v2/compiler/argocompiler/dag.go), and before 2.14 retry policies on the tasks inside the exit
+handler are silently dropped.
 """
 
 import re
@@ -56,6 +62,27 @@ def in_image(component: PythonComponent, image: str) -> PythonComponent:
     return dsl.component(component.python_func, base_image=image, install_kfp_package=False)
 
 
+# The oldest KFP backend that runs the compiled pipeline as written (read from kubeflow/pipelines 2.0.0-2.17.0; there
+# are no 2.6-2.13 releases):
+# - the exit handler's summary step takes a dsl.PipelineTaskFinalStatus; up to 2.5.0 the upload works but creating a
+#   run fails with "task final status not supported yet" (backend/src/v2/compiler/argocompiler/dag.go,
+#   addImplicitDependencies; supported from 2.14.0, #11953);
+# - the retry policies of stage-data and verify-nccl, tasks inside the exit handler's sub-DAG, are silently ignored
+#   before 2.14.0 (argocompiler/container.go, getTaskRetryPolicySpec; #11861).
+MIN_KFP_BACKEND = "2.14.0"
+MIN_KFP_BACKEND_WHY = (
+    "older backends refuse to create a run whose exit handler takes dsl.PipelineTaskFinalStatus "
+    "('task final status not supported yet') and ignore retry policies inside the exit handler"
+)
+# train_timeout_s's default: a finite budget, so that a job whose launcher and exit step were both lost still ends
+# (runPolicy.activeDeadlineSeconds follows it). 0 at run time: none.
+TRAIN_TIMEOUT_S = 72 * 3600
+RETRY_BACKOFF_S = 10  # KFP waits this long before a step's first retry, doubling each time
+# Every step reruns: a cache hit of stage-data (its inputs name the source, not its content) would skip a changed
+# corpus, and the others' inputs (the run id, on a resume) do not say what they read either.
+CACHING = False
+
+
 @dataclass
 class StepSettings:
     cpu: str
@@ -64,32 +91,46 @@ class StepSettings:
     # KFP retries a failed step with exponential backoff from 10 s (kfp.local too). A step's own calls retry
     # transient errors already; these are for the pod itself (a node lost, an eviction).
     retries: int = 0
-    cache: bool = True
+
+    def retry_window_s(self) -> int:
+        """Argo counts the backoff's maxDuration from the start of the first attempt, and gives up on a retry that
+        would start past it (argoproj/argo-workflows#13044): to cover every attempt of a long step, the window holds
+        them all, each up to its timeout, and the waits between them."""
+        waits = sum(RETRY_BACKOFF_S * 2**i for i in range(self.retries))
+        return (self.retries + 1) * self.timeout_s + waits + 60
 
 
 @dataclass
 class PlatformOptions:
     """What kfp-kubernetes and the task settings put on each step of the compiled pipeline."""
 
-    mount_path: str = "/fsx"  # where the FSx PVC is mounted; storage_root must point there on the cluster
+    pvc_name: str = "fsx-lustre-pvc"  # the FSx PVC every step and the PyTorchJob mount
+    mount_path: str = "/fsx"  # where they all mount it; storage_root must be there or under it
+    queue_name: str = ""  # Kueue LocalQueue of HyperPod task governance (empty: none)
+    priority_class: str = ""  # Kueue WorkloadPriorityClass (empty: the queue's default)
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, str]] = field(default_factory=list)  # key, operator, value, effect
     image_pull_secrets: list[str] = field(default_factory=list)
     steps: dict[str, StepSettings] = field(
         default_factory=lambda: {
-            "preflight": StepSettings("500m", "1Gi", 600, cache=False),
-            "stage-data": StepSettings("4", "16Gi", 6 * 3600, retries=2),
-            "launch-pytorchjob": StepSettings("500m", "1Gi", 0, cache=False),
+            "preflight": StepSettings("500m", "1Gi", 600),
+            "stage-data": StepSettings("4", "16Gi", 6 * 3600, retries=2),  # staging resumes where it stopped
+            "launch-pytorchjob": StepSettings("500m", "1Gi", 0),  # it re-attaches to (or replaces) its job itself
             "verify-nccl": StepSettings("1", "2Gi", 3600, retries=2),
-            "evaluate-checkpoint": StepSettings("8", "32Gi", 4 * 3600, cache=False),
-            "summarize-run": StepSettings("500m", "1Gi", 600, cache=False),
+            "evaluate-checkpoint": StepSettings("8", "32Gi", 4 * 3600),
+            "summarize-run": StepSettings("500m", "1Gi", 600),
         }
     )
     images: Images = field(default_factory=Images)
 
-    def apply(self, task: dsl.PipelineTask, step: str, pvc_name: str) -> None:
+    def cluster(self) -> dict[str, str]:
+        """What the launcher and the preflight get of these (components/launch_pytorchjob/core.py Platform)."""
+        return {"pvc_name": self.pvc_name, "mount_path": self.mount_path, "queue_name": self.queue_name,
+                "priority_class": self.priority_class}  # fmt: skip
+
+    def apply(self, task: dsl.PipelineTask, step: str) -> None:
         settings = self.steps[step]
-        k8s.mount_pvc(task, pvc_name=pvc_name, mount_path=self.mount_path)
+        k8s.mount_pvc(task, pvc_name=self.pvc_name, mount_path=self.mount_path)
         for key, value in self.node_selector.items():
             k8s.add_node_selector(task, label_key=key, label_value=value)
         for toleration in self.tolerations:
@@ -101,9 +142,9 @@ class PlatformOptions:
         if settings.timeout_s:
             k8s.set_timeout(task, settings.timeout_s)
         if settings.retries:
-            task.set_retry(num_retries=settings.retries, backoff_duration="10s", backoff_factor=2.0,
-                           backoff_max_duration="120s")  # fmt: skip
-        task.set_caching_options(settings.cache)
+            task.set_retry(num_retries=settings.retries, backoff_duration=f"{RETRY_BACKOFF_S}s", backoff_factor=2.0,
+                           backoff_max_duration=f"{settings.retry_window_s()}s")  # fmt: skip
+        task.set_caching_options(CACHING)
 
 
 def build_pipeline(platform: PlatformOptions):
@@ -120,8 +161,7 @@ def build_pipeline(platform: PlatformOptions):
     )
     def pretrain_pipeline(
         source: str,
-        storage_root: str = "/fsx",
-        fsx_pvc: str = "fsx-lustre-pvc",
+        storage_root: str = platform.mount_path,
         dataset: str = "corpus",
         include: list = ["*"],  # noqa: B006 - KFP reads the default from the signature
         exclude: list = ["__pycache__/*", "*.pyc", ".*"],  # noqa: B006
@@ -148,8 +188,10 @@ def build_pipeline(platform: PlatformOptions):
         warmup_steps: int = 200,
         checkpoint_every: int = 500,
         log_every: int = 10,
-        train_timeout_s: int = 0,
+        train_timeout_s: int = TRAIN_TIMEOUT_S,
         pending_timeout_s: int = 1800,
+        recovery_timeout_s: int = 3600,
+        queue_timeout_s: int = 0,
         preflight_warn_only: bool = False,
         trainer_image: str = platform.images.trainer,
         namespace: str = "kubeflow",
@@ -171,8 +213,10 @@ def build_pipeline(platform: PlatformOptions):
             run_id=run_id,
             resume_run_id=resume_run_id,
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            backend=backend,
+            namespace=namespace,
         )
-        platform.apply(summary, "summarize-run", fsx_pvc)
+        platform.apply(summary, "summarize-run")
         with dsl.ExitHandler(summary):
             # First: a cluster the job cannot run on fails in a minute, not after hours of staging.
             checked = check(
@@ -190,9 +234,10 @@ def build_pipeline(platform: PlatformOptions):
                 namespace=namespace,
                 instance_type=instance_type,
                 job_options=job_options,
+                platform=platform.cluster(),
                 warn_only=preflight_warn_only,
             )
-            platform.apply(checked, "preflight", fsx_pvc)
+            platform.apply(checked, "preflight")
             staged = stage(
                 source=source,
                 storage_root=storage_root,
@@ -211,7 +256,7 @@ def build_pipeline(platform: PlatformOptions):
                 resume_run_id=resume_run_id,
                 pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             ).after(checked)
-            platform.apply(staged, "stage-data", fsx_pvc)
+            platform.apply(staged, "stage-data")
             trained = launch(
                 storage_root=storage_root,
                 dataset=dataset,
@@ -233,14 +278,17 @@ def build_pipeline(platform: PlatformOptions):
                 log_every=log_every,
                 timeout_s=train_timeout_s,
                 pending_timeout_s=pending_timeout_s,
+                recovery_timeout_s=recovery_timeout_s,
+                queue_timeout_s=queue_timeout_s,
                 image=trainer_image,
                 namespace=namespace,
                 instance_type=instance_type,
                 job_options=job_options,
                 stream_logs=stream_logs,
                 owner_reference=owner_reference,
+                platform=platform.cluster(),
             ).after(staged)
-            platform.apply(trained, "launch-pytorchjob", fsx_pvc)
+            platform.apply(trained, "launch-pytorchjob")
             verified = verify(
                 storage_root=storage_root,
                 run_id=trained.outputs["run_id"],
@@ -252,7 +300,7 @@ def build_pipeline(platform: PlatformOptions):
                 job_name=trained.outputs["job_name"],
                 namespace=trained.outputs["namespace"],
             )
-            platform.apply(verified, "verify-nccl", fsx_pvc)
+            platform.apply(verified, "verify-nccl")
             evaluated = evaluate(
                 storage_root=storage_root,
                 dataset=dataset,
@@ -266,7 +314,7 @@ def build_pipeline(platform: PlatformOptions):
                 export_s3_uri=export_s3_uri,
                 s3_endpoint_url=s3_endpoint_url,
             ).after(verified)
-            platform.apply(evaluated, "evaluate-checkpoint", fsx_pvc)
+            platform.apply(evaluated, "evaluate-checkpoint")
 
     return pretrain_pipeline
 

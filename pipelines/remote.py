@@ -3,7 +3,8 @@
 The pipeline is uploaded once per content: its versions are named <project version>-<sha256 of the compiled
 file>, so submitting the same file again reuses its version and a changed file adds one. Parameters are given as
 KEY=VALUE and typed by the pipeline's own input definitions (the v2 API wants JSON numbers, booleans, lists and
-objects, not strings), so a typo or a bad value fails here, before anything is created.
+objects, not strings), so a typo or a bad value fails here, before anything is created. So does a KFP backend older
+than MIN_KFP_BACKEND, when its healthz tells its version.
 
 Auth is kfp.Client's: --host (or KF_PIPELINES_ENDPOINT) with the in-cluster service-account token when one is
 mounted (KF_PIPELINES_SA_TOKEN_PATH, or kfp's default path), or, with no host, the in-cluster service or the
@@ -31,6 +32,7 @@ import urllib3
 import yaml
 
 from components.errors import InputError, StepFailed
+from pipelines.pipeline import MIN_KFP_BACKEND, MIN_KFP_BACKEND_WHY
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +44,14 @@ RETRY = urllib3.Retry(total=4, connect=3, read=2, status=3, backoff_factor=1.0,
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED")
 DEFAULT_SA_TOKEN = "/var/run/secrets/kubeflow/pipelines/token"  # where KFP mounts a pod's token
 
+# A release's healthz tag_name is its tag (TAG_NAME of the image build, e.g. "2.14.0"); a build without one says
+# "unknown" (kubeflow/pipelines#11573, seen on 2.4.0). A pre-release ("2.14.0-rc.1") counts as its release.
+RELEASE_TAG = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+][0-9A-Za-z.+-]*)?")
+
 
 class Client(kfp.Client):
-    """kfp.Client with a timeout on every call and bounded retries of transient errors (kfp sets neither)."""
+    """kfp.Client with a timeout on every call and bounded retries of transient errors (kfp sets neither), which
+    keeps the whole healthz answer: the backend's version is in it, but not in kfp's model of it."""
 
     def _load_config(self, *args: Any, **kwargs: Any) -> kfp_server_api.Configuration:
         config = super()._load_config(*args, **kwargs)
@@ -65,6 +72,10 @@ class Client(kfp.Client):
         return config
 
     def __init__(self, **kwargs: Any) -> None:
+        # kfp's constructor reads healthz itself (unless a namespace is given): its answer is kept here.
+        self.healthz: dict[str, Any] | None = None
+        self.healthz_problem = ""  # why healthz could not be read, when a proxy refused it
+        self.backend_checked = False
         super().__init__(**kwargs)
         rest = self._run_api.api_client.rest_client  # shared by every API object of this client
         request = rest.request
@@ -75,8 +86,28 @@ class Client(kfp.Client):
         rest.request = request_with_timeout
 
     def get_kfp_healthz(self, sleep_duration: int = 5) -> kfp_server_api.V2beta1GetHealthzResponse:
-        """One call, with the timeout and the transport's retries (kfp's own tries 5 times, 5 s apart, unbounded)."""
-        return self._healthz_api.healthz_service_get_healthz(_request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
+        """One call, with the timeout and the transport's retries (kfp's own tries 5 times, 5 s apart, unbounded).
+
+        The answer is also kept whole in `healthz`. A 403 or 404 (a proxy that guards the path, not the API) gives an
+        empty answer: the calls that follow say whether the API itself can be used.
+        """
+        try:
+            response = self._healthz_api.healthz_service_get_healthz(
+                _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S), _preload_content=False
+            )
+        except kfp_server_api.ApiException as exc:
+            if exc.status not in (403, 404):
+                raise
+            self.healthz, self.healthz_problem = {}, f"GET /apis/v2beta1/healthz answered {exc.status} {exc.reason}"
+            return kfp_server_api.V2beta1GetHealthzResponse()
+        answer = kfp_server_api.rest.RESTResponse(response)
+        try:
+            body = json.loads(answer.data)
+        except ValueError:
+            body = None
+        self.healthz = body if isinstance(body, dict) else {}
+        self.healthz_problem = "" if isinstance(body, dict) else "healthz did not answer a JSON object"
+        return self._healthz_api.api_client.deserialize(answer, "V2beta1GetHealthzResponse")
 
 
 def connect(host: str = "", namespace: str = "") -> tuple[Client, str]:
@@ -95,6 +126,31 @@ def connect(host: str = "", namespace: str = "") -> tuple[Client, str]:
     client = Client(**kwargs)
     ui = os.environ.get("KF_PIPELINES_UI_ENDPOINT", host).rstrip("/")
     return client, ui
+
+
+def check_backend(client: Client) -> None:
+    """Refuse a KFP backend older than MIN_KFP_BACKEND before anything is created on it, rather than leave an
+    uploaded version whose runs cannot start; when its version cannot be read, warn and go on. Once per client."""
+    if client.backend_checked:
+        return
+    if client.healthz is None:
+        client.get_kfp_healthz()
+    client.backend_checked = True
+    # kubeflow/pipelines backend/src/apiserver/main.go (2.x), startHTTPProxy: /apis/v2beta1/healthz is a
+    # plain handler writing commit_sha, tag_name, multi_user and pipeline_store; kfp_server_api's model keeps only
+    # the last two, so the version is read from the raw answer.
+    tag = (client.healthz or {}).get("tag_name")
+    match = RELEASE_TAG.fullmatch(tag) if isinstance(tag, str) else None
+    if match is None:
+        said = f"healthz says tag_name {tag!r}" if tag is not None else "healthz has no tag_name"
+        why = client.healthz_problem or said
+        log.warning("could not check the KFP backend's version (%s): this pipeline needs KFP %s or later, as %s; going "
+                    "on", why, MIN_KFP_BACKEND, MIN_KFP_BACKEND_WHY)  # fmt: skip
+        return
+    if tuple(int(part) for part in match.groups()) < tuple(int(part) for part in MIN_KFP_BACKEND.split(".")):
+        raise StepFailed(f"the KFP backend is version {tag}; this pipeline needs {MIN_KFP_BACKEND} or later, as "
+                         f"{MIN_KFP_BACKEND_WHY}: upgrade KFP (nothing was uploaded)")  # fmt: skip
+    log.info("KFP backend %s (this pipeline needs %s or later)", tag, MIN_KFP_BACKEND)
 
 
 @contextmanager
@@ -194,7 +250,9 @@ def _name_filter(key: str, value: str) -> str:
 
 
 def ensure_pipeline_version(client: Client, package: Path, pipeline_name: str) -> PipelineVersion:
-    """The pipeline version holding exactly `package`: found by its content-derived name, else uploaded."""
+    """The pipeline version holding exactly `package`: found by its content-derived name, else uploaded (on a
+    backend that can run it)."""
+    check_backend(client)
     name = version_name(package)
     pipeline_id = client.get_pipeline_id(pipeline_name)
     if pipeline_id is None:
@@ -211,8 +269,10 @@ def ensure_pipeline_version(client: Client, package: Path, pipeline_name: str) -
 
 
 def experiment_id(client: Client, name: str, namespace: str, create: bool = True) -> str:
-    """The experiment's id; created when missing (kfp looks it up by name first), or an InputError."""
+    """The experiment's id; created when missing (kfp looks it up by name first, and nothing is created on a backend
+    that cannot run the pipeline), or an InputError."""
     if create:
+        check_backend(client)
         return client.create_experiment(name, namespace=namespace or None).experiment_id
     try:
         return client.get_experiment(experiment_name=name, namespace=namespace or None).experiment_id
@@ -235,8 +295,8 @@ def summary_path(package: Path, parameters: dict[str, Any], run_id: str) -> str:
     return f"{str(values.get('storage_root', '')).rstrip('/')}/runs/{run_dir}/summary.md"
 
 
-def wait_for_run(client: Client, run_id: str, timeout_s: float, poll_s: float = 15.0) -> str:
-    """Poll until the run finishes (CANCELED included, which kfp's own wait ignores); its final state."""
+def wait_for_run(client: Client, run_id: str, timeout_s: float, poll_s: float = 15.0) -> kfp_server_api.V2beta1Run:
+    """Poll until the run finishes (CANCELED included, which kfp's own wait ignores); the finished run."""
     deadline, last = time.monotonic() + timeout_s, ""
     while True:
         run = client.get_run(run_id)
@@ -245,10 +305,44 @@ def wait_for_run(client: Client, run_id: str, timeout_s: float, poll_s: float = 
             log.info("run %s: %s", run_id, state)
             last = state
         if state in FINISHED:
-            return state
+            return run
         if time.monotonic() + poll_s > deadline:
             raise StepFailed(f"run {run_id} is still {state} after {timeout_s:.0f} s (--wait-timeout-s)")
         time.sleep(poll_s)
+
+
+def container_tasks(package: Path) -> set[str]:
+    """The names of the pipeline's steps (tasks that run a container, in any DAG), as its compiled spec has them."""
+    spec = next(yaml.safe_load_all(package.read_text()))
+    components = spec.get("components") or {}
+    dags = [spec["root"]["dag"]] + [c["dag"] for c in components.values() if "dag" in c]
+    return {name for dag in dags for name, task in (dag.get("tasks") or {}).items()
+            if "dag" not in components.get(task["componentRef"]["name"], {})}  # fmt: skip
+
+
+def failure_lines(run: kfp_server_api.V2beta1Run, package: Path) -> list[str]:
+    """Which steps a failed run failed in, one line each, and where to see why: KFP's API keeps no step's message,
+    and a step whose command fails uploads no outputs (backend/src/v2/component/launcher_v2.go, executeV2 returns
+    before uploadOutputArtifacts).
+
+    kubeflow/pipelines 2.x, backend/src/apiserver/server/api_converter.go: a run's task_details are its Argo
+    nodes (toModelTasks of Workflow.NodeStatuses, backend/src/common/util/workflow.go), each with a display name and a
+    state, no message and no outputs; toApiPipelineTaskDetail and toApiRun fill `error` only when a stored run cannot
+    be converted, never with why a step failed. The nodes are each step's "<step>-driver" and "<step>", and the groups
+    and "executor" pods around them, which fail with it: the nodes named after a step (or its driver) are reported,
+    or every failed node when none is.
+    """
+    steps = container_tasks(package)
+    failed = [t.display_name or "" for t in (run.run_details.task_details if run.run_details else None) or []
+              if t.state == "FAILED"]  # fmt: skip
+    named = [n for n in failed if n.removesuffix("-driver") in steps]
+    lines = [f"step {n} FAILED" if n in steps else f"step {n.removesuffix('-driver')} FAILED in its driver"
+             for n in named] or [f"{n} FAILED" for n in failed if n]  # fmt: skip
+    if not lines:
+        lines.append(f"run {run.run_id}: KFP reports no failed task yet")
+    lines.append("KFP keeps no error message for a step, and a failed step uploads no outputs: the step's log says "
+                 "why (the UI: the run's graph, the step, Logs)")  # fmt: skip
+    return lines
 
 
 # --- recurring runs -------------------------------------------------------------------------------------------

@@ -23,7 +23,11 @@ the fake has no route for is also appended to :attr:`FakeKfp.errors`, which a te
 
 Runs move on each ``GET /runs/{id}``: ``PENDING`` at creation, then through :attr:`FakeKfp.run_progression` (by
 default ``RUNNING``), then :attr:`FakeKfp.run_outcome`. ``kfp.Client.wait_for_run_completion`` sleeps
-``sleep_duration`` (5 s by default) between polls, so a test passes ``sleep_duration=0``.
+``sleep_duration`` (5 s by default) between polls, so a test passes ``sleep_duration=0``. A run that ends SUCCEEDED or
+FAILED gets ``run_details.task_details`` as a real backend reports them: one per Argo node, with a display name and a
+state, and nothing else (no message, no outputs); a FAILED run fails in :attr:`FakeKfp.failed_task`.
+
+``GET /healthz`` answers as a real backend does, with its version in ``tag_name`` (:attr:`FakeKfp.tag_name`).
 
 Usage::
 
@@ -37,9 +41,12 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
+import graphlib
 import json
 import logging
 import re
+import secrets
+import string
 import threading
 import uuid
 import warnings
@@ -316,6 +323,7 @@ def _spec_parameters(resource: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class RunRecord(Record):
+    spec: dict[str, Any] | None = None  # the pipeline spec it runs
     outcome: str | None = None  # this run's final state; FakeKfp.run_outcome when None
     polls: int = 0  # GETs of this run so far
 
@@ -628,6 +636,58 @@ def _parse_multipart(content_type: str, body: bytes) -> dict[str, FormPart]:
     return parts
 
 
+def _argo_nodes(spec: Mapping[str, Any], failing: str) -> list[tuple[str, str]]:
+    """(display name, state) of the Argo nodes a run of ``spec`` leaves when ``failing`` fails: a step, a task's
+    "<task>-driver" or "root-driver" ("": none).
+
+    kubeflow/pipelines 2.x, backend/src/v2/compiler/argocompiler: the workflow is named after the pipeline
+    (argo.go, GenerateName from pipelineInfo.name), its entrypoint runs "root-driver" and the "root" DAG; every task
+    of a DAG is a "<task>-driver" pod then a "<task>" node (dag.go), which for a step is the system-container-executor
+    DAG around one "executor" pod (container.go, addContainerExecutorTemplate), and for a group its sub-DAG. A failure
+    fails every node around it; what comes after a failed task is not started (the API shows no node for it), but an
+    exit task (triggerPolicy ALL_UPSTREAM_TASKS_COMPLETED, an exit hook from 2.4.0) still runs.
+    """
+    components = spec.get("components") or {}
+    nodes: list[tuple[str, str]] = []
+
+    def run_dag(dag: Mapping[str, Any]) -> bool:
+        tasks = dag.get("tasks") or {}
+        graph = {name: sorted(set(task.get("dependentTasks") or ()) & set(tasks)) for name, task in tasks.items()}
+        failed = False
+        for name in graphlib.TopologicalSorter(graph).static_order():
+            task = tasks[name]
+            exit_task = (task.get("triggerPolicy") or {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
+            if failed and not exit_task:
+                continue
+            if failing == f"{name}-driver":
+                nodes.append((failing, "FAILED"))
+                failed = True
+                continue
+            nodes.append((f"{name}-driver", "SUCCEEDED"))
+            component = components.get(task["componentRef"]["name"]) or {}
+            if "dag" in component:
+                task_failed = run_dag(component["dag"])
+                nodes.append((name, "FAILED" if task_failed else "SUCCEEDED"))
+            else:
+                task_failed = name == failing
+                state = "FAILED" if task_failed else "SUCCEEDED"
+                nodes.extend([(name, state), ("executor", state)])
+            failed = failed or task_failed
+        return failed
+
+    workflow = f"{spec['pipelineInfo']['name']}-{''.join(secrets.choice(string.ascii_lowercase) for _ in range(5))}"
+    if failing == "root-driver":
+        return [(workflow, "FAILED"), ("root-driver", "FAILED")]
+    state = "FAILED" if run_dag(spec["root"]["dag"]) else "SUCCEEDED"
+    return [(workflow, state), ("root-driver", "SUCCEEDED"), ("root", state), *nodes]
+
+
+def _steps_in_order(spec: Mapping[str, Any]) -> list[str]:
+    """The pipeline's steps (its container tasks) in the order a run reaches them: the nodes an "executor" follows."""
+    names = [name for name, _ in _argo_nodes(spec, "")]
+    return [name for name, after in zip(names, names[1:], strict=False) if after == "executor"]
+
+
 # -------------------------------------------------------------------------------------------------------- server
 
 
@@ -670,8 +730,10 @@ class FakeKfp:
         *,
         require_token: str | None = None,
         multi_user: bool = False,
+        tag_name: str = "2.17.0",
         run_outcome: str = "SUCCEEDED",
         run_progression: Sequence[str] = ("RUNNING",),
+        failed_task: str = "",
         check_parameters: bool = True,
         path_prefix: str = "",
     ) -> None:
@@ -680,8 +742,13 @@ class FakeKfp:
         # server's service proxy, e.g. /api/v1/namespaces/kubeflow/services/ml-pipeline:http/proxy.
         self.path_prefix = path_prefix.rstrip("/")
         self.multi_user = multi_user
+        # What healthz reports as the backend's version: a release's tag ("2.17.0"), or "unknown" for an image built
+        # without TAG_NAME (kubeflow/pipelines#11573).
+        self.tag_name = tag_name
         self.run_outcome = run_outcome
         self.run_progression = run_progression
+        # Where a FAILED run fails: a step, a task's "<task>-driver" or "root-driver" ("": its first step).
+        self.failed_task = failed_task
         self.check_parameters = check_parameters
         self.errors: list[str] = []
         self.requests: list[RecordedRequest] = []
@@ -972,8 +1039,18 @@ class FakeKfp:
 
     # ---------------------------------------------------------------------------------------- handlers
 
-    def _healthz(self, call: _Call) -> tuple[str, Any]:
-        return "V2beta1GetHealthzResponse", {"multi_user": self.multi_user}
+    def _healthz(self, call: _Call) -> tuple[None, Any]:
+        # kubeflow/pipelines backend/src/apiserver/main.go (2.x), startHTTPProxy: /apis/v2beta1/healthz is
+        # a plain handler, not the gRPC gateway, writing commit_sha and tag_name (the image's COMMIT_SHA and TAG_NAME
+        # build args, "unknown" when unset), multi_user and pipeline_store ("database" unless pipelines are stored
+        # in Kubernetes). kfp_server_api's V2beta1GetHealthzResponse has only multi_user and pipeline_store, so the
+        # answer is not checked against it: the client drops the other two.
+        return None, {
+            "commit_sha": "0123456789abcdef0123456789abcdef01234567",
+            "tag_name": self.tag_name,
+            "multi_user": self.multi_user,
+            "pipeline_store": "database",
+        }
 
     def _create_experiment(self, call: _Call) -> tuple[str, Any]:
         body = call.body
@@ -1183,7 +1260,7 @@ class FakeKfp:
             "state": "PENDING",
             "state_history": [{"update_time": created, "state": "PENDING"}],
         }
-        record = RunRecord(resource)
+        record = RunRecord(resource, spec=spec)
         self.runs[record.id] = record
         return "V2beta1Run", resource
 
@@ -1202,12 +1279,32 @@ class FakeKfp:
         if state == record.state:
             return
         updated = now_rfc3339()
+        # kubeflow/pipelines 2.x, backend/src/apiserver/server/api_converter.go (alike in an early 2.x copy and at
+        # 010a6df2, which has plugins_input as kfp-server-api 2.17 does): toApiRun sets `error` only
+        # when the stored run cannot be converted, never for a failed run; its task_details are the workflow's Argo
+        # nodes (toModelTasks from Workflow.NodeStatuses, backend/src/common/util/workflow.go: display name, phase and
+        # times; the node's message is not kept), and toApiPipelineTaskDetail gives no error and no outputs ("TODO:
+        # parse input and output artifacts"), so a failed step shows neither, as the launcher uploads no outputs
+        # for a step whose command failed (backend/src/v2/component/launcher_v2.go, executeV2). Nodes never started
+        # are left out, and so are child_tasks, state_history and executor_detail.
+        if state in ("SUCCEEDED", "FAILED") and record.spec is not None:
+            steps = _steps_in_order(record.spec)
+            failing = (self.failed_task or steps[0]) if state == "FAILED" else ""
+            drivers = sorted(name for name, _ in _argo_nodes(record.spec, "") if name.endswith("-driver"))
+            if failing and failing not in steps + drivers:
+                message = f"FakeKfp.failed_task {failing!r} is not a step or a driver of the run's pipeline"
+                raise KfpError(500, f"{message} ({', '.join(steps + drivers)})", violation=True)
+            record.resource["run_details"] = {
+                "task_details": [
+                    {"run_id": record.id, "task_id": str(uuid.uuid4()), "display_name": name, "create_time": updated,
+                     "start_time": updated, "end_time": updated, "state": node_state}
+                    for name, node_state in _argo_nodes(record.spec, failing)
+                ]
+            }  # fmt: skip
         record.resource["state"] = state
         record.resource["state_history"].append({"update_time": updated, "state": state})
         if state in TERMINAL_STATES:
             record.resource["finished_at"] = updated
-        if state == "FAILED":
-            record.resource["error"] = {"code": 2, "message": "The run failed (scripted by FakeKfp.run_outcome)"}
 
     def _get_run(self, call: _Call) -> tuple[str, Any]:
         record = self._run(call.params["run_id"])

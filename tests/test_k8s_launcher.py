@@ -23,6 +23,7 @@ from components.kube import Kube, KubeSettings
 from components.launch_pytorchjob.core import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig, Platform, launch
 from components.launch_pytorchjob.k8s_backend import WatchSettings, run_job
 from components.launch_pytorchjob.manifest import job_name, render_job
+from components.run_summary.core import job_cleanup, summarize_run
 from tests.k8s_server import CRD_PATH, PODS, FakeKubernetes, Lifecycle
 from trainer.layout import RunPaths
 from trainer.train_ddp import LOG_FORMAT, write_status
@@ -512,3 +513,53 @@ def test_the_training_deadline_reaches_the_operator(staged_root: Path) -> None:
     assert policy["activeDeadlineSeconds"] == 3600 + OPERATOR_DEADLINE_MARGIN_S
     unbounded = render_job(cluster_config(staged_root, "deadline", timeout_s=0).job_spec())["spec"]["runPolicy"]
     assert "activeDeadlineSeconds" not in unbounded
+
+
+def test_a_terminated_runs_job_is_deleted_by_the_exit_step_when_the_launcher_was_killed(staged_root: Path,
+                                                                                      tmp_path: Path) -> None:  # fmt: skip
+    """KFP runs the exit step after a terminate; the launcher may have died (SIGKILL) before it deleted anything.
+    The exit step sees the launcher's record still "running" and deletes the job; the owner reference would wait for
+    the launcher's pod object, which KFP keeps for a day."""
+    root = tmp_path / "fsx"
+    shutil.copytree(staged_root, root)
+    pipeline_run = "6d1c2b3a-0000-4000-8000-00000000abcd"
+    # The launcher step as its component runs it: recorded_step around launch (components/launch_pytorchjob).
+    script = (
+        "import sys\n"
+        "from components.run_summary.core import recorded_step\n"
+        "from pipelines.cli import main\n"
+        f"with recorded_step({str(root)!r}, 'killed-run', 'launch-pytorchjob', {{}}):\n"
+        "    main(sys.argv[1:])\n"
+    )
+    command = [sys.executable, "-c", script, "launch", "--backend", "kubernetes", "--storage-root", str(root),
+               "--dataset", "synthetic", "--run-id", "killed-run", "--pipeline-run-id", pipeline_run, "--nnodes", "2",
+               "--nproc-per-node", "8", "--image", "img:1", "--no-owner-reference"]  # fmt: skip
+    with FakeKubernetes(CRD_PATH, runs_forever()) as server:
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig(server, tmp_path / "kubeconfig"))}
+        launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        name, deadline = job_name(pipeline_run, "killed-run"), time.monotonic() + 60
+        while time.monotonic() < deadline and not running(server.job("kubeflow", name)):
+            time.sleep(0.05)
+        assert running(server.job("kubeflow", name)), "the job never ran"
+        launcher.kill()  # outright: no handler runs
+        launcher.wait(timeout=10)
+        assert server.deletions == [] and running(server.job("kubeflow", name))
+        cleanup = job_cleanup("kubernetes", "kubeflow", "killed-run", pipeline_run, client(server))
+        summary = summarize_run(str(root), "killed-run", pipeline_run, "RUNNING", cleanup=cleanup)
+        deletions = list(server.deletions)
+        other = job_cleanup("kubernetes", "kubeflow", "killed-run", "another-pipeline-run", client(server))()
+    assert summary.state == "TERMINATED" and summary.cleanup.endswith("was still running after the run ended: deleted")
+    assert deletions == [("kubeflow", name, "Foreground")]
+    assert other.startswith("no PyTorchJob") or "another pipeline run" in other or "being deleted" in other
+
+
+def test_the_exit_step_leaves_a_finished_job_and_someone_elses_alone(staged_root: Path) -> None:
+    cfg = cluster_config(staged_root, "finished")
+    with FakeKubernetes(CRD_PATH, Lifecycle.success(workers=2, log_lines=LINES[:2])) as server:
+        launch(cfg, client(server))
+        done = job_cleanup("kubernetes", "kubeflow", cfg.run_id, cfg.pipeline_run_id, client(server))()
+        server.put_job(render_job(cluster_config(staged_root, "theirs", pipeline_run_id="").job_spec()))
+        theirs = job_cleanup("kubernetes", "kubeflow", "theirs", "", client(server))()
+        deletions = list(server.deletions)
+    assert "had already finished: left for its logs" in done
+    assert "belongs to another pipeline run: left alone" in theirs and deletions == []

@@ -29,6 +29,19 @@ def tiny(msg: str = "hi", times: int = 2, ratio: float = 0.5, verbose: bool = Fa
     repeat(msg=msg, times=times)
 
 
+@dsl.component(base_image="python:3.11")
+def report(status: dsl.PipelineTaskFinalStatus) -> str:
+    return status.state
+
+
+@dsl.pipeline(name="guarded")
+def guarded(msg: str = "hi") -> None:
+    summary = report()
+    with dsl.ExitHandler(summary):
+        first = repeat(msg=msg, times=1)
+        repeat(msg=first.output, times=2)
+
+
 @dsl.pipeline(name="tiny-on-gpu-nodes")
 def tiny_with_platform(msg: str) -> None:
     task = repeat(msg=msg, times=1)
@@ -101,6 +114,17 @@ def test_client_construction_checks_healthz(server: FakeKfp) -> None:
     assert client.get_kfp_healthz().multi_user is False
     server.multi_user = True
     assert client.get_kfp_healthz().multi_user is True
+    assert server.errors == []
+
+
+def test_healthz_reports_the_backends_version_which_kfps_model_drops(server: FakeKfp) -> None:
+    status, answer = raw(server, "GET", "/apis/v2beta1/healthz")
+    assert status == 200 and set(answer) == {"commit_sha", "tag_name", "multi_user", "pipeline_store"}
+    assert answer["tag_name"] == "2.17.0" and answer["pipeline_store"] == "database"
+    server.tag_name = "unknown"  # an image built without TAG_NAME
+    assert raw(server, "GET", "/apis/v2beta1/healthz")[1]["tag_name"] == "unknown"
+    model = server.client().get_kfp_healthz()
+    assert model.to_dict() == {"multi_user": False, "pipeline_store": "database"}
     assert server.errors == []
 
 
@@ -226,7 +250,11 @@ def test_scripted_outcomes(server: FakeKfp, client: kfp.Client, uploaded: tuple[
 
     server.run_outcome = "FAILED"
     failed = client.wait_for_run_completion(run("fails"), timeout=10, sleep_duration=0)
-    assert failed.state == "FAILED" and failed.error.message
+    assert failed.state == "FAILED" and failed.error is None  # a real backend keeps no message for a failed run
+    assert [(t.display_name, t.state) for t in failed.run_details.task_details][1:] == [
+        ("root-driver", "SUCCEEDED"), ("root", "FAILED"), ("repeat-driver", "SUCCEEDED"), ("repeat", "FAILED"),
+        ("executor", "FAILED"),
+    ]  # fmt: skip
 
     server.run_progression = ()
     server.run_outcome = "SUCCEEDED"
@@ -239,6 +267,49 @@ def test_scripted_outcomes(server: FakeKfp, client: kfp.Client, uploaded: tuple[
     with pytest.raises(ValueError, match="not a V2beta1RuntimeState"):
         server.run_outcome = "DONE"
     assert server.errors == []
+
+
+def test_a_failed_run_has_the_argo_nodes_a_real_backend_reports(
+    server: FakeKfp, client: kfp.Client, tmp_path: Path
+) -> None:
+    path = tmp_path / "guarded.yaml"
+    compiler.Compiler().compile(guarded, str(path))
+    server.run_outcome, server.failed_task = "FAILED", "repeat"
+    run = client.create_run_from_pipeline_package(str(path), run_name="guarded")
+    failed = client.wait_for_run_completion(run.run_id, timeout=10, sleep_duration=0)
+    nodes = [(t.display_name, t.state) for t in failed.run_details.task_details]
+    assert nodes[0][0].startswith("guarded-") and nodes[0][1] == "FAILED"  # the workflow, named after the pipeline
+    assert nodes[1:] == [
+        ("root-driver", "SUCCEEDED"), ("root", "FAILED"),
+        ("exit-handler-1-driver", "SUCCEEDED"),
+        ("repeat-driver", "SUCCEEDED"), ("repeat", "FAILED"), ("executor", "FAILED"),  # repeat-2 never starts
+        ("exit-handler-1", "FAILED"),
+        ("report-driver", "SUCCEEDED"), ("report", "SUCCEEDED"), ("executor", "SUCCEEDED"),  # the exit task runs
+    ]  # fmt: skip
+    # No message and no outputs on any task: the launcher uploads nothing for a failed step, and the API keeps none.
+    assert all(t.error is None and not t.outputs for t in failed.run_details.task_details)
+    assert failed.error is None
+
+    server.failed_task = "no-such-step"
+    with pytest.raises(kfp_server_api.ApiException) as excinfo:
+        client.wait_for_run_completion(client.create_run_from_pipeline_package(str(path)).run_id, 10, 0)
+    assert excinfo.value.status == 500 and "is not a step or a driver of the run's" in api_error(excinfo)["message"]
+    assert len(server.errors) == 1
+    server.errors.clear()
+
+    server.failed_task = "repeat-2-driver"  # a driver fails: its step never starts
+    failed = client.wait_for_run_completion(client.create_run_from_pipeline_package(str(path)).run_id, 10, 0)
+    nodes = [(t.display_name, t.state) for t in failed.run_details.task_details]
+    assert ("repeat-2-driver", "FAILED") in nodes and "repeat-2" not in [name for name, _ in nodes]
+    assert ("repeat", "SUCCEEDED") in nodes and ("exit-handler-1", "FAILED") in nodes
+    server.failed_task = "root-driver"
+    failed = client.wait_for_run_completion(client.create_run_from_pipeline_package(str(path)).run_id, 10, 0)
+    assert [(t.display_name, t.state) for t in failed.run_details.task_details][1:] == [("root-driver", "FAILED")]
+
+    server.run_outcome = "SUCCEEDED"
+    done = client.wait_for_run_completion(client.create_run_from_pipeline_package(str(path)).run_id, 10, 0)
+    assert {t.state for t in done.run_details.task_details} == {"SUCCEEDED"}
+    assert "repeat-2" in [t.display_name for t in done.run_details.task_details]
 
 
 def test_run_from_a_package(server: FakeKfp, client: kfp.Client, package: Path) -> None:

@@ -161,7 +161,8 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     output = tmp_path / "cluster.yaml"
     result = subprocess.run(
         [CLI, "compile", "--output", str(output), "--node-selector", "role=cpu-workers", "--toleration",
-         "dedicated=pipelines:NoSchedule", "--image-pull-secret", "ecr-pull"],
+         "dedicated=pipelines:NoSchedule", "--image-pull-secret", "ecr-pull", "--fsx-pvc", "team-fsx",
+         "--queue-name", "hyperpod-ns-team-a-localqueue"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -172,27 +173,35 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     assert set(tasks) == STEPS | {"summarize-run"}
     for name in tasks:
         k8s = executors[executor_of(pipeline_spec, name)]
-        assert k8s["pvcMount"][0]["mountPath"] == "/fsx"
-        # The steps inside the exit handler's group see the parameter through the group's input channel.
-        pvc = k8s["pvcMount"][0]["pvcNameParameter"]["componentInputParameter"]
-        assert pvc == ("fsx_pvc" if name == "summarize-run" else "pipelinechannel--fsx_pvc"), name
+        # One volume, one path, fixed at compile time: every step mounts the same PVC at the same place.
+        assert k8s["pvcMount"] == [{"constant": "team-fsx", "mountPath": "/fsx",
+                                    "pvcNameParameter": {"runtimeValue": {"constant": "team-fsx"}}}], name  # fmt: skip
         assert k8s["nodeSelector"]["labels"] == {"role": "cpu-workers"}
         assert k8s["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "pipelines",
                                        "effect": "NoSchedule"}]  # fmt: skip
         assert [s["secretName"] for s in k8s["imagePullSecret"]] == ["ecr-pull"]
-    group_inputs = pipeline_spec["root"]["dag"]["tasks"]["exit-handler-1"]["inputs"]["parameters"]
-    assert group_inputs["pipelinechannel--fsx_pvc"] == {"componentInputParameter": "fsx_pvc"}
+    parameters = pipeline_spec["root"]["inputDefinitions"]["parameters"]
+    assert "fsx_pvc" not in parameters, "a run cannot choose another volume than the steps mount"
+    assert parameters["storage_root"]["defaultValue"] == "/fsx"
+    # ... and the job mounts it too: the launcher and the preflight get the same settings, as constants.
+    for name in ("launch-pytorchjob", "preflight"):
+        given = tasks[name]["inputs"]["parameters"]["platform"]["runtimeValue"]["constant"]
+        assert given == {"pvc_name": "team-fsx", "mount_path": "/fsx", "queue_name": "hyperpod-ns-team-a-localqueue",
+                         "priority_class": ""}, name  # fmt: skip
     assert "activeDeadlineSeconds" not in executors[executor_of(pipeline_spec, "launch-pytorchjob")]
     assert executors[executor_of(pipeline_spec, "stage-data")]["activeDeadlineSeconds"] == "21600"
-    # Caching off where a step must rerun; retries with backoff where a rerun is safe and often helps.
-    for name, cached, retries in (("preflight", False, 0), ("stage-data", True, 2), ("launch-pytorchjob", False, 0),
-                                  ("verify-nccl", True, 2), ("evaluate-checkpoint", False, 0),
-                                  ("summarize-run", False, 0)):  # fmt: skip
+    # Caching off everywhere (a hit of stage-data would skip a changed corpus); retries whose window, which Argo
+    # counts from the first attempt's start, holds every attempt up to its timeout.
+    for name, retries, timeout_s in (("preflight", 0, 600), ("stage-data", 2, 21600), ("launch-pytorchjob", 0, 0),
+                                     ("verify-nccl", 2, 3600), ("evaluate-checkpoint", 0, 0),
+                                     ("summarize-run", 0, 0)):  # fmt: skip
         task = tasks[name]
-        assert task.get("cachingOptions", {}).get("enableCache", False) is cached, name
+        assert task.get("cachingOptions", {}).get("enableCache", False) is False, name
         assert task.get("retryPolicy", {}).get("maxRetryCount", 0) == retries, name
         if retries:
-            assert task["retryPolicy"]["backoffFactor"] == 2.0 and task["retryPolicy"]["backoffDuration"] == "10s"
+            policy = task["retryPolicy"]
+            assert policy["backoffFactor"] == 2.0 and policy["backoffDuration"] == "10s"
+            assert int(policy["backoffMaxDuration"].rstrip("s")) >= (retries + 1) * timeout_s + 10 + 20, name
     resources = {name: pipeline_spec["deploymentSpec"]["executors"][executor_of(pipeline_spec, name)]["container"]
                  ["resources"] for name in tasks}  # fmt: skip
     assert resources["launch-pytorchjob"]["resourceCpuLimit"] == "500m"
@@ -204,7 +213,7 @@ def test_the_compiled_yaml_round_trips_through_kfp() -> None:
 
     loaded = components.load_component_from_file(str(COMPILED_PIPELINE))
     assert loaded.name == "hyperpod-pretrain"
-    assert {"source", "fsx_pvc", "storage_root", "trainer_image", "skip_staging", "resume_run_id"} <= set(
+    assert {"source", "storage_root", "trainer_image", "skip_staging", "resume_run_id", "recovery_timeout_s"} <= set(
         loaded.component_spec.inputs
     )
 
@@ -259,3 +268,58 @@ def test_the_readme_lists_every_parameter_with_its_default() -> None:
             "BOOLEAN": lambda v: str(v).lower(),
         }.get(kind, json.dumps)(value)
         assert re.match(r"`([^`]*)`", cell).group(1) == expected, name
+
+
+# The first KFP backend release that runs each feature a compiled pipeline may use, read from kubeflow/pipelines
+# tags 2.0.0-2.17.0 (there are no 2.6-2.13 releases). Each entry: (first release, where it is decided).
+KFP_FEATURES = {
+    "exit handler that reports the run's state": (
+        "2.4.0",
+        "backend/src/v2/compiler/argocompiler/common.go, addExitTask: an Argo exit hook (#11470)",
+    ),
+    "PipelineTaskFinalStatus input": (
+        "2.14.0",
+        "argocompiler/dag.go, addImplicitDependencies: 'task final status not supported yet' before (#11953)",
+    ),
+    "retry policy inside a sub-DAG": ("2.14.0", "argocompiler/container.go, getTaskRetryPolicySpec (#11861)"),
+    "{{$.pipeline_job_uuid}} placeholder": ("2.5.0", "backend/src/v2/driver, resolve.go (#11599)"),
+    "pvcMount by pvcNameParameter": ("2.5.0", "kubernetes_platform proto read by cmd/driver/main.go (#11770)"),
+    "pod activeDeadlineSeconds": ("2.1.0", "backend/src/v2/driver/driver.go"),
+    "resource quantities as strings": ("2.4.0", "backend/src/v2/compiler/argocompiler/container.go (#11501)"),
+}
+
+
+def features_used(spec: dict, platform: dict) -> set[str]:
+    """What the compiled YAML asks of the backend, read from the YAML itself."""
+    text = yaml.safe_dump(spec)
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values()
+    sub_dags = [c["dag"]["tasks"] for c in spec["components"].values() if "dag" in c]
+    found = {
+        "exit handler that reports the run's state": any(
+            t.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
+            for t in spec["root"]["dag"]["tasks"].values()
+        ),
+        "PipelineTaskFinalStatus input": "taskFinalStatus" in text,
+        "retry policy inside a sub-DAG": any("retryPolicy" in t for tasks in sub_dags for t in tasks.values()),
+        "{{$.pipeline_job_uuid}} placeholder": "{{$.pipeline_job_uuid}}" in text,
+        "pvcMount by pvcNameParameter": any("pvcNameParameter" in m for e in executors for m in e.get("pvcMount", [])),
+        "pod activeDeadlineSeconds": any("activeDeadlineSeconds" in e for e in executors),
+        "resource quantities as strings": any(
+            "resourceCpuLimit" in e["container"].get("resources", {})
+            for e in spec["deploymentSpec"]["executors"].values()
+        ),
+    }
+    return {name for name, used in found.items() if used}
+
+
+def test_the_minimum_kfp_backend_is_what_the_compiled_yaml_needs() -> None:
+    """The README and `submit` name MIN_KFP_BACKEND; it must be the newest first release among the features used."""
+    from pipelines.pipeline import MIN_KFP_BACKEND
+
+    spec, platform = yaml.safe_load_all(COMPILED_PIPELINE.read_text())
+    used = features_used(spec, platform)
+    assert {"PipelineTaskFinalStatus input", "retry policy inside a sub-DAG"} <= used
+    needed = max((KFP_FEATURES[name][0] for name in used), key=lambda v: tuple(map(int, v.split("."))))
+    assert needed == MIN_KFP_BACKEND
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"KFP backend {MIN_KFP_BACKEND} or newer" in readme

@@ -2,6 +2,7 @@
 which checks every body against kfp_server_api's models and every run's parameters against the compiled spec."""
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from pipelines import COMPILED_PIPELINE
+from pipelines.remote import MIN_KFP_BACKEND
 from tests.kfp_server import FakeKfp
 
 pytestmark = pytest.mark.timeout(120)
@@ -113,6 +115,36 @@ def test_submit_wait_exits_by_the_runs_outcome(server: FakeKfp, env: dict[str, s
                         f"/fsx/runs/{run.id}/summary.md")  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "failing, reported",
+    [
+        # FAILED nodes: the workflow, root, exit-handler-1, stage-data and its executor pod; only the step is named.
+        ("stage-data", ["step stage-data FAILED"]),
+        ("verify-nccl-driver", ["step verify-nccl FAILED in its driver"]),
+        # No step or driver of a step failed: every failed node is named (the workflow's name ends in 5 letters).
+        ("root-driver", [r"hyperpod-pretrain-[a-z]{5} FAILED", "root-driver FAILED"]),
+    ],
+)
+def test_a_failed_run_names_the_step_it_failed_in(
+    server: FakeKfp, env: dict[str, str], failing: str, reported: list[str]
+) -> None:
+    server.run_outcome, server.failed_task = "FAILED", failing
+    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b", "--wait", "--poll-s", "0.05")
+    assert result.returncode == 1, result.stderr
+    (run,) = server.runs.values()
+    errors = [line.split(" ERROR hyperpod-pretrain: ", 1)[1] for line in result.stderr.splitlines()
+              if " ERROR hyperpod-pretrain: " in line]  # fmt: skip
+    assert len(errors) == len(reported) + 1
+    assert all(re.fullmatch(pattern, line) for pattern, line in zip(reported, errors, strict=False)), errors
+    assert errors[-1] == (  # the API has no message for any node: the reason is in the step's log
+        "KFP keeps no error message for a step, and a failed step uploads no outputs: the step's log says why (the "
+        "UI: the run's graph, the step, Logs)"
+    )
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"hyperpod-pretrain submit: failed: run {run.id} ended FAILED; its summary: /fsx/runs/{run.id}/summary.md"
+    )
+
+
 def test_the_service_account_token_is_sent(server: FakeKfp, env: dict[str, str], tmp_path: Path) -> None:
     server.require_token = "pipeline-runner-token"
     token = tmp_path / "token"
@@ -171,6 +203,60 @@ def test_an_unreachable_api_is_one_line(env: dict[str, str]) -> None:
     assert last.startswith("hyperpod-pretrain submit: failed: submitting ") and "could not be reached" in last
     bad = cli(env, "submit", "--host", "localhost:8080", "--param", "source=s3://a/b")
     assert bad.returncode == 2 and "--host 'localhost:8080' is not an http(s) URL" in bad.stderr
+
+
+def test_a_backend_older_than_the_minimum_is_refused_before_anything_is_created(
+    server: FakeKfp, env: dict[str, str]
+) -> None:
+    server.tag_name = "2.5.0"
+    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "hyperpod-pretrain submit: failed: the KFP backend is version 2.5.0; this pipeline needs 2.14.0 or later, as "
+        "older backends refuse to create a run whose exit handler takes dsl.PipelineTaskFinalStatus ('task final "
+        "status not supported yet') and ignore retry policies inside the exit handler: upgrade KFP (nothing was "
+        "uploaded)"
+    )
+    scheduled = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 2 * * *",
+                    "--param", "source=s3://a/b")  # fmt: skip
+    assert scheduled.returncode == 1 and "the KFP backend is version 2.5.0" in scheduled.stderr
+    assert [r for r in server.requests if r.method != "GET"] == []
+    assert server.pipelines == server.versions == server.experiments == server.runs == server.recurring_runs == {}
+
+
+@pytest.mark.parametrize("tag", [MIN_KFP_BACKEND, "2.17.0"])
+def test_a_backend_at_or_above_the_minimum_is_accepted(server: FakeKfp, env: dict[str, str], tag: str) -> None:
+    server.tag_name = tag
+    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    assert result.returncode == 0, result.stderr
+    assert f"KFP backend {tag} (this pipeline needs 2.14.0 or later)" in result.stderr
+    assert "WARNING" not in result.stderr and len(server.runs) == 1
+
+
+@pytest.mark.parametrize(
+    "tag, status, why",
+    [
+        ("unknown", None, "healthz says tag_name 'unknown'"),  # an image built without TAG_NAME
+        ("master", None, "healthz says tag_name 'master'"),
+        ("2.17.0", 403, "GET /apis/v2beta1/healthz answered 403 Forbidden"),  # a proxy that guards the path
+        ("2.17.0", 404, "GET /apis/v2beta1/healthz answered 404 Not Found"),
+    ],
+)
+def test_an_unreadable_backend_version_warns_and_goes_on(
+    server: FakeKfp, env: dict[str, str], tag: str, status: int | None, why: str
+) -> None:
+    server.tag_name = tag
+    if status:
+        server.fail_next("GET", r"/healthz$", status=status)
+    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if " WARNING " in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        f"could not check the KFP backend's version ({why}): this pipeline needs KFP 2.14.0 or later, as older "
+        "backends refuse to create a run whose exit handler takes dsl.PipelineTaskFinalStatus ('task final status not "
+        "supported yet') and ignore retry policies inside the exit handler; going on"
+    )
+    assert len(server.runs) == 1
 
 
 def test_schedule_creates_disables_enables_and_deletes(server: FakeKfp, env: dict[str, str]) -> None:

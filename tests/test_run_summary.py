@@ -1,6 +1,9 @@
 """The run summary: step records written as steps end, gathered by the exit step."""
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,3 +63,60 @@ def test_an_unreadable_record_is_reported_not_fatal(tmp_path: Path) -> None:
     summary = summarize_run(str(tmp_path), "r1", "kfp-uuid", "SUCCEEDED")
     assert summary.steps[1]["state"] == "unreadable" and "stage-data.json" in summary.steps[1]["error"]
     assert summary.job == {}
+
+
+def steps_ending(root: str, run_id: str, last: str, how: str) -> None:
+    """Records of the steps up to `last`, which ends as `how`: succeeded, failed, or killed (its record stays at
+    "running", as when its pod is killed outright)."""
+    for step in STEPS[: STEPS.index(last) + 1]:
+        if step != last or how == "succeeded":
+            with recorded_step(root, run_id, step, {}):
+                pass
+        elif how == "failed":
+            with pytest.raises(StepFailed), recorded_step(root, run_id, step, {}):
+                raise StepFailed("rank 3: NCCL WARN")
+        else:  # the step's process killed outright inside its recorded_step, as a pod's SIGKILL does
+            script = (f"import os, signal\nfrom components.run_summary.core import recorded_step\n"
+                      f"with recorded_step({root!r}, {run_id!r}, {step!r}, {{}}):\n"
+                      "    os.kill(os.getpid(), signal.SIGKILL)\n")  # fmt: skip
+            assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize(
+    ("last", "how", "kfp_state", "state"),
+    [
+        ("evaluate-checkpoint", "succeeded", "COMPLETE", "SUCCEEDED"),  # KFP 2.14+: MLMD's state of the DAG
+        ("evaluate-checkpoint", "succeeded", "SUCCEEDED", "SUCCEEDED"),  # kfp.local
+        ("verify-nccl", "failed", "FAILED", "FAILED"),
+        ("launch-pytorchjob", "killed", "RUNNING", "TERMINATED"),  # terminated: the launcher never published
+        ("stage-data", "succeeded", "FAILED", "INCOMPLETE"),  # the next step never started (its driver failed)
+    ],
+)
+def test_the_state_comes_from_the_steps_records(tmp_path: Path, last: str, how: str, kfp_state: str,
+                                                 state: str) -> None:  # fmt: skip
+    """A real KFP's final status is MLMD's (COMPLETE/FAILED/RUNNING) with an empty error
+    (kubeflow/pipelines backend/src/v2/driver/resolve.go, 2.14-2.17); the steps' own records say what happened."""
+    root = str(tmp_path)
+    steps_ending(root, "r1", last, how)
+    cleanups: list[str] = []
+    summary = summarize_run(root, "r1", "kfp-uuid", kfp_state, "", cleanup=lambda: cleanups.append("x") or "done")
+    assert (summary.state, summary.kfp_state) == (state, kfp_state)
+    assert bool(cleanups) == (state != "SUCCEEDED"), "the job is cleaned up after any run that did not succeed"
+    if state == "FAILED":
+        assert summary.error == "verify-nccl failed: rank 3: NCCL WARN"
+    if state == "TERMINATED":
+        assert summary.error.startswith("launch-pytorchjob was stopped while running: the run was terminated")
+        assert "| launch-pytorchjob | running |" in summary.markdown()
+    if state == "INCOMPLETE":
+        assert summary.error == "launch-pytorchjob, verify-nccl, evaluate-checkpoint never ran"
+
+
+def test_a_failed_cleanup_is_reported_in_the_summary(tmp_path: Path) -> None:
+    steps_ending(str(tmp_path), "r1", "launch-pytorchjob", "killed")
+
+    def cleanup() -> str:
+        raise StepFailed("Kubernetes API: delete PyTorchJob failed 6 times")
+
+    summary = summarize_run(str(tmp_path), "r1", "kfp-uuid", "RUNNING", cleanup=cleanup)
+    assert summary.cleanup == "could not clean up the PyTorchJob: Kubernetes API: delete PyTorchJob failed 6 times"
+    assert "Clean-up: could not clean up" in RunPaths.of(tmp_path, "r1").summary_report.read_text()

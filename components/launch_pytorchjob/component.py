@@ -29,21 +29,25 @@ def launch_pytorchjob(
     log_every: int,
     timeout_s: int,
     pending_timeout_s: int,
+    recovery_timeout_s: int,
+    queue_timeout_s: int,
     image: str,
     namespace: str,
     instance_type: str,
     job_options: dict,
     stream_logs: str,
     owner_reference: bool,
+    platform: dict,
     metrics: dsl.Output[dsl.Metrics],
     report: dsl.Output[dsl.Markdown],
-) -> NamedTuple("Outputs", run_id=str, job_name=str, namespace=str, state=str):  # noqa: UP014 - KFP reads it
-    """Train with torchrun (locally, or as a PyTorchJob that a retried step re-attaches to); returns the run id.
-    With `resume_run_id`, training continues in that run's directory from its newest checkpoint."""
+) -> NamedTuple("Outputs", run_id=str, job_name=str, namespace=str, state=str, attempt=int):  # noqa: UP014
+    """Train with torchrun (locally, or as a PyTorchJob that a retried step re-attaches to, or replaces when it
+    failed); returns the run id. With `resume_run_id`, training continues in that run's directory from its newest
+    checkpoint. `platform` is compiled in (the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
     from collections import namedtuple
 
     from components.kfp_support import log_numbers, setup_logging
-    from components.launch_pytorchjob.core import LaunchConfig, launch, summary_markdown
+    from components.launch_pytorchjob.core import LaunchConfig, Platform, launch, summary_markdown
     from components.run_summary.core import recorded_step, resolve_run_id
 
     setup_logging()
@@ -68,6 +72,8 @@ def launch_pytorchjob(
         log_every=log_every,
         timeout_s=timeout_s,
         pending_timeout_s=pending_timeout_s,
+        recovery_timeout_s=recovery_timeout_s,
+        queue_timeout_s=queue_timeout_s,
         pipeline_run_id=pipeline_run_id,
         image=image,
         namespace=namespace,
@@ -75,15 +81,16 @@ def launch_pytorchjob(
         job_options=job_options,
         stream_logs=stream_logs,
         owner_reference=owner_reference,
+        platform=Platform.from_dict(platform),
     )
     with recorded_step(storage_root, run_id, "launch-pytorchjob", {"report": report.uri}) as record:
         if backend == "kubernetes":
             record.details = {"job_name": config.job_name, "namespace": namespace}
         result = launch(config)
         if result.state:
-            record.details["state"] = result.state
+            record.details |= {"state": result.state, "attempt": result.attempt}
     log_numbers(metrics, {k: v for k, v in vars(result).items() if v is not None})
     with open(report.path, "w") as f:
         f.write(summary_markdown(result))
-    outputs = namedtuple("Outputs", ["run_id", "job_name", "namespace", "state"])
-    return outputs(result.run_id, result.job_name, result.namespace, result.state)
+    outputs = namedtuple("Outputs", ["run_id", "job_name", "namespace", "state", "attempt"])
+    return outputs(result.run_id, result.job_name, result.namespace, result.state, result.attempt)

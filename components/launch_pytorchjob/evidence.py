@@ -38,7 +38,8 @@ class TrainerEvidence:
             at = f" at step {self.step}" if self.step is not None else ""
             parts.append(f"trainer {self.state}{at}" + (f" ({self.error[:300]})" if self.error else ""))
         if self.last_lines:
-            who = f"rank {self.rank}, the first to log an error" if self.rank is not None else "rank 0 (no rank logged an error)"
+            who = (f"rank {self.rank}, the first to log an error" if self.rank is not None
+                   else "rank 0 (no rank logged an error)")  # fmt: skip
             parts.append(f"last lines of {who}: " + " | ".join(line.strip()[:300] for line in self.last_lines))
         return "; ".join(parts)
 

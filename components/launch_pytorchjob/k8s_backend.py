@@ -99,7 +99,8 @@ class Cancelled(StepFailed):
 
 
 def true_condition(job: dict[str, Any], type_: str) -> bool:
-    return any(c.get("type") == type_ and c.get("status") == "True" for c in job.get("status", {}).get("conditions", []))
+    conditions = job.get("status", {}).get("conditions", [])
+    return any(c.get("type") == type_ and c.get("status") == "True" for c in conditions)
 
 
 def is_finished(job: dict[str, Any]) -> bool:
@@ -182,8 +183,8 @@ def _attempt(job: dict[str, Any]) -> int:
 def _create(kube: Kube, job: dict[str, Any], attempt: int) -> dict[str, Any] | None:
     """The created job, or None when one of that name exists (409)."""
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    body = {**job, "metadata": {**job["metadata"],
-                                "annotations": {**job["metadata"]["annotations"], ATTEMPT_ANNOTATION: str(attempt)}}}  # fmt: skip
+    annotations = {**job["metadata"]["annotations"], ATTEMPT_ANNOTATION: str(attempt)}
+    body = {**job, "metadata": {**job["metadata"], "annotations": annotations}}
     try:
         created = kube.call("create PyTorchJob", kube.custom.create_namespaced_custom_object, GROUP, VERSION, ns,
                             PLURAL, body)  # fmt: skip

@@ -290,7 +290,8 @@ def render_job(spec: JobSpec) -> dict[str, Any]:
         "metadata": {
             "name": spec.name,
             "namespace": spec.namespace,
-            "labels": {"app.kubernetes.io/managed-by": "hyperpod-pretrain"} | spec.labels
+            "labels": {"app.kubernetes.io/managed-by": "hyperpod-pretrain"}
+            | spec.labels
             | {k: v for k, v in queue.items() if v},
             "annotations": annotations,
         },

@@ -21,6 +21,7 @@ def preflight(
     namespace: str,
     instance_type: str,
     job_options: dict,
+    platform: dict,
     warn_only: bool,
     report: dsl.Output[dsl.Markdown],
 ):
@@ -28,7 +29,8 @@ def preflight(
     plugins, image, memory); fails on any failed check unless `warn_only`."""
     from components.errors import StepFailed
     from components.kfp_support import setup_logging
-    from components.launch_pytorchjob.core import LaunchConfig
+    from components.launch_pytorchjob.core import LaunchConfig, Platform
+    from components.preflight.core import failure_message
     from components.preflight.core import preflight as run
     from components.run_summary.core import recorded_step, resolve_run_id
 
@@ -49,6 +51,7 @@ def preflight(
         instance_type=instance_type,
         job_options=job_options,
         owner_reference=False,  # the job is not created here: whose pod owns it does not matter
+        platform=Platform.from_dict(platform),
     )
     with recorded_step(storage_root, run_id, "preflight", {"report": report.uri}) as record:
         result = run(config, warn_only=warn_only)  # validates the config first (not the storage: not staged yet)
@@ -57,5 +60,5 @@ def preflight(
         record.details = {"verdict": result.verdict()}
         if backend == "local":
             record.state = "skipped"  # no cluster to check
-        if not result.passed:
-            raise StepFailed("preflight: " + "; ".join(f"{c.name}: {c.reason}" for c in result.failures))
+        if not result.passed:  # KFP uploads no report for a failed step: the message carries each fix
+            raise StepFailed(failure_message(result))
