@@ -293,7 +293,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     result = preflight(launch_config(args), warn_only=args.warn_only)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.markdown())
     if not result.passed:
-        raise StepFailed(failure_message(result))
+        raise StepFailed(failure_message(result).removeprefix("preflight failed: "))  # the CLI says "failed: "
     return 0
 
 

@@ -515,8 +515,7 @@ def test_the_training_deadline_reaches_the_operator(staged_root: Path) -> None:
     assert "activeDeadlineSeconds" not in unbounded
 
 
-def test_a_terminated_runs_job_is_deleted_by_the_exit_step_when_the_launcher_was_killed(staged_root: Path,
-                                                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_a_terminated_runs_job_is_deleted_by_the_exit_step(staged_root: Path, tmp_path: Path) -> None:
     """KFP runs the exit step after a terminate; the launcher may have died (SIGKILL) before it deleted anything.
     The exit step sees the launcher's record still "running" and deletes the job; the owner reference would wait for
     the launcher's pod object, which KFP keeps for a day."""

@@ -839,7 +839,9 @@ def component_args(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
         storage_root=str(tmp_path / "fsx"), dataset="synthetic", run_id="", resume_run_id="",
         pipeline_run_id="pipeline-pf-2",
         backend="kubernetes", nnodes=2, max_nodes=0, nproc_per_node=8, preset="tiny", image=IMAGE,
-        namespace="kubeflow", instance_type="ml.p5.48xlarge", job_options={}, warn_only=False,
+        namespace="kubeflow", instance_type="ml.p5.48xlarge", job_options={},
+        platform={"pvc_name": "fsx-lustre-pvc", "mount_path": str(tmp_path / "fsx"), "queue_name": "",
+                  "priority_class": ""}, warn_only=False,
         report=SimpleNamespace(path=str(tmp_path / "report.md"), uri="minio://report"),
     )  # fmt: skip
     return {**args, **overrides}
@@ -863,9 +865,13 @@ def test_the_component_writes_the_report_and_fails_on_a_failed_check(
     server.remove_crd()
     with pytest.raises(StepFailed) as error:
         component.python_func(**component_args(tmp_path))
-    assert str(error.value) == (
-        "preflight: crd: the PyTorchJob CRD pytorchjobs.kubeflow.org is not installed: no job can be created"
+    # KFP uploads no report for a failed step: the message carries each failed check's reason and fix.
+    assert str(error.value).startswith(
+        "preflight failed: crd: the PyTorchJob CRD pytorchjobs.kubeflow.org is not installed: no job can be created."
+        " Fix: "
     )
+    with pytest.raises(InputError, match=r"storage_root '.*/elsewhere' is outside the FSx mount path"):
+        component.python_func(**component_args(tmp_path, storage_root=str(tmp_path / "elsewhere")))
     assert "| crd | **FAIL** |" in (tmp_path / "report.md").read_text()
     component.python_func(**component_args(tmp_path, warn_only=True))  # allowed
     started = time.monotonic()
