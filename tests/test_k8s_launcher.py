@@ -419,6 +419,7 @@ def test_an_elastic_job_running_on_its_minimum_with_pods_pending_succeeds(staged
         deletions = list(server.deletions)
     assert outcome.state == "Succeeded" and deletions == []
     assert "Pending beyond the minimum of 2" in caplog.text
+    assert not [f for f in outcome.diagnosis if f.startswith("Pod stuck in Pending")], outcome.diagnosis
 
 
 def test_a_job_that_never_starts_is_deleted_at_the_pending_deadline(staged_root: Path) -> None:

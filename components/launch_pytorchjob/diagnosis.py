@@ -89,6 +89,12 @@ class Diagnosis:
         self._seen: set[tuple[str, str]] = set()
         self._lock = threading.Lock()  # log lines arrive from the log streamers' threads
         self.pending_since: float | None = None  # creation time of the oldest pod now Pending (epoch seconds)
+        # An elastic job runs on its minimum of pods: once that many are scheduled (or the job ran with them), an
+        # unschedulable pod is one beyond the minimum waiting for room, which the launcher reports as such, not a
+        # "Pod stuck in Pending".
+        self.min_pods = 0  # 0: every pod must be scheduled
+        self.started = False
+        self._room_for_minimum = False
 
     def report(self, symptom: str, pod: str, detail: str) -> Finding | None:
         with self._lock:
@@ -116,6 +122,8 @@ class Diagnosis:
         pods = list(pods)
         created = [_created(p, self.now()) for p in pods if p.status.phase == "Pending"]
         self.pending_since = min(created) if created else None
+        scheduled = sum(1 for p in pods if p.spec is not None and p.spec.node_name)
+        self._room_for_minimum = self.started or (0 < self.min_pods <= scheduled)
         names = {p.metadata.name for p in pods}
         for event in events:  # first: an event's words are fuller than a status's (the pull error's cause)
             obj = event.involved_object
@@ -158,6 +166,8 @@ class Diagnosis:
             self.report(IMAGE_PULL, name, _first_line(message))
 
     def _unschedulable(self, pod: str, message: str) -> None:
+        if self._room_for_minimum:
+            return
         short = set(INSUFFICIENT.findall(message))
         waited = f"Pending for {_seconds(self.pending_for())}"
         if "vpc.amazonaws.com/efa" in short:

@@ -667,6 +667,8 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     min_pods = int(job["spec"].get("elasticPolicy", {}).get("minReplicas")
                    or job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])  # fmt: skip
     deadlines = Deadlines(settings, min_pods)
+    if min_pods < job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]:
+        diagnosis.min_pods = min_pods  # elastic: pods beyond the minimum may wait for room
     stored, reattached, attempt = create_or_attach(kube, job, settings.replace_timeout_s, cancel)
     uid = stored["metadata"]["uid"]
     on_owned(uid)
@@ -701,6 +703,7 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
             diagnoser.tick()
             if diagnoser.pods is not None:
                 deadlines.pods_changed(diagnoser.pods, current)
+                diagnosis.started = deadlines.started
             if deadlines.queued:
                 if settings.queue_timeout_s and deadlines.queued_for() > settings.queue_timeout_s:
                     give_up(f"was queued (suspended, not admitted) for {deadlines.queued_for():.0f}s, past the queue "
