@@ -276,15 +276,17 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         default=0,
         help="queued (suspended by Kueue) this long fails it (0: wait as long as it takes)",
     )
-    p.add_argument("--fsx-pvc", default="fsx-lustre-pvc", help="the FSx PVC the job mounts")
-    p.add_argument(
-        "--mount-path",
-        default="",
-        help="where the job mounts it; the storage root must lie under it (default: the storage root)",
-    )
-    p.add_argument("--queue-name", default="", help="Kueue LocalQueue (HyperPod task governance)")
-    p.add_argument("--priority-class", default="", help="Kueue WorkloadPriorityClass")  # fmt: skip
+    add_platform_args(p, mount_path="", mount_help="default: the storage root")
     p.add_argument("--no-owner-reference", action="store_true", help="do not tie the job's life to the launcher pod")
+
+
+def add_platform_args(p: argparse.ArgumentParser, mount_path: str, mount_help: str) -> None:
+    """The platform team's settings (components/launch_pytorchjob/core.py Platform), compiled into the pipeline."""
+    p.add_argument("--fsx-pvc", default="fsx-lustre-pvc", help="the FSx PVC every step and the PyTorchJob mount")
+    p.add_argument("--mount-path", default=mount_path,
+                   help=f"where they mount it; a storage root must lie under it ({mount_help})")  # fmt: skip
+    p.add_argument("--queue-name", default="", help="Kueue LocalQueue of the PyTorchJob (HyperPod task governance)")
+    p.add_argument("--priority-class", default="", help="Kueue WorkloadPriorityClass of the PyTorchJob")
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -407,14 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile the pipeline to YAML")
     p.add_argument("--output", default=str(COMPILED_PIPELINE))
     p.add_argument("--check", action="store_true", help="exit non-zero if --output differs from a fresh compile")
-    p.add_argument("--fsx-pvc", default="fsx-lustre-pvc", help="the FSx PVC every step and the PyTorchJob mount")
-    p.add_argument(
-        "--mount-path",
-        default="/fsx",
-        help="where they mount it: storage_root's default, and a run's storage_root must lie under it",
-    )
-    p.add_argument("--queue-name", default="", help="Kueue LocalQueue the PyTorchJob is queued in (task governance)")
-    p.add_argument("--priority-class", default="", help="Kueue WorkloadPriorityClass of the PyTorchJob")  # fmt: skip
+    add_platform_args(p, mount_path="/fsx", mount_help="also storage_root's default")
     p.add_argument("--node-selector", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="schedule the steps on nodes with this label (repeatable)")  # fmt: skip
     p.add_argument("--toleration", type=toleration, action="append", default=[], metavar="KEY[=VALUE]:EFFECT",

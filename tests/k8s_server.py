@@ -1274,20 +1274,6 @@ class Lifecycle:
         (cleanPodPolicy Running).
         """
         lines = list(DEFAULT_LOG_LINES if log_lines is None else log_lines)
-        message = f"0/{min_nodes} nodes are available: {min_nodes} Insufficient nvidia.com/gpu."
-
-        def pods(job: JobHandle) -> None:
-            job.create_pods(min_nodes)
-            for i in range(min_nodes, max_nodes):
-                job.create_pod(i, scheduled=False, message=message)
-                job.event("FailedScheduling", message, type_="Warning", pod_index=i, component="default-scheduler")
-            job.set_replica_status(active=0)
-
-        def running(job: JobHandle) -> None:
-            for i in range(min_nodes):
-                job.run(i)
-            job.set_replica_status(active=min_nodes)
-            job.set_condition("Running", "PyTorchJobRunning", "PyTorchJob {namespace}/{name} is running.")
 
         def log_running(job: JobHandle, line: str) -> None:
             for i in range(min_nodes):
@@ -1302,7 +1288,7 @@ class Lifecycle:
             job.set_condition("Succeeded", "PyTorchJobSucceeded", message)
             job.clean_pods()
 
-        steps: list[tuple[float, Action]] = [(0.0, _created), (tick_s, pods), (tick_s, running)]
+        steps = _start_steps(min_nodes, tick_s, unschedulable=max_nodes - min_nodes)
         steps += [(tick_s, lambda job, line=line: log_running(job, line)) for line in lines]
         steps.append((tick_s, succeed))
         return cls(steps)
@@ -1462,9 +1448,15 @@ def _created(job: JobHandle) -> None:
     job.set_status(startTime=now_rfc3339())
 
 
-def _start_steps(workers: int, tick_s: float) -> list[tuple[float, Action]]:
+def _start_steps(workers: int, tick_s: float, unschedulable: int = 0) -> list[tuple[float, Action]]:
+    """Created, ``workers`` pods scheduled (and ``unschedulable`` more that find no room), those ``workers`` run."""
+    message = f"0/{workers} nodes are available: {workers} Insufficient nvidia.com/gpu."
+
     def pods(job: JobHandle) -> None:
         job.create_pods(workers)
+        for i in range(workers, workers + unschedulable):
+            job.create_pod(i, scheduled=False, message=message)
+            job.event("FailedScheduling", message, type_="Warning", pod_index=i, component="default-scheduler")
         job.set_replica_status(active=0)
 
     def running(job: JobHandle) -> None:
