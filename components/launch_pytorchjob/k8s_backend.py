@@ -10,7 +10,7 @@
   stream falls silent (a read timeout).
 - Diagnosis: every few seconds the job's pods and their events, and every streamed log line, are matched to
   the troubleshooting table (diagnosis.py); each symptom is logged once as it happens.
-- Deadlines (`Deadlines`): queued (suspended by Kueue), never started (pods Pending), running below its minimum
+- Deadlines (deadlines.py): queued (suspended by Kueue), never started (pods Pending), running below its minimum
   of pods (a lost node), and the training deadline, each its own; past one the job is deleted and the step fails.
 - The end: Succeeded returns; Failed raises with the condition's reason, the trainer's own account from the
   volume (evidence.py) or what the pods showed at their restarts, and the diagnosis; a SIGTERM (KFP terminating
@@ -23,7 +23,6 @@ import json
 import logging
 import math
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,24 +36,29 @@ from kubernetes.watch import Watch
 
 from components.errors import StepFailed
 from components.kube import Kube, api_client_from_environment, describe, is_transient
+from components.launch_pytorchjob.cancel import Cancelled, ImmediateDelete, SigtermToEvent, delete_job
+from components.launch_pytorchjob.conditions import (
+    TERMINAL,
+    condition_times,
+    latest_condition,
+    true_condition,
+)
 from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
+from components.launch_pytorchjob.deadlines import Deadlines
 from components.launch_pytorchjob.diagnosis import Diagnosis
 from components.launch_pytorchjob.evidence import TrainerEvidence, read_evidence
 from components.launch_pytorchjob.manifest import (
     ATTEMPT_ANNOTATION,
     CONTAINER,
     GROUP,
-    PIPELINE_RUN_LABEL,
     PLURAL,
     SPEC_HASH_ANNOTATION,
     VERSION,
-    label_value,
     render_job,
 )
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("Succeeded", "Failed")
 JOB_LABEL = "training.kubeflow.org/job-name"
 TAIL_LINES = 40
 LOG_DRAIN_S = 10.0  # after the job ends, how long its log streams may take to reach their end
@@ -92,37 +96,6 @@ class JobOutcome:
     restarts: int
     conditions: list[dict[str, Any]] = field(default_factory=list)
     diagnosis: list[str] = field(default_factory=list)  # what went wrong on the way, one line each
-
-
-class Cancelled(StepFailed):
-    """SIGTERM: the job was deleted."""
-
-
-def true_condition(job: dict[str, Any], type_: str) -> bool:
-    conditions = job.get("status", {}).get("conditions", [])
-    return any(c.get("type") == type_ and c.get("status") == "True" for c in conditions)
-
-
-def is_finished(job: dict[str, Any]) -> bool:
-    return true_condition(job, "Succeeded") or true_condition(job, "Failed")
-
-
-def condition_times(job: dict[str, Any]) -> tuple[float | None, float | None]:
-    def seconds(stamp: str | None) -> float | None:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
-
-    created = seconds(job.get("metadata", {}).get("creationTimestamp"))
-    by_type = {c["type"]: seconds(c.get("lastTransitionTime")) for c in job.get("status", {}).get("conditions", [])}
-    running = by_type.get("Running")
-    end = by_type.get("Succeeded") or by_type.get("Failed")
-    queued = running - created if running and created else None
-    return queued, (end - running if end and running else None)
-
-
-def latest_condition(job: dict[str, Any]) -> dict[str, Any] | None:
-    true = [c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"]
-    terminal = [c for c in true if c["type"] in TERMINAL]
-    return (terminal or true or [None])[-1]
 
 
 # -- create or re-attach ----------------------------------------------------------------------------------
@@ -524,135 +497,6 @@ class Diagnoser:
                 log.warning("%s restarted (%s)", name, self.restart_tails[name])
 
 
-class Deadlines:
-    """Which clock runs, from the job's conditions and its pods.
-
-    - queued: the job is suspended (Kueue holds it until admitted); counts only against `queue_timeout_s`.
-    - not started: until the job first runs with its minimum of pods, pods Pending past `pending_timeout_s` fail
-      it (image not pulled, no room).
-    - started: Pending pods beyond the minimum are how elasticity works (a 2:4 job runs on 2 while 2 wait for
-      room): reported once, never fatal. Fewer than the minimum running (a node lost, its pod recreated and
-      waiting for a replacement) fails only past `recovery_timeout_s`.
-    """
-
-    def __init__(self, settings: WatchSettings, min_pods: int, now: Callable[[], float] = time.monotonic):
-        self.settings, self.min_pods, self.now = settings, min_pods, now
-        self.started = False
-        self.queued_since: float | None = None
-        self.queued_total = 0.0
-        self.degraded_since: float | None = None
-        self.reported_waiting: set[str] = set()
-
-    def job_changed(self, job: dict[str, Any]) -> None:
-        suspended = true_condition(job, "Suspended") or bool(job.get("spec", {}).get("runPolicy", {}).get("suspend"))
-        if suspended and self.queued_since is None:
-            self.queued_since = self.now()
-            log.info("PyTorchJob %s is queued: suspended until the cluster's queue (Kueue) admits it%s",
-                     job["metadata"]["name"], "" if not self.settings.queue_timeout_s else
-                     f" (queue deadline {self.settings.queue_timeout_s:.0f}s)")  # fmt: skip
-        elif not suspended and self.queued_since is not None:
-            waited = self.now() - self.queued_since
-            self.queued_total += waited
-            self.queued_since = None
-            log.info("PyTorchJob %s was admitted after %.0fs in the queue", job["metadata"]["name"], waited)
-
-    def pods_changed(self, pods: list[Any], job: dict[str, Any]) -> None:
-        live = [p for p in pods if not p.metadata.deletion_timestamp]
-        running = [p for p in live if p.status.phase == "Running"]
-        if not self.started and len(running) >= self.min_pods and true_condition(job, "Running"):
-            self.started = True
-            log.info("PyTorchJob %s runs with %d of its pods (minimum %d)", job["metadata"]["name"], len(running),
-                     self.min_pods)  # fmt: skip
-        if not self.started:
-            return
-        self.degraded_since = (self.degraded_since or self.now()) if len(running) < self.min_pods else None
-        waiting = sorted(p.metadata.name for p in live if p.status.phase == "Pending")
-        new = [name for name in waiting if name not in self.reported_waiting]
-        if new and len(running) >= self.min_pods:
-            self.reported_waiting.update(new)
-            log.info("%s Pending beyond the minimum of %d: the job runs on %d pods and takes them in when there is "
-                     "room (elastic; not an error)", ", ".join(new), self.min_pods, len(running))  # fmt: skip
-
-    @property
-    def queued(self) -> bool:
-        return self.queued_since is not None
-
-    def queued_for(self) -> float:
-        return 0.0 if self.queued_since is None else self.now() - self.queued_since
-
-    def degraded_for(self) -> float:
-        return 0.0 if self.degraded_since is None else self.now() - self.degraded_since
-
-    def active_time(self, since: float) -> float:
-        """Time since `since`, less the time spent queued: the training deadline's clock."""
-        return self.now() - since - self.queued_total - self.queued_for()
-
-
-def delete_job(kube: Kube, ns: str, name: str, uid: str | None = None) -> None:
-    """Foreground propagation: the job goes when its pods have gone. Not waited for. `uid`: only that object."""
-    body: dict[str, Any] = {"propagationPolicy": "Foreground"}
-    if uid:
-        body["preconditions"] = {"uid": uid}
-    try:
-        kube.call("delete PyTorchJob", kube.custom.delete_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name,
-                  body=body)  # fmt: skip
-        log.info("deleted PyTorchJob %s/%s (foreground: its pods go first)", ns, name)
-    except ApiException as exc:
-        if exc.status not in (404, 409):  # 409: the precondition failed, another object holds the name now
-            raise
-
-
-class SigtermToEvent:
-    """While active, SIGTERM (how KFP terminates a run) sets `stop` and calls `on_signal` at once, in the handler.
-
-    KFP signals the step's whole process group: its Go launcher has no handler and dies, the container ends, and
-    this process is killed moments later. So whatever must reach the API server is sent from the handler itself.
-    """
-
-    def __init__(self, stop: threading.Event, on_signal: Callable[[], None] = lambda: None):
-        self.stop, self.on_signal, self.previous = stop, on_signal, None
-
-    def _handle(self, *_: object) -> None:
-        first = not self.stop.is_set()
-        self.stop.set()
-        if first:
-            self.on_signal()
-
-    def __enter__(self) -> SigtermToEvent:
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-
-
-class ImmediateDelete:
-    """The delete a SIGTERM sends from its handler: its own connection pool (the handler may interrupt a request of
-    the main pool, whose lock it would wait on for ever), one try, a short timeout. Armed once the job is ours."""
-
-    def __init__(self, api_client: Any, ns: str, name: str, timeout_s: float = 3.0):
-        from kubernetes import client
-
-        self.custom = client.CustomObjectsApi(client.ApiClient(api_client.configuration))
-        self.ns, self.name, self.timeout_s = ns, name, timeout_s
-        self.uid: str | None = None
-
-    def __call__(self) -> None:
-        if self.uid is None:
-            return  # not created (or not ours) yet: the launch loop deletes it as soon as it is
-        try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.ns, PLURAL, self.name,
-                body={"propagationPolicy": "Foreground", "preconditions": {"uid": self.uid}},
-                _request_timeout=(self.timeout_s, self.timeout_s),
-            )  # fmt: skip
-            log.warning("SIGTERM: deleted PyTorchJob %s/%s", self.ns, self.name)
-        except Exception as exc:  # the loop tries again, with retries, if it lives long enough
-            log.warning("SIGTERM: deleting PyTorchJob %s/%s failed at once: %s", self.ns, self.name, describe(exc))
-
-
 def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: threading.Event,
             diagnosis: Diagnosis | None = None, evidence: Callable[[], TrainerEvidence | None] = lambda: None,
             on_owned: Callable[[str], None] = lambda uid: None) -> JobOutcome:  # fmt: skip
@@ -666,7 +510,7 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     diagnoser = Diagnoser(kube, ns, name, diagnosis, settings.diagnose_every_s)
     min_pods = int(job["spec"].get("elasticPolicy", {}).get("minReplicas")
                    or job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])  # fmt: skip
-    deadlines = Deadlines(settings, min_pods)
+    deadlines = Deadlines(min_pods)
     if min_pods < job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]:
         diagnosis.min_pods = min_pods  # elastic: pods beyond the minimum may wait for room
     stored, reattached, attempt = create_or_attach(kube, job, settings.replace_timeout_s, cancel)
@@ -825,27 +669,3 @@ def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchRes
         restarts=outcome.restarts,
         diagnosis=outcome.diagnosis,
     )
-
-
-def delete_unfinished_job(kube: Kube, ns: str, name: str, pipeline_run_id: str) -> str:
-    """The pipeline's exit step, after a run that did not succeed: a job of this pipeline run still running (its
-    launcher was killed before it could delete it) is deleted. Returns what was done, in words.
-
-    A finished job is left for its logs (ttlSecondsAfterFinished removes it); a job of the name that another
-    pipeline run made is not touched.
-    """
-    try:
-        job = kube.call("get PyTorchJob", kube.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return f"no PyTorchJob {ns}/{name} to clean up"
-        raise
-    labels = job["metadata"].get("labels") or {}
-    if labels.get(PIPELINE_RUN_LABEL) != label_value(pipeline_run_id):
-        return f"PyTorchJob {ns}/{name} belongs to another pipeline run: left alone"
-    if is_finished(job):
-        return f"PyTorchJob {ns}/{name} had already finished: left for its logs"
-    if job["metadata"].get("deletionTimestamp"):
-        return f"PyTorchJob {ns}/{name} was already being deleted"
-    delete_job(kube, ns, name, job["metadata"]["uid"])
-    return f"PyTorchJob {ns}/{name} was still running after the run ended: deleted"

@@ -181,7 +181,7 @@ def job_cleanup(backend: str, namespace: str, run_id: str, pipeline_run_id: str,
 
     def cleanup() -> str:
         from components.kube import Kube, api_client_from_environment
-        from components.launch_pytorchjob.k8s_backend import delete_unfinished_job
+        from components.launch_pytorchjob.cancel import delete_unfinished_job
         from components.launch_pytorchjob.manifest import job_name
 
         kube = Kube(api_client or api_client_from_environment())

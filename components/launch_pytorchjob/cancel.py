@@ -1,0 +1,122 @@
+"""Stopping a run's PyTorchJob when the run stops, in the layers that survive KFP's terminate.
+
+KFP terminates a run by signalling the step's whole process group: its Go launcher has no handler and dies, the
+container ends, and the Python step is killed moments later (kubeflow/pipelines, apiserver GetTerminatePatch ->
+Argo's `argoexec kill 15 1`, the emissary forwarding to the process group). So:
+
+1. the launcher's SIGTERM handler sends the delete itself (`SigtermToEvent` + `ImmediateDelete`), then its loop
+   deletes again with retries (`delete_job`) if it lives long enough;
+2. the pipeline's exit step, which KFP runs after a terminate, deletes the run's job if it is still running
+   (`delete_unfinished_job`);
+3. `runPolicy.activeDeadlineSeconds` (manifest.py) lets the Training Operator stop it whatever happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from components.errors import StepFailed
+from components.kube import Kube, describe
+from components.launch_pytorchjob.conditions import is_finished
+from components.launch_pytorchjob.manifest import GROUP, PIPELINE_RUN_LABEL, PLURAL, VERSION, label_value
+
+log = logging.getLogger(__name__)
+
+
+class Cancelled(StepFailed):
+    """SIGTERM: the job was deleted."""
+
+
+def delete_job(kube: Kube, ns: str, name: str, uid: str | None = None) -> None:
+    """Foreground propagation: the job goes when its pods have gone. Not waited for. `uid`: only that object."""
+    body: dict[str, Any] = {"propagationPolicy": "Foreground"}
+    if uid:
+        body["preconditions"] = {"uid": uid}
+    try:
+        kube.call("delete PyTorchJob", kube.custom.delete_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name,
+                  body=body)  # fmt: skip
+        log.info("deleted PyTorchJob %s/%s (foreground: its pods go first)", ns, name)
+    except ApiException as exc:
+        if exc.status not in (404, 409):  # 409: the precondition failed, another object holds the name now
+            raise
+
+
+class SigtermToEvent:
+    """While active, SIGTERM (how KFP terminates a run) sets `stop` and calls `on_signal` at once, in the handler.
+
+    KFP signals the step's whole process group: its Go launcher has no handler and dies, the container ends, and
+    this process is killed moments later. So whatever must reach the API server is sent from the handler itself.
+    """
+
+    def __init__(self, stop: threading.Event, on_signal: Callable[[], None] = lambda: None):
+        self.stop, self.on_signal, self.previous = stop, on_signal, None
+
+    def _handle(self, *_: object) -> None:
+        first = not self.stop.is_set()
+        self.stop.set()
+        if first:
+            self.on_signal()
+
+    def __enter__(self) -> SigtermToEvent:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+class ImmediateDelete:
+    """The delete a SIGTERM sends from its handler: its own connection pool (the handler may interrupt a request of
+    the main pool, whose lock it would wait on for ever), one try, a short timeout. Armed once the job is ours."""
+
+    def __init__(self, api_client: Any, ns: str, name: str, timeout_s: float = 3.0):
+        from kubernetes import client
+
+        self.custom = client.CustomObjectsApi(client.ApiClient(api_client.configuration))
+        self.ns, self.name, self.timeout_s = ns, name, timeout_s
+        self.uid: str | None = None
+
+    def __call__(self) -> None:
+        if self.uid is None:
+            return  # not created (or not ours) yet: the launch loop deletes it as soon as it is
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.ns, PLURAL, self.name,
+                body={"propagationPolicy": "Foreground", "preconditions": {"uid": self.uid}},
+                _request_timeout=(self.timeout_s, self.timeout_s),
+            )  # fmt: skip
+            log.warning("SIGTERM: deleted PyTorchJob %s/%s", self.ns, self.name)
+        except Exception as exc:  # the loop tries again, with retries, if it lives long enough
+            log.warning("SIGTERM: deleting PyTorchJob %s/%s failed at once: %s", self.ns, self.name, describe(exc))
+
+
+def delete_unfinished_job(kube: Kube, ns: str, name: str, pipeline_run_id: str) -> str:
+    """The pipeline's exit step, after a run that did not succeed: a job of this pipeline run still running (its
+    launcher was killed before it could delete it) is deleted. Returns what was done, in words.
+
+    A finished job is left for its logs (ttlSecondsAfterFinished removes it); a job of the name that another
+    pipeline run made is not touched.
+    """
+    try:
+        job = kube.call("get PyTorchJob", kube.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return f"no PyTorchJob {ns}/{name} to clean up"
+        raise
+    labels = job["metadata"].get("labels") or {}
+    if labels.get(PIPELINE_RUN_LABEL) != label_value(pipeline_run_id):
+        return f"PyTorchJob {ns}/{name} belongs to another pipeline run: left alone"
+    if is_finished(job):
+        return f"PyTorchJob {ns}/{name} had already finished: left for its logs"
+    if job["metadata"].get("deletionTimestamp"):
+        return f"PyTorchJob {ns}/{name} was already being deleted"
+    delete_job(kube, ns, name, job["metadata"]["uid"])
+    return f"PyTorchJob {ns}/{name} was still running after the run ended: deleted"
