@@ -23,6 +23,7 @@ from trainer.model import PRESETS
 
 if TYPE_CHECKING:
     from components.launch_pytorchjob.core import LaunchConfig
+    from components.launch_pytorchjob.platform import Platform
 
 log = logging.getLogger("hyperpod-pretrain")
 
@@ -73,10 +74,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.tag and not args.image_registry:
         raise InputError("--tag names the images in --image-registry: give both")
     images = Images.in_registry(args.image_registry, args.tag) if args.image_registry else Images()
-    platform = PlatformOptions(pvc_name=args.fsx_pvc, mount_path=args.mount_path, queue_name=args.queue_name,
-                               priority_class=args.priority_class, node_selector=dict(args.node_selector),
-                               tolerations=args.toleration, image_pull_secrets=args.image_pull_secret,
-                               images=images)  # fmt: skip
+    registry = [args.image_registry.rstrip("/")] if args.image_registry else []
+    job = platform_from_args(args, namespaces=["kubeflow"], registries=registry)
+    platform = PlatformOptions(job=job, node_selector=dict(args.node_selector), tolerations=args.toleration,
+                               image_pull_secrets=args.image_pull_secret, images=images)  # fmt: skip
     output = Path(args.output)
     if not args.check:
         compile_pipeline(output, platform)
@@ -158,7 +159,7 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
 
 
 def launch_config(args: argparse.Namespace) -> LaunchConfig:
-    from components.launch_pytorchjob.core import LaunchConfig, Platform
+    from components.launch_pytorchjob.core import LaunchConfig
 
     return LaunchConfig(
         storage_root=args.storage_root,
@@ -188,12 +189,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         job_options=dict(args.job_option),
         stream_logs=args.stream_logs,
         owner_reference=not args.no_owner_reference,
-        platform=Platform(
-            pvc_name=args.fsx_pvc,
-            mount_path=args.mount_path,
-            queue_name=args.queue_name,
-            priority_class=args.priority_class,
-        ),  # fmt: skip
+        platform=platform_from_args(args, namespaces=[], registries=[]),
     )
 
 
@@ -281,12 +277,81 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_platform_args(p: argparse.ArgumentParser, mount_path: str, mount_help: str) -> None:
-    """The platform team's settings (components/launch_pytorchjob/core.py Platform), compiled into the pipeline."""
+    """The platform team's settings of the PyTorchJob (components/launch_pytorchjob/platform.py), compiled into the
+    pipeline: no run can change them."""
     p.add_argument("--fsx-pvc", default="fsx-lustre-pvc", help="the FSx PVC every step and the PyTorchJob mount")
     p.add_argument("--mount-path", default=mount_path,
                    help=f"where they mount it; a storage root must lie under it ({mount_help})")  # fmt: skip
     p.add_argument("--queue-name", default="", help="Kueue LocalQueue of the PyTorchJob (HyperPod task governance)")
     p.add_argument("--priority-class", default="", help="Kueue WorkloadPriorityClass of the PyTorchJob")
+    p.add_argument(
+        "--job-namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="a namespace jobs may go to (repeatable; compile default: kubeflow; elsewhere any)",
+    )
+    p.add_argument(
+        "--allowed-registry",
+        action="append",
+        default=[],
+        metavar="REGISTRY",
+        help="where trainer images may come from, a host and optional path (repeatable; compile default: "
+        "--image-registry's, if given; none: any)",
+    )
+    p.add_argument("--trainer-service-account", default="", help="the trainer pods' service account")
+    p.add_argument(
+        "--automount-service-account-token",
+        action="store_true",
+        help="mount its token in the trainer pods (the trainer needs none)",
+    )
+    p.add_argument(
+        "--trainer-toleration",
+        type=toleration,
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE]:EFFECT",
+        help="for the trainer pods, besides the GPU one (repeatable)",
+    )
+    p.add_argument(
+        "--trainer-node-selector",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="for the trainer pods (repeatable)",
+    )
+    p.add_argument(
+        "--trainer-image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="for the trainer pods (repeatable)",
+    )
+    p.add_argument(
+        "--trainer-env",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment of the trainer, e.g. NCCL or EFA settings (repeatable)",
+    )
+    p.add_argument("--no-health-affinity", action="store_true",
+                   help="do not require HyperPod's node-health label (a cluster without HyperPod)")  # fmt: skip
+
+
+def platform_from_args(args: argparse.Namespace, namespaces: list[str], registries: list[str]) -> Platform:
+    from components.launch_pytorchjob.platform import Platform
+
+    return Platform(
+        pvc_name=args.fsx_pvc, mount_path=args.mount_path, queue_name=args.queue_name,
+        priority_class=args.priority_class, namespaces=tuple(args.job_namespace or namespaces),
+        registries=tuple(args.allowed_registry or registries), service_account=args.trainer_service_account,
+        automount_service_account_token=args.automount_service_account_token,
+        tolerations=tuple(args.trainer_toleration), node_selector=dict(args.trainer_node_selector),
+        image_pull_secrets=tuple(args.trainer_image_pull_secret), env=dict(args.trainer_env),
+        health_affinity=not args.no_health_affinity,
+    )  # fmt: skip
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:

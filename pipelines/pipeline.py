@@ -26,6 +26,7 @@ from components.errors import InputError
 from components.evaluate_checkpoint.component import evaluate_checkpoint
 from components.kfp_support import COMPONENTS_IMAGE
 from components.launch_pytorchjob.component import launch_pytorchjob
+from components.launch_pytorchjob.platform import Platform
 from components.preflight.component import preflight
 from components.run_summary.component import summarize_run
 from components.stage_data.component import stage_data
@@ -102,12 +103,12 @@ class StepSettings:
 
 @dataclass
 class PlatformOptions:
-    """What kfp-kubernetes and the task settings put on each step of the compiled pipeline."""
+    """What the platform team compiles in: the PyTorchJob's settings (`job`: the FSx PVC and its mount path, which
+    every step mounts too, the queue, the trainer pods' service account, tolerations, node selector, pull secrets
+    and environment, the namespaces and registries a run may use), and what kfp-kubernetes and the task settings put
+    on each step."""
 
-    pvc_name: str = "fsx-lustre-pvc"  # the FSx PVC every step and the PyTorchJob mount
-    mount_path: str = "/fsx"  # where they all mount it; storage_root must be there or under it
-    queue_name: str = ""  # Kueue LocalQueue of HyperPod task governance (empty: none)
-    priority_class: str = ""  # Kueue WorkloadPriorityClass (empty: the queue's default)
+    job: Platform = field(default_factory=lambda: Platform(mount_path="/fsx", namespaces=("kubeflow",)))
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, str]] = field(default_factory=list)  # key, operator, value, effect
     image_pull_secrets: list[str] = field(default_factory=list)
@@ -123,14 +124,9 @@ class PlatformOptions:
     )
     images: Images = field(default_factory=Images)
 
-    def cluster(self) -> dict[str, str]:
-        """What the launcher and the preflight get of these (components/launch_pytorchjob/core.py Platform)."""
-        return {"pvc_name": self.pvc_name, "mount_path": self.mount_path, "queue_name": self.queue_name,
-                "priority_class": self.priority_class}  # fmt: skip
-
     def apply(self, task: dsl.PipelineTask, step: str) -> None:
         settings = self.steps[step]
-        k8s.mount_pvc(task, pvc_name=self.pvc_name, mount_path=self.mount_path)
+        k8s.mount_pvc(task, pvc_name=self.job.pvc_name, mount_path=self.job.mount_path)
         for key, value in self.node_selector.items():
             k8s.add_node_selector(task, label_key=key, label_value=value)
         for toleration in self.tolerations:
@@ -161,7 +157,7 @@ def build_pipeline(platform: PlatformOptions):
     )
     def pretrain_pipeline(
         source: str,
-        storage_root: str = platform.mount_path,
+        storage_root: str = platform.job.mount_path,
         dataset: str = "corpus",
         include: list = ["*"],  # noqa: B006 - KFP reads the default from the signature
         exclude: list = ["__pycache__/*", "*.pyc", ".*"],  # noqa: B006
@@ -194,7 +190,7 @@ def build_pipeline(platform: PlatformOptions):
         queue_timeout_s: int = 0,
         preflight_warn_only: bool = False,
         trainer_image: str = platform.images.trainer,
-        namespace: str = "kubeflow",
+        namespace: str = (platform.job.namespaces or ("kubeflow",))[0],
         instance_type: str = "p5.48xlarge",
         job_options: dict = {},  # noqa: B006 - any other manifest setting (components/launch_pytorchjob/manifest.py)
         stream_logs: str = "worker-0",
@@ -234,7 +230,7 @@ def build_pipeline(platform: PlatformOptions):
                 namespace=namespace,
                 instance_type=instance_type,
                 job_options=job_options,
-                platform=platform.cluster(),
+                platform=platform.job.to_dict(),
                 warn_only=preflight_warn_only,
             )
             platform.apply(checked, "preflight")
@@ -286,7 +282,7 @@ def build_pipeline(platform: PlatformOptions):
                 job_options=job_options,
                 stream_logs=stream_logs,
                 owner_reference=owner_reference,
-                platform=platform.cluster(),
+                platform=platform.job.to_dict(),
             ).after(staged)
             platform.apply(trained, "launch-pytorchjob")
             verified = verify(

@@ -20,9 +20,10 @@ import yaml
 
 from components.errors import InputError, StepFailed
 from components.kube import Kube, KubeSettings
-from components.launch_pytorchjob.core import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig, Platform, launch
+from components.launch_pytorchjob.core import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig, launch
 from components.launch_pytorchjob.k8s_backend import WatchSettings, run_job
 from components.launch_pytorchjob.manifest import job_name, render_job
+from components.launch_pytorchjob.platform import Platform
 from components.run_summary.core import job_cleanup, summarize_run
 from tests.k8s_server import CRD_PATH, PODS, FakeKubernetes, Lifecycle
 from trainer.layout import RunPaths
@@ -504,7 +505,7 @@ def test_one_volume_one_path(tmp_path: Path, staged_root: Path) -> None:
     assert (data_dir / "meta.json").is_file(), "what the job reads is what staging wrote"
     with pytest.raises(InputError, match=r"storage_root '/data/teamA' is outside the FSx mount path"):
         cluster_config(Path("/data/teamA"), "team", platform=platform).validate(check_storage=False)
-    with pytest.raises(InputError, match="job option 'pvc_name' is unknown or set by its own parameter"):
+    with pytest.raises(InputError, match="job option 'pvc_name' is not a run option"):
         cluster_config(mount / "teamA", "team", platform=platform, job_options={"pvc_name": "other"}).job_spec()
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from components.launch_pytorchjob.platform import Platform
 from pipelines import COMPILED_PIPELINE
 from trainer.layout import RunPaths
 
@@ -162,7 +163,10 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     result = subprocess.run(
         [CLI, "compile", "--output", str(output), "--node-selector", "role=cpu-workers", "--toleration",
          "dedicated=pipelines:NoSchedule", "--image-pull-secret", "ecr-pull", "--fsx-pvc", "team-fsx",
-         "--queue-name", "hyperpod-ns-team-a-localqueue"],
+         "--queue-name", "hyperpod-ns-team-a-localqueue",
+         "--image-registry", "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+         "--job-namespace", "hyperpod-ns-team-a", "--trainer-service-account", "trainer",
+         "--trainer-toleration", "dedicated=training:NoSchedule", "--trainer-env", "FI_EFA_FORK_SAFE=1"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -185,9 +189,16 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     assert parameters["storage_root"]["defaultValue"] == "/fsx"
     # ... and the job mounts it too: the launcher and the preflight get the same settings, as constants.
     for name in ("launch-pytorchjob", "preflight"):
-        given = tasks[name]["inputs"]["parameters"]["platform"]["runtimeValue"]["constant"]
-        assert given == {"pvc_name": "team-fsx", "mount_path": "/fsx", "queue_name": "hyperpod-ns-team-a-localqueue",
-                         "priority_class": ""}, name  # fmt: skip
+        given = Platform.from_dict(tasks[name]["inputs"]["parameters"]["platform"]["runtimeValue"]["constant"])
+        assert given == Platform(
+            pvc_name="team-fsx", mount_path="/fsx", queue_name="hyperpod-ns-team-a-localqueue",
+            namespaces=("hyperpod-ns-team-a",), registries=("123456789012.dkr.ecr.us-east-1.amazonaws.com",),
+            service_account="trainer", env={"FI_EFA_FORK_SAFE": "1"},
+            tolerations=({"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"},),
+        ), name  # fmt: skip
+    # What touches privileges is not a run parameter; the namespace's default is the first one allowed.
+    assert not {"fsx_pvc", "service_account", "tolerations", "node_selector", "image_pull_secrets"} & set(parameters)
+    assert parameters["namespace"]["defaultValue"] == "hyperpod-ns-team-a"
     assert "activeDeadlineSeconds" not in executors[executor_of(pipeline_spec, "launch-pytorchjob")]
     assert executors[executor_of(pipeline_spec, "stage-data")]["activeDeadlineSeconds"] == "21600"
     # Caching off everywhere (a hit of stage-data would skip a changed corpus); retries whose window, which Argo

@@ -23,8 +23,9 @@ import yaml
 
 from components.errors import InputError, StepFailed
 from components.kube import KubeSettings
-from components.launch_pytorchjob.core import LaunchConfig, Platform
+from components.launch_pytorchjob.core import LaunchConfig
 from components.launch_pytorchjob.manifest import render_job
+from components.launch_pytorchjob.platform import Platform
 from components.preflight.core import (
     CHECK_NAMES,
     FAIL,
@@ -44,6 +45,7 @@ from components.preflight.core import (
 from tests.k8s_server import CRD_PATH, FakeKubernetes, load_crd
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy/rbac.yaml"
+CLUSTER_READ = RBAC.with_name("rbac-cluster-read.yaml")
 IMAGE = "registry.example.com/ml/hyperpod-pretrain-trainer:1.0"
 ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-trainer:1"
 GPU8 = {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
@@ -69,7 +71,8 @@ def config(**overrides: Any) -> LaunchConfig:
 
 
 def healthy_cluster(server: FakeKubernetes, *, pvc: bool = True, device_plugins: bool = True) -> None:
-    """Two GPU nodes with room, a CPU node, device plugins, the FSx PVC, and deploy/rbac.yaml's permissions."""
+    """Two GPU nodes with room, a CPU node, device plugins, the FSx PVC, and the permissions of deploy/rbac.yaml and
+    the optional deploy/rbac-cluster-read.yaml."""
     for i in range(2):
         server.add_node(f"hyperpod-i-{i:02d}", deep_health_check="Passed")
     server.add_node("cpu-system", instance_type="ml.m5.2xlarge", health_status=None)
@@ -78,7 +81,7 @@ def healthy_cluster(server: FakeKubernetes, *, pvc: bool = True, device_plugins:
         server.add_device_plugins()
     if pvc:
         server.add_pvc("kubeflow", "fsx-lustre-pvc")
-    assert server.use_rbac(RBAC)  # deploy/rbac.yaml alone: the launcher's Role and the preflight's ClusterRole
+    assert server.use_rbac([*yaml.safe_load_all(RBAC.read_text()), *yaml.safe_load_all(CLUSTER_READ.read_text())])
 
 
 @contextmanager
@@ -138,7 +141,7 @@ def test_a_cluster_where_everything_fits_passes(server: FakeKubernetes, api_clie
         "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 (kubeflow/training-operator, image tag "
         "v1-5170a36)"
     ), "a standard install's image is tagged with a commit, not the version"
-    assert check(result, "permissions").reason == "all 9 permissions the launcher uses, in namespace kubeflow"
+    assert check(result, "permissions").reason == "all 7 permissions the launcher uses, in namespace kubeflow"
     assert check(result, "fsx-pvc").reason == "fsx-lustre-pvc in kubeflow: Bound, ReadWriteMany, 1200Gi"
     assert check(result, "nodes").reason == (
         "2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi memory, 96 cpu); the job "
@@ -182,7 +185,7 @@ def test_an_ecr_image_gives_exactly_one_warning(api_client: Any) -> None:
     assert image.fix.startswith("Re-run aws ecr get-login-password or use IRSA")
     assert result.verdict() == "passed, 1 warning(s)"
 
-    job = render_job(config(image=ECR_IMAGE, job_options={"image_pull_secrets": ["ecr-token"]}).job_spec())
+    job = render_job(config(image=ECR_IMAGE, platform=Platform(image_pull_secrets=("ecr-token",))).job_spec())
     with_secret = check(check_manifest(job, api_client, memory_gib=2048, settings=FAST), "image")
     assert with_secret.status == WARN
     assert "an ECR token in an image pull secret (ecr-token) expires after 12 hours: refresh it, or drop the secret " \
@@ -339,8 +342,8 @@ def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(server: FakeKuberne
     permissions = check(run(api_client, namespace="hyperpod-team"), "permissions")
     assert permissions.status == FAIL and permissions.reason.startswith(
         "the service account may not, in namespace hyperpod-team: create pytorchjobs.kubeflow.org, get "
-        "pytorchjobs.kubeflow.org, watch pytorchjobs.kubeflow.org, delete pytorchjobs.kubeflow.org, get pods, watch "
-        "pods, get pods/log; also list events"  # list pods: the preflight's own cluster-wide grant
+        "pytorchjobs.kubeflow.org, watch pytorchjobs.kubeflow.org, delete pytorchjobs.kubeflow.org, get pods/log; "
+        "also list events"  # list pods: granted in every namespace by deploy/rbac-cluster-read.yaml
     )
     assert permissions.fix.startswith("kubectl apply -n hyperpod-team -f deploy/rbac.yaml")
 
@@ -376,7 +379,7 @@ def test_pvc_name_from_the_compiled_platform_settings(server: FakeKubernetes, ap
     assert check(run(api_client, platform=Platform(pvc_name="team-fsx")), "fsx-pvc").reason == (
         "team-fsx in kubeflow: Bound, ReadWriteMany, 2400Gi"
     )
-    with pytest.raises(InputError, match="job option 'pvc_name' is unknown or set by its own parameter"):
+    with pytest.raises(InputError, match="job option 'pvc_name' is not a run option"):
         run(api_client, job_options={"pvc_name": "team-fsx"})
 
 
@@ -475,28 +478,25 @@ def test_a_node_that_cannot_take_a_worker(
 def test_tolerated_taints_and_preferred_effects_do_not_block(server: FakeKubernetes, api_client: Any) -> None:
     server.add_node("hyperpod-i-00", taints=["nvidia.com/gpu=present:NoSchedule", "spot:PreferNoSchedule"])
     server.add_node("hyperpod-i-01", taints=["dedicated=training:NoSchedule"])
-    tolerations = [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        {"key": "dedicated", "operator": "Equal", "value": "training"},
-    ]
-    assert check(run(api_client, job_options={"tolerations": tolerations}), "nodes").status == PASS
+    tolerations = ({"key": "dedicated", "operator": "Equal", "value": "training"},)  # besides the GPU one
+    assert check(run(api_client, platform=Platform(tolerations=tolerations)), "nodes").status == PASS
     assert check(run(api_client), "nodes").status == FAIL  # the default toleration is for nvidia.com/gpu only
 
 
 def test_node_selector_must_match(server: FakeKubernetes, api_client: Any) -> None:
-    options = {"node_selector": {"node.kubernetes.io/instance-type": "ml.p5en.48xlarge"}}
-    nodes = check(run(api_client, job_options=options), "nodes")
+    platform = Platform(node_selector={"node.kubernetes.io/instance-type": "ml.p5en.48xlarge"})
+    nodes = check(run(api_client, platform=platform), "nodes")
     assert nodes.status == FAIL and nodes.reason.startswith("0 of 3 node(s) fit a worker")
     assert "Not fitting: 3 node selector (cpu-system: node selector" in nodes.reason
     assert "node selector node.kubernetes.io/instance-type=ml.p5en.48xlarge not matched" in nodes.reason
-    options = {"node_selector": {"node.kubernetes.io/instance-type": "ml.p5.48xlarge"}}
-    assert check(run(api_client, job_options=options), "nodes").status == PASS
+    platform = Platform(node_selector={"node.kubernetes.io/instance-type": "ml.p5.48xlarge"})
+    assert check(run(api_client, platform=platform), "nodes").status == PASS
 
 
 def test_without_the_health_affinity_an_unlabelled_node_fits(server: FakeKubernetes, api_client: Any) -> None:
     server.add_node("hyperpod-i-01", health_status=None)
     assert check(run(api_client), "nodes").status == FAIL
-    nodes = check(run(api_client, job_options={"health_affinity": False}), "nodes")
+    nodes = check(run(api_client, platform=Platform(health_affinity=False)), "nodes")
     assert nodes.status == PASS and nodes.reason.startswith("2 of 3 node(s) fit a worker")  # cpu-system: short
 
 

@@ -47,7 +47,8 @@ def launch_pytorchjob(
     from collections import namedtuple
 
     from components.kfp_support import log_numbers, setup_logging
-    from components.launch_pytorchjob.core import LaunchConfig, Platform, launch, summary_markdown
+    from components.launch_pytorchjob.core import LaunchConfig, launch, summary_markdown
+    from components.launch_pytorchjob.platform import Platform
     from components.run_summary.core import recorded_step, resolve_run_id
 
     setup_logging()

@@ -6,7 +6,6 @@ backend="kubernetes" creates a kubeflow.org/v1 PyTorchJob (manifest.py) and foll
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import posixpath
@@ -15,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import InputError
-from components.launch_pytorchjob.manifest import PIPELINE_RUN_LABEL, RUN_LABEL, JobSpec, job_name, label_value
+from components.launch_pytorchjob.manifest import (
+    GPU_TOLERATION,
+    PIPELINE_RUN_LABEL,
+    RUN_LABEL,
+    JobSpec,
+    job_name,
+    label_value,
+)
+from components.launch_pytorchjob.platform import Platform, run_options
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import DatasetPaths, RunPaths
 from trainer.model import PRESETS
@@ -23,32 +30,15 @@ from trainer.model import PRESETS
 log = logging.getLogger(__name__)
 
 BACKENDS = ("local", "kubernetes")
+# Bounds of what a run may ask for: a typo of an extra digit fails here, not in the scheduler an hour later.
+LIMITS = {"nnodes": 1024, "max_nodes": 1024, "nproc_per_node": 64, "batch_size": 65536, "seq_len": 1 << 20,
+          "max_steps": 10**9, "warmup_steps": 10**9, "checkpoint_every": 10**9, "log_every": 10**9,
+          "timeout_s": 90 * 24 * 3600, "pending_timeout_s": 30 * 24 * 3600, "recovery_timeout_s": 30 * 24 * 3600,
+          "queue_timeout_s": 90 * 24 * 3600}  # fmt: skip
+MAX_IMAGE_REFERENCE = 512
 # The job's deadline on the operator's side (runPolicy.activeDeadlineSeconds) is the launcher's plus this margin:
 # the launcher, which says more, deletes first; the operator stops the job if the launcher is gone.
 OPERATOR_DEADLINE_MARGIN_S = 300
-
-
-@dataclass(frozen=True)
-class Platform:
-    """The platform team's settings: compiled into the pipeline (`compile` flags), not chosen by who starts a run.
-
-    One volume, one path: the FSx PVC is mounted at `mount_path` in every step and in the PyTorchJob's pods, so a
-    storage root under it names the same directory everywhere. An empty `mount_path` (the CLI, tests) mounts the
-    PVC at the storage root itself.
-    """
-
-    pvc_name: str = "fsx-lustre-pvc"
-    mount_path: str = ""
-    queue_name: str = ""  # Kueue LocalQueue of HyperPod task governance; empty: no queue
-    priority_class: str = ""  # Kueue WorkloadPriorityClass; empty: the queue's default
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Platform:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise InputError(f"platform setting(s) {', '.join(map(repr, unknown))} unknown: {', '.join(sorted(known))}")
-        return cls(**{k: str(v) for k, v in values.items()})
 
 
 @dataclass
@@ -139,8 +129,21 @@ class LaunchConfig:
                              "continue from")  # fmt: skip
         if self.backend == "local" and self.nnodes != 1:
             raise InputError(f"nnodes {self.nnodes}: the local backend runs on one node")
+        for name, limit in LIMITS.items():
+            if getattr(self, name) > limit:
+                raise InputError(f"{name.replace('_', '-')} {getattr(self, name)} is above the limit of {limit}")
         if self.backend == "kubernetes":
             self.check_under_mount()
+            self.check_cluster_inputs()
+
+    def check_cluster_inputs(self) -> None:
+        """What a run gives for the cluster, against what the compiled pipeline allows, before any API call."""
+        if len(self.image) > MAX_IMAGE_REFERENCE or any(c.isspace() or not c.isprintable() for c in self.image):
+            raise InputError(f"trainer_image {self.image[:80]!r} is not an image reference")
+        if self.image:
+            self.platform.check_image(self.image)
+        self.platform.check_namespace(self.namespace)
+        run_options(self.job_options)
 
     @property
     def mount_path(self) -> str:
@@ -191,21 +194,15 @@ class LaunchConfig:
         }
 
     def job_spec(self) -> JobSpec:
-        """The PyTorchJob's parameters: the trainer's command and environment, and the cluster settings."""
-        known = {f.name for f in dataclasses.fields(JobSpec)}
-        fixed = {"name", "image", "trainer_args", "namespace", "instance_type", "min_nodes", "max_nodes",
-                 "nproc_per_node", "owner", "mount_path", "pvc_name", "queue_name", "priority_class",
-                 "active_deadline_s"}  # fmt: skip
-        for key in self.job_options:
-            if key not in known or key in fixed:
-                raise InputError(f"job option {key!r} is unknown or set by its own parameter; the others: "
-                                 f"{', '.join(sorted(known - fixed))}")  # fmt: skip
-        options = dict(self.job_options)
-        options["env"] = {**self.trainer_env(), **options.get("env", {})}
-        run_labels = {RUN_LABEL: label_value(self.run_id), PIPELINE_RUN_LABEL: label_value(self.pipeline_run_id)}
-        options["labels"] = {k: v for k, v in run_labels.items() if v} | options.get("labels", {})
+        """The PyTorchJob's parameters: the trainer's command and environment, the run's options (RUN_OPTIONS
+        only) and the platform team's settings."""
+        options = run_options(self.job_options)
+        platform = self.platform
         if not self.image:
             raise InputError("image is empty: the kubernetes backend needs the trainer image (docker/build.sh)")
+        platform.check_image(self.image)
+        platform.check_namespace(self.namespace)
+        run_labels = {RUN_LABEL: label_value(self.run_id), PIPELINE_RUN_LABEL: label_value(self.pipeline_run_id)}
         return JobSpec(
             name=self.job_name,
             image=self.image,
@@ -216,9 +213,17 @@ class LaunchConfig:
             max_nodes=self.max_nodes or self.nnodes,
             nproc_per_node=self.nproc_per_node,
             mount_path=self.mount_path,  # where the steps mount it: the trainer's paths mean the same files
-            pvc_name=self.platform.pvc_name,
-            queue_name=self.platform.queue_name,
-            priority_class=self.platform.priority_class,
+            pvc_name=platform.pvc_name,
+            queue_name=platform.queue_name,
+            priority_class=platform.priority_class,
+            service_account=platform.service_account,
+            automount_service_account_token=platform.automount_service_account_token,
+            tolerations=[GPU_TOLERATION, *platform.tolerations],
+            health_affinity=platform.health_affinity,
+            node_selector=dict(platform.node_selector),
+            image_pull_secrets=list(platform.image_pull_secrets),
+            env={**platform.env, **self.trainer_env()},
+            labels={k: v for k, v in run_labels.items() if v},
             active_deadline_s=self.timeout_s + OPERATOR_DEADLINE_MARGIN_S if self.timeout_s else 0,
             owner=self.owner() if self.owner_reference else None,
             **options,

@@ -34,6 +34,7 @@ RUN_LABEL = "hyperpod-pretrain.io/run-id"
 PIPELINE_RUN_LABEL = "hyperpod-pretrain.io/pipeline-run-id"
 AUTO_RESUME = "sagemaker.amazonaws.com/enable-job-auto-resume"
 MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}  # the seed's
 HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
 DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
 # Pods are named <job>-worker-<index> and carry the job name as a label value (63 characters at most).
@@ -92,14 +93,13 @@ class JobSpec:
     auto_resume: bool = True
     auto_resume_max_retries: int = 3
     health_affinity: bool = True
-    tolerations: list[dict[str, str]] = field(
-        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    )
+    tolerations: list[dict[str, Any]] = field(default_factory=lambda: [GPU_TOLERATION])
     node_selector: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # the trainer's own (NCCL_DEBUG_FILE, TRAINER_*), then extras
     service_account: str = ""
+    automount_service_account_token: bool = False  # the trainer calls no Kubernetes API
     image_pull_secrets: list[str] = field(default_factory=list)  # for a registry the nodes cannot pull from
     queue_name: str = ""  # Kueue LocalQueue (HyperPod task governance): the job waits, suspended, until admitted
     priority_class: str = ""  # Kueue WorkloadPriorityClass
@@ -233,6 +233,8 @@ def affinity() -> dict[str, Any]:
 def pod_template(spec: JobSpec) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": spec.grace_period_s,  # time for the SIGTERM checkpoint
+        # The trainer calls no Kubernetes API: no token in its pods unless the platform team compiles one in.
+        "automountServiceAccountToken": spec.automount_service_account_token,
         "containers": [
             {
                 "name": CONTAINER,
@@ -240,6 +242,8 @@ def pod_template(spec: JobSpec) -> dict[str, Any]:
                 "command": torchrun_command(spec),
                 "resources": resources(spec),
                 "env": container_env(spec),
+                # GPUs and EFA devices come from the device plugins: nothing here needs privilege or a way to it.
+                "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
                 "volumeMounts": [
                     {"name": "fsx-pvc", "mountPath": spec.mount_path},
                     {"name": "dshm", "mountPath": "/dev/shm"},

@@ -29,7 +29,8 @@ def preflight(
     plugins, image, memory); fails on any failed check unless `warn_only`."""
     from components.errors import StepFailed
     from components.kfp_support import setup_logging
-    from components.launch_pytorchjob.core import LaunchConfig, Platform
+    from components.launch_pytorchjob.core import LaunchConfig
+    from components.launch_pytorchjob.platform import Platform
     from components.preflight.core import failure_message
     from components.preflight.core import preflight as run
     from components.run_summary.core import recorded_step, resolve_run_id

@@ -78,8 +78,11 @@ SEED_FIX = {  # the seed's troubleshooting table
     "oom": "Increase memory in resources",
     "ecr": "Re-run aws ecr get-login-password or use IRSA",
 }
-RBAC_FIX = "kubectl apply -n {ns} -f deploy/rbac.yaml (edit its namespace and subject for another namespace or account)"
-READ_FIX = "grant the step's service account {what} (a ClusterRole for preflight reads) to run this check"
+RBAC_FIX = ("kubectl apply -n {ns} -f deploy/rbac.yaml (its Role and RoleBinding are written for namespace kubeflow "
+            "and the service account kubeflow/pipeline-runner: edit them for another)")  # fmt: skip
+READ_FIX = ("grant the step's service account {what} to run this check: kubectl apply -n kubeflow -f deploy/rbac.yaml "
+            "(the CRD, the Training Operator, the PVC), kubectl apply -f deploy/rbac-cluster-read.yaml (optional: "
+            "nodes, pods, DaemonSets and Deployments in all namespaces)")  # fmt: skip
 
 
 @dataclass
@@ -362,11 +365,12 @@ def image_tag(image: str) -> str:
 
 # -- 2. the launcher's permissions --------------------------------------------------------------------------
 
-# (verb, group, resource, subresource, needed): what the launcher does in the job's namespace (deploy/rbac.yaml).
+# (verb, group, resource, subresource, needed): what the launcher and the exit step's clean-up do in the job's
+# namespace, as deploy/rbac.yaml's Role grants it (tests/test_rbac.py holds the two equal).
 LAUNCHER_ACCESS = (
     *(("create", GROUP, PLURAL, "", True), ("get", GROUP, PLURAL, "", True)),
     *(("watch", GROUP, PLURAL, "", True), ("delete", GROUP, PLURAL, "", True)),
-    *(("get", "", "pods", "", True), ("list", "", "pods", "", True), ("watch", "", "pods", "", True)),
+    ("list", "", "pods", "", True),
     ("get", "", "pods", "log", True),
     ("list", "", "events", "", False),  # without it the launcher runs, but cannot show the pods' events
 )
