@@ -122,11 +122,6 @@ class LaunchConfig:
             raise InputError(str(exc)) from None
         if self.stream_logs not in ("worker-0", "all", "none"):
             raise InputError(f"stream-logs {self.stream_logs!r}: choose worker-0, all or none")
-        if check_storage and not meta.is_file():
-            raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {meta} is missing")
-        if check_storage and self.resume and not any(self.run_paths.checkpoints.glob("checkpoint_*.pt")):
-            raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
-                             "continue from")  # fmt: skip
         if self.backend == "local" and self.nnodes != 1:
             raise InputError(f"nnodes {self.nnodes}: the local backend runs on one node")
         for name, limit in LIMITS.items():
@@ -135,6 +130,11 @@ class LaunchConfig:
         if self.backend == "kubernetes":
             self.check_under_mount()
             self.check_cluster_inputs()
+        if check_storage and not meta.is_file():
+            raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {meta} is missing")
+        if check_storage and self.resume and not any(self.run_paths.checkpoints.glob("checkpoint_*.pt")):
+            raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
+                             "continue from")  # fmt: skip
 
     def check_cluster_inputs(self) -> None:
         """What a run gives for the cluster, against what the compiled pipeline allows, before any API call."""
