@@ -74,7 +74,7 @@ def attributes(method: str, path: str) -> Attributes:
     if attrs.verb in ("list", "watch") and not attrs.name:
         for term in params.get("fieldSelector", "").split(","):
             key, _, value = term.partition("==") if "==" in term else term.partition("=")
-            if key.strip() == "metadata.name" and not key.endswith("!") and value and "/" not in value:
+            if key.strip() == "metadata.name" and value and "/" not in value:  # "!=" leaves "metadata.name!"
                 return replace(attrs, name=value)
     return attrs
 
@@ -88,7 +88,8 @@ def self_review(attrs: Attributes) -> bool:
 def granted(attrs: Attributes, grants: list[Grant]) -> bool:
     """RBAC's decision: a ClusterRoleBinding's rules apply everywhere, a RoleBinding's in its namespace only."""
     return self_review(attrs) or any(
-        (grant.namespace is None or grant.namespace == attrs.namespace) and any(rule_allows(r, attrs) for r in grant.rules)
+        (grant.namespace is None or grant.namespace == attrs.namespace)
+        and any(rule_allows(r, attrs) for r in grant.rules)
         for grant in grants
     )
 
@@ -167,8 +168,9 @@ class Lines(logging.Handler):
 
 
 @contextmanager
-def recorded(*files: Path, lifecycle: Lifecycle | None = None, training_operator: str | None = "v1-5170a36",
-             ) -> Iterator[tuple[FakeKubernetes, Lines]]:  # fmt: skip
+def recorded(
+    *files: Path, lifecycle: Lifecycle | None = None, training_operator: str | None = "v1-5170a36"
+) -> Iterator[tuple[FakeKubernetes, Lines]]:
     """A fake API server authorizing as `files` say, and the log lines written meanwhile."""
     handler = Lines()
     logging.getLogger().addHandler(handler)
@@ -209,7 +211,9 @@ def attempt(fn: Callable[[], Any]) -> Any:
 
 
 def running(job: dict[str, Any] | None) -> bool:
-    return any(c["type"] == "Running" and c["status"] == "True" for c in (job or {}).get("status", {}).get("conditions", []))
+    return any(
+        c["type"] == "Running" and c["status"] == "True" for c in (job or {}).get("status", {}).get("conditions", [])
+    )
 
 
 def runs_forever() -> Lifecycle:
