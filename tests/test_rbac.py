@@ -37,7 +37,9 @@ from components.run_summary.core import job_cleanup
 from components.verify_nccl.core import fetch_pod_logs
 from tests.k8s_server import (
     CRD_PATH,
+    DAEMONSETS,
     DEFAULT_USER,
+    DEPLOYMENTS,
     SSARS,
     TRAINING_OPERATOR_LABELS,
     Attributes,
@@ -492,6 +494,12 @@ def test_a_plain_text_secret_in_another_namespaces_pod_reaches_neither_report_no
             "env": [{"name": "AWS_ACCESS_KEY_ID", "value": "AKIAIOSFODNN7EXAMPLE"},
                     {"name": "AWS_SECRET_ACCESS_KEY", "value": SECRET}],
         }])  # fmt: skip
+        # The device plugins and the operator are read whole too (their DaemonSet and Deployment): the same rule.
+        secret_env = [{"name": "PROXY_PASSWORD", "value": SECRET}]
+        for kind, ns, name in ((DAEMONSETS, "kube-system", "aws-efa-k8s-device-plugin-daemonset"),
+                               (DEPLOYMENTS, "kubeflow", "training-operator")):  # fmt: skip
+            server._update(kind, ns, name, lambda o: o["spec"]["template"]["spec"]["containers"][0].update(
+                env=secret_env))  # fmt: skip
         result = preflight(preflight_config(), client(server), settings=FAST_KUBE)
         command = [sys.executable, "-m", "pipelines.cli", "preflight", "--json", "--storage-root", "/fsx", "--dataset",
                    "synthetic", "--run-id", "rbac-pf", "--nnodes", "2", "--nproc-per-node", "8", "--image", IMAGE,

@@ -318,17 +318,20 @@ def operator_version(ctx: Context) -> OperatorVersion:
     kube, apps = ctx.kube, ctx.apps
     deployments: list[Any] = []
     refused = False
+    # Deployments and DaemonSets are read raw, as pods are: a preloaded response is logged whole at DEBUG by the
+    # kubernetes client (kubernetes/client/rest.py), with every plain-text env value in it.
     try:
-        deployments = [kube.call("read Deployment", apps.read_namespaced_deployment, OPERATOR_DEPLOYMENT,
-                                 OPERATOR_NAMESPACE)]  # fmt: skip
+        response = kube.call("read Deployment", apps.read_namespaced_deployment, OPERATOR_DEPLOYMENT,
+                             OPERATOR_NAMESPACE, _preload_content=False)  # fmt: skip
+        deployments = [json.loads(response.data)]
     except ApiException as exc:
         if not (not_found(exc) or forbidden(exc)):
             raise
         refused = forbidden(exc)
     if not deployments:
         try:
-            deployments = kube.call("list Deployments", apps.list_deployment_for_all_namespaces,
-                                    label_selector=OPERATOR_SELECTOR).items  # fmt: skip
+            deployments = raw_items(kube.call("list Deployments", apps.list_deployment_for_all_namespaces,
+                                              label_selector=OPERATOR_SELECTOR, _preload_content=False))  # fmt: skip
         except ApiException as exc:
             if not forbidden(exc):
                 raise
@@ -338,15 +341,15 @@ def operator_version(ctx: Context) -> OperatorVersion:
         why = f"no Deployment training-operator in kubeflow{readable} nor labelled {OPERATOR_SELECTOR}"
         return OperatorVersion("", why)
     deployment = deployments[0]
-    namespace, name = deployment.metadata.namespace, deployment.metadata.name
+    namespace, name = deployment["metadata"].get("namespace", ""), deployment["metadata"]["name"]
     found = OperatorVersion("", f"{namespace}/{name}", namespace, name)
-    label = (deployment.metadata.labels or {}).get(VERSION_LABEL, "")
+    label = (deployment["metadata"].get("labels") or {}).get(VERSION_LABEL, "")
     if _SEMVER.fullmatch(label):
         found.version = label
         return found
-    containers = deployment.spec.template.spec.containers or []
-    image = next((c.image for c in containers if "training-operator" in (c.image or "")), None)
-    image = image or (containers[0].image if containers else "")
+    containers = (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+    images = [c.get("image") or "" for c in containers]
+    image = next((i for i in images if "training-operator" in i), images[0] if images else "")
     tag = image_tag(image)
     if _SEMVER.fullmatch(tag):
         found.version = tag
@@ -718,7 +721,8 @@ def check_device_plugins(ctx: Context) -> Check:
     if not wanted:
         return Check("device-plugins", NOT_APPLICABLE, "the job requests neither GPUs nor EFA devices")
     try:
-        daemonsets = ctx.kube.call("list DaemonSets", ctx.apps.list_daemon_set_for_all_namespaces).items
+        daemonsets = raw_items(ctx.kube.call("list DaemonSets", ctx.apps.list_daemon_set_for_all_namespaces,
+                                             _preload_content=False))  # fmt: skip
     except ApiException as exc:
         if not forbidden(exc):
             raise
@@ -726,22 +730,23 @@ def check_device_plugins(ctx: Context) -> Check:
                      "in all namespaces", READ_FIX.format(what="list on daemonsets.apps"))  # fmt: skip
     problems, fixes, fine = [], [], []
     for what, words, fix in wanted:
-        found = [d for d in daemonsets if all(w in d.metadata.name.lower() for w in words)]
+        found = [d for d in daemonsets if all(w in d["metadata"]["name"].lower() for w in words)]
         if not found:
             problems.append(f"no {what} device plugin DaemonSet (a name with {' and '.join(words)}) in any namespace")
             fixes.append(fix)
             continue
-        best = max(found, key=lambda d: (d.status.number_ready or 0) if d.status else 0)
-        ready = (best.status.number_ready or 0) if best.status else 0
-        desired = (best.status.desired_number_scheduled or 0) if best.status else 0
-        where = f"{best.metadata.namespace}/{best.metadata.name}"
+        best = max(found, key=lambda d: (d.get("status") or {}).get("numberReady") or 0)
+        ready = (best.get("status") or {}).get("numberReady") or 0
+        desired = (best.get("status") or {}).get("desiredNumberScheduled") or 0
+        ns, name = best["metadata"].get("namespace", ""), best["metadata"]["name"]
+        where = f"{ns}/{name}"
         if desired == 0:
             problems.append(f"{what} device plugin {where} schedules no pod (0 desired): its nodeSelector or "
                             "tolerations match no node")  # fmt: skip
-            fixes.append(f"{fix} (kubectl -n {best.metadata.namespace} describe ds {best.metadata.name})")
+            fixes.append(f"{fix} (kubectl -n {ns} describe ds {name})")
         elif ready != desired:
             problems.append(f"{what} device plugin {where}: {ready} of {desired} pods ready")
-            fixes.append(f"{fix} (kubectl -n {best.metadata.namespace} describe ds {best.metadata.name})")
+            fixes.append(f"{fix} (kubectl -n {ns} describe ds {name})")
         else:
             fine.append(f"{what} {where} {ready}/{desired} ready")
     if problems:
