@@ -316,6 +316,8 @@ def test_an_api_server_that_goes_away_fails_the_step_instead_of_hanging(staged_r
 
 
 def fast(**overrides: Any) -> WatchSettings:
+    """Short deadlines for tests. A pod's creationTimestamp has whole seconds (metav1.Time), so the Pending clock may
+    read up to a second more than has passed: a Pending deadline that must not fire is 2 s or more here."""
     return WatchSettings(**{"diagnose_every_s": 0.1, "poll_interval_s": 0.2, "replace_timeout_s": 30, **overrides})
 
 
@@ -416,7 +418,7 @@ def test_an_elastic_job_running_on_its_minimum_with_pods_pending_succeeds(staged
     cfg = cluster_config(staged_root, "elastic", nnodes=2, max_nodes=4)
     job = render_job(cfg.job_spec())
     with FakeKubernetes(CRD_PATH, Lifecycle.elastic(2, 4, log_lines=LINES, tick_s=0.3)) as server:
-        outcome = run_job(Kube(client(server)), job, fast(pending_timeout_s=1.5), threading.Event())
+        outcome = run_job(Kube(client(server)), job, fast(pending_timeout_s=2.5), threading.Event())
         deletions = list(server.deletions)
     assert outcome.state == "Succeeded" and deletions == []
     assert "Pending beyond the minimum of 2" in caplog.text
@@ -443,8 +445,8 @@ def test_a_lost_node_gets_the_recovery_deadline(staged_root: Path) -> None:
     with FakeKubernetes(CRD_PATH, lost_node) as server:
         started = time.monotonic()
         with pytest.raises(StepFailed, match=r"fewer than its minimum of 2 pod\(s\) for \d+s .* recovery deadline"):
-            run_job(Kube(client(server)), job, fast(pending_timeout_s=1.2, recovery_timeout_s=2.5), threading.Event())
-    assert time.monotonic() - started > 2.5
+            run_job(Kube(client(server)), job, fast(pending_timeout_s=2, recovery_timeout_s=4), threading.Event())
+    assert time.monotonic() - started > 4
 
 
 def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(staged_root: Path, caplog) -> None:
@@ -456,9 +458,9 @@ def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(staged
     job = render_job(cfg.job_spec())
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-team-a-localqueue"
     assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training-priority"
-    with FakeKubernetes(CRD_PATH, Lifecycle.queued(admit_after_s=3, log_lines=LINES[:2])) as server:
+    with FakeKubernetes(CRD_PATH, Lifecycle.queued(admit_after_s=3.5, log_lines=LINES[:2])) as server:
         server.kueue = True
-        outcome = run_job(Kube(client(server)), job, fast(pending_timeout_s=1.5), threading.Event())
+        outcome = run_job(Kube(client(server)), job, fast(pending_timeout_s=2.5), threading.Event())
         stored = server.job("kubeflow", cfg.job_name)
         deletions = list(server.deletions)
     assert outcome.state == "Succeeded" and deletions == []
