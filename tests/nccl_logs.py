@@ -1,9 +1,11 @@
-"""NCCL debug output as NCCL 2.18-2.30 and aws-ofi-nccl print it (see DESIGN.md), for tests and the benchmark.
+"""NCCL debug output rendered from NCCL's and aws-ofi-nccl's own format strings (tests/nccl_formats.py), per version.
 
-One `Job` describes a run (nodes, GPUs, NCCL version, network); `process_lines` writes what one rank's
-process prints at communicator start-up, in the order NCCL prints it: version, bootstrap, network and
-provider, channels (ring and tree, inter-node over the network and intra-node over P2P/SHM), the
-connected lines and Init COMPLETE. Variations (old/new wording, a Socket fallback, a WARN...) are fields.
+One `Job` describes a run (nodes, GPUs, NCCL version, network and libfabric provider); `process_lines` writes what
+one rank's process prints around communicator start-up and the first collective, in the order that version prints
+it: version, bootstrap, network and provider, then (before 2.22) channels and the connected lines before Init
+COMPLETE, or (2.22+, lazy connection) Init COMPLETE first and the channels and connected lines when the first
+all_reduce runs. Variations (a Socket or tcp-provider fallback, a WARN, a rank that never initialises or never
+connects) are fields. Nothing here is typed by hand: every line comes from a format string of its version.
 """
 
 from __future__ import annotations
@@ -12,21 +14,31 @@ import gzip
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.nccl_formats import NCCL_VERSIONS, OFI_RELEASES, OFI_WARN_FUNCTION, NcclFormats, c_format
+
+# NCCL's own WARNs carry __FILE__:__LINE__; these are real call sites (src/transport/net.cc, src/misc/socket.cc).
+NCCL_WARN_SITES = ("transport/net.cc", 845), ("misc/socket.cc", 484)
+WARN_TIMESTAMP = "[2026-11-30 10:00:03] "  # strftime("[%F %T] ") of NCCL 2.26+ on WARN lines
+
 
 @dataclass
 class Job:
     nodes: int = 2
     gpus: int = 8
-    version: str = "2.21.5+cuda12.4"
-    network: str = "efa-old"  # efa-old (aws-ofi-nccl <= 1.12), efa-new (>= 1.13), ib, socket
+    nccl: str = "2.21.5"  # a key of NCCL_VERSIONS
+    network: str = "efa"  # efa (aws-ofi-nccl), ib, socket
+    ofi: str = "1.9"  # aws-ofi-nccl release (a key of OFI_RELEASES): how it names itself and its provider
     nics: int = 32
     channels: int = 8
     comm_id: str = "0x5f3c2a1b9e8d7c60"
     gdr: bool = True
-    versions: dict[int, str] = field(default_factory=dict)  # rank -> another version
-    socket_ranks: set[int] = field(default_factory=set)  # these ranks fall back to Socket
+    nvls: bool = False  # H100/H200 with NVLS: "Connected NVLS tree" where trees would be
+    versions: dict[int, str] = field(default_factory=dict)  # rank -> another NCCL version
+    socket_ranks: set[int] = field(default_factory=set)  # these ranks fall back to NCCL's Socket transport
+    tcp_ranks: set[int] = field(default_factory=set)  # these ranks' aws-ofi-nccl picks libfabric's tcp provider
     silent_ranks: set[int] = field(default_factory=set)  # these never reach Init COMPLETE
-    warn_ranks: dict[int, list[str]] = field(default_factory=dict)  # rank -> extra WARN/error lines
+    unconnected_ranks: set[int] = field(default_factory=set)  # initialised, but never connect (lazy, 2.22+)
+    warn_ranks: dict[int, list[str]] = field(default_factory=dict)  # rank -> WARN messages it prints
     filler: int = 0  # extra INFO lines per process (tuning chatter), to make logs big
 
     @property
@@ -41,59 +53,90 @@ class Job:
 
 
 def network_words(job: Job, rank: int) -> tuple[str, list[str]]:
-    """The transport name in channel lines, and the lines announcing the network."""
+    """The NET name in channel lines, and the INFO messages announcing the network."""
+    using = NCCL_VERSIONS[job.nccl].network
     if rank in job.socket_ranks or job.network == "socket":
-        return "Socket", ["NET/Socket : Using [0]eth0:10.1.0.17<0>", "Using network Socket"]
+        return "Socket", ["NET/Socket : Using [0]eth0:10.1.0.17<0>", c_format(using, "Socket")]
     if job.network == "ib":
-        return "IB", ["NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.1.0.17<0>", "Using network IB"]
-    if job.network == "efa-new":
-        return "Libfabric", [
-            f"NET/OFI Selected provider is efa, fabric is efa-direct (found {job.nics} nics)",
-            "Using network Libfabric",
-        ]
-    return "AWS Libfabric", [f"NET/OFI Selected Provider is efa (found {job.nics} nics)", "Using network AWS Libfabric"]
+        return "IB", ["NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.1.0.17<0>", c_format(using, "IB")]
+    ofi = OFI_RELEASES[job.ofi]
+    provider, fabric = ("tcp", "10.1.0.0/16") if rank in job.tcp_ranks else ("efa", "efa-direct")
+    args = {1: (provider,), 2: (provider, job.nics), 3: (provider, fabric, job.nics)}[ofi.provider.count("%")]
+    return ofi.network_name, ["NET/OFI " + c_format(ofi.provider, *args), c_format(using, ofi.network_name)]
 
 
 def process_lines(job: Job, rank: int) -> list[str]:
+    version = job.versions.get(rank, job.nccl)
+    f = NCCL_VERSIONS[version]
     host, pid, local = job.host(rank), job.pid(rank), rank % job.gpus
-    main, worker = f"{host}:{pid}:{pid}", f"{host}:{pid}:{pid + 60}"
+    main, worker = (host, pid, pid), (host, pid, pid + 60)
+
+    def with_message(fmt: str) -> str:  # 2.29+ prints the message through the prefix's own "%s"
+        return fmt if fmt.endswith("%s") else fmt + "%s"
+
+    def info(thread: tuple[str, int, int], message: str) -> str:
+        if f.host_prefix:  # 2.26+: the pieces; no timestamp on INFO by default
+            return c_format(f.host_prefix, *thread) + c_format(with_message(f.info_prefix), local, message)
+        return c_format(f.info_prefix, *thread, local) + message
+
+    def warn(thread: tuple[str, int, int], message: str, index: int) -> list[str]:
+        """A WARN is preceded by an empty line (its format starts with a newline) and carries its source."""
+        where, line = (OFI_WARN_FUNCTION, 259) if message.startswith("NET/OFI") else NCCL_WARN_SITES[index % 2]
+        if not f.host_prefix:
+            return ["", c_format(f.warn_prefix.lstrip("\n"), *thread, local, where, line) + message]
+        if f.warn_prefix_func and not message.startswith("NET/OFI"):  # 2.32+: the function, where NCCL names one
+            level = c_format(f.warn_prefix_func, local, where, line, "ncclProxyConnect", message)
+        else:
+            level = c_format(with_message(f.warn_prefix), local, where, line, message)
+        return ["", WARN_TIMESTAMP + c_format(f.host_prefix, *thread) + level]
+
     net, announce = network_words(job, rank)
-    version = job.versions.get(rank, job.version)
-    out = [f"{main} [{local}] NCCL INFO Bootstrap : Using eth0:10.1.{rank // job.gpus}.17<0>"]
+    out = [info(main, c_format(f.bootstrap, f" eth0:10.1.{rank // job.gpus}.17<0>"))]
     if local == 0:
-        out.append(f"{main} [{local}] NCCL INFO NCCL version {version}")
-    out += [f"{worker} [{local}] NCCL INFO {line}" for line in announce]
-    out.append(f"{worker} [{local}] NCCL INFO comm 0x7f{rank:04x} rank {rank} nRanks {job.world} nNodes {job.nodes} "
-               f"localRanks {job.gpus} localRank {local} MNNVL 0")  # fmt: skip
-    right = (rank + 1) % job.world
+        out.append(info(main, f.version_line))
+    out += [info(worker, line) for line in announce]
+    out.append(info(worker, f"comm 0x7f{rank:04x} rank {rank} nRanks {job.world} nNodes {job.nodes} localRanks "
+                            f"{job.gpus} localRank {local} MNNVL 0"))  # fmt: skip
+    if rank in job.silent_ranks:
+        return out
+    init = c_format(f.init_complete, *((f.init_function,) if f.init_function else ()), f"0x7f{rank:04x}", rank,
+                    job.world, local, local, 0x53000 + local * 0x10000, int(job.comm_id, 16))  # fmt: skip
+    connections = [] if rank in job.unconnected_ranks else connection_lines(job, f, rank, net)
+    if f.lazy:  # NCCL_RUNTIME_CONNECT: channels connect when the first collective (the self-test all_reduce) runs
+        out.append(info(main, init))
+        out += [info(worker, line) for line in connections]
+    else:
+        out += [info(worker, line) for line in connections]
+        out.append(info(main, init))
+    for i, message in enumerate(job.warn_ranks.get(rank, [])):
+        out += warn(worker, message, i)
+    for i in range(job.filler):
+        right = (rank + 1) % job.world
+        out.append(info(worker, f"Channel {i % 32:02d}/1 : {rank}[{local}] -> {right}[{right % job.gpus}] via "
+                                "SHM/direct/direct"))  # fmt: skip
+        out.append(info(worker, "threadThresholds 8/8/64 | 128/8/64 | 512 | 512"))
+    return out
+
+
+def connection_lines(job: Job, f: NcclFormats, rank: int, net: str) -> list[str]:
+    """The channel lines and the connected lines of one process, as its version words them."""
+    local, right = rank % job.gpus, (rank + 1) % job.world
+    lines = []
+    extra = f.send.count("%s") - 1  # the suffixes after the device: GDRDMA, then (PCI), /Shared, ...
     for channel in range(job.channels):
-        gdr = "/GDRDMA" if job.gdr else ""
         if job.nodes > 1 and (local == job.gpus - 1 or local == 0):
             peer = (rank + job.gpus) % job.world
-            out.append(f"{worker} [{local}] NCCL INFO Channel {channel:02d}/0 : {rank}[{local}] -> {peer}[{local}] "
-                       f"[send] via NET/{net}/{local % 4}{gdr}")  # fmt: skip
-            out.append(f"{worker} [{local}] NCCL INFO Channel {channel:02d}/0 : {peer}[{local}] -> {rank}[{local}] "
-                       f"[receive] via NET/{net}/{local % 4}{gdr}")  # fmt: skip
+            suffix = ("/GDRDMA" if job.gdr else "",) + ("",) * (extra - 1)
+            lines.append(c_format(f.send, channel, 0, rank, local, peer, local, net, local % 4, *suffix))
+            receive_suffix = suffix + ("",) * (f.receive.count("%s") - 1 - extra)
+            lines.append(c_format(f.receive, channel, 0, peer, local, rank, local, net, local % 4, *receive_suffix))
         else:
             via = "P2P/IPC/read" if channel % 2 else "P2P/CUMEM/read"
-            out.append(f"{worker} [{local}] NCCL INFO Channel {channel:02d}/0 : {rank}[{local}] -> "
-                       f"{right}[{right % job.gpus}] via {via}")  # fmt: skip
-    for i in range(job.filler):
-        out.append(f"{worker} [{local}] NCCL INFO Channel {i % 32:02d}/1 : {rank}[{local}] -> "
-                   f"{right}[{right % job.gpus}] via SHM/direct/direct")  # fmt: skip
-        out.append(f"{worker} [{local}] NCCL INFO threadThresholds 8/8/64 | 128/8/64 | 512 | 512")
-    if rank in job.silent_ranks:
-        return out[: len(out) // 2]
-    for line in job.warn_ranks.get(rank, []):
-        out.append(f"{worker} [{local}] NCCL {line}")
-    rings = "Connected all rings, use ring PXN 0 GDR 1" if job.network == "efa-new" else "Connected all rings"
-    out += [
-        f"{worker} [{local}] NCCL INFO {rings}",
-        f"{worker} [{local}] NCCL INFO Connected all trees",
-        f"{main} [{local}] NCCL INFO ncclCommInitRank comm 0x7f{rank:04x} rank {rank} nranks {job.world} cudaDev "
-        f"{local} nvmlDev {local} busId {0x53000 + local * 0x10000:x} commId {job.comm_id} - Init COMPLETE",
-    ]
-    return out
+            lines.append(f"Channel {channel:02d}/0 : {rank}[{local}] -> {right}[{right % job.gpus}] via {via}")
+    rings = c_format(f.rings, 0, 1) if "%d" in f.rings else f.rings
+    lines.append(rings)
+    lines.append(f.nvls if job.nvls and job.nodes > 1 else f.trees)
+    return lines
 
 
 def write_debug_files(job: Job, directory: Path, gz: bool = False) -> list[Path]:

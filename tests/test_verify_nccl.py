@@ -16,6 +16,7 @@ from components.errors import InputError
 from components.verify_nccl.core import FAIL, NOT_APPLICABLE, PASS, WARN, Expectations, verify_logs, verify_nccl
 from components.verify_nccl.nccl_log import NcclLogs
 from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle
+from tests.nccl_formats import NCCL_VERSIONS, OFI_RELEASES, SUPPORTED
 from tests.nccl_logs import Job, write_debug_files, write_pod_logs
 from trainer.layout import RunPaths
 
@@ -30,43 +31,81 @@ def status_of(result) -> dict[str, str]:
     return {c.name: c.status for c in result.checks}
 
 
-@pytest.mark.parametrize("network", ["efa-old", "efa-new"])
-def test_two_p5_nodes_over_efa_pass(tmp_path: Path, network: str) -> None:
-    job = Job(network=network, nics=32 if network == "efa-old" else 16)
-    write_debug_files(job, tmp_path / "nccl")
+@pytest.mark.parametrize("ofi", list(OFI_RELEASES))
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_two_p5_nodes_over_efa_pass(tmp_path: Path, version: str, ofi: str) -> None:
+    write_debug_files(Job(nccl=version, ofi=ofi), tmp_path / "nccl")
     result = verify_logs([str(tmp_path / "nccl")], P5)
     assert result.passed, result.markdown()
     assert set(status_of(result).values()) == {PASS}
     assert (result.world_size, result.ranks_initialized(), result.transports()) == (16, 16, ["efa"])
     provider = {p.provider for p in result.nccl.processes.values() if p.provider}
     assert provider == {"efa"} and result.nccl.files == 16
-    assert "| ip-10-1-0-17 | 0-7 (8) | 2.21.5 |" in result.markdown()
+    assert f"| ip-10-1-0-17 | 0-7 (8) | {version} |" in result.markdown()
 
 
-def test_a_socket_fallback_on_an_efa_instance_fails(tmp_path: Path) -> None:
-    write_debug_files(Job(socket_ranks={9}), tmp_path)
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_a_warn_after_init_complete_fails_naming_its_rank(tmp_path: Path, version: str) -> None:
+    """NCCL's WARN carries its source location (`file.cc:LINE NCCL WARN`), aws-ofi-nccl's a function signature."""
+    job = Job(nccl=version, warn_ranks={3: ["NET/OFI Request 0x7f completed with error. RC: 21. Error: unknown error.",
+                                            "Call to ibv_post_send failed"]})  # fmt: skip
+    write_debug_files(job, tmp_path)
+    status, detail = verdicts(verify_logs([str(tmp_path)], P5))["no NCCL WARN or error"]
+    assert status == FAIL
+    assert detail.startswith("rank 3 on ip-10-1-0-17: NCCL WARN NET/OFI Request 0x7f completed with error.")
+    assert detail.endswith("(2 in all)")
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_a_socket_fallback_on_an_efa_instance_fails(tmp_path: Path, version: str) -> None:
+    write_debug_files(Job(nccl=version, socket_ranks={9}), tmp_path)
     result = verify_logs([str(tmp_path)], P5)
     v = verdicts(result)
     assert v["inter-node transport"] == (FAIL, "expected efa: rank 9 on ip-10-1-1-18 uses socket")
-    assert (
-        v["no Socket fallback"][0] == FAIL
-        and "rank 9 on ip-10-1-1-18 fell back to TCP sockets" in v["no Socket fallback"][1]
-    )
+    assert v["no TCP fallback"][0] == FAIL
+    assert "rank 9 on ip-10-1-1-18 fell back to NCCL's Socket transport" in v["no TCP fallback"][1]
     assert v["GPUDirect RDMA"] == (PASS, "all 64 inter-node channels")  # rank 9 has no inter-node channel
 
 
-def test_a_rank_that_never_initialises_is_named(tmp_path: Path) -> None:
-    write_debug_files(Job(silent_ranks={5}), tmp_path)
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_a_tcp_provider_under_the_libfabric_name_fails(tmp_path: Path, version: str) -> None:
+    """aws-ofi-nccl on libfabric's tcp provider still says "Using network Libfabric": the provider line tells."""
+    write_debug_files(Job(nccl=version, ofi="1.13", tcp_ranks={8, 9}, gdr=False), tmp_path)
+    v = verdicts(verify_logs([str(tmp_path)], P5))
+    assert v["inter-node transport"] == (FAIL, "expected efa: rank 8 on ip-10-1-1-18 uses tcp")
+    assert v["no TCP fallback"][0] == FAIL
+    assert v["no TCP fallback"][1].startswith("rank 8 on ip-10-1-1-18: aws-ofi-nccl selected libfabric's tcp provider")
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_a_rank_that_never_initialises_is_named(tmp_path: Path, version: str) -> None:
+    write_debug_files(Job(nccl=version, silent_ranks={5}), tmp_path)
     result = verify_logs([str(tmp_path)], Expectations(world_size=16, instance_type="p5.48xlarge"))
     assert verdicts(result)["all ranks initialised"] == (FAIL, "15 of 16 ranks reached Init COMPLETE; never: rank 5")
     assert not result.passed
 
 
-def test_mixed_nccl_versions(tmp_path: Path) -> None:
-    write_debug_files(Job(versions={8: "2.18.3+cuda12.2"}), tmp_path)
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_mixed_nccl_versions(tmp_path: Path, version: str) -> None:
+    other = next(v for v in SUPPORTED if v != version)
+    write_debug_files(Job(nccl=version, versions={8: other}), tmp_path)
     status, detail = verdicts(verify_logs([str(tmp_path)], P5))["one NCCL version"]
     assert status == FAIL
-    assert detail == "2 versions: 2.18.3 on rank 8 on ip-10-1-1-18; 2.21.5 on rank 0 on ip-10-1-0-17"
+    assert detail.startswith("2 versions: ") and f"{other} on rank 8 on ip-10-1-1-18" in detail
+    assert f"{version} on rank 0 on ip-10-1-0-17" in detail
+
+
+@pytest.mark.parametrize("version", [v for v in SUPPORTED if NCCL_VERSIONS[v].lazy])
+def test_lazy_connection_and_nvls_pass_and_a_rank_that_never_connects_fails(tmp_path: Path, version: str) -> None:
+    """2.22+: channels connect at the first collective, after Init COMPLETE; H100/H200 print "Connected NVLS tree"
+    where trees would be. A rank that initialised but never connected fails."""
+    write_debug_files(Job(nccl=version, nvls=True), tmp_path / "nvls")
+    healthy = verify_logs([str(tmp_path / "nvls")], P5)
+    assert healthy.passed, healthy.markdown()
+    assert verdicts(healthy)["channels connected"][1].endswith("(rings, NVLS trees)")
+    write_debug_files(Job(nccl=version, unconnected_ranks={8}), tmp_path / "stuck")
+    status, detail = verdicts(verify_logs([str(tmp_path / "stuck")], P5))["channels connected"]
+    assert status == FAIL and detail.startswith("rank 8 on ip-10-1-1-18 initialised but never connected")
 
 
 def test_infiniband_passes_when_expected_and_fails_as_efa(tmp_path: Path) -> None:
@@ -84,18 +123,8 @@ def test_a_single_node_has_no_inter_node_checks(tmp_path: Path) -> None:
     write_debug_files(Job(nodes=1), tmp_path)
     result = verify_logs([str(tmp_path)], P5)
     assert result.passed
-    for name in ("inter-node transport", "no Socket fallback", "GPUDirect RDMA"):
+    for name in ("inter-node transport", "no TCP fallback", "GPUDirect RDMA"):
         assert verdicts(result)[name] == (NOT_APPLICABLE, "one node: no inter-node traffic")
-
-
-def test_warn_and_ofi_error_lines_fail_with_their_rank(tmp_path: Path) -> None:
-    job = Job(warn_ranks={3: ["WARN NET/OFI Request 0x7f completed with error. RC: 21. Error: unknown error.",
-                              "INFO NET/OFI Unable to find a protocol that worked"]})  # fmt: skip
-    write_debug_files(job, tmp_path)
-    status, detail = verdicts(verify_logs([str(tmp_path)], P5))["no NCCL WARN or error"]
-    assert status == FAIL
-    assert detail.startswith("rank 3 on ip-10-1-0-17: NCCL WARN NET/OFI Request 0x7f completed with error.")
-    assert detail.endswith("(2 in all)")
 
 
 def test_error_lines_outside_nccl_are_caught(tmp_path: Path) -> None:
@@ -161,7 +190,7 @@ def test_memory_does_not_depend_on_log_size(tmp_path: Path) -> None:
 
 
 def test_reading_in_parallel_gives_what_reading_in_order_does(tmp_path: Path, monkeypatch) -> None:
-    job = Job(socket_ranks={3}, warn_ranks={5: ["WARN NET/OFI something broke"]})
+    job = Job(socket_ranks={3}, warn_ranks={5: ["NET/OFI something broke"]})
     write_debug_files(job, tmp_path / "files")
     write_pod_logs(job, tmp_path / "pods")
     in_order = NcclLogs().read([tmp_path], workers=1)
@@ -181,12 +210,12 @@ def test_cli_json_and_exit_codes(tmp_path: Path) -> None:
     report = json.loads(good.stdout)
     expected = {"ok": True, "world_size": 16, "nccl_version": "2.21.5", "transport": "efa", "ranks_initialized": 16}
     assert {k: report[k] for k in expected} == expected
-    assert {c["name"] for c in report["checks"]} >= {"all ranks initialised", "no Socket fallback"}
+    assert {c["name"] for c in report["checks"]} >= {"all ranks initialised", "no TCP fallback"}
     assert report["warnings"] == []
     bad = subprocess.run([*cli, "--expect-world-size", "16", str(tmp_path / "bad")], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert bad.returncode == 1 and json.loads(bad.stdout)["ok"] is False
-    assert "no Socket fallback: rank 0 on ip-10-1-0-17 fell back" in bad.stderr.strip().splitlines()[-1]
+    assert "no TCP fallback: rank 0 on ip-10-1-0-17 fell back" in bad.stderr.strip().splitlines()[-1]
     missing = subprocess.run([*cli, str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no such file or directory" in missing.stderr.strip().splitlines()[-1]
 

@@ -26,8 +26,31 @@ log = logging.getLogger(__name__)
 
 PASS, FAIL, NOT_APPLICABLE, WARN = "pass", "fail", "n/a", "warn"
 TRANSPORTS = ("efa", "ib", "socket", "any")
-# NCCL's names for the network, as the transport they are.
-NETWORK_TRANSPORT = {"aws libfabric": "efa", "libfabric": "efa", "ib": "ib", "socket": "socket"}
+# NCCL's names for the network: its own IB and Socket, or aws-ofi-nccl ("AWS Libfabric" up to 1.11.0, "Libfabric"
+# after, "OFI" when NCCL_NET asks for it), whose name says nothing of the libfabric provider under it.
+OFI_NAMES = frozenset({"aws libfabric", "libfabric", "ofi"})
+NETWORK_TRANSPORT = {"ib": "ib", "socket": "socket"}
+# libfabric providers aws-ofi-nccl may select that are TCP underneath: a fallback on EFA hardware.
+TCP_PROVIDERS = ("tcp", "sockets", "udp")
+
+
+def process_transport(process: Any) -> str:
+    """What one process talks over: efa only when aws-ofi-nccl selected libfabric's efa provider; tcp when it selected
+    a TCP provider (still named "Libfabric" by NCCL); libfabric when it did not say which provider."""
+    name = process.network.lower()
+    if name in OFI_NAMES:
+        if process.provider == "efa":
+            return "efa"
+        if process.provider.split(";")[0] in TCP_PROVIDERS:
+            return "tcp"
+        return "libfabric" if not process.provider else f"libfabric ({process.provider})"
+    return NETWORK_TRANSPORT.get(name, name)
+
+
+def channel_transport(name: str) -> str:
+    return "ofi" if name.lower() in OFI_NAMES else NETWORK_TRANSPORT.get(name.lower(), name)
+
+
 # Bus bandwidth floors (GB/s) for the trainer's 8 MiB start-up all_reduce across nodes: far below what the
 # network does, far above a TCP fallback. A floor catches a broken network, it is not a tuning target.
 BUSBW_FLOOR_GBPS = {"p5.48xlarge": 20.0, "p5e.48xlarge": 20.0, "p5en.48xlarge": 20.0, "p4d.24xlarge": 5.0,
@@ -80,8 +103,7 @@ class Verification:
         return sorted({p.version for p in self.nccl.processes.values() if p.version})
 
     def transports(self) -> list[str]:
-        names = {NETWORK_TRANSPORT.get(p.network.lower(), p.network) for p in self.nccl.processes.values() if p.network}
-        return sorted(names)
+        return sorted({process_transport(p) for p in self.nccl.processes.values() if p.network})
 
     def ranks_initialized(self) -> int:
         comm = self.nccl.world_comm()
@@ -315,40 +337,47 @@ def one_version(nccl: NcclLogs, reports: list[dict[str, Any]]) -> Check:
 
 
 def network_checks(nccl: NcclLogs, transport: str, expect: Expectations) -> list[Check]:
-    inter = Counter()
+    inter = Counter()  # inter-node channels by transport ("ofi": aws-ofi-nccl, whichever provider)
     for t in nccl.transports.values():
-        inter.update({NETWORK_TRANSPORT.get(name.lower(), name): n for name, n in t.net.items()})
-    announced = {(h, p): NETWORK_TRANSPORT.get(x.network.lower(), x.network) for (h, p), x in nccl.processes.items()
-                 if x.network}  # fmt: skip
+        inter.update({channel_transport(name): n for name, n in t.net.items()})
+    announced = {key: process_transport(p) for key, p in nccl.processes.items() if p.network}
     if not inter and len(nccl.hosts()) <= 1:
         reason = "one node: no inter-node traffic"
-        return [Check("inter-node transport", NOT_APPLICABLE, reason), Check("no Socket fallback", NOT_APPLICABLE,
+        return [Check("inter-node transport", NOT_APPLICABLE, reason), Check("no TCP fallback", NOT_APPLICABLE,
                 reason), Check("GPUDirect RDMA", NOT_APPLICABLE, reason)]  # fmt: skip
-    socket = [k for k, v in announced.items() if v == "socket"]
     checks = []
-    used = sorted(set(inter) | set(announced.values()))
+    used = sorted(set(announced.values()))
     if transport == "any":
         checks.append(Check("inter-node transport", PASS, f"{', '.join(used)} (any accepted)"))
     else:
+        accepted = {transport, "ofi"} if transport == "efa" else {transport}  # ofi channels: the provider decides
         wrong = [k for k, v in announced.items() if v != transport]
-        wrong_channels = sum(n for name, n in inter.items() if name != transport)
+        wrong_channels = sum(n for name, n in inter.items() if name not in accepted)
         if wrong or wrong_channels:
             where = (
                 nccl.rank_of(*wrong[0]) + f" on {wrong[0][0]} uses {announced[wrong[0]]}"
                 if wrong
-                else f"{wrong_channels} inter-node channel(s) over {', '.join(n for n in inter if n != transport)}"
+                else f"{wrong_channels} inter-node channel(s) over {', '.join(n for n in inter if n not in accepted)}"
             )
             checks.append(Check("inter-node transport", FAIL, f"expected {transport}: {where}"))  # fmt: skip
         else:
             checks.append(Check("inter-node transport", PASS, f"{transport} on every rank"))
+    socket = [k for k, v in announced.items() if v == "socket"]
+    tcp = [k for k, v in announced.items() if v == "tcp"]
     if transport == "socket":
-        checks.append(Check("no Socket fallback", NOT_APPLICABLE, "Socket is the expected transport"))
+        checks.append(Check("no TCP fallback", NOT_APPLICABLE, "TCP sockets are the expected transport"))
     elif socket or inter.get("socket"):
         where = nccl.rank_of(*socket[0]) + f" on {socket[0][0]}" if socket else "inter-node channels"
-        checks.append(Check("no Socket fallback", FAIL, f"{where} fell back to TCP sockets ({len(socket)} "
-                            "process(es)): many times slower; check the EFA device plugin, FI_PROVIDER"))  # fmt: skip
+        checks.append(Check("no TCP fallback", FAIL, f"{where} fell back to NCCL's Socket transport ({len(socket)} "
+                            "process(es)): many times slower; check the EFA device plugin and that the image "
+                            "carries aws-ofi-nccl"))  # fmt: skip
+    elif tcp:
+        process = nccl.processes[tcp[0]]
+        checks.append(Check("no TCP fallback", FAIL, f"{nccl.rank_of(*tcp[0])} on {tcp[0][0]}: aws-ofi-nccl selected "
+                            f"libfabric's {process.provider} provider, not efa ({len(tcp)} process(es)): TCP under "
+                            "the Libfabric name; check FI_PROVIDER=efa and the EFA devices in the pod"))  # fmt: skip
     else:
-        checks.append(Check("no Socket fallback", PASS, "no process uses Socket"))
+        checks.append(Check("no TCP fallback", PASS, "no process uses Socket or a TCP provider"))
     want_gdr = expect.gdr if expect.gdr is not None else transport == "efa"
     net_channels = sum(inter.values())
     gdr = sum(t.gdr for t in nccl.transports.values())
@@ -366,14 +395,24 @@ def network_checks(nccl: NcclLogs, transport: str, expect: Expectations) -> list
 
 
 def connected(nccl: NcclLogs) -> Check:
+    """Every initialised process connected what its first collective used, and the nodes talked to each other.
+
+    From NCCL 2.22 (NCCL_RUNTIME_CONNECT, on with cuMem) channels connect when an algorithm is first used, after
+    Init COMPLETE, so a process prints only the algorithms it ran: rings, trees, or on NVLS-capable nodes "Connected
+    NVLS tree" (src/transport/generic.cc, src/transport/nvls.cc). The trainer's start-up all_reduce runs on every
+    rank, so each must have connected at least one; a multi-node run must show inter-node channels.
+    """
     initialised = [(k, p) for k, p in nccl.processes.items() if p.ranks]
-    rings = [k for k, p in initialised if not p.rings]
-    trees = [k for k, p in initialised if not p.trees]
-    if rings or trees:
-        what, key = ("rings", rings[0]) if rings else ("trees", trees[0])
-        return Check("rings and trees connected", FAIL, f"{nccl.rank_of(*key)} on {key[0]} never connected all "
-                     f"{what} ({len(rings)} without rings, {len(trees)} without trees)")  # fmt: skip
-    return Check("rings and trees connected", PASS, f"on all {len(initialised)} initialised processes")
+    never = [k for k, p in initialised if not (p.rings or p.trees or p.nvls)]
+    if never:
+        return Check("channels connected", FAIL, f"{nccl.rank_of(*never[0])} on {never[0][0]} initialised but never "
+                     f"connected a ring, tree or NVLS tree ({len(never)} process(es)): its first collective never "
+                     "got its connections; look for a WARN or a watchdog timeout")  # fmt: skip
+    if len(nccl.hosts()) > 1 and not nccl.transports:
+        return Check("channels connected", FAIL, "no inter-node channel was ever connected between the nodes")
+    kinds = [name for name, count in (("rings", sum(p.rings for _, p in initialised)), ("trees", sum(
+        p.trees for _, p in initialised)), ("NVLS trees", sum(p.nvls for _, p in initialised))) if count]  # fmt: skip
+    return Check("channels connected", PASS, f"on all {len(initialised)} initialised processes ({', '.join(kinds)})")
 
 
 def no_problems(nccl: NcclLogs) -> Check:

@@ -7,9 +7,10 @@ is scanned in C, never line by line in Python: the channel lines (most of any NC
 whose matches are counted by a Counter, the rare lines by fast substring search, each hit then parsed on
 its own. Memory is bounded by the number of processes, ranks and communicators, not the size of the logs.
 
-The wording is that of NCCL 2.18 to 2.30 and aws-ofi-nccl old and new (`Selected Provider is efa` /
-`Selected provider is efa, fabric is ...`, `Using network AWS Libfabric` / `Using network Libfabric`,
-`Connected all rings` with or without `, use ring PXN ...`).
+The wording is that of NCCL 2.18 to 2.32 and aws-ofi-nccl 1.7 to the newest, each pattern below beside the
+source it follows (repository NVIDIA/nccl or aws/aws-ofi-nccl, the release, file and function); the tests render
+their fixtures from those releases' format strings (tests/nccl_formats.py) and check the strings against the
+compiled libnccl.so of each release.
 """
 
 from __future__ import annotations
@@ -28,18 +29,36 @@ BLOCK = 8 * 2**20
 MAX_PROBLEMS = 200  # WARN and error lines kept (all are counted)
 
 _ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
+# src/transport/net.cc sendSetup/recvSetup, 2.18-2.32: "Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s"
+# (2.26+: one more "%s"; the "[%d]" after a rank is its nvmlDev; "%d(%d)" names a PXN proxy rank).
 _CHANNEL = re.compile(rb"Channel (\d+)/\d+ ?: (\d+)\[\d+\] -> (\d+)\[\d+\](?: \[(\w+)\])? via ([^\r\n]+)")
+# src/debug.cc ncclDebugLog: "%s:%d:%d [%d] NCCL INFO " and "\n%s:%d:%d [%d] %s:%d NCCL WARN " (2.18-2.25: host,
+# pid, tid, cudaDev, then a WARN's __FILE__:__LINE__); 2.26+ the same from pieces, "[%F %T] " first on WARN lines
+# (NCCL_DEBUG_TIMESTAMP_LEVELS); 2.32+ "%s:%d (%s) NCCL WARN" with the function. aws-ofi-nccl's WARNs put
+# __PRETTY_FUNCTION__ where the file is (include/nccl_ofi_log.h NCCL_OFI_WARN): a C++ signature, spaces and all.
+# kubectl's "--timestamps" prefix may come first.
 _PREFIX = re.compile(
-    rb"(?:\[[^\]\r\n]*\] )?(?:\d{4}-\d\d-\d\dT[^ \r\n]+ )?([^\s:\[\]]+):(\d+):\d+ \[(\d+)\] NCCL (INFO|WARN) ([^\r\n]*)"
+    rb"(?:\[[^\]\r\n]*\] )?(?:\d{4}-\d\d-\d\dT[^ \r\n]+ )?(?:\[[^\]\r\n]*\] )?([^\s:\[\]]+):(\d+):\d+ \[(\d+)\] "
+    rb"(?:[^\r\n]*?:\d+(?: \([^)\r\n]*\))? )?NCCL (INFO|WARN) ([^\r\n]*)"
 )
-_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:[+-]cuda(\d+\.\d+))?", re.I)
-_NETWORK = re.compile(r"Using network (.+?)\s*$", re.I)
-_PROVIDER = re.compile(r"Selected provider is (\w+)(?:, fabric is ([\w-]+))? \(found (\d+) nics\)", re.I)
-_INIT = re.compile(r"comm (0x[0-9a-f]+) rank (\d+) nranks (\d+)\b.*?commId (0x[0-9a-f]+) - Init COMPLETE", re.I)
+# src/init.cc showVersion: "NCCL version 2.21.5+cuda12.4" (2.26+ also "... compiled with CUDA 12.9").
+_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:[+-]cuda(\d+(?:\.\d+)*)| compiled with CUDA (\d+(?:\.\d+)*))?",
+                      re.I)  # fmt: skip
+_NETWORK = re.compile(r"Using network (.+?)\s*$", re.I)  # src/init.cc: "Using network %s", the NET plugin's name
+# aws-ofi-nccl src/nccl_ofi_net.c(pp): "Selected Provider is %s" (1.7), "... (found %d nics)" (1.8-1.10),
+# "Selected provider is %s, fabric is %s (found %d nics)" (1.11+; a tcp fabric is a subnet, e.g. 10.1.0.0/16).
+_PROVIDER = re.compile(r"Selected provider is ([\w;-]+)(?:, fabric is ([^\s(]+))?(?: \(found (\d+) nics\))?", re.I)
+# src/init.cc: "comm %p rank %d nranks %d ... busId %lx commId 0x%llx - Init COMPLETE" (2.18); prefixed by
+# "ncclCommInitRank " (2.21) or "%s " (2.23+, the API function); a split communicator's line has "parent %p ..."
+# and, before 2.32, no commId.
+_INIT = re.compile(r"comm (0x[0-9a-f]+|\(nil\)) rank (\d+) nranks (\d+) cudaDev \d+ nvmlDev \d+ busId [0-9a-f]+"
+                   r"(?: commId (0x[0-9a-f]+))?(?: parent (\S+)(?: \w+ -?\d+)? color (-?\d+) key -?\d+)? ?"
+                   r"- Init COMPLETE", re.I)  # fmt: skip
 
 # Lines worth a full parse, found by substring search (as NCCL prints them; a shared part where wording changed).
 MARKERS = (
-    b"NCCL version ", b"Using network ", b"NET/OFI ", b"Init COMPLETE", b"Connected all ", b" NCCL WARN ",
+    b"NCCL version ", b"Using network ", b"NET/OFI ", b"Init COMPLETE", b"Connected all ", b"Connected NVLS",
+    b" NCCL WARN ",
     b" via NET/", b"Watchdog caught collective operation timeout", b"fi_getinfo",
 )  # fmt: skip
 # Known error lines that are INFO-level, or not NCCL lines at all (the PyTorch watchdog, libfabric's log).
@@ -66,6 +85,7 @@ class Process:
     nics: int = 0
     rings: int = 0
     trees: int = 0
+    nvls: int = 0  # "Connected NVLS tree" (NVLS-capable nodes, instead of or beside the trees)
     ranks: set[int] = field(default_factory=set)  # global ranks it initialised (one per communicator)
 
 
@@ -138,6 +158,7 @@ class NcclLogs:
                 mine.nics = max(mine.nics, theirs.nics)
                 mine.rings += theirs.rings
                 mine.trees += theirs.trees
+                mine.nvls += theirs.nvls
                 mine.ranks |= theirs.ranks
         for comm_id, comm in other.comms.items():
             self.comms.setdefault(comm_id, Comm(comm.nranks)).ranks.update(comm.ranks)
@@ -177,7 +198,7 @@ class NcclLogs:
         """A block of complete lines from `source` (a file: one process's, or one pod's)."""
         if b"\x1b" in data:
             data = _ANSI.sub(b"", data)
-        self.lines += data.count(b"] NCCL ")
+        self.lines += data.count(b" NCCL INFO ") + data.count(b" NCCL WARN ")
         self._intra(data, source)
         seen: set[int] = set()  # a line holding two markers is parsed once
         for marker in MARKERS:
@@ -233,19 +254,24 @@ class NcclLogs:
             self._problem(host, int(pid), f"NCCL WARN {message.strip()}")
             return
         if m := _VERSION.search(message):
-            process.version, process.cuda = m.group(1), m.group(2) or ""
+            process.version, process.cuda = m.group(1), m.group(2) or m.group(3) or ""
         elif m := _NETWORK.search(message):
             process.network = m.group(1)
         elif m := _PROVIDER.search(message):
-            process.provider, process.fabric, process.nics = m.group(1), m.group(2) or "", int(m.group(3))
+            process.provider, process.fabric = m.group(1).lower(), m.group(2) or ""
+            process.nics = int(m.group(3) or 0)
         elif m := _INIT.search(message):
-            comm_id, rank, nranks = m.group(4), int(m.group(2)), int(m.group(3))
+            rank, nranks = int(m.group(2)), int(m.group(3))
+            # A split communicator without a commId (2.23-2.31) is told apart by its color and size.
+            comm_id = m.group(4) or f"split color {m.group(6)} of {nranks}"
             self.comms.setdefault(comm_id, Comm(nranks)).ranks[rank] = key
             process.ranks.add(rank)
         elif "Connected all rings" in message:
             process.rings += 1
         elif "Connected all trees" in message:
             process.trees += 1
+        elif "Connected NVLS tree" in message:
+            process.nvls += 1
         if any(e in message for e in KNOWN_ERRORS) or ("fi_getinfo" in message and "empty list" in message):
             self._problem(host, int(pid), message.strip())
 
