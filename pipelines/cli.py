@@ -367,12 +367,19 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 def cmd_verify_nccl(args: argparse.Namespace) -> int:
     from components.verify_nccl.core import Expectations, verify_logs, verify_nccl
 
+    low, _, high = args.expect_world_size_range.partition(":")
+    try:
+        low_size, high_size = int(low or 0), int(high or low or 0)
+    except ValueError:
+        raise InputError(f"--expect-world-size-range {args.expect_world_size_range!r}: MIN:MAX, e.g. 16:32") from None
     expect = Expectations(world_size=args.expect_world_size, transport=args.expect_transport,
-                          instance_type=args.instance_type, bandwidth_fails=args.bandwidth_fails)  # fmt: skip
+                          instance_type=args.instance_type, bandwidth_fails=args.bandwidth_fails,
+                          min_world_size=low_size, max_world_size=high_size)  # fmt: skip
     if bool(args.storage_root) != bool(args.run_id):
         raise InputError("give --storage-root and --run-id together (a run), or neither (only the PATHs)")
     if args.run_id:
-        result = verify_nccl(args.storage_root, args.run_id, extra_logs=args.logs, expect=expect)
+        result = verify_nccl(args.storage_root, args.run_id, extra_logs=args.logs, expect=expect,
+                             all_attempts=args.all_attempts)  # fmt: skip
     elif args.logs:
         result = verify_logs(args.logs, expect)
     else:
@@ -558,6 +565,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", default="")
     p.add_argument("--expect-world-size", "--world-size", type=int, default=0,
                    help="expected ranks (default: what the logs and reports claim)")  # fmt: skip
+    p.add_argument(
+        "--expect-world-size-range",
+        default="",
+        metavar="MIN:MAX",
+        help="an elastic job: the judged attempt's size must be in this range",
+    )
+    p.add_argument(
+        "--all-attempts",
+        action="store_true",
+        help="a run's earlier attempts fail the check too (default: only the latest is judged)",
+    )
     p.add_argument("--expect-transport", choices=["efa", "ib", "socket", "any"], default="",
                    help="inter-node transport (default: efa on EFA instance types, else any)")  # fmt: skip
     p.add_argument("--instance-type", default="", help="sets the default transport and the bandwidth floor")

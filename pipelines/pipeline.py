@@ -289,6 +289,7 @@ def build_pipeline(platform: PlatformOptions):
                 storage_root=storage_root,
                 run_id=trained.outputs["run_id"],
                 nnodes=nnodes,
+                max_nodes=max_nodes,
                 nproc_per_node=nproc_per_node,
                 instance_type=instance_type,
                 expect_transport=expect_transport,

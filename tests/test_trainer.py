@@ -46,8 +46,10 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
     assert config["trainer"]["max_steps"] == 60 and config["model"]["n_layer"] == 2
     assert "step 60 loss" in run.rank_log(0).read_text()
     assert "comms self-test" in run.rank_log(1).read_text()
+    assert run.attempts() == [1], "one start, one attempt, agreed by both ranks"
     for rank in (0, 1):
-        assert json.loads(run.comms_report(rank).read_text())["all_reduce_correct"] is True
+        report = json.loads(run.comms_report(rank, 1).read_text())
+        assert report["all_reduce_correct"] is True and report["attempt"] == 1
 
 
 def test_resumes_from_checkpoint(trained_root: Path, tmp_path: Path) -> None:

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from components.errors import InputError
+from components.launch_pytorchjob.core import launch
 from components.verify_nccl.core import FAIL, NOT_APPLICABLE, PASS, WARN, Expectations, verify_logs, verify_nccl
 from components.verify_nccl.nccl_log import NcclLogs
+from tests.helpers import tiny_launch
 from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle
 from tests.nccl_formats import NCCL_VERSIONS, OFI_RELEASES, SUPPORTED
 from tests.nccl_logs import Job, write_debug_files, write_pod_logs
@@ -229,6 +231,10 @@ def copy_run(trained_root: Path, tmp_path: Path) -> tuple[Path, RunPaths]:
     return root, RunPaths.of(root, "run-1")
 
 
+def latest_report(run: RunPaths, rank: int) -> Path:
+    return run.comms_report(rank, run.attempts()[-1])
+
+
 def test_passes_on_a_real_two_process_run(trained_root: Path, tmp_path: Path) -> None:
     root, run = copy_run(trained_root, tmp_path)
     result = verify_nccl(str(root), "run-1", world_size=2)
@@ -240,15 +246,15 @@ def test_passes_on_a_real_two_process_run(trained_root: Path, tmp_path: Path) ->
 
 def test_self_test_failures_are_named(trained_root: Path, tmp_path: Path) -> None:
     root, run = copy_run(trained_root, tmp_path)
-    report = json.loads(run.comms_report(1).read_text())
+    report = json.loads(latest_report(run, 1).read_text())
     report.update(world_size=3, all_reduce_correct=False, all_reduce_min=2.0)
-    run.comms_report(1).write_text(json.dumps(report))
+    latest_report(run, 1).write_text(json.dumps(report))
     reasons = {c.name: c.detail for c in verify_nccl(str(root), "run-1", world_size=2).failures}
     assert reasons["same world size"] == "rank 1 reports world size 3, expected 2"
     assert reasons["all_reduce correct"].startswith("rank 1: all_reduce gave 2.0")
-    run.comms_report(1).unlink()
+    latest_report(run, 1).unlink()
     assert verify_nccl(str(root), "run-1", world_size=2).failures[0].detail == "rank 1: no self-test report"
-    for path in run.comms.glob("rank_*.json"):
+    for path in run.comms.rglob("rank_*.json"):
         path.unlink()
     result = verify_nccl(str(root), "run-1")
     assert "never reached start-up" in result.failures[0].detail
@@ -256,9 +262,9 @@ def test_self_test_failures_are_named(trained_root: Path, tmp_path: Path) -> Non
 
 def test_bandwidth_below_the_floor_warns_or_fails(trained_root: Path, tmp_path: Path) -> None:
     root, run = copy_run(trained_root, tmp_path)
-    write_debug_files(Job(nodes=1, gpus=2), run.nccl)  # the run's two ranks, as if on GPUs
-    report = json.loads(run.comms_report(1).read_text())
-    run.comms_report(1).write_text(json.dumps({**report, "hostname": "other-host"}))  # two nodes
+    write_debug_files(Job(nodes=1, gpus=2), run.nccl_dir(run.attempts()[-1]))  # its two ranks, as if on GPUs
+    report = json.loads(latest_report(run, 1).read_text())
+    latest_report(run, 1).write_text(json.dumps({**report, "hostname": "other-host"}))  # two nodes
     expect = Expectations(world_size=2, instance_type="p5.48xlarge", transport="any")
     warned = verdicts(verify_nccl(str(root), "run-1", expect=expect))["bus bandwidth"]
     assert warned[0] == WARN and "below the 20 GB/s floor of p5.48xlarge" in warned[1]
@@ -269,12 +275,70 @@ def test_bandwidth_below_the_floor_warns_or_fails(trained_root: Path, tmp_path: 
 def test_every_ranks_self_test_report_tells_its_nccl_version(trained_root: Path, tmp_path: Path) -> None:
     """Only some processes print 'NCCL version'; the self-test reports of all ranks fill the gap."""
     root, run = copy_run(trained_root, tmp_path)
-    write_debug_files(Job(nodes=1, gpus=2), run.nccl)  # only rank 0 prints its version: 2.21.5
+    write_debug_files(Job(nodes=1, gpus=2), run.nccl_dir(run.attempts()[-1]))  # only rank 0 prints its version
     for rank, version in ((0, "2.21.5"), (1, "2.19.3")):
-        report = json.loads(run.comms_report(rank).read_text())
-        run.comms_report(rank).write_text(json.dumps({**report, "nccl_version": version}))
+        report = json.loads(latest_report(run, rank).read_text())
+        latest_report(run, rank).write_text(json.dumps({**report, "nccl_version": version}))
     status, detail = verdicts(verify_nccl(str(root), "run-1", world_size=2))["one NCCL version"]
     assert status == FAIL and "2.19.3 on rank 1 on" in detail
+
+
+# -- attempts: an elastic resize, a job grown past its minimum, a restart after a failed attempt -----------------
+
+
+def test_an_elastic_shrink_from_2_to_1_ranks_verifies_on_the_latest_attempt(trained_root: Path,
+                                                                            tmp_path: Path) -> None:  # fmt: skip
+    """The trainer numbers its starts: run-1 trained on 2 processes (attempt 1), resumed on 1 (attempt 2). Rank 1's
+    old report is attempt 1's, and does not fail attempt 2."""
+    root, run = copy_run(trained_root, tmp_path)
+    launch(tiny_launch(root, "run-1", max_steps=70, nproc_per_node=1, resume=True))
+    assert run.attempts() == [1, 2]
+    assert json.loads(run.status.read_text())["attempt"] == 2
+    result = verify_nccl(str(root), "run-1", expect=Expectations(min_world_size=1, max_world_size=2))
+    assert result.passed, result.markdown()
+    assert (result.attempt, result.world_size, len(result.reports)) == (2, 1, 1)
+    assert result.history == ["attempt 1: world size 2, 2 report(s), passed"]
+    assert verdicts(result)["world size in range"] == (PASS, "1 ranks (expected 1 to 2)")
+
+
+def write_attempt(run: RunPaths, attempt: int, template: dict, world: int, job: Job | None = None) -> None:
+    """An attempt's self-test reports (the real trainer's, at another size) and, with `job`, its NCCL files."""
+    for rank in range(world):
+        path = run.comms_report(rank, attempt)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        expected = world * (world + 1) / 2
+        path.write_text(json.dumps({**template, "rank": rank, "world_size": world, "attempt": attempt,
+                                    "all_reduce_expected": expected, "all_reduce_min": expected,
+                                    "all_reduce_max": expected}))  # fmt: skip
+    if job is not None:
+        write_debug_files(job, run.nccl_dir(attempt))
+
+
+def test_a_job_grown_past_its_minimum_verifies_at_the_size_it_had(trained_root: Path, tmp_path: Path) -> None:
+    root, run = copy_run(trained_root, tmp_path)
+    template = json.loads(latest_report(run, 0).read_text())
+    write_attempt(run, 2, template, 4)  # a 2:4 job that grew to 4
+    grown = verify_nccl(str(root), "run-1", expect=Expectations(min_world_size=2, max_world_size=4))
+    assert grown.passed and grown.world_size == 4, grown.markdown()
+    too_big = verify_nccl(str(root), "run-1", expect=Expectations(min_world_size=2, max_world_size=3))
+    assert verdicts(too_big)["world size in range"] == (FAIL, "4 ranks, expected 2 to 3")
+
+
+def test_a_restart_after_a_failed_attempt_verifies_on_the_latest(trained_root: Path, tmp_path: Path) -> None:
+    root, run = copy_run(trained_root, tmp_path)
+    template = json.loads(latest_report(run, 0).read_text()) | {"backend": "nccl"}
+    failed = Job(nodes=2, gpus=8, silent_ranks={5}, warn_ranks={9: ["NET/OFI Request 0x7f completed with error."]})
+    write_attempt(run, 2, template, 16, failed)
+    write_attempt(run, 3, template, 16, Job(nodes=2, gpus=8))
+    expect = Expectations(min_world_size=16, max_world_size=16, instance_type="p5.48xlarge")
+    latest = verify_nccl(str(root), "run-1", expect=expect)
+    assert latest.passed and latest.attempt == 3, latest.markdown()
+    assert latest.history[1].startswith("attempt 2: world size 16, 16 report(s), FAILED: all ranks initialised: "
+                                        "15 of 16 ranks reached Init COMPLETE; never: rank 5")  # fmt: skip
+    assert "Earlier attempts (not judged)" in run.comms_verification.read_text()
+    judged = verify_nccl(str(root), "run-1", expect=expect, all_attempts=True)
+    assert not judged.passed
+    assert {c.name for c in judged.failures} >= {"attempt 2: all ranks initialised", "attempt 2: no NCCL WARN or error"}
 
 
 def test_bad_inputs(trained_root: Path, tmp_path: Path) -> None:

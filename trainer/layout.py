@@ -9,7 +9,8 @@ Every step, the trainer included, finds its files through these two classes and 
     <root>/runs/<run_id>/checkpoints/checkpoint_latest.pt
     <root>/runs/<run_id>/metrics.jsonl               one JSON object per logged step
     <root>/runs/<run_id>/status.json                 the trainer's state: running, done, preempted, crashed
-    <root>/runs/<run_id>/logs/ nccl/ comms/ eval/    per-rank logs, NCCL_DEBUG_FILE output, comms self-test, evaluation
+    <root>/runs/<run_id>/logs/ nccl/ comms/ eval/    per-rank logs, NCCL_DEBUG_FILE output and comms self-test (per
+                                                     attempt: attempt-NNNN/), evaluation
     <root>/runs/<run_id>/steps/<step>.json           each pipeline step's outcome, written as it ends
     <root>/runs/<run_id>/summary.json summary.md     the run summary, written by the pipeline's exit step
 
@@ -150,8 +151,23 @@ class RunPaths:
     def summary_report(self) -> Path:
         return self.root / "summary.md"
 
-    def comms_report(self, rank: int) -> Path:
-        return self.comms / f"rank_{rank:05d}.json"
+    def attempt(self, attempt: int) -> str:
+        """An attempt's directory name under comms/ and nccl/: each start of the trainer (a torchrun restart, an
+        elastic resize, a pod or job restarted) is one, numbered by rank 0 and agreed on by every rank."""
+        return f"attempt-{attempt:04d}"
+
+    def attempts(self) -> list[int]:
+        """The attempts the run's comms/ holds, oldest first (none: a run from before attempts)."""
+        found = (p.name.removeprefix("attempt-") for p in self.comms.glob("attempt-*") if p.is_dir())
+        return sorted(int(n) for n in found if n.isdigit())
+
+    def comms_report(self, rank: int, attempt: int = 0) -> Path:
+        """Rank `rank`'s self-test report of `attempt` (0: the layout of runs from before attempts)."""
+        directory = self.comms / self.attempt(attempt) if attempt else self.comms
+        return directory / f"rank_{rank:05d}.json"
+
+    def nccl_dir(self, attempt: int = 0) -> Path:
+        return self.nccl / self.attempt(attempt) if attempt else self.nccl
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank_{rank:05d}.log"

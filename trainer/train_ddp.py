@@ -93,11 +93,12 @@ def lr_schedule(cfg: TrainConfig):
 def train(cfg: TrainConfig) -> ExitCode:
     use_cuda = torch.cuda.is_available()
     run = RunPaths(Path(cfg.run_dir))
-    if use_cuda and "NCCL_DEBUG" in os.environ:  # keep NCCL's lines on the volume, past the pod's life
-        os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl / "%h.%p.log"))
-        run.nccl.mkdir(parents=True, exist_ok=True)
     init_distributed("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = agree_on_attempt(run, rank)
+    if use_cuda and "NCCL_DEBUG" in os.environ:  # NCCL's lines on the volume, past the pod's life, per attempt
+        os.environ["NCCL_DEBUG_FILE"] = str(run.nccl_dir(attempt) / "%h.%p.log")  # read at the first collective
+        run.nccl_dir(attempt).mkdir(parents=True, exist_ok=True)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -107,8 +108,8 @@ def train(cfg: TrainConfig) -> ExitCode:
     log.info("rank %d of %d on %s (torchelastic restart count %s)", rank, world, device, restarts)
     stop = StopSignal(device)
 
-    report = comms.self_test(device)
-    write_json(run.comms_report(rank), report)
+    report = comms.self_test(device) | {"attempt": attempt}
+    write_json(run.comms_report(rank, attempt), report)
     log.info("comms self-test: all_reduce %s, bus bandwidth %.3f GB/s",
              "correct" if report["all_reduce_correct"] else "WRONG", report["busbw_gbps"])  # fmt: skip
 
@@ -155,7 +156,8 @@ def train(cfg: TrainConfig) -> ExitCode:
                         cfg.batch_size * cfg.grad_accum_steps * state["world_size"])  # fmt: skip
         metrics.truncate_after(progress.step)
         del state
-    write_status(run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts))
+    write_status(run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts),
+                 attempt=attempt)  # fmt: skip
     if rank == 0:
         dataset = {"tokenized_dir": cfg.data_dir, "vocab_size": meta["vocab_size"]}
         resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset}
@@ -243,7 +245,8 @@ def train(cfg: TrainConfig) -> ExitCode:
 
     # Stopping: a blocking save, waited for by every rank, so that the exit code tells the truth.
     if progress.step == resumed_at:
-        write_status(run, rank, "done", step=progress.step, exit_code=ExitCode.DONE, reason="max-steps")
+        write_status(run, rank, "done", step=progress.step, exit_code=ExitCode.DONE, reason="max-steps",
+                     attempt=attempt)  # fmt: skip
         dist.destroy_process_group()
         return ExitCode.DONE
     if samples_log:
@@ -259,7 +262,8 @@ def train(cfg: TrainConfig) -> ExitCode:
         log.exception("the final checkpoint of step %d could not be committed", progress.step)
         code = ExitCode.PREEMPTED_UNSAVED if preempted else ExitCode.CRASHED
         write_status(run, rank, "preempted-unsaved" if preempted else "crashed", step=progress.step,
-                     exit_code=code, reason=stop_reason, error=f"final checkpoint failed: {exc}")  # fmt: skip
+                     exit_code=code, reason=stop_reason, error=f"final checkpoint failed: {exc}",
+                     attempt=attempt)  # fmt: skip
         return code
     if preempted:
         log.warning("stopped by %s at step %d: checkpoint committed %.1fs after the signal (budget %.0fs)",
@@ -268,7 +272,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     else:
         log.info("training stopped at step %d (%s), %d tokens seen", progress.step, stop_reason, progress.tokens_seen)
     code = ExitCode.PREEMPTED if preempted else ExitCode.DONE
-    write_status(run, rank, "preempted" if preempted else "done", step=progress.step, exit_code=code,
+    write_status(run, rank, "preempted" if preempted else "done", step=progress.step, exit_code=code, attempt=attempt,
                  reason=stop_reason, tokens_seen=progress.tokens_seen,
                  seconds_to_commit=round(stop.seconds_since(), 3) if preempted else None)  # fmt: skip
     dist.destroy_process_group()
@@ -279,6 +283,26 @@ def write_status(run: RunPaths, rank: int, state: str, **details: Any) -> None:
     """Rank 0 records where the run stands, so that the launcher can tell preempted-and-saved from a crash."""
     if rank == 0:
         write_json(run.status, {"state": state, **details, "time": time.time()})
+
+
+ATTEMPT_KEY = "hyperpod-pretrain/attempt"
+
+
+def agree_on_attempt(run: RunPaths, rank: int) -> int:
+    """This start's attempt number, the same on every rank: rank 0 takes the next after those on the volume and
+    publishes it in the process group's store, the others wait for it there.
+
+    torchrun's restart count is per node and starts again with a new container, and the rendezvous id never
+    changes, so neither tells two starts apart. The store is used, not a collective: with NCCL the first collective
+    creates the communicator, which must already know its (per-attempt) NCCL_DEBUG_FILE.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        attempt = max(run.attempts(), default=0) + 1
+        (run.comms / run.attempt(attempt)).mkdir(parents=True, exist_ok=True)
+        store.set(ATTEMPT_KEY, str(attempt))
+        return attempt
+    return int(store.get(ATTEMPT_KEY))
 
 
 def init_distributed(backend: str) -> None:

@@ -6,6 +6,7 @@ backend="kubernetes" creates a kubeflow.org/v1 PyTorchJob (manifest.py) and foll
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import posixpath
@@ -186,10 +187,10 @@ class LaunchConfig:
         ]
 
     def trainer_env(self) -> dict[str, str]:
-        """NCCL writes its INFO lines per process onto the volume, where verify_nccl finds them after pods are gone."""
+        """NCCL logs at INFO; the trainer writes the lines per process and attempt onto the volume, where
+        verify_nccl finds them after the pods are gone."""
         return {
-            "NCCL_DEBUG": "INFO",
-            "NCCL_DEBUG_FILE": str(self.run_paths.nccl / "%h.%p.log"),
+            "NCCL_DEBUG": "INFO",  # the trainer points NCCL_DEBUG_FILE at <run>/nccl/attempt-NNNN/ itself
             **self.extra_env,
         }
 
@@ -260,6 +261,7 @@ class LaunchResult:
     state: str = ""
     reattached: bool = False
     attempt: int = 1  # kubernetes: 1, then +1 each time a failed job of this run was replaced (a retried run)
+    trainer_attempt: int = 0  # the trainer's last start (status.json): every restart or resize counts, 0: unknown
     queued_s: float | None = None
     running_s: float | None = None
     restarts: int = 0
@@ -272,12 +274,23 @@ def launch(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
     if cfg.backend == "kubernetes":
         from components.launch_pytorchjob.k8s_backend import launch_on_kubernetes
 
-        return launch_on_kubernetes(cfg, api_client)
-    from components.launch_pytorchjob.local_backend import run_torchrun
+        result = launch_on_kubernetes(cfg, api_client)
+    else:
+        from components.launch_pytorchjob.local_backend import run_torchrun
 
-    for directory in (cfg.run_paths.root, cfg.run_paths.logs, cfg.run_paths.nccl):
-        Path(directory).mkdir(parents=True, exist_ok=True)
-    return run_torchrun(cfg)
+        for directory in (cfg.run_paths.root, cfg.run_paths.logs):
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        result = run_torchrun(cfg)
+    result.trainer_attempt = trainer_attempt(cfg.run_paths)
+    return result
+
+
+def trainer_attempt(run: RunPaths) -> int:
+    """The attempt the trainer last started as (its status.json), the one verify_nccl judges."""
+    try:
+        return int(json.loads(run.status.read_text()).get("attempt", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
 
 
 def summary_markdown(result: LaunchResult) -> str:
@@ -290,7 +303,8 @@ def summary_markdown(result: LaunchResult) -> str:
             ("world size", str(result.world_size)), ("wall time", seconds(result.seconds))]  # fmt: skip
     if result.backend == "kubernetes":
         rows += [("PyTorchJob", f"`{result.namespace}/{result.job_name}`" + (" (re-attached)" if result.reattached
-                  else "")), ("attempt", str(result.attempt)), ("final state", result.state),
+                  else "")), ("attempt", f"{result.attempt} (trainer's attempt {result.trainer_attempt})"),
+                 ("final state", result.state),
                  ("queued", seconds(result.queued_s)),
                  ("running", seconds(result.running_s)), ("restarts", str(result.restarts))]  # fmt: skip
     lines = ["## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]

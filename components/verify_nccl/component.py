@@ -10,6 +10,7 @@ def verify_nccl(
     storage_root: str,
     run_id: str,
     nnodes: int,
+    max_nodes: int,
     nproc_per_node: int,
     instance_type: str,
     expect_transport: str,
@@ -19,7 +20,8 @@ def verify_nccl(
     report: dsl.Output[dsl.Markdown],
     metrics: dsl.Output[dsl.Metrics],
 ):
-    """Check every rank's comms self-test and the run's NCCL lines (and its pods' logs); fails on any failed check."""
+    """Check every rank's comms self-test and the run's NCCL lines (and its pods' logs) of the run's latest attempt;
+    fails on any failed check."""
     import tempfile
     from pathlib import Path
 
@@ -32,7 +34,9 @@ def verify_nccl(
 
     setup_logging()
     with recorded_step(storage_root, run_id, "verify-nccl", {"report": report.uri}) as record:
-        expect = Expectations(world_size=nnodes * nproc_per_node, transport=expect_transport,
+        # The latest attempt is judged at the size it had: an elastic job may run anywhere from min to max nodes.
+        expect = Expectations(min_world_size=nnodes * nproc_per_node,
+                              max_world_size=max(max_nodes, nnodes) * nproc_per_node, transport=expect_transport,
                               instance_type=instance_type, bandwidth_fails=bandwidth_fails)  # fmt: skip
         with tempfile.TemporaryDirectory() as pod_logs:
             logs = [str(p) for p in fetch_pod_logs(job_name, namespace, Path(pod_logs))] if job_name else []

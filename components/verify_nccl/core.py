@@ -67,7 +67,10 @@ class Check:
 
 @dataclass
 class Expectations:
-    world_size: int = 0  # 0: what the logs and reports claim
+    world_size: int = 0  # 0: what the logs and reports claim (the attempt's own size)
+    # An elastic job's size may be anything from its minimum to its maximum of nodes: the attempt's must be in it.
+    min_world_size: int = 0
+    max_world_size: int = 0
     transport: str = ""  # efa, ib, socket, any; "": efa on EFA instance types, else any
     instance_type: str = ""
     gdr: bool | None = None  # None: expected with efa
@@ -86,6 +89,8 @@ class Verification:
     reports: list[dict[str, Any]]
     nccl: NcclLogs
     checks: list[Check] = field(default_factory=list)
+    attempt: int = 0  # the attempt judged (0: a run from before attempts, or logs without a run)
+    history: list[str] = field(default_factory=list)  # earlier attempts, one line each
 
     @property
     def passed(self) -> bool:
@@ -121,6 +126,8 @@ class Verification:
             "files": self.nccl.files,
             "nccl_lines": self.nccl.lines,
             "truncated_files": self.nccl.truncated,
+            "attempt": self.attempt,
+            "history": self.history,
         }
 
     def metrics(self) -> dict[str, float]:
@@ -139,10 +146,11 @@ class Verification:
     def markdown(self) -> str:
         icon = {PASS: "PASS", FAIL: "**FAIL**", NOT_APPLICABLE: "n/a", WARN: "warn"}
         verdict = "passed" if self.passed else f"FAILED ({len(self.failures)} check(s))"
+        judged = f", attempt {self.attempt}" if self.attempt else ""
         lines = [
             f"# Communication check: {verdict}",
             "",
-            f"{self.source}: world size {self.world_size}, {len(self.reports)} self-test report(s), "
+            f"{self.source}{judged}: world size {self.world_size}, {len(self.reports)} self-test report(s), "
             f"{self.nccl.files} log file(s) with {self.nccl.lines} NCCL line(s).",
             "",
             "| check | result | detail |",
@@ -152,6 +160,8 @@ class Verification:
         if self.nccl.processes:
             lines += ["", "| host | ranks | NCCL | network | provider | NICs | warnings and errors |",
                       "| --- | --- | --- | --- | --- | --- | --- |", *self._host_rows()]  # fmt: skip
+        if self.history:
+            lines += ["", "Earlier attempts (not judged):", "", *(f"- {line}" for line in self.history)]
         if self.reports:
             lines += ["", "| rank | host | backend | all_reduce correct | bus bandwidth GB/s |",
                       "| --- | --- | --- | --- | --- |"]  # fmt: skip
@@ -183,8 +193,9 @@ class Verification:
 
 
 def verify_logs(
-    paths: Iterable[str], expect: Expectations, reports: list[dict[str, Any]] | None = None, source: str = ""
-) -> Verification:
+    paths: Iterable[str], expect: Expectations, reports: list[dict[str, Any]] | None = None, source: str = "",
+    quiet: bool = False,
+) -> Verification:  # fmt: skip
     """Check NCCL logs (files or directories) and, when given, the trainer's self-test reports."""
     if expect.transport and expect.transport not in TRANSPORTS:
         raise InputError(f"expected transport {expect.transport!r}: choose one of {', '.join(TRANSPORTS)}")
@@ -200,7 +211,9 @@ def verify_logs(
                                      default=0)  # fmt: skip
     result = Verification(source or ", ".join(map(str, files)) or "no logs", world, reports, nccl)
     result.checks = (report_checks(reports, world) if reports else []) + nccl_checks(nccl, world, expect, reports)
-    for c in result.checks:
+    if expect.min_world_size or expect.max_world_size:
+        result.checks.insert(0, size_in_range(world, expect))
+    for c in [] if quiet else result.checks:
         level = {FAIL: logging.ERROR, WARN: logging.WARNING}.get(c.status, logging.INFO)
         log.log(level, "%s: %s (%s)", c.name, c.status, c.detail)
     return result
@@ -208,9 +221,11 @@ def verify_logs(
 
 def verify_nccl(
     storage_root: str, run_id: str, world_size: int = 0, extra_logs: Iterable[str] = (),
-    expect: Expectations | None = None,
+    expect: Expectations | None = None, all_attempts: bool = False,
 ) -> Verification:  # fmt: skip
-    """The run's self-test reports and its nccl/ directory (plus `extra_logs`); the report goes to the run."""
+    """The run's latest attempt: its self-test reports and its NCCL_DEBUG_FILE output (plus `extra_logs`), at the
+    size that attempt had; earlier attempts (an elastic resize, a restart after a failure) are history, one line
+    each, unless `all_attempts` judges them too. The report goes to the run."""
     try:
         run = RunPaths.of(storage_root, run_id)
     except ValueError as exc:
@@ -220,14 +235,34 @@ def verify_nccl(
     expect = expect or Expectations()
     if world_size:
         expect.world_size = world_size
-    reports = [json.loads(p.read_text()) for p in sorted(run.comms.glob("rank_*.json"))]
-    logs = ([str(run.nccl)] if run.nccl.is_dir() else []) + list(extra_logs)
-    result = verify_logs(logs, expect, reports, source=f"Run `{run.root}`")
+    attempts = run.attempts() or [0]  # 0: a run from before attempts
+    result = verify_attempt(run, attempts[-1], expect, list(extra_logs))
+    for attempt in attempts[:-1]:
+        earlier = verify_attempt(run, attempt, expect, [], quiet=True)
+        verdict = "passed" if earlier.passed else "FAILED: " + "; ".join(f"{c.name}: {c.detail}"
+                                                                       for c in earlier.failures)  # fmt: skip
+        result.history.append(f"attempt {attempt}: world size {earlier.world_size}, {len(earlier.reports)} "
+                              f"report(s), {verdict}")  # fmt: skip
+        if all_attempts:
+            result.checks += [Check(f"attempt {attempt}: {c.name}", FAIL, c.detail) for c in earlier.failures]
+    with atomic_open(run.comms_verification, "w") as f:
+        f.write(result.markdown())
+    return result
+
+
+def verify_attempt(run: RunPaths, attempt: int, expect: Expectations, extra_logs: list[str],
+                   quiet: bool = False) -> Verification:  # fmt: skip
+    report_dir = run.comms_report(0, attempt).parent
+    reports = [json.loads(p.read_text()) for p in sorted(report_dir.glob("rank_*.json"))]
+    nccl_dir = run.nccl_dir(attempt)
+    logs = ([str(nccl_dir)] if nccl_dir.is_dir() else []) + extra_logs
+    if not attempt and nccl_dir.is_dir():  # a run from before attempts: its NCCL files lie in nccl/ itself
+        logs = [str(p) for p in nccl_dir.iterdir() if p.is_file()] + extra_logs
+    result = verify_logs(logs, expect, reports, source=f"Run `{run.root}`", quiet=quiet)
+    result.attempt = attempt
     if not reports:
         result.checks.insert(0, Check("all ranks reported", FAIL,
                                       "no self-test report at all: the trainer never reached start-up"))  # fmt: skip
-    with atomic_open(run.comms_verification, "w") as f:
-        f.write(result.markdown())
     return result
 
 
@@ -266,6 +301,15 @@ def fetch_pod_logs(job_name: str, namespace: str, directory: Path, api_client: A
 def first_of(items: list[Any], describe) -> str:
     more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
     return describe(items[0]) + more
+
+
+def size_in_range(world: int, expect: Expectations) -> Check:
+    """An elastic job runs at any size from its minimum to its maximum: the judged attempt's must be one of them."""
+    low, high = expect.min_world_size, expect.max_world_size or expect.min_world_size
+    span = f"{low}" if low == high else f"{low} to {high}"
+    if low <= world <= high:
+        return Check("world size in range", PASS, f"{world} ranks (expected {span})")
+    return Check("world size in range", FAIL, f"{world} ranks, expected {span}")
 
 
 def report_checks(reports: list[dict[str, Any]], world_size: int) -> list[Check]:
