@@ -1325,6 +1325,11 @@ class Lifecycle:
         return cls(steps)
 
     @classmethod
+    def running(cls, workers: int = 2, tick_s: float = 0.05) -> Lifecycle:
+        """Created, pods scheduled and running, the job Running: and so it stays until it is deleted."""
+        return cls(_start_steps(workers, tick_s))
+
+    @classmethod
     def stuck_pending(cls, workers: int = 2, message: str = INSUFFICIENT_GPU, tick_s: float = 0.05) -> Lifecycle:
         """Created; the pods stay Pending (unschedulable) for ever, with a FailedScheduling warning each."""
 
@@ -2034,6 +2039,16 @@ class FakeKubernetes:
             self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig pointing at this server (for a launcher or CLI in another process)."""
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        }))  # fmt: skip
+        return path
 
     def client_configuration(self) -> kubernetes.client.Configuration:
         """A ``kubernetes.client.Configuration`` pointing at this server."""

@@ -185,29 +185,13 @@ def test_an_expired_watch_reads_the_job_again(staged_root: Path, caplog) -> None
     assert result.state == "Succeeded" and "410 Gone" in caplog.text
 
 
-def kubeconfig(server: FakeKubernetes, path: Path) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-        "users": [{"name": "fake", "user": {}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-    }))  # fmt: skip
-    return path
-
-
 def test_sigterm_deletes_the_job_and_exits_within_5_s(staged_root: Path, tmp_path: Path) -> None:
     """KFP terminates a run by signalling the step's process: the job must not outlive it."""
-    runs_forever = (
-        Lifecycle()
-        .then(0, lambda j: j.create_pods(2))
-        .then(0.05, lambda j: [j.run(i) for i in (0, 1)])
-        .then(0.05, lambda j: j.set_condition("Running", "PyTorchJobRunning", "running"))
-    )
-    with FakeKubernetes(CRD_PATH, runs_forever) as server:
+    with FakeKubernetes(CRD_PATH, Lifecycle.running(2)) as server:
         command = [sys.executable, "-m", "pipelines.cli", "launch", "--backend", "kubernetes", "--storage-root",
                    str(staged_root), "--dataset", "synthetic", "--run-id", "cancel", "--nnodes", "2",
                    "--nproc-per-node", "8", "--image", "img:1", "--no-owner-reference"]  # fmt: skip
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig(server, tmp_path / "kubeconfig"))}
+        env = {**os.environ, "KUBECONFIG": str(server.write_kubeconfig(tmp_path / "kubeconfig"))}
         launcher = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         name, deadline = job_name("cancel", "cancel"), time.monotonic() + 60
         while time.monotonic() < deadline and not running(server.job("kubeflow", name)):
@@ -227,11 +211,11 @@ def test_sigterm_deletes_the_job_and_exits_within_5_s(staged_root: Path, tmp_pat
 def test_sigterm_deletes_the_job_even_when_the_process_is_killed_right_after(staged_root: Path, tmp_path: Path) -> None:
     """KFP signals the step's process group: its Go launcher dies at once, the container ends, and this process is
     killed moments later (reference/kfp_backend_support.md, "Terminate"). The delete must already be out by then."""
-    with FakeKubernetes(CRD_PATH, runs_forever()) as server:
+    with FakeKubernetes(CRD_PATH, Lifecycle.running()) as server:
         command = [sys.executable, "-m", "pipelines.cli", "launch", "--backend", "kubernetes", "--storage-root",
                    str(staged_root), "--dataset", "synthetic", "--run-id", "killed", "--nnodes", "2",
                    "--nproc-per-node", "8", "--image", "img:1", "--no-owner-reference"]  # fmt: skip
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig(server, tmp_path / "kubeconfig"))}
+        env = {**os.environ, "KUBECONFIG": str(server.write_kubeconfig(tmp_path / "kubeconfig"))}
         launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
         name, deadline = job_name("killed", "killed"), time.monotonic() + 60
         while time.monotonic() < deadline and not running(server.job("kubeflow", name)):
@@ -243,15 +227,6 @@ def test_sigterm_deletes_the_job_even_when_the_process_is_killed_right_after(sta
         launcher.wait(timeout=10)
         deletions = list(server.deletions)
     assert [(ns, n, propagation) for ns, n, propagation in deletions][:1] == [("kubeflow", name, "Foreground")]
-
-
-def runs_forever() -> Lifecycle:
-    return (
-        Lifecycle()
-        .then(0, lambda j: j.create_pods(2))
-        .then(0.05, lambda j: [j.run(i) for i in (0, 1)])
-        .then(0.05, lambda j: j.set_condition("Running", "PyTorchJobRunning", "running"))
-    )
 
 
 def running(job: dict[str, Any] | None) -> bool:
@@ -284,15 +259,9 @@ def test_the_job_is_owned_by_the_launcher_pod_in_its_namespace(staged_root: Path
 
 
 def test_an_api_server_that_goes_away_fails_the_step_instead_of_hanging(staged_root: Path) -> None:
-    runs_forever = (
-        Lifecycle()
-        .then(0, lambda j: j.create_pods(1))
-        .then(0.05, lambda j: j.run(0))
-        .then(0.05, lambda j: j.set_condition("Running", "PyTorchJobRunning", "running"))
-    )
     job = render_job(cluster_config(staged_root, "vanishing", nnodes=1).job_spec())
     outcome: list[BaseException] = []
-    server = FakeKubernetes(CRD_PATH, runs_forever).__enter__()
+    server = FakeKubernetes(CRD_PATH, Lifecycle.running(1)).__enter__()
     kube = Kube(client(server), KubeSettings(attempts=2, backoff_s=0.05))
 
     def launcher() -> None:
@@ -343,7 +312,7 @@ def test_a_retried_run_after_a_failed_job_trains_again(staged_root: Path, caplog
 
 def test_a_job_of_a_run_that_is_still_running_is_reattached_not_replaced(staged_root: Path) -> None:
     cfg = cluster_config(staged_root, "still-running")
-    with FakeKubernetes(CRD_PATH, runs_forever()) as server:
+    with FakeKubernetes(CRD_PATH, Lifecycle.running()) as server:
         server.put_job(render_job(cfg.job_spec()))
         server.lifecycle = Lifecycle.success(workers=2, log_lines=LINES[:2])
         handle = server.handle("kubeflow", cfg.job_name)
@@ -437,7 +406,7 @@ def test_a_lost_node_gets_the_recovery_deadline(staged_root: Path) -> None:
     """After the job ran, a pod recreated Pending (its node lost, no replacement yet) is held to the recovery
     deadline, not the (shorter) Pending one."""
     lost_node = (
-        runs_forever()
+        Lifecycle.running()
         .then(0.5, lambda j: j.server._remove(PODS, j.namespace, j.pod_name(1)))
         .then(0.05, lambda j: j.create_pod(1, scheduled=False))
     )
@@ -537,8 +506,8 @@ def test_a_terminated_runs_job_is_deleted_by_the_exit_step(staged_root: Path, tm
     command = [sys.executable, "-c", script, "launch", "--backend", "kubernetes", "--storage-root", str(root),
                "--dataset", "synthetic", "--run-id", "killed-run", "--pipeline-run-id", pipeline_run, "--nnodes", "2",
                "--nproc-per-node", "8", "--image", "img:1", "--no-owner-reference"]  # fmt: skip
-    with FakeKubernetes(CRD_PATH, runs_forever()) as server:
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig(server, tmp_path / "kubeconfig"))}
+    with FakeKubernetes(CRD_PATH, Lifecycle.running()) as server:
+        env = {**os.environ, "KUBECONFIG": str(server.write_kubeconfig(tmp_path / "kubeconfig"))}
         launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
         name, deadline = job_name(pipeline_run, "killed-run"), time.monotonic() + 60
         while time.monotonic() < deadline and not running(server.job("kubeflow", name)):

@@ -218,15 +218,6 @@ def running(job: dict[str, Any] | None) -> bool:
     )
 
 
-def runs_forever() -> Lifecycle:
-    return (
-        Lifecycle()
-        .then(0, lambda j: j.create_pods(2))
-        .then(0.05, lambda j: [j.run(i) for i in (0, 1)])
-        .then(0.05, lambda j: j.set_condition("Running", "PyTorchJobRunning", "running"))
-    )
-
-
 def launch_streaming_all_logs(root: Path, tmp: Path) -> Run:
     """The launcher as the pipeline runs it (`launch`), every worker's log streamed; then verify_nccl's log fetch."""
     cfg = cluster_config(root, "rbac-ok", stream_logs="all")
@@ -262,7 +253,7 @@ def cancelled_by_sigterm(root: Path, tmp: Path) -> Run:
     """What SigtermToEvent's handler does: ImmediateDelete's own delete, then the loop deletes again and raises."""
     job = render_job(cluster_config(root, "rbac-cancel").job_spec())
     name = job["metadata"]["name"]
-    with recorded(RBAC, lifecycle=runs_forever()) as (server, handler):
+    with recorded(RBAC, lifecycle=Lifecycle.running()) as (server, handler):
         api = client(server)
         delete_now, cancel, outcome = ImmediateDelete(api, "kubeflow", name), threading.Event(), []
 
@@ -470,16 +461,6 @@ def test_the_grants_hold_no_wildcard_no_secret_and_write_only_pytorchjobs() -> N
 # -- reading pods cluster-wide leaks no secret ------------------------------------------------------------------
 
 
-def kubeconfig(server: FakeKubernetes, path: Path) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-        "users": [{"name": "fake", "user": {}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-    }))  # fmt: skip
-    return path
-
-
 def test_a_plain_text_secret_in_another_namespaces_pod_reaches_neither_report_nor_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -504,7 +485,7 @@ def test_a_plain_text_secret_in_another_namespaces_pod_reaches_neither_report_no
         command = [sys.executable, "-m", "pipelines.cli", "preflight", "--json", "--storage-root", "/fsx", "--dataset",
                    "synthetic", "--run-id", "rbac-pf", "--nnodes", "2", "--nproc-per-node", "8", "--image", IMAGE,
                    "--instance-type", "ml.p5.48xlarge", "--no-owner-reference"]  # fmt: skip
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig(server, tmp_path / "kubeconfig"))}
+        env = {**os.environ, "KUBECONFIG": str(server.write_kubeconfig(tmp_path / "kubeconfig"))}
         cli = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
         requests = list(server.requests)
     assert any(attributes(m, p) == Attributes("list", "", "pods") for m, p in requests), "pods read cluster-wide"
