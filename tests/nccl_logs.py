@@ -5,7 +5,9 @@ one rank's process prints around communicator start-up and the first collective,
 it: version, bootstrap, network and provider, then (before 2.22) channels and the connected lines before Init
 COMPLETE, or (2.22+, lazy connection) Init COMPLETE first and the channels and connected lines when the first
 all_reduce runs. Variations (a Socket or tcp-provider fallback, a WARN, a rank that never initialises or never
-connects) are fields. Nothing here is typed by hand: every line comes from a format string of its version.
+connects) are fields. Every line a check reads (prefixes, WARN, version, bootstrap, network, provider, inter-node
+channels, connected, Init COMPLETE) comes from a format string of its version; the rest is chatter in NCCL's
+shape (intra-node channels, the communicator's info line, the NET transport's own announcement, tuning lines).
 """
 
 from __future__ import annotations
