@@ -64,6 +64,15 @@ def test_resumes_from_checkpoint(trained_root: Path, tmp_path: Path) -> None:
     assert load_checkpoint(run.latest_checkpoint)["step"] == 80
 
 
+def test_a_resume_with_another_architecture_is_refused_naming_the_fields(trained_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "fsx"
+    shutil.copytree(trained_root, root)
+    with pytest.raises(StepFailed, match=r"n_positions: 64 -> 128"):
+        launch(tiny_launch(root, "run-1", max_steps=80, seq_len=128))
+    status = json.loads(RunPaths.of(root, "run-1").status.read_text())
+    assert status["state"] == "bad-input" and "another architecture" in status["error"]
+
+
 def test_sample_order_does_not_depend_on_world_size() -> None:
     """One global batch at world size 2 is the same windows as two ranks' batches at world size 1, halved."""
     tokens = np.arange(10_000, dtype=np.uint16)

@@ -60,6 +60,24 @@ def model_config(preset: str, vocab_size: int, max_seq_len: int, eos_token_id: i
     )
 
 
+# What shapes the weights (and the vocabulary they embed): a checkpoint resumes only under the same values. Library
+# metadata is not part of it: transformers 4.57 writes `transformers_version`, ~25 generation defaults
+# (src/transformers/configuration_utils.py, _get_global_generation_defaults) and rope_theta, which 5.x leaves out
+# or calls rope_parameters; comparing whole configs refused every resume across a transformers upgrade.
+ARCHITECTURE_KEYS = (
+    "model_type", "vocab_size", "bos_token_id", "eos_token_id", "tie_word_embeddings",
+    "n_layer", "n_embd", "n_head", "n_inner", "n_positions",  # gpt2
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+    "max_position_embeddings", "head_dim",  # llama
+)  # fmt: skip
+
+
+def architecture_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The architecture fields on which a saved model config and this run's differ, as 'name: saved -> now'."""
+    return [f"{key}: {saved[key]!r} -> {current[key]!r}" for key in ARCHITECTURE_KEYS
+            if key in saved and key in current and saved[key] != current[key]]  # fmt: skip
+
+
 def build_model(config: PretrainedConfig) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 

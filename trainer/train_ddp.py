@@ -40,7 +40,7 @@ from trainer.config import TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
 from trainer.layout import RunPaths
 from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
-from trainer.model import build_model, model_config
+from trainer.model import architecture_differences, build_model, model_config
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
 
 log = logging.getLogger("trainer")
@@ -136,10 +136,12 @@ def train(cfg: TrainConfig) -> ExitCode:
     if state is None:
         seed_everything(cfg.seed + rank)
     else:
-        if state["preset"] != cfg.preset or state["model_config"] != mconfig.to_dict():
+        differences = architecture_differences(state["model_config"], mconfig.to_dict())
+        if state["preset"] != cfg.preset or differences:
             raise CheckpointError(
-                f"the checkpoint in {run.checkpoints} is of preset {state['preset']!r} with another model "
-                f"configuration than this run's {cfg.preset!r}: use a new run directory or the original settings"
+                f"the checkpoint in {run.checkpoints} is of preset {state['preset']!r} and another architecture than "
+                f"this run's {cfg.preset!r} ({'; '.join(differences) or 'another preset'}): use a new run directory "
+                "or the original settings"
             )
         train_state.load_state_dict(state)
         if rank < len(state["rng"]):
