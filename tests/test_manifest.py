@@ -136,7 +136,14 @@ def test_what_ours_adds_to_the_seed() -> None:
         required["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "sagemaker.amazonaws.com/node-health-status"
     )
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-    assert env["TRAINER_GRACE_PERIOD_S"] == "120" and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in env
+    # torchrun SIGKILLs its workers its shutdown timeout after SIGTERM: by default the grace period, less a margin.
+    assert (env["TRAINER_GRACE_PERIOD_S"], env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == ("120", "100")
+    env = {e["name"]: e["value"] for e in render_job(seed_spec(grace_period_s=300))["spec"]["pytorchReplicaSpecs"][
+        "Worker"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "280", "derived from the grace period, not written twice"
+    env = {e["name"]: e["value"] for e in render_job(seed_spec(shutdown_timeout_s=0))["spec"]["pytorchReplicaSpecs"][
+        "Worker"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in env, "0: torchrun's own default"
     assert len(job["metadata"]["annotations"][SPEC_HASH_ANNOTATION]) == 64
 
 

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -18,6 +19,7 @@ import torch
 from components.errors import StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.local_backend import torchrun_command
+from components.launch_pytorchjob.manifest import JobSpec, render_job
 from tests.helpers import tiny_launch
 from trainer.checkpoint import load_checkpoint
 from trainer.data import TokenBatches, load_split
@@ -138,6 +140,22 @@ def test_sigterm_checkpoints_and_resume_is_bit_identical(staged_copy: Path, unin
         assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
             reference["loss"], reference["grad_norm"], reference["lr"]
         ), f"step {mine['step']} differs after a SIGTERM at step {stopped}"  # fmt: skip
+
+
+def test_the_sigterm_budget_is_the_shutdown_timeout_the_job_gives_torchrun(staged_copy: Path) -> None:
+    """The rendered job sets torchrun's shutdown timeout from the pod's grace period (120 s less a margin); the
+    trainer, started by torchrun with the job's environment, takes that as its save budget."""
+    pod = render_job(JobSpec(name="budget", image="img:1", trainer_args=[]))["spec"]["pytorchReplicaSpecs"]["Worker"]
+    env = {e["name"]: e["value"] for e in pod["template"]["spec"]["containers"][0]["env"]}
+    timing = {k: env[k] for k in ("TRAINER_GRACE_PERIOD_S", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")}
+    assert timing == {"TRAINER_GRACE_PERIOD_S": "120", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "100"}
+    cfg = tiny_launch(staged_copy, "budget", **EXACT, extra_env=timing)
+    proc = start_torchrun(cfg)
+    wait_for_step(cfg.run_paths, 3, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert re.search(r"stopped by SIGTERM at step \d+: checkpoint committed [\d.]+s after the signal \(budget 100s\)",
+                     output), output[-2000:]  # fmt: skip
 
 
 def test_async_checkpoints_hold_exactly_their_step(staged_copy: Path, uninterrupted: RunPaths) -> None:

@@ -34,6 +34,7 @@ RUN_LABEL = "hyperpod-pretrain.io/run-id"
 PIPELINE_RUN_LABEL = "hyperpod-pretrain.io/pipeline-run-id"
 AUTO_RESUME = "sagemaker.amazonaws.com/enable-job-auto-resume"
 MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
+SHUTDOWN_MARGIN_S = 20  # of the grace period, left to torchrun after its workers' shutdown timeout
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}  # the seed's
 HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
 DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
@@ -82,7 +83,10 @@ class JobSpec:
     pvc_name: str = "fsx-lustre-pvc"
     mount_path: str = "/fsx"
     grace_period_s: int = 120
-    shutdown_timeout_s: int = 0  # torchrun's (TORCH_ELASTIC_SHUTDOWN_TIMEOUT); 0: the image's torchrun default
+    # torchrun's time between forwarding SIGTERM and SIGKILLing the workers (TORCH_ELASTIC_SHUTDOWN_TIMEOUT; 30 s if
+    # unset): None derives it from the grace period (SHUTDOWN_MARGIN_S less, for torchrun to end before the
+    # kubelet's SIGKILL), so that the trainer's SIGTERM checkpoint gets the grace period; 0: torchrun's default.
+    shutdown_timeout_s: int | None = None
     restart_policy: str = "OnFailure"
     rdzv_backend: str = "c10d"
     max_restarts: int = 3  # torchrun's restarts of the worker group (elasticPolicy.maxRestarts)
@@ -117,6 +121,13 @@ class JobSpec:
         return InstanceType(gpus, base.efa if self.efa_per_node is None else self.efa_per_node, base.memory_gib)
 
     @property
+    def shutdown_timeout(self) -> int:
+        """torchrun's shutdown timeout for this job (0: torchrun's own default, 30 s)."""
+        if self.shutdown_timeout_s is None:
+            return max(0, self.grace_period_s - SHUTDOWN_MARGIN_S)
+        return self.shutdown_timeout_s
+
+    @property
     def nproc(self) -> int:
         return self.instance().gpus if self.nproc_per_node is None else self.nproc_per_node
 
@@ -148,7 +159,9 @@ class JobSpec:
             raise InputError(f"rdzv backend {self.rdzv_backend!r}: choose c10d, etcd or etcd-v2")
         if self.grace_period_s < 1:
             raise InputError(f"grace period {self.grace_period_s}s must be positive")
-        if self.shutdown_timeout_s and not 0 < self.shutdown_timeout_s < self.grace_period_s:
+        if self.shutdown_timeout_s is not None and self.shutdown_timeout_s < 0:
+            raise InputError(f"shutdown timeout {self.shutdown_timeout_s}s cannot be negative (0: torchrun's default)")
+        if self.shutdown_timeout_s and not self.shutdown_timeout_s < self.grace_period_s:
             raise InputError(f"shutdown timeout {self.shutdown_timeout_s}s must be shorter than the "
                              f"{self.grace_period_s}s grace period, or the kubelet kills torchrun first")  # fmt: skip
         for name in ("max_restarts", "backoff_limit", "active_deadline_s", "ttl_after_finished_s"):
@@ -192,8 +205,8 @@ def container_env(spec: JobSpec) -> list[dict[str, str]]:
     env = {"NCCL_DEBUG": "INFO", "TRAINER_GRACE_PERIOD_S": str(spec.grace_period_s)}
     if spec.instance().efa:
         env |= {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
-    if spec.shutdown_timeout_s:
-        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(spec.shutdown_timeout_s)
+    if spec.shutdown_timeout:  # the pinned torch's torchrun reads it (torch/distributed/launcher/api.py)
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(spec.shutdown_timeout)
     env |= spec.env
     return [{"name": k, "value": v} for k, v in env.items()]
 
