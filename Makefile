@@ -2,19 +2,24 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU build of torch. Outside a machine that has it on disk, point pip at the CPU wheels:
+# The trainer's stack is pinned in trainer/stack.txt (the trainer image installs the same file): torch is its torch
+# line, the project installs under it as constraints, so the test environment is the pin's. The CPU build of that
+# torch: outside a machine that has it on disk, point pip at the CPU wheels:
 #   make TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu run-local
-TORCH_SPEC ?= torch==2.13.0
+# TORCH_SPEC may name another build of the pinned release (torch==2.13.0+cpu); another release is refused by the
+# constraints: change the pin instead.
+STACK := trainer/stack.txt
+TORCH_SPEC ?= $(shell sed -n 's/^\(torch==[^ ;#]*\).*/\1/p' $(STACK))
 TORCH_INDEX_URL ?=
 TORCH_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
 .PHONY: setup browser run-local test compile bench clean
 
-$(BIN)/hyperpod-pretrain: pyproject.toml
+$(BIN)/hyperpod-pretrain: pyproject.toml $(STACK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARGS) -c $(STACK) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -c $(STACK) -e '.[dev]'
 	touch $@
 
 setup: $(BIN)/hyperpod-pretrain

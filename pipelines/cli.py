@@ -9,7 +9,7 @@ import logging
 import sys
 import tempfile
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -407,7 +407,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     package = Path(args.pipeline_file)
     parameters = remote.typed_parameters(args.param, package)
-    run_name = args.run_name or f"{args.pipeline_name} {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}"
+    run_name = args.run_name or f"{args.pipeline_name} {datetime.now(UTC):%Y-%m-%d %H:%M:%S}"
     with remote.api_errors(f"submitting {package}"):
         client, ui = remote.connect(args.host, args.namespace)
         version = remote.ensure_pipeline_version(client, package, args.pipeline_name)

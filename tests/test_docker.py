@@ -1,17 +1,19 @@
-"""The images: the Dockerfiles pass hadolint, copy and run what the package layout holds, and build.sh pushes
-what `compile --image-registry/--tag` names. No Docker engine runs here, so the images themselves are not built:
-build.sh runs against recording stand-ins for the docker and aws commands."""
+"""The images: the Dockerfiles pass hadolint, copy and run what the package layout holds, the trainer image and this
+test environment are the stack trainer/stack.txt pins, and build.sh pushes what `compile --image-registry/--tag`
+names. No Docker engine runs here, so the images themselves are not built: build.sh runs against recording
+stand-ins for the docker and aws commands."""
 
 import ast
+import importlib.metadata
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 
 from components.launch_pytorchjob.manifest import torchrun_command
@@ -22,8 +24,28 @@ DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 HADOLINT = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 PACKAGES = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]  # ["trainer*", ...]
-# What the trainer imports and the NGC base image already carries (pip must not replace its torch).
-NGC_PROVIDES = {"torch", "numpy"}
+STACK = REPO / "trainer" / "stack.txt"  # the one pin of the trainer's stack
+
+
+def read_stack() -> tuple[str, dict[str, str]]:
+    """trainer/stack.txt: the pinned Python ("3.11", from its `# python: 3.11` line) and {package: version}."""
+    python, pins = "", {}
+    for number, line in enumerate(STACK.read_text().splitlines(), 1):
+        directive = re.fullmatch(r"#\s*python:\s*(\S+)\s*", line.strip())
+        if directive:
+            assert not python, f"trainer/stack.txt:{number}: a second python line"
+            assert re.fullmatch(r"3\.\d+", directive[1]), (
+                f"trainer/stack.txt:{number}: python {directive[1]!r} is not 3.N"
+            )
+            python = directive[1]
+        elif line.strip() and not line.lstrip().startswith("#"):
+            pin = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.]*)", line.strip())
+            assert pin, f"trainer/stack.txt:{number}: {line!r} is not an exact pin (name==version)"
+            name = re.sub(r"[-_.]+", "-", pin[1]).lower()
+            assert name not in pins, f"trainer/stack.txt:{number}: {name} is pinned twice"
+            pins[name] = pin[2]
+    assert python, "trainer/stack.txt has no `# python: 3.N` line"
+    return python, pins
 
 
 def instructions(dockerfile: Path) -> list[tuple[str, str]]:
@@ -35,7 +57,8 @@ def instructions(dockerfile: Path) -> list[tuple[str, str]]:
 
 def test_there_are_the_two_images() -> None:
     assert [d.name for d in DOCKERFILES] == ["components.Dockerfile", "trainer.Dockerfile"]
-    assert instructions(DOCKER / "trainer.Dockerfile")[0] == ("FROM", "nvcr.io/nvidia/pytorch:24.04-py3")
+    # A CUDA base plus PyPI's torch, not NGC's pre-release torch that no test environment can install.
+    assert instructions(DOCKER / "trainer.Dockerfile")[0] == ("FROM", "nvidia/cuda:13.0.3-base-ubuntu22.04")
     assert instructions(DOCKER / "components.Dockerfile")[0][1].startswith("python:3.11-slim")
 
 
@@ -64,8 +87,13 @@ def test_what_the_dockerfiles_copy_exists_and_is_the_package(dockerfile: Path) -
     # Every package pip installs from pyproject.toml is copied (a missing one installs an incomplete project).
     assert {p.rstrip("*") for p in PACKAGES} <= sources
     assert {"pyproject.toml", "README.md"} <= sources  # the metadata names README.md as the readme
+    # .dockerignore excludes everything and then lets in what the Dockerfiles copy, itself or a folder above it.
     ignored = (REPO / ".dockerignore").read_text().splitlines()
-    assert ignored[1] == "*" and {f"!{s}" if "." in s else f"!{s}/" for s in sources} <= set(ignored)
+    assert ignored[1] == "*"
+    for source in sources:
+        allowed = {f"!{source}" if (REPO / source).is_file() else f"!{source}/"}
+        allowed |= {f"!{parent.as_posix()}/" for parent in Path(source).parents if parent != Path(".")}
+        assert allowed & set(ignored), f".dockerignore leaves out {source}, which {dockerfile.name} copies"
 
 
 def test_the_trainer_image_installs_what_the_trainer_imports() -> None:
@@ -77,12 +105,65 @@ def test_the_trainer_image_installs_what_the_trainer_imports() -> None:
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
     third_party = imported - set(sys.stdlib_module_names) - {"trainer", "__future__"}
-    runs = " ".join(args for op, args in instructions(DOCKER / "trainer.Dockerfile") if op == "RUN")
-    installed = set(re.findall(r'"([A-Za-z0-9_-]+)==[^"]+"', runs))
-    assert third_party == NGC_PROVIDES | installed, "trainer/ imports something the trainer image does not carry"
-    assert "--no-deps" in runs  # the project itself must not pull a PyPI torch over NGC's
-    # The trainer runs under Python 3.10 there: nothing newer may appear in its sources.
-    assert PYPROJECT["project"]["requires-python"] == ">=3.10"
+    python, pins = read_stack()
+    # The image installs the pin and nothing else of the trainer's (the next test checks it installs the pin), so
+    # whatever trainer/ imports must be pinned (these packages' import names are their distribution names).
+    assert third_party <= set(pins), (
+        f"trainer/ imports {sorted(third_party - set(pins))}, which trainer/stack.txt does not pin"
+    )
+    assert {"torch", "transformers", "tokenizers", "safetensors", "numpy"} <= set(pins)
+    # The project installs under the pinned Python.
+    minimum = re.fullmatch(r">=\s*3\.(\d+)", PYPROJECT["project"]["requires-python"])
+    assert minimum and int(minimum[1]) <= int(python.split(".")[1])
+
+
+def test_the_trainer_image_installs_the_pinned_stack() -> None:
+    python, pins = read_stack()
+    steps = instructions(DOCKER / "trainer.Dockerfile")
+    # Its Python is the pin's: the ARG's default, and the interpreter apt installs and the venv is made with.
+    args = dict(re.fullmatch(r"(\w+)=(\S+)", a).groups() for op, a in steps if op == "ARG" and "=" in a)
+    assert args.get("PYTHON_VERSION") == python, (
+        f"docker/trainer.Dockerfile: ARG PYTHON_VERSION={args.get('PYTHON_VERSION')}, trainer/stack.txt: {python}"
+    )
+    runs = [a for op, a in steps if op == "RUN"]
+    apt = next(r for r in runs if "apt-get install" in r and "python" in r)
+    assert '"python${PYTHON_VERSION}"' in apt and '"python${PYTHON_VERSION}" -m venv /opt/venv' in apt
+    assert ("ENV", "PATH=/opt/venv/bin:${PATH}") in steps  # pip and torchrun are the venv's
+    # It copies the pin and installs exactly that file; the build also refuses a PYTHON_VERSION that is not the pin's.
+    copies = {a.split()[0]: a.split()[1] for op, a in steps if op == "COPY" and len(a.split()) == 2}
+    assert "trainer/stack.txt" in copies, "docker/trainer.Dockerfile does not copy trainer/stack.txt"
+    installs = [r for r in runs if f"pip install --no-cache-dir -r {copies['trainer/stack.txt']}" in r]
+    assert len(installs) == 1, "docker/trainer.Dockerfile does not pip install -r the copied trainer/stack.txt"
+    assert f'grep -qx "# python: ${{PYTHON_VERSION}}" {copies["trainer/stack.txt"]}' in installs[0]
+    # Nothing pins any of the stack beside the file, and the project comes without dependencies so pip keeps the pin.
+    for run in runs:
+        stray = {
+            re.sub(r"[-_.]+", "-", n).lower() for n in re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:==|>=|~=)", run)
+        }
+        assert not stray & set(pins), (
+            f"docker/trainer.Dockerfile pins {sorted(stray & set(pins))} outside trainer/stack.txt"
+        )
+    project = [r for r in runs if "/workspace/src" in r and "pip install" in r]
+    assert project and all("--no-deps" in r for r in project)
+    assert steps.index(("RUN", installs[0])) < steps.index(("RUN", project[0]))
+
+
+def test_this_test_environment_is_the_pinned_stack() -> None:
+    """What the trainer's tests run on is what the trainer image runs: the pinned Python and packages (torch's local
+    label, +cpu here, is the build, not the release)."""
+    python, pins = read_stack()
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    problems = (
+        [f"python: the test environment has {running}, trainer/stack.txt pins {python}"] if running != python else []
+    )
+    for name, pinned in pins.items():
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            installed = "none"
+        if installed.split("+")[0] != pinned:
+            problems.append(f"{name}: the test environment has {installed}, trainer/stack.txt pins {pinned}")
+    assert not problems, "\n".join(problems) + "\n(make setup installs the pin; change the pin, not the environment)"
 
 
 def test_the_job_runs_the_module_the_trainer_image_installs() -> None:
@@ -97,17 +178,6 @@ def test_the_job_runs_the_module_the_trainer_image_installs() -> None:
     assert not [op for op, _ in instructions(DOCKER / "trainer.Dockerfile") if op in ("ENTRYPOINT", "CMD")]
     cmd = [args for op, args in instructions(DOCKER / "components.Dockerfile") if op == "CMD"]
     assert cmd and yaml.safe_load(cmd[0])[0] in PYPROJECT["project"]["scripts"]
-
-
-PYTHON310 = Path.home() / ".pyenv" / "versions" / "3.10.13" / "bin" / "python3.10"
-
-
-@pytest.mark.skipif(not PYTHON310.exists(), reason=f"no Python 3.10 at {PYTHON310} to check the trainer with")
-def test_the_trainer_compiles_under_the_trainer_images_python(tmp_path: Path) -> None:
-    sources = [str(p) for p in (REPO / "trainer").glob("*.py")]
-    code = "import sys\nfor f in sys.argv[1:]: compile(open(f).read(), f, 'exec')"
-    result = subprocess.run([str(PYTHON310), "-c", code, *sources], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
 
 
 RECORDER = """#!/bin/sh
