@@ -12,8 +12,8 @@ streamed out of the zip in chunks, never written to disk.
 
 Cache and skip: a wheel is looked up in $HYPERPOD_NCCL_WHEELS, else ~/.cache/hyperpod-pretrain/nccl-wheels. If it is
 not there, it is fetched with `pip download` (190-350 MB each, 1.3 GB for all five) into that directory; if pip
-cannot fetch it (no network), the test is skipped, naming the wheel and the directory to put it in. With the wheels
-cached the module takes a few seconds.
+cannot fetch it (no network, or the session's download budget is spent), the test is skipped, naming the wheel and
+the directory to put it in. With the wheels cached the module takes a few seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Sequence
 from io import BytesIO
@@ -58,7 +59,9 @@ WHEELS: dict[str, tuple[str, str]] = {
 }
 CACHE_ENV = "HYPERPOD_NCCL_WHEELS"
 DEFAULT_CACHE = Path("~/.cache/hyperpod-pretrain/nccl-wheels")
-PIP_TIMEOUT_S = 900
+# All downloads of a test session together get this long (1.3 GB in all): a slow network skips the rest, so
+# the suite's time stays bounded on a machine without the cache.
+DOWNLOAD_BUDGET_S = 300
 CHUNK = 16 << 20
 # The WARN prefix our old parser assumed ("[cudaDev] NCCL WARN "). No NCCL release has it: up to 2.25 the WARN
 # literal is "\n%s:%d:%d [%d] %s:%d NCCL WARN " (the source location sits between "[%d]" and "NCCL WARN").
@@ -90,8 +93,14 @@ def _check_pin(path: Path, version: str) -> None:
     )
 
 
-def nccl_wheel(version: str) -> Path:
-    """The pinned wheel of `version`: from the cache, else downloaded into it with pip; skip if pip cannot."""
+@pytest.fixture(scope="session")
+def download_deadline() -> float:
+    return time.monotonic() + DOWNLOAD_BUDGET_S
+
+
+def nccl_wheel(version: str, deadline: float) -> Path:
+    """The pinned wheel of `version`: from the cache, else downloaded into it with pip before `deadline` (a
+    time.monotonic()); skip if pip cannot."""
     filename, _ = WHEELS[version]
     cache = cache_dir()
     cached = cache / filename
@@ -103,15 +112,19 @@ def nccl_wheel(version: str) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         pytest.skip(f"{filename} is not cached and {cache} cannot be created ({e}); {where}")
+    left = deadline - time.monotonic()
+    if left <= 0:
+        pytest.skip(f"{filename} is not in {cache} and the session's {DOWNLOAD_BUDGET_S} s for downloads is spent; "
+                    f"{where}")  # fmt: skip
     platforms = [f"--platform={tag}" for tag in platform_tags(filename)]
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *platforms,
                    "--python-version", "3.11", "--disable-pip-version-check", "--no-input", "-q", "-d", tmp,
                    f"nvidia-nccl-cu12=={version}"]  # fmt: skip
         try:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+            result = subprocess.run(command, capture_output=True, text=True, timeout=left)
         except subprocess.TimeoutExpired:
-            pytest.skip(f"{filename} is not in {cache} and pip download took over {PIP_TIMEOUT_S} s; {where}")
+            pytest.skip(f"{filename} is not in {cache} and pip download took over {left:.0f} s; {where}")
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             pytest.skip(f"{filename} is not in {cache} and pip could not download it ({last}); {where}")
@@ -166,8 +179,8 @@ def test_scan_finds_literals_across_chunk_boundaries() -> None:
 
 
 @pytest.mark.parametrize("version", sorted(NCCL_VERSIONS, key=lambda v: tuple(map(int, v.split(".")))))
-def test_formats_are_in_the_library(version: str) -> None:
-    wheel = nccl_wheel(version)
+def test_formats_are_in_the_library(version: str, download_deadline: float) -> None:
+    wheel = nccl_wheel(version, download_deadline)
     literals = NCCL_VERSIONS[version].library_strings()
     member, missing = missing_from_library(wheel, literals)
     assert not missing, (
@@ -176,11 +189,11 @@ def test_formats_are_in_the_library(version: str) -> None:
     )
 
 
-def test_the_check_can_fail() -> None:
+def test_the_check_can_fail(download_deadline: float) -> None:
     """Negative control: the old parser's WARN prefix is not in 2.21.5's library, and the scan says so (and only
     that), while that version's real WARN literal is found."""
     version = "2.21.5"
     literals = NCCL_VERSIONS[version].library_strings()
     assert b"\n%s:%d:%d [%d] %s:%d NCCL WARN " in literals
-    _, missing = missing_from_library(nccl_wheel(version), [*literals, OLD_WARN_PREFIX])
+    _, missing = missing_from_library(nccl_wheel(version, download_deadline), [*literals, OLD_WARN_PREFIX])
     assert missing == [OLD_WARN_PREFIX]
