@@ -922,7 +922,10 @@ class Faults:
 
     def stall_log_after(self, n_lines: int, times: int = 1, path_regex: str = "") -> None:
         """The next ``times`` follow log streams stop sending after ``n_lines`` lines but keep the connection open, as
-        a stream from a node that went away does (no FIN reaches the client; only a read timeout ends it)."""
+        a stream from a node that went away does: the API server copies the kubelet's stream to the client
+        (kubernetes v1.36 pkg/registry/core/pod/rest/log.go, LogREST.Get -> genericrest.LocationStreamer), so a
+        kubelet that vanishes without closing its connection sends nothing and the client sees no end; only a read
+        timeout ends it."""
         self._add(FaultRule("stall_log", "GET", re.compile(path_regex), times, after=n_lines))
 
     def clear(self) -> None:

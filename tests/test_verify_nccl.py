@@ -18,7 +18,7 @@ from components.verify_nccl.core import FAIL, NOT_APPLICABLE, PASS, WARN, Expect
 from components.verify_nccl.nccl_log import NcclLogs
 from tests.helpers import tiny_launch
 from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle
-from tests.nccl_formats import NCCL_VERSIONS, OFI_RELEASES, SUPPORTED
+from tests.nccl_formats import NCCL_VERSIONS, OFI_NO_PROTOCOL, OFI_RELEASES, SUPPORTED
 from tests.nccl_logs import Job, write_debug_files, write_pod_logs
 from trainer.layout import RunPaths
 
@@ -67,6 +67,14 @@ def test_a_socket_fallback_on_an_efa_instance_fails(tmp_path: Path, version: str
     assert v["no TCP fallback"][0] == FAIL
     assert "rank 9 on ip-10-1-1-18 fell back to NCCL's Socket transport" in v["no TCP fallback"][1]
     assert v["GPUDirect RDMA"] == (PASS, "all 64 inter-node channels")  # rank 9 has no inter-node channel
+
+
+def test_an_ofi_plugin_that_finds_no_protocol_and_falls_back_to_socket_fails_naming_both(tmp_path: Path) -> None:
+    """aws-ofi-nccl's WARN when no libfabric provider works, then NCCL's Socket transport on that rank."""
+    write_debug_files(Job(nccl="2.27.7", socket_ranks={9}, warn_ranks={9: [OFI_NO_PROTOCOL]}), tmp_path)
+    v = verdicts(verify_logs([str(tmp_path)], P5))
+    assert v["no NCCL WARN or error"] == (FAIL, f"rank 9 on ip-10-1-1-18: NCCL WARN {OFI_NO_PROTOCOL}")
+    assert v["no TCP fallback"][0] == FAIL and "rank 9 on ip-10-1-1-18 fell back" in v["no TCP fallback"][1]
 
 
 @pytest.mark.parametrize("version", SUPPORTED)

@@ -137,14 +137,15 @@ class LaunchConfig:
             raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
                              "continue from")  # fmt: skip
 
-    def check_cluster_inputs(self) -> None:
-        """What a run gives for the cluster, against what the compiled pipeline allows, before any API call."""
+    def check_cluster_inputs(self) -> dict[str, Any]:
+        """What a run gives for the cluster, against what the compiled pipeline allows, before any API call; the
+        run's job options, checked."""
         if len(self.image) > MAX_IMAGE_REFERENCE or any(c.isspace() or not c.isprintable() for c in self.image):
             raise InputError(f"trainer_image {self.image[:80]!r} is not an image reference")
         if self.image:
             self.platform.check_image(self.image)
         self.platform.check_namespace(self.namespace)
-        run_options(self.job_options)
+        return run_options(self.job_options)
 
     @property
     def mount_path(self) -> str:
@@ -197,12 +198,10 @@ class LaunchConfig:
     def job_spec(self) -> JobSpec:
         """The PyTorchJob's parameters: the trainer's command and environment, the run's options (RUN_OPTIONS
         only) and the platform team's settings."""
-        options = run_options(self.job_options)
-        platform = self.platform
         if not self.image:
             raise InputError("image is empty: the kubernetes backend needs the trainer image (docker/build.sh)")
-        platform.check_image(self.image)
-        platform.check_namespace(self.namespace)
+        options = self.check_cluster_inputs()  # also for a spec rendered without validate() (render-job)
+        platform = self.platform
         run_labels = {RUN_LABEL: label_value(self.run_id), PIPELINE_RUN_LABEL: label_value(self.pipeline_run_id)}
         return JobSpec(
             name=self.job_name,
