@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from components.errors import InputError, StepFailed
 from components.kfp_support import setup_logging
 from components.stage_data.sources import DEFAULT_EXCLUDE
+from components.stage_data.tokenization import SHARD_TOKENS
 from pipelines import COMPILED_PIPELINE
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import RunPaths
@@ -153,6 +154,7 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
         workers=args.workers,
         chunk_size_mb=args.chunk_size_mb,
         keep_deleted=args.keep_deleted,
+        shard_tokens=args.shard_tokens,
     )
     print(json.dumps(asdict(result), indent=2))
     return 0
@@ -519,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=positive_int, default=16, help="concurrent downloads")
     p.add_argument("--chunk-size-mb", type=positive_int, default=8, help="multipart threshold and part size")
     p.add_argument("--keep-deleted", action="store_true", help="keep mirrored files that are gone from the source")
+    p.add_argument("--shard-tokens", type=positive_int, default=SHARD_TOKENS, help="tokens per shard file")
     p.set_defaults(func=cmd_stage_data)
 
     for name, func, backend, helptext in (

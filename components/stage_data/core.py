@@ -19,7 +19,7 @@ from typing import Any
 from components.errors import InputError
 from components.stage_data.mirror import MirrorResult, mirror
 from components.stage_data.sources import DEFAULT_EXCLUDE, LocalSource, select
-from components.stage_data.tokenization import read_meta, tokenize
+from components.stage_data.tokenization import SHARD_TOKENS, read_meta, tokenize
 from trainer.layout import DatasetPaths
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ def stage_data(
     workers: int = 16,
     chunk_size_mb: int = 8,
     keep_deleted: bool = False,
+    shard_tokens: int = SHARD_TOKENS,
 ) -> StageResult:
     started = time.perf_counter()
     if not 256 < vocab_size <= 2**32:
@@ -61,6 +62,8 @@ def stage_data(
         raise InputError(f"workers {workers} is out of range: it must be between 1 and 256")
     if not 1 <= chunk_size_mb <= 5 * 1024:
         raise InputError(f"chunk size {chunk_size_mb} MB is out of range: it must be between 1 MB and 5 GB")
+    if not 1024 <= shard_tokens <= 2**31:
+        raise InputError(f"shard tokens {shard_tokens} is out of range: it must be between 1024 and 2**31")
     if tokenizer_path and not Path(tokenizer_path).is_file():
         raise InputError(f"tokenizer {tokenizer_path}: no such file")
     try:
@@ -77,7 +80,7 @@ def stage_data(
         with staging_lock(paths):
             mirrored = mirror(src, objects, paths, workers, keep_deleted)
             tokens = tokenize(paths, [o.key for o in objects], mirrored.content_sha256, vocab_size, val_fraction,
-                              tokenizer_path)  # fmt: skip
+                              tokenizer_path, shard_tokens)  # fmt: skip
     finally:
         src.close()
     result = StageResult(

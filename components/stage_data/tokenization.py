@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 EOS = "<|endoftext|>"
 FORMAT = 2  # of the shards and meta.json; a change re-tokenizes everything
-SHARD_TOKENS = 64 * 2**20  # tokens per shard file
+SHARD_TOKENS = 64 * 2**20  # tokens per shard file by default (about 250 MB of text)
 BLOCK_BYTES = 64 * 2**10  # text is read and encoded in blocks of about this size, cut at a line end
 BATCH_BYTES = 16 * 2**20  # blocks per encode_batch call: enough work for every core, bounded memory
 
@@ -95,19 +95,19 @@ def train_tokenizer(files: list[Path], vocab_size: int) -> Tokenizer:
 
 
 class ShardWriter:
-    """Appends token ids to <split>_NNNN.bin files of at most SHARD_TOKENS tokens each."""
+    """Appends token ids to <split>_NNNN.bin files of at most `shard_tokens` tokens each."""
 
-    def __init__(self, directory: Path, split: str, dtype: np.dtype):
-        self.directory, self.split, self.dtype = directory, split, dtype
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int = SHARD_TOKENS):
+        self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
         self.shards: list[dict[str, Any]] = []
         self._file: Any = None
 
     def write(self, ids: np.ndarray) -> None:
         ids = ids.astype(self.dtype, copy=False)
         while len(ids):
-            if self._file is None or self.shards[-1]["tokens"] == SHARD_TOKENS:
+            if self._file is None or self.shards[-1]["tokens"] == self.shard_tokens:
                 self._next_shard()
-            room = SHARD_TOKENS - self.shards[-1]["tokens"]
+            room = self.shard_tokens - self.shards[-1]["tokens"]
             self._file.write(ids[:room].tobytes())
             self.shards[-1]["tokens"] += min(room, len(ids))
             ids = ids[room:]
@@ -175,6 +175,7 @@ def tokenize(
     vocab_size: int,
     val_fraction: float,
     tokenizer_path: str = "",
+    shard_tokens: int = SHARD_TOKENS,
 ) -> TokenizeResult:
     started = time.perf_counter()
     given = Path(tokenizer_path).read_text() if tokenizer_path else ""
@@ -182,6 +183,7 @@ def tokenize(
         "format": FORMAT,
         "content_sha256": content_sha256,
         "val_fraction": val_fraction,
+        "shard_tokens": shard_tokens,
         "tokenizer": {"given_sha256": sha256_text(given)} if given else {"trained_vocab_size": vocab_size},
     }
     existing = read_meta(paths.tokenized)
@@ -207,7 +209,7 @@ def tokenize(
     try:
         tokens, shards, text_bytes = {}, {}, 0
         for split, files in (("train", train_files), ("val", val_files)):
-            writer = ShardWriter(building, split, dtype)
+            writer = ShardWriter(building, split, dtype, shard_tokens)
             text_bytes += encode_files(files, tokenizer, writer, eos)
             tokens[split], shards[split] = writer.close(), writer.shards
             if tokens[split] < 2:
