@@ -138,6 +138,14 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prune_snapshots(args: argparse.Namespace) -> int:
+    from components.stage_data.snapshots import prune_snapshots
+
+    result = prune_snapshots(args.storage_root, args.dataset, dry_run=args.dry_run)
+    print(json.dumps(asdict(result), indent=2))
+    return 0
+
+
 def cmd_stage_data(args: argparse.Namespace) -> int:
     from components.stage_data.core import stage_data
 
@@ -166,6 +174,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
     return LaunchConfig(
         storage_root=args.storage_root,
         dataset=args.dataset,
+        snapshot=args.snapshot,
         run_id=args.run_id,
         backend=args.backend,
         nnodes=args.nnodes,
@@ -524,6 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-tokens", type=positive_int, default=SHARD_TOKENS, help="tokens per shard file")
     p.set_defaults(func=cmd_stage_data)
 
+    p = sub.add_parser("prune-snapshots", help="remove a dataset's snapshots that are not current and no run uses")
+    add_storage_args(p, run_id=False)
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    p.set_defaults(func=cmd_prune_snapshots)
+
     for name, func, backend, helptext in (
         ("launch", cmd_launch, "local", "train: torchrun locally, or a PyTorchJob on the cluster"),
         ("render-job", cmd_render_job, "kubernetes", "print the PyTorchJob manifest the kubernetes backend creates"),
@@ -533,6 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", choices=["local", "kubernetes"], default=backend)
         add_storage_args(p)
         p.add_argument("--nnodes", type=positive_int, default=1, help="nodes (the minimum, when elastic)")
+        p.add_argument("--snapshot", default="", help="the dataset snapshot to train on (default: the current one)")
         p.add_argument("--timeout-s", type=int, default=0, help="deadline for training in seconds (0: none)")
         add_train_args(p)
         add_cluster_args(p)

@@ -256,6 +256,7 @@ def build_pipeline(platform: PlatformOptions):
             trained = launch(
                 storage_root=storage_root,
                 dataset=dataset,
+                snapshot=staged.output,
                 run_id=run_id,
                 resume_run_id=resume_run_id,
                 pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
@@ -283,7 +284,7 @@ def build_pipeline(platform: PlatformOptions):
                 stream_logs=stream_logs,
                 owner_reference=owner_reference,
                 platform=platform.job.to_dict(),
-            ).after(staged)
+            )
             platform.apply(trained, "launch-pytorchjob")
             verified = verify(
                 storage_root=storage_root,

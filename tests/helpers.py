@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 from components.launch_pytorchjob.core import LaunchConfig
+from trainer.layout import DatasetPaths
 
 NOUNS = ["cluster", "node", "pod", "volume", "checkpoint", "gradient", "tensor", "rank", "shard", "model"]
 VERBS = ["saves", "loads", "reduces", "streams", "trains", "restores", "verifies", "schedules"]
@@ -44,3 +45,10 @@ def tiny_launch(root: Path, run_id: str, **overrides) -> LaunchConfig:
     )
     settings.update(overrides)
     return LaunchConfig(**settings)
+
+
+def snapshot_dir(root: Path, dataset: str) -> Path:
+    """The dataset's current snapshot (staging's output), which the tests read as the trainer does."""
+    directory = DatasetPaths.of(root, dataset).current_snapshot()
+    assert directory is not None, f"dataset {dataset} is not staged under {root}"
+    return directory

@@ -8,6 +8,7 @@ import torch
 
 from components.errors import InputError, StepFailed
 from components.evaluate_checkpoint.core import Gate, evaluate_checkpoint
+from tests.helpers import snapshot_dir
 from trainer.layout import RunPaths
 
 
@@ -62,12 +63,12 @@ def test_bits_per_byte_counts_the_bytes_the_tokens_stand_for(trained_copy: Path)
 
     from components.evaluate_checkpoint.core import token_byte_lengths
     from trainer.data import load_meta, load_split
-    from trainer.layout import DatasetPaths
+    from trainer.layout import TOKENIZER
 
-    data = DatasetPaths.of(trained_copy, "synthetic")
-    lengths = token_byte_lengths(Tokenizer.from_file(str(data.tokenizer)), load_meta(data.tokenized)["vocab_size"])
-    val = load_split(data.tokenized, "val")[:500].tolist()
-    text = Tokenizer.from_file(str(data.tokenizer)).decode(val, skip_special_tokens=True)
+    snapshot = snapshot_dir(trained_copy, "synthetic")
+    lengths = token_byte_lengths(Tokenizer.from_file(str(snapshot / TOKENIZER)), load_meta(snapshot)["vocab_size"])
+    val = load_split(snapshot, "val")[:500].tolist()
+    text = Tokenizer.from_file(str(snapshot / TOKENIZER)).decode(val, skip_special_tokens=True)
     assert int(lengths[val].sum()) == len(text.encode("utf-8"))
     result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
     assert 0 < result.val_bits_per_byte < result.untrained_val_loss / math.log(2)
@@ -139,9 +140,9 @@ def test_html_report_has_the_curves_the_table_and_the_samples(trained_copy: Path
 
 
 def test_an_empty_val_split_is_one_clear_error(trained_copy: Path) -> None:
-    from trainer.layout import DatasetPaths
+    from trainer.layout import META
 
-    meta_path = DatasetPaths.of(trained_copy, "synthetic").meta
+    meta_path = snapshot_dir(trained_copy, "synthetic") / META
     meta = json.loads(meta_path.read_text())
     meta["shards"]["val"] = []
     meta_path.write_text(json.dumps(meta))

@@ -15,7 +15,8 @@ from components.errors import InputError
 from components.stage_data.core import stage_data
 from components.stage_data.mirror import ProgressLog
 from components.stage_data.tokenization import EOS, val_keys
-from trainer.layout import DatasetPaths
+from tests.helpers import snapshot_dir
+from trainer.layout import META, TOKENIZER, DatasetPaths
 
 
 def test_stages_mirror_manifest_and_shards(staged_root: Path, corpus: Path) -> None:
@@ -29,11 +30,12 @@ def test_stages_mirror_manifest_and_shards(staged_root: Path, corpus: Path) -> N
         assert entry["sha256"] == hashlib.sha256(mirrored.read_bytes()).hexdigest()
         assert entry["size"] == mirrored.stat().st_size
 
-    meta = json.loads(paths.meta.read_text())
-    tokenizer = Tokenizer.from_file(str(paths.tokenizer))
+    snapshot = snapshot_dir(staged_root, "synthetic")
+    meta = json.loads((snapshot / META).read_text())
+    tokenizer = Tokenizer.from_file(str(snapshot / TOKENIZER))
     assert meta["vocab_size"] == tokenizer.get_vocab_size() <= 512
     for split in ("train", "val"):
-        tokens = sum(np.fromfile(paths.tokenized / s["file"], dtype=meta["dtype"]).size for s in meta["shards"][split])
+        tokens = sum(np.fromfile(snapshot / s["file"], dtype=meta["dtype"]).size for s in meta["shards"][split])
         assert tokens == meta["tokens"][split] > 0
     # Whole files are held out for val; the token stream decodes back to the corpus text (byte-level BPE).
     keys = [e["key"] for e in manifest["files"]]
@@ -41,7 +43,7 @@ def test_stages_mirror_manifest_and_shards(staged_root: Path, corpus: Path) -> N
     assert meta["val_files"] == len(held_out) >= 1
     train_keys, val_keys_in_order = [k for k in keys if k not in held_out], [k for k in keys if k in held_out]
     for split, split_keys in (("train", train_keys), ("val", val_keys_in_order)):
-        stream = np.concatenate([np.fromfile(paths.tokenized / s["file"], dtype=meta["dtype"])
+        stream = np.concatenate([np.fromfile(snapshot / s["file"], dtype=meta["dtype"])
                                  for s in meta["shards"][split]])  # fmt: skip
         documents = tokenizer.decode(stream.tolist(), skip_special_tokens=False).split(EOS)
         assert documents == [(paths.raw / k).read_text() for k in split_keys] + [""]
@@ -69,9 +71,9 @@ def test_rerun_is_incremental_and_drops_deleted_files(corpus: Path, tmp_path: Pa
 
 
 def test_loads_a_given_tokenizer(staged_root: Path, corpus: Path, tmp_path: Path) -> None:
-    given = DatasetPaths.of(staged_root, "synthetic").tokenizer
+    given = snapshot_dir(staged_root, "synthetic") / TOKENIZER
     result = stage_data(str(corpus), str(tmp_path), "reuse", tokenizer_path=str(given))
-    assert DatasetPaths.of(tmp_path, "reuse").tokenizer.read_text() == given.read_text()
+    assert (snapshot_dir(tmp_path, "reuse") / TOKENIZER).read_text() == given.read_text()
     assert result.vocab_size == Tokenizer.from_file(str(given)).get_vocab_size()
 
 
@@ -119,16 +121,16 @@ def test_an_unchanged_or_only_touched_source_is_neither_copied_nor_retokenized(c
     source = tmp_path / "src"
     shutil.copytree(corpus, source)
     stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
-    meta = DatasetPaths.of(tmp_path / "fsx", "d").meta.read_text()
+    meta = (snapshot_dir(tmp_path / "fsx", "d") / META).read_text()
     touched = next(source.rglob("*.txt"))
     os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
     again = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
     assert (again.files_copied, again.files_skipped, again.tokenized) == (0, 12, False)
-    assert DatasetPaths.of(tmp_path / "fsx", "d").meta.read_text() == meta
+    assert (snapshot_dir(tmp_path / "fsx", "d") / META).read_text() == meta
     entry = next(e for e in json.loads(DatasetPaths.of(tmp_path / "fsx", "d").manifest.read_text())["files"]
                  if e["key"] == touched.relative_to(source).as_posix())  # fmt: skip
     assert entry["mtime_ns"] == touched.stat().st_mtime_ns, "the new mtime is recorded: no hashing next time"
-    killed_mid_tokenizing = DatasetPaths.of(tmp_path / "fsx", "d").root / ".tokenized.k1ll3d"
+    killed_mid_tokenizing = DatasetPaths.of(tmp_path / "fsx", "d").snapshots / ".building.k1ll3d"
     killed_mid_tokenizing.mkdir()
     retokenized = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=400)
     assert not killed_mid_tokenizing.exists()
@@ -154,7 +156,7 @@ def test_a_second_staging_run_of_a_dataset_waits_for_the_first(
         second.join(timeout=2)
         assert second.is_alive() and not paths.manifest.exists(), "it waits while the lock is held"
     second.join(timeout=60)
-    assert not second.is_alive() and paths.meta.exists()
+    assert not second.is_alive() and paths.current_snapshot() is not None
     assert "holds its lock; waiting" in caplog.text
 
 

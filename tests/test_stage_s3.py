@@ -17,9 +17,9 @@ import pytest
 from components.errors import InputError, StepFailed
 from components.stage_data.core import stage_data
 from components.stage_data.sources import safe_key
-from tests.helpers import write_corpus
+from tests.helpers import snapshot_dir, write_corpus
 from tests.s3_server import S3Server
-from trainer.layout import DatasetPaths
+from trainer.layout import META, DatasetPaths
 
 pytestmark = pytest.mark.usefixtures("aws_env")
 
@@ -90,7 +90,7 @@ def test_mirrors_small_large_unicode_empty_and_markers(
     etags = {e["key"]: e["etag"] for e in manifest["files"]}
     assert etags["empty.txt"].strip('"') == hashlib.md5(b"").hexdigest()
     assert manifest["source"] == f"s3://{bucket}/corpus" and not paths.staging_journal.exists()
-    assert json.loads(paths.meta.read_text())["tokens"]["train"] > 0
+    assert json.loads((snapshot_dir(tmp_path / "fsx", "d") / META).read_text())["tokens"]["train"] > 0
     assert list(paths.root.rglob(".*")) == [paths.staging_lock], "no temporary files left"
 
 
@@ -98,11 +98,11 @@ def test_rerun_copies_nothing_then_only_what_changed(s3, bucket: str, s3_endpoin
     upload_corpus(s3, bucket, "corpus/", write_corpus(tmp_path / "src", files=8, sentences=20))
     root = tmp_path / "fsx"
     first = stage(s3_endpoint, bucket, root)
-    meta_before = DatasetPaths.of(root, "d").meta.read_text()
+    meta_before = (snapshot_dir(root, "d") / META).read_text()
 
     again = stage(s3_endpoint, bucket, root)
     assert (again.files_copied, again.files_skipped, again.files_deleted, again.tokenized) == (0, 8, 0, False)
-    assert DatasetPaths.of(root, "d").meta.read_text() == meta_before
+    assert (snapshot_dir(root, "d") / META).read_text() == meta_before
 
     s3.put_object(Bucket=bucket, Key="corpus/part-a/doc 01.txt", Body=b"the changed node saves the rank.\n")
     s3.delete_object(Bucket=bucket, Key="corpus/part-b/doc 00.txt")
@@ -201,7 +201,7 @@ def test_killed_mid_staging_then_rerun_copies_only_what_is_missing(
     staging.send_signal(signal.SIGKILL)
     _, stderr = staging.communicate()
     assert staging.returncode == -signal.SIGKILL, f"staging ended before it was killed: {stderr[-2000:]}"
-    assert not paths.manifest.exists() and not paths.tokenized.exists(), "nothing looks complete"
+    assert not paths.manifest.exists() and paths.current_snapshot() is None, "nothing looks complete"
     journaled = {
         json.loads(line)["key"] for line in paths.staging_journal.read_text().splitlines() if line.endswith("}")
     }

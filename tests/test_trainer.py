@@ -20,10 +20,10 @@ from components.errors import StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.local_backend import torchrun_command
 from components.launch_pytorchjob.manifest import JobSpec, render_job
-from tests.helpers import tiny_launch
+from tests.helpers import snapshot_dir, tiny_launch
 from trainer.checkpoint import load_checkpoint
 from trainer.data import TokenBatches, load_split
-from trainer.layout import DatasetPaths, RunPaths
+from trainer.layout import RunPaths
 from trainer.preemption import ExitCode
 
 
@@ -229,7 +229,7 @@ def test_world_size_2_to_1_repeats_and_skips_no_sample(staged_copy: Path) -> Non
         for line in rank_file.read_text().splitlines():
             seen += [int(w) for w in line.split()[2:]]
     # 5 steps x 8 x 2 ranks, then 5 steps x 8 x 1 rank: the first 120 windows of epoch 0's order, once each.
-    batches = TokenBatches(load_split(DatasetPaths.of(staged_copy, "synthetic").tokenized, "train"), 64, 8, 0, 1,
+    batches = TokenBatches(load_split(snapshot_dir(staged_copy, "synthetic"), "train"), 64, 8, 0, 1,
                            seed=1234)  # fmt: skip
     assert batches.num_windows >= 120
     assert sorted(seen) == sorted(batches.epoch_order(0)[:120].tolist())

@@ -21,10 +21,12 @@ def _opt(default, help: str, minimum: float | None = None):
 
 @dataclass
 class TrainConfig:
-    data_dir: str = field(metadata={"help": "tokenized dataset directory (<root>/datasets/<name>/tokenized)"})
+    data_dir: str = field(metadata={"help": "dataset snapshot directory (<root>/datasets/<name>/snapshots/<id>)"})
     run_dir: str = field(metadata={"help": "run directory (<root>/runs/<run_id>); resumed if it holds a checkpoint"})
     preset: str = _opt("small", "model preset (see trainer/model.py)")
     seed: int = _opt(1234, "seed of the initial weights and of the sample order")
+    on_new_snapshot: str = _opt("keep", "on resume after the dataset was staged again: keep training on the "
+                                "checkpoint's snapshot, or refuse")  # fmt: skip
     # How long to train: the first limit reached ends the run.
     max_steps: int = _opt(200, "optimizer steps to train for; also the length of the LR schedule", 1)
     max_tokens: int = _opt(0, "stop after this many training tokens (0: no limit)", 0)
@@ -116,6 +118,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             except ValueError as exc:
                 parser.error(f"{env}: {exc}")
     config = TrainConfig(**values)
+    if config.on_new_snapshot not in ("keep", "refuse"):
+        parser.error(f"argument --on-new-snapshot: {config.on_new_snapshot!r} is unknown: choose keep or refuse")
     if config.preset not in PRESETS:
         parser.error(f"argument --preset: {config.preset!r} is unknown: choose one of {', '.join(PRESETS)}")
     return config

@@ -4,7 +4,10 @@ Every step, the trainer included, finds its files through these two classes and 
 
     <root>/datasets/<dataset>/raw/...                mirror of the source
     <root>/datasets/<dataset>/staging_manifest.json  key, size, ETag or sha256 per file; written last
-    <root>/datasets/<dataset>/tokenized/             tokenizer.json, train_*.bin, val_*.bin, meta.json
+    <root>/datasets/<dataset>/val_set.json           the val split's files, chosen once and kept across snapshots
+    <root>/datasets/<dataset>/snapshots/<id>/        a tokenized snapshot, never changed once written: tokenizer.json,
+                                                     train_*.bin, val_*.bin, meta.json; <id> is a hash of its inputs
+    <root>/datasets/<dataset>/current.json           which snapshot the latest staging produced
     <root>/runs/<run_id>/config.json                 resolved trainer config
     <root>/runs/<run_id>/checkpoints/checkpoint_latest.pt
     <root>/runs/<run_id>/metrics.jsonl               one JSON object per logged step
@@ -19,10 +22,13 @@ It lives in the trainer package because the trainer image ships only that packag
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+META = "meta.json"  # in every snapshot: what the trainer and the evaluation read first
+TOKENIZER = "tokenizer.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -44,10 +50,6 @@ class DatasetPaths:
     def of(cls, storage_root: str | Path, dataset: str) -> DatasetPaths:
         return cls(Path(storage_root) / "datasets" / check_name("dataset", dataset))
 
-    @classmethod
-    def from_tokenized_dir(cls, tokenized_dir: str | Path) -> DatasetPaths:
-        return cls(Path(tokenized_dir).parent)
-
     @property
     def raw(self) -> Path:
         return self.root / "raw"
@@ -67,16 +69,59 @@ class DatasetPaths:
         return self.root / ".staging.lock"
 
     @property
-    def tokenized(self) -> Path:
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def val_set(self) -> Path:
+        """The val split's keys, chosen at the first staging and kept, so evaluations compare on the same text."""
+        return self.root / "val_set.json"
+
+    @property
+    def snapshots(self) -> Path:
+        return self.root / "snapshots"
+
+    def snapshot(self, snapshot_id: str) -> Path:
+        return self.snapshots / check_name("snapshot", snapshot_id)
+
+    @property
+    def current(self) -> Path:
+        """The pointer to the newest snapshot: {"snapshot": id}, replaced atomically by staging."""
+        return self.root / "current.json"
+
+    @property
+    def legacy_tokenized(self) -> Path:
+        """Where datasets staged before snapshots keep their shards (one directory, replaced on re-staging)."""
         return self.root / "tokenized"
 
-    @property
-    def tokenizer(self) -> Path:
-        return self.tokenized / "tokenizer.json"
+    def current_snapshot(self) -> Path | None:
+        """The directory of the snapshot `current.json` names (or of a dataset staged before snapshots), or None."""
+        try:
+            return self.snapshot(json.loads(self.current.read_text())["snapshot"])
+        except FileNotFoundError:
+            return self.legacy_tokenized if (self.legacy_tokenized / META).is_file() else None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{self.current} is unreadable ({exc}): stage dataset {self.name!r} again") from None
 
-    @property
-    def meta(self) -> Path:
-        return self.tokenized / "meta.json"
+    def resolve_snapshot(self, snapshot_id: str = "") -> Path | None:
+        """A snapshot's directory by id; "" for the current one; "tokenized" for a dataset staged before snapshots."""
+        if not snapshot_id:
+            return self.current_snapshot()
+        if snapshot_id == self.legacy_tokenized.name:
+            return self.legacy_tokenized
+        return self.snapshot(snapshot_id)
+
+
+def dataset_of_snapshot(snapshot_dir: str | Path) -> DatasetPaths:
+    """The dataset a snapshot directory (or a pre-snapshot tokenized/ directory) belongs to."""
+    snapshot_dir = Path(snapshot_dir)
+    parent = snapshot_dir.parent
+    return DatasetPaths(parent.parent if parent.name == "snapshots" else parent)
+
+
+def snapshot_id_of(snapshot_dir: str | Path) -> str:
+    """A snapshot's id is its directory's name; a pre-snapshot dataset's one directory is "tokenized"."""
+    return Path(snapshot_dir).name
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """DDP pretraining of a causal LM: the program torchrun starts in every PyTorchJob pod.
 
     torchrun --nproc_per_node=N [--nnodes=MIN:MAX --rdzv_backend=c10d ...] trainer/train_ddp.py \\
-        --data-dir <root>/datasets/<name>/tokenized --run-dir <root>/runs/<id> --preset small ...
+        --data-dir <root>/datasets/<name>/snapshots/<id> --run-dir <root>/runs/<id> --preset small ...
 
 NCCL on GPUs (bf16 autocast), gloo on CPU (fp32). A run directory that holds a checkpoint is resumed
 from it, also with another world size. SIGTERM/SIGINT stop every rank after the same step, rank 0
@@ -42,6 +42,7 @@ from trainer.layout import RunPaths
 from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
 from trainer.model import architecture_differences, build_model, model_config
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
+from trainer.snapshot import snapshot_record, training_snapshot
 
 log = logging.getLogger("trainer")
 
@@ -113,9 +114,14 @@ def train(cfg: TrainConfig) -> ExitCode:
     log.info("comms self-test: all_reduce %s, bus bandwidth %.3f GB/s",
              "correct" if report["all_reduce_correct"] else "WRONG", report["busbw_gbps"])  # fmt: skip
 
+    # The newest good checkpoint, if any: it names the dataset snapshot to read.
+    checkpoints = CheckpointManager(run.checkpoints, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
+    state = checkpoints.load()
+    data_dir = training_snapshot(Path(cfg.data_dir), state, cfg.on_new_snapshot)
+
     # Data, model, optimizer.
-    meta = load_meta(Path(cfg.data_dir))
-    batches = TokenBatches(load_split(Path(cfg.data_dir), "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
+    meta = load_meta(data_dir)
+    batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
     mconfig = model_config(cfg.preset, meta["vocab_size"], cfg.seq_len, meta["eos_id"])
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = build_model(mconfig).to(device)
@@ -128,11 +134,9 @@ def train(cfg: TrainConfig) -> ExitCode:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg))
     progress = Progress()
     train_state = TrainState(model, optimizer, scheduler, progress, batches.position)
-    checkpoints = CheckpointManager(run.checkpoints, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
     metrics = MetricsLog(run.metrics, enabled=rank == 0)
 
-    # Resume from the newest good checkpoint, if any.
-    state = checkpoints.load()
+    # Resume from the checkpoint, if any.
     if state is None:
         seed_everything(cfg.seed + rank)
     else:
@@ -161,7 +165,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     write_status(run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts),
                  attempt=attempt)  # fmt: skip
     if rank == 0:
-        dataset = {"tokenized_dir": cfg.data_dir, "vocab_size": meta["vocab_size"]}
+        dataset = {**snapshot_record(data_dir), "tokenized_dir": str(data_dir), "vocab_size": meta["vocab_size"]}
         resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset}
         write_json(run.config, resolved)
 
@@ -180,7 +184,8 @@ def train(cfg: TrainConfig) -> ExitCode:
         if rank != 0:
             return 0.0
         state = {**train_state.state_dict(), "rng": rngs, "step": progress.step, "preset": cfg.preset,
-                 "model_config": mconfig.to_dict(), "world_size": world}  # fmt: skip
+                 "model_config": mconfig.to_dict(), "world_size": world,
+                 "data_snapshot": snapshot_record(data_dir)}  # fmt: skip
         return checkpoints.save(state, progress.step, blocking=blocking)
 
     # The loop: one optimizer step of grad_accum_steps micro-batches per iteration.

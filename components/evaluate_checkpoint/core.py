@@ -4,8 +4,9 @@
   compare) over up to `max_tokens` val tokens, beside the same model untrained; greedy samples from fixed
   prompts for a person to read. bf16 on a GPU, fp32 on the CPU.
 - Gate: an absolute ceiling on the val loss and/or no worse than a baseline run's evaluation plus a
-  margin; the baseline is a run id or "previous" (the newest other run of the same dataset with an
-  evaluation). A failed gate fails the step with the numbers, or only warns.
+  margin in bits per byte (which survive a change of tokenizer); the baseline is a run id or "previous" (the
+  newest other run of the same dataset evaluated on the same fixed val set; any other is refused). A failed
+  gate fails the step with the numbers, or only warns.
 - Reports: eval/eval.json, eval/report.md and eval/report.html (training curves as an embedded PNG, the
   eval table, the samples) under the run.
 - Export: the model in Hugging Face format (safetensors) with its tokenizer under <run>/export/.
@@ -33,8 +34,9 @@ from components.errors import InputError, StepFailed
 from trainer.atomic import atomic_open, replace_dir, write_json
 from trainer.checkpoint import LATEST, CheckpointError, step_file_name, verified_load
 from trainer.data import DataError, load_meta, load_split
-from trainer.layout import DatasetPaths, RunPaths
+from trainer.layout import META, TOKENIZER, DatasetPaths, RunPaths
 from trainer.model import build_model, config_from_dict
+from trainer.snapshot import config_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ PREVIOUS = "previous"
 class Gate:
     max_val_loss: float = 0.0  # 0: no ceiling
     baseline_run_id: str = ""  # a run id, "previous", or "" for none
-    baseline_margin: float = 0.0  # nats/token the loss may exceed the baseline's by
+    baseline_margin: float = 0.0  # bits per byte the run may exceed the baseline's by
     warn_only: bool = False
 
 
@@ -69,6 +71,11 @@ class EvalResult:
     gate_reasons: list[str] = field(default_factory=list)
     baseline_run_id: str = ""
     baseline_val_loss: float | None = None
+    baseline_bits_per_byte: float | None = None
+    dataset: str = ""
+    snapshot: str = ""  # the dataset snapshot the run trained on, and whose val split this evaluation read
+    val_set_sha256: str = ""  # which files the val split holds: evaluations with the same one compare
+    tokenizer_sha256: str = ""
     samples: list[dict[str, str]] = field(default_factory=list)
     export_dir: str = ""
     export_s3_uri: str = ""
@@ -130,23 +137,27 @@ def evaluate_checkpoint(
     if export_s3_uri and (not export or not export_s3_uri.startswith("s3://")):
         raise InputError(f"export S3 URI {export_s3_uri!r}: give s3://bucket/prefix, with the export on")
     try:
-        run, data = RunPaths.of(storage_root, run_id), DatasetPaths.of(storage_root, dataset)
+        run = RunPaths.of(storage_root, run_id)
+        DatasetPaths.of(storage_root, dataset)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     path = checkpoint_path(run, checkpoint)
-    for required in (run.config, path, data.meta):
+    for required in (run.config, path):
         if not required.is_file():
-            raise InputError(f"{required} does not exist: run {run_id!r} or dataset {dataset!r} is incomplete")
-    baseline = find_baseline(storage_root, dataset, run_id, gate.baseline_run_id)
+            raise InputError(f"{required} does not exist: run {run_id!r} is incomplete")
+    config = json.loads(run.config.read_text())
+    snapshot_dir = run_snapshot(storage_root, config, run_id, dataset)
+    meta = load_meta(snapshot_dir)
+    val_set = meta.get("val_keys_sha256", "")
+    baseline = find_baseline(storage_root, dataset, run_id, gate.baseline_run_id, val_set)
     try:
         state = verified_load(path)
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
-    config = json.loads(run.config.read_text())
     model_config = config_from_dict(config["model"])
     seq_len = config["trainer"]["seq_len"]
     try:
-        val = load_split(data.tokenized, "val")
+        val = load_split(snapshot_dir, "val")
     except DataError as exc:
         raise InputError(str(exc)) from None
     if len(val) < seq_len + 1:
@@ -161,8 +172,8 @@ def evaluate_checkpoint(
         raise InputError(f"checkpoint {path} does not fit the model in {run.config} (preset "
                          f"{state.get('preset')!r}): {str(exc).splitlines()[0]}") from None  # fmt: skip
     model.to(device)
-    tokenizer = Tokenizer.from_file(str(data.tokenizer))
-    byte_lengths = token_byte_lengths(tokenizer, load_meta(data.tokenized)["vocab_size"])
+    tokenizer = Tokenizer.from_file(str(snapshot_dir / TOKENIZER))
+    byte_lengths = token_byte_lengths(tokenizer, meta["vocab_size"])
     val_loss, n_tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
     torch.manual_seed(config["trainer"]["seed"])
     untrained, _, _ = mean_loss(build_model(model_config).to(device), val, seq_len, max_tokens, batch_size, device,
@@ -182,10 +193,14 @@ def evaluate_checkpoint(
         train_tokens_per_s=throughput[0],
         train_mfu=throughput[1],
         samples=greedy_samples(model, tokenizer, device),
+        dataset=dataset,
+        snapshot=snapshot_dir.name,
+        val_set_sha256=val_set,
+        tokenizer_sha256=meta.get("tokenizer_sha256", ""),
     )
     apply_gate(result, gate, baseline)
     if export:
-        result.export_dir = str(export_model(model, data, run.root / "export"))
+        result.export_dir = str(export_model(model, snapshot_dir / TOKENIZER, run.root / "export"))
     if export_s3_uri:
         from components.stage_data.s3 import S3Settings, upload_directory
 
@@ -205,6 +220,20 @@ def evaluate_checkpoint(
             f"quality gate failed for run {run_id} at step {result.step}: {'; '.join(result.gate_reasons)}"
         )
     return result
+
+
+def run_snapshot(storage_root: str, config: dict[str, Any], run_id: str, dataset: str) -> Path:
+    """The snapshot the run trained on (its config.json names it): its val split and tokenizer are the ones that
+    measure this checkpoint, whatever was staged since."""
+    trained_on, snapshot = config_snapshot(config)
+    if trained_on != dataset:
+        raise InputError(f"run {run_id!r} trained on dataset {trained_on!r}, not {dataset!r}: evaluate it with its "
+                         "own dataset")  # fmt: skip
+    directory = DatasetPaths.of(storage_root, dataset).resolve_snapshot(snapshot)
+    if directory is None or not (directory / META).is_file():
+        raise InputError(f"run {run_id!r} trained on snapshot {snapshot} of dataset {dataset!r}, which is gone "
+                         f"({directory} has no {META}): it was pruned, or the run is incomplete")  # fmt: skip
+    return directory
 
 
 def checkpoint_path(run: RunPaths, checkpoint: str) -> Path:
@@ -288,8 +317,14 @@ def read_metrics(run: RunPaths) -> list[dict[str, Any]]:
 # -- the gate ---------------------------------------------------------------------------------------------
 
 
-def find_baseline(storage_root: str, dataset: str, run_id: str, baseline: str) -> tuple[str, dict[str, Any]] | None:
-    """The baseline's evaluation: a named run's, or the newest other evaluated run of this dataset."""
+def find_baseline(
+    storage_root: str, dataset: str, run_id: str, baseline: str, val_set: str
+) -> tuple[str, dict[str, Any]] | None:
+    """The baseline's evaluation: a named run's, or the newest other run evaluated on the same val set.
+
+    Evaluations compare only on the same held-out text (the dataset's fixed val set), in bits per byte, which a
+    change of tokenizer does not move; one on another val set, or from before val sets were recorded, is refused.
+    """
     if not baseline:
         return None
     if baseline != PREVIOUS:
@@ -299,21 +334,27 @@ def find_baseline(storage_root: str, dataset: str, run_id: str, baseline: str) -
             raise InputError(str(exc)) from None
         if not path.is_file():
             raise InputError(f"baseline run {baseline!r}: no evaluation at {path}")
-        return baseline, json.loads(path.read_text())
+        theirs = json.loads(path.read_text())
+        if theirs.get("val_set_sha256") != val_set or theirs.get("dataset") != dataset:
+            recorded = f"dataset {theirs.get('dataset')!r}, val set {theirs.get('val_set_sha256')}"
+            raise InputError(f"baseline run {baseline!r} was evaluated on another val set ({recorded}) than run "
+                             f"{run_id!r} (dataset {dataset!r}, val set {val_set}): their losses do not compare; "
+                             "choose a baseline of the same dataset and val set, or evaluate it again")  # fmt: skip
+        return baseline, theirs
     candidates = []
     for result in Path(storage_root, "runs").glob("*/eval/eval.json"):
         other = result.parent.parent.name
-        config = result.parent.parent / "config.json"
         try:
-            same_data = Path(json.loads(config.read_text())["trainer"]["data_dir"]).parent.name == dataset
-        except (OSError, ValueError, KeyError):
-            same_data = False
-        if other != run_id and same_data:
-            candidates.append((result.stat().st_mtime, other, result))
+            theirs = json.loads(result.read_text())
+        except (OSError, ValueError):
+            continue
+        if other != run_id and theirs.get("dataset") == dataset and theirs.get("val_set_sha256") == val_set:
+            candidates.append((result.stat().st_mtime, other, theirs))
     if not candidates:
-        raise InputError(f"baseline 'previous': no other evaluated run of dataset {dataset!r} under {storage_root}")
-    _, other, result = max(candidates)
-    return other, json.loads(result.read_text())
+        raise InputError(f"baseline 'previous': no other run of dataset {dataset!r} evaluated on the same val set "
+                         f"({val_set}) under {storage_root}")  # fmt: skip
+    _, other, theirs = max(candidates, key=lambda c: c[:2])
+    return other, theirs
 
 
 def apply_gate(result: EvalResult, gate: Gate, baseline: tuple[str, dict[str, Any]] | None) -> None:
@@ -325,11 +366,18 @@ def apply_gate(result: EvalResult, gate: Gate, baseline: tuple[str, dict[str, An
         result.gate_passed &= ok
     if baseline is not None:
         name, theirs = baseline
-        limit = theirs["val_loss"] + gate.baseline_margin
-        ok = result.val_loss <= limit
+        limit = theirs["val_bits_per_byte"] + gate.baseline_margin
+        ok = result.val_bits_per_byte <= limit
         result.baseline_run_id, result.baseline_val_loss = name, theirs["val_loss"]
-        result.gate_reasons.append(f"val loss {result.val_loss:.4f} {'<=' if ok else '>'} baseline {name} "
-                                   f"{theirs['val_loss']:.4f} + margin {gate.baseline_margin:.4f}")  # fmt: skip
+        result.baseline_bits_per_byte = theirs["val_bits_per_byte"]
+        other_data = (theirs.get("snapshot"), theirs.get("tokenizer_sha256")) != (
+            result.snapshot,
+            result.tokenizer_sha256,
+        )
+        note = f"; snapshot {theirs.get('snapshot')} vs {result.snapshot}, same val set" if other_data else ""
+        result.gate_reasons.append(f"val bits/byte {result.val_bits_per_byte:.4f} {'<=' if ok else '>'} baseline "
+                                   f"{name} {theirs['val_bits_per_byte']:.4f} + margin {gate.baseline_margin:.4f} "
+                                   f"(bits per byte compare across tokenizers{note})")  # fmt: skip
         result.gate_passed &= ok
 
 
@@ -383,7 +431,7 @@ td,th{{border:1px solid #ccc;padding:4px 10px}} pre{{white-space:pre-wrap;backgr
 """
 
 
-def export_model(model: torch.nn.Module, data: DatasetPaths, directory: Path) -> Path:
+def export_model(model: torch.nn.Module, tokenizer_file: Path, directory: Path) -> Path:
     """save_pretrained (safetensors) with the tokenizer: AutoModelForCausalLM.from_pretrained(directory) loads it."""
     from transformers import PreTrainedTokenizerFast
 
@@ -392,7 +440,7 @@ def export_model(model: torch.nn.Module, data: DatasetPaths, directory: Path) ->
     staging = directory.with_name(f".{directory.name}.new")
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
     model.to("cpu").save_pretrained(staging, safe_serialization=True)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(data.tokenizer), eos_token=EOS, bos_token=EOS)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token=EOS, bos_token=EOS)
     tokenizer.save_pretrained(staging)
     replace_dir(staging, directory)
     log.info("exported the model in Hugging Face format to %s", directory)

@@ -11,6 +11,7 @@ from components.kfp_support import COMPONENTS_IMAGE
 def launch_pytorchjob(
     storage_root: str,
     dataset: str,
+    snapshot: str,
     run_id: str,
     resume_run_id: str,
     pipeline_run_id: str,
@@ -56,6 +57,7 @@ def launch_pytorchjob(
     config = LaunchConfig(
         storage_root=storage_root,
         dataset=dataset,
+        snapshot=snapshot,
         run_id=run_id,
         resume=bool(resume_run_id),
         backend=backend,

@@ -25,7 +25,7 @@ from components.launch_pytorchjob.manifest import (
 )
 from components.launch_pytorchjob.platform import Platform, run_options
 from trainer.config import TRAIN_DEFAULTS
-from trainer.layout import DatasetPaths, RunPaths
+from trainer.layout import META, DatasetPaths, RunPaths
 from trainer.model import PRESETS
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class LaunchConfig:
     storage_root: str
     dataset: str
     run_id: str
+    snapshot: str = ""  # the dataset snapshot to train on (staging's output); "": the dataset's current one
     resume: bool = False  # the run directory must hold a checkpoint to continue from (resume_run_id)
     backend: str = "local"
     nnodes: int = 1
@@ -79,6 +80,16 @@ class LaunchConfig:
     @property
     def dataset_paths(self) -> DatasetPaths:
         return DatasetPaths.of(self.storage_root, self.dataset)
+
+    @property
+    def data_dir(self) -> Path:
+        """The snapshot the trainer is given: the one named, else the dataset's current one. (A resumed run
+        trains on on the snapshot its checkpoint names, whatever this is: the trainer decides.)"""
+        directory = self.dataset_paths.resolve_snapshot(self.snapshot)
+        if directory is None:
+            raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: "
+                             f"{self.dataset_paths.current} is missing")  # fmt: skip
+        return directory
 
     @property
     def run_paths(self) -> RunPaths:
@@ -117,8 +128,8 @@ class LaunchConfig:
         if self.preset not in PRESETS:
             raise InputError(f"model preset {self.preset!r} is unknown: choose one of {', '.join(PRESETS)}")
         try:
-            meta = self.dataset_paths.meta
-            RunPaths.of(self.storage_root, self.run_id)  # checks the run id
+            self.dataset_paths.snapshot(self.snapshot) if self.snapshot else self.dataset_paths  # checks the names
+            RunPaths.of(self.storage_root, self.run_id)
         except ValueError as exc:
             raise InputError(str(exc)) from None
         if self.stream_logs not in ("worker-0", "all", "none"):
@@ -131,8 +142,13 @@ class LaunchConfig:
         if self.backend == "kubernetes":
             self.check_under_mount()
             self.check_cluster_inputs()
-        if check_storage and not meta.is_file():
-            raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {meta} is missing")
+        if check_storage:
+            try:
+                meta = self.data_dir / META
+            except ValueError as exc:
+                raise InputError(str(exc)) from None
+            if not meta.is_file():
+                raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {meta} is missing")
         if check_storage and self.resume and not any(self.run_paths.checkpoints.glob("checkpoint_*.pt")):
             raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
                              "continue from")  # fmt: skip
@@ -164,7 +180,7 @@ class LaunchConfig:
         """The trainer's command line, the same for every backend."""
         return [
             "--data-dir",
-            str(self.dataset_paths.tokenized),
+            str(self.data_dir),
             "--run-dir",
             str(self.run_paths.root),
             "--preset",

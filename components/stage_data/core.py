@@ -1,7 +1,8 @@
 """Stage a corpus onto the shared volume: mirror it (incrementally, verified), then tokenize it for the trainer.
 
 Nothing half-done is ever visible to a later step: mirrored files land under temporary names, the
-manifest is written last, and the tokenized directory is built beside the old one and swapped in.
+manifest is written last, and a tokenized snapshot is built under a temporary name and renamed into place whole,
+beside the older snapshots that runs may still be training on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from components.errors import InputError
 from components.stage_data.mirror import MirrorResult, mirror
+from components.stage_data.snapshots import directory_bytes, unused_snapshots
 from components.stage_data.sources import DEFAULT_EXCLUDE, LocalSource, select
 from components.stage_data.tokenization import SHARD_TOKENS, read_meta, tokenize
 from trainer.layout import DatasetPaths
@@ -28,7 +30,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class StageResult(MirrorResult):
     dataset_dir: str
-    tokenized_dir: str
+    tokenized_dir: str  # the snapshot's directory
+    snapshot: str
     mirror_mb_per_s: float
     train_tokens: int
     val_tokens: int
@@ -86,7 +89,8 @@ def stage_data(
     result = StageResult(
         **asdict(mirrored),
         dataset_dir=str(paths.root),
-        tokenized_dir=str(paths.tokenized),
+        tokenized_dir=tokens.snapshot_dir,
+        snapshot=tokens.snapshot,
         mirror_mb_per_s=round(mirrored.bytes_copied / max(mirrored.mirror_seconds, 1e-9) / 1e6, 2),
         train_tokens=tokens.train_tokens,
         val_tokens=tokens.val_tokens,
@@ -95,21 +99,26 @@ def stage_data(
         tokenized=not tokens.skipped,
         seconds=round(time.perf_counter() - started, 3),
     )
-    log.info("staged %s into %s in %.1fs", source, paths.root, result.seconds)
+    log.info("staged %s into %s (snapshot %s) in %.1fs", source, paths.root, result.snapshot, result.seconds)
+    unused = unused_snapshots(storage_root, paths)
+    if unused:
+        log.info("%d older snapshots of %s (%.1f GB) are used by no run: 'hyperpod-pretrain prune-snapshots' removes "
+                 "them", len(unused), dataset, sum(map(directory_bytes, unused)) / 1e9)  # fmt: skip
     return result
 
 
-def staged_dataset(storage_root: str, dataset: str) -> dict[str, Any]:
-    """The tokenized dataset's meta.json, for a run that skips staging; fails if the dataset was never staged."""
+def staged_dataset(storage_root: str, dataset: str) -> tuple[Path, dict[str, Any]]:
+    """The current snapshot's directory and meta.json, for a run that skips staging; fails if there is none."""
     try:
         paths = DatasetPaths.of(storage_root, dataset)
+        directory = paths.current_snapshot()
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    meta = read_meta(paths.tokenized)
-    if meta is None:
-        raise InputError(f"skip_staging: dataset {dataset!r} is not staged under {storage_root} ({paths.meta} is "
-                         "missing): stage it first")  # fmt: skip
-    return meta
+    meta = read_meta(directory) if directory is not None else None
+    if directory is None or meta is None:
+        raise InputError(f"skip_staging: dataset {dataset!r} is not staged under {storage_root} (no snapshot at "
+                         f"{directory or paths.current}): stage it first")  # fmt: skip
+    return directory, meta
 
 
 @contextmanager
@@ -165,5 +174,6 @@ def summary_markdown(source: str, result: StageResult) -> str:
         f"| mirror time | {result.mirror_seconds:.1f} s ({result.mirror_mb_per_s:.1f} MB/s) |",
         f"| tokens | {result.train_tokens:,} train + {result.val_tokens:,} val ({result.val_files} val files) |",
         f"| vocabulary | {result.vocab_size:,} ({tokenized}) |",
+        f"| snapshot | `{result.snapshot}` |",
         f"| total time | {result.seconds:.1f} s |",
     ])  # fmt: skip

@@ -1,10 +1,12 @@
-"""Tokenize the mirrored corpus into the train/val shards the trainer memory-maps.
+"""Tokenize the mirrored corpus into a snapshot: the train/val shards the trainer memory-maps, and its tokenizer.
 
 Streaming throughout: files are read in blocks cut at line ends, encoded a batch of blocks at a time (the
 tokenizers library spreads a batch over every core) and appended to shard files, so memory does not grow
 with the corpus. The val split is whole files, chosen by a hash of their keys: the same files on every
-run, whatever else changes. The shards are built in a fresh directory and swapped in whole; a run whose
-inputs (staged content, tokenizer, settings) match the existing meta.json skips all of it.
+run, whatever else changes (the set is kept in val_set.json). A snapshot is named by a hash of its inputs (staged
+content, val set, tokenizer, settings): it is built under a temporary name, renamed into place whole and never
+changed after, and current.json then points at it. Staging the same inputs again finds the snapshot and skips all of
+it; staging changed ones writes a new snapshot beside the old, which the runs that trained on it keep reading.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from components.errors import InputError
-from trainer.atomic import replace_dir, write_json
-from trainer.layout import DatasetPaths
+from trainer.atomic import fsync_dir, write_json
+from trainer.layout import META, TOKENIZER, DatasetPaths
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ class TokenizeResult:
     val_files: int
     seconds: float
     skipped: bool
+    snapshot: str  # its id: the directory's name under <dataset>/snapshots/
+    snapshot_dir: str
 
 
 def text_blocks(path: Path) -> Iterator[str]:
@@ -177,22 +181,27 @@ def tokenize(
     tokenizer_path: str = "",
     shard_tokens: int = SHARD_TOKENS,
 ) -> TokenizeResult:
+    """Tokenize the staged files into the snapshot their inputs name, unless it exists, and make it current."""
     started = time.perf_counter()
     given = Path(tokenizer_path).read_text() if tokenizer_path else ""
+    held_out = fixed_val_keys(paths, keys, val_fraction)
     inputs = {
         "format": FORMAT,
         "content_sha256": content_sha256,
-        "val_fraction": val_fraction,
+        "val_keys_sha256": sha256_text(json.dumps(sorted(held_out))),
         "shard_tokens": shard_tokens,
         "tokenizer": {"given_sha256": sha256_text(given)} if given else {"trained_vocab_size": vocab_size},
     }
-    existing = read_meta(paths.tokenized)
-    if existing is not None and existing.get("inputs") == inputs:
-        log.info("tokenized shards are up to date (same staged content, tokenizer and settings): not re-tokenizing")
+    snapshot = sha256_text(json.dumps(inputs, sort_keys=True))[:16]
+    directory = paths.snapshot(snapshot)
+    existing = read_meta(directory)
+    if existing is not None:
+        log.info("snapshot %s is up to date (same staged content, tokenizer and settings): not re-tokenizing", snapshot)
+        make_current(paths, snapshot)
         return TokenizeResult(existing["tokens"]["train"], existing["tokens"]["val"], existing["vocab_size"],
-                              existing["val_files"], round(time.perf_counter() - started, 3), skipped=True)  # fmt: skip
+                              existing["val_files"], round(time.perf_counter() - started, 3), skipped=True,
+                              snapshot=snapshot, snapshot_dir=str(directory))  # fmt: skip
 
-    held_out = val_keys(keys, val_fraction)
     train_files = [paths.raw / k for k in keys if k not in held_out]
     val_files = [paths.raw / k for k in keys if k in held_out]
     tokenizer = Tokenizer.from_str(given) if given else train_tokenizer(train_files, vocab_size)
@@ -202,10 +211,10 @@ def tokenize(
     vocab = tokenizer.get_vocab_size()
     dtype = np.dtype(np.uint16 if vocab <= 2**16 else np.uint32)
 
-    paths.root.mkdir(parents=True, exist_ok=True)
-    for stale in paths.root.glob(".tokenized.*"):  # left by a killed run (the staging lock keeps out live ones)
+    paths.snapshots.mkdir(parents=True, exist_ok=True)
+    for stale in paths.snapshots.glob(".building.*"):  # left by a killed run (the staging lock keeps out live ones)
         shutil.rmtree(stale, ignore_errors=True)
-    building = Path(tempfile.mkdtemp(prefix=".tokenized.", dir=paths.root))
+    building = Path(tempfile.mkdtemp(prefix=".building.", dir=paths.snapshots))
     try:
         tokens, shards, text_bytes = {}, {}, 0
         for split, files in (("train", train_files), ("val", val_files)):
@@ -215,37 +224,81 @@ def tokenize(
             if tokens[split] < 2:
                 raise InputError(f"the {split} split has only {tokens[split]} tokens: the corpus is too small")
         tokenizer_json = tokenizer.to_str()
-        (building / "tokenizer.json").write_text(tokenizer_json)
+        (building / TOKENIZER).write_text(tokenizer_json)
         meta = {
             "format": FORMAT,
+            "dataset": paths.name,
+            "snapshot": snapshot,
             "vocab_size": vocab,
             "dtype": dtype.name,
             "eos_id": eos,
-            "tokenizer": "tokenizer.json",
+            "tokenizer": TOKENIZER,
             "tokenizer_sha256": sha256_text(tokenizer_json),
             "manifest_content_sha256": content_sha256,
             "tokens": tokens,
             "shards": shards,
             "documents": len(keys),
             "val_files": len(val_files),
-            "val_keys_sha256": sha256_text(json.dumps(sorted(held_out))),
+            "val_keys_sha256": inputs["val_keys_sha256"],
             "text_chars": text_bytes,
             "val_fraction": val_fraction,
             "inputs": inputs,
+            "created": time.time(),
         }
-        write_json(building / "meta.json", meta)
-        replace_dir(building, paths.tokenized)
+        write_json(building / META, meta)
+        fsync_dir(building)
+        os.replace(building, directory)  # a snapshot appears whole or not at all, and never changes after
+        fsync_dir(paths.snapshots)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
+    make_current(paths, snapshot)
     seconds = round(time.perf_counter() - started, 3)
-    log.info("tokenized %d files (%d held out for val) into %d train + %d val tokens, vocabulary %d, in %.1fs",
-             len(keys), len(val_files), tokens["train"], tokens["val"], vocab, seconds)  # fmt: skip
-    return TokenizeResult(tokens["train"], tokens["val"], vocab, len(val_files), seconds, skipped=False)
+    log.info("tokenized %d files (%d held out for val) into snapshot %s: %d train + %d val tokens, vocabulary %d, "
+             "in %.1fs", len(keys), len(val_files), snapshot, tokens["train"], tokens["val"], vocab,
+             seconds)  # fmt: skip
+    return TokenizeResult(tokens["train"], tokens["val"], vocab, len(val_files), seconds, skipped=False,
+                          snapshot=snapshot, snapshot_dir=str(directory))  # fmt: skip
+
+
+def fixed_val_keys(paths: DatasetPaths, keys: list[str], val_fraction: float) -> set[str]:
+    """The val split: chosen at the dataset's first staging and kept, so that every snapshot (and so every run's
+    evaluation) holds out the same text; files added later go to train."""
+    try:
+        stored = json.loads(paths.val_set.read_text())
+    except FileNotFoundError:
+        chosen = val_keys(keys, val_fraction)
+        write_json(paths.val_set, {"val_fraction": val_fraction, "keys": sorted(chosen), "created": time.time()})
+        return chosen
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{paths.val_set} is unreadable ({exc}): restore it, or delete it to choose a new val set "
+                         "(evaluations before and after then do not compare)") from None  # fmt: skip
+    if stored["val_fraction"] != val_fraction:
+        chosen = stored["val_fraction"]
+        raise InputError(f"val fraction {val_fraction}: dataset {paths.name!r} holds out a fixed val set chosen with "
+                         f"{chosen} ({paths.val_set}), kept so that evaluations compare on the same text; stage with "
+                         f"{chosen}, or delete that file to choose a new one")  # fmt: skip
+    present = set(keys)
+    kept = {k for k in stored["keys"] if k in present}
+    if not kept or kept == present:
+        raise InputError(f"{paths.val_set}: {len(kept)} of its {len(stored['keys'])} val files are among the "
+                         f"{len(keys)} staged files, which leaves no {'val' if not kept else 'train'} split; delete "
+                         "it to choose a new val set")  # fmt: skip
+    if len(kept) < len(stored["keys"]):
+        log.warning("%d of the %d files of the fixed val set are gone from the source: the val text changes, and "
+                    "evaluations from now on do not compare with earlier ones", len(stored["keys"]) - len(kept),
+                    len(stored["keys"]))  # fmt: skip
+    return kept
+
+
+def make_current(paths: DatasetPaths, snapshot: str) -> None:
+    """Point the dataset's current.json at `snapshot` (an atomic replace): the next run that stages nothing
+    (skip_staging) trains on it; runs already training keep theirs."""
+    write_json(paths.current, {"snapshot": snapshot, "time": time.time()})
 
 
 def read_meta(tokenized: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((tokenized / "meta.json").read_text())
+        return json.loads((tokenized / META).read_text())
     except (OSError, ValueError):
         return None

@@ -1,0 +1,99 @@
+"""Which tokenized snapshots of a dataset runs still use, and removing the others.
+
+A snapshot is in use while it is the dataset's current one, or a run names it: in its config.json (the trainer
+writes the snapshot it trains on at every start) or in its stage-data step record (written when the pipeline's
+staging ends, so a run whose job still waits in a queue holds its snapshot too). Runs started from the command
+line hold theirs from the trainer's first start: prune while such a run is queued and it finds its snapshot gone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from components.errors import InputError
+from trainer.layout import DatasetPaths, RunPaths
+from trainer.snapshot import config_snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PruneResult:
+    dataset: str
+    current: str
+    removed: list[str] = field(default_factory=list)
+    in_use: dict[str, list[str]] = field(default_factory=dict)  # snapshot -> the runs that use it
+    bytes_freed: int = 0
+
+
+def snapshot_dirs(paths: DatasetPaths) -> list[Path]:
+    """Every snapshot of the dataset, and the one directory of a dataset staged before snapshots."""
+    found = sorted(p for p in paths.snapshots.glob("*") if p.is_dir() and not p.name.startswith("."))
+    return found + ([paths.legacy_tokenized] if paths.legacy_tokenized.is_dir() else [])
+
+
+def runs_by_snapshot(storage_root: str | Path, paths: DatasetPaths) -> dict[str, list[str]]:
+    """Snapshot id -> the run ids that use it (see the module docstring)."""
+    users: dict[str, list[str]] = {}
+    for run_dir in sorted(Path(storage_root, "runs").glob("*")):
+        run = RunPaths(run_dir)
+        for dataset, snapshot in filter(None, (_config_snapshot(run), _staged_snapshot(run))):
+            if dataset == paths.name and run_dir.name not in users.setdefault(snapshot, []):
+                users[snapshot].append(run_dir.name)
+    return users
+
+
+def _config_snapshot(run: RunPaths) -> tuple[str, str] | None:
+    try:
+        return config_snapshot(json.loads(run.config.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _staged_snapshot(run: RunPaths) -> tuple[str, str] | None:
+    try:
+        details = json.loads(run.step_record("stage-data").read_text()).get("details", {})
+        return details["dataset"], details["snapshot"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def directory_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def unused_snapshots(storage_root: str | Path, paths: DatasetPaths) -> list[Path]:
+    current = paths.current_snapshot()
+    users = runs_by_snapshot(storage_root, paths)
+    return [d for d in snapshot_dirs(paths) if d != current and d.name not in users]
+
+
+def prune_snapshots(storage_root: str, dataset: str, dry_run: bool = False) -> PruneResult:
+    """Remove the snapshots of `dataset` that are not current and that no run uses."""
+    try:
+        paths = DatasetPaths.of(storage_root, dataset)
+        current = paths.current_snapshot()
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if current is None:
+        raise InputError(f"dataset {dataset!r} is not staged under {storage_root}: nothing to prune")
+    result = PruneResult(dataset, current.name, in_use=runs_by_snapshot(storage_root, paths))
+    for directory in unused_snapshots(storage_root, paths):
+        size = directory_bytes(directory)
+        if not dry_run:
+            # Renamed first, so that a prune killed midway leaves a hidden directory, never a half snapshot.
+            doomed = directory.with_name(f".pruning.{directory.name}")
+            directory.rename(doomed)
+            shutil.rmtree(doomed)
+        result.removed.append(directory.name)
+        result.bytes_freed += size
+        log.info("%s snapshot %s of %s (%.1f MB)", "would remove" if dry_run else "removed", directory.name,
+                 dataset, size / 1e6)  # fmt: skip
+    if not dry_run:
+        for leftover in [*paths.snapshots.glob(".pruning.*"), *paths.root.glob(".pruning.*")]:  # a killed prune's
+            shutil.rmtree(leftover, ignore_errors=True)
+    return result

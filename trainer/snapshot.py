@@ -1,0 +1,67 @@
+"""Which dataset snapshot a run trains on: the one it started on, even after its dataset is staged again.
+
+Staging changed data writes a new snapshot (new shards, perhaps a new tokenizer) and makes it current; the
+pipeline then hands the trainer the new one. A resumed run must not switch: its token ids would mean other
+strings and its sample order would change under it. So the checkpoint records the snapshot, and on resume the
+trainer keeps reading it (or, with --on-new-snapshot refuse, stops with one line naming both).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint import CheckpointError
+from trainer.layout import META, dataset_of_snapshot
+
+log = logging.getLogger(__name__)
+
+KEEP, REFUSE = "keep", "refuse"
+POLICIES = (KEEP, REFUSE)
+
+
+def snapshot_record(data_dir: Path) -> dict[str, str]:
+    """What a checkpoint records of the data it was trained on."""
+    return {"dataset": dataset_of_snapshot(data_dir).name, "snapshot": data_dir.name}
+
+
+def config_snapshot(config: dict[str, Any]) -> tuple[str, str]:
+    """(dataset, snapshot) that a run's config.json names; by name, not path, so a moved storage root still finds
+    it. A config from before snapshots has only the directory (its "snapshot" is then "tokenized")."""
+    dataset = config.get("dataset", {})
+    if "snapshot" in dataset:
+        return dataset["dataset"], dataset["snapshot"]
+    directory = Path(dataset.get("tokenized_dir") or config["trainer"]["data_dir"])
+    return dataset_of_snapshot(directory).name, directory.name
+
+
+def training_snapshot(data_dir: Path, checkpoint: dict[str, Any] | None, policy: str = KEEP) -> Path:
+    """The snapshot directory to train on: `data_dir` for a new run, else the one the checkpoint was trained on."""
+    if checkpoint is None:
+        return data_dir
+    recorded = checkpoint.get("data_snapshot")
+    if recorded is None:
+        log.warning("the checkpoint does not record its dataset snapshot (it predates snapshots): training goes on "
+                    "on %s without checking that it is the data the run started on", data_dir)  # fmt: skip
+        return data_dir
+    given = snapshot_record(data_dir)
+    if recorded["dataset"] != given["dataset"]:
+        raise CheckpointError(f"--data-dir {data_dir} is of dataset {given['dataset']!r}, and this run trained on "
+                              f"{recorded['dataset']!r}: resume with its dataset, or start a new run")  # fmt: skip
+    if recorded["snapshot"] == given["snapshot"]:
+        return data_dir
+    if policy == REFUSE:
+        raise CheckpointError(f"dataset {given['dataset']!r} was staged again: --data-dir is snapshot "
+                              f"{given['snapshot']}, this run's checkpoint was trained on snapshot "
+                              f"{recorded['snapshot']}; resume with --on-new-snapshot keep to go on with the "
+                              "checkpoint's, or start a new run (a warm start) on the new one")  # fmt: skip
+    kept = dataset_of_snapshot(data_dir).resolve_snapshot(recorded["snapshot"])
+    if kept is None or not (kept / META).is_file():
+        raise CheckpointError(f"this run trained on snapshot {recorded['snapshot']} of dataset {given['dataset']!r}, "
+                              f"which is gone ({kept} has no {META}): it cannot resume exactly; start a new run (a "
+                              f"warm start) on snapshot {given['snapshot']}")  # fmt: skip
+    log.warning("dataset %r was staged again since this run started: the run keeps training on its snapshot %s, "
+                "not on %s; a new run (or a warm start from this one) trains on the new data", given["dataset"],
+                recorded["snapshot"], given["snapshot"])  # fmt: skip
+    return kept
