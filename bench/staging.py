@@ -135,7 +135,7 @@ def staging(endpoint: str, prefix: str, out: Path) -> None:
     source = S3Source(uri, S3Settings(endpoint_url=endpoint, workers=THREADS, chunk_size=CHUNK))
     try:
         objects = select(source.list(), uri, ("*",), ())
-        mirror(source, objects, DatasetPaths(out / "dataset"), THREADS, keep_deleted=False)
+        mirror(source, objects, DatasetPaths(out / "dataset"), THREADS, keep_deleted=False, listed=objects)
     finally:
         source.close()
 

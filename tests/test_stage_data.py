@@ -166,3 +166,69 @@ def test_progress_lines_say_files_bytes_rate_and_eta(caplog: pytest.LogCaptureFi
     progress.file_done()
     assert re.search(r"staged 0/4 files, 1\.0/4\.0 MB, [\d.]+ MB/s, ETA \d+s", caplog.text)
     assert "staged 1/4 files" in caplog.text
+
+
+def mirrored_files(paths: DatasetPaths) -> dict[str, bytes]:
+    return {p.relative_to(paths.raw).as_posix(): p.read_bytes() for p in paths.raw.rglob("*") if p.is_file()}
+
+
+def test_a_narrower_include_keeps_the_mirror_and_widening_it_again_copies_nothing(corpus: Path, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    shutil.copytree(corpus, source)
+    paths = DatasetPaths.of(tmp_path / "fsx", "d")
+    full = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
+    before = mirrored_files(paths)
+
+    narrow = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300, include=["part-a/*"])
+    assert (narrow.files, narrow.files_copied, narrow.files_deleted, narrow.files_retained) == (6, 0, 0, 6)
+    assert narrow.tokenized and narrow.content_sha256 != full.content_sha256
+    assert mirrored_files(paths) == before, "nothing outside the filter is removed"
+    manifest = json.loads(paths.manifest.read_text())
+    assert [e["key"] for e in manifest["files"]] == sorted(k for k in before if k.startswith("part-a/"))
+    assert [e["key"] for e in manifest["retained"]] == sorted(k for k in before if k.startswith("part-b/"))
+
+    wide = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
+    assert (wide.files, wide.files_copied, wide.files_skipped, wide.files_retained) == (12, 0, 12, 0)
+    assert wide.tokenized and wide.content_sha256 == full.content_sha256
+    assert (wide.train_tokens, wide.val_tokens) == (full.train_tokens, full.val_tokens)
+    assert json.loads(paths.manifest.read_text())["retained"] == []
+
+
+def test_outside_the_include_a_changed_file_is_not_trusted_and_a_deleted_one_goes(corpus: Path, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    shutil.copytree(corpus, source)
+    paths = DatasetPaths.of(tmp_path / "fsx", "d")
+    stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
+    stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300, include=["part-a/*"])
+
+    def rewrite_same_size(key: str) -> bytes:
+        """New bytes of the same size and a later mtime: only the content shows the change."""
+        path = source / key
+        old, stat = path.read_bytes(), path.stat()
+        new = old.replace(b"the", b"THE", 1)
+        assert new != old and len(new) == len(old)
+        path.write_bytes(new)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        return new
+
+    changed = rewrite_same_size("part-b/doc 00.txt")
+    (source / "part-b/doc 02.txt").unlink()
+    partial = paths.raw / "part-b/.doc 06.txt.0123456789abcdef.part"
+    partial.write_bytes(b"left by a killed run")
+    kept = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300, keep_deleted=True)
+    assert (kept.files, kept.files_copied, kept.files_deleted) == (11, 1, 0), "the changed file is copied again"
+    assert (paths.raw / "part-b/doc 00.txt").read_bytes() == changed
+    assert (paths.raw / "part-b/doc 02.txt").exists(), "kept: --keep-deleted"
+    assert not partial.exists(), "a partial file goes, --keep-deleted or not"
+
+    stale = rewrite_same_size("part-b/doc 04.txt")
+    narrow = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300, include=["part-a/*"])
+    assert (narrow.files, narrow.files_copied, narrow.files_deleted, narrow.files_retained) == (6, 0, 2, 4)
+    assert "part-b/doc 02.txt" not in mirrored_files(paths), "gone from the source"
+    assert "part-b/doc 04.txt" not in mirrored_files(paths), "changed in the source: the mirror cannot vouch for it"
+
+    wide = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
+    assert (wide.files, wide.files_copied, wide.files_skipped, wide.files_deleted) == (11, 1, 10, 0)
+    assert (paths.raw / "part-b/doc 04.txt").read_bytes() == stale
+    expected = {p.relative_to(source).as_posix(): p.read_bytes() for p in source.rglob("*") if p.is_file()}
+    assert mirrored_files(paths) == expected

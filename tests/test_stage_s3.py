@@ -211,3 +211,62 @@ def test_killed_mid_staging_then_rerun_copies_only_what_is_missing(
     assert result.files_skipped >= len(journaled) >= 30
     assert mirrored(root) == expected
     assert not paths.staging_journal.exists() and not list(paths.raw.rglob(".*.part"))
+
+
+def object_gets(s3_server: S3Server, bucket: str) -> int:
+    """GETs of objects (not listings) of this test's bucket the server has answered so far."""
+    return sum(f"GET /{bucket}/corpus/" in line for line in s3_server.log_file.read_text().splitlines())
+
+
+def test_a_narrower_include_keeps_the_mirror_and_widening_it_again_downloads_nothing(
+    s3, bucket: str, s3_server: S3Server, s3_endpoint: str, tmp_path: Path
+) -> None:
+    expected = upload_corpus(s3, bucket, "corpus/", write_corpus(tmp_path / "src", files=8, sentences=20))
+    root = tmp_path / "fsx"
+    full = stage(s3_endpoint, bucket, root)
+    gets = object_gets(s3_server, bucket)
+    assert gets == 8
+
+    narrow = stage(s3_endpoint, bucket, root, include=["part-a/*"])
+    assert (narrow.files, narrow.files_copied, narrow.files_deleted, narrow.files_retained) == (4, 0, 0, 4)
+    assert mirrored(root) == expected, "nothing outside the filter is removed"
+    manifest = json.loads(DatasetPaths.of(root, "d").manifest.read_text())
+    assert [e["key"] for e in manifest["retained"]] == sorted(k for k in expected if k.startswith("part-b/"))
+
+    wide = stage(s3_endpoint, bucket, root)
+    assert (wide.files, wide.files_copied, wide.files_skipped, wide.files_retained) == (8, 0, 8, 0)
+    assert wide.tokenized and wide.content_sha256 == full.content_sha256
+    assert wide.train_tokens == full.train_tokens
+    assert object_gets(s3_server, bucket) == gets, "no object is downloaded again"
+
+
+def test_outside_the_include_a_changed_object_is_not_trusted_and_a_deleted_one_goes(
+    s3, bucket: str, s3_endpoint: str, tmp_path: Path
+) -> None:
+    expected = upload_corpus(s3, bucket, "corpus/", write_corpus(tmp_path / "src", files=8, sentences=20))
+    root = tmp_path / "fsx"
+    stage(s3_endpoint, bucket, root)
+    stage(s3_endpoint, bucket, root, include=["part-a/*"])
+
+    def rewrite_same_size(key: str) -> bytes:
+        new = expected[key].replace(b"the", b"THE", 1)
+        assert new != expected[key] and len(new) == len(expected[key])
+        s3.put_object(Bucket=bucket, Key=f"corpus/{key}", Body=new)
+        return new
+
+    changed = rewrite_same_size("part-b/doc 00.txt")
+    s3.delete_object(Bucket=bucket, Key="corpus/part-b/doc 02.txt")
+    kept = stage(s3_endpoint, bucket, root, keep_deleted=True)
+    assert (kept.files, kept.files_copied, kept.files_deleted) == (7, 1, 0), "the changed object is copied again"
+    assert mirrored(root)["part-b/doc 00.txt"] == changed
+    assert "part-b/doc 02.txt" in mirrored(root), "kept: keep_deleted"
+
+    stale = rewrite_same_size("part-b/doc 04.txt")
+    narrow = stage(s3_endpoint, bucket, root, include=["part-a/*"])
+    assert (narrow.files, narrow.files_copied, narrow.files_deleted, narrow.files_retained) == (4, 0, 2, 2)
+    assert not {"part-b/doc 02.txt", "part-b/doc 04.txt"} & mirrored(root).keys(), "gone, and changed in the source"
+
+    wide = stage(s3_endpoint, bucket, root)
+    assert (wide.files, wide.files_copied, wide.files_skipped, wide.files_deleted) == (7, 1, 6, 0)
+    assert mirrored(root)["part-b/doc 04.txt"] == stale
+    assert len(mirrored(root)) == 7

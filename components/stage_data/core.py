@@ -76,12 +76,13 @@ def stage_data(
 
     src = open_source(source, endpoint_url, workers, chunk_size_mb)
     try:
-        objects = select(src.list(), source, tuple(include), tuple(exclude))
+        listed = src.list()  # the whole source: the mirror keeps what the filters leave out, if it is unchanged
+        objects = select(listed, source, tuple(include), tuple(exclude))
         if len(objects) < 2:
             raise InputError(f"source {source}: 1 file to stage; the val split is held out by file, so give at least 2")
         prepare_storage_root(storage_root)
         with staging_lock(paths):
-            mirrored = mirror(src, objects, paths, workers, keep_deleted)
+            mirrored = mirror(src, objects, paths, workers, keep_deleted, listed=listed)
             tokens = tokenize(paths, [o.key for o in objects], mirrored.content_sha256, vocab_size, val_fraction,
                               tokenizer_path, shard_tokens)  # fmt: skip
     finally:
@@ -170,7 +171,9 @@ def summary_markdown(source: str, result: StageResult) -> str:
         f"| files | {result.files:,} ({result.bytes / 1e6:,.1f} MB) |",
         f"| copied | {result.files_copied:,} ({result.bytes_copied / 1e6:,.1f} MB) |",
         f"| unchanged (skipped) | {result.files_skipped:,} |",
-        f"| removed from the mirror | {result.files_deleted:,} |",
+        f"| removed from the mirror (gone from the source, or changed there while filtered out) | "
+        f"{result.files_deleted:,} |",
+        f"| kept outside the filter (unchanged in the source) | {result.files_retained:,} |",
         f"| mirror time | {result.mirror_seconds:.1f} s ({result.mirror_mb_per_s:.1f} MB/s) |",
         f"| tokens | {result.train_tokens:,} train + {result.val_tokens:,} val ({result.val_files} val files) |",
         f"| vocabulary | {result.vocab_size:,} ({tokenized}) |",

@@ -6,6 +6,12 @@ started again copies only what is still missing; the manifest is written last, a
 been flushed, and then the journal goes. Files never get an fsync of their own: thousands of fsyncs are
 most of the time of a small-file copy, and a process that is killed loses nothing the kernel holds. One
 syncfs before the manifest makes everything it lists durable.
+
+Include/exclude filters choose what is copied and tokenized, not what the mirror keeps: narrowing them must not
+throw away a 100 GB mirror. A mirrored file outside the filter stays while its source object is unchanged, and
+the manifest lists it as `retained` (entries like those of `files`), so widening the filter again copies nothing.
+One whose source changed is removed, so the mirror never holds bytes the source no longer has; it is copied
+again if ever selected. Only files gone from the source are otherwise removed, and `keep_deleted` keeps those.
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ class MirrorResult:
     bytes: int
     files_copied: int
     files_skipped: int
-    files_deleted: int
+    files_deleted: int  # removed from the mirror: gone from the source, or changed there while outside the filter
+    files_retained: int  # outside the filter, kept (unchanged in the source): widening the filter copies none
     bytes_copied: int
     mirror_seconds: float
     content_sha256: str  # of the staged keys, sizes and checksums: what tokenization depends on
@@ -93,10 +100,11 @@ def content_sha256(entries: list[dict[str, Any]]) -> str:
 
 
 def previous_entries(paths: DatasetPaths) -> dict[str, dict[str, Any]]:
-    """What earlier runs staged: the manifest, then the journal of a run that did not finish."""
+    """What earlier runs staged: the manifest (selected and retained files), then the journal of an unfinished run."""
     entries: dict[str, dict[str, Any]] = {}
     try:
-        entries = {e["key"]: e for e in json.loads(paths.manifest.read_text())["files"]}
+        manifest = json.loads(paths.manifest.read_text())
+        entries = {e["key"]: e for e in [*manifest.get("retained", []), *manifest["files"]]}
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError):
@@ -156,8 +164,11 @@ def fetch_into(source: Source, obj: SourceObject, dest: Path, progress: Progress
     return entry_of(obj, checksum)
 
 
-def sweep(raw: Path, keep: set[str], keep_deleted: bool) -> list[str]:
-    """Remove what an interrupted run left (partial files) and, unless kept, mirror files gone from the source."""
+def sweep(raw: Path, keep: set[str], listed: set[str], keep_deleted: bool) -> list[str]:
+    """Remove every mirrored file not in `keep` that the source still lists (it changed there, so the mirror cannot
+    vouch for it), files gone from the source unless `keep_deleted`, and partial files an interrupted run left.
+    Returns the keys removed (partial files aside). `listed` is the source's listing before include/exclude, so a
+    narrower filter removes nothing the source still has unchanged."""
     deleted = []
     if not raw.is_dir():
         return deleted
@@ -169,7 +180,7 @@ def sweep(raw: Path, keep: set[str], keep_deleted: bool) -> list[str]:
             continue
         if _PARTIAL.match(path.name):
             path.unlink()
-        elif not keep_deleted:
+        elif key in listed or not keep_deleted:
             path.unlink()
             deleted.append(key)
     for directory in sorted((d for d in raw.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
@@ -189,12 +200,36 @@ def syncfs(directory: Path) -> None:
         os.close(fd)
 
 
+def retained_entries(
+    listed: list[SourceObject], selected: set[str], previous: dict[str, dict[str, Any]], raw: Path
+) -> list[dict[str, Any]]:
+    """Manifest entries of the mirrored files outside the filter whose source is unchanged, in key order."""
+    retained = []
+    for obj in sorted(listed, key=lambda o: o.key):
+        if obj.key not in selected and obj.key in previous:
+            kept = unchanged(obj, previous[obj.key], raw / obj.key)
+            if kept is not None:
+                retained.append(kept)
+    return retained
+
+
 def mirror(
-    source: Source, objects: list[SourceObject], paths: DatasetPaths, workers: int, keep_deleted: bool
+    source: Source,
+    objects: list[SourceObject],
+    paths: DatasetPaths,
+    workers: int,
+    keep_deleted: bool,
+    *,
+    listed: list[SourceObject],
 ) -> MirrorResult:
+    """Bring the mirror up to date with `objects` (the selected ones); `listed` is the source's whole listing,
+    before include/exclude: what it has that is not selected is kept, not deleted."""
     started = time.perf_counter()
     previous = previous_entries(paths)
-    deleted = sweep(paths.raw, {o.key for o in objects}, keep_deleted)
+    selected = {o.key for o in objects}
+    retained = retained_entries(listed, selected, previous, paths.raw)
+    keep = selected | {e["key"] for e in retained}
+    deleted = sweep(paths.raw, keep, {o.key for o in listed}, keep_deleted)
     entries: dict[str, dict[str, Any]] = {}
     to_copy: list[SourceObject] = []
     for obj in objects:
@@ -204,8 +239,8 @@ def mirror(
         else:
             entries[obj.key] = kept
     total = sum(o.size for o in to_copy)
-    log.info("%d files to copy (%.1f MB), %d unchanged, %d removed from the mirror", len(to_copy), total / 1e6,
-             len(entries), len(deleted))  # fmt: skip
+    log.info("%d files to copy (%.1f MB), %d unchanged, %d removed from the mirror, %d kept outside the filter",
+             len(to_copy), total / 1e6, len(entries), len(deleted), len(retained))  # fmt: skip
     progress = ProgressLog(len(to_copy), total)
     paths.root.mkdir(parents=True, exist_ok=True)
     with Journal(paths.staging_journal) as journal, ThreadPoolExecutor(workers, "stage") as pool:
@@ -226,6 +261,7 @@ def mirror(
         "source": source.uri,
         "staged_at": time.time(),
         "files": ordered,
+        "retained": retained,
         "total_bytes": sum(e["size"] for e in ordered),
         "copied": len(to_copy),
         "skipped": len(objects) - len(to_copy),
@@ -241,14 +277,15 @@ def mirror(
         files_copied=len(to_copy),
         files_skipped=manifest["skipped"],
         files_deleted=len(deleted),
+        files_retained=len(retained),
         bytes_copied=total,
         mirror_seconds=round(time.perf_counter() - started, 3),
         content_sha256=manifest["content_sha256"],
     )
     rate = total / max(result.mirror_seconds, 1e-9) / 1e6
-    log.info("mirrored %d files (%.1f MB): %d copied (%.1f MB, %.1f MB/s), %d unchanged, %d removed, in %.1fs",
-             result.files, result.bytes / 1e6, result.files_copied, total / 1e6, rate, result.files_skipped,
-             result.files_deleted, result.mirror_seconds)  # fmt: skip
+    log.info("mirrored %d files (%.1f MB): %d copied (%.1f MB, %.1f MB/s), %d unchanged, %d removed, %d kept outside "
+             "the filter, in %.1fs", result.files, result.bytes / 1e6, result.files_copied, total / 1e6, rate,
+             result.files_skipped, result.files_deleted, result.files_retained, result.mirror_seconds)  # fmt: skip
     return result
 
 

@@ -64,7 +64,8 @@ def matches(key: str, patterns: tuple[str, ...]) -> bool:
 def select(
     objects: list[SourceObject], source: str, include: tuple[str, ...], exclude: tuple[str, ...]
 ) -> list[SourceObject]:
-    """The objects the filters keep, sorted by key, every key checked; an InputError when none is left."""
+    """What to copy and tokenize: the objects the filters keep, sorted by key, every listed key checked (the mirror
+    keeps the others unchanged); an InputError when none is left."""
     for obj in objects:
         safe_key(obj.key, source)
     chosen = sorted(
