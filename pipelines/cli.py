@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from components.errors import InputError, StepFailed
 from components.kfp_support import setup_logging
 from components.stage_data.sources import DEFAULT_EXCLUDE
-from components.stage_data.tokenization import SHARD_TOKENS
+from components.stage_data.tokenization import SAMPLE_MB, SHARD_TOKENS
 from pipelines import COMPILED_PIPELINE
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import RunPaths
@@ -108,6 +108,7 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "include": args.include,
         "vocab_size": args.vocab_size,
         "val_fraction": 0.05,
+        "tokenize_workers": args.tokenize_workers,
         "run_id": resolve_run_id(args.run_id, args.resume_run_id, new_run_id()),
         "resume_run_id": args.resume_run_id,
         "skip_staging": args.skip_staging,
@@ -163,6 +164,8 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
         chunk_size_mb=args.chunk_size_mb,
         keep_deleted=args.keep_deleted,
         shard_tokens=args.shard_tokens,
+        tokenize_groups=args.tokenize_groups,
+        tokenizer_sample_mb=args.tokenizer_sample_mb,
     )
     print(json.dumps(asdict(result), indent=2))
     return 0
@@ -514,6 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-run-id", default="", help="continue this run's training from its newest checkpoint")
     p.add_argument("--skip-staging", action="store_true", help="train on the dataset as staged before")
     p.add_argument("--vocab-size", type=positive_int, default=2048)
+    p.add_argument("--tokenize-workers", type=positive_int, default=2,
+                   help="groups of files tokenized by parallel steps (the pipeline's fan-out)")  # fmt: skip
     p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE))
     add_train_args(p)
     p.set_defaults(func=cmd_run_local)
@@ -531,6 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-size-mb", type=positive_int, default=8, help="multipart threshold and part size")
     p.add_argument("--keep-deleted", action="store_true", help="keep mirrored files that are gone from the source")
     p.add_argument("--shard-tokens", type=positive_int, default=SHARD_TOKENS, help="tokens per shard file")
+    p.add_argument("--tokenize-groups", type=positive_int, default=1,
+                   help="encode the files in this many groups, each with its own shards (the pipeline runs them in "
+                   "parallel pods; here they run in turn)")  # fmt: skip
+    p.add_argument("--tokenizer-sample-mb", type=positive_int, default=SAMPLE_MB,
+                   help="train the tokenizer on this much of the train text (a deterministic sample)")  # fmt: skip
     p.set_defaults(func=cmd_stage_data)
 
     p = sub.add_parser("prune-snapshots", help="remove a dataset's snapshots that are not current and no run uses")

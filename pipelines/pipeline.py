@@ -29,7 +29,7 @@ from components.launch_pytorchjob.component import launch_pytorchjob
 from components.launch_pytorchjob.platform import Platform
 from components.preflight.component import preflight
 from components.run_summary.component import summarize_run
-from components.stage_data.component import stage_data
+from components.stage_data.component import finalize_snapshot, stage_data, tokenize_group
 from components.verify_nccl.component import verify_nccl
 
 PIPELINE_NAME = "hyperpod-pretrain"
@@ -116,6 +116,10 @@ class PlatformOptions:
         default_factory=lambda: {
             "preflight": StepSettings("500m", "1Gi", 600),
             "stage-data": StepSettings("4", "16Gi", 6 * 3600, retries=2),  # staging resumes where it stopped
+            "tokenize-data": StepSettings(
+                "16", "32Gi", 6 * 3600, retries=2
+            ),  # each group carries on after its last file
+            "finalize-data": StepSettings("500m", "1Gi", 600, retries=2),
             "launch-pytorchjob": StepSettings("500m", "1Gi", 0),  # it re-attaches to (or replaces) its job itself
             "verify-nccl": StepSettings("1", "2Gi", 3600, retries=2),
             "evaluate-checkpoint": StepSettings("8", "32Gi", 4 * 3600),
@@ -147,6 +151,7 @@ def build_pipeline(platform: PlatformOptions):
     """The pipeline, with `platform`'s settings on its steps and its images."""
     image = platform.images.components
     stage, launch = in_image(stage_data, image), in_image(launch_pytorchjob, image)
+    tokenize, finalize = in_image(tokenize_group, image), in_image(finalize_snapshot, image)
     verify, evaluate = in_image(verify_nccl, image), in_image(evaluate_checkpoint, image)
     check, summarize = in_image(preflight, image), in_image(summarize_run, image)
 
@@ -168,6 +173,9 @@ def build_pipeline(platform: PlatformOptions):
         staging_workers: int = 16,
         staging_chunk_size_mb: int = 8,
         keep_deleted: bool = False,
+        tokenize_workers: int = 1,
+        tokenizer_sample_mb: int = 1024,
+        init_from_run_id: str = "",
         skip_staging: bool = False,
         run_id: str = "",
         resume_run_id: str = "",
@@ -247,16 +255,39 @@ def build_pipeline(platform: PlatformOptions):
                 workers=staging_workers,
                 chunk_size_mb=staging_chunk_size_mb,
                 keep_deleted=keep_deleted,
+                tokenize_groups=tokenize_workers,
+                tokenizer_sample_mb=tokenizer_sample_mb,
+                init_from_run_id=init_from_run_id,
                 skip=skip_staging,
                 run_id=run_id,
                 resume_run_id=resume_run_id,
                 pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             ).after(checked)
             platform.apply(staged, "stage-data")
+            with dsl.ParallelFor(staged.outputs["Output"]) as work:  # one pod per group of files, all at once
+                tokenized = tokenize(
+                    storage_root=storage_root,
+                    dataset=dataset,
+                    work=work,
+                    run_id=run_id,
+                    resume_run_id=resume_run_id,
+                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                )
+                platform.apply(tokenized, "tokenize-data")
+            finalized = finalize(
+                storage_root=storage_root,
+                dataset=dataset,
+                work=staged.outputs["Output"],
+                run_id=run_id,
+                resume_run_id=resume_run_id,
+                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            ).after(tokenized)
+            platform.apply(finalized, "finalize-data")
             trained = launch(
                 storage_root=storage_root,
                 dataset=dataset,
-                snapshot=staged.output,
+                snapshot=finalized.outputs["snapshot"],
+                init_from_run_id=finalized.outputs["init_from"],
                 run_id=run_id,
                 resume_run_id=resume_run_id,
                 pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,

@@ -44,6 +44,14 @@ def trained_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) ->
     return root
 
 
+@pytest.fixture
+def trained_copy(trained_root: Path, tmp_path: Path) -> Path:
+    """A private copy of trained_root, for tests that change it."""
+    root = tmp_path / "fsx"
+    shutil.copytree(trained_root, root)
+    return root
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """A real S3-compatible server (moto's standalone server) on loopback, in its own process."""

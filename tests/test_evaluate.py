@@ -12,13 +12,6 @@ from tests.helpers import snapshot_dir
 from trainer.layout import RunPaths
 
 
-@pytest.fixture
-def trained_copy(trained_root: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
-    return root
-
-
 def test_trained_model_beats_untrained(trained_copy: Path) -> None:
     result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
     assert result.step == 60 and result.val_tokens > 0

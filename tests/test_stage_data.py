@@ -189,7 +189,8 @@ def test_a_narrower_include_keeps_the_mirror_and_widening_it_again_copies_nothin
 
     wide = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
     assert (wide.files, wide.files_copied, wide.files_skipped, wide.files_retained) == (12, 0, 12, 0)
-    assert wide.tokenized and wide.content_sha256 == full.content_sha256
+    assert wide.content_sha256 == full.content_sha256
+    assert wide.snapshot == full.snapshot and not wide.tokenized, "the same content is the first snapshot again"
     assert (wide.train_tokens, wide.val_tokens) == (full.train_tokens, full.val_tokens)
     assert json.loads(paths.manifest.read_text())["retained"] == []
 

@@ -235,7 +235,8 @@ def test_a_narrower_include_keeps_the_mirror_and_widening_it_again_downloads_not
 
     wide = stage(s3_endpoint, bucket, root)
     assert (wide.files, wide.files_copied, wide.files_skipped, wide.files_retained) == (8, 0, 8, 0)
-    assert wide.tokenized and wide.content_sha256 == full.content_sha256
+    assert wide.content_sha256 == full.content_sha256
+    assert wide.snapshot == full.snapshot and not wide.tokenized, "the same content is the first snapshot again"
     assert wide.train_tokens == full.train_tokens
     assert object_gets(s3_server, bucket) == gets, "no object is downloaded again"
 

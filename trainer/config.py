@@ -25,6 +25,11 @@ class TrainConfig:
     run_dir: str = field(metadata={"help": "run directory (<root>/runs/<run_id>); resumed if it holds a checkpoint"})
     preset: str = _opt("small", "model preset (see trainer/model.py)")
     seed: int = _opt(1234, "seed of the initial weights and of the sample order")
+    init_from: str = _opt(
+        "",
+        "a finished run's directory to start this new run from: its weights only (not its "
+        "optimizer, schedule or sample order); the snapshot's tokenizer must be that run's",
+    )
     on_new_snapshot: str = _opt("keep", "on resume after the dataset was staged again: keep training on the "
                                 "checkpoint's snapshot, or refuse")  # fmt: skip
     # How long to train: the first limit reached ends the run.

@@ -21,9 +21,10 @@ KEEP, REFUSE = "keep", "refuse"
 POLICIES = (KEEP, REFUSE)
 
 
-def snapshot_record(data_dir: Path) -> dict[str, str]:
-    """What a checkpoint records of the data it was trained on."""
-    return {"dataset": dataset_of_snapshot(data_dir).name, "snapshot": data_dir.name}
+def snapshot_record(data_dir: Path, meta: dict[str, Any]) -> dict[str, str]:
+    """What a checkpoint records of the data it was trained on (the tokenizer: for a warm start from it)."""
+    return {"dataset": dataset_of_snapshot(data_dir).name, "snapshot": data_dir.name,
+            "tokenizer_sha256": meta.get("tokenizer_sha256", "")}  # fmt: skip
 
 
 def config_snapshot(config: dict[str, Any]) -> tuple[str, str]:
@@ -45,7 +46,7 @@ def training_snapshot(data_dir: Path, checkpoint: dict[str, Any] | None, policy:
         log.warning("the checkpoint does not record its dataset snapshot (it predates snapshots): training goes on "
                     "on %s without checking that it is the data the run started on", data_dir)  # fmt: skip
         return data_dir
-    given = snapshot_record(data_dir)
+    given = {"dataset": dataset_of_snapshot(data_dir).name, "snapshot": data_dir.name}
     if recorded["dataset"] != given["dataset"]:
         raise CheckpointError(f"--data-dir {data_dir} is of dataset {given['dataset']!r}, and this run trained on "
                               f"{recorded['dataset']!r}: resume with its dataset, or start a new run")  # fmt: skip

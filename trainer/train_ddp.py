@@ -43,6 +43,7 @@ from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops,
 from trainer.model import architecture_differences, build_model, model_config
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
 from trainer.snapshot import snapshot_record, training_snapshot
+from trainer.warm_start import warm_start_state
 
 log = logging.getLogger("trainer")
 
@@ -136,7 +137,16 @@ def train(cfg: TrainConfig) -> ExitCode:
     train_state = TrainState(model, optimizer, scheduler, progress, batches.position)
     metrics = MetricsLog(run.metrics, enabled=rank == 0)
 
-    # Resume from the checkpoint, if any.
+    # Resume from the checkpoint, if any; or a new run from another run's weights (a warm start).
+    warm_started = state.get("init_from") if state is not None else None  # kept by every checkpoint of the run
+    if state is None and cfg.init_from:
+        weights, warm_started = warm_start_state(Path(cfg.init_from), meta.get("tokenizer_sha256", ""),
+                                                 mconfig.to_dict())  # fmt: skip
+        model.load_state_dict(weights)
+        del weights
+        log.info("warm start from run %s at step %d (%d tokens seen there): its weights, with this run's data, "
+                 "schedule and sample order", warm_started["run"], warm_started["step"],
+                 warm_started["tokens_seen"])  # fmt: skip
     if state is None:
         seed_everything(cfg.seed + rank)
     else:
@@ -165,8 +175,9 @@ def train(cfg: TrainConfig) -> ExitCode:
     write_status(run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts),
                  attempt=attempt)  # fmt: skip
     if rank == 0:
-        dataset = {**snapshot_record(data_dir), "tokenized_dir": str(data_dir), "vocab_size": meta["vocab_size"]}
-        resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset}
+        dataset = {**snapshot_record(data_dir, meta), "tokenized_dir": str(data_dir), "vocab_size": meta["vocab_size"]}
+        resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset,
+                    "init_from": warm_started}  # fmt: skip
         write_json(run.config, resolved)
 
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
@@ -185,7 +196,7 @@ def train(cfg: TrainConfig) -> ExitCode:
             return 0.0
         state = {**train_state.state_dict(), "rng": rngs, "step": progress.step, "preset": cfg.preset,
                  "model_config": mconfig.to_dict(), "world_size": world,
-                 "data_snapshot": snapshot_record(data_dir)}  # fmt: skip
+                 "data_snapshot": snapshot_record(data_dir, meta), "init_from": warm_started}  # fmt: skip
         return checkpoints.save(state, progress.step, blocking=blocking)
 
     # The loop: one optimizer step of grad_accum_steps micro-batches per iteration.

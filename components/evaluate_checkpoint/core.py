@@ -74,7 +74,7 @@ class EvalResult:
     baseline_bits_per_byte: float | None = None
     dataset: str = ""
     snapshot: str = ""  # the dataset snapshot the run trained on, and whose val split this evaluation read
-    val_set_sha256: str = ""  # which files the val split holds: evaluations with the same one compare
+    val_set_sha256: str = ""  # the val text's identity (files, sizes, checksums): evaluations with the same compare
     tokenizer_sha256: str = ""
     samples: list[dict[str, str]] = field(default_factory=list)
     export_dir: str = ""
@@ -148,7 +148,7 @@ def evaluate_checkpoint(
     config = json.loads(run.config.read_text())
     snapshot_dir = run_snapshot(storage_root, config, run_id, dataset)
     meta = load_meta(snapshot_dir)
-    val_set = meta.get("val_keys_sha256", "")
+    val_set = meta.get("val_set_sha256", "")
     baseline = find_baseline(storage_root, dataset, run_id, gate.baseline_run_id, val_set)
     try:
         state = verified_load(path)

@@ -48,6 +48,7 @@ class LaunchConfig:
     dataset: str
     run_id: str
     snapshot: str = ""  # the dataset snapshot to train on (staging's output); "": the dataset's current one
+    init_from_run_id: str = ""  # a new run from this run's weights (a warm start); "previous": the newest finished
     resume: bool = False  # the run directory must hold a checkpoint to continue from (resume_run_id)
     backend: str = "local"
     nnodes: int = 1
@@ -92,6 +93,14 @@ class LaunchConfig:
         return directory
 
     @property
+    def init_run(self) -> RunPaths:
+        """The warm start's origin ("previous" resolved: the newest finished run of the dataset but this one)."""
+        from components.stage_data.snapshots import resolve_init_run
+
+        origin = resolve_init_run(self.storage_root, self.dataset, self.init_from_run_id, self.run_id)
+        return RunPaths.of(self.storage_root, origin)
+
+    @property
     def run_paths(self) -> RunPaths:
         return RunPaths.of(self.storage_root, self.run_id)
 
@@ -130,8 +139,14 @@ class LaunchConfig:
         try:
             self.dataset_paths.snapshot(self.snapshot) if self.snapshot else self.dataset_paths  # checks the names
             RunPaths.of(self.storage_root, self.run_id)
+            if self.init_from_run_id and self.init_from_run_id != "previous":
+                RunPaths.of(self.storage_root, self.init_from_run_id)
         except ValueError as exc:
             raise InputError(str(exc)) from None
+        if self.init_from_run_id and self.resume:
+            origin = self.init_from_run_id
+            raise InputError(f"resume_run_id continues run {self.run_id!r}; init_from_run_id {origin!r} starts a new "
+                             "run from another's weights: give one")  # fmt: skip
         if self.stream_logs not in ("worker-0", "all", "none"):
             raise InputError(f"stream-logs {self.stream_logs!r}: choose worker-0, all or none")
         if self.backend == "local" and self.nnodes != 1:
@@ -181,6 +196,7 @@ class LaunchConfig:
         return [
             "--data-dir",
             str(self.data_dir),
+            *(["--init-from", str(self.init_run.root)] if self.init_from_run_id else []),
             "--run-dir",
             str(self.run_paths.root),
             "--preset",

@@ -31,7 +31,8 @@ from trainer.layout import RunPaths
 
 log = logging.getLogger(__name__)
 
-STEPS = ("preflight", "stage-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint")
+STEPS = ("preflight", "stage-data", "finalize-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint")
+GROUP_STEPS = "tokenize-data-g*"  # one record per group of staging's fan-out, between stage-data and finalize-data
 
 
 def resolve_run_id(run_id: str, resume_run_id: str, pipeline_run_id: str) -> str:
@@ -154,7 +155,9 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
     """Gather the steps' records into summary.json and summary.md under the run's directory. `state` and `error`
     are KFP's final status; `cleanup` (the PyTorchJob's) is called when the run did not succeed."""
     paths = RunPaths.of(storage_root, run_id)
+    groups = [read_step(paths, record.stem) for record in sorted(paths.steps.glob(f"{GROUP_STEPS}.json"))]
     steps = [read_step(paths, step) for step in STEPS]
+    steps[STEPS.index("finalize-data") : STEPS.index("finalize-data")] = groups
     launched = next(s for s in steps if s["step"] == "launch-pytorchjob")["details"]
     job = {"name": launched["job_name"], "namespace": launched["namespace"]} if launched.get("job_name") else {}
     derived, why = run_state(steps, error)

@@ -1,4 +1,7 @@
-"""KFP wrapper of stage_data (core.py holds the logic)."""
+"""KFP wrappers of staging's three steps (core.py and tokenization.py hold the logic): mirror and plan, encode one
+group (the pipeline runs one per group, in parallel), finalize the snapshot."""
+
+from typing import NamedTuple
 
 from kfp import dsl
 
@@ -19,19 +22,24 @@ def stage_data(
     workers: int,
     chunk_size_mb: int,
     keep_deleted: bool,
+    tokenize_groups: int,
+    tokenizer_sample_mb: int,
+    init_from_run_id: str,
     skip: bool,
     run_id: str,
     resume_run_id: str,
     pipeline_run_id: str,
     metrics: dsl.Output[dsl.Metrics],
     report: dsl.Output[dsl.Markdown],
-) -> str:
-    """Mirror the source (S3 or local) onto the shared volume and tokenize it into a snapshot; returns the
-    snapshot's id. With `skip`, returns the dataset's current snapshot (fails if it was never staged)."""
+) -> list:
+    """Mirror the source (S3 or local) onto the shared volume and plan its snapshot (val split, tokenizer, groups);
+    returns one work item per group to encode, {"snapshot": id, "group": n, "init_from": run} (at least one: a
+    group of a finished snapshot does nothing; "init_from": a warm start's origin, resolved, whose tokenizer the
+    snapshot uses). With `skip`, the dataset's current snapshot (fails if it was never staged)."""
     from components.kfp_support import log_numbers, setup_logging
     from components.run_summary.core import recorded_step, resolve_run_id
-    from components.stage_data.core import stage_data as run
-    from components.stage_data.core import staged_dataset, summary_markdown
+    from components.stage_data.core import mirror_and_plan, plan_markdown, staged_dataset
+    from components.stage_data.snapshots import resolve_init_run
 
     setup_logging()
     run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
@@ -46,8 +54,9 @@ def stage_data(
                 f.write(f"# Staging skipped\n\nThe run trains on the dataset's current snapshot, staged before: "
                         f"`{directory}` ({meta['tokens']['train']} train and {meta['tokens']['val']} val "
                         "tokens).\n")  # fmt: skip
-            return directory.name
-        result = run(
+            init_from = resolve_init_run(storage_root, dataset, init_from_run_id, run_id)
+            return [{"snapshot": directory.name, "group": 0, "init_from": init_from}]
+        result = mirror_and_plan(
             source=source,
             storage_root=storage_root,
             dataset=dataset,
@@ -60,10 +69,74 @@ def stage_data(
             workers=workers,
             chunk_size_mb=chunk_size_mb,
             keep_deleted=keep_deleted,
+            tokenize_groups=tokenize_groups,
+            tokenizer_sample_mb=tokenizer_sample_mb,
+            init_from_run_id=init_from_run_id,
+            run_id=run_id,
         )
-        record.details = {"files_copied": result.files_copied, "train_tokens": result.train_tokens,
-                          "dataset": dataset, "snapshot": result.snapshot}  # fmt: skip
+        record.details = {"files_copied": result.files_copied, "groups": result.groups, "dataset": dataset,
+                          "snapshot": result.snapshot}  # fmt: skip
         log_numbers(metrics, result)
         with open(report.path, "w") as f:
-            f.write(summary_markdown(source, result))
-        return result.snapshot
+            f.write(plan_markdown(source, result))
+        return [{"snapshot": result.snapshot, "group": group, "init_from": result.init_from_run_id}
+                for group in range(max(1, result.groups))]  # fmt: skip
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def tokenize_group(
+    storage_root: str,
+    dataset: str,
+    work: dict,
+    run_id: str,
+    resume_run_id: str,
+    pipeline_run_id: str,
+    metrics: dsl.Output[dsl.Metrics],
+):
+    """Encode one group of the planned snapshot (`work`: {"snapshot": id, "group": n}) into its shards; a retried
+    pod carries on after the last file it finished. Nothing to do when the snapshot exists."""
+    from components.kfp_support import log_numbers, setup_logging
+    from components.run_summary.core import recorded_step, resolve_run_id
+    from components.stage_data.tokenization import encode_group
+    from trainer.layout import DatasetPaths
+
+    setup_logging()
+    run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
+    snapshot, group = str(work["snapshot"]), int(work["group"])
+    with recorded_step(storage_root, run_id, f"tokenize-data-g{group:03d}", {}) as record:
+        result = encode_group(DatasetPaths.of(storage_root, dataset), snapshot, group)
+        record.details = {"files": result.files, "files_resumed": result.files_resumed, **result.tokens}
+        log_numbers(metrics, {"files": result.files, "files_resumed": result.files_resumed,
+                              "text_mb": result.text_bytes / 1e6, **result.tokens})  # fmt: skip
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def finalize_snapshot(
+    storage_root: str,
+    dataset: str,
+    work: list,
+    run_id: str,
+    resume_run_id: str,
+    pipeline_run_id: str,
+    metrics: dsl.Output[dsl.Metrics],
+    report: dsl.Output[dsl.Markdown],
+) -> NamedTuple("Outputs", snapshot=str, init_from=str):  # noqa: UP014
+    """Gather the groups' shards into the snapshot's meta.json (`work`: stage_data's items, all of one snapshot),
+    put it in place and make it the dataset's current one; returns its id, which the training step trains on, and
+    the warm start's origin run ("" for none)."""
+    from collections import namedtuple
+
+    from components.kfp_support import log_numbers, setup_logging
+    from components.run_summary.core import recorded_step, resolve_run_id
+    from components.stage_data.core import finish_snapshot, snapshot_markdown
+
+    setup_logging()
+    run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
+    snapshot = str(work[0]["snapshot"])
+    with recorded_step(storage_root, run_id, "finalize-data", {"report": report.uri}) as record:
+        result = finish_snapshot(storage_root, dataset, snapshot)
+        record.details = {"snapshot": snapshot, "train_tokens": result.train_tokens}
+        log_numbers(metrics, result)
+        with open(report.path, "w") as f:
+            f.write(snapshot_markdown(result))
+        return namedtuple("Outputs", ["snapshot", "init_from"])(result.snapshot, str(work[0].get("init_from", "")))

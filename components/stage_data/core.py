@@ -19,29 +19,82 @@ from typing import Any
 
 from components.errors import InputError
 from components.stage_data.mirror import MirrorResult, mirror
-from components.stage_data.snapshots import directory_bytes, unused_snapshots
+from components.stage_data.snapshots import directory_bytes, resolve_init_run, run_tokenizer, unused_snapshots
 from components.stage_data.sources import DEFAULT_EXCLUDE, LocalSource, select
-from components.stage_data.tokenization import SHARD_TOKENS, read_meta, tokenize
+from components.stage_data.tokenization import (
+    SAMPLE_MB,
+    SHARD_TOKENS,
+    TokenizeResult,
+    current_snapshot_id,
+    encode_group,
+    finalize_snapshot,
+    plan_snapshot,
+    read_meta,
+)
 from trainer.layout import DatasetPaths
 
 log = logging.getLogger(__name__)
 
+MAX_GROUPS = 64  # encoding pods of one staging
+
 
 @dataclass
-class StageResult(MirrorResult):
+class PlanResult(MirrorResult):
     dataset_dir: str
-    tokenized_dir: str  # the snapshot's directory
     snapshot: str
+    groups: int  # groups to encode; 0: the snapshot exists already
     mirror_mb_per_s: float
+    init_from_run_id: str  # a warm start's origin, resolved ("previous" named); its tokenizer was used
+
+
+@dataclass
+class StageResult(PlanResult):
+    tokenized_dir: str  # the snapshot's directory
     train_tokens: int
     val_tokens: int
     vocab_size: int
     val_files: int
-    tokenized: bool  # False: the shards were already up to date
+    tokenized: bool  # False: the snapshot existed already
     seconds: float
 
 
-def stage_data(
+def stage_data(source: str, storage_root: str, dataset: str, **settings: Any) -> StageResult:
+    """Mirror, plan, encode every group in turn and finalize, in this process (the command line, the tests); the
+    pipeline runs the groups in parallel pods. `settings` are mirror_and_plan's."""
+    started = time.perf_counter()
+    planned = mirror_and_plan(source, storage_root, dataset, **settings)
+    paths = DatasetPaths.of(storage_root, dataset)
+    for group in range(planned.groups):
+        encode_group(paths, planned.snapshot, group)
+    tokens = finish_snapshot(storage_root, dataset, planned.snapshot, skipped=not planned.groups)
+    result = StageResult(
+        **asdict(planned),
+        tokenized_dir=tokens.snapshot_dir,
+        train_tokens=tokens.train_tokens,
+        val_tokens=tokens.val_tokens,
+        vocab_size=tokens.vocab_size,
+        val_files=tokens.val_files,
+        tokenized=not tokens.skipped,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    log.info("staged %s into %s (snapshot %s) in %.1fs", source, paths.root, result.snapshot, result.seconds)
+    return result
+
+
+def finish_snapshot(storage_root: str, dataset: str, snapshot: str, skipped: bool = False) -> TokenizeResult:
+    """Finalize the snapshot (every group encoded) under the staging lock and make it current."""
+    try:
+        paths = DatasetPaths.of(storage_root, dataset)
+        paths.snapshot(snapshot)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    with staging_lock(paths):
+        result = finalize_snapshot(paths, snapshot, skipped=skipped)
+    report_unused_snapshots(storage_root, paths)
+    return result
+
+
+def mirror_and_plan(
     source: str,
     storage_root: str,
     dataset: str,
@@ -55,8 +108,13 @@ def stage_data(
     chunk_size_mb: int = 8,
     keep_deleted: bool = False,
     shard_tokens: int = SHARD_TOKENS,
-) -> StageResult:
-    started = time.perf_counter()
+    tokenize_groups: int = 1,
+    tokenizer_sample_mb: int = SAMPLE_MB,
+    init_from_run_id: str = "",
+    run_id: str = "",
+) -> PlanResult:
+    """Mirror the source and plan its snapshot (val split, tokenizer, groups), under the dataset's staging lock.
+    With `init_from_run_id` (a run, or "previous"), the snapshot uses that run's tokenizer, for a warm start."""
     if not 256 < vocab_size <= 2**32:
         raise InputError(f"vocab size {vocab_size} is out of range: it must be above 256 (the byte alphabet)")
     if not 0 < val_fraction < 0.5:
@@ -67,12 +125,22 @@ def stage_data(
         raise InputError(f"chunk size {chunk_size_mb} MB is out of range: it must be between 1 MB and 5 GB")
     if not 1024 <= shard_tokens <= 2**31:
         raise InputError(f"shard tokens {shard_tokens} is out of range: it must be between 1024 and 2**31")
+    if not 1 <= tokenize_groups <= MAX_GROUPS:
+        raise InputError(f"tokenize groups {tokenize_groups} is out of range: it must be between 1 and {MAX_GROUPS}")
+    if not 1 <= tokenizer_sample_mb <= 1024**2:
+        raise InputError(f"tokenizer sample {tokenizer_sample_mb} MB is out of range: it must be between 1 MB and 1 TB")
     if tokenizer_path and not Path(tokenizer_path).is_file():
         raise InputError(f"tokenizer {tokenizer_path}: no such file")
     try:
         paths = DatasetPaths.of(storage_root, dataset)
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    init_from = resolve_init_run(storage_root, dataset, init_from_run_id, run_id)
+    if init_from:
+        if tokenizer_path:
+            raise InputError("tokenizer_path and init_from_run_id both choose the tokenizer: give one")
+        tokenizer_path = str(run_tokenizer(storage_root, init_from))
+        log.info("warm start from run %s: staging with its tokenizer %s", init_from, tokenizer_path)
 
     src = open_source(source, endpoint_url, workers, chunk_size_mb)
     try:
@@ -83,29 +151,25 @@ def stage_data(
         prepare_storage_root(storage_root)
         with staging_lock(paths):
             mirrored = mirror(src, objects, paths, workers, keep_deleted, listed=listed)
-            tokens = tokenize(paths, [o.key for o in objects], mirrored.content_sha256, vocab_size, val_fraction,
-                              tokenizer_path, shard_tokens)  # fmt: skip
+            plan = plan_snapshot(paths, [o.key for o in objects], mirrored.content_sha256, vocab_size, val_fraction,
+                                 tokenizer_path, shard_tokens, tokenize_groups, tokenizer_sample_mb)  # fmt: skip
     finally:
         src.close()
-    result = StageResult(
+    return PlanResult(
         **asdict(mirrored),
         dataset_dir=str(paths.root),
-        tokenized_dir=tokens.snapshot_dir,
-        snapshot=tokens.snapshot,
+        snapshot=plan.snapshot if plan is not None else current_snapshot_id(paths),
+        groups=len(plan.groups) if plan is not None else 0,
         mirror_mb_per_s=round(mirrored.bytes_copied / max(mirrored.mirror_seconds, 1e-9) / 1e6, 2),
-        train_tokens=tokens.train_tokens,
-        val_tokens=tokens.val_tokens,
-        vocab_size=tokens.vocab_size,
-        val_files=tokens.val_files,
-        tokenized=not tokens.skipped,
-        seconds=round(time.perf_counter() - started, 3),
+        init_from_run_id=init_from,
     )
-    log.info("staged %s into %s (snapshot %s) in %.1fs", source, paths.root, result.snapshot, result.seconds)
+
+
+def report_unused_snapshots(storage_root: str, paths: DatasetPaths) -> None:
     unused = unused_snapshots(storage_root, paths)
     if unused:
         log.info("%d older snapshots of %s (%.1f GB) are used by no run: 'hyperpod-pretrain prune-snapshots' removes "
-                 "them", len(unused), dataset, sum(map(directory_bytes, unused)) / 1e9)  # fmt: skip
-    return result
+                 "them", len(unused), paths.name, sum(map(directory_bytes, unused)) / 1e9)  # fmt: skip
 
 
 def staged_dataset(storage_root: str, dataset: str) -> tuple[Path, dict[str, Any]]:
@@ -158,9 +222,9 @@ def prepare_storage_root(storage_root: str) -> None:
         raise InputError(f"storage root {storage_root}: not writable ({exc.strerror or exc})") from None
 
 
-def summary_markdown(source: str, result: StageResult) -> str:
-    """The step's report in the KFP UI."""
-    tokenized = "re-tokenized" if result.tokenized else "unchanged, not re-tokenized"
+def plan_markdown(source: str, result: PlanResult) -> str:
+    """The staging step's report in the KFP UI: the mirror, and the snapshot it planned."""
+    planned = f"{result.groups} groups to encode" if result.groups else "exists already: nothing to tokenize"
     return "\n".join([
         "## Data staging",
         "",
@@ -175,8 +239,21 @@ def summary_markdown(source: str, result: StageResult) -> str:
         f"{result.files_deleted:,} |",
         f"| kept outside the filter (unchanged in the source) | {result.files_retained:,} |",
         f"| mirror time | {result.mirror_seconds:.1f} s ({result.mirror_mb_per_s:.1f} MB/s) |",
+        f"| snapshot | `{result.snapshot}` ({planned}) |",
+    ])  # fmt: skip
+
+
+def snapshot_markdown(result: TokenizeResult) -> str:
+    """The finalize step's report: what the snapshot holds."""
+    made = "tokenized now" if not result.skipped else "existed already"
+    return "\n".join([
+        "## Dataset snapshot",
+        "",
+        f"Snapshot `{result.snapshot}` at `{result.snapshot_dir}` ({made}).",
+        "",
+        "| | |",
+        "|---|---:|",
         f"| tokens | {result.train_tokens:,} train + {result.val_tokens:,} val ({result.val_files} val files) |",
-        f"| vocabulary | {result.vocab_size:,} ({tokenized}) |",
-        f"| snapshot | `{result.snapshot}` |",
-        f"| total time | {result.seconds:.1f} s |",
+        f"| vocabulary | {result.vocab_size:,} |",
+        f"| time | {result.seconds:.1f} s |",
     ])  # fmt: skip

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.errors import InputError
-from trainer.layout import DatasetPaths, RunPaths
+from trainer.layout import TOKENIZER, DatasetPaths, RunPaths
 from trainer.snapshot import config_snapshot
 
 log = logging.getLogger(__name__)
@@ -97,3 +97,49 @@ def prune_snapshots(storage_root: str, dataset: str, dry_run: bool = False) -> P
         for leftover in [*paths.snapshots.glob(".pruning.*"), *paths.root.glob(".pruning.*")]:  # a killed prune's
             shutil.rmtree(leftover, ignore_errors=True)
     return result
+
+
+PREVIOUS = "previous"
+
+
+def resolve_init_run(storage_root: str, dataset: str, init_from: str, run_id: str) -> str:
+    """The run a warm start begins from: the one named, or "previous", the newest other run of `dataset` whose
+    training finished (status.json says done)."""
+    if not init_from:
+        return ""
+    if init_from != PREVIOUS:
+        try:
+            origin = RunPaths.of(storage_root, init_from)
+        except ValueError as exc:
+            raise InputError(f"init_from_run_id: {exc}") from None
+        if init_from == run_id:
+            raise InputError(f"init_from_run_id {init_from!r} is this run: to continue it, resume it instead")
+        if not origin.latest_checkpoint.exists():
+            raise InputError(f"init_from_run_id {init_from!r}: {origin.latest_checkpoint} does not exist")
+        return init_from
+    finished = []
+    for status in Path(storage_root, "runs").glob("*/status.json"):
+        run = RunPaths(status.parent)
+        try:
+            done = json.loads(status.read_text()).get("state") == "done"
+        except (OSError, ValueError):
+            continue
+        used = _config_snapshot(run)
+        if done and run.root.name != run_id and used is not None and used[0] == dataset:
+            finished.append((status.stat().st_mtime, run.root.name))
+    if not finished:
+        raise InputError(f"init_from_run_id 'previous': no finished run of dataset {dataset!r} under {storage_root}")
+    return max(finished)[1]
+
+
+def run_tokenizer(storage_root: str, run_id: str) -> Path:
+    """The tokenizer a run trained with (its snapshot's): a warm start from it stages with the same one."""
+    run = RunPaths.of(storage_root, run_id)
+    used = _config_snapshot(run)
+    if used is None:
+        raise InputError(f"init_from_run_id {run_id!r}: {run.config} is missing or unreadable")
+    directory = DatasetPaths.of(storage_root, used[0]).resolve_snapshot(used[1])
+    if directory is None or not (directory / TOKENIZER).is_file():
+        raise InputError(f"init_from_run_id {run_id!r}: its snapshot {used[1]} of dataset {used[0]!r} is gone, and "
+                         "its tokenizer with it: that run cannot be continued with the same token ids")  # fmt: skip
+    return directory / TOKENIZER
