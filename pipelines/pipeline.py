@@ -70,6 +70,9 @@ def in_image(component: PythonComponent, image: str) -> PythonComponent:
 #   addImplicitDependencies; supported from 2.14.0, #11953);
 # - the retry policies of stage-data and verify-nccl, tasks inside the exit handler's sub-DAG, are silently ignored
 #   before 2.14.0 (argocompiler/container.go, getTaskRetryPolicySpec; #11861).
+# Staging's fan-out (a dsl.ParallelFor with a fan-in step after it) needs 2.4.1 (#11627), below that floor; but up to
+# 2.16 the exit step's final status stays RUNNING with a loop inside the exit handler (DAG states did not propagate up
+# from nested groups until 2.17.0, #13322): the run summary takes its state from the steps' records instead.
 MIN_KFP_BACKEND = "2.14.0"
 MIN_KFP_BACKEND_WHY = (
     "older backends refuse to create a run whose exit handler takes dsl.PipelineTaskFinalStatus "
