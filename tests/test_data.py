@@ -53,7 +53,8 @@ def test_single_shard_windows_are_the_token_stream_as_before() -> None:
     split, seq_len = TokenSplit([tokens]), 64
     assert split.num_windows(seq_len) == (len(tokens) - 1) // seq_len
     for i in range(split.num_windows(seq_len)):
-        assert split.windows(np.array([i]), seq_len)[0].tolist() == tokens[i * seq_len : i * seq_len + seq_len + 1].tolist()
+        expected = tokens[i * seq_len : i * seq_len + seq_len + 1]
+        assert split.windows(np.array([i]), seq_len)[0].tolist() == expected.tolist()
 
 
 def test_load_split_reads_the_staged_shards_and_names_a_missing_split(tmp_path: Path) -> None:
