@@ -103,36 +103,41 @@ def load_split(tokenized_dir: Path, split: str) -> TokenSplit:
 class WindowOrder:
     """A keyed pseudo-random permutation of range(size), evaluated at the positions asked for: O(1) memory.
 
-    A balanced Feistel network on the smallest even number of bits that covers size is a bijection of that
-    power of two (whatever its round function); a value that lands at or past size is encrypted again (cycle
-    walking) until it falls in range, which keeps the map a bijection of range(size). The domain is under
-    4 * size, so a position takes a few rounds of walking on average. The round keys come from a hash of
-    (seed, epoch): the same order on every machine and numpy version.
+    A Feistel network on the bits that cover size (the value split into a high and a low half; each round
+    XORs one half with a keyed hash of the other, so each round, and the network, is a bijection of that
+    power of two whatever the hash); a value that lands at or past size is encrypted again (cycle walking)
+    until it falls in range, which keeps the map a bijection of range(size). The power of two is under
+    2 * size, so a position takes two encryptions on average. The round keys come from a hash of (seed,
+    epoch): the same order on every machine and numpy version.
     """
 
     ROUNDS = 6
 
     def __init__(self, size: int, seed: int, epoch: int):
         self.size = size
-        bits = max(2, (size - 1).bit_length())
-        self.half = (bits + 1) // 2
-        self.mask = np.uint64((1 << self.half) - 1)
+        bits = max(1, (size - 1).bit_length())
+        self.low_bits = np.uint64(bits // 2)
+        self.masks = (np.uint64((1 << (bits - bits // 2)) - 1), np.uint64((1 << (bits // 2)) - 1))  # high, low
         self.keys = [
             np.uint64(int.from_bytes(hashlib.blake2b(f"{ORDER}/{seed}/{epoch}/{r}".encode(), digest_size=8).digest()))
             for r in range(self.ROUNDS)
         ]
 
-    def _round(self, right: np.ndarray, key: np.uint64) -> np.ndarray:
-        z = right ^ key  # the splitmix64 finaliser: every input bit reaches every output bit
+    @staticmethod
+    def _hash(half: np.ndarray, key: np.uint64) -> np.ndarray:
+        z = half ^ key  # the splitmix64 finaliser: every input bit reaches every output bit
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return (z ^ (z >> np.uint64(31))) & self.mask
+        return z ^ (z >> np.uint64(31))
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
-        left, right = x >> np.uint64(self.half), x & self.mask
-        for key in self.keys:
-            left, right = right, left ^ self._round(right, key)
-        return (left << np.uint64(self.half)) | right
+        high, low = x >> self.low_bits, x & self.masks[1]
+        for r, key in enumerate(self.keys):
+            if r % 2 == 0:
+                high ^= self._hash(low, key) & self.masks[0]
+            else:
+                low ^= self._hash(high, key) & self.masks[1]
+        return (high << self.low_bits) | low
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """The window ids at these positions of the order."""
