@@ -196,10 +196,10 @@ def report(args: argparse.Namespace, results: dict, trained: dict[int, float]) -
     lines += [
         "",
         f"Private memory at {last} shards / at {first} shard: new {growth('new')}, baseline {growth('baseline')}. "
-        f"Floor (torch imported, tiny model built, no data): {floor:,.0f} MiB. Time per batch (the epoch's wall time "
-        f"over its batches, on a shared machine): the keyed order is evaluated per batch with numpy, the price of "
-        f"holding no permutation; new / baseline at {last} shards "
-        f"{results[last]['new']['batch_us'] / results[last]['baseline']['batch_us']:.2f}.",
+        f"Floor (torch imported, tiny model built, no data): {floor:,.0f} MiB. Time per batch is one epoch's wall "
+        f"time over its batches, once, on a machine shared with other work (load average "
+        f"{os.getloadavg()[0]:.1f} at the end): indicative only; the new one includes evaluating the keyed order "
+        f"(a Feistel network in numpy, tens to a few hundred us per batch), the price of holding no permutation.",
         "",
         f"The trainer (2 ranks under torchrun, tiny preset, sequence {TORCHRUN['seq_len']}, batch "
         f"{TORCHRUN['batch_size']}, {TORCHRUN['max_steps']} steps): rss_gb of metrics.jsonl (the largest rank's "
