@@ -182,3 +182,24 @@ def test_the_export_is_uploaded_to_s3(trained_copy: Path, s3_endpoint: str) -> N
     assert listed == local and "nightly/run-1/model.safetensors" in listed
     with pytest.raises(InputError, match="give s3://bucket/prefix"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export_s3_uri="models/nightly")
+
+
+def test_mean_loss_reads_the_windows_of_each_shard_without_joining_them() -> None:
+    import numpy as np
+
+    from components.evaluate_checkpoint.core import mean_loss
+    from trainer.data import TokenSplit
+    from trainer.model import build_model, model_config
+
+    torch.manual_seed(0)
+    model, cpu = build_model(model_config("tiny", 64, 16, 63)), torch.device("cpu")
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 64, 100, dtype=np.uint16), rng.integers(0, 64, 60, dtype=np.uint16)  # 6 + 3 windows
+    ones = np.ones(64, dtype=np.int64)
+    loss, count, n_bytes = mean_loss(model, TokenSplit([a, b], "val"), 16, 10**6, 4, cpu, ones)
+    each = [mean_loss(model, TokenSplit([s], "val"), 16, 10**6, 4, cpu, ones) for s in (a, b)]
+    assert count == n_bytes == each[0][1] + each[1][1] == 9 * 16
+    assert loss == pytest.approx((each[0][0] * each[0][1] + each[1][0] * each[1][1]) / count, rel=1e-6)
+    assert mean_loss(model, TokenSplit([a, b], "val"), 16, 7 * 16, 4, cpu, ones)[1] == 7 * 16  # max_tokens
+    with pytest.raises(InputError, match="shard"):  # 2 x 10 tokens: no window of 17 inside one shard
+        mean_loss(model, TokenSplit([a[:10], b[:10]], "val"), 16, 10**6, 4, cpu, ones)

@@ -26,11 +26,21 @@ PEAK_BF16_FLOPS: list[tuple[str, float]] = [
 
 
 def rss_gib() -> float:
-    """This process's resident memory (Linux; 0 elsewhere): the launcher quotes it when a worker is OOMKilled."""
+    """This process's private memory, GiB: the launcher quotes it when a worker is OOMKilled.
+
+    RssAnon (Linux): the anonymous pages the process holds, not the file pages a memory-mapped shard maps,
+    which the kernel can drop at any time and would make the figure grow with the corpus read. Without
+    RssAnon (kernels before 4.5), resident minus shared pages; 0 where there is no /proc (unknown).
+    """
     try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024 / 2**30  # in kB
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except (OSError, ValueError, IndexError):
+            _, resident, shared, *_ = (int(v) for v in f.read().split())
+        return (resident - shared) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError):
         return 0.0
 
 

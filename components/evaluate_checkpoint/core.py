@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 from components.errors import InputError, StepFailed
 from trainer.atomic import atomic_open, replace_dir, write_json
 from trainer.checkpoint import LATEST, CheckpointError, step_file_name, verified_load
-from trainer.data import DataError, load_meta, load_split
+from trainer.data import DataError, TokenSplit, load_meta, load_split
 from trainer.layout import META, TOKENIZER, DatasetPaths, RunPaths
 from trainer.model import build_model, config_from_dict
 from trainer.snapshot import config_snapshot
@@ -247,22 +247,21 @@ def checkpoint_path(run: RunPaths, checkpoint: str) -> Path:
 
 @torch.no_grad()
 def mean_loss(
-    model: torch.nn.Module, tokens: np.ndarray, seq_len: int, max_tokens: int, batch_size: int, device: torch.device,
+    model: torch.nn.Module, split: TokenSplit, seq_len: int, max_tokens: int, batch_size: int, device: torch.device,
     byte_lengths: np.ndarray,
 ) -> tuple[float, int, int]:  # fmt: skip
-    """Mean next-token cross-entropy over consecutive windows of the split (up to max_tokens targets), the
-    number of targets, and the bytes of text they stand for."""
+    """Mean next-token cross-entropy over the split's first windows (up to max_tokens targets), the number of
+    targets, and the bytes of text they stand for. Windows are read a batch at a time from the shards."""
     model.eval()
-    windows = min((len(tokens) - 1) // seq_len, max(1, max_tokens // seq_len))
+    windows = min(split.num_windows(seq_len), max(1, max_tokens // seq_len))
+    if windows == 0:
+        raise InputError(f"the {split.name} split's {len(split.shards)} shard(s) hold no window of {seq_len + 1} "
+                         "tokens")  # fmt: skip
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = n_bytes = 0
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     for start in range(0, windows, batch_size):
-        end = min(windows, start + batch_size)
-        rows = tokens[start * seq_len : end * seq_len + 1]
-        inputs = torch.from_numpy(
-            np.lib.stride_tricks.sliding_window_view(rows, seq_len + 1)[::seq_len].astype(np.int64)
-        )
+        inputs = torch.from_numpy(split.windows(np.arange(start, min(windows, start + batch_size)), seq_len))
         batch = inputs.to(device, non_blocking=True)
         with autocast:
             logits = model(input_ids=batch[:, :-1]).logits
