@@ -257,14 +257,14 @@ def measure_once(root: Path, n: int, args: argparse.Namespace) -> tuple[Timing, 
 
 def work_record(storage_root: Path, run_id: str) -> dict[str, Any]:
     """What a run did, from the files its steps wrote, minus anything that names its own paths or id."""
-    from trainer.layout import DatasetPaths, RunPaths
+    from trainer.layout import META, DatasetPaths, RunPaths
 
     run = RunPaths.of(storage_root, run_id)
     config = json.loads(run.config.read_text())
     trainer = {k: v for k, v in config["trainer"].items() if k not in ("data_dir", "run_dir")}
     evaluation = json.loads(run.eval_result.read_text())
     return {
-        "dataset": json.loads(DatasetPaths.of(storage_root, DATASET).meta.read_text()),
+        "dataset": json.loads((DatasetPaths.of(storage_root, DATASET).current_snapshot() / META).read_text()),
         "model": config["model"],
         "trainer": trainer,
         "world_size": config["world_size"],

@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 from components.evaluate_checkpoint.core import mean_loss, token_byte_lengths
 from components.stage_data.core import stage_data
 from trainer.data import load_meta, load_split
-from trainer.layout import DatasetPaths
+from trainer.layout import TOKENIZER
 from trainer.model import build_model, model_config
 
 log = logging.getLogger("bench-evaluate")
@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("components").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(sysconfig.get_paths()["stdlib"]) / "email"
-        stage_data(str(source), tmp, "email", vocab_size=2048, val_fraction=0.3, include=["*.py"])
-        data = DatasetPaths.of(tmp, "email")
-        meta = load_meta(data.tokenized)
-        val = load_split(data.tokenized, "val")
-        lengths = token_byte_lengths(Tokenizer.from_file(str(data.tokenizer)), meta["vocab_size"])
+        snapshot = Path(stage_data(str(source), tmp, "email", vocab_size=2048, val_fraction=0.3,
+                                   include=["*.py"]).tokenized_dir)  # fmt: skip
+        meta = load_meta(snapshot)
+        val = load_split(snapshot, "val")
+        lengths = token_byte_lengths(Tokenizer.from_file(str(snapshot / TOKENIZER)), meta["vocab_size"])
         torch.manual_seed(0)
         model = build_model(model_config(args.preset, meta["vocab_size"], args.seq_len, meta["eos_id"])).eval()
         device = torch.device("cpu")

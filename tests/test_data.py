@@ -13,10 +13,10 @@ import torch
 from components.evaluate_checkpoint.core import evaluate_checkpoint
 from components.launch_pytorchjob.core import launch
 from components.stage_data.core import stage_data
-from tests.helpers import tiny_launch, write_corpus
+from tests.helpers import snapshot_dir, tiny_launch, write_corpus
 from trainer.checkpoint import load_checkpoint
 from trainer.data import ORDER, DataError, DataPosition, TokenBatches, TokenSplit, WindowOrder, load_split
-from trainer.layout import DatasetPaths, RunPaths
+from trainer.layout import META, RunPaths
 
 
 def shards_of(sizes: list[int]) -> list[np.ndarray]:
@@ -129,10 +129,10 @@ def test_a_multi_shard_dataset_stages_trains_under_torchrun_and_evaluates(tmp_pa
     root = tmp_path / "fsx"
     corpus = write_corpus(tmp_path / "corpus", sentences=400)
     stage_data(str(corpus), str(root), "synthetic", vocab_size=512, val_fraction=0.25, shard_tokens=2048)
-    data = DatasetPaths.of(root, "synthetic")
-    meta = json.loads(data.meta.read_text())
+    snapshot = snapshot_dir(root, "synthetic")
+    meta = json.loads((snapshot / META).read_text())
     assert len(meta["shards"]["train"]) >= 4 and len(meta["shards"]["val"]) >= 2, meta["shards"]
-    train = load_split(data.tokenized, "train")
+    train = load_split(snapshot, "train")
     assert train.num_windows(64) < (len(train) - 1) // 64  # the shards' tails are dropped, not joined
 
     launch(tiny_launch(root, "sharded", max_steps=20, checkpoint_every=10, log_every=5))
@@ -143,7 +143,7 @@ def test_a_multi_shard_dataset_stages_trains_under_torchrun_and_evaluates(tmp_pa
     assert [r["step"] for r in rows] == [5, 10, 15, 20] and rows[-1]["loss"] < rows[0]["loss"]
 
     result = evaluate_checkpoint(str(root), "synthetic", "sharded", max_tokens=2**20, export=False)
-    val = load_split(data.tokenized, "val")
+    val = load_split(snapshot, "val")
     assert val.window_offsets(64)[1] < val.num_windows(64)  # the evaluation read past the first shard
     assert result.step == 20 and result.val_tokens == val.num_windows(64) * 64
     assert result.val_loss < result.untrained_val_loss

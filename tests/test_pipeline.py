@@ -247,7 +247,7 @@ def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     spec = next(yaml.safe_load_all(output.read_text()))
     containers = [e["container"] for e in spec["deploymentSpec"]["executors"].values()]
-    assert len(containers) == 6
+    assert len(containers) == len(CONTAINER_TASKS)
     assert {c["image"] for c in containers} == {f"{registry}/hyperpod-pretrain-components:v7"}
     trainer = spec["root"]["inputDefinitions"]["parameters"]["trainer_image"]
     assert trainer["defaultValue"] == f"{registry}/hyperpod-pretrain-trainer:v7"

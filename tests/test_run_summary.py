@@ -37,10 +37,11 @@ def test_records_and_summary_of_a_failed_run(tmp_path: Path) -> None:
     assert saved["state"] == "FAILED" and saved["error"] == "verify-nccl failed"
     assert saved["job"] == {"name": "hpp-r1-train-0123456789", "namespace": "kubeflow"}
     outcomes = {s["step"]: s["state"] for s in saved["steps"]}
-    assert outcomes == {"preflight": "no record", "stage-data": "skipped", "launch-pytorchjob": "succeeded",
-                        "verify-nccl": "failed", "evaluate-checkpoint": "no record"}  # fmt: skip
+    assert outcomes == {"preflight": "no record", "stage-data": "skipped", "finalize-data": "no record",
+                        "launch-pytorchjob": "succeeded", "verify-nccl": "failed",
+                        "evaluate-checkpoint": "no record"}  # fmt: skip
     assert [s["step"] for s in saved["steps"]] == list(STEPS)
-    assert saved["steps"][3]["error"] == "transport: rank 3 | used Socket"
+    assert saved["steps"][4]["error"] == "transport: rank 3 | used Socket"
     markdown = paths.summary_report.read_text()
     assert markdown == summary.markdown()
     assert "| verify-nccl | failed |" in markdown and "rank 3 \\| used Socket" in markdown  # the pipe is escaped
@@ -108,7 +109,7 @@ def test_the_state_comes_from_the_steps_records(tmp_path: Path, last: str, how: 
         assert summary.error.startswith("launch-pytorchjob was stopped while running: the run was terminated")
         assert "| launch-pytorchjob | running |" in summary.markdown()
     if state == "INCOMPLETE":
-        assert summary.error == "launch-pytorchjob, verify-nccl, evaluate-checkpoint never ran"
+        assert summary.error == "finalize-data, launch-pytorchjob, verify-nccl, evaluate-checkpoint never ran"
 
 
 def test_a_failed_cleanup_is_reported_in_the_summary(tmp_path: Path) -> None:
@@ -120,3 +121,19 @@ def test_a_failed_cleanup_is_reported_in_the_summary(tmp_path: Path) -> None:
     summary = summarize_run(str(tmp_path), "r1", "kfp-uuid", "RUNNING", cleanup=cleanup)
     assert summary.cleanup == "could not clean up the PyTorchJob: Kubernetes API: delete PyTorchJob failed 6 times"
     assert "Clean-up: could not clean up" in RunPaths.of(tmp_path, "r1").summary_report.read_text()
+
+
+def test_the_tokenization_groups_records_sit_between_staging_and_its_fan_in(tmp_path: Path) -> None:
+    """One record per group of staging's fan-out (tokenize-data-gNNN): a group killed outright leaves "running"."""
+    root = str(tmp_path)
+    steps_ending(root, "r1", "stage-data", "succeeded")
+    with recorded_step(root, "r1", "tokenize-data-g000", {}):
+        pass
+    script = ("import os, signal\nfrom components.run_summary.core import recorded_step\n"
+              f"with recorded_step({root!r}, 'r1', 'tokenize-data-g001', {{}}):\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n")  # fmt: skip
+    assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == -signal.SIGKILL
+    summary = summarize_run(root, "r1", "kfp-uuid", "RUNNING")
+    assert [s["step"] for s in summary.steps][1:5] == ["stage-data", "tokenize-data-g000", "tokenize-data-g001",
+                                                       "finalize-data"]  # fmt: skip
+    assert summary.state == "TERMINATED" and summary.error.startswith("tokenize-data-g001 was stopped while running")

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from tokenizers import Tokenizer
 from components.errors import InputError
 from components.stage_data.core import stage_data
 from components.stage_data.mirror import ProgressLog
-from components.stage_data.tokenization import EOS, val_keys
+from components.stage_data.tokenization import EOS, STALE_BUILD_S, val_keys
 from tests.helpers import snapshot_dir
 from trainer.layout import META, TOKENIZER, DatasetPaths
 
@@ -132,6 +133,9 @@ def test_an_unchanged_or_only_touched_source_is_neither_copied_nor_retokenized(c
     assert entry["mtime_ns"] == touched.stat().st_mtime_ns, "the new mtime is recorded: no hashing next time"
     killed_mid_tokenizing = DatasetPaths.of(tmp_path / "fsx", "d").snapshots / ".building.k1ll3d"
     killed_mid_tokenizing.mkdir()
+    (killed_mid_tokenizing / "plan.json").write_text("{}")
+    a_day_ago = time.time() - STALE_BUILD_S - 60  # a staging killed a day ago with other inputs, never rerun
+    os.utime(killed_mid_tokenizing / "plan.json", (a_day_ago, a_day_ago))
     retokenized = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=400)
     assert not killed_mid_tokenizing.exists()
     assert retokenized.files_copied == 0 and retokenized.tokenized, "a new vocabulary size re-tokenizes"
@@ -151,7 +155,8 @@ def test_a_second_staging_run_of_a_dataset_waits_for_the_first(
     paths.root.mkdir(parents=True)
     with open(paths.staging_lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as a run staging this dataset right now does
-        second = threading.Thread(target=stage_data, args=(str(corpus), str(tmp_path / "fsx"), "d", 300))
+        second = threading.Thread(target=stage_data, args=(str(corpus), str(tmp_path / "fsx"), "d"),
+                                  kwargs={"vocab_size": 300})  # fmt: skip
         second.start()
         second.join(timeout=2)
         assert second.is_alive() and not paths.manifest.exists(), "it waits while the lock is held"

@@ -239,7 +239,7 @@ def train(cfg: TrainConfig) -> ExitCode:
             mean_loss = loss_sum / cfg.grad_accum_steps
             dist.all_reduce(mean_loss)  # a sum: gloo has no average
             rss = torch.tensor([rss_gib()], device=mean_loss.device)
-            dist.all_reduce(rss, op=dist.ReduceOp.MAX)  # the largest worker process's resident memory
+            dist.all_reduce(rss, op=dist.ReduceOp.MAX)  # the largest worker process's private memory
             tokens_per_s, seconds_per_step = throughput.report()
             row = {
                 "step": progress.step, "loss": mean_loss.item() / world, "lr": scheduler.get_last_lr()[0],
