@@ -2,7 +2,7 @@
 
 The state is what trainer/train_ddp.py saves for a preset (gpt2-124m by default, with a GPT-2 vocabulary of
 50304 and 1024-token sequences): the model's and an AdamW optimizer's state dicts after one optimizer step,
-so that every exp_avg and exp_avg_sq exists, plus the scheduler, progress, data position, RNG states, step
+so that every exp_avg and exp_avg_sq exists, plus the schedule, progress, data position, RNG states, step
 and model config. In one invocation it times, side by side in one directory:
 
     plain         torch.save(state, path)
@@ -44,11 +44,12 @@ from typing import Any
 import torch
 from machine import RESULTS, append_section, machine_lines
 
-from trainer.checkpoint import LATEST, CheckpointManager, rng_state
+from trainer.checkpoint import LATEST, SCHEMA, CheckpointManager, rng_state
 from trainer.config import TrainConfig
 from trainer.data import DataPosition
 from trainer.model import build_model, model_config
-from trainer.train_ddp import Progress, lr_schedule
+from trainer.schedule import LRSchedule, ScheduleSettings
+from trainer.train_ddp import Progress
 
 log = logging.getLogger("bench-checkpoint")
 
@@ -99,7 +100,7 @@ class Training:
     cfg: TrainConfig = field(init=False)
     model: torch.nn.Module = field(init=False)
     optimizer: torch.optim.Optimizer = field(init=False)
-    scheduler: torch.optim.lr_scheduler.LRScheduler = field(init=False)
+    schedule: LRSchedule = field(init=False)
     progress: Progress = field(default_factory=Progress)
 
     def __post_init__(self) -> None:
@@ -114,7 +115,7 @@ class Training:
             lr=self.cfg.lr,
             betas=(0.9, 0.95),
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(self.cfg))
+        self.schedule = LRSchedule(ScheduleSettings.of(self.cfg))
         self.step()  # every exp_avg and exp_avg_sq exists from here on
 
     def step(self, checkpoints: CheckpointManager | None = None) -> float:
@@ -125,8 +126,9 @@ class Training:
         tokens = torch.randint(0, VOCAB_SIZE, (1, STEP_TOKENS))
         self.model(input_ids=tokens, labels=tokens).loss.backward()
         waited = checkpoints.wait_until_staged() if checkpoints is not None else 0.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.schedule.lr_at(self.progress.step)
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
         self.progress.tokens_seen += self.cfg.tokens_per_step
@@ -137,7 +139,8 @@ class Training:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "schema": SCHEMA,
             "progress": self.progress.state_dict(),
             "data": DataPosition(epoch=0, offset=self.progress.step * self.cfg.batch_size).state_dict(),
             "rng": [rng_state()],
@@ -448,7 +451,7 @@ def caption(args: argparse.Namespace, conditions: Conditions) -> str:
     text = (
         f"Checkpoint save (`bench/checkpoint.py`): preset {args.preset}, vocabulary {VOCAB_SIZE}, sequence length "
         f"{SEQ_LEN}; the state train_ddp saves after one AdamW step (model, optimizer with exp_avg and exp_avg_sq, "
-        f"scheduler, progress, data position, RNG, config), {gb(conditions.state_bytes)} of tensors, a "
+        f"schedule, progress, data position, RNG, config), {gb(conditions.state_bytes)} of tensors, a "
         f"{gb(written[TRAINER])} file. Side by side in one directory: a plain `torch.save`, the same plus an fsync "
         f"of the file, the trainer's `CheckpointManager(dir, keep=2).save(blocking=True)` (temp file written with "
         f"early writeback, fsync, rename, hard link of checkpoint_latest.pt, index.json), and the training stall "

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         betas=(0.9, 0.95),
     )
 
-    def lr_factor(step: int) -> float:  # trainer.train_ddp.lr_schedule
+    def lr_factor(step: int) -> float:  # the fresh shape of trainer.schedule.LRSchedule
         if step < args.warmup_steps:
             return (step + 1) / args.warmup_steps
         progress = min(1.0, (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps))

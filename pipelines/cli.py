@@ -39,6 +39,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def dropout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {value}")
+    return value
+
+
 def add_storage_args(
     p: argparse.ArgumentParser, dataset: bool = True, run_id: bool = True, root_default: str | None = None
 ) -> None:
@@ -65,6 +75,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=positive_int, default=d["seq_len"])
     p.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate")
     p.add_argument("--warmup-steps", type=positive_int, default=d["warmup_steps"])
+    p.add_argument("--extend-schedule", action="store_true",
+                   help="a resume continues from the current learning rate to new --lr/--warmup-steps/--max-steps: "
+                   "linear to --lr over --warmup-steps, then cosine to the end (without it, other settings are "
+                   "refused)")  # fmt: skip
+    p.add_argument("--dropout", type=dropout, default=d["dropout"], help="dropout probability (0: none)")
     p.add_argument("--checkpoint-every", type=positive_int, default=d["checkpoint_every"])
     p.add_argument("--log-every", type=positive_int, default=d["log_every"])
 
@@ -122,6 +137,8 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "seq_len": args.seq_len,
         "lr": args.lr,
         "warmup_steps": args.warmup_steps,
+        "extend_schedule": args.extend_schedule,
+        "dropout": args.dropout,
         "checkpoint_every": args.checkpoint_every,
         "log_every": args.log_every,
         "eval_max_tokens": 65536,
@@ -189,6 +206,8 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         seq_len=args.seq_len,
         lr=args.lr,
         warmup_steps=args.warmup_steps,
+        extend_schedule=args.extend_schedule,
+        dropout=args.dropout,
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,
         timeout_s=args.timeout_s,

@@ -145,3 +145,21 @@ def test_kill_9_during_a_write_leaves_the_previous_checkpoint_intact(tmp_path: P
     assert manager.load()["step"] == 1
     manager.save(state_of(3), 3)  # the next save sweeps the dead writer's temporary file away
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_the_schema_says_what_an_old_checkpoint_cannot_have_checked() -> None:
+    from trainer.checkpoint import SCHEMA, check_schema, old_checkpoint_warning, unchecked_by_old_checkpoint
+
+    current, old = {**state_of(5), "schema": SCHEMA}, state_of(5)  # schema 1: no key
+    assert unchecked_by_old_checkpoint(current) == []
+    unchecked = unchecked_by_old_checkpoint(old)
+    assert unchecked == ["its learning-rate schedule (this run's flags set it)"]
+    assert old_checkpoint_warning(unchecked) == (
+        "the checkpoint predates schema 2: its learning-rate schedule (this run's flags set it) is not recorded, "
+        "so not checked"
+    )
+    assert " and the data order are not recorded" in old_checkpoint_warning([*unchecked, "the data order"])
+    check_schema(current)
+    check_schema(old)
+    with pytest.raises(CheckpointError, match="step 5 has schema 3, newer than this trainer's 2"):
+        check_schema({**state_of(5), "schema": 3})

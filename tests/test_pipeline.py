@@ -116,15 +116,17 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     assert outcomes == dict.fromkeys(RECORDS, "succeeded") | {"preflight": "skipped"}  # no cluster to check locally
     assert str(run.summary_report) in result.stdout
 
-    # Continue the same run to step 60 without staging again: the trainer resumes from its step-40 checkpoint.
+    # Continue the same run to step 60 without staging again: the trainer resumes from its step-40 checkpoint and
+    # extends its schedule to the new max_steps.
     resumed = subprocess.run(
         [CLI, "run-local", "--storage-root", str(root), "--source", str(corpus), "--dataset", "synthetic",
          "--skip-staging", "--resume-run-id", "e2e", "--vocab-size", "512", "--preset", "tiny", "--max-steps", "60",
-         "--seq-len", "64", "--checkpoint-every", "20"],
+         "--seq-len", "64", "--checkpoint-every", "20", "--extend-schedule"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resumed at step 40" in resumed.stdout + resumed.stderr
+    assert "learning-rate schedule extended at step 40 (max_steps: 40 -> 60)" in resumed.stdout + resumed.stderr
     assert json.loads(run.eval_result.read_text())["step"] == 60
     steps = [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == 60  # one row per step, none repeated

@@ -10,21 +10,26 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from components.errors import StepFailed
+from components.errors import InputError, StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.local_backend import torchrun_command
 from components.launch_pytorchjob.manifest import JobSpec, render_job
 from tests.helpers import snapshot_dir, tiny_launch
-from trainer.checkpoint import load_checkpoint
+from tests.test_schedule import legacy_lr_factor
+from trainer.checkpoint import SCHEMA, CheckpointManager, load_checkpoint
+from trainer.config import parse_config
 from trainer.data import TokenBatches, load_split
 from trainer.layout import RunPaths
+from trainer.model import architecture_differences, build_model, config_from_dict, model_config
 from trainer.preemption import ExitCode
+from trainer.schedule import LRSchedule, ScheduleSettings
 
 
 def read_metrics(run: RunPaths) -> list[dict]:
@@ -57,7 +62,7 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
 def test_resumes_from_checkpoint(trained_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
     shutil.copytree(trained_root, root)
-    launch(tiny_launch(root, "run-1", max_steps=80))
+    launch(tiny_launch(root, "run-1", max_steps=80, extend_schedule=True))
     run = RunPaths.of(root, "run-1")
     records = read_metrics(run)
     assert [r["step"] for r in records] == [10, 20, 30, 40, 50, 60, 70, 80]
@@ -212,7 +217,7 @@ def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Pa
     # The latest is a hard link to the step-60 file (copytree made them two files): truncate both.
     for path in (run.latest_checkpoint, run.checkpoints / "checkpoint_step_00000060.pt"):
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    launch(tiny_launch(root, "run-1", max_steps=70))
+    launch(tiny_launch(root, "run-1", max_steps=70, extend_schedule=True))
     log_text = run.rank_log(0).read_text()
     assert "is truncated or altered" in log_text and "trying an older checkpoint" in log_text
     assert "resumed at step 40" in log_text
@@ -222,7 +227,7 @@ def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Pa
 def test_world_size_2_to_1_repeats_and_skips_no_sample(staged_copy: Path) -> None:
     samples = {"TRAINER_LOG_SAMPLES": "true"}
     launch(tiny_launch(staged_copy, "elastic", max_steps=5, extra_env=samples))
-    launch(tiny_launch(staged_copy, "elastic", max_steps=10, nproc_per_node=1, extra_env=samples))
+    launch(tiny_launch(staged_copy, "elastic", max_steps=10, nproc_per_node=1, extend_schedule=True, extra_env=samples))
     run = RunPaths.of(staged_copy, "elastic")
     seen = []
     for rank_file in sorted(run.logs.glob("samples_rank_*.txt")):
@@ -296,3 +301,127 @@ def test_elastic_torchrun_restarts_preempted_workers_which_resume(staged_copy: P
     assert "restart count 1" in log_text and "resumed at step" in log_text
     assert [r["step"] for r in read_metrics(cfg.run_paths)] == list(range(1, 31))
     assert json.loads(cfg.run_paths.status.read_text())["state"] == "done"
+
+
+# -- the learning-rate schedule on resume, old checkpoints, dropout -----------------------------------------
+
+
+def test_a_resume_with_another_schedule_is_refused_naming_each_difference(trained_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "fsx"
+    shutil.copytree(trained_root, root)
+    cfg = tiny_launch(root, "run-1", max_steps=200, lr=1e-3)
+    output, _ = start_torchrun(cfg).communicate(timeout=120)
+    assert f"exitcode  : {int(ExitCode.BAD_INPUT)}" in output, output[-3000:]
+    status = json.loads(cfg.run_paths.status.read_text())
+    assert status["state"] == "bad-input" and status["exit_code"] == ExitCode.BAD_INPUT
+    assert "\n" not in status["error"] and "--extend-schedule" in status["error"]
+    assert "(lr: 0.005 -> 0.001; max_steps: 60 -> 200)" in status["error"]
+    assert load_checkpoint(cfg.run_paths.latest_checkpoint)["step"] == 60, "nothing trained, nothing saved"
+
+
+def test_an_extended_schedule_continues_the_lr_without_a_jump(trained_root: Path, tmp_path: Path) -> None:
+    """Resumed at step 60 (the end of its decay, lr 5e-4) with --extend-schedule to a new peak of 2e-3 at step 80:
+    the lr climbs from where it was over the 5 warm-up steps, and the extension is in the checkpoint."""
+    root = tmp_path / "fsx"
+    shutil.copytree(trained_root, root)
+    extended = dict(max_steps=80, lr=2e-3, extend_schedule=True)
+    launch(tiny_launch(root, "run-1", log_every=1, **extended))
+    run = RunPaths.of(root, "run-1")
+    rows = {r["step"]: r["lr"] for r in read_metrics(run)}
+    assert list(rows) == [10, 20, 30, 40, 50, 60, *range(61, 81)]
+    assert rows[60] == pytest.approx(5e-4)
+    ramp = (2e-3 - rows[60]) / 5
+    assert 0 < rows[61] - rows[60] <= ramp * (1 + 1e-9), "the first lr after the resume is one ramp step on"
+    assert rows[65] == 2e-3 and rows[80] == pytest.approx(2e-4)
+
+    state = load_checkpoint(run.latest_checkpoint)
+    assert state["schema"] == SCHEMA and "scheduler" not in state
+    schedule = LRSchedule(ScheduleSettings(1.0, 1, 2, 0.0))
+    schedule.load_state_dict(state["schedule"])
+    assert [e.start_step for e in schedule.extensions] == [60]
+    assert rows == {step: schedule.lr_at(step) for step in rows}, "the checkpoint's schedule reproduces every lr"
+    log_text = run.rank_log(0).read_text()
+    assert "learning-rate schedule extended at step 60 (lr: 0.005 -> 0.002; max_steps: 60 -> 80)" in log_text
+    assert "schedule extended" not in run.rank_log(1).read_text()
+
+    launch(tiny_launch(root, "run-1", max_steps=80, lr=2e-3))  # the extended run's own settings: no flag needed
+    assert "nothing to do: the run already reached step 80" in run.rank_log(0).read_text()
+
+
+def save_as_schema_1(state: dict, directory: Path, settings: ScheduleSettings) -> None:
+    """`state` as the trainer saved it before schema 2: an optimizer wrapped by a LambdaLR of the old factor, whose
+    state_dict is under "scheduler", and no "schema" key."""
+    model = build_model(config_from_dict(state["model_config"]))
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+         {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+        lr=settings.lr, betas=(0.9, 0.95),
+    )  # fmt: skip
+    optimizer.load_state_dict(state["optimizer"])  # the moments of the run
+    for group in optimizer.param_groups:
+        group["lr"] = settings.lr  # as the old trainer built it, before its LambdaLR took over
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, legacy_lr_factor(**vars(settings)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": the steps were taken
+        for _ in range(state["step"]):
+            scheduler.step()
+    legacy = {"model": state["model"], "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    legacy |= {k: state[k] for k in ("progress", "data", "rng", "step", "preset", "model_config", "world_size")}
+    CheckpointManager(directory).save(legacy, state["step"])
+
+
+def test_a_schema_1_checkpoint_resumes_exactly_with_one_warning(staged_copy: Path, uninterrupted: RunPaths) -> None:
+    """The uninterrupted run's step-20 checkpoint, saved again as the trainer before schema 2 did, resumes to the
+    same losses; its schedule comes from the flags, and rank 0 warns once that it could not be checked."""
+    state = load_checkpoint(uninterrupted.checkpoints / "checkpoint_step_00000020.pt")
+    cfg = tiny_launch(staged_copy, "legacy", **EXACT)
+    save_as_schema_1(state, cfg.run_paths.checkpoints, ScheduleSettings(cfg.lr, cfg.warmup_steps, cfg.max_steps, 0.1))
+    old = load_checkpoint(cfg.run_paths.latest_checkpoint)
+    assert "schema" not in old and old["scheduler"]["last_epoch"] == 20
+    launch(cfg)
+    resumed = read_metrics(cfg.run_paths)
+    assert [r["step"] for r in resumed] == list(range(21, 41))
+    for mine, reference in zip(resumed, read_metrics(uninterrupted)[20:], strict=True):
+        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
+            reference["loss"], reference["grad_norm"], reference["lr"]
+        ), mine["step"]  # fmt: skip
+    warning = "WARNING trainer: the checkpoint predates schema 2: its learning-rate schedule"
+    assert cfg.run_paths.rank_log(0).read_text().count(warning) == 1
+    assert warning not in cfg.run_paths.rank_log(1).read_text()
+    assert load_checkpoint(cfg.run_paths.latest_checkpoint)["schema"] == SCHEMA
+
+
+def test_resume_is_bit_identical_with_dropout(staged_copy: Path, uninterrupted: RunPaths) -> None:
+    """With dropout the masks draw from each rank's torch RNG: a resume that restored it wrongly would diverge.
+    Stopped after 8 steps (by --max-tokens, a deterministic stop), then resumed to 20."""
+    settings = dict(max_steps=20, log_every=1, checkpoint_every=10, dropout=0.1)
+    launch(tiny_launch(staged_copy, "dropout-straight", **settings))
+    stopped = tiny_launch(staged_copy, "dropout-resumed", **settings, extra_env={"TRAINER_MAX_TOKENS": str(8 * 1024)})
+    launch(stopped)
+    assert load_checkpoint(stopped.run_paths.latest_checkpoint)["step"] == 8
+    launch(tiny_launch(staged_copy, "dropout-resumed", **settings))
+    assert "resumed at step 8" in stopped.run_paths.rank_log(0).read_text()
+
+    straight, resumed = read_metrics(RunPaths.of(staged_copy, "dropout-straight")), read_metrics(stopped.run_paths)
+    assert [r["step"] for r in resumed] == list(range(1, 21))
+    for mine, reference in zip(resumed, straight, strict=True):
+        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
+            reference["loss"], reference["grad_norm"], reference["lr"]
+        ), f"step {mine['step']} differs after a resume at step 8"  # fmt: skip
+    model = json.loads(stopped.run_paths.config.read_text())["model"]
+    assert (model["resid_pdrop"], model["embd_pdrop"], model["attn_pdrop"]) == (0.1, 0.1, 0.1)
+    assert straight[0]["loss"] != read_metrics(uninterrupted)[0]["loss"], "dropout changes the first step's loss"
+
+
+def test_dropout_is_set_per_family_is_no_architecture_change_and_is_bounded(capsys) -> None:
+    gpt2, llama = model_config("tiny", 512, 64, 0, dropout=0.2), model_config("llama-1b", 512, 64, 0, dropout=0.2)
+    assert (gpt2.resid_pdrop, gpt2.embd_pdrop, gpt2.attn_pdrop, llama.attention_dropout) == (0.2, 0.2, 0.2, 0.2)
+    assert architecture_differences(model_config("tiny", 512, 64, 0).to_dict(), gpt2.to_dict()) == []
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--data-dir", "d", "--run-dir", "r", "--dropout", "1"], {})
+    assert exit_info.value.code == 2
+    assert "argument --dropout: must be below 1, got 1.0" in capsys.readouterr().err.splitlines()[-1]
+    with pytest.raises(InputError, match="dropout must be at least 0 and below 1, got 1.5"):
+        tiny_launch(Path("/nonexistent"), "r", dropout=1.5).validate(check_storage=False)
+    args = tiny_launch(Path("/fsx"), "r", dropout=0.1, extend_schedule=True).trainer_args()
+    assert args[args.index("--dropout") + 1] == "0.1" and args[args.index("--extend-schedule") + 1] == "true"

@@ -37,6 +37,14 @@ log = logging.getLogger(__name__)
 LATEST = "checkpoint_latest.pt"
 INDEX = "index.json"
 _STEP_FILE = re.compile(r"^checkpoint_step_(\d+)\.pt$")
+# The layout of the trainer's saved state, under "schema"; a checkpoint without one is schema 1.
+# 2: the learning-rate schedule (trainer/schedule.py) under "schedule", instead of a LambdaLR's state under "scheduler".
+SCHEMA = 2
+# What a resume checks that a checkpoint records only from some schema on: an older checkpoint resumes unchecked.
+RECORDED_SINCE = {
+    "its learning-rate schedule (this run's flags set it)": 2,
+    "its dataset snapshot (it goes on with --data-dir's)": 2,
+}
 
 
 class CheckpointError(Exception):
@@ -274,6 +282,33 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise CheckpointError(f"checkpoint {path} is not a hyperpod-pretrain checkpoint (no model/step entries)")
     return state
+
+
+# -- schema -----------------------------------------------------------------------------------------------
+
+
+def schema_of(state: dict[str, Any]) -> int:
+    return int(state.get("schema", 1))
+
+
+def check_schema(state: dict[str, Any]) -> None:
+    """A checkpoint of a newer trainer holds what this one cannot read correctly: refused."""
+    if schema_of(state) > SCHEMA:
+        raise CheckpointError(
+            f"the checkpoint of step {state['step']} has schema {schema_of(state)}, newer than this trainer's "
+            f"{SCHEMA}: resume it with the trainer that wrote it or a newer one"
+        )
+
+
+def unchecked_by_old_checkpoint(state: dict[str, Any]) -> list[str]:
+    """What a resume cannot check because the checkpoint's schema predates its recording (empty: nothing)."""
+    return [what for what, since in RECORDED_SINCE.items() if schema_of(state) < since]
+
+
+def old_checkpoint_warning(unchecked: list[str]) -> str:
+    """One line for unchecked_by_old_checkpoint's list."""
+    verb = "is" if len(unchecked) == 1 else "are"
+    return f"the checkpoint predates schema {SCHEMA}: {' and '.join(unchecked)} {verb} not recorded, so not checked"
 
 
 # -- RNG state ------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from dataclasses import MISSING, dataclass, field, fields
 ENV_PREFIX = "TRAINER_"
 
 
-def _opt(default, help: str, minimum: float | None = None):
-    return field(default=default, metadata={"help": help, "min": minimum})
+def _opt(default, help: str, minimum: float | None = None, below: float | None = None):
+    return field(default=default, metadata={"help": help, "min": minimum, "below": below})
 
 
 @dataclass
@@ -44,8 +44,12 @@ class TrainConfig:
     lr: float = _opt(3e-3, "peak learning rate", 0)
     min_lr_ratio: float = _opt(0.1, "final learning rate as a fraction of the peak", 0)
     warmup_steps: int = _opt(20, "steps of linear warm-up", 0)
+    extend_schedule: bool = _opt(False, "on resume, continue from the current learning rate to these schedule "
+                                 "settings (lr, warmup-steps, max-steps, min-lr-ratio) where they differ from the "
+                                 "checkpoint's: linear to --lr over --warmup-steps, then cosine")  # fmt: skip
     weight_decay: float = _opt(0.1, "AdamW weight decay of matrices", 0)
     grad_clip: float = _opt(1.0, "clip the gradient norm to this (0: no clipping)", 0)
+    dropout: float = _opt(0.0, "dropout probability of the model's dropout layers (not an architecture setting)", 0, 1)
     compile: bool = _opt(False, "torch.compile the model")
     # Checkpoints and preemption.
     checkpoint_every: int = _opt(50, "steps between checkpoints", 1)
@@ -66,7 +70,7 @@ class TrainConfig:
 TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
 
 
-def convert(kind: type, minimum: float | None, text: str) -> bool | int | float | str:
+def convert(kind: type, minimum: float | None, text: str, below: float | None = None) -> bool | int | float | str:
     """One setting from its text; ValueError says what is wrong with it."""
     if kind is bool:
         lowered = text.strip().lower()
@@ -79,13 +83,15 @@ def convert(kind: type, minimum: float | None, text: str) -> bool | int | float 
         raise ValueError(f"{text!r} is not a valid {kind.__name__}") from None
     if minimum is not None and value < minimum:
         raise ValueError(f"must be at least {minimum}, got {value}")
+    if below is not None and value >= below:
+        raise ValueError(f"must be below {below}, got {value}")
     return value
 
 
-def _flag_type(kind: type, minimum: float | None):
+def _flag_type(kind: type, minimum: float | None, below: float | None):
     def parse(text: str):
         try:
-            return convert(kind, minimum, text)
+            return convert(kind, minimum, text, below)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -106,7 +112,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         env = ENV_PREFIX + f.name.upper()
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
-            type=_flag_type(_KINDS[f.type], f.metadata.get("min")),
+            type=_flag_type(_KINDS[f.type], f.metadata.get("min"), f.metadata.get("below")),
             required=f.default is MISSING and env not in environ,
             help=f"{f.metadata['help']} [env {env}]",
             **({"nargs": "?", "const": True} if f.type == "bool" else {}),
@@ -119,7 +125,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             values[f.name] = args[f.name]
         elif env in environ:
             try:
-                values[f.name] = convert(_KINDS[f.type], f.metadata.get("min"), environ[env])
+                values[f.name] = convert(_KINDS[f.type], f.metadata.get("min"), environ[env], f.metadata.get("below"))
             except ValueError as exc:
                 parser.error(f"{env}: {exc}")
     config = TrainConfig(**values)

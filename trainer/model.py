@@ -1,8 +1,9 @@
 """Model presets: causal LMs built from a transformers config, never downloaded.
 
 Presets are plain data, so that listing or checking them imports neither torch nor transformers (the CLI
-and the launcher need the names only). Dropout is off in every preset: modern pretraining does without
-it, and it keeps resumed runs exact.
+and the launcher need the names only). Dropout is off unless the run sets it (--dropout): modern pretraining
+does without it. It is no architecture setting: a resume may change it, and a resumed run with dropout is
+still exact, since every rank's RNG state is in the checkpoint.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ PRESETS: dict[str, tuple[str, dict[str, int]]] = {
     ),
 }
 
-# What each family calls its context length and its dropout.
-_FAMILY_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "gpt2": ("n_positions", {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
-    "llama": ("max_position_embeddings", {"attention_dropout": 0.0, "tie_word_embeddings": True}),
+# What each family calls its context length and its dropout probabilities, and its fixed settings.
+_FAMILY_SETTINGS: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {
+    "gpt2": ("n_positions", ("resid_pdrop", "embd_pdrop", "attn_pdrop"), {}),
+    "llama": ("max_position_embeddings", ("attention_dropout",), {"tie_word_embeddings": True}),
 }
 
 
@@ -44,17 +45,20 @@ def check_preset(name: str) -> str:
     return name
 
 
-def model_config(preset: str, vocab_size: int, max_seq_len: int, eos_token_id: int) -> PretrainedConfig:
+def model_config(
+    preset: str, vocab_size: int, max_seq_len: int, eos_token_id: int, dropout: float = 0.0
+) -> PretrainedConfig:
     from transformers import AutoConfig
 
     family, sizes = PRESETS[check_preset(preset)]
-    context_key, fixed = _FAMILY_SETTINGS[family]
+    context_key, dropout_keys, fixed = _FAMILY_SETTINGS[family]
     return AutoConfig.for_model(
         family,
         vocab_size=vocab_size,
         bos_token_id=eos_token_id,  # our tokenizer's, not the preset family's
         eos_token_id=eos_token_id,
         **{context_key: max_seq_len},
+        **dict.fromkeys(dropout_keys, dropout),
         **fixed,
         **sizes,
     )

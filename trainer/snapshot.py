@@ -42,9 +42,7 @@ def training_snapshot(data_dir: Path, checkpoint: dict[str, Any] | None, policy:
     if checkpoint is None:
         return data_dir
     recorded = checkpoint.get("data_snapshot")
-    if recorded is None:
-        log.warning("the checkpoint does not record its dataset snapshot (it predates snapshots): training goes on "
-                    "on %s without checking that it is the data the run started on", data_dir)  # fmt: skip
+    if recorded is None:  # a checkpoint from before snapshots (schema 1): the resume's warning says so
         return data_dir
     given = {"dataset": dataset_of_snapshot(data_dir).name, "snapshot": data_dir.name}
     if recorded["dataset"] != given["dataset"]:

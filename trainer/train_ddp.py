@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import random
 import sys
@@ -35,13 +34,23 @@ if __package__ in (None, ""):  # run as a script (trainer/train_ddp.py), as torc
 
 from trainer import comms
 from trainer.atomic import write_json
-from trainer.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
+from trainer.checkpoint import (
+    SCHEMA,
+    CheckpointError,
+    CheckpointManager,
+    check_schema,
+    old_checkpoint_warning,
+    rng_state,
+    set_rng_state,
+    unchecked_by_old_checkpoint,
+)
 from trainer.config import TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
 from trainer.layout import RunPaths
 from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
 from trainer.model import architecture_differences, build_model, model_config
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
+from trainer.schedule import LRSchedule, ScheduleSettings
 from trainer.snapshot import snapshot_record, training_snapshot
 from trainer.warm_start import warm_start_state
 
@@ -68,7 +77,7 @@ class TrainState:
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    schedule: LRSchedule
     progress: Progress
     data: DataPosition
 
@@ -78,18 +87,6 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in self.__dataclass_fields__:
             getattr(self, name).load_state_dict(state[name])
-
-
-def lr_schedule(cfg: TrainConfig):
-    """Linear warm-up, then cosine decay to min_lr_ratio of the peak at max_steps."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def train(cfg: TrainConfig) -> ExitCode:
@@ -123,7 +120,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     # Data, model, optimizer.
     meta = load_meta(data_dir)
     batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
-    mconfig = model_config(cfg.preset, meta["vocab_size"], cfg.seq_len, meta["eos_id"])
+    mconfig = model_config(cfg.preset, meta["vocab_size"], cfg.seq_len, meta["eos_id"], cfg.dropout)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = build_model(mconfig).to(device)
     matrices = [p for p in model.parameters() if p.dim() >= 2]
@@ -132,9 +129,9 @@ def train(cfg: TrainConfig) -> ExitCode:
         [{"params": matrices, "weight_decay": cfg.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.95), fused=use_cuda,
     )  # fmt: skip
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg))
+    schedule = LRSchedule(ScheduleSettings.of(cfg))
     progress = Progress()
-    train_state = TrainState(model, optimizer, scheduler, progress, batches.position)
+    train_state = TrainState(model, optimizer, schedule, progress, batches.position)
     metrics = MetricsLog(run.metrics, enabled=rank == 0)
 
     # Resume from the checkpoint, if any; or a new run from another run's weights (a warm start).
@@ -157,7 +154,17 @@ def train(cfg: TrainConfig) -> ExitCode:
                 f"this run's {cfg.preset!r} ({'; '.join(differences) or 'another preset'}): use a new run directory "
                 "or the original settings"
             )
+        check_schema(state)
+        if (unchecked := unchecked_by_old_checkpoint(state)) and rank == 0:
+            log.warning("%s", old_checkpoint_warning(unchecked))
+        state.setdefault("schedule", schedule.state_dict())  # schema 1: the flags' schedule
         train_state.load_state_dict(state)
+        if changes := schedule.resume(progress.step, ScheduleSettings.of(cfg), cfg.extend_schedule):
+            if rank == 0:
+                log.info("learning-rate schedule extended at step %d (%s): from lr %.3g linear to %.3g over %d "
+                         "steps, then cosine to %.3g at step %d", progress.step, "; ".join(changes),
+                         schedule.lr_at(progress.step), cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio * cfg.lr,
+                         cfg.max_steps)  # fmt: skip
         if rank < len(state["rng"]):
             set_rng_state(state["rng"][rank])
         else:  # a rank the saved run did not have
@@ -194,8 +201,8 @@ def train(cfg: TrainConfig) -> ExitCode:
         dist.all_gather_object(rngs, rng_state())
         if rank != 0:
             return 0.0
-        state = {**train_state.state_dict(), "rng": rngs, "step": progress.step, "preset": cfg.preset,
-                 "model_config": mconfig.to_dict(), "world_size": world,
+        state = {**train_state.state_dict(), "schema": SCHEMA, "rng": rngs, "step": progress.step,
+                 "preset": cfg.preset, "model_config": mconfig.to_dict(), "world_size": world,
                  "data_snapshot": snapshot_record(data_dir, meta), "init_from": warm_started}  # fmt: skip
         return checkpoints.save(state, progress.step, blocking=blocking)
 
@@ -221,8 +228,9 @@ def train(cfg: TrainConfig) -> ExitCode:
             loss_sum += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         checkpoints.wait_until_staged()  # an async save copies the weights during forward/backward: not past here
+        for group in optimizer.param_groups:
+            group["lr"] = schedule.lr_at(progress.step)
         optimizer.step()
-        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         progress.step += 1
         progress.tokens_seen += cfg.tokens_per_step * world
@@ -241,8 +249,9 @@ def train(cfg: TrainConfig) -> ExitCode:
             rss = torch.tensor([rss_gib()], device=mean_loss.device)
             dist.all_reduce(rss, op=dist.ReduceOp.MAX)  # the largest worker process's private memory
             tokens_per_s, seconds_per_step = throughput.report()
+            # lr: the next step's (what LambdaLR's get_last_lr gave), so a finished run's last row shows the floor
             row = {
-                "step": progress.step, "loss": mean_loss.item() / world, "lr": scheduler.get_last_lr()[0],
+                "step": progress.step, "loss": mean_loss.item() / world, "lr": schedule.lr_at(progress.step),
                 "grad_norm": grad_norm.item(), "tokens": progress.tokens_seen, "tokens_per_s": round(tokens_per_s, 1),
                 "step_time_s": round(seconds_per_step, 4),
                 "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak else None,

@@ -27,6 +27,8 @@ def launch_pytorchjob(
     seq_len: int,
     lr: float,
     warmup_steps: int,
+    extend_schedule: bool,
+    dropout: float,
     checkpoint_every: int,
     log_every: int,
     timeout_s: int,
@@ -45,7 +47,8 @@ def launch_pytorchjob(
 ) -> NamedTuple("Outputs", run_id=str, job_name=str, namespace=str, state=str, attempt=int):  # noqa: UP014
     """Train with torchrun (locally, or as a PyTorchJob that a retried step re-attaches to, or replaces when it
     failed); returns the run id. With `resume_run_id`, training continues in that run's directory from its newest
-    checkpoint. `platform` is compiled in (the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
+    checkpoint; `extend_schedule` lets that resume continue to other lr/warmup_steps/max_steps settings.
+    `platform` is compiled in (the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
     from collections import namedtuple
 
     from components.kfp_support import log_numbers, setup_logging
@@ -73,6 +76,8 @@ def launch_pytorchjob(
         seq_len=seq_len,
         lr=lr,
         warmup_steps=warmup_steps,
+        extend_schedule=extend_schedule,
+        dropout=dropout,
         checkpoint_every=checkpoint_every,
         log_every=log_every,
         timeout_s=timeout_s,

@@ -60,6 +60,8 @@ class LaunchConfig:
     seq_len: int = TRAIN_DEFAULTS["seq_len"]
     lr: float = TRAIN_DEFAULTS["lr"]
     warmup_steps: int = TRAIN_DEFAULTS["warmup_steps"]
+    extend_schedule: bool = TRAIN_DEFAULTS["extend_schedule"]  # a resume may change lr/warmup/max steps (see README)
+    dropout: float = TRAIN_DEFAULTS["dropout"]
     checkpoint_every: int = TRAIN_DEFAULTS["checkpoint_every"]
     log_every: int = TRAIN_DEFAULTS["log_every"]
     timeout_s: int = 0  # 0: no deadline
@@ -134,6 +136,8 @@ class LaunchConfig:
                 raise InputError(f"{name.replace('_', '-')} must be 0 (none) or positive, got {getattr(self, name)}")
         if not self.lr > 0:
             raise InputError(f"lr must be positive, got {self.lr}")
+        if not 0 <= self.dropout < 1:
+            raise InputError(f"dropout must be at least 0 and below 1, got {self.dropout}")
         if self.preset not in PRESETS:
             raise InputError(f"model preset {self.preset!r} is unknown: choose one of {', '.join(PRESETS)}")
         try:
@@ -213,6 +217,10 @@ class LaunchConfig:
             repr(self.lr),
             "--warmup-steps",
             str(self.warmup_steps),
+            "--extend-schedule",
+            "true" if self.extend_schedule else "false",
+            "--dropout",
+            repr(self.dropout),
             "--checkpoint-every",
             str(self.checkpoint_every),
             "--log-every",
