@@ -39,7 +39,6 @@ import argparse
 import json
 import logging
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -56,7 +55,7 @@ from typing import Any
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from machine import RESULTS, append_section, machine_lines
+from machine import RESULTS, append_section, machine_lines, proc_field
 from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -233,8 +232,11 @@ def prefix(files: list[tuple[str, int]], megabytes: float) -> list[str]:
 
 
 def child_result(started_wall: float, seconds: float, **fields: Any) -> dict[str, Any]:
+    """The child's timings, and its peak memory: VmHWM, which starts afresh at exec (ru_maxrss keeps the parent's
+    peak across fork and exec)."""
+    peak_kb = proc_field(Path("/proc/self/status"), "VmHWM").removesuffix("kB").strip()
     return {"start": started_wall, "end": started_wall + seconds, "seconds": seconds,
-            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **fields}  # fmt: skip
+            "peak_mb": int(peak_kb) / 1024 if peak_kb.isdigit() else float("nan"), **fields}  # fmt: skip
 
 
 def train_child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -463,11 +465,14 @@ def encode_table(results: list[dict[str, Any]], cores: int) -> tuple[list[str], 
     def group_rate(groups: dict[str, dict[str, Any]]) -> float:  # the slower group's own MB/s
         return min(g["text_bytes"] / 1e6 / g["seconds"] for g in groups.values())
 
+    def peak(groups: dict[str, dict[str, Any]]) -> float:
+        return max(g["peak_mb"] for g in groups.values())
+
     layout = {ONE_GROUP: (1, cores), BASELINE: (1, cores), TWO_GROUPS: (2, cores), TWO_GROUPS_1T: (2, 1)}
     lines = [
         "| variant | processes x threads | text (MB) | tokens | median wall (s) | MB/s | MB/s per core | "
-        "MB/s of each group (slower) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "MB/s of each group (slower) | peak memory of a process (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     figures: dict[str, float] = {}
     for name, (processes, threads) in layout.items():
@@ -476,7 +481,7 @@ def encode_table(results: list[dict[str, Any]], cores: int) -> tuple[list[str], 
         tokens = int(med(name, lambda g: sum(x["tokens"] for x in g.values())))
         lines.append(f"| {name} | {processes} x {threads} | {med(name, text_mb):.1f} | {tokens:,} | "
                      f"{med(name, wall_seconds):.2f} | {mb_s:.2f} | {mb_s / cores:.2f} | "
-                     f"{med(name, group_rate):.2f} |")  # fmt: skip
+                     f"{med(name, group_rate):.2f} | {med(name, peak):.0f} |")  # fmt: skip
     ratios = {
         "encode_group / encode_batch_fast": statistics.median(
             wall_seconds(r[BASELINE]) / wall_seconds(r[ONE_GROUP]) for r in results),
@@ -650,7 +655,7 @@ def tokenization_part(work: Path, args: argparse.Namespace) -> list[str]:
         *encode_lines,
         "",
         "Tokenizer training (`train_tokenizer(sample_blocks(files, sample))` called directly, as the plan calls it, "
-        "on the first files of the corpus; one run each):",
+        "on the first files of the corpus; one run each; peak memory is the process's VmHWM):",
         "",
         *train_lines,
         "",
