@@ -37,6 +37,7 @@ import numpy as np
 from machine import RESULTS, append_section, machine_lines
 
 from components.stage_data.tokenization import FORMAT, ShardWriter
+from trainer.atomic import write_json
 from trainer.layout import DatasetPaths
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for n in SHARD_COUNTS:
-            tokenized = DatasetPaths.of(root, f"shards-{n}").tokenized
+            paths = DatasetPaths.of(root, f"shards-{n}")
+            tokenized = paths.snapshot(f"bench-{n}")  # a snapshot as staging lays it out, made current
             write_dataset(tokenized, n, args.shard_tokens, seed=n)
+            write_json(paths.current, {"snapshot": tokenized.name})
             results[n] = {}
             for kind in ("new", "baseline") if n % 2 else ("baseline", "new"):
                 results[n][kind] = run_child(kind, tokenized)

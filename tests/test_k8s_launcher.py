@@ -25,6 +25,7 @@ from components.launch_pytorchjob.k8s_backend import WatchSettings, run_job
 from components.launch_pytorchjob.manifest import job_name, render_job
 from components.launch_pytorchjob.platform import Platform
 from components.run_summary.core import job_cleanup, summarize_run
+from tests.helpers import snapshot_dir
 from tests.k8s_server import CRD_PATH, PODS, FakeKubernetes, Lifecycle
 from trainer.layout import RunPaths
 from trainer.train_ddp import LOG_FORMAT, write_status
@@ -465,14 +466,15 @@ def test_one_volume_one_path(tmp_path: Path, staged_root: Path) -> None:
     mount = tmp_path / "fsx"
     shutil.copytree(staged_root, mount / "teamA")
     platform = Platform(pvc_name="team-fsx", mount_path=str(mount))
-    cfg = cluster_config(mount / "teamA", "team", platform=platform)
+    staged = snapshot_dir(mount / "teamA", "synthetic").name
+    cfg = cluster_config(mount / "teamA", "team", platform=platform, snapshot=staged)
     pod = render_job(cfg.job_spec())["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if "persistentVolumeClaim" in v)
     mounted = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
     assert volume["persistentVolumeClaim"]["claimName"] == "team-fsx" and mounted["mountPath"] == str(mount)
     command = pod["containers"][0]["command"]
     data_dir = Path(command[command.index("--data-dir") + 1])
-    assert data_dir.relative_to(mount) == Path("teamA/datasets/synthetic/tokenized")
+    assert data_dir.relative_to(mount) == Path(f"teamA/datasets/synthetic/snapshots/{staged}")
     assert (data_dir / "meta.json").is_file(), "what the job reads is what staging wrote"
     with pytest.raises(InputError, match=r"storage_root '/data/teamA' is outside the FSx mount path"):
         cluster_config(Path("/data/teamA"), "team", platform=platform).validate(check_storage=False)

@@ -21,7 +21,12 @@ def _opt(default, help: str, minimum: float | None = None, below: float | None =
 
 @dataclass
 class TrainConfig:
-    data_dir: str = field(metadata={"help": "dataset snapshot directory (<root>/datasets/<name>/snapshots/<id>)"})
+    data_dir: str = field(
+        metadata={
+            "help": "dataset snapshot directory (<root>/datasets/<name>/snapshots/<id>), or "
+            "the dataset's directory for its current snapshot"
+        }
+    )
     run_dir: str = field(metadata={"help": "run directory (<root>/runs/<run_id>); resumed if it holds a checkpoint"})
     preset: str = _opt("small", "model preset (see trainer/model.py)")
     seed: int = _opt(1234, "seed of the initial weights and of the sample order")

@@ -119,11 +119,6 @@ def dataset_of_snapshot(snapshot_dir: str | Path) -> DatasetPaths:
     return DatasetPaths(parent.parent if parent.name == "snapshots" else parent)
 
 
-def snapshot_id_of(snapshot_dir: str | Path) -> str:
-    """A snapshot's id is its directory's name; a pre-snapshot dataset's one directory is "tokenized"."""
-    return Path(snapshot_dir).name
-
-
 @dataclass(frozen=True)
 class RunPaths:
     root: Path

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint import CheckpointError
-from trainer.layout import META, dataset_of_snapshot
+from trainer.data import DataError
+from trainer.layout import META, DatasetPaths, dataset_of_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,23 @@ def config_snapshot(config: dict[str, Any]) -> tuple[str, str]:
     return dataset_of_snapshot(directory).name, directory.name
 
 
+def given_snapshot(data_dir: Path) -> Path:
+    """--data-dir is a snapshot's directory, or a dataset's (then its current snapshot, as staging left it)."""
+    if (data_dir / META).is_file():
+        return data_dir
+    try:
+        current = DatasetPaths(data_dir).current_snapshot()
+    except ValueError as exc:  # an unreadable current.json
+        raise DataError(f"--data-dir {data_dir}: {exc}") from None
+    if current is None:
+        raise DataError(f"--data-dir {data_dir}: neither a dataset snapshot (no {META}) nor a staged dataset (no "
+                        "current.json): stage the dataset first")  # fmt: skip
+    return current
+
+
 def training_snapshot(data_dir: Path, checkpoint: dict[str, Any] | None, policy: str = KEEP) -> Path:
-    """The snapshot directory to train on: `data_dir` for a new run, else the one the checkpoint was trained on."""
+    """The snapshot directory to train on: `data_dir`'s for a new run, else the one the checkpoint was trained on."""
+    data_dir = given_snapshot(data_dir)
     if checkpoint is None:
         return data_dir
     recorded = checkpoint.get("data_snapshot")

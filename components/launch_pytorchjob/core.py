@@ -86,13 +86,10 @@ class LaunchConfig:
 
     @property
     def data_dir(self) -> Path:
-        """The snapshot the trainer is given: the one named, else the dataset's current one. (A resumed run
-        trains on on the snapshot its checkpoint names, whatever this is: the trainer decides.)"""
-        directory = self.dataset_paths.resolve_snapshot(self.snapshot)
-        if directory is None:
-            raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: "
-                             f"{self.dataset_paths.current} is missing")  # fmt: skip
-        return directory
+        """What the trainer is given: the snapshot named (staging's output), else the dataset's directory, whose
+        current snapshot the trainer reads when it starts. (A resumed run trains on on the snapshot its checkpoint
+        names, whatever this is: the trainer decides.)"""
+        return self.dataset_paths.resolve_snapshot(self.snapshot) if self.snapshot else self.dataset_paths.root
 
     @property
     def init_run(self) -> RunPaths:
@@ -163,11 +160,13 @@ class LaunchConfig:
             self.check_cluster_inputs()
         if check_storage:
             try:
-                meta = self.data_dir / META
+                snapshot = self.dataset_paths.resolve_snapshot(self.snapshot)
             except ValueError as exc:
                 raise InputError(str(exc)) from None
-            if not meta.is_file():
-                raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {meta} is missing")
+            if snapshot is None or not (snapshot / META).is_file():
+                missing = snapshot / META if snapshot is not None else self.dataset_paths.current
+                raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {missing} is "
+                                 "missing")  # fmt: skip
         if check_storage and self.resume and not any(self.run_paths.checkpoints.glob("checkpoint_*.pt")):
             raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
                              "continue from")  # fmt: skip

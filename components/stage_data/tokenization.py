@@ -351,6 +351,16 @@ def building_dir(paths: DatasetPaths, snapshot: str) -> Path:
     return paths.snapshots / f".building.{snapshot}"
 
 
+def planned(paths: DatasetPaths, snapshot: str) -> Plan:
+    """The plan the encoders and the finalize step follow; without one, the staging step did not finish."""
+    building = building_dir(paths, snapshot)
+    try:
+        return Plan.read(building)
+    except (OSError, ValueError, TypeError) as exc:
+        raise StepFailed(f"snapshot {snapshot} of {paths.name!r} has no plan in {building} ({exc}): stage "
+                         "again") from exc  # fmt: skip
+
+
 def remove_stale_builds(paths: DatasetPaths) -> None:
     """Building directories of other inputs, untouched for a day: left by stagings that were killed and not
     run again with the same inputs (a live one is touched at every journal flush)."""
@@ -374,12 +384,7 @@ def encode_group(paths: DatasetPaths, snapshot: str, group: int) -> GroupResult:
     if read_meta(paths.snapshot(snapshot)) is not None:
         log.info("snapshot %s is complete: group %d has nothing to do", snapshot, group)
         return GroupResult(group, 0, 0, 0, {}, {}, 0.0)
-    try:
-        plan = Plan.read(building)
-    except (OSError, ValueError, TypeError) as exc:
-        raise StepFailed(
-            f"snapshot {snapshot} of {paths.name!r} has no plan in {building} ({exc}): stage again"
-        ) from exc
+    plan = planned(paths, snapshot)
     if not 0 <= group < len(plan.groups):
         raise InputError(f"group {group}: snapshot {snapshot} is planned in {len(plan.groups)} groups")
     with open(building / f".lock-{group:03d}", "w") as lock:
@@ -472,12 +477,7 @@ def finalize_snapshot(
 
 def write_snapshot(paths: DatasetPaths, snapshot: str) -> dict[str, Any]:
     building = building_dir(paths, snapshot)
-    try:
-        plan = Plan.read(building)
-    except (OSError, ValueError, TypeError) as exc:
-        raise StepFailed(
-            f"snapshot {snapshot} of {paths.name!r} has no plan in {building} ({exc}): stage again"
-        ) from exc
+    plan = planned(paths, snapshot)
     results = []
     for group in range(len(plan.groups)):
         try:
