@@ -124,6 +124,7 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "vocab_size": args.vocab_size,
         "val_fraction": 0.05,
         "tokenize_workers": args.tokenize_workers,
+        "init_from_run_id": args.init_from_run_id,
         "run_id": resolve_run_id(args.run_id, args.resume_run_id, new_run_id()),
         "resume_run_id": args.resume_run_id,
         "skip_staging": args.skip_staging,
@@ -535,6 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", default="", help="default: local-<UTC time>")
     p.add_argument("--resume-run-id", default="", help="continue this run's training from its newest checkpoint")
     p.add_argument("--skip-staging", action="store_true", help="train on the dataset as staged before")
+    p.add_argument("--init-from-run-id", default="",
+                   help="start from this run's weights ('previous': the dataset's newest finished run)")  # fmt: skip
     p.add_argument("--vocab-size", type=positive_int, default=2048)
     p.add_argument("--tokenize-workers", type=positive_int, default=2,
                    help="groups of files tokenized by parallel steps (the pipeline's fan-out)")  # fmt: skip

@@ -133,6 +133,16 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     outcomes = {s["step"]: s["state"] for s in json.loads(run.summary.read_text())["steps"]}
     assert outcomes["stage-data"] == "skipped" and outcomes["launch-pytorchjob"] == "succeeded"
 
+    # A new run from the finished one's weights (a warm start): the origin travels from staging to the trainer.
+    warm = subprocess.run(
+        [CLI, "run-local", "--storage-root", str(root), "--dataset", "synthetic", "--skip-staging", "--run-id",
+         "e2e-warm", "--init-from-run-id", "previous", "--preset", "tiny", "--max-steps", "10", "--seq-len", "64"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
+    config = json.loads(RunPaths.of(root, "e2e-warm").config.read_text())
+    assert config["init_from"]["run"] == "e2e" and config["init_from"]["step"] == 60
+
 
 def test_run_local_fails_when_a_step_fails(tmp_path: Path) -> None:
     empty = tmp_path / "empty"

@@ -25,6 +25,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -218,34 +219,52 @@ def encode_files(
     files: list[tuple[Path, ShardWriter]], tokenizer: Tokenizer, eos: int, file_done: Callable[[int], None]
 ) -> None:
     """Encode each file followed by EOS into its writer, a batch of blocks at a time; after a file's last tokens
-    are written, file_done(its index) is called."""
+    are written, file_done(its index) is called.
+
+    The tokenizers library encodes a batch on every core without the GIL; this thread meanwhile writes out the
+    previous batch and reads the next, so the cores are not left idle while Python copies tokens to the shards.
+    """
     batch: list[str] = []
     owners: list[tuple[int, bool]] = []  # each block's file, and whether it is that file's last
     size = 0
+    in_flight: tuple[Future, list[tuple[int, bool]]] | None = None
 
-    def flush() -> None:
-        encodings = tokenizer.encode_batch_fast(batch, add_special_tokens=False)  # fast: no character offsets
-        for encoding, (index, last) in zip(encodings, owners, strict=True):
-            files[index][1].write(np.asarray(encoding.ids + [eos] if last else encoding.ids, dtype=np.int64))
+    def write_out(encoded: Future, blocks: list[tuple[int, bool]]) -> None:
+        for encoding, (index, last) in zip(encoded.result(), blocks, strict=True):
+            writer = files[index][1]
+            writer.write(np.asarray(encoding.ids, dtype=writer.dtype))
             if last:
+                writer.write(np.asarray([eos], dtype=writer.dtype))
                 file_done(index)
-        batch.clear()
-        owners.clear()
 
-    for index, (path, _) in enumerate(files):
-        blocks = text_blocks(path)
-        block = next(blocks, "")  # an empty file is still a document: its EOS alone
-        while block is not None:
-            following = next(blocks, None)
-            batch.append(block)
-            owners.append((index, following is None))
-            size += len(block)
-            block = following
-            if size >= BATCH_BYTES:
-                flush()
-                size = 0
-    if batch:
-        flush()
+    with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoder:
+
+        def submit() -> None:
+            nonlocal in_flight, size
+            previous = in_flight
+            in_flight = (encoder.submit(tokenizer.encode_batch_fast, batch.copy(), add_special_tokens=False),
+                         owners.copy())  # fmt: skip
+            batch.clear()
+            owners.clear()
+            size = 0
+            if previous is not None:
+                write_out(*previous)
+
+        for index, (path, _) in enumerate(files):
+            blocks = text_blocks(path)
+            block = next(blocks, "")  # an empty file is still a document: its EOS alone
+            while block is not None:
+                following = next(blocks, None)
+                batch.append(block)
+                owners.append((index, following is None))
+                size += len(block)
+                block = following
+                if size >= BATCH_BYTES:
+                    submit()
+        if batch:
+            submit()
+        if in_flight is not None:
+            write_out(*in_flight)
 
 
 def sha256_text(text: str) -> str:
