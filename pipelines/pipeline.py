@@ -141,6 +141,8 @@ class PlatformOptions:
         if self.image_pull_secrets:
             k8s.set_image_pull_secrets(task, self.image_pull_secrets)
         task.set_cpu_request(settings.cpu).set_cpu_limit(settings.cpu)
+        if settings.cpu.isdigit():  # the tokenizers library's thread pool, sized to the step's CPUs, not the node's
+            task.set_env_variable(name="RAYON_NUM_THREADS", value=settings.cpu)
         task.set_memory_request(settings.memory).set_memory_limit(settings.memory)
         if settings.timeout_s:
             k8s.set_timeout(task, settings.timeout_s)
