@@ -87,6 +87,16 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
     ("run_id escape", {"run_id": "../other-team/runs/r9"}, r"run id '\.\./other-team/runs/r9' is not a valid name"),
     ("run_id absolute", {"run_id": "/etc"}, r"run id '/etc' is not a valid name"),
     ("dataset escape", {"dataset": "../../secrets"}, r"dataset '\.\./\.\./secrets' is not a valid name"),
+    (
+        "snapshot escape",
+        {"snapshot": "../../other/snapshots/x"},
+        r"snapshot '\.\./\.\./other/snapshots/x' is not a valid",
+    ),
+    (
+        "warm start escape",
+        {"init_from_run_id": "../../other-team/runs/r9"},
+        r"run id '\.\./\.\./other-team/runs/r9' is not",
+    ),
     ("storage root escape", {"storage_root": "/fsx/../etc"}, r"storage_root '/fsx/../etc' is outside the FSx mount"),
 ]
 
