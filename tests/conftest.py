@@ -48,7 +48,7 @@ def trained_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) ->
 def trained_copy(trained_root: Path, tmp_path: Path) -> Path:
     """A private copy of trained_root, for tests that change it."""
     root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
+    shutil.copytree(trained_root, root, symlinks=True)
     return root
 
 

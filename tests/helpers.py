@@ -52,3 +52,21 @@ def snapshot_dir(root: Path, dataset: str) -> Path:
     directory = DatasetPaths.of(root, dataset).current_snapshot()
     assert directory is not None, f"dataset {dataset} is not staged under {root}"
     return directory
+
+
+def write_single_file_checkpoint(directory: Path, state: dict) -> Path:
+    """`state` as the trainer saved it before sharded checkpoints: one torch.save file per step, a hard link
+    checkpoint_latest.pt to it, and index.json with its size (trainer/checkpoint.py at 9d2ef2b, _commit)."""
+    import json
+    import os
+
+    import torch
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"checkpoint_step_{state['step']:08d}.pt"
+    torch.save(state, path)
+    (directory / "checkpoint_latest.pt").unlink(missing_ok=True)
+    os.link(path, directory / "checkpoint_latest.pt")
+    entry = {"file": path.name, "step": state["step"], "size": path.stat().st_size, "time": 0.0}
+    (directory / "index.json").write_text(json.dumps({"checkpoints": [entry], "latest": entry}))
+    return path

@@ -1,150 +1,188 @@
-"""CheckpointManager: atomic commits, keep-last-N, verified loading with fallback, asynchronous saves."""
+"""CheckpointManager in one process: atomic commits, keep-last-N, verified loading with fallback, asynchronous
+saves, single-file checkpoints from before DCP. The collective paths (2 ranks) are tested under torchrun in
+test_trainer.py."""
 
 import json
-import logging
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from trainer.checkpoint import INDEX, CheckpointError, CheckpointManager, rng_state, set_rng_state, step_file_name
+from tests.helpers import write_single_file_checkpoint
+from trainer.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    committed_checkpoints,
+    newest_checkpoint,
+    read_checkpoint,
+    read_weights,
+    rng_state,
+    set_rng_state,
+)
 
 
-def state_of(step: int, numel: int = 1000) -> dict:
-    return {"model": {"w": torch.full((numel,), float(step))}, "step": step, "progress": {"step": step}}
+def state_of(step: int) -> dict:
+    return {"model": {"w": torch.full((10,), float(step))}, "step": step, "progress": {"step": step}}
+
+
+class Trained:
+    """A model and optimizer with state, whose weights say which step they are."""
+
+    def __init__(self, width: int = 32):
+        self.model = torch.nn.Linear(width, width)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.model(torch.ones(2, width)).sum().backward()
+        self.optimizer.step()
+
+    def at(self, step: int) -> "Trained":
+        with torch.no_grad():
+            self.model.weight.fill_(float(step))
+        return self
+
+    def save(self, manager: CheckpointManager, step: int, blocking: bool = True) -> None:
+        manager.save(step, self.model, self.optimizer, {"step": step}, rng_state(), blocking=blocking)
 
 
 def test_commits_links_latest_and_keeps_the_last_n(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, keep=2)
+    manager, trained = CheckpointManager(tmp_path, keep=2), Trained()
     for step in (10, 20, 30):
-        manager.save(state_of(step), step)
-    manager.close()  # old files are deleted in the background
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "checkpoint_latest.pt", step_file_name(20), step_file_name(30), INDEX
-    ]  # fmt: skip
-    assert os.path.samefile(tmp_path / "checkpoint_latest.pt", tmp_path / step_file_name(30))
-    index = json.loads((tmp_path / INDEX).read_text())
-    assert [e["step"] for e in index["checkpoints"]] == [20, 30] and index["latest"]["step"] == 30
-    loaded = manager.load()
-    assert loaded["step"] == 30 and torch.equal(loaded["model"]["w"], torch.full((1000,), 30.0))
+        trained.at(step).save(manager, step)
+    manager.close()
+    assert [c.step for c in committed_checkpoints(tmp_path)] == [30, 20]
+    assert os.readlink(tmp_path / "checkpoint_latest") == "step_00000030"
+    commit = json.loads((tmp_path / "step_00000030" / "commit.json").read_text())
+    assert commit["step"] == 30 and commit["world_size"] == 1 and ".metadata" in commit["files"]
+    assert not list(tmp_path.glob(".*")), "no temporary directories left"
+    restored = Trained()
+    CheckpointManager(tmp_path).restore(newest_checkpoint(tmp_path), restored.model, restored.optimizer)
+    assert torch.equal(restored.model.weight, torch.full((32, 32), 30.0))
+    assert torch.equal(restored.optimizer.state_dict()["state"][0]["exp_avg"],
+                       trained.optimizer.state_dict()["state"][0]["exp_avg"])  # fmt: skip
 
 
 def test_no_checkpoint_is_none(tmp_path: Path) -> None:
-    assert CheckpointManager(tmp_path / "absent").load() is None
+    assert newest_checkpoint(tmp_path / "absent") is None
 
 
-@pytest.mark.parametrize(
-    "damage, message",
-    [
-        (lambda b: b[: len(b) // 2], "truncated or altered"),
-        (lambda b: b[: len(b) // 2] + bytes([b[len(b) // 2] ^ 0xFF]) + b[len(b) // 2 + 1 :], "fails its CRC32"),
-    ],
-    ids=["truncated", "bit-flip"],
-)
-def test_damaged_latest_falls_back_with_a_warning(tmp_path: Path, caplog, damage, message: str) -> None:
-    manager = CheckpointManager(tmp_path, keep=3)
+def test_an_uncommitted_directory_is_ignored_and_a_damaged_one_falls_back(tmp_path: Path, caplog) -> None:
+    manager, trained = CheckpointManager(tmp_path, keep=3), Trained()
     for step in (10, 20):
-        manager.save(state_of(step), step)
-    latest = tmp_path / "checkpoint_latest.pt"
-    damaged = damage(latest.read_bytes())
-    latest.write_bytes(damaged)  # a hard link: the step-20 file is damaged with it
-    with caplog.at_level(logging.WARNING):
-        assert manager.load()["step"] == 10
-    assert message in caplog.text and "trying an older checkpoint" in caplog.text
-
-
-def test_all_damaged_is_an_error_naming_each(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, keep=3)
-    manager.save(state_of(10), 10)
-    (tmp_path / step_file_name(10)).write_bytes(b"garbage")
+        trained.at(step).save(manager, step)
+    manager.close()
+    (tmp_path / "step_00000030").mkdir()  # renamed without its commit.json: cannot happen, but is not trusted
+    (tmp_path / "step_00000030" / ".metadata").write_bytes(b"x")
+    assert newest_checkpoint(tmp_path).step == 20
+    share = tmp_path / "step_00000020" / "__0_0.distcp"
+    share.write_bytes(share.read_bytes()[:100])
+    assert newest_checkpoint(tmp_path).step == 10
+    assert "step_00000020 is truncated or altered: __0_0.distcp is 100 bytes" in caplog.text
+    (tmp_path / "step_00000010" / "commit.json").write_text("{")
     with pytest.raises(CheckpointError, match="no usable checkpoint") as failure:
-        manager.load()
-    assert "checkpoint_latest.pt" in str(failure.value)
+        newest_checkpoint(tmp_path)
+    assert "step_00000010 has no readable commit.json" in str(failure.value)
 
 
-def test_async_save_writes_a_snapshot(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, keep=2, async_save=True)
-    state = state_of(10, numel=2_000_000)
-    manager.save(state, 10, blocking=False)
+def test_a_record_that_fails_its_crc32_is_named_and_the_weights_alone_still_read(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    manager, trained = CheckpointManager(tmp_path), Trained(width=256)
+    trained.at(5).save(manager, 5)
+    manager.close()
+    checkpoint = newest_checkpoint(tmp_path)
+    items = FileSystemReader(checkpoint.path).read_metadata().storage_data
+    exp_avg = next(item for index, item in items.items() if index.fqn == "optim.state.weight.exp_avg")
+    with open(checkpoint.path / exp_avg.relative_path, "r+b") as f:  # one flipped bit, sizes unchanged
+        f.seek(exp_avg.offset + exp_avg.length // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 1]))
+    assert torch.equal(read_weights(checkpoint)["weight"], torch.full((256, 256), 5.0))
+    fresh = Trained(width=256)
+    with pytest.raises(CheckpointError, match=r"step_00000005 cannot be read: .* fails its CRC32"):
+        CheckpointManager(tmp_path).restore(checkpoint, fresh.model, fresh.optimizer)
+
+
+def test_an_async_save_holds_its_step_while_training_changes_the_weights(tmp_path: Path) -> None:
+    manager, trained = CheckpointManager(tmp_path, keep=2, async_save=True), Trained(width=512)
+    trained.at(10).save(manager, 10, blocking=False)
     manager.wait_until_staged()  # the trainer's barrier before optimizer.step()
-    state["model"]["w"].fill_(-1.0)  # training goes on changing the weights in place
+    trained.at(-1)  # training goes on changing the weights in place
     manager.wait()
-    assert torch.equal(manager.load()["model"]["w"], torch.full((2_000_000,), 10.0))
-    assert manager.last_commit_s is not None
-    state["step"] = 20
-    manager.save(state, 20, blocking=False)  # into the same CPU buffers
+    assert manager.last_save is not None and manager.last_save.step == 10
+    assert torch.equal(read_weights(newest_checkpoint(tmp_path))["weight"], torch.full((512, 512), 10.0))
+    trained.save(manager, 20, blocking=False)  # into the same host buffers
     manager.close()
-    assert torch.equal(manager.load()["model"]["w"], torch.full((2_000_000,), -1.0))
-
-
-def test_a_failed_async_copy_is_raised_to_the_trainer(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, async_save=True)
-    manager.save(state_of(1), 1)
-    uncopyable = {"model": {"w": torch.empty(4, device="meta")}, "step": 2}  # a meta tensor has no data to copy
-    manager.save(uncopyable, 2, blocking=False)
-    with pytest.raises(NotImplementedError):
-        manager.wait_until_staged()
-    with pytest.raises(NotImplementedError):
-        manager.wait()
-    assert manager.load()["step"] == 1
-
-
-def test_async_copy_keeps_tied_weights_tied(tmp_path: Path) -> None:
-    embedding = torch.ones(1000, 8)
-    state = {"model": {"wte.weight": embedding, "lm_head.weight": embedding}, "step": 1}
-    manager = CheckpointManager(tmp_path, async_save=True)
-    manager.save(state, 1, blocking=False)
-    manager.close()
-    sync_dir = tmp_path / "sync"
-    CheckpointManager(sync_dir).save(state, 1)
-    assert (tmp_path / step_file_name(1)).stat().st_size == (sync_dir / step_file_name(1)).stat().st_size
-    loaded = manager.load()["model"]
-    assert loaded["wte.weight"].untyped_storage().data_ptr() == loaded["lm_head.weight"].untyped_storage().data_ptr()
+    assert torch.equal(read_weights(newest_checkpoint(tmp_path))["weight"], torch.full((512, 512), -1.0))
 
 
 def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path) -> None:
-    import random
-
-    import numpy as np
-
-    manager = CheckpointManager(tmp_path)
-    manager.save({**state_of(1), "rng": rng_state()}, 1)
+    manager, trained = CheckpointManager(tmp_path), Trained()
+    trained.save(manager, 1)
+    manager.close()
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
-    set_rng_state(manager.load()["rng"])
+    set_rng_state(newest_checkpoint(tmp_path).rng_of(0))
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+    assert newest_checkpoint(tmp_path).rng_of(1) is None, "a rank the saved run did not have"
+
+
+def test_a_single_file_checkpoint_from_before_dcp_loads_and_is_superseded(tmp_path: Path) -> None:
+    trained = Trained().at(7)
+    state = {**state_of(7), "model": trained.model.state_dict(), "optimizer": trained.optimizer.state_dict(),
+             "rng": [rng_state()]}  # fmt: skip
+    write_single_file_checkpoint(tmp_path, state)
+    found = newest_checkpoint(tmp_path)
+    assert not found.sharded and found.step == 7 and read_checkpoint(found.path)["step"] == 7
+    restored = Trained()
+    manager = CheckpointManager(tmp_path)
+    manager.restore(found, restored.model, restored.optimizer)
+    assert torch.equal(restored.model.weight, trained.model.weight)
+    restored.save(manager, 8)
+    manager.close()
+    assert newest_checkpoint(tmp_path).sharded and not (tmp_path / "checkpoint_latest.pt").exists()
+    assert [c.step for c in committed_checkpoints(tmp_path)] == [8, 7], "the old file stays as a fallback"
+    (tmp_path / "checkpoint_step_00000007.pt").write_bytes(b"garbage")
+    assert newest_checkpoint(tmp_path).step == 8
 
 
 WRITER = """
 import sys, torch
 from pathlib import Path
 from trainer.checkpoint import CheckpointManager
-manager = CheckpointManager(Path(sys.argv[1]), keep=3)
-manager.save({"model": {"w": torch.zeros(10)}, "step": 1}, 1)
+small, large = torch.nn.Linear(4, 4), torch.nn.Linear(8192, 8192)  # 256 MB of weights: slow enough to catch
+manager = CheckpointManager(Path(sys.argv[1]), keep=3, attempt=1)
+optimizer = torch.optim.SGD(small.parameters())
+manager.save(1, small, optimizer, {"step": 1}, {})
 print("first committed", flush=True)
-manager.save({"model": {"w": torch.ones(300_000_000 // 4)}, "step": 2}, 2)  # 300 MB: slow enough to catch
-print("second committed", flush=True)
+manager.save(2, small, optimizer, {"step": 2}, {})
+manager.save(3, large, torch.optim.SGD(large.parameters()), {"step": 3}, {})
+print("third committed", flush=True)
 """
 
 
-def test_kill_9_during_a_write_leaves_the_previous_checkpoint_intact(tmp_path: Path) -> None:
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+def test_kill_9_during_a_write_leaves_the_previous_checkpoint_in_use(tmp_path: Path) -> None:
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})  # fmt: skip
     assert writer.stdout.readline().strip() == "first committed"
     deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".checkpoint_step_00000002.pt.*.tmp")) and time.monotonic() < deadline:
+    while not list(tmp_path.glob(".step_00000003.attempt-1.tmp/__0_*.distcp")) and time.monotonic() < deadline:
         time.sleep(0.001)
     os.kill(writer.pid, signal.SIGKILL)  # mid-write
     writer.wait()
-    assert writer.returncode == -signal.SIGKILL and not (tmp_path / step_file_name(2)).exists()
+    assert writer.returncode == -signal.SIGKILL and not (tmp_path / "step_00000003").exists()
 
-    manager = CheckpointManager(tmp_path, keep=3)
-    assert manager.load()["step"] == 1
-    manager.save(state_of(3), 3)  # the next save sweeps the dead writer's temporary file away
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert newest_checkpoint(tmp_path).step == 2
+    assert os.readlink(tmp_path / "checkpoint_latest") == "step_00000002"
+    manager, trained = CheckpointManager(tmp_path, keep=3, attempt=2), Trained()
+    trained.save(manager, 3)  # the next attempt's first save sweeps the dead writer's directory away
+    manager.close()
+    assert not list(tmp_path.glob(".*.tmp")) and newest_checkpoint(tmp_path).step == 3
 
 
 def test_the_schema_says_what_an_old_checkpoint_cannot_have_checked() -> None:
@@ -164,5 +202,5 @@ def test_the_schema_says_what_an_old_checkpoint_cannot_have_checked() -> None:
     )
     check_schema(current)
     check_schema(old)
-    with pytest.raises(CheckpointError, match="step 5 has schema 3, newer than this trainer's 2"):
-        check_schema({**state_of(5), "schema": 3})
+    with pytest.raises(CheckpointError, match="step 5 has schema 4, newer than this trainer's 3"):
+        check_schema({**state_of(5), "schema": 4})

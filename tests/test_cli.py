@@ -55,7 +55,7 @@ def test_stage_data_prints_result(corpus: Path, tmp_path: Path) -> None:
 
 def test_verify_and_evaluate_on_a_trained_run(trained_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
+    shutil.copytree(trained_root, root, symlinks=True)
     verified = cli("verify-nccl", "--storage-root", str(root), "--run-id", "run-1", "--world-size", "2")
     assert verified.returncode == 0 and "Communication check: passed" in verified.stdout
     failed = cli("verify-nccl", "--storage-root", str(root), "--run-id", "run-1", "--world-size", "3")
@@ -67,12 +67,13 @@ def test_verify_and_evaluate_on_a_trained_run(trained_root: Path, tmp_path: Path
     evaluated = cli("evaluate", "--storage-root", str(root), "--dataset", "synthetic", "--run-id", "run-1")
     assert evaluated.returncode == 0 and "val loss" in evaluated.stdout
 
-    RunPaths.of(root, "run-1").latest_checkpoint.write_bytes(b"\x00garbage")
+    latest = RunPaths.of(root, "run-1").latest_checkpoint.resolve()
+    (latest / "__0_0.distcp").write_bytes(b"\x00garbage")
     corrupt = cli("evaluate", "--storage-root", str(root), "--dataset", "synthetic", "--run-id", "run-1")
     assert corrupt.returncode == 2
     assert corrupt.stderr.splitlines() == [
-        f"hyperpod-pretrain evaluate: error: checkpoint {RunPaths.of(root, 'run-1').latest_checkpoint} is not a "
-        "complete checkpoint (File is not a zip file)"
+        f"hyperpod-pretrain evaluate: error: checkpoint {latest} is truncated or altered: __0_0.distcp is 8 bytes, "
+        f"commit.json says {json.loads((latest / 'commit.json').read_text())['files']['__0_0.distcp']}"
     ]
 
 

@@ -14,7 +14,7 @@ from components.evaluate_checkpoint.core import evaluate_checkpoint
 from components.launch_pytorchjob.core import launch
 from components.stage_data.core import stage_data
 from tests.helpers import snapshot_dir, tiny_launch, write_corpus
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint import read_checkpoint
 from trainer.data import ORDER, DataError, DataPosition, TokenBatches, TokenSplit, WindowOrder, load_split
 from trainer.layout import META, RunPaths
 
@@ -137,7 +137,7 @@ def test_a_multi_shard_dataset_stages_trains_under_torchrun_and_evaluates(tmp_pa
 
     launch(tiny_launch(root, "sharded", max_steps=20, checkpoint_every=10, log_every=5))
     run = RunPaths.of(root, "sharded")
-    checkpoint = load_checkpoint(run.latest_checkpoint)
+    checkpoint = read_checkpoint(run.latest_checkpoint)
     assert checkpoint["step"] == 20 and checkpoint["data"] == {"epoch": 0, "offset": 20 * 8 * 2, "order": ORDER}
     rows = [json.loads(line) for line in run.metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == [5, 10, 15, 20] and rows[-1]["loss"] < rows[0]["loss"]

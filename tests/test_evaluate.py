@@ -1,6 +1,9 @@
+import io
 import json
 import math
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,34 +24,76 @@ def test_trained_model_beats_untrained(trained_copy: Path) -> None:
     assert "val perplexity" in run.eval_report.read_text()
 
 
+def latest_dir(root: Path) -> Path:
+    return RunPaths.of(root, "run-1").latest_checkpoint.resolve()
+
+
+def rewrite(checkpoint: Path, name: str, data: bytes) -> None:
+    """Replace one file of a committed checkpoint, and its size in commit.json, as a bad writer would."""
+    (checkpoint / name).write_bytes(data)
+    commit = json.loads((checkpoint / "commit.json").read_text())
+    commit["files"][name] = len(data)
+    (checkpoint / "commit.json").write_text(json.dumps(commit))
+
+
 def test_corrupt_checkpoint_is_one_clear_error(trained_copy: Path) -> None:
-    ckpt = RunPaths.of(trained_copy, "run-1").latest_checkpoint
-    ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated, as after a crash without atomic saves
-    with pytest.raises(InputError, match="is not a complete checkpoint") as failure:
+    share = latest_dir(trained_copy) / "__0_0.distcp"
+    share.write_bytes(share.read_bytes()[:1000])  # truncated, as after a crash without atomic saves
+    with pytest.raises(InputError, match=r"is truncated or altered: __0_0.distcp is 1000 bytes") as failure:
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
     assert "\n" not in str(failure.value)
 
 
 def test_checkpoint_that_is_not_plain_tensors_is_refused(trained_copy: Path) -> None:
-    ckpt = RunPaths.of(trained_copy, "run-1").latest_checkpoint
-    torch.save({"model": {}, "step": 1, "payload": Path("/etc/passwd")}, ckpt)  # an arbitrary object
+    buffer = io.BytesIO()
+    torch.save({"step": 1, "payload": Path("/etc/passwd")}, buffer)  # an arbitrary object
+    rewrite(latest_dir(trained_copy), "trainer_state.pt", buffer.getvalue())
     with pytest.raises(InputError, match="not a plain-tensor checkpoint"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
 
 
 def test_checkpoint_of_another_model_is_refused(trained_copy: Path) -> None:
-    ckpt = RunPaths.of(trained_copy, "run-1").latest_checkpoint
-    state = torch.load(ckpt, weights_only=True)
-    state["model"] = {k: v[..., :1] if v.dim() else v for k, v in state["model"].items()}
-    torch.save(state, ckpt)
+    config_file = RunPaths.of(trained_copy, "run-1").config
+    config = json.loads(config_file.read_text())
+    config["model"]["n_embd"] *= 2
+    config_file.write_text(json.dumps(config))
     with pytest.raises(InputError, match="does not fit the model"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
 
 
 def test_missing_checkpoint(trained_copy: Path) -> None:
-    RunPaths.of(trained_copy, "run-1").latest_checkpoint.unlink()
-    with pytest.raises(InputError, match="checkpoint_latest.pt does not exist"):
+    for committed in RunPaths.of(trained_copy, "run-1").checkpoints.glob("step_*"):
+        shutil.rmtree(committed)
+    with pytest.raises(InputError, match="holds no committed checkpoint \\(any\\): run 'run-1' is incomplete"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
+
+
+def test_evaluation_reads_the_weights_and_not_the_optimizer_state(trained_copy: Path) -> None:
+    """Every optimizer record of the checkpoint is damaged (sizes kept): evaluation, which reads only the weights'
+    records, is unaffected; a full read of the same checkpoint fails their CRC32."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from trainer.checkpoint import CheckpointError, read_checkpoint
+
+    checkpoint = latest_dir(trained_copy)
+    before = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
+    damaged = 0
+    for index, item in FileSystemReader(checkpoint).read_metadata().storage_data.items():
+        if index.fqn.startswith("optim.state."):
+            with open(checkpoint / item.relative_path, "r+b") as f:
+                f.seek(item.offset)
+                record = f.read(item.length)  # the item: a torch.save archive; flip the first byte of its data
+                data = next(i for i in zipfile.ZipFile(io.BytesIO(record)).infolist() if i.filename.endswith("/0"))
+                name_len, extra_len = struct.unpack_from("<HH", record, data.header_offset + 26)  # its local header
+                start = data.header_offset + 30 + name_len + extra_len
+                f.seek(item.offset + start)
+                f.write(bytes([record[start] ^ 0xFF]))
+            damaged += 1
+    assert damaged > 10
+    after = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
+    assert after.val_loss == before.val_loss
+    with pytest.raises(CheckpointError, match="fails its CRC32"):
+        read_checkpoint(checkpoint)
 
 
 def test_bits_per_byte_counts_the_bytes_the_tokens_stand_for(trained_copy: Path) -> None:
@@ -69,10 +114,10 @@ def test_bits_per_byte_counts_the_bytes_the_tokens_stand_for(trained_copy: Path)
 
 def test_a_named_step_and_the_samples(trained_copy: Path) -> None:
     result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint="40", export=False)
-    assert result.step == 40 and result.checkpoint.endswith("checkpoint_step_00000040.pt")
+    assert result.step == 40 and result.checkpoint.endswith("step_00000040")
     assert [s["prompt"] for s in result.samples] == ["The", "def ", "import ", "In the"]
     assert all(len(s["text"]) > len(s["prompt"]) for s in result.samples)
-    with pytest.raises(InputError, match="checkpoint_step_00000041.pt does not exist"):
+    with pytest.raises(InputError, match="holds no committed checkpoint \\(step 41's\\)"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint="41")
 
 
@@ -108,14 +153,14 @@ def test_the_gate_against_a_baseline_run(trained_copy: Path) -> None:
 def test_export_loads_with_from_pretrained_and_gives_the_same_loss(trained_copy: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.checkpoint import load_checkpoint
+    from trainer.checkpoint import read_checkpoint
     from trainer.model import build_model, config_from_dict
 
     result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
     run = RunPaths.of(trained_copy, "run-1")
     exported = AutoModelForCausalLM.from_pretrained(result.export_dir, local_files_only=True).eval()
     original = build_model(config_from_dict(json.loads(run.config.read_text())["model"])).eval()
-    original.load_state_dict(load_checkpoint(run.latest_checkpoint)["model"])
+    original.load_state_dict(read_checkpoint(run.latest_checkpoint)["model"])
     tokenizer = AutoTokenizer.from_pretrained(result.export_dir, local_files_only=True)
     batch = torch.tensor([tokenizer("the healthy node saves the rank. the warm pod trains the model.")["input_ids"]])
     with torch.no_grad():

@@ -20,7 +20,7 @@ CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
 def test_training_failure_fails_the_step_with_exit_code_and_output(staged_copy: Path) -> None:
     run = RunPaths.of(staged_copy, "broken")
     run.checkpoints.mkdir(parents=True)
-    run.latest_checkpoint.write_bytes(b"this is not a checkpoint")
+    (run.checkpoints / "checkpoint_step_00000010.pt").write_bytes(b"this is not a checkpoint")
     with pytest.raises(StepFailed, match=r"exit code 1.*") as failure:
         launch(tiny_launch(staged_copy, "broken"))
     assert "no usable checkpoint" in str(failure.value) and "not a complete checkpoint" in str(failure.value)

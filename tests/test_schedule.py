@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainer.checkpoint import CheckpointError, CheckpointManager
+from trainer.checkpoint import CheckpointError, CheckpointManager, newest_checkpoint
 from trainer.schedule import LRSchedule, ScheduleSettings
 
 BASE = ScheduleSettings(lr=5e-3, warmup_steps=5, max_steps=60, min_lr_ratio=0.1)
@@ -111,9 +111,12 @@ def test_a_second_extension_appends_and_a_round_trip_reproduces_both(tmp_path) -
     assert len(schedule.extensions) == 2 and schedule.lr_at(150) == at_150 and schedule.lr_at(170) == 1e-3
     assert schedule.lr_at(400) == pytest.approx(5e-5)
 
-    CheckpointManager(tmp_path).save({"model": {}, "step": 150, "schedule": schedule.state_dict()}, 150)
+    model = torch.nn.Linear(2, 2)
+    manager = CheckpointManager(tmp_path)
+    manager.save(150, model, torch.optim.AdamW(model.parameters()), {"schedule": schedule.state_dict()}, {})
+    manager.close()
     restored = LRSchedule(ScheduleSettings(9.0, 1, 2, 0.5))  # what the flags would build, replaced by the state
-    restored.load_state_dict(CheckpointManager(tmp_path).load()["schedule"])  # weights_only=True loading
+    restored.load_state_dict(newest_checkpoint(tmp_path).trainer_state()["schedule"])  # weights_only=True loading
     assert restored == schedule
     assert [restored.lr_at(s) for s in range(450)] == [schedule.lr_at(s) for s in range(450)]
     assert restored.resume(150, second, extend=False) == [], "the extended run resumes with its own flags"

@@ -21,11 +21,12 @@ from components.errors import InputError, StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.local_backend import torchrun_command
 from components.launch_pytorchjob.manifest import JobSpec, render_job
-from tests.helpers import snapshot_dir, tiny_launch
+from tests.helpers import snapshot_dir, tiny_launch, write_single_file_checkpoint
 from tests.test_schedule import legacy_lr_factor
-from trainer.checkpoint import SCHEMA, CheckpointManager, load_checkpoint
+from trainer.checkpoint import SCHEMA, read_checkpoint
 from trainer.config import parse_config
 from trainer.data import TokenBatches, load_split
+from trainer.dcp_io import MODEL, OPTIM, apply_state
 from trainer.layout import RunPaths
 from trainer.model import architecture_differences, build_model, config_from_dict, model_config
 from trainer.preemption import ExitCode
@@ -45,9 +46,14 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
     assert records[-1]["tokens"] == 60 * 8 * 64 * 2  # steps x batch x seq_len x ranks
     assert records[-1]["loss"] < records[0]["loss"] - 1.0
 
-    state = load_checkpoint(run.latest_checkpoint)
+    state = read_checkpoint(run.latest_checkpoint)
     assert state["step"] == 60 and state["world_size"] == 2 and state["preset"] == "tiny"
     assert state["data"]["offset"] > 0
+    # Both ranks wrote a share of the (replicated, deduplicated) tensors; each kept its own random generators.
+    shares = sorted(p.stat().st_size for p in run.latest_checkpoint.glob("__*_*.distcp"))
+    assert len(shares) == 2 and shares[0] > 0.3 * shares[1], shares
+    first, second = state["rng"]
+    assert not torch.equal(first["torch"], second["torch"]), "each rank's own RNG state, not one deduplicated copy"
     assert not list(run.checkpoints.glob(".*")), "no temporary checkpoint files left"
     config = json.loads(run.config.read_text())
     assert config["trainer"]["max_steps"] == 60 and config["model"]["n_layer"] == 2
@@ -61,19 +67,19 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
 
 def test_resumes_from_checkpoint(trained_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
+    shutil.copytree(trained_root, root, symlinks=True)
     launch(tiny_launch(root, "run-1", max_steps=80, extend_schedule=True))
     run = RunPaths.of(root, "run-1")
     records = read_metrics(run)
     assert [r["step"] for r in records] == [10, 20, 30, 40, 50, 60, 70, 80]
     assert records[-1]["tokens"] == 80 * 8 * 64 * 2
     assert "resumed at step 60" in run.rank_log(0).read_text()
-    assert load_checkpoint(run.latest_checkpoint)["step"] == 80
+    assert read_checkpoint(run.latest_checkpoint)["step"] == 80
 
 
 def test_a_resume_with_another_architecture_is_refused_naming_the_fields(trained_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
+    shutil.copytree(trained_root, root, symlinks=True)
     with pytest.raises(StepFailed, match=r"n_positions: 64 -> 128"):
         launch(tiny_launch(root, "run-1", max_steps=80, seq_len=128))
     status = json.loads(RunPaths.of(root, "run-1").status.read_text())
@@ -135,7 +141,7 @@ def test_sigterm_checkpoints_and_resume_is_bit_identical(staged_copy: Path, unin
     assert status["state"] == "preempted" and status["exit_code"] == ExitCode.PREEMPTED, output[-2000:]
     stopped = status["step"]
     assert at <= stopped < 40, f"signalled at step >= {at}, stopped at {stopped}"
-    assert load_checkpoint(run.latest_checkpoint)["step"] == stopped
+    assert read_checkpoint(run.latest_checkpoint)["step"] == stopped
     assert f"stopped by SIGTERM at step {stopped}: checkpoint committed" in output
 
     launch(cfg)  # resume to the end
@@ -170,8 +176,8 @@ def test_async_checkpoints_hold_exactly_their_step(staged_copy: Path, uninterrup
     losses = [r["loss"] for r in read_metrics(cfg.run_paths)]
     assert losses == [r["loss"] for r in read_metrics(uninterrupted)]
     for step in (20, 30):  # saved asynchronously, while training went on
-        mine = load_checkpoint(cfg.run_paths.checkpoints / f"checkpoint_step_{step:08d}.pt")
-        theirs = load_checkpoint(uninterrupted.checkpoints / f"checkpoint_step_{step:08d}.pt")
+        mine = read_checkpoint(cfg.run_paths.checkpoints / f"step_{step:08d}")
+        theirs = read_checkpoint(uninterrupted.checkpoints / f"step_{step:08d}")
         for name, tensor in theirs["model"].items():
             assert torch.equal(mine["model"][name], tensor), f"{name} of the async step-{step} checkpoint differs"
 
@@ -212,16 +218,15 @@ def _ppid(proc_dir: Path) -> int:
 
 def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
+    shutil.copytree(trained_root, root, symlinks=True)
     run = RunPaths.of(root, "run-1")
-    # The latest is a hard link to the step-60 file (copytree made them two files): truncate both.
-    for path in (run.latest_checkpoint, run.checkpoints / "checkpoint_step_00000060.pt"):
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    share = run.checkpoints / "step_00000060" / "__1_0.distcp"  # rank 1's share of the newest checkpoint
+    share.write_bytes(share.read_bytes()[: share.stat().st_size // 2])
     launch(tiny_launch(root, "run-1", max_steps=70, extend_schedule=True))
     log_text = run.rank_log(0).read_text()
-    assert "is truncated or altered" in log_text and "trying an older checkpoint" in log_text
+    assert "is truncated or altered: __1_0.distcp is" in log_text and "trying an older checkpoint" in log_text
     assert "resumed at step 40" in log_text
-    assert load_checkpoint(run.latest_checkpoint)["step"] == 70
+    assert read_checkpoint(run.latest_checkpoint)["step"] == 70
 
 
 def test_world_size_2_to_1_repeats_and_skips_no_sample(staged_copy: Path) -> None:
@@ -243,7 +248,7 @@ def test_world_size_2_to_1_repeats_and_skips_no_sample(staged_copy: Path) -> Non
 
 def test_incompatible_preset_is_one_clear_error(trained_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
+    shutil.copytree(trained_root, root, symlinks=True)
     with pytest.raises(StepFailed) as failure:
         launch(tiny_launch(root, "run-1", preset="small", max_steps=70))
     first_line = str(failure.value).splitlines()[0]
@@ -276,7 +281,7 @@ def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path) -> N
     launch(tiny_launch(staged_copy, "by-time", max_steps=100000, extra_env={"TRAINER_MAX_TIME_S": "3"}))
     status = json.loads(RunPaths.of(staged_copy, "by-time").status.read_text())
     assert status["state"] == "done" and status["reason"] == "max-time" and status["step"] > 0
-    assert load_checkpoint(RunPaths.of(staged_copy, "by-time").latest_checkpoint)["step"] == status["step"]
+    assert read_checkpoint(RunPaths.of(staged_copy, "by-time").latest_checkpoint)["step"] == status["step"]
 
 
 def test_elastic_torchrun_restarts_preempted_workers_which_resume(staged_copy: Path) -> None:
@@ -308,7 +313,7 @@ def test_elastic_torchrun_restarts_preempted_workers_which_resume(staged_copy: P
 
 def test_a_resume_with_another_schedule_is_refused_naming_each_difference(trained_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
+    shutil.copytree(trained_root, root, symlinks=True)
     cfg = tiny_launch(root, "run-1", max_steps=200, lr=1e-3)
     output, _ = start_torchrun(cfg).communicate(timeout=120)
     assert f"exitcode  : {int(ExitCode.BAD_INPUT)}" in output, output[-3000:]
@@ -316,14 +321,14 @@ def test_a_resume_with_another_schedule_is_refused_naming_each_difference(traine
     assert status["state"] == "bad-input" and status["exit_code"] == ExitCode.BAD_INPUT
     assert "\n" not in status["error"] and "--extend-schedule" in status["error"]
     assert "(lr: 0.005 -> 0.001; max_steps: 60 -> 200)" in status["error"]
-    assert load_checkpoint(cfg.run_paths.latest_checkpoint)["step"] == 60, "nothing trained, nothing saved"
+    assert read_checkpoint(cfg.run_paths.latest_checkpoint)["step"] == 60, "nothing trained, nothing saved"
 
 
 def test_an_extended_schedule_continues_the_lr_without_a_jump(trained_root: Path, tmp_path: Path) -> None:
     """Resumed at step 60 (the end of its decay, lr 5e-4) with --extend-schedule to a new peak of 2e-3 at step 80:
     the lr climbs from where it was over the 5 warm-up steps, and the extension is in the checkpoint."""
     root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
+    shutil.copytree(trained_root, root, symlinks=True)
     extended = dict(max_steps=80, lr=2e-3, extend_schedule=True)
     launch(tiny_launch(root, "run-1", log_every=1, **extended))
     run = RunPaths.of(root, "run-1")
@@ -334,7 +339,7 @@ def test_an_extended_schedule_continues_the_lr_without_a_jump(trained_root: Path
     assert 0 < rows[61] - rows[60] <= ramp * (1 + 1e-9), "the first lr after the resume is one ramp step on"
     assert rows[65] == 2e-3 and rows[80] == pytest.approx(2e-4)
 
-    state = load_checkpoint(run.latest_checkpoint)
+    state = read_checkpoint(run.latest_checkpoint)
     assert state["schema"] == SCHEMA and "scheduler" not in state
     schedule = LRSchedule(ScheduleSettings(1.0, 1, 2, 0.0))
     schedule.load_state_dict(state["schedule"])
@@ -357,7 +362,8 @@ def save_as_schema_1(state: dict, directory: Path, settings: ScheduleSettings) -
          {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
         lr=settings.lr, betas=(0.9, 0.95),
     )  # fmt: skip
-    optimizer.load_state_dict(state["optimizer"])  # the moments of the run
+    tensors = {MODEL + k: v for k, v in state["model"].items()} | {OPTIM + k: v for k, v in state["optimizer"].items()}
+    apply_state(model, optimizer, tensors, state["optimizer_groups"])  # the moments of the run
     for group in optimizer.param_groups:
         group["lr"] = settings.lr  # as the old trainer built it, before its LambdaLR took over
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, legacy_lr_factor(**vars(settings)))
@@ -365,18 +371,20 @@ def save_as_schema_1(state: dict, directory: Path, settings: ScheduleSettings) -
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": the steps were taken
         for _ in range(state["step"]):
             scheduler.step()
-    legacy = {"model": state["model"], "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    legacy = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
     legacy |= {k: state[k] for k in ("progress", "data", "rng", "step", "preset", "model_config", "world_size")}
-    CheckpointManager(directory).save(legacy, state["step"])
+    write_single_file_checkpoint(directory, legacy)
 
 
-def test_a_schema_1_checkpoint_resumes_exactly_with_one_warning(staged_copy: Path, uninterrupted: RunPaths) -> None:
+def test_a_schema_1_single_file_checkpoint_resumes_exactly_with_one_warning(
+    staged_copy: Path, uninterrupted: RunPaths
+) -> None:
     """The uninterrupted run's step-20 checkpoint, saved again as the trainer before schema 2 did, resumes to the
     same losses; its schedule comes from the flags, and rank 0 warns once that it could not be checked."""
-    state = load_checkpoint(uninterrupted.checkpoints / "checkpoint_step_00000020.pt")
+    state = read_checkpoint(uninterrupted.checkpoints / "step_00000020")
     cfg = tiny_launch(staged_copy, "legacy", **EXACT)
     save_as_schema_1(state, cfg.run_paths.checkpoints, ScheduleSettings(cfg.lr, cfg.warmup_steps, cfg.max_steps, 0.1))
-    old = load_checkpoint(cfg.run_paths.latest_checkpoint)
+    old = read_checkpoint(cfg.run_paths.latest_checkpoint)
     assert "schema" not in old and old["scheduler"]["last_epoch"] == 20
     launch(cfg)
     resumed = read_metrics(cfg.run_paths)
@@ -388,7 +396,7 @@ def test_a_schema_1_checkpoint_resumes_exactly_with_one_warning(staged_copy: Pat
     warning = "WARNING trainer: the checkpoint predates schema 2: its learning-rate schedule"
     assert cfg.run_paths.rank_log(0).read_text().count(warning) == 1
     assert warning not in cfg.run_paths.rank_log(1).read_text()
-    assert load_checkpoint(cfg.run_paths.latest_checkpoint)["schema"] == SCHEMA
+    assert read_checkpoint(cfg.run_paths.latest_checkpoint)["schema"] == SCHEMA
 
 
 def test_resume_is_bit_identical_with_dropout(staged_copy: Path, uninterrupted: RunPaths) -> None:
@@ -398,7 +406,7 @@ def test_resume_is_bit_identical_with_dropout(staged_copy: Path, uninterrupted: 
     launch(tiny_launch(staged_copy, "dropout-straight", **settings))
     stopped = tiny_launch(staged_copy, "dropout-resumed", **settings, extra_env={"TRAINER_MAX_TOKENS": str(8 * 1024)})
     launch(stopped)
-    assert load_checkpoint(stopped.run_paths.latest_checkpoint)["step"] == 8
+    assert read_checkpoint(stopped.run_paths.latest_checkpoint)["step"] == 8
     launch(tiny_launch(staged_copy, "dropout-resumed", **settings))
     assert "resumed at step 8" in stopped.run_paths.rank_log(0).read_text()
 

@@ -235,7 +235,7 @@ def test_cli_json_and_exit_codes(tmp_path: Path) -> None:
 
 def copy_run(trained_root: Path, tmp_path: Path) -> tuple[Path, RunPaths]:
     root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root)
+    shutil.copytree(trained_root, root, symlinks=True)
     return root, RunPaths.of(root, "run-1")
 
 

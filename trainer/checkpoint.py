@@ -1,15 +1,26 @@
-"""Checkpoints: complete or absent, verified on load, with the previous good one to fall back on.
+"""Checkpoints: written by every rank in parallel, committed whole, verified on load, with older ones to fall back on.
 
-    checkpoints/checkpoint_step_00000100.pt   one file per saved step, the newest `keep` kept
-    checkpoints/checkpoint_latest.pt          a hard link to the newest step file (a copy where links fail)
-    checkpoints/index.json                    step, size and CRC32 of each file, written after each commit
+    checkpoints/step_00000100/            one directory per saved step, the newest `keep` kept:
+        __0_0.distcp, __1_0.distcp, ...   the model and optimizer tensors, each rank's share (trainer/dcp_io.py)
+        .metadata                         DCP's index of them
+        trainer_state.pt                  the rest: step, schedule, progress, data position, snapshot, settings
+        rng_rank_00000.pt, ...            each rank's random generators (a rank's own, so never deduplicated)
+        commit.json                       written last: step, world size, every file's size
+    checkpoints/checkpoint_latest         a symbolic link to the newest committed step directory
+    checkpoints/.step_00000110.attempt-3.tmp/   a save in progress; renamed to step_00000110 when complete
 
-Each step file is written under a temporary name in the same directory, fsynced, and renamed. Loading
-checks the file's size and step against the index, every record against the CRC32 that torch.save
-stores in its zip container, and loads with weights_only=True; a file that fails any of these is
-skipped, with a warning, for the next older one. Asynchronous saving copies the state to CPU memory
-and writes it in a background thread; the copy itself runs there too, overlapping the next forward and
-backward pass, and the trainer waits for it (wait_until_staged) before the optimizer changes the weights.
+A save is a collective: each rank writes its files into the temporary directory, DCP writes .metadata once every
+rank's share is on disk, then rank 0 writes commit.json and renames the directory into place, and only then moves
+checkpoint_latest. A save killed at any point leaves the previous checkpoint as the newest committed one. Loading
+takes the newest committed directory whose files have the sizes commit.json lists (else the next older), reads the
+tensors once across the ranks with every record's CRC32 checked, and accepts a different world size.
+
+Asynchronous saves hand DCP's stager a view of the live state: it copies it to host memory (pinned, on a side
+stream, on GPU) while the next forward and backward run, and the trainer waits for that copy before the optimizer
+changes the weights (wait_until_staged); the write, the commit and the durable copy to S3 happen in the background.
+
+Checkpoints of the trainer before DCP, single files `checkpoint_step_00000100.pt` with `checkpoint_latest.pt` and
+`index.json`, still load (the run goes on in the new format).
 """
 
 from __future__ import annotations
@@ -24,22 +35,34 @@ import threading
 import time
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from trainer.atomic import atomic_open, fsync_dir, write_json
+from trainer import dcp_io
+from trainer.atomic import atomic_open, fsync_dir, replace_dir, write_json
 
 log = logging.getLogger(__name__)
 
-LATEST = "checkpoint_latest.pt"
+LATEST = "checkpoint_latest"
+COMMIT = "commit.json"
+TRAINER_STATE = "trainer_state.pt"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+# Single-file checkpoints, before DCP.
+LEGACY_LATEST = "checkpoint_latest.pt"
 INDEX = "index.json"
 _STEP_FILE = re.compile(r"^checkpoint_step_(\d+)\.pt$")
 # The layout of the trainer's saved state, under "schema"; a checkpoint without one is schema 1.
 # 2: the learning-rate schedule (trainer/schedule.py) under "schedule", instead of a LambdaLR's state under "scheduler".
-SCHEMA = 2
+# 3: a DCP directory (model and optimizer by parameter name, each rank's RNG in its own file).
+SCHEMA = 3
 # What a resume checks that a checkpoint records only from some schema on: an older checkpoint resumes unchecked.
 RECORDED_SINCE = {
     "its learning-rate schedule (this run's flags set it)": 2,
@@ -51,58 +74,61 @@ class CheckpointError(Exception):
     """No usable checkpoint, or one that does not fit this run."""
 
 
-class _EarlyWriteback:
-    """A file object that has the kernel start writing each chunk to disk as soon as it is written.
-
-    A plain torch.save returns when the bytes are in the page cache; a checkpoint must also be on disk
-    before it is renamed into place. Starting the disk writes during serialisation overlaps the two, so
-    the final fsync waits only for the tail. (POSIX_FADV_DONTNEED starts writeback without waiting for
-    it, and keeps gigabytes of checkpoint out of the page cache.)
-    """
-
-    CHUNK = 64 * 2**20
-
-    def __init__(self, f: Any):
-        self.f, self.written, self.started_to = f, 0, 0
-
-    def write(self, data: bytes) -> int:
-        n = self.f.write(data)
-        self.written += n
-        if self.written - self.started_to >= self.CHUNK and hasattr(os, "posix_fadvise"):
-            self.f.flush()
-            os.posix_fadvise(self.f.fileno(), self.started_to, self.written - self.started_to, os.POSIX_FADV_DONTNEED)
-            self.started_to = self.written
-        return n
-
-    def flush(self) -> None:
-        self.f.flush()
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
 
 
 def step_file_name(step: int) -> str:
+    """A single-file checkpoint's name (before DCP)."""
     return f"checkpoint_step_{step:08d}.pt"
 
 
-def cpu_copy(obj: Any, reuse: Any = None, _shared: dict | None = None) -> Any:
-    """A copy with every tensor on the CPU, detached from what training keeps changing.
+def rng_file_name(rank: int) -> str:
+    return f"rng_rank_{rank:05d}.pt"
 
-    Tensors that share storage (tied embeddings) stay shared in the copy, so the file is no bigger than
-    a synchronous save's. With `reuse` (an earlier copy of the same structure), tensors are copied into
-    its buffers: no new memory to allocate and fault in at every save.
-    """
-    shared = {} if _shared is None else _shared
-    if isinstance(obj, torch.Tensor):
-        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), obj.shape, obj.stride(), obj.dtype)
-        if key not in shared:
-            fits = isinstance(reuse, torch.Tensor) and reuse.shape == obj.shape and reuse.dtype == obj.dtype
-            shared[key] = reuse.copy_(obj.detach()) if fits else obj.detach().to("cpu", copy=True)
-        return shared[key]
-    if isinstance(obj, dict):
-        old = reuse if isinstance(reuse, dict) else {}
-        return {k: cpu_copy(v, old.get(k), shared) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        old = reuse if isinstance(reuse, list | tuple) and len(reuse) == len(obj) else [None] * len(obj)
-        return type(obj)(cpu_copy(v, r, shared) for v, r in zip(obj, old, strict=True))
-    return obj
+
+class Mirror(Protocol):
+    """A durable copy of committed checkpoints elsewhere (trainer/durable.py: S3)."""
+
+    def upload(self, committed: Path) -> None: ...
+    def newest_complete(self) -> str | None: ...
+    def download(self, name: str, into: Path) -> Path: ...
+    def prune(self, keep: set[str]) -> None: ...
+
+
+@dataclass
+class Checkpoint:
+    """One committed checkpoint: a DCP directory, or a single file from before DCP (its state read whole)."""
+
+    path: Path
+    step: int
+    legacy_state: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def sharded(self) -> bool:
+        return self.legacy_state is None
+
+    def trainer_state(self) -> dict[str, Any]:
+        """Everything but the model and optimizer tensors (for a single file: everything)."""
+        if self.legacy_state is not None:
+            return self.legacy_state
+        return _load_plain(self.path / TRAINER_STATE)
+
+    def rng_of(self, rank: int) -> dict[str, Any] | None:
+        """The random generators `rank` had at the save, or None if the saved run had no such rank."""
+        if self.legacy_state is not None:
+            rngs = self.legacy_state["rng"]
+            return rngs[rank] if rank < len(rngs) else None
+        path = self.path / rng_file_name(rank)
+        return _load_plain(path) if path.exists() else None
+
+
+def _load_plain(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # garbage bytes surface as any of a dozen error types from the unpickler
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a plain-tensor checkpoint ({type(exc).__name__} "
+                              "from torch.load)") from exc  # fmt: skip
 
 
 def _lower_priority() -> None:
@@ -113,19 +139,47 @@ def _lower_priority() -> None:
         pass
 
 
+@dataclass
+class SaveReport:
+    """What the latest commit took: for the budget check and the log."""
+
+    step: int
+    seconds: float
+    total_bytes: int
+    largest_share: int
+    writers: int
+
+    @property
+    def parallel_speedup(self) -> float:
+        """How much faster than one process writing everything at the same rate: total over the largest share."""
+        return self.total_bytes / max(self.largest_share, 1)
+
+
 class CheckpointManager:
-    def __init__(self, directory: Path, keep: int = 3, async_save: bool = False):
+    """Saves and finds the checkpoints of one run. Every rank makes one, with the same arguments; saving and
+    restoring are collectives over `group` (a gloo group of its own: DCP's planning runs in a background thread
+    for asynchronous saves and must not interleave with training's collectives)."""
+
+    def __init__(self, directory: Path, keep: int = 3, async_save: bool = False, attempt: int = 0,
+                 group: dist.ProcessGroup | None = None, mirror: Mirror | None = None):  # fmt: skip
         self.directory = directory
         self.keep = keep
         self.async_save = async_save
-        # One background thread, in order: asynchronous writes, and deleting checkpoints past `keep`.
-        self._background = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="checkpoint", initializer=_lower_priority
-        )
-        self._pending: Future[float] | None = None
-        self._staged: Future[None] | None = None  # the pending save's copy of the live state
-        self._buffers: Any = None  # CPU copies of the state for asynchronous saves, reused across saves
-        self.last_commit_s: float | None = None  # how long the latest commit took (serialise, write, fsync)
+        self.attempt = attempt
+        self.group = group
+        self.mirror = mirror
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        # One background thread, in order: the commit after an asynchronous write, deleting old checkpoints.
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint",
+                                              initializer=_lower_priority)  # fmt: skip
+        self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-mirror",
+                                           initializer=_lower_priority)  # fmt: skip
+        self._pending: Future[SaveReport | None] | None = None
+        self._staged: Future[Any] | None = None  # the pending save's copy of the live state
+        self._upload: Future[None] | None = None
+        self._stager: DefaultStager | None = None
+        self._swept = False
+        self.last_save: SaveReport | None = None
 
     @property
     def latest(self) -> Path:
@@ -133,20 +187,46 @@ class CheckpointManager:
 
     # -- saving ---------------------------------------------------------------------------------------
 
-    def save(self, state: dict[str, Any], step: int, blocking: bool = True) -> float:
-        """Commit `state` as the checkpoint of `step`; returns the seconds the caller was held up.
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any],
+             rng: dict[str, Any], blocking: bool = True) -> float:  # fmt: skip
+        """Commit the state of `step` (collective); returns the seconds the caller was held up.
 
-        An asynchronous save reads the tensors of `state` in the background: nothing may change them until
-        wait_until_staged() has returned.
+        `trainer_state` is the same on every rank (rank 0's is written); `rng` is this rank's. An asynchronous save
+        reads the live tensors in the background: nothing may change them until wait_until_staged() has returned.
         """
         started = time.perf_counter()
-        self.wait()  # one write at a time, in order; the buffers are free again
+        self.wait()  # one save at a time, in order
+        tmp = self.directory / f".{step_dir_name(step)}.attempt-{self.attempt}.tmp"
+        self._sweep(keep=tmp)
+        tmp.mkdir(parents=True, exist_ok=True)
+        tensors, optimizer_groups = dcp_io.split_state(model, optimizer)
+        with atomic_open(tmp / rng_file_name(self.rank)) as f:
+            torch.save(rng, f)
+        if self.rank == 0:
+            with atomic_open(tmp / TRAINER_STATE) as f:
+                torch.save({**trainer_state, "optimizer_groups": optimizer_groups}, f)
         if blocking or not self.async_save:
-            self._commit(state, step)
+            dcp.save(tensors, storage_writer=dcp_io.writer(tmp), process_group=self.group,
+                     no_dist=not dist.is_initialized())  # fmt: skip
+            self.last_save = self._commit(tmp, step, started)
         else:
-            self._staged = Future()
-            self._pending = self._background.submit(self._stage_and_commit, state, step, self._staged)
+            if torch.cuda.is_available():  # the side stream's copy must not start before this step's updates end
+                torch.cuda.current_stream().synchronize()
+            response = dcp.async_save(tensors, storage_writer=dcp_io.writer(tmp), process_group=self.group,
+                                      async_stager=self._get_stager(), no_dist=not dist.is_initialized())  # fmt: skip
+            self._staged = response.staging_completion
+            self._pending = self._background.submit(self._commit_when_written, response.upload_completion, tmp,
+                                                    step, started)  # fmt: skip
         return time.perf_counter() - started
+
+    def _get_stager(self) -> DefaultStager:
+        """One stager for the run: it keeps its host buffers (pinned on GPU) from one save to the next."""
+        if self._stager is None:
+            cuda = torch.cuda.is_available()
+            options = StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+                                     use_non_blocking_copy=cuda)  # fmt: skip
+            self._stager = DefaultStager(options)
+        return self._stager
 
     def wait_until_staged(self) -> float:
         """Block until the pending asynchronous save has its own copy of the state; returns the seconds waited."""
@@ -158,98 +238,234 @@ class CheckpointManager:
         return time.perf_counter() - started
 
     def wait(self) -> None:
-        """Block until the pending asynchronous write is committed; raise if it failed."""
+        """Block until the pending asynchronous save is committed; raise if it failed."""
         self.wait_until_staged()
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            pending.result()
+            if (report := pending.result()) is not None:
+                self.last_save = report
 
-    def _stage_and_commit(self, state: dict[str, Any], step: int, staged: Future[None]) -> float:
-        try:
-            self._buffers = cpu_copy(state, reuse=self._buffers)
-        except BaseException as exc:
-            staged.set_exception(exc)
-            raise
-        staged.set_result(None)
-        return self._commit(self._buffers, step)
-
-    def close(self) -> None:
+    def close(self, wait_for_mirror: bool = True) -> None:
+        """Finish the pending save; with `wait_for_mirror`, also its durable copy (a preempted run has no time)."""
         self.wait()
+        if wait_for_mirror and self._upload is not None:
+            self._upload.result()
         self._background.shutdown(wait=True)
+        self._uploads.shutdown(wait=wait_for_mirror, cancel_futures=not wait_for_mirror)
+        if self._stager is not None:
+            self._stager.close()
 
-    def _commit(self, state: dict[str, Any], step: int) -> float:
-        started = time.perf_counter()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for stale in self.directory.glob(".*.tmp"):  # left by a writer killed mid-save (this is the only writer)
-            stale.unlink(missing_ok=True)
-            log.info("removed %s, left by an interrupted save", stale.name)
-        name = step_file_name(step)
-        with atomic_open(self.directory / name, "wb") as f:
-            torch.save(state, _EarlyWriteback(f))  # torch's zip writer stores a CRC32 per record
-        size = (self.directory / name).stat().st_size
-        self._point_latest_at(name)
-        index = self._read_index()
-        entries = [e for e in index.get("checkpoints", []) if e["file"] != name]
-        entries.append({"file": name, "step": step, "size": size, "time": time.time()})
-        entries.sort(key=lambda e: e["step"])
-        write_json(self.directory / INDEX, {"checkpoints": entries[-self.keep :], "latest": entries[-1]})
-        seconds = self.last_commit_s = time.perf_counter() - started
-        # Freeing a multi-GB file takes a while and nothing waits for it: leave it to the background.
-        self._background.submit(self._delete, [self.directory / old["file"] for old in entries[: -self.keep]])
-        log.info("checkpoint of step %d committed: %s (%.1f MB in %.2fs)", step, name, size / 1e6, seconds)
-        return seconds
+    def _commit_when_written(self, written: Future[Any], tmp: Path, step: int, started: float) -> SaveReport | None:
+        written.result()
+        return self._commit(tmp, step, started)
+
+    def _commit(self, tmp: Path, step: int, started: float) -> SaveReport | None:
+        """Rank 0, once DCP has written .metadata (every rank's share is on disk): commit.json, rename, link."""
+        if self.rank != 0:
+            return None
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        shares = dcp_io.written_bytes(tmp)
+        world = len(list(tmp.glob("rng_rank_*.pt")))
+        write_json(tmp / COMMIT, {"step": step, "world_size": world, "files": files, "time": time.time()})
+        fsync_dir(tmp)
+        final = self.directory / step_dir_name(step)
+        replace_dir(tmp, final)
+        self._point_latest_at(final.name)
+        report = SaveReport(step, time.perf_counter() - started, sum(shares.values()), max(shares.values(), default=0),
+                            len(shares))  # fmt: skip
+        log.info("checkpoint of step %d committed: %s, %.1f MB written by %d ranks in %.2fs (%.0f MB/s; the largest "
+                 "share is 1/%.1f of the state)", step, final.name, report.total_bytes / 1e6, report.writers,
+                 report.seconds, report.total_bytes / 1e6 / max(report.seconds, 1e-9),
+                 report.parallel_speedup)  # fmt: skip
+        committed = committed_checkpoints(self.directory)
+        kept, old = committed[: self.keep], [c.path for c in committed[self.keep :]]
+        # Freeing gigabytes takes a while and nothing waits for it: leave it to the background.
+        self._background.submit(self._delete, old)
+        if self.mirror is not None:
+            self._upload = self._uploads.submit(self._mirror, final, {c.path.name for c in kept})
+        return report
+
+    def _mirror(self, committed: Path, keep: set[str]) -> None:
+        """The durable copy of one commit; a failure is logged, not raised: training goes on with the FSx copy."""
+        try:
+            if committed.exists():  # not already replaced by newer ones past `keep`
+                self.mirror.upload(committed)
+                self.mirror.prune(keep)
+        except Exception:
+            log.exception("the durable copy of %s failed; the checkpoint on the volume is unaffected", committed.name)
 
     @staticmethod
     def _delete(paths: list[Path]) -> None:
         for path in paths:
-            path.unlink(missing_ok=True)
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+    def _sweep(self, keep: Path) -> None:
+        """Once per manager, rank 0: remove what saves of earlier attempts left half-written."""
+        if self._swept or self.rank != 0 or not self.directory.is_dir():
+            self._swept = True
+            return
+        self._swept = True
+        for stale in self.directory.glob(".*.tmp"):
+            if stale != keep and f".attempt-{self.attempt}." not in stale.name:
+                self._delete([stale])
+                log.info("removed %s, left by an interrupted save", stale.name)
 
     def _point_latest_at(self, name: str) -> None:
         tmp = self.directory / f".{LATEST}.{os.getpid()}.tmp"
         tmp.unlink(missing_ok=True)
-        try:
-            os.link(self.directory / name, tmp)
-        except OSError:  # a filesystem without hard links: copy (and fsync) instead
-            with atomic_open(tmp, "wb") as out, open(self.directory / name, "rb") as src:
-                shutil.copyfileobj(src, out, 16 * 2**20)
+        os.symlink(name, tmp)
+        if self.latest.is_dir() and not self.latest.is_symlink():  # a copy of the run made without symlinks (cp -r)
+            shutil.rmtree(self.latest)
         os.replace(tmp, self.latest)
+        (self.directory / LEGACY_LATEST).unlink(missing_ok=True)  # a single-file run's link, superseded
         fsync_dir(self.directory)
 
-    # -- loading --------------------------------------------------------------------------------------
+    # -- finding and loading ------------------------------------------------------------------------------
 
-    def _read_index(self) -> dict[str, Any]:
+    def newest(self) -> Checkpoint | None:
+        """newest_checkpoint, or from the durable copy when the volume has none (collective with a mirror: rank 0
+        fetches, the others wait)."""
+        if self.mirror is not None and not committed_checkpoints(self.directory):
+            if self.rank == 0:
+                self._fetch_from_mirror()
+            if dist.is_initialized():
+                dist.barrier(group=self.group)
+        return newest_checkpoint(self.directory)
+
+    def _fetch_from_mirror(self) -> None:
+        name = self.mirror.newest_complete()
+        if name is None:
+            return
+        log.info("no checkpoint on the volume: fetching %s from the durable copy", name)
+        self.mirror.download(name, self.directory)
+        self._point_latest_at(name)
+
+    def restore(self, checkpoint: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Load the model and optimizer state of `checkpoint` into `model` and `optimizer` (collective for DCP)."""
+        state = checkpoint.trainer_state()
+        if not checkpoint.sharded:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            return
+        tensors, _ = dcp_io.split_state(model, optimizer)
         try:
-            return json.loads((self.directory / INDEX).read_text())
-        except (OSError, ValueError):
-            return {}
+            if dist.is_initialized():
+                dcp_io.load_shared(checkpoint.path, tensors, self.group)
+            else:
+                dcp.load(tensors, storage_reader=dcp_io.VerifyingReader(checkpoint.path), no_dist=True)
+        except (CheckpointException, dcp_io.CorruptCheckpoint) as exc:
+            raise CheckpointError(f"checkpoint {checkpoint.path} cannot be read: {_first_failure(exc)}; move the "
+                                  "directory aside to resume from the one before") from None  # fmt: skip
+        dcp_io.apply_state(model, optimizer, tensors, state["optimizer_groups"])
 
-    def load(self) -> dict[str, Any] | None:
-        """The newest checkpoint that verifies, or None if there is none at all."""
-        index = self._read_index()
-        by_file = {e["file"]: e for e in index.get("checkpoints", [])}
-        candidates: list[tuple[Path, dict[str, Any] | None]] = []
-        if self.latest.exists():
-            candidates.append((self.latest, index.get("latest")))
-        step_files = sorted(
-            (p for p in self.directory.glob("checkpoint_step_*.pt") if _STEP_FILE.match(p.name)),
-            key=lambda p: int(_STEP_FILE.match(p.name).group(1)),
-            reverse=True,
-        )
-        candidates += [(p, by_file.get(p.name)) for p in step_files]
-        if not candidates:
-            return None
-        problems = []
-        for path, entry in candidates:
-            try:
-                state = verified_load(path, entry)
-            except CheckpointError as exc:
-                problems.append(str(exc))
-                log.warning("%s; trying an older checkpoint", exc)
-                continue
-            if problems:
-                log.warning("resuming from %s (step %d) because a newer checkpoint was unusable", path, state["step"])
-            return state
-        raise CheckpointError(f"no usable checkpoint in {self.directory}: {'; '.join(problems)}")
+
+def _first_failure(exc: BaseException) -> str:
+    """DCP gathers each rank's exception; the first says what was wrong."""
+    failures = getattr(exc, "failures", None)  # rank -> (exception, traceback)
+    if failures:
+        first = next(iter(failures.values()))
+        exc = first[0] if isinstance(first, tuple) else first
+    return f"{exc}" if isinstance(exc, dcp_io.CorruptCheckpoint) else f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def check_files(path: Path) -> dict[str, Any]:
+    """A DCP checkpoint directory is complete: commit.json lists every file, and each has its size. Cheap (no data
+    read); the records' CRC32 are checked as they are read."""
+    commit = _read_json(path / COMMIT)
+    if not commit.get("files"):
+        raise CheckpointError(f"checkpoint {path} has no readable {COMMIT}: it was never committed")
+    for name, size in commit["files"].items():
+        actual = (path / name).stat().st_size if (path / name).is_file() else None
+        if actual != size:
+            found = "missing" if actual is None else f"{actual} bytes"
+            raise CheckpointError(f"checkpoint {path} is truncated or altered: {name} is {found}, {COMMIT} says {size}")
+    return commit
+
+
+def committed_checkpoints(directory: Path) -> list[Checkpoint]:
+    """The committed checkpoints of a run, newest first (DCP directories and single files alike), unverified."""
+    found = []
+    if directory.is_dir():
+        for path in directory.iterdir():
+            if (m := _STEP_DIR.match(path.name)) and (path / COMMIT).exists():
+                found.append(Checkpoint(path, int(m.group(1))))
+            elif m := _STEP_FILE.match(path.name):
+                found.append(Checkpoint(path, int(m.group(1)), legacy_state={}))
+    return sorted(found, key=lambda c: (c.step, c.sharded), reverse=True)
+
+
+def newest_checkpoint(directory: Path) -> Checkpoint | None:
+    """The newest checkpoint of a run that passes its checks, else the next older; None when there is none at all."""
+    candidates = committed_checkpoints(directory)
+    if not candidates:
+        return None
+    problems = []
+    for candidate in candidates:
+        try:
+            checkpoint = checked(candidate)
+        except CheckpointError as exc:
+            problems.append(str(exc))
+            log.warning("%s; trying an older checkpoint", exc)
+            continue
+        if problems:
+            log.warning("resuming from %s (step %d) because a newer checkpoint was unusable", checkpoint.path,
+                        checkpoint.step)  # fmt: skip
+        return checkpoint
+    raise CheckpointError(f"no usable checkpoint in {directory}: {'; '.join(problems)}")
+
+
+def checked(candidate: Checkpoint) -> Checkpoint:
+    """A DCP directory: its files are all there at their sizes (cheap; the records' CRC32 are checked as they are
+    read). A single file: read whole and checked (its index entry, every record's CRC32)."""
+    if candidate.sharded:
+        check_files(candidate.path)
+        return candidate
+    entries = {e["file"]: e for e in _read_json(candidate.path.parent / INDEX).get("checkpoints", [])}
+    state = verified_load(candidate.path, entries.get(candidate.path.name))
+    return Checkpoint(candidate.path, candidate.step, state)
+
+
+def read_weights(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+    """The model's weights by parameter name, without reading the optimizer state (a single file: read whole)."""
+    if not checkpoint.sharded:
+        return checkpoint.trainer_state()["model"]
+    tensors = _read_alone(checkpoint.path, dcp_io.MODEL)
+    return {k.removeprefix(dcp_io.MODEL): v for k, v in tensors.items()}
+
+
+def _read_alone(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    try:
+        return dcp_io.load_alone(path, prefix)
+    except (CheckpointException, dcp_io.CorruptCheckpoint) as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {_first_failure(exc)}") from None
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Everything a checkpoint holds, in the single-file layout ("model", "optimizer" (flat), "rng" per rank, and
+    the trainer state), read by this process alone: for tests and tools."""
+    if path.is_file():
+        return verified_load(path)
+    check_files(path)
+    checkpoint = Checkpoint(path, 0)
+    state = checkpoint.trainer_state()
+    tensors = _read_alone(path)
+    state["model"] = {k.removeprefix(dcp_io.MODEL): v for k, v in tensors.items() if k.startswith(dcp_io.MODEL)}
+    state["optimizer"] = {k.removeprefix(dcp_io.OPTIM): v for k, v in tensors.items() if k.startswith(dcp_io.OPTIM)}
+    state["rng"] = [_load_plain(p) for p in sorted(path.glob("rng_rank_*.pt"))]
+    return state
+
+
+# -- single-file checkpoints (before DCP) ---------------------------------------------------------------------
 
 
 def verified_load(path: Path, entry: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -265,22 +481,11 @@ def verified_load(path: Path, entry: dict[str, Any] | None = None) -> dict[str, 
         raise CheckpointError(f"checkpoint {path} is not a complete checkpoint ({exc})") from None
     if bad_record is not None:
         raise CheckpointError(f"checkpoint {path} is corrupt: record {bad_record} fails its CRC32")
-    state = load_checkpoint(path)
-    if entry is not None and state["step"] != entry["step"]:
-        raise CheckpointError(f"checkpoint {path} holds step {state['step']}, the index says {entry['step']}")
-    return state
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load with weights_only=True: a checkpoint holds tensors and plain values, never code."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # garbage bytes surface as any of a dozen error types from the unpickler
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or not a plain-tensor checkpoint ({type(exc).__name__} from torch.load)"
-        ) from exc
+    state = _load_plain(path)
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise CheckpointError(f"checkpoint {path} is not a hyperpod-pretrain checkpoint (no model/step entries)")
+    if entry is not None and state["step"] != entry["step"]:
+        raise CheckpointError(f"checkpoint {path} holds step {state['step']}, the index says {entry['step']}")
     return state
 
 
@@ -308,7 +513,8 @@ def unchecked_by_old_checkpoint(state: dict[str, Any]) -> list[str]:
 def old_checkpoint_warning(unchecked: list[str]) -> str:
     """One line for unchecked_by_old_checkpoint's list."""
     verb = "is" if len(unchecked) == 1 else "are"
-    return f"the checkpoint predates schema {SCHEMA}: {' and '.join(unchecked)} {verb} not recorded, so not checked"
+    since = min(RECORDED_SINCE[what] for what in unchecked)
+    return f"the checkpoint predates schema {since}: {' and '.join(unchecked)} {verb} not recorded, so not checked"
 
 
 # -- RNG state ------------------------------------------------------------------------------------------

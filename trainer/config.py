@@ -58,8 +58,10 @@ class TrainConfig:
     compile: bool = _opt(False, "torch.compile the model")
     # Checkpoints and preemption.
     checkpoint_every: int = _opt(50, "steps between checkpoints", 1)
-    keep_checkpoints: int = _opt(3, "step checkpoints kept besides checkpoint_latest.pt", 1)
-    async_checkpoint: bool = _opt(False, "write periodic checkpoints in a background thread")
+    keep_checkpoints: int = _opt(3, "committed checkpoints kept (checkpoint_latest links the newest)", 1)
+    async_checkpoint: bool = _opt(False, "write periodic checkpoints in the background (staged to host memory first)")
+    checkpoint_s3_uri: str = _opt("", "copy every committed checkpoint to this s3://bucket/prefix (the run's own) "
+                                  "in the background, and resume from it when the volume has none")  # fmt: skip
     grace_period_s: float = _opt(120.0, "the pod's terminationGracePeriodSeconds: time from SIGTERM to SIGKILL", 0.01)
     # Observability.
     log_every: int = _opt(10, "steps between metrics rows and log lines", 1)
@@ -136,6 +138,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     config = TrainConfig(**values)
     if config.on_new_snapshot not in ("keep", "refuse"):
         parser.error(f"argument --on-new-snapshot: {config.on_new_snapshot!r} is unknown: choose keep or refuse")
+    if config.checkpoint_s3_uri and not config.checkpoint_s3_uri.startswith("s3://"):
+        parser.error(f"argument --checkpoint-s3-uri: {config.checkpoint_s3_uri!r} is not an s3://bucket/prefix URI")
     if config.preset not in PRESETS:
         parser.error(f"argument --preset: {config.preset!r} is unknown: choose one of {', '.join(PRESETS)}")
     return config

@@ -137,7 +137,18 @@ class RunPaths:
 
     @property
     def latest_checkpoint(self) -> Path:
-        return self.checkpoints / "checkpoint_latest.pt"
+        """The link to the newest committed checkpoint directory (trainer/checkpoint.py), or a run's single file
+        from before sharded checkpoints."""
+        link = self.checkpoints / "checkpoint_latest"
+        return (
+            link
+            if link.exists() or not (self.checkpoints / "checkpoint_latest.pt").exists()
+            else link.with_suffix(".pt")
+        )
+
+    def has_checkpoint(self) -> bool:
+        """Whether a committed checkpoint is there to resume from or start another run from."""
+        return any(self.checkpoints.glob("step_*/commit.json")) or any(self.checkpoints.glob("checkpoint_step_*.pt"))
 
     @property
     def metrics(self) -> Path:

@@ -38,6 +38,8 @@ from trainer.checkpoint import (
     SCHEMA,
     CheckpointError,
     CheckpointManager,
+    Mirror,
+    SaveReport,
     check_schema,
     old_checkpoint_warning,
     rng_state,
@@ -73,10 +75,9 @@ class Progress:
 
 @dataclass
 class TrainState:
-    """Everything a checkpoint restores: one state_dict in, the same state out, so resume is exact."""
+    """What a checkpoint restores beside the model and optimizer tensors (those are the CheckpointManager's): one
+    state_dict in, the same state out, so resume is exact."""
 
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
     schedule: LRSchedule
     progress: Progress
     data: DataPosition
@@ -112,9 +113,12 @@ def train(cfg: TrainConfig) -> ExitCode:
     log.info("comms self-test: all_reduce %s, bus bandwidth %.3f GB/s",
              "correct" if report["all_reduce_correct"] else "WRONG", report["busbw_gbps"])  # fmt: skip
 
-    # The newest good checkpoint, if any: it names the dataset snapshot to read.
-    checkpoints = CheckpointManager(run.checkpoints, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
-    state = checkpoints.load()
+    # The newest good checkpoint, if any (on the volume, else the durable copy): it names the dataset snapshot to read.
+    checkpoint_group = dist.new_group(backend="gloo")  # the checkpoints' own: async saves plan in the background
+    checkpoints = CheckpointManager(run.checkpoints, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
+                                    attempt=attempt, group=checkpoint_group, mirror=durable_copy(cfg))  # fmt: skip
+    checkpoint = checkpoints.newest()
+    state = checkpoint.trainer_state() if checkpoint is not None else None
     data_dir = training_snapshot(Path(cfg.data_dir), state, cfg.on_new_snapshot)
 
     # Data, model, optimizer.
@@ -131,7 +135,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     )  # fmt: skip
     schedule = LRSchedule(ScheduleSettings.of(cfg))
     progress = Progress()
-    train_state = TrainState(model, optimizer, schedule, progress, batches.position)
+    train_state = TrainState(schedule, progress, batches.position)
     metrics = MetricsLog(run.metrics, enabled=rank == 0)
 
     # Resume from the checkpoint, if any; or a new run from another run's weights (a warm start).
@@ -158,6 +162,7 @@ def train(cfg: TrainConfig) -> ExitCode:
         if (unchecked := unchecked_by_old_checkpoint(state)) and rank == 0:
             log.warning("%s", old_checkpoint_warning(unchecked))
         state.setdefault("schedule", schedule.state_dict())  # schema 1: the flags' schedule
+        checkpoints.restore(checkpoint, model, optimizer)
         train_state.load_state_dict(state)
         if changes := schedule.resume(progress.step, ScheduleSettings.of(cfg), cfg.extend_schedule):
             if rank == 0:
@@ -165,8 +170,8 @@ def train(cfg: TrainConfig) -> ExitCode:
                          "steps, then cosine to %.3g at step %d", progress.step, "; ".join(changes),
                          schedule.lr_at(progress.step), cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio * cfg.lr,
                          cfg.max_steps)  # fmt: skip
-        if rank < len(state["rng"]):
-            set_rng_state(state["rng"][rank])
+        if (rng := checkpoint.rng_of(rank)) is not None:
+            set_rng_state(rng)
         else:  # a rank the saved run did not have
             seed_everything(cfg.seed + rank + progress.step)
         log.info("resumed at step %d (%d tokens seen) from a checkpoint of %d ranks",
@@ -178,7 +183,7 @@ def train(cfg: TrainConfig) -> ExitCode:
                         cfg.batch_size * cfg.grad_accum_steps * world,
                         cfg.batch_size * cfg.grad_accum_steps * state["world_size"])  # fmt: skip
         metrics.truncate_after(progress.step)
-        del state
+        del state, checkpoint
     write_status(run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts),
                  attempt=attempt)  # fmt: skip
     if rank == 0:
@@ -196,15 +201,11 @@ def train(cfg: TrainConfig) -> ExitCode:
     budget_s = save_budget_s(cfg.grace_period_s)
 
     def save(blocking: bool) -> float:
-        """Collective (the RNG states are gathered); rank 0 writes. Returns the seconds rank 0 was held up."""
-        rngs: list[Any] = [None] * world
-        dist.all_gather_object(rngs, rng_state())
-        if rank != 0:
-            return 0.0
-        state = {**train_state.state_dict(), "schema": SCHEMA, "rng": rngs, "step": progress.step,
-                 "preset": cfg.preset, "model_config": mconfig.to_dict(), "world_size": world,
+        """Collective: every rank writes its share. Returns the seconds this rank was held up."""
+        state = {**train_state.state_dict(), "schema": SCHEMA, "step": progress.step, "preset": cfg.preset,
+                 "model_config": mconfig.to_dict(), "world_size": world,
                  "data_snapshot": snapshot_record(data_dir, meta), "init_from": warm_started}  # fmt: skip
-        return checkpoints.save(state, progress.step, blocking=blocking)
+        return checkpoints.save(progress.step, model, optimizer, state, rng_state(), blocking=blocking)
 
     # The loop: one optimizer step of grad_accum_steps micro-batches per iteration.
     log.info("training from step %d to %d on %d ranks, %d tokens per step",
@@ -266,8 +267,8 @@ def train(cfg: TrainConfig) -> ExitCode:
 
         if progress.step % cfg.checkpoint_every == 0 and stop_reason is None:
             save(blocking=False)
-            if not budget_checked and checkpoints.last_commit_s is not None:
-                check_save_budget(step_time_s, checkpoints.last_commit_s, budget_s, rank)
+            if not budget_checked and checkpoints.last_save is not None:
+                check_save_budget(step_time_s, checkpoints.last_save, budget_s, rank)
                 budget_checked = True
 
     # Stopping: a blocking save, waited for by every rank, so that the exit code tells the truth.
@@ -281,10 +282,10 @@ def train(cfg: TrainConfig) -> ExitCode:
     preempted = stop_reason == "signal"
     try:
         save(blocking=True)
-        checkpoints.close()
+        checkpoints.close(wait_for_mirror=not preempted)  # a preempted run has no time for the durable copy
         dist.barrier()
-        if not budget_checked and checkpoints.last_commit_s is not None:
-            check_save_budget(step_time_s, checkpoints.last_commit_s, budget_s, rank)
+        if not budget_checked and checkpoints.last_save is not None:
+            check_save_budget(step_time_s, checkpoints.last_save, budget_s, rank)
     except Exception as exc:
         log.exception("the final checkpoint of step %d could not be committed", progress.step)
         code = ExitCode.PREEMPTED_UNSAVED if preempted else ExitCode.CRASHED
@@ -352,9 +353,27 @@ def init_distributed(backend: str) -> None:
     dist.init_process_group(backend, store=attempt, rank=rank, world_size=world)
 
 
-def check_save_budget(step_time_s: float, save_s: float, budget_s: float, rank: int) -> None:
-    """After the first checkpoint: could a SIGTERM arriving mid-step still end in a committed checkpoint?"""
-    if rank == 0 and step_time_s + save_s > budget_s:
+def durable_copy(cfg: TrainConfig) -> Mirror | None:
+    """The S3 copy of every committed checkpoint, when --checkpoint-s3-uri asks for one."""
+    if not cfg.checkpoint_s3_uri:
+        return None
+    from trainer.durable import CheckpointMirror  # boto3: only when asked for
+
+    return CheckpointMirror(cfg.checkpoint_s3_uri)
+
+
+def check_save_budget(step_time_s: float, saved: SaveReport, budget_s: float, rank: int) -> None:
+    """After the first checkpoint: could a SIGTERM arriving mid-step still end in a committed checkpoint? And how
+    much did writing from every rank help (the save would take parallel_speedup times longer from one writer)?"""
+    if rank != 0:
+        return
+    save_s = saved.seconds
+    fits = "fits" if step_time_s + save_s <= budget_s else "does NOT fit"
+    log.info("checkpoint save: %.1f MB in %.1fs (%.0f MB/s), written by %d ranks in parallel, about %.1fx faster than "
+             "one writer at the same rate; one step (%.1fs) plus a save %s the %.0fs preemption budget",
+             saved.total_bytes / 1e6, save_s, saved.total_bytes / 1e6 / max(save_s, 1e-9), saved.writers,
+             saved.parallel_speedup, step_time_s, fits, budget_s)  # fmt: skip
+    if step_time_s + save_s > budget_s:
         log.warning("!!! PREEMPTION WOULD LOSE WORK: one step (%.1fs) plus a checkpoint save (%.1fs) take longer "
                     "than the %.0fs between SIGTERM and SIGKILL (the grace period, capped by torchrun's shutdown "
                     "timeout); raise terminationGracePeriodSeconds and torchrun's --shutdown-timeout, or save "

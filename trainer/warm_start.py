@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import CheckpointError, CheckpointManager
+from trainer.checkpoint import CheckpointError, newest_checkpoint, read_weights
 from trainer.layout import RunPaths
 from trainer.model import architecture_differences
 
@@ -20,11 +20,12 @@ log = logging.getLogger(__name__)
 
 
 def warm_start_state(origin: Path, tokenizer_sha256: str, model_config: dict[str, Any]) -> tuple[dict, dict]:
-    """The weights of `origin`'s newest good checkpoint, after checking that they fit this run's tokenizer and
-    model; and what to record of where they came from."""
-    state = CheckpointManager(RunPaths(origin).checkpoints).load()
-    if state is None:
+    """The weights of `origin`'s newest good checkpoint (not its optimizer state), after checking that they fit this
+    run's tokenizer and model; and what to record of where they came from."""
+    checkpoint = newest_checkpoint(RunPaths(origin).checkpoints)
+    if checkpoint is None:
         raise CheckpointError(f"--init-from {origin}: that run has no checkpoint to start from")
+    state = checkpoint.trainer_state()
     trained_with = state.get("data_snapshot", {}).get("tokenizer_sha256")
     if trained_with is None:
         raise CheckpointError(f"--init-from {origin}: its checkpoint does not record its tokenizer (it predates "
@@ -39,4 +40,4 @@ def warm_start_state(origin: Path, tokenizer_sha256: str, model_config: dict[str
                               "use that run's preset and sequence length")  # fmt: skip
     record = {"run": origin.name, "step": int(state["step"]), "tokens_seen": int(state["progress"]["tokens_seen"]),
               "snapshot": state["data_snapshot"]["snapshot"]}  # fmt: skip
-    return state["model"], record
+    return read_weights(checkpoint), record  # the weights only: the optimizer state is not read

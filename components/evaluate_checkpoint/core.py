@@ -32,7 +32,13 @@ from tokenizers import Tokenizer
 
 from components.errors import InputError, StepFailed
 from trainer.atomic import atomic_open, replace_dir, write_json
-from trainer.checkpoint import LATEST, CheckpointError, step_file_name, verified_load
+from trainer.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    checked,
+    committed_checkpoints,
+    read_weights,
+)
 from trainer.data import DataError, TokenSplit, load_meta, load_split
 from trainer.layout import META, TOKENIZER, DatasetPaths, RunPaths
 from trainer.model import build_model, config_from_dict
@@ -141,19 +147,20 @@ def evaluate_checkpoint(
         DatasetPaths.of(storage_root, dataset)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    path = checkpoint_path(run, checkpoint)
-    for required in (run.config, path):
-        if not required.is_file():
-            raise InputError(f"{required} does not exist: run {run_id!r} is incomplete")
+    if not run.config.is_file():
+        raise InputError(f"{run.config} does not exist: run {run_id!r} is incomplete")
     config = json.loads(run.config.read_text())
     snapshot_dir = run_snapshot(storage_root, config, run_id, dataset)
     meta = load_meta(snapshot_dir)
     val_set = meta.get("val_set_sha256", "")
     baseline = find_baseline(storage_root, dataset, run_id, gate.baseline_run_id, val_set)
     try:
-        state = verified_load(path)
+        found = find_checkpoint(run, checkpoint)
+        state = found.trainer_state()
+        weights = read_weights(found)  # the optimizer state is never read
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
+    path = found.path
     model_config = config_from_dict(config["model"])
     seq_len = config["trainer"]["seq_len"]
     try:
@@ -167,7 +174,7 @@ def evaluate_checkpoint(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(model_config)
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(weights)
     except RuntimeError as exc:
         raise InputError(f"checkpoint {path} does not fit the model in {run.config} (preset "
                          f"{state.get('preset')!r}): {str(exc).splitlines()[0]}") from None  # fmt: skip
@@ -236,13 +243,21 @@ def run_snapshot(storage_root: str, config: dict[str, Any], run_id: str, dataset
     return directory
 
 
-def checkpoint_path(run: RunPaths, checkpoint: str) -> Path:
-    """'latest', or a step number: that step's checkpoint file."""
-    if checkpoint in ("", "latest"):
-        return run.checkpoints / LATEST
-    if not checkpoint.isdigit():
+def find_checkpoint(run: RunPaths, checkpoint: str) -> Checkpoint:
+    """'latest' (the newest committed: a damaged one is an error here, not a reason to measure an older one), or a
+    step number: that step's checkpoint."""
+    if checkpoint not in ("", "latest") and not checkpoint.isdigit():
         raise InputError(f"checkpoint {checkpoint!r}: give 'latest' or a step number")
-    return run.checkpoints / step_file_name(int(checkpoint))
+    committed = committed_checkpoints(run.checkpoints)
+    if checkpoint in ("", "latest"):
+        found = committed[0] if committed else None
+    else:
+        found = next((c for c in committed if c.step == int(checkpoint)), None)
+    if found is None:
+        which = "any" if checkpoint in ("", "latest") else f"step {checkpoint}'s"
+        raise InputError(f"{run.checkpoints} holds no committed checkpoint ({which}): run {run.root.name!r} is "
+                         "incomplete")  # fmt: skip
+    return checked(found)
 
 
 @torch.no_grad()

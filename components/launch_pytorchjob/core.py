@@ -167,7 +167,7 @@ class LaunchConfig:
                 missing = snapshot / META if snapshot is not None else self.dataset_paths.current
                 raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {missing} is "
                                  "missing")  # fmt: skip
-        if check_storage and self.resume and not any(self.run_paths.checkpoints.glob("checkpoint_*.pt")):
+        if check_storage and self.resume and not self.run_paths.has_checkpoint():
             raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
                              "continue from")  # fmt: skip
 

@@ -114,8 +114,8 @@ def resolve_init_run(storage_root: str, dataset: str, init_from: str, run_id: st
             raise InputError(f"init_from_run_id: {exc}") from None
         if init_from == run_id:
             raise InputError(f"init_from_run_id {init_from!r} is this run: to continue it, resume it instead")
-        if not origin.latest_checkpoint.exists():
-            raise InputError(f"init_from_run_id {init_from!r}: {origin.latest_checkpoint} does not exist")
+        if not origin.has_checkpoint():
+            raise InputError(f"init_from_run_id {init_from!r}: {origin.checkpoints} holds no checkpoint")
         return init_from
     finished = []
     for status in Path(storage_root, "runs").glob("*/status.json"):

@@ -1,0 +1,131 @@
+"""The tensors of a checkpoint through torch.distributed.checkpoint (DCP): written in parallel, read once.
+
+Saving: every rank offers the whole (replicated) model and optimizer state; DCP's global plan keeps each tensor
+on one rank only, the least loaded (`dedup_save_plans`), so the ranks write about equal shares side by side, one
+file each, fsynced. Loading: the tensors are dealt out to the ranks by size, each rank reads only its share, and
+the owners broadcast them, so the checkpoint is read once in all, not once per rank. Every tensor item is a small
+torch.save archive whose records carry a CRC32; torch.load does not check it, so the reader here does, on the
+bytes it reads anyway.
+
+Keys are fully qualified names: `model.<parameter>` and `optim.state.<parameter>.<exp_avg|exp_avg_sq|step>`
+(torch.distributed.checkpoint.state_dict's flattened optimizer form), which do not depend on the world size.
+The optimizer's hyperparameters are not tensors; they travel beside, in the trainer state.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+MODEL, OPTIM = "model.", "optim."
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class CorruptCheckpoint(Exception):
+    """An item whose bytes are missing or fail their CRC32."""
+
+
+def split_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """The live model and optimizer state by name: the tensors (views of the training state, for DCP) and the
+    optimizer's other entries (learning rate, betas, ...). An optimizer that has not stepped yet gets its state
+    created first (DCP's own zero-learning-rate step), so that there is something to load into."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=_FLAT)
+    tensors = {MODEL + k: v for k, v in model_state.items()}
+    other = {}
+    for key, value in optim_state.items():
+        (tensors if isinstance(value, torch.Tensor) else other)[OPTIM + key] = value
+    return tensors, other
+
+
+def apply_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict, other: dict) -> None:
+    """split_state's inverse: the loaded tensors and the saved other entries back into the model and optimizer."""
+    both = {**tensors, **other}
+    model_state = {k.removeprefix(MODEL): v for k, v in both.items() if k.startswith(MODEL)}
+    optim_state = {k.removeprefix(OPTIM): v for k, v in both.items() if k.startswith(OPTIM)}
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=_FLAT)
+
+
+# -- writing ----------------------------------------------------------------------------------------------
+
+
+def writer(path: Path) -> dcp.FileSystemWriter:
+    """One file per rank, fsynced before DCP reports it written (so before .metadata, and before our commit)."""
+    return dcp.FileSystemWriter(path, single_file_per_rank=True, sync_files=True, thread_count=1, overwrite=True)
+
+
+def written_bytes(path: Path) -> dict[int, int]:
+    """Bytes each rank wrote into the DCP checkpoint at `path` (its files are named __<rank>_<n>.distcp)."""
+    shares: dict[int, int] = {}
+    for item in dcp.FileSystemReader(path).read_metadata().storage_data.values():
+        rank = int(item.relative_path.split("_")[2])
+        shares[rank] = shares.get(rank, 0) + item.length
+    return shares
+
+
+# -- reading ----------------------------------------------------------------------------------------------
+
+
+class VerifyingReader(dcp.FileSystemReader):
+    """DCP's file reader, with every item's CRC32 records checked on the bytes read for it."""
+
+    def _slice_file(self, file: IO[bytes], sinfo: Any) -> IO[bytes]:
+        file.seek(sinfo.offset)
+        data = file.read(sinfo.length)
+        where = f"{Path(self.path) / sinfo.relative_path} at byte {sinfo.offset}"
+        if len(data) != sinfo.length:
+            raise CorruptCheckpoint(f"{where}: {len(data)} of the item's {sinfo.length} bytes are there")
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                bad = archive.testzip()
+        except zipfile.BadZipFile as exc:
+            raise CorruptCheckpoint(f"{where}: not a tensor record ({exc})") from None
+        if bad is not None:
+            raise CorruptCheckpoint(f"{where}: record {bad} fails its CRC32")
+        return io.BytesIO(data)
+
+
+def owners(tensors: dict[str, torch.Tensor], world: int) -> dict[str, int]:
+    """Who reads each tensor: the largest first, each to the rank with the fewest bytes so far; the same answer on
+    every rank."""
+    load = [0] * world
+    owner = {}
+    for key in sorted(tensors, key=lambda k: (-tensors[k].numel() * tensors[k].element_size(), k)):
+        owner[key] = min(range(world), key=lambda r: (load[r], r))
+        load[owner[key]] += tensors[key].numel() * tensors[key].element_size()
+    return owner
+
+
+def load_shared(path: Path, tensors: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> None:
+    """Fill `tensors` (every rank's full, replicated state) from the checkpoint at `path`, collectively: each rank
+    reads its share (DCP over `group`), then each tensor is broadcast from the rank that read it.
+
+    Tensors that the default process group cannot carry (CPU scalars under NCCL) are read by every rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend_device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    shareable = {k: t for k, t in tensors.items() if t.device.type == backend_device}
+    owner = owners(shareable, world)
+    mine = {k: t for k, t in tensors.items() if owner.get(k, rank) == rank}
+    dcp.load(mine, storage_reader=VerifyingReader(path), process_group=group)
+    for key in sorted(owner):
+        dist.broadcast(tensors[key], src=owner[key])
+
+
+def load_alone(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors whose names start with `prefix`, read by this process alone (no process group): evaluation reads
+    the weights (MODEL) and nothing of the optimizer."""
+    metadata = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    tensors = {
+        key: torch.empty(md.size, dtype=md.properties.dtype)
+        for key, md in metadata.items()
+        if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)
+    }
+    dcp.load(tensors, storage_reader=VerifyingReader(path), no_dist=True)
+    return tensors
