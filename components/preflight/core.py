@@ -2,8 +2,9 @@
 
 The manifest is rendered with the launcher's own `render_job(cfg.job_spec())` and everything checked comes from
 it: namespace, the worker's resources, nodeSelector, node affinity, tolerations, the PVC, /dev/shm, the image,
-the node counts and the auto-resume annotation. Each check is pass, warn, fail or n/a with a one-line reason and
-a one-line fix (the seed's troubleshooting table where it has one). Every call goes through `Kube.call`
+the node counts, the auto-resume annotation, and the trainer's preset, grace period and torchrun shutdown timeout
+(what a SIGTERM's checkpoint must write, and in how long). Each check is pass, warn, fail or n/a with a one-line
+reason and a one-line fix (the seed's troubleshooting table where it has one). Every call goes through `Kube.call`
 (timeouts, retries of transient errors); any other API error fails only its own check, and a 403 on reading
 cluster state warns (the step's service account may not be allowed to look), so the other checks still run.
 """
