@@ -8,7 +8,8 @@ It serves, through the official ``kubernetes`` client, what a launcher does agai
 - pods (list, watch, get) and their ``log`` subresource (follow, timestamps, sinceSeconds, tailLines, previous);
 - core/v1 events (list, watch), optionally forbidden (403) as for a service account without the RBAC rule;
 - what a preflight check reads about the cluster: nodes, pods on nodes (across namespaces, field selectors on
-  ``spec.nodeName`` and ``status.phase``), PersistentVolumeClaims, namespaces, apps/v1 DaemonSets and Deployments,
+  ``spec.nodeName`` and ``status.phase``), PersistentVolumeClaims, the PersistentVolumes they are bound to and
+  storage.k8s.io/v1 StorageClasses, namespaces, apps/v1 DaemonSets and Deployments,
   apiextensions.k8s.io/v1 CustomResourceDefinitions (the PyTorchJob CRD installed, removable: then the PyTorchJob
   endpoints answer 404 as a real API server does) and authorization.k8s.io/v1 SelfSubjectAccessReviews.
 
@@ -814,6 +815,13 @@ PVCS = Kind(
     True,
     subresources=frozenset({"status"}),
 )
+# Cluster-scoped, as the API serves them: GET /api/v1/persistentvolumes/{name} and
+# /apis/storage.k8s.io/v1/storageclasses/{name} (kubernetes/kubernetes pkg/registry/core/persistentvolume and
+# pkg/registry/storage/storageclass: NamespaceScoped() false). A StorageClass has no spec or status: provisioner and
+# parameters are top-level fields.
+PVS = Kind("persistentvolumes", "", "v1", "PersistentVolume", NAME_FIELDS, True, namespaced=False,
+           subresources=frozenset({"status"}))  # fmt: skip
+STORAGE_CLASSES = Kind("storageclasses", "storage.k8s.io", "v1", "StorageClass", NAME_FIELDS, True, namespaced=False)
 DAEMONSETS = Kind("daemonsets", "apps", "v1", "DaemonSet", NAMESPACED_FIELDS, True, subresources=frozenset({"status"}))
 DEPLOYMENTS = Kind(
     "deployments", "apps", "v1", "Deployment", NAMESPACED_FIELDS, True, subresources=frozenset({"status"})
@@ -838,7 +846,7 @@ SSARS = Kind(
     namespaced=False,
     verbs=frozenset({"create"}),
 )
-BUILTIN_KINDS = (PODS, EVENTS, NODES, NAMESPACES, PVCS, DAEMONSETS, DEPLOYMENTS, CRDS, SSARS)
+BUILTIN_KINDS = (PODS, EVENTS, NODES, NAMESPACES, PVCS, PVS, STORAGE_CLASSES, DAEMONSETS, DEPLOYMENTS, CRDS, SSARS)
 
 
 @dataclass
@@ -2219,7 +2227,7 @@ class FakeKubernetes:
             meta["namespace"] = namespace or meta.get("namespace") or "default"
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", now_rfc3339())
-        if kind.group:  # apps/v1 and apiextensions.k8s.io/v1 objects carry a generation
+        if kind.group in ("apps", "apiextensions.k8s.io"):  # their objects carry a generation (StorageClasses none)
             meta.setdefault("generation", 1)
         with self._cond:
             exists = (kind.resource, meta.get("namespace", ""), meta["name"]) in self._objects
@@ -2519,11 +2527,13 @@ class FakeKubernetes:
         capacity: str = "1200Gi",
         volume_name: str | None = None,
         request: str | None = None,
+        pv: bool = True,
     ) -> dict[str, Any]:
         """A PersistentVolumeClaim (an FSx for Lustre one by default); ``request`` defaults to ``capacity``.
 
         Bound: ``spec.volumeName`` (``volume_name``, else ``pvc-<uid>`` as dynamic provisioning names it), status
-        access modes and capacity. Pending or Lost: no volume, status phase only (Lost keeps the volume name).
+        access modes and capacity, and (unless ``pv`` is False) that PersistentVolume, bound to it (:meth:`add_pv`).
+        Pending or Lost: no volume, status phase only (Lost keeps the volume name).
         """
         uid = str(uuid.uuid4())
         modes = list(access_modes)
@@ -2556,7 +2566,58 @@ class FakeKubernetes:
             "spec": spec,
             "status": status,
         }
-        return self._add(PVCS, pvc, namespace)
+        added = self._add(PVCS, pvc, namespace)
+        if phase == "Bound" and pv:
+            self.add_pv(spec["volumeName"], capacity=capacity, storage_class=storage_class or None,
+                        access_modes=modes, claim=added, dynamic=volume_name is None)  # fmt: skip
+        return added
+
+    def add_pv(
+        self,
+        name: str,
+        *,
+        capacity: str = "1200Gi",
+        storage_class: str | None = "fsx-sc",
+        driver: str = "fsx.csi.aws.com",
+        volume_handle: str = "fs-0123456789abcdef0",
+        access_modes: Iterable[str] = ("ReadWriteMany",),
+        claim: dict[str, Any] | None = None,
+        dynamic: bool = True,
+    ) -> dict[str, Any]:
+        """A CSI PersistentVolume, an FSx for Lustre file system by default, Bound to ``claim`` (a PVC as stored) or
+        Available. Its ``volumeAttributes`` are the FSx CSI driver's volume context (``dnsname``, ``mountname``:
+        kubernetes-sigs/aws-fsx-csi-driver pkg/driver/controller.go): nothing of the file system's throughput."""
+        region = "us-east-1"
+        attributes = {"dnsname": f"{volume_handle}.fsx.{region}.amazonaws.com", "mountname": "abcdefgh"}
+        meta: dict[str, Any] = {"name": name, "finalizers": ["kubernetes.io/pv-protection"]}
+        if dynamic:
+            meta["annotations"] = {"pv.kubernetes.io/provisioned-by": driver}
+            meta["finalizers"].append("external-provisioner.volume.kubernetes.io/finalizer")
+        spec: dict[str, Any] = {
+            "accessModes": list(access_modes),
+            "capacity": {"storage": capacity},
+            "csi": {"driver": driver, "volumeHandle": volume_handle, "volumeAttributes": attributes},
+            "persistentVolumeReclaimPolicy": "Delete" if dynamic else "Retain",
+            "volumeMode": "Filesystem",
+        }
+        if storage_class is not None:
+            spec["storageClassName"] = storage_class
+        if claim is not None:
+            claim_meta = claim["metadata"]
+            spec["claimRef"] = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": claim_meta["name"],
+                                "namespace": claim_meta["namespace"], "uid": claim_meta["uid"],
+                                "resourceVersion": claim_meta["resourceVersion"]}  # fmt: skip
+        return self._add(PVS, {"metadata": meta, "spec": spec, "status": {"phase": "Bound" if claim else "Available"}})
+
+    def add_storage_class(
+        self, name: str, parameters: dict[str, str] | None = None, *, provisioner: str = "fsx.csi.aws.com"
+    ) -> dict[str, Any]:
+        """A StorageClass; ``parameters`` as the provisioner reads them (the FSx CSI driver's: ``deploymentType``,
+        ``perUnitStorageThroughput``, ``storageType``, ...: kubernetes-sigs/aws-fsx-csi-driver
+        pkg/driver/filesystem_provisioner.go, Provision)."""
+        body = {"metadata": {"name": name}, "provisioner": provisioner, "parameters": dict(parameters or {}),
+                "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}  # fmt: skip
+        return self._add(STORAGE_CLASSES, body)
 
     def add_daemonset(
         self,

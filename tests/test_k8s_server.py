@@ -533,6 +533,59 @@ def test_persistent_volume_claims(server: FakeKubernetes, core: Any) -> None:
     assert status_of(error)["message"] == 'persistentvolumeclaims "fsx-claim" not found'
 
 
+def test_persistent_volumes_and_storage_classes(server: FakeKubernetes, api_client: Any, core: Any) -> None:
+    """Cluster-scoped, 404 and 403 as the API server answers them; a Bound claim's volume comes with it."""
+    storage = kubernetes.client.StorageV1Api(api_client)
+    server.add_storage_class("fsx-sc", {"subnetId": "subnet-1", "deploymentType": "PERSISTENT_2",
+                                        "perUnitStorageThroughput": "250"})  # fmt: skip
+    claim = server.add_pvc("kubeflow", "fsx-claim", capacity="2400Gi")
+    server.add_pvc("kubeflow", "static-claim", volume_name="fsx-pv", storage_class="")
+    server.add_pvc("kubeflow", "pending-claim", phase="Pending")
+
+    pv = core.read_persistent_volume(claim["spec"]["volumeName"])
+    assert pv.kind == "PersistentVolume" and pv.metadata.namespace is None and pv.status.phase == "Bound"
+    assert pv.spec.capacity == {"storage": "2400Gi"} and pv.spec.storage_class_name == "fsx-sc"
+    assert (pv.spec.csi.driver, pv.spec.csi.volume_handle) == ("fsx.csi.aws.com", "fs-0123456789abcdef0")
+    assert set(pv.spec.csi.volume_attributes) == {"dnsname", "mountname"}, "the FSx CSI driver's volume context"
+    assert pv.metadata.annotations == {"pv.kubernetes.io/provisioned-by": "fsx.csi.aws.com"}
+    ref = pv.spec.claim_ref
+    assert (ref.namespace, ref.name, ref.uid) == ("kubeflow", "fsx-claim", claim["metadata"]["uid"])
+    static = core.read_persistent_volume("fsx-pv")
+    assert static.spec.storage_class_name is None and static.metadata.annotations is None
+    assert static.spec.persistent_volume_reclaim_policy == "Retain"
+    assert len(core.list_persistent_volume().items) == 2, "a Pending claim has no volume"
+
+    sc = storage.read_storage_class("fsx-sc")
+    assert (sc.kind, sc.api_version, sc.provisioner) == ("StorageClass", "storage.k8s.io/v1", "fsx.csi.aws.com")
+    assert sc.parameters["perUnitStorageThroughput"] == "250" and sc.metadata.generation is None
+
+    for read, name, message in (
+        (core.read_persistent_volume, "nope", 'persistentvolumes "nope" not found'),
+        (storage.read_storage_class, "nope", 'storageclasses.storage.k8s.io "nope" not found'),
+    ):
+        with pytest.raises(ApiException) as error:
+            read(name)
+        assert error.value.status == 404 and status_of(error)["message"] == message
+    with pytest.raises(ApiException) as error:  # not a namespaced resource
+        api_client.call_api("/api/v1/namespaces/kubeflow/persistentvolumes/fsx-pv", "GET", _preload_content=False)
+    assert error.value.status == 404
+
+    server.use_rbac(LAUNCHER_RBAC)  # no rule for either
+    for read, name, resource, group in (
+        (core.read_persistent_volume, "fsx-pv", "persistentvolumes", ""),
+        (storage.read_storage_class, "fsx-sc", "storageclasses", "storage.k8s.io"),
+    ):
+        with pytest.raises(ApiException) as error:
+            read(name)
+        assert error.value.status == 403 and status_of(error)["message"].endswith(
+            f'cannot get resource "{resource}" in API group "{group}" at the cluster scope'
+        )
+    server.grant("get", "persistentvolumes")
+    server.grant("get", "storageclasses", groups="storage.k8s.io")
+    assert core.read_persistent_volume("fsx-pv").metadata.name == "fsx-pv"
+    assert storage.read_storage_class("fsx-sc").metadata.name == "fsx-sc"
+
+
 def test_daemonsets_and_deployments(server: FakeKubernetes, apps: Any) -> None:
     for i in range(3):
         server.add_node(f"gpu-{i}")

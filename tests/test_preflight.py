@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -27,6 +29,7 @@ from components.launch_pytorchjob.core import LaunchConfig
 from components.launch_pytorchjob.manifest import render_job
 from components.launch_pytorchjob.platform import Platform
 from components.preflight.core import (
+    ASSUMED_VOCAB,
     CHECK_NAMES,
     FAIL,
     NOT_APPLICABLE,
@@ -37,12 +40,14 @@ from components.preflight.core import (
     PreflightResult,
     check_manifest,
     failure_message,
+    fsx_size_gib,
     parse_reference,
     pod_requests,
     preflight,
     quantity,
 )
 from tests.k8s_server import CRD_PATH, FakeKubernetes, load_crd
+from trainer.layout import META, DatasetPaths
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy/rbac.yaml"
 CLUSTER_READ = RBAC.with_name("rbac-cluster-read.yaml")
@@ -50,6 +55,9 @@ IMAGE = "registry.example.com/ml/hyperpod-pretrain-trainer:1.0"
 ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-trainer:1"
 GPU8 = {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
 FAST = KubeSettings(request_timeout_s=5, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
+
+SCRATCH_2 = {"subnetId": "subnet-0123456789abcdef0", "securityGroupIds": "sg-0123456789abcdef0",
+             "deploymentType": "SCRATCH_2"}  # fmt: skip
 
 NO_CRD = f"the PyTorchJob CRD is not here ({CRD_PATH})"  # the fake server installs it; the unit tests need none
 
@@ -71,14 +79,15 @@ def config(**overrides: Any) -> LaunchConfig:
 
 
 def healthy_cluster(server: FakeKubernetes, *, pvc: bool = True, device_plugins: bool = True) -> None:
-    """Two GPU nodes with room, a CPU node, device plugins, the FSx PVC, and the permissions of deploy/rbac.yaml and
-    the optional deploy/rbac-cluster-read.yaml."""
+    """Two GPU nodes with room, a CPU node, device plugins, the FSx PVC (1,200 GiB, SCRATCH_2, dynamically
+    provisioned), and the permissions of deploy/rbac.yaml and the optional deploy/rbac-cluster-read.yaml."""
     for i in range(2):
         server.add_node(f"hyperpod-i-{i:02d}", deep_health_check="Passed")
     server.add_node("cpu-system", instance_type="ml.m5.2xlarge", health_status=None)
     server.add_pod("kube-system", "aws-node-0", node_name="hyperpod-i-00", requests={"cpu": "25m", "memory": "64Mi"})
     if device_plugins:
         server.add_device_plugins()
+    server.add_storage_class("fsx-sc", SCRATCH_2)
     if pvc:
         server.add_pvc("kubeflow", "fsx-lustre-pvc")
     assert server.use_rbac([*yaml.safe_load_all(RBAC.read_text()), *yaml.safe_load_all(CLUSTER_READ.read_text())])
@@ -143,6 +152,10 @@ def test_a_cluster_where_everything_fits_passes(server: FakeKubernetes, api_clie
     ), "a standard install's image is tagged with a commit, not the version"
     assert check(result, "permissions").reason == "all 7 permissions the launcher uses, in namespace kubeflow"
     assert check(result, "fsx-pvc").reason == "fsx-lustre-pvc in kubeflow: Bound, ReadWriteMany, 1200Gi"
+    throughput = check(result, "checkpoint-throughput").reason
+    assert throughput.startswith("the small checkpoint, ") and throughput.endswith(
+        "SCRATCH_2, writes 100 MB/s/TiB = 120 MB/s: the save takes ~0.2 s"
+    ), throughput
     assert check(result, "nodes").reason == (
         "2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi memory, 96 cpu); the job "
         "needs 2. Not fitting: 1 no health label (cpu-system: no sagemaker.amazonaws.com/node-health-status label "
@@ -164,7 +177,7 @@ def test_a_cluster_where_everything_fits_passes(server: FakeKubernetes, api_clie
         result.target
     )
     payload = json.loads(json.dumps(result.to_json()))
-    assert payload["passed"] is True and payload["failed"] == [] and len(payload["checks"]) == 7
+    assert payload["passed"] is True and payload["failed"] == [] and len(payload["checks"]) == 8
     # Only reads and access reviews: nothing is created.
     assert {m for m, _ in server.requests} == {"GET", "POST"}
     assert all(p.startswith("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews") for m, p in server.requests
@@ -352,25 +365,33 @@ def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(server: FakeKuberne
 
 
 @pytest.mark.parametrize(
-    ("pvc", "reason", "fix"),
+    ("pvc", "reason", "fix", "throughput"),
     [
         (None, "PVC fsx-lustre-pvc does not exist in namespace kubeflow: the pods would stay Pending",
-         "create the FSx for Lustre PV and PVC fsx-lustre-pvc in kubeflow"),
+         "create the FSx for Lustre PV and PVC fsx-lustre-pvc in kubeflow", "could not be read"),
         ({"phase": "Pending"}, "PVC fsx-lustre-pvc is Pending, not Bound",
-         "kubectl -n kubeflow describe pvc fsx-lustre-pvc: check the FSx CSI driver"),
+         "kubectl -n kubeflow describe pvc fsx-lustre-pvc: check the FSx CSI driver",
+         "is bound to no PersistentVolume"),
         ({"access_modes": ("ReadWriteOnce",)},
          "PVC fsx-lustre-pvc is ReadWriteOnce, not ReadWriteMany: the 2 nodes and the pipeline's steps must mount it "
-         "at once", "use an FSx for Lustre PV/PVC with accessModes [ReadWriteMany]"),
+         "at once", "use an FSx for Lustre PV/PVC with accessModes [ReadWriteMany]", ""),
     ],
 )  # fmt: skip
-def test_pvc_problems_fail(pvc: dict[str, Any] | None, reason: str, fix: str) -> None:
+def test_pvc_problems_fail(pvc: dict[str, Any] | None, reason: str, fix: str, throughput: str) -> None:
     with cluster(pvc=False) as server, connect(server) as api:
         if pvc is not None:
             server.add_pvc("kubeflow", "fsx-lustre-pvc", **pvc)
         result = run(api)
     got = check(result, "fsx-pvc")
     assert (got.status, got.reason) == (FAIL, reason) and got.fix.startswith(fix)
-    others_pass(result, "fsx-pvc")
+    others_pass(result, "fsx-pvc", "checkpoint-throughput")
+    checkpoint = check(result, "checkpoint-throughput")
+    if throughput:  # no volume to compare with: fsx-pvc says why, this check only what the checkpoint needs
+        assert checkpoint.status == NOT_APPLICABLE, checkpoint
+        assert checkpoint.reason.endswith(f"; PVC fsx-lustre-pvc {throughput} (see fsx-pvc): its file system is "
+                                          "unknown") and "needs 0.49 MB/s" in checkpoint.reason  # fmt: skip
+    else:
+        assert checkpoint.status == PASS, checkpoint
 
 
 def test_pvc_name_from_the_compiled_platform_settings(server: FakeKubernetes, api_client: Any) -> None:
@@ -381,6 +402,183 @@ def test_pvc_name_from_the_compiled_platform_settings(server: FakeKubernetes, ap
     )
     with pytest.raises(InputError, match="job option 'pvc_name' is not a run option"):
         run(api_client, job_options={"pvc_name": "team-fsx"})
+
+
+# -- 3b. the checkpoint's throughput on FSx -------------------------------------------------------------------
+
+LLAMA_1B = 989_923_328  # llama-1b's parameters with the pipeline's default vocabulary (8,192): issue 19's 11.9 GB
+PERSISTENT_2 = {**SCRATCH_2, "deploymentType": "PERSISTENT_2"}
+
+
+def checkpoint_mb(parameters: int) -> float:
+    """What a SIGTERM's checkpoint writes, in MB: fp32 weights, exp_avg and exp_avg_sq (12 bytes a parameter), +10%."""
+    return parameters * 12 * 1.1 / 1e6
+
+
+def throughput(api: Any, **overrides: Any) -> Check:
+    return check(run(api, **{"preset": "llama-1b", **overrides}), "checkpoint-throughput")
+
+
+def test_an_fsx_fast_enough_for_the_sigterm_checkpoint_passes(server: FakeKubernetes, api_client: Any) -> None:
+    server.add_storage_class("fsx-p2", {**PERSISTENT_2, "perUnitStorageThroughput": "500"})
+    pv = server.add_pvc("kubeflow", "fsx-lustre-pvc", storage_class="fsx-p2")["spec"]["volumeName"]
+    result = run(api_client, preset="llama-1b")
+    got = check(result, "checkpoint-throughput")
+    # 120 s grace period; the launcher gives torchrun's shutdown timeout 20 s less: 100 s, half of it for the save.
+    assert round(checkpoint_mb(LLAMA_1B) / 50) == 261 and round(checkpoint_mb(LLAMA_1B) / 600) == 22
+    assert got.status == PASS and got.reason == (
+        "the llama-1b checkpoint, 989,923,328 parameters x 12 bytes = 11.9 GB (vocabulary 8,192 assumed: the "
+        "pipeline's default, the dataset is not staged yet), 13.1 GB with a 10% margin, needs 261 MB/s to take at "
+        "most half of the 100 s preemption budget (the smaller of the pod's 120 s grace period and torchrun's 100 s "
+        "shutdown timeout; the other half is for the step in flight at SIGTERM, of a length unknown here); FSx "
+        f"fs-0123456789abcdef0 (PV {pv}, 1,200 GiB), PERSISTENT_2, writes 500 MB/s/TiB = 600 MB/s: the save takes ~22 s"
+    )
+    others_pass(result, "checkpoint-throughput")
+
+
+def test_a_slow_fsx_warns_naming_a_size_a_tier_and_a_budget_that_fit(server: FakeKubernetes, api_client: Any) -> None:
+    server.add_storage_class("fsx-p2", {**PERSISTENT_2, "perUnitStorageThroughput": "125"})
+    server.add_pvc("kubeflow", "fsx-lustre-pvc", storage_class="fsx-p2")
+    result = run(api_client, preset="llama-1b")
+    got = check(result, "checkpoint-throughput")
+    has = 1.2 * 125  # MB/s: FSx counts 1,200 GiB as 1.2 TiB
+    assert checkpoint_mb(LLAMA_1B) / 50 > has, "261 MB/s needed"
+    assert got.status == WARN and result.passed and result.verdict() == "passed, 1 warning(s)"
+    assert got.reason.endswith(
+        f"PERSISTENT_2, writes 125 MB/s/TiB = 150 MB/s: the save would take ~{checkpoint_mb(LLAMA_1B) / has:.0f} s of "
+        "the 100 s budget, so a preemption may lose the steps since the last periodic checkpoint (the run itself works)"
+    ), got.reason
+    budget = math.ceil(checkpoint_mb(LLAMA_1B) / has * 2)
+    assert (2.4 * 125, 1.2 * 250) == (300, 300) and budget == 175  # each fits 261 MB/s; 87.1 s is half of 175 s
+    assert got.fix == (
+        "for this job: a file system of 2,400 GiB (2.4 TiB) at 125 MB/s/TiB (a larger PVC request where the "
+        "StorageClass allows expansion, or aws fsx update-file-system --storage-capacity), or the 250 MB/s/TiB tier "
+        "(300 MB/s at this size; aws fsx update-file-system --lustre-configuration PerUnitStorageThroughput=250), or "
+        "a preemption budget of at least 175 s (job options grace_period_s and shutdown_timeout_s)"
+    )
+    others_pass(result, "checkpoint-throughput")
+    # The budget it names fits: a 195 s grace period gives torchrun 175 s.
+    assert throughput(api_client, job_options={"grace_period_s": 195}).status == PASS
+    assert throughput(api_client, job_options={"grace_period_s": 194}).status == WARN
+
+
+def test_scratch_is_counted_at_its_write_baseline(server: FakeKubernetes, api_client: Any) -> None:
+    """SCRATCH_2 reads 200 MB/s/TiB but writes 100: the healthy cluster's 1,200 GiB writes 120 MB/s, too slow."""
+    got = throughput(api_client)
+    assert got.status == WARN and "SCRATCH_2, writes 100 MB/s/TiB = 120 MB/s: the save would take ~109 s" in got.reason
+    size = fsx_size_gib(Decimal(checkpoint_mb(LLAMA_1B) / 50 * 1000 / 100), "SCRATCH_2", "SSD", 100)
+    assert size == 4800, "2,613 GiB rounds up to the driver's next 2,400 GiB step"
+    assert got.fix.startswith("for this job: a file system of 4,800 GiB (4.8 TiB) at 100 MB/s/TiB")
+    assert ", or a PERSISTENT_2 file system of this size at 250 MB/s/TiB (300 MB/s), or a preemption budget of at " \
+           "least 218 s" in got.fix  # fmt: skip
+
+
+def test_the_budget_is_the_grace_period_capped_by_torchruns_shutdown_timeout(api_client: Any) -> None:
+    longer = throughput(api_client, job_options={"grace_period_s": 300})
+    assert longer.status == PASS and "needs 93 MB/s to take at most half of the 280 s preemption budget (the smaller " \
+        "of the pod's 300 s grace period and torchrun's 280 s shutdown timeout;" in longer.reason  # fmt: skip
+    assert round(checkpoint_mb(LLAMA_1B) / 140) == 93
+    default = throughput(api_client, job_options={"shutdown_timeout_s": 0})  # torchrun's own: 30 s
+    assert default.status == WARN and "needs 871 MB/s to take at most half of the 30 s preemption budget (the " \
+        "smaller of the pod's 120 s grace period and torchrun's 30 s shutdown timeout;" in default.reason  # fmt: skip
+
+
+def test_the_vocabulary_of_a_staged_dataset_is_used(api_client: Any, staged_root: Path) -> None:
+    got = throughput(api_client, storage_root=str(staged_root))
+    vocab = json.loads((DatasetPaths.of(staged_root, "synthetic").current_snapshot() / META).read_text())["vocab_size"]
+    assert vocab < 512, "BPE on the small corpus stops short of the 512 asked for"
+    smaller = LLAMA_1B - (ASSUMED_VOCAB - vocab) * 2048  # tied embeddings, 2048 wide
+    assert f"the llama-1b checkpoint, {smaller:,} parameters x 12 bytes = 11.7 GB (vocabulary {vocab}), " in got.reason
+
+
+def test_the_assumed_vocabulary_is_the_pipelines_default() -> None:
+    from pipelines.pipeline import PlatformOptions, build_pipeline
+
+    signature = inspect.signature(build_pipeline(PlatformOptions()).pipeline_func)
+    assert signature.parameters["vocab_size"].default == ASSUMED_VOCAB
+
+
+def test_a_static_pv_is_compared_with_the_slowest_tier(server: FakeKubernetes, api_client: Any) -> None:
+    """A statically provisioned PV says nothing of its tier, even when it names a StorageClass to bind with."""
+    for storage_class in ("", "fsx-sc"):
+        server.add_pvc("kubeflow", "fsx-lustre-pvc", volume_name="fsx-static", storage_class=storage_class,
+                       capacity="2400Gi")  # fmt: skip
+        got = throughput(api_client)
+        assert got.status == WARN and got.reason.endswith(
+            "; the write throughput of FSx fs-0123456789abcdef0 (PV fsx-static, 2,400 GiB) is unknown here: its "
+            "PersistentVolume was provisioned statically, so no StorageClass says how it was created"
+        ), got.reason
+        assert got.fix.startswith("compare it yourself: aws fsx describe-file-systems --file-system-ids "
+                                  "fs-0123456789abcdef0 ") and got.fix.endswith("must reach 261 MB/s")  # fmt: skip
+        small = throughput(api_client, preset="small")
+        assert small.status == PASS and small.reason.endswith(
+            "(PV fsx-static, 2,400 GiB) writes at least 29 MB/s at the slowest FSx for Lustre tier (12 MB/s/TiB; its "
+            "PersistentVolume was provisioned statically, so no StorageClass says how it was created)"
+        ), small.reason
+
+
+def test_a_storage_class_gone_or_without_a_known_tier_leaves_it_unknown(
+    server: FakeKubernetes, api_client: Any
+) -> None:
+    server.add_pvc("kubeflow", "fsx-lustre-pvc", storage_class="fsx-gone")
+    gone = throughput(api_client)
+    assert gone.status == WARN and gone.reason.endswith("is unknown here: StorageClass fsx-gone, which provisioned "
+                                                        "it, no longer exists")  # fmt: skip
+    server.add_storage_class("fsx-p2", PERSISTENT_2)  # no perUnitStorageThroughput: the API would have refused it
+    server.add_pvc("kubeflow", "fsx-lustre-pvc", storage_class="fsx-p2")
+    assert throughput(api_client).reason.endswith(
+        "StorageClass fsx-p2 has deploymentType PERSISTENT_2, storageType SSD, perUnitStorageThroughput none: no tier "
+        "known here"
+    )
+
+
+def test_a_volume_that_is_not_fsx_is_not_applicable(server: FakeKubernetes, api_client: Any) -> None:
+    pvc = server.add_pvc("kubeflow", "fsx-lustre-pvc", volume_name="efs-pv", pv=False)
+    server.add_pv("efs-pv", driver="efs.csi.aws.com", volume_handle="fs-0abc", claim=pvc)
+    result = run(api_client, preset="llama-1b")
+    got = check(result, "checkpoint-throughput")
+    assert got.status == NOT_APPLICABLE and "needs 261 MB/s" in got.reason, "the platform team compares with that"
+    assert got.reason.endswith("; PersistentVolume efs-pv is not FSx for Lustre (CSI driver efs.csi.aws.com): "
+                               "compare its write throughput with that")  # fmt: skip
+    others_pass(result, "checkpoint-throughput")
+
+
+def test_cannot_read_the_pv_or_storage_class_warns_with_what_it_needs(server: FakeKubernetes, api_client: Any) -> None:
+    server.deny("get", "storageclasses", "storage.k8s.io")
+    storage_class = throughput(api_client)
+    assert storage_class.status == WARN and "needs 261 MB/s" in storage_class.reason
+    assert storage_class.reason.endswith("is unknown here: cannot read StorageClass fsx-sc: the service account may "
+                                         "not get storageclasses")  # fmt: skip
+    assert storage_class.fix.startswith("grant the step's service account get on storageclasses.storage.k8s.io to run "
+                                        "this check")  # fmt: skip
+    server.deny("get", "persistentvolumes")
+    result = run(api_client, preset="llama-1b")
+    pv = check(result, "checkpoint-throughput")
+    assert pv.status == WARN and result.passed and "needs 261 MB/s" in pv.reason
+    assert pv.reason.split("; ")[-1].startswith("cannot read PersistentVolume pvc-") and pv.reason.endswith(
+        ": the service account may not get persistentvolumes"
+    )
+    assert pv.fix.startswith("grant the step's service account get on persistentvolumes and "
+                             "storageclasses.storage.k8s.io to run this check") and \
+        "kubectl apply -f deploy/rbac-cluster-read.yaml" in pv.fix  # fmt: skip
+    others_pass(result, "checkpoint-throughput")
+
+
+@pytest.mark.parametrize(
+    ("request_gib", "deployment", "storage_type", "per_unit", "size"),
+    [
+        (1, "SCRATCH_2", "SSD", 100, 1200), (1201, "SCRATCH_2", "SSD", 100, 2400),
+        (2401, "SCRATCH_2", "SSD", 100, 4800),
+        (2401, "PERSISTENT_2", "SSD", 125, 4800), (3000, "SCRATCH_1", "SSD", 200, 3600),
+        (3601, "SCRATCH_1", "SSD", 200, 7200), (2401, "SCRATCH_1", "SSD", 200, 3600),
+        (100, "PERSISTENT_1", "HDD", 12, 6000), (6001, "PERSISTENT_1", "HDD", 12, 12000),
+        (1801, "PERSISTENT_1", "HDD", 40, 3600),
+    ],
+)  # fmt: skip
+def test_sizes_round_up_as_the_fsx_csi_driver_provisions_them(
+    request_gib: int, deployment: str, storage_type: str, per_unit: int, size: int
+) -> None:
+    assert fsx_size_gib(Decimal(request_gib), deployment, storage_type, per_unit) == size
 
 
 # -- 4. nodes ------------------------------------------------------------------------------------------------
@@ -758,7 +956,8 @@ def test_an_api_error_fails_only_its_check(server: FakeKubernetes, api_client: A
         "Kubernetes API: read PVC failed 3 times; last: HTTP 503 Service Unavailable: etcd is away"
     )
     assert plugins.status == FAIL and plugins.reason == "Kubernetes API: HTTP 400 Bad Request: bad selector"
-    others_pass(result, "fsx-pvc", "device-plugins")
+    others_pass(result, "fsx-pvc", "device-plugins", "checkpoint-throughput")
+    assert check(result, "checkpoint-throughput").status == NOT_APPLICABLE, "the PVC was not read: no volume known"
 
 
 def test_an_unreachable_api_server_fails_the_cluster_checks_once() -> None:
@@ -773,7 +972,7 @@ def test_an_unreachable_api_server_fails_the_cluster_checks_once() -> None:
     assert time.monotonic() - started < 10
     crd = check(result, "crd")
     assert crd.status == FAIL and crd.reason.startswith("Kubernetes API: read CRD failed 3 times; last: MaxRetryError")
-    for name in ("permissions", "fsx-pvc", "nodes", "device-plugins"):
+    for name in ("permissions", "fsx-pvc", "checkpoint-throughput", "nodes", "device-plugins"):
         got = check(result, name)
         assert (got.status, got.reason) == (FAIL, "not checked: the Kubernetes API server is unreachable")
         assert got.fix.startswith("rerun when the API server answers")

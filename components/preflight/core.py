@@ -2,8 +2,9 @@
 
 The manifest is rendered with the launcher's own `render_job(cfg.job_spec())` and everything checked comes from
 it: namespace, the worker's resources, nodeSelector, node affinity, tolerations, the PVC, /dev/shm, the image,
-the node counts and the auto-resume annotation. Each check is pass, warn, fail or n/a with a one-line reason and
-a one-line fix (the seed's troubleshooting table where it has one). Every call goes through `Kube.call`
+the node counts, the auto-resume annotation, and the trainer's preset, grace period and torchrun shutdown timeout
+(what a SIGTERM's checkpoint must write, and in how long). Each check is pass, warn, fail or n/a with a one-line
+reason and a one-line fix (the seed's troubleshooting table where it has one). Every call goes through `Kube.call`
 (timeouts, retries of transient errors); any other API error fails only its own check, and a 403 on reading
 cluster state warns (the step's service account may not be allowed to look), so the other checks still run.
 """
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -82,7 +85,8 @@ RBAC_FIX = ("kubectl apply -n {ns} -f deploy/rbac.yaml (its Role and RoleBinding
             "and the service account kubeflow/pipeline-runner: edit them for another)")  # fmt: skip
 READ_FIX = ("grant the step's service account {what} to run this check: kubectl apply -n kubeflow -f deploy/rbac.yaml "
             "(the CRD, the Training Operator, the PVC), kubectl apply -f deploy/rbac-cluster-read.yaml (optional: "
-            "nodes, pods, DaemonSets and Deployments in all namespaces)")  # fmt: skip
+            "nodes, pods, DaemonSets and Deployments in all namespaces, PersistentVolumes and "
+            "StorageClasses)")  # fmt: skip
 
 
 @dataclass
@@ -227,6 +231,7 @@ class Context:
         self.apps = client.AppsV1Api(api_client)
         self.apiext = client.ApiextensionsV1Api(api_client)
         self.authz = client.AuthorizationV1Api(api_client)
+        self.storage = client.StorageV1Api(api_client)
         worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
         elastic = job["spec"].get("elasticPolicy") or {}
         self.max_nodes: int = int(elastic.get("maxReplicas") or worker.get("replicas") or 1)
@@ -237,6 +242,7 @@ class Context:
         self.request: dict[str, Decimal] = pod_requests(self.pod)
         self.annotations: dict[str, str] = job["metadata"].get("annotations") or {}
         self.unreachable = ""  # set once the API server could not be reached: later cluster reads are skipped
+        self.pvc: Any = None  # the job's claim as check_pvc read it (V1PersistentVolumeClaim), for its volume
 
     @property
     def auto_resume(self) -> bool:
@@ -428,6 +434,7 @@ def check_pvc(ctx: Context) -> Check:
                          f"persistentvolumeclaims in {ns}", READ_FIX.format(what=f"get on persistentvolumeclaims "
                          f"in {ns}"))  # fmt: skip
         raise
+    ctx.pvc = pvc
     phase = (pvc.status.phase if pvc.status else None) or "unknown"
     modes = (pvc.status.access_modes if pvc.status and pvc.status.access_modes else None) or pvc.spec.access_modes
     modes = list(modes or [])
@@ -444,6 +451,279 @@ def check_pvc(ctx: Context) -> Check:
         return Check("fsx-pvc", FAIL, "; ".join(problems), "; ".join(fixes))
     capacity = (pvc.status.capacity or {}).get("storage", "?")
     return Check("fsx-pvc", PASS, f"{claim} in {ns}: Bound, ReadWriteMany, {capacity}")
+
+
+# -- 3b. the FSx file system's throughput for the SIGTERM checkpoint --------------------------------------------
+
+FSX_DRIVER = "fsx.csi.aws.com"
+PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"  # set on a PV its StorageClass's provisioner created
+# What the trainer checkpoints per parameter: fp32 weights and AdamW's exp_avg and exp_avg_sq, 4 bytes each (bf16
+# autocast keeps the weights in fp32). The ranks write their shares in parallel (torch.distributed.checkpoint), each
+# tensor once, so the save runs at the file system's throughput, not one client's.
+STATE_BYTES_PER_PARAMETER = 12
+# On top of those bytes. The rest of the checkpoint (schedule, RNG states, data position, the format's metadata) is
+# well under 1% of them; the margin is for creating, syncing and renaming the files on Lustre's metadata server,
+# which take time but no throughput.
+STATE_MARGIN = Decimal("0.10")
+# The share of the preemption budget the save may take. SIGTERM lands mid-step and the step in flight finishes first
+# (how long a step takes is unknown here); the processes must still exit after the save. Half is left for both.
+SAVE_SHARE = Decimal("0.5")
+ASSUMED_VOCAB = 8192  # the pipeline's default vocab_size (pipelines/pipeline.py; tests/test_preflight.py holds it)
+DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when it sets none (the Kubernetes default)
+MB = Decimal(10**6)  # FSx throughput is in MB/s of 10^6 bytes
+# FSx for Lustre counts throughput per "TiB" of 1,000 GiB: "for a 2.4-TiB file system, provisioning 50 MB/s/TiB of
+# PerUnitStorageThroughput yields 120 MB/s" (FSx API Reference, CreateFileSystemLustreConfiguration), and 2.4 TiB is
+# the 2,400 GiB size step.
+FSX_GIB_PER_TIB = 1000
+# Baseline disk throughput of writes, MB/s per TiB: a checkpoint is all writes, and bursts are not counted on. The FSx
+# for Lustre User Guide, "Performance characteristics of SSD and HDD storage classes": SCRATCH_2 writes 100 (reads
+# 200); a persistent file system writes its PerUnitStorageThroughput, PERSISTENT_1 SSD 50, 100 or 200, HDD 12 or 40,
+# PERSISTENT_2 125, 250, 500 or 1000 (API Reference, LustreFileSystemConfiguration). SCRATCH_1, the API's default
+# deploymentType and the FSx CSI driver's when a StorageClass names none (pkg/util/util.go, RoundUpVolumeSize), is
+# counted at the 200 MB/s/TiB scratch baseline ("Deployment options for FSx for Lustre file systems"). The CSI driver
+# puts none of this on the PV (its volumeAttributes are dnsname and mountname only), so it comes from the StorageClass
+# that provisioned it: a throughput changed since (aws fsx update-file-system) is not seen.
+SCRATCH_WRITE = {"SCRATCH_1": 200, "SCRATCH_2": 100}
+PER_UNIT_TIERS: dict[tuple[str, str], tuple[int, ...]] = {
+    ("PERSISTENT_1", "SSD"): (50, 100, 200),
+    ("PERSISTENT_1", "HDD"): (12, 40),
+    ("PERSISTENT_2", "SSD"): (125, 250, 500, 1000),
+}
+SLOWEST_TIER = 12  # MB/s per TiB: no FSx for Lustre file system writes slower (PERSISTENT_1 HDD at 12)
+
+
+@dataclass
+class CheckpointNeed:
+    """What a SIGTERM's checkpoint writes and the time it has for it."""
+
+    preset: str
+    parameters: int
+    vocab: int
+    vocab_assumed: bool
+    grace_s: int  # the pod's terminationGracePeriodSeconds
+    shutdown_s: int  # torchrun's shutdown timeout: it SIGKILLs the workers this long after forwarding SIGTERM
+
+    @property
+    def budget_s(self) -> int:
+        return min(self.grace_s, self.shutdown_s)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.parameters * STATE_BYTES_PER_PARAMETER
+
+    @property
+    def write_bytes(self) -> Decimal:
+        return self.state_bytes * (1 + STATE_MARGIN)
+
+    @property
+    def mbps(self) -> Decimal:
+        return self.write_bytes / MB / (self.budget_s * SAVE_SHARE)
+
+    def seconds_at(self, mbps: Decimal) -> Decimal:
+        return self.write_bytes / MB / mbps
+
+    def describe(self) -> str:
+        vocab = f"vocabulary {self.vocab:,}" + (
+            " assumed: the pipeline's default, the dataset is not staged yet" if self.vocab_assumed else ""
+        )
+        return (f"the {self.preset} checkpoint, {self.parameters:,} parameters x {STATE_BYTES_PER_PARAMETER} bytes = "
+                f"{size_text(self.state_bytes)} ({vocab}), {size_text(self.write_bytes)} with a "
+                f"{STATE_MARGIN * 100:.0f}% margin, needs {rate_text(self.mbps)} to take at most half of the "
+                f"{self.budget_s} s preemption budget (the smaller of the pod's {self.grace_s} s grace period and "
+                f"torchrun's {self.shutdown_s} s shutdown timeout; the other half is for the step in flight at "
+                "SIGTERM, of a length unknown here)")  # fmt: skip
+
+
+def size_text(n: Decimal | int) -> str:
+    return f"{Decimal(n) / 10**9:.1f} GB" if n >= 10**8 else f"{Decimal(n) / MB:.1f} MB"
+
+
+def rate_text(mbps: Decimal) -> str:
+    return f"{mbps:,.0f} MB/s" if mbps >= 10 else f"{mbps:.2f} MB/s"
+
+
+def checkpoint_need(ctx: Context) -> CheckpointNeed:
+    """The job's checkpoint size (its preset built on the meta device: shapes only, no memory) and save budget."""
+    import torch
+
+    from trainer.config import TRAIN_DEFAULTS
+    from trainer.model import build_model, model_config
+    from trainer.preemption import TORCHRUN_DEFAULT_SHUTDOWN_S
+
+    argv = [*(ctx.container.get("command") or []), *(ctx.container.get("args") or [])]
+
+    def flag(name: str, default: Any) -> str:
+        return argv[argv.index(name) + 1] if name in argv[:-1] else str(default)
+
+    preset, seq_len = flag("--preset", TRAIN_DEFAULTS["preset"]), int(flag("--seq-len", TRAIN_DEFAULTS["seq_len"]))
+    vocab, assumed = dataset_vocab(flag("--data-dir", ""))
+    with torch.device("meta"):
+        model = build_model(model_config(preset, vocab, seq_len, eos_token_id=0))
+    parameters = sum(p.numel() for p in model.parameters())  # tied embeddings once, as the state_dict saves them
+    env = {e["name"]: e.get("value", "") for e in ctx.container.get("env") or []}
+    grace = int(ctx.pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
+    shutdown = int(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or TORCHRUN_DEFAULT_SHUTDOWN_S)
+    return CheckpointNeed(preset, parameters, vocab, assumed, grace, shutdown)
+
+
+def dataset_vocab(data_dir: str) -> tuple[int, bool]:
+    """The vocabulary of the snapshot the job trains on, read where the trainer reads it (the preflight step mounts
+    the same volume at the same path); (ASSUMED_VOCAB, True) before the dataset is staged."""
+    from trainer.data import DataError
+    from trainer.layout import META
+    from trainer.snapshot import given_snapshot
+
+    if not data_dir:
+        return ASSUMED_VOCAB, True
+    try:
+        return int(json.loads((given_snapshot(Path(data_dir)) / META).read_text())["vocab_size"]), False
+    except (DataError, OSError, ValueError, KeyError, TypeError):
+        return ASSUMED_VOCAB, True
+
+
+@dataclass
+class FsxFileSystem:
+    """An FSx for Lustre file system as its PersistentVolume and the StorageClass that provisioned it say."""
+
+    pv: str
+    handle: str  # the file system's id, fs-...
+    capacity_gib: Decimal
+    deployment: str = ""  # "": unknown
+    storage_type: str = "SSD"
+    per_unit: int = 0  # MB/s written per TiB; 0: unknown
+
+    @property
+    def tib(self) -> Decimal:
+        return self.capacity_gib / FSX_GIB_PER_TIB
+
+    @property
+    def mbps(self) -> Decimal:
+        return self.tib * self.per_unit
+
+    def name(self) -> str:
+        return f"FSx {self.handle} (PV {self.pv}, {self.capacity_gib:,.0f} GiB)"
+
+
+def write_tier(parameters: dict[str, str]) -> tuple[str, str, int]:
+    """(deploymentType, storageType, MB/s written per TiB) from an FSx StorageClass's parameters; 0 MB/s: unknown."""
+    deployment = parameters.get("deploymentType") or "SCRATCH_1"
+    storage_type = (parameters.get("storageType") or "SSD").upper()
+    if deployment in SCRATCH_WRITE:
+        return deployment, storage_type, SCRATCH_WRITE[deployment]
+    try:
+        per_unit = int(parameters.get("perUnitStorageThroughput") or 0)
+    except ValueError:
+        per_unit = 0
+    return deployment, storage_type, per_unit if per_unit in PER_UNIT_TIERS.get((deployment, storage_type), ()) else 0
+
+
+def fsx_size_gib(at_least_gib: Decimal, deployment: str, storage_type: str, per_unit: int) -> int:
+    """The size the FSx CSI driver provisions for a request of `at_least_gib` (kubernetes-sigs/aws-fsx-csi-driver
+    pkg/util/util.go, RoundUpVolumeSize): HDD in steps of 6,000 GiB (12 MB/s/TiB) or 1,800 GiB (40); SCRATCH_1 1,200,
+    2,400, then steps of 3,600; the others 1,200, then steps of 2,400."""
+    if storage_type == "HDD":
+        step = 6000 if per_unit == 12 else 1800
+        return step * max(1, math.ceil(at_least_gib / step))
+    step = 3600 if deployment == "SCRATCH_1" else 2400
+    if at_least_gib < step:
+        return 1200 * max(1, math.ceil(at_least_gib / 1200))
+    return step * math.ceil(at_least_gib / step)
+
+
+def fitting_choices(need: CheckpointNeed, fsx: FsxFileSystem) -> list[str]:
+    """What would fit: this tier at a larger size, a faster tier at this size, a longer budget."""
+    size = fsx_size_gib(need.mbps * FSX_GIB_PER_TIB / fsx.per_unit, fsx.deployment, fsx.storage_type, fsx.per_unit)
+    choices = [f"a file system of {size:,} GiB ({Decimal(size) / FSX_GIB_PER_TIB:.1f} TiB) at {fsx.per_unit} "
+               "MB/s/TiB (a larger PVC request where the StorageClass allows expansion, or aws fsx "
+               "update-file-system --storage-capacity)"]  # fmt: skip
+    scratch = fsx.deployment in SCRATCH_WRITE
+    tiers = PER_UNIT_TIERS[("PERSISTENT_2", "SSD")] if scratch else PER_UNIT_TIERS[(fsx.deployment, fsx.storage_type)]
+    faster = next((u for u in tiers if u > fsx.per_unit and fsx.tib * u >= need.mbps), None)
+    if faster is not None:
+        rate = rate_text(fsx.tib * faster)
+        choices.append(f"a PERSISTENT_2 file system of this size at {faster} MB/s/TiB ({rate})" if scratch else
+                       f"the {faster} MB/s/TiB tier ({rate} at this size; aws fsx update-file-system "
+                       f"--lustre-configuration PerUnitStorageThroughput={faster})")  # fmt: skip
+    budget = math.ceil(need.seconds_at(fsx.mbps) / SAVE_SHARE)
+    choices.append(f"a preemption budget of at least {budget} s (job options grace_period_s and shutdown_timeout_s)")
+    return choices
+
+
+def check_checkpoint_throughput(ctx: Context) -> Check:
+    name = "checkpoint-throughput"
+    volume = ctx.volume(lambda v: "persistentVolumeClaim" in v)
+    if volume is None:
+        return Check(name, NOT_APPLICABLE, "the job mounts no PersistentVolumeClaim to checkpoint to")
+    need = checkpoint_need(ctx)
+    claim = volume["persistentVolumeClaim"]["claimName"]
+    pv_name = ctx.pvc.spec.volume_name if ctx.pvc is not None else None
+    if not pv_name:
+        why = "could not be read" if ctx.pvc is None else "is bound to no PersistentVolume"
+        return Check(name, NOT_APPLICABLE, f"{need.describe()}; PVC {claim} {why} (see fsx-pvc): its file system is "
+                     "unknown")  # fmt: skip
+    try:
+        pv = ctx.kube.call("read PV", ctx.kube.core.read_persistent_volume, pv_name)
+    except ApiException as exc:
+        if forbidden(exc):
+            return Check(name, WARN, f"{need.describe()}; cannot read PersistentVolume {pv_name}: the service account "
+                         "may not get persistentvolumes", READ_FIX.format(what="get on persistentvolumes and "
+                         "storageclasses.storage.k8s.io"))  # fmt: skip
+        if not_found(exc):
+            return Check(name, WARN, f"{need.describe()}; PersistentVolume {pv_name} of PVC {claim} does not exist",
+                         f"kubectl -n {ctx.namespace} describe pvc {claim}")  # fmt: skip
+        raise
+    csi = pv.spec.csi
+    if csi is None or csi.driver != FSX_DRIVER:
+        what = f"CSI driver {csi.driver}" if csi is not None else "not a CSI volume"
+        return Check(name, NOT_APPLICABLE, f"{need.describe()}; PersistentVolume {pv_name} is not FSx for Lustre "
+                     f"({what}): compare its write throughput with that")  # fmt: skip
+    fsx = FsxFileSystem(pv_name, csi.volume_handle, quantity((pv.spec.capacity or {})["storage"]) / GI)
+    unknown, fix = read_tier(ctx, fsx, pv)
+    if unknown:
+        floor = fsx.tib * SLOWEST_TIER
+        if need.mbps <= floor:
+            return Check(name, PASS, f"{need.describe()}; {fsx.name()} writes at least {rate_text(floor)} at the "
+                         f"slowest FSx for Lustre tier ({SLOWEST_TIER} MB/s/TiB; {unknown})")  # fmt: skip
+        return Check(name, WARN, f"{need.describe()}; the write throughput of {fsx.name()} is unknown here: {unknown}",
+                     fix or f"compare it yourself: aws fsx describe-file-systems --file-system-ids {fsx.handle} "
+                     "gives StorageCapacity (GiB) and LustreConfiguration's DeploymentType and "
+                     "PerUnitStorageThroughput; StorageCapacity / 1000 x the MB/s per TiB it writes (the "
+                     "PerUnitStorageThroughput; SCRATCH_2 100, SCRATCH_1 200) must reach "
+                     f"{rate_text(need.mbps)}")  # fmt: skip
+    tier = f"{fsx.deployment}" + (f" {fsx.storage_type}" if fsx.storage_type != "SSD" else "")
+    has = f"{fsx.name()}, {tier}, writes {fsx.per_unit} MB/s/TiB = {rate_text(fsx.mbps)}"
+    seconds = need.seconds_at(fsx.mbps)
+    took = f"~{seconds:.0f} s" if seconds >= 10 else f"~{seconds:.1f} s"
+    if fsx.mbps >= need.mbps:
+        return Check(name, PASS, f"{need.describe()}; {has}: the save takes {took}")
+    return Check(name, WARN, f"{need.describe()}; {has}: the save would take {took} of the "
+                 f"{need.budget_s} s budget, so a preemption may lose the steps since the last periodic checkpoint "
+                 "(the run itself works)", "for this job: " + ", or ".join(fitting_choices(need, fsx)))  # fmt: skip
+
+
+def read_tier(ctx: Context, fsx: FsxFileSystem, pv: Any) -> tuple[str, str]:
+    """Fill in `fsx`'s deployment type and write throughput from the StorageClass that provisioned its PV; else
+    (why they are unknown, the fix when there is one)."""
+    storage_class = pv.spec.storage_class_name
+    if (pv.metadata.annotations or {}).get(PROVISIONED_BY) != FSX_DRIVER:
+        return "its PersistentVolume was provisioned statically, so no StorageClass says how it was created", ""
+    if not storage_class:
+        return "its PersistentVolume names no StorageClass", ""
+    try:
+        found = ctx.kube.call("read StorageClass", ctx.storage.read_storage_class, storage_class)
+    except ApiException as exc:
+        if forbidden(exc):
+            why = f"cannot read StorageClass {storage_class}: the service account may not get storageclasses"
+            return why, READ_FIX.format(what="get on storageclasses.storage.k8s.io")
+        if not_found(exc):
+            return f"StorageClass {storage_class}, which provisioned it, no longer exists", ""
+        raise
+    fsx.deployment, fsx.storage_type, fsx.per_unit = write_tier(found.parameters or {})
+    if not fsx.per_unit:
+        per_unit = (found.parameters or {}).get("perUnitStorageThroughput") or "none"
+        return (f"StorageClass {storage_class} has deploymentType {fsx.deployment}, storageType {fsx.storage_type}, "
+                f"perUnitStorageThroughput {per_unit}: no tier known here", "")  # fmt: skip
+    return "", ""
 
 
 # -- 4. nodes the workers fit on ----------------------------------------------------------------------------
@@ -897,10 +1177,12 @@ CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("crd", check_crd),
     ("permissions", check_permissions),
     ("fsx-pvc", check_pvc),
+    ("checkpoint-throughput", check_checkpoint_throughput),
     ("nodes", check_nodes),
     ("device-plugins", check_device_plugins),
     ("image", check_image),
     ("memory", check_memory),
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
-API_CHECKS = frozenset({"crd", "permissions", "fsx-pvc", "nodes", "device-plugins"})  # the others read the manifest
+# The checks that read the cluster; the others read the manifest.
+API_CHECKS = frozenset({"crd", "permissions", "fsx-pvc", "checkpoint-throughput", "nodes", "device-plugins"})
