@@ -344,7 +344,8 @@ class CheckpointMirror:
 
     def prune(self, keep: set[str]) -> None:
         """Delete the copies of every step directory not in `keep`, each commit.json first (a copy half deleted is
-        never taken for complete). Copies without a commit.json (interrupted uploads) go too, unless kept."""
+        never taken for complete). Copies without a commit.json (interrupted uploads) go too, unless kept: call it
+        once the uploads of the steps in `keep` have returned, not beside one still running."""
         for name in self._step_dirs():
             if name in keep:
                 continue
