@@ -84,6 +84,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=positive_int, default=d["log_every"])
 
 
+def add_checkpoint_s3_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint-s3-uri", default="", metavar="s3://BUCKET/PREFIX",
+                   help="copy each committed checkpoint to PREFIX/<run id>/ in S3, and fetch the newest back when "
+                   "the volume lost it (default: no copies)")  # fmt: skip
+    p.add_argument("--endpoint-url", default="", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS)")
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from pipelines.pipeline import Images, PlatformOptions, compile_pipeline
 
@@ -142,6 +149,8 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "dropout": args.dropout,
         "checkpoint_every": args.checkpoint_every,
         "log_every": args.log_every,
+        "checkpoint_s3_uri": args.checkpoint_s3_uri,
+        "s3_endpoint_url": args.endpoint_url,
         "eval_max_tokens": 65536,
     }
     result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments)
@@ -211,6 +220,8 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         dropout=args.dropout,
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,
+        checkpoint_s3_uri=args.checkpoint_s3_uri,
+        s3_endpoint_url=args.endpoint_url,
         timeout_s=args.timeout_s,
         pending_timeout_s=args.pending_timeout_s,
         recovery_timeout_s=args.recovery_timeout_s,
@@ -543,6 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="groups of files tokenized by parallel steps (the pipeline's fan-out)")  # fmt: skip
     p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE))
     add_train_args(p)
+    add_checkpoint_s3_args(p)
     p.set_defaults(func=cmd_run_local)
 
     p = sub.add_parser("stage-data", help="stage a corpus onto the volume and tokenize it")
@@ -582,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--snapshot", default="", help="the dataset snapshot to train on (default: the current one)")
         p.add_argument("--timeout-s", type=int, default=0, help="deadline for training in seconds (0: none)")
         add_train_args(p)
+        add_checkpoint_s3_args(p)
         add_cluster_args(p)
         p.set_defaults(func=func)
         if name == "preflight":

@@ -96,15 +96,37 @@ def test_what_the_dockerfiles_copy_exists_and_is_the_package(dockerfile: Path) -
         assert allowed & set(ignored), f".dockerignore leaves out {source}, which {dockerfile.name} copies"
 
 
-def test_the_trainer_image_installs_what_the_trainer_imports() -> None:
-    imported = set()
-    for path in (REPO / "trainer").glob("*.py"):
+def imports_of(paths: list[Path]) -> set[str]:
+    """The top-level modules these files import, following this project's own modules they import (trainer/durable.py
+    uses components.stage_data.s3) to the third-party ones those import."""
+    own = {p.rstrip("*") for p in PACKAGES}
+    imported: set[str] = set()
+    todo, seen = list(paths), set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                imported |= {alias.name.split(".")[0] for alias in node.names}
+                names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                imported.add(node.module.split(".")[0])
-    third_party = imported - set(sys.stdlib_module_names) - {"trainer", "__future__"}
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            imported |= {name.split(".")[0] for name in names}
+            for name in (n for n in names if n.split(".")[0] in own):
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):  # the module, and every package above it (their __init__ runs)
+                    base = REPO.joinpath(*parts[:i])
+                    todo += [f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()]
+    return imported
+
+
+def test_the_trainer_image_installs_what_the_trainer_imports() -> None:
+    imported = imports_of(sorted((REPO / "trainer").glob("*.py")))
+    own = {p.rstrip("*") for p in PACKAGES}
+    third_party = imported - set(sys.stdlib_module_names) - own - {"__future__"}
     python, pins = read_stack()
     # The image installs the pin and nothing else of the trainer's (the next test checks it installs the pin), so
     # whatever trainer/ imports must be pinned (these packages' import names are their distribution names).

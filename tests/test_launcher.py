@@ -35,12 +35,27 @@ def test_training_failure_fails_the_step_with_exit_code_and_output(staged_copy: 
         ({"backend": "slurm"}, "backend 'slurm' is unknown"),
         ({"dataset": "not-staged"}, "is not staged"),
         ({"run_id": "../../etc"}, "not a valid name"),
+        ({"checkpoint_s3_uri": "s3://Bad_Bucket/x"}, "checkpoint_s3_uri 's3://Bad_Bucket/x': 'Bad_Bucket' is not"),
+        ({"s3_endpoint_url": "minio:9000"}, "s3_endpoint_url 'minio:9000' is not an http:// or https:// URL"),
     ],
 )
 def test_bad_launch_inputs_fail_before_anything_starts(staged_copy: Path, override: dict, message: str) -> None:
     with pytest.raises(InputError, match=message):
         launch(tiny_launch(staged_copy, **{"run_id": "r", **override}))
     assert not (staged_copy / "runs").exists()
+
+
+def test_the_local_trainer_gets_its_runs_checkpoint_copies_prefix_and_the_endpoint(staged_copy: Path) -> None:
+    from components.launch_pytorchjob.local_backend import torchrun_command
+
+    cfg = tiny_launch(
+        staged_copy, "copied", checkpoint_s3_uri="s3://bucket/ckpts", s3_endpoint_url="http://127.0.0.1:9"
+    )
+    command = torchrun_command(cfg)
+    assert command[command.index("--checkpoint-s3-uri") + 1] == "s3://bucket/ckpts/copied"
+    assert cfg.trainer_env()["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9"  # run_torchrun's env: the workers'
+    plain = tiny_launch(staged_copy, "plain")
+    assert "--checkpoint-s3-uri" not in torchrun_command(plain) and "AWS_ENDPOINT_URL" not in plain.trainer_env()
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -232,3 +232,26 @@ def test_render_job_prints_yaml(tmp_path: Path) -> None:
     assert job["kind"] == "PyTorchJob" and job["metadata"]["name"].startswith("hpp-r1-train-")
     bad = subprocess.run([*command[:-2], "--nproc-per-node", "4"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "nproc-per-node 4 differs" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_render_job_gives_the_trainer_its_runs_checkpoint_copies_prefix_and_endpoint() -> None:
+    base = [sys.executable, "-m", "pipelines.cli", "render-job", "--storage-root", "/fsx", "--dataset", "corpus",
+            "--run-id", "r1", "--image", "img:1", "--nnodes", "2", "--nproc-per-node", "8"]  # fmt: skip
+
+    def container(*extra: str) -> dict[str, Any]:
+        result = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        pod = yaml.safe_load(result.stdout)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        return pod["containers"][0]
+
+    plain = container()
+    assert "--checkpoint-s3-uri" not in plain["command"] and "AWS_ENDPOINT_URL" not in str(plain["env"])
+    copied = container("--checkpoint-s3-uri", "s3://bucket/ckpts/", "--endpoint-url", "http://minio.storage:9000")
+    flag = copied["command"].index("--checkpoint-s3-uri")
+    assert copied["command"][flag + 1] == "s3://bucket/ckpts/r1", "the run's own prefix"
+    assert {"name": "AWS_ENDPOINT_URL", "value": "http://minio.storage:9000"} in copied["env"]
+    bad = subprocess.run([*base, "--checkpoint-s3-uri", "bucket/ckpts"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "hyperpod-pretrain render-job: error: checkpoint_s3_uri 'bucket/ckpts': not an S3 URI (expected s3://bucket/prefix)"
+    )

@@ -31,6 +31,8 @@ def launch_pytorchjob(
     dropout: float,
     checkpoint_every: int,
     log_every: int,
+    checkpoint_s3_uri: str,
+    s3_endpoint_url: str,
     timeout_s: int,
     pending_timeout_s: int,
     recovery_timeout_s: int,
@@ -47,7 +49,8 @@ def launch_pytorchjob(
 ) -> NamedTuple("Outputs", run_id=str, job_name=str, namespace=str, state=str, attempt=int):  # noqa: UP014
     """Train with torchrun (locally, or as a PyTorchJob that a retried step re-attaches to, or replaces when it
     failed); returns the run id. With `resume_run_id`, training continues in that run's directory from its newest
-    checkpoint; `extend_schedule` lets that resume continue to other lr/warmup_steps/max_steps settings.
+    checkpoint; `extend_schedule` lets that resume continue to other lr/warmup_steps/max_steps settings. With
+    `checkpoint_s3_uri`, the trainer copies each committed checkpoint to <checkpoint_s3_uri>/<run_id>/ in S3.
     `platform` is compiled in (the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
     from collections import namedtuple
 
@@ -80,6 +83,8 @@ def launch_pytorchjob(
         dropout=dropout,
         checkpoint_every=checkpoint_every,
         log_every=log_every,
+        checkpoint_s3_uri=checkpoint_s3_uri,
+        s3_endpoint_url=s3_endpoint_url,
         timeout_s=timeout_s,
         pending_timeout_s=pending_timeout_s,
         recovery_timeout_s=recovery_timeout_s,

@@ -25,6 +25,7 @@ from components.launch_pytorchjob.manifest import (
 )
 from components.launch_pytorchjob.platform import Platform, run_options
 from trainer.config import TRAIN_DEFAULTS
+from trainer.durable import MirrorError, parse_mirror_uri
 from trainer.layout import META, DatasetPaths, RunPaths
 from trainer.model import PRESETS
 
@@ -69,6 +70,10 @@ class LaunchConfig:
     recovery_timeout_s: int = 0  # kubernetes: after it ran, below its minimum of pods this long: failed (0: none)
     queue_timeout_s: int = 0  # kubernetes: queued (suspended by Kueue) this long: failed (0: none)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # s3://bucket/prefix: the trainer copies each committed checkpoint under <prefix>/<run_id>/ and fetches the
+    # newest back when the volume lost it (trainer/durable.py); "": no copies
+    checkpoint_s3_uri: str = ""
+    s3_endpoint_url: str = ""  # an S3-compatible endpoint for those copies (the trainer's AWS_ENDPOINT_URL)
     # The cluster (backend "kubernetes"): the job is named after the KFP run, so a retried step re-attaches.
     pipeline_run_id: str = ""
     image: str = ""
@@ -107,6 +112,11 @@ class LaunchConfig:
     def job_name(self) -> str:
         """The PyTorchJob's name: the same for every retry of the pipeline run's step, so a retry re-attaches."""
         return job_name(self.pipeline_run_id or self.run_id, self.run_id)
+
+    @property
+    def run_checkpoint_s3_uri(self) -> str:
+        """This run's prefix under checkpoint_s3_uri ("" when there are no copies)."""
+        return f"{self.checkpoint_s3_uri.rstrip('/')}/{self.run_id}" if self.checkpoint_s3_uri else ""
 
     @property
     def world_size(self) -> int:
@@ -148,6 +158,13 @@ class LaunchConfig:
             origin = self.init_from_run_id
             raise InputError(f"resume_run_id continues run {self.run_id!r}; init_from_run_id {origin!r} starts a new "
                              "run from another's weights: give one")  # fmt: skip
+        if self.checkpoint_s3_uri:
+            try:
+                parse_mirror_uri(self.checkpoint_s3_uri)
+            except MirrorError as exc:
+                raise InputError(str(exc).replace("checkpoint mirror", "checkpoint_s3_uri", 1)) from None
+        if self.s3_endpoint_url and not self.s3_endpoint_url.startswith(("http://", "https://")):
+            raise InputError(f"s3_endpoint_url {self.s3_endpoint_url!r} is not an http:// or https:// URL")
         if self.stream_logs not in ("worker-0", "all", "none"):
             raise InputError(f"stream-logs {self.stream_logs!r}: choose worker-0, all or none")
         if self.backend == "local" and self.nnodes != 1:
@@ -202,6 +219,7 @@ class LaunchConfig:
             *(["--init-from", str(self.init_run.root)] if self.init_from_run_id else []),
             "--run-dir",
             str(self.run_paths.root),
+            *(["--checkpoint-s3-uri", self.run_checkpoint_s3_uri] if self.checkpoint_s3_uri else []),
             "--preset",
             self.preset,
             "--max-steps",
@@ -228,9 +246,11 @@ class LaunchConfig:
 
     def trainer_env(self) -> dict[str, str]:
         """NCCL logs at INFO; the trainer writes the lines per process and attempt onto the volume, where
-        verify_nccl finds them after the pods are gone."""
+        verify_nccl finds them after the pods are gone. The S3 endpoint, if any, for the checkpoint copies (boto3
+        reads AWS_ENDPOINT_URL; credentials come from the pods' IAM role)."""
         return {
             "NCCL_DEBUG": "INFO",  # the trainer points NCCL_DEBUG_FILE at <run>/nccl/attempt-NNNN/ itself
+            **({"AWS_ENDPOINT_URL": self.s3_endpoint_url} if self.s3_endpoint_url else {}),
             **self.extra_env,
         }
 
