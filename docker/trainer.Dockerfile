@@ -86,7 +86,8 @@ COPY trainer/stack.txt /opt/hyperpod-pretrain/stack.txt
 RUN grep -qx "# python: ${PYTHON_VERSION}" /opt/hyperpod-pretrain/stack.txt \
     && pip install --no-cache-dir -r /opt/hyperpod-pretrain/stack.txt
 # The project without its dependencies: what the trainer imports is already the pin's, and the project's own
-# ranges (kfp, boto3, ... for the pipeline steps) are not the trainer's. tests/test_docker.py checks that every
+# ranges (kfp, kubernetes, ... for the pipeline steps) are not the trainer's; boto3, which its durable checkpoint copies
+# use, is in the pin. tests/test_docker.py checks that every
 # third-party module trainer/ imports is in the pin.
 COPY pyproject.toml README.md /workspace/src/
 COPY trainer /workspace/src/trainer

@@ -433,3 +433,31 @@ def test_dropout_is_set_per_family_is_no_architecture_change_and_is_bounded(caps
         tiny_launch(Path("/nonexistent"), "r", dropout=1.5).validate(check_storage=False)
     args = tiny_launch(Path("/fsx"), "r", dropout=0.1, extend_schedule=True).trainer_args()
     assert args[args.index("--dropout") + 1] == "0.1" and args[args.index("--extend-schedule") + 1] == "true"
+
+
+@pytest.mark.usefixtures("aws_env")
+def test_a_checkpoint_copied_to_s3_resumes_a_run_whose_volume_lost_it(
+    staged_copy: Path, uninterrupted: RunPaths, s3_endpoint: str
+) -> None:
+    """Stopped at step 20 (by --max-tokens), with each committed checkpoint copied to the S3 test server; the run's
+    checkpoints on the volume are then lost, and the resumed run fetches step 20 from S3 and goes on exactly."""
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="durable-resume")
+    durable = dict(**EXACT, checkpoint_s3_uri="s3://durable-resume/runs", s3_endpoint_url=s3_endpoint)
+    stopped = tiny_launch(staged_copy, "durable", **durable, extra_env={"TRAINER_MAX_TOKENS": str(20 * 8 * 64 * 2)})
+    launch(stopped)
+    listed = boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket="durable-resume", Prefix="runs/")
+    keys = {o["Key"] for o in listed["Contents"]}
+    assert {"runs/durable/step_00000020/commit.json", "runs/durable/step_00000010/commit.json"} <= keys
+
+    shutil.rmtree(stopped.run_paths.checkpoints)  # the file system was recreated, or the run moved
+    launch(tiny_launch(staged_copy, "durable", **durable))
+    log_text = stopped.run_paths.rank_log(0).read_text()
+    assert "fetching step_00000020 from the durable copy" in log_text and "resumed at step 20" in log_text
+    resumed = read_metrics(stopped.run_paths)
+    assert [r["step"] for r in resumed] == list(range(1, 41))
+    for mine, reference in zip(resumed, read_metrics(uninterrupted), strict=True):
+        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
+            reference["loss"], reference["grad_norm"], reference["lr"]
+        ), f"step {mine['step']} differs after a resume from S3"  # fmt: skip

@@ -184,9 +184,9 @@ class LaunchConfig:
                 missing = snapshot / META if snapshot is not None else self.dataset_paths.current
                 raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {missing} is "
                                  "missing")  # fmt: skip
-        if check_storage and self.resume and not self.run_paths.has_checkpoint():
+        if check_storage and self.resume and not self.run_paths.has_checkpoint() and not self.checkpoint_s3_uri:
             raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
-                             "continue from")  # fmt: skip
+                             "continue from (and no checkpoint_s3_uri names a durable copy)")  # fmt: skip
 
     def check_cluster_inputs(self) -> dict[str, Any]:
         """What a run gives for the cluster, against what the compiled pipeline allows, before any API call; the
