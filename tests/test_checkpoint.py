@@ -204,3 +204,16 @@ def test_the_schema_says_what_an_old_checkpoint_cannot_have_checked() -> None:
     check_schema(old)
     with pytest.raises(CheckpointError, match="step 5 has schema 4, newer than this trainer's 3"):
         check_schema({**state_of(5), "schema": 4})
+
+
+def test_each_rank_reads_a_balanced_share_the_same_on_every_rank() -> None:
+    from trainer.dcp_io import owners
+
+    sizes = [4096, 4096, 1024, 1024, 512, 512, 256, 8, 8, 8]
+    tensors = {f"t{i}": torch.empty(n) for i, n in enumerate(sizes)}
+    owner = owners(tensors, world=2)
+    assert owner == owners(dict(reversed(list(tensors.items()))), world=2), "independent of the dict's order"
+    shares = [sum(tensors[k].numel() for k, r in owner.items() if r == rank) for rank in (0, 1)]
+    assert abs(shares[0] - shares[1]) <= 256 and sum(shares) == sum(sizes)
+    assert set(owners(tensors, world=1).values()) == {0}
+    assert len(set(owners(tensors, world=16).values())) == len(sizes), "more ranks than tensors: one each"

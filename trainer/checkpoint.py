@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 LATEST = "checkpoint_latest"
 COMMIT = "commit.json"
 TRAINER_STATE = "trainer_state.pt"
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
+STEP_DIR = re.compile(r"^step_(\d{8})$")
 # Single-file checkpoints, before DCP.
 LEGACY_LATEST = "checkpoint_latest.pt"
 INDEX = "index.json"
@@ -283,6 +283,7 @@ class CheckpointManager:
         self._background.submit(self._delete, old)
         if self.mirror is not None:
             self._upload = self._uploads.submit(self._mirror, final, {c.path.name for c in kept})
+        self.last_save = report  # also when committed in the background: the budget check reads it
         return report
 
     def _mirror(self, committed: Path, keep: set[str]) -> None:
@@ -397,7 +398,7 @@ def committed_checkpoints(directory: Path) -> list[Checkpoint]:
     found = []
     if directory.is_dir():
         for path in directory.iterdir():
-            if (m := _STEP_DIR.match(path.name)) and (path / COMMIT).exists():
+            if (m := STEP_DIR.match(path.name)) and (path / COMMIT).exists():
                 found.append(Checkpoint(path, int(m.group(1))))
             elif m := _STEP_FILE.match(path.name):
                 found.append(Checkpoint(path, int(m.group(1)), legacy_state={}))

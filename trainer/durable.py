@@ -22,8 +22,10 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -31,11 +33,10 @@ from components.errors import InputError, StepFailed
 from components.stage_data.s3 import S3Settings, S3Source
 from components.stage_data.sources import SourceObject
 from trainer.atomic import fsync_dir, replace_dir
+from trainer.checkpoint import COMMIT, STEP_DIR
 
 log = logging.getLogger(__name__)
 
-COMMIT = "commit.json"
-STEP_NAME = re.compile(r"^step_(\d{8})$")
 DELETE_BATCH = 1000  # DeleteObjects takes at most this many keys
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _ACCESS_DENIED = ("AccessDenied", "AllAccessDisabled", "403", "Forbidden")
@@ -63,7 +64,7 @@ def parse_mirror_uri(uri: str) -> tuple[str, str]:
 
 
 def check_step_name(name: str, uri: str) -> None:
-    if not STEP_NAME.match(name):
+    if not STEP_DIR.match(name):
         raise MirrorError(f"checkpoint mirror {uri}: {name!r} is not a checkpoint directory name (step_NNNNNNNN)")
 
 
@@ -157,31 +158,33 @@ class CheckpointMirror:
                 names += [p["Prefix"][len(base) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, f"listing s3://{self.bucket}/{base}") from None
-        return sorted(n for n in names if STEP_NAME.match(n))
+        return sorted(n for n in names if STEP_DIR.match(n))
 
-    def _get(self, key: str) -> bytes | None:
-        """A small object's bytes; None when there is no such object."""
+    def _unless_missing(self, call: Callable[[], Any], doing: str) -> Any:
+        """call()'s result; None when S3 answers that there is no such object."""
         try:
-            response = self._s3.client.get_object(Bucket=self.bucket, Key=key)
-            with response["Body"] as body:
-                return body.read()
+            return call()
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
                 return None
-            raise self._error(exc, f"reading s3://{self.bucket}/{key}") from None
+            raise self._error(exc, doing) from None
         except BotoCoreError as exc:
-            raise self._error(exc, f"reading s3://{self.bucket}/{key}") from None
+            raise self._error(exc, doing) from None
+
+    def _get(self, key: str) -> bytes | None:
+        """A small object's bytes; None when there is no such object."""
+
+        def read() -> bytes:
+            response = self._s3.client.get_object(Bucket=self.bucket, Key=key)
+            with response["Body"] as body:
+                return body.read()
+
+        return self._unless_missing(read, f"reading s3://{self.bucket}/{key}")
 
     def _exists(self, key: str) -> bool:
-        try:
-            self._s3.client.head_object(Bucket=self.bucket, Key=key)
-            return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                return False
-            raise self._error(exc, f"looking for s3://{self.bucket}/{key}") from None
-        except BotoCoreError as exc:
-            raise self._error(exc, f"looking for s3://{self.bucket}/{key}") from None
+        head = self._unless_missing(lambda: self._s3.client.head_object(Bucket=self.bucket, Key=key),
+                                    f"looking for s3://{self.bucket}/{key}")  # fmt: skip
+        return head is not None
 
     def _delete(self, keys: list[str]) -> None:
         try:
