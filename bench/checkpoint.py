@@ -469,13 +469,15 @@ def projection(state: int, repeats: list[dict[str, float]]) -> str:
     clients = PROJECTION_RANKS * per_rank
     header = "| capacity | " + " | ".join(f"{kind} {mbps} MB/s/TiB" for kind, mbps in TIERS) + " |"
     lines = [header, "|---|" + "---:|" * len(TIERS)]
+
+    def seconds(rate: float) -> str:
+        return f"{nbytes / rate:.0f} s" + ("" if nbytes / rate <= budget else " (over)")
+
     for gib in CAPACITIES_GIB:
         cells = []
         for _, mbps in TIERS:
             fs = gib / FSX_GIB_PER_TIB * mbps * 1e6
-            new, old = nbytes / min(fs, clients), nbytes / min(fs, single)
-            mark = lambda s: f"{s:.0f} s" + ("" if s <= budget else " (over)")  # noqa: E731
-            cells.append(f"{fs / 1e9:.2f} GB/s: DCP {mark(new)}, single {mark(old)}")
+            cells.append(f"{fs / 1e9:.2f} GB/s: DCP {seconds(min(fs, clients))}, single {seconds(min(fs, single))}")
         lines.append(f"| {gib:,} GiB | " + " | ".join(cells) + " |")
     text = (
         f"PROJECTION (computed, not measured): the preemption save of {PROJECTION_PRESET} on {PROJECTION_RANKS} "
@@ -565,7 +567,7 @@ class CpuSample:
 
 
 def others_cpus(start: CpuSample, end: CpuSample) -> float:
-    """CPUs busy outside the benchmark's processes on average: other processes, and the kernel writing our files back."""
+    """CPUs busy outside the benchmark's processes on average: others', and the kernel writing our files back."""
     wall = end.wall - start.wall
     return max(0.0, (end.busy_s - start.busy_s) - (end.own_s - start.own_s)) / wall if wall > 0 else 0.0
 
