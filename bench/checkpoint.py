@@ -1,27 +1,25 @@
-"""Time the trainer's checkpoint save against a plain torch.save of the same state, and the stall of an async save.
+"""Checkpoint saves and loads: the old single writer against DCP's parallel writers, and the stall of an async save.
 
-The state is what trainer/train_ddp.py saves for a preset (gpt2-124m by default, with a GPT-2 vocabulary of
-50304 and 1024-token sequences): the model's and an AdamW optimizer's state dicts after one optimizer step,
-so that every exp_avg and exp_avg_sq exists, plus the schedule, progress, data position, RNG states, step
-and model config. In one invocation it times, side by side in one directory:
+Two processes (torch.multiprocessing, gloo, CPU, one thread each) hold the same state, as DDP ranks do: a preset's
+model (gpt2-124m by default, GPT-2 vocabulary 50304, 1024-token sequences) and its AdamW optimizer after one step,
+so every exp_avg and exp_avg_sq exists. In one invocation, side by side in one directory, every repeat times:
 
-    plain         torch.save(state, path)
-    plain+fsync   the same, then an fsync of the file: what durability itself costs
-    trainer       CheckpointManager(dir, keep=2).save(state, step, blocking=True): temp name, torch.save with
-                  early writeback, fsync, rename, hard link of checkpoint_latest.pt, index.json
-    async         the training stall of an asynchronous save: a training step (forward/backward of the real
-                  model, optimizer step) that begins with CheckpointManager(dir, keep=2, async_save=True)
-                  .save(state, step, blocking=False) and waits in wait_until_staged() before its optimizer
-                  step, as train_ddp's does, against the median of the training steps just before it
-                  without a save; the background copy overlaps the forward/backward pass. After a first async
-                  save, so the CPU buffers exist. Informative: how much slower the next steps are while the
-                  writer thread serialises the file (on a CPU-only machine it competes with training for the
-                  cores), and the wait() for the write to commit
+    single   the trainer before DCP: rank 0 alone torch.save's {model, optimizer, trainer state, RNG} to a
+             temporary file, fsyncs it, os.replace's it into place and fsyncs the directory; the other rank waits
+    dcp      CheckpointManager(dir, group=<a gloo group>).save(blocking=True) on both ranks: each writes its
+             share (DCP's writer fsyncs it), rank 0 commits (commit.json, fsync, rename); the time is rank 0's
+    async    the training stall of an asynchronous save, as train_ddp takes it: save(blocking=False) after an
+             optimizer step, then the next step's forward/backward, wait_until_staged() and optimizer step; the
+             stall is the save call plus that wait. Also: that step and the ones after it against the median of
+             steps without a save, and the seconds until the background write is committed (wait())
+    loads    single: both ranks torch.load the whole file at once and load it into the model and optimizer; dcp:
+             CheckpointManager.restore on both ranks (each reads its share, then broadcasts). The slower rank's time
 
-Every timed call is preceded by os.sync(), so no earlier write's dirty pages are flushed while it runs;
-the order of the variants is reversed on every other repeat; each variant's files are deleted after it is
-timed. It reports medians over repeats and the medians of the per-repeat ratios. It is a measurement, not
-a test: it never asserts on times.
+Every timed save is preceded by os.sync(), so no earlier write's dirty pages are flushed while it runs; the order
+of the variants is reversed on every other repeat; each variant's files are deleted after it is timed. Loads read
+what was just written, so mostly from the page cache, for both alike (dropping it needs root). It reports medians
+over repeats and the medians of the per-repeat ratios, and a PROJECTION of llama-1b's preemption save on 16 ranks
+on FSx for Lustre from the rates measured here. It is a measurement, not a test: it never asserts on times.
 
     .venv/bin/python bench/checkpoint.py [--preset gpt2-124m] [--repeats 3] [--dir DIR] [--write-results]
 """
@@ -32,21 +30,24 @@ import argparse
 import logging
 import os
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from machine import RESULTS, append_section, machine_lines
 
-from trainer.checkpoint import LATEST, SCHEMA, CheckpointManager, rng_state
+from trainer.atomic import fsync_dir
+from trainer.checkpoint import SCHEMA, CheckpointManager, newest_checkpoint, rng_state
 from trainer.config import TrainConfig
-from trainer.data import DataPosition
 from trainer.model import build_model, model_config
 from trainer.schedule import LRSchedule, ScheduleSettings
 from trainer.train_ddp import Progress
@@ -57,19 +58,33 @@ REPO = Path(__file__).resolve().parent.parent
 # The CLI's default storage root (gitignored): where run-local writes its checkpoints.
 DEFAULT_PARENT = REPO / "local-runs"
 
+WORLD = 2
 VOCAB_SIZE = 50304  # GPT-2's 50257 rounded up to a multiple of 64, as GPT-2 reproductions train with
 EOS_ID = 50256
 SEQ_LEN = 1024
-STEP_TOKENS = 128  # each training step is one sequence this long: on 2 CPU cores, about a second of forward/backward
-PLAIN_STEPS = 3  # training steps without a save before each save step: the stall's baseline
-AFTER_STEPS = 2  # training steps after the save step, while the writer thread runs
+STEP_TOKENS = 128  # each training step is one sequence this long: on one CPU core, about a second or two
+PLAIN_STEPS = 3  # training steps without a save before each async save: the stall's baseline
+AFTER_STEPS = 2  # training steps after the one with the save, while the writer runs
 KEEP = 2
 
-PLAIN, PLAIN_FSYNC, TRAINER = "plain", "plain+fsync", "trainer"
-BLOCKED, SLOWER, AFTER, WAIT, STEP = "async blocked", "async slower", "async after", "async wait", "training step"
-VARIANTS: tuple[str, ...] = (PLAIN, PLAIN_FSYNC, TRAINER, "async")  # the order of even repeats
+SINGLE, DCP, ASYNC = "single", "dcp", "async"
+VARIANTS: tuple[str, ...] = (SINGLE, DCP, ASYNC)  # the order of even repeats
+# What each repeat measures (seconds), by key.
+SINGLE_SAVE, DCP_SAVE, DCP_SHARE = "single save", "dcp save", "dcp largest share"  # the share is bytes
+SINGLE_LOAD, DCP_LOAD = "single load", "dcp load"
+STALL, CALL, STAGED = "async stall", "async save call", "async staged wait"
+SLOWER, AFTER, COMMITTED, STEP = "async slower", "async after", "async committed", "training step"
+THROUGHPUT_TARGET = 1.5
 STALL_TARGET = 0.10
-RATIO_TARGET = 1.15
+
+# The PROJECTION: llama-1b's SIGTERM save on 16 ranks, on FSx for Lustre.
+PROJECTION_PRESET, PROJECTION_VOCAB, PROJECTION_RANKS = "llama-1b", 32000, 16
+BYTES_PER_PARAMETER = 12  # fp32 weights, exp_avg, exp_avg_sq (components/preflight/core.py)
+CAPACITIES_GIB = (1200, 2400, 4800, 9600)  # FSx's size steps; it counts 1,000 GiB per TiB of throughput
+FSX_GIB_PER_TIB = 1000
+TIERS = (("SCRATCH_2", 100), ("PERSISTENT_2", 125), ("PERSISTENT_2", 250), ("PERSISTENT_2", 500),
+         ("PERSISTENT_2", 1000))  # fmt: skip  # baseline write MB/s per TiB
+MARGIN_S = 20  # of the launcher's grace period, kept for the step in flight and the exit
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,12 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# -- the state --------------------------------------------------------------------------------------------
+# -- the state (one per rank) -----------------------------------------------------------------------------
 
 
 @dataclass
 class Training:
-    """The trainer's model, optimizer and schedule for a preset, as train_ddp builds them on a CPU."""
+    """One rank's model, optimizer and schedule for a preset, as train_ddp builds them on a CPU."""
 
     preset: str
     cfg: TrainConfig = field(init=False)
@@ -106,7 +121,7 @@ class Training:
     def __post_init__(self) -> None:
         self.cfg = TrainConfig(data_dir="", run_dir="", preset=self.preset, seq_len=SEQ_LEN)
         self.mconfig = model_config(self.preset, VOCAB_SIZE, SEQ_LEN, EOS_ID)
-        torch.manual_seed(self.cfg.seed)
+        torch.manual_seed(self.cfg.seed)  # the same weights on every rank, as DDP's broadcast makes them
         self.model = build_model(self.mconfig)
         matrices = [p for p in self.model.parameters() if p.dim() >= 2]
         vectors = [p for p in self.model.parameters() if p.dim() < 2]
@@ -119,11 +134,13 @@ class Training:
         self.step()  # every exp_avg and exp_avg_sq exists from here on
 
     def step(self, checkpoints: CheckpointManager | None = None) -> float:
-        """One training step, with train_ddp's barrier before the optimizer changes what a save may be copying.
+        """One training step, waiting where train_ddp waits for an async save's copy; returns that wait's seconds.
 
-        Returns the seconds the step waited at that barrier.
+        Every rank trains on the same tokens, so the replicas stay equal without DDP's all-reduce (which would
+        only add gloo traffic to what is timed).
         """
-        tokens = torch.randint(0, VOCAB_SIZE, (1, STEP_TOKENS))
+        tokens = torch.randint(0, VOCAB_SIZE, (1, STEP_TOKENS), generator=torch.Generator().manual_seed(
+            self.progress.step))  # fmt: skip
         self.model(input_ids=tokens, labels=tokens).loss.backward()
         waited = checkpoints.wait_until_staged() if checkpoints is not None else 0.0
         for group in self.optimizer.param_groups:
@@ -134,138 +151,234 @@ class Training:
         self.progress.tokens_seen += self.cfg.tokens_per_step
         return waited
 
-    def state(self) -> dict[str, Any]:
-        """What train_ddp's save() hands to CheckpointManager on rank 0 of a one-process run."""
+    def trainer_state(self) -> dict[str, Any]:
+        """What train_ddp hands CheckpointManager besides the model and optimizer (no dataset here)."""
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
-            "schema": SCHEMA,
             "progress": self.progress.state_dict(),
-            "data": DataPosition(epoch=0, offset=self.progress.step * self.cfg.batch_size).state_dict(),
-            "rng": [rng_state()],
+            "schema": SCHEMA,
             "step": self.progress.step,
             "preset": self.preset,
             "model_config": self.mconfig.to_dict(),
-            "world_size": 1,
+            "world_size": WORLD,
+        }
+
+    def single_file_state(self) -> dict[str, Any]:
+        """What the trainer before DCP saved on rank 0: everything in one dictionary."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            **self.trainer_state(),
+            "rng": [rng_state()],
         }
 
 
-def tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """(dotted name, tensor) for every tensor in a nested state."""
+def tensors(obj: Any) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
-        yield prefix, obj
+        yield obj
     elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from tensors(v, f"{prefix}.{k}" if prefix else str(k))
+        for v in obj.values():
+            yield from tensors(v)
     elif isinstance(obj, list | tuple):
-        for i, v in enumerate(obj):
-            yield from tensors(v, f"{prefix}.{i}")
+        for v in obj:
+            yield from tensors(v)
 
 
-def tensor_bytes(state: dict[str, Any]) -> tuple[int, dict[str, int]]:
-    """Bytes of the distinct storages (torch.save writes a shared one once), and the tensors sharing an earlier one.
-
-    cpu_copy copies each tensor on its own, so an async save writes every shared storage again: in GPT-2 the
-    output layer's weight is the input embedding's.
-    """
+def state_bytes(training: Training) -> int:
+    """Bytes of the model's and optimizer's distinct tensor storages (a tied embedding counts once): the state
+    whose commit every variant's throughput divides."""
     seen: set[int] = set()
-    total, shared = 0, {}
-    for name, tensor in tensors(state):
+    total = 0
+    for tensor in tensors([training.model.state_dict(), training.optimizer.state_dict()]):
         storage = tensor.untyped_storage()
-        if storage.data_ptr() in seen and storage.nbytes():
-            shared[name] = storage.nbytes()
-            continue
-        seen.add(storage.data_ptr())
-        total += storage.nbytes()
-    return total, shared
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
 
 
-# -- the variants -----------------------------------------------------------------------------------------
+def files_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def timed(call: Callable[[], Any]) -> float:
-    """Seconds `call` takes, after os.sync() has flushed every earlier write's dirty pages."""
-    started = time.perf_counter()
-    os.sync()
-    log.debug("  os.sync() before it took %.2fs", time.perf_counter() - started)
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
+# -- one rank's measurements ------------------------------------------------------------------------------
 
 
 def clear(directory: Path) -> None:
     """Delete what a variant wrote (outside the timed region), leaving the directory empty for the next one."""
     for entry in directory.iterdir():
-        if entry.is_dir():
+        if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
             entry.unlink()
 
 
-def plain_save(state: dict[str, Any], path: Path, fsync: bool) -> None:
-    torch.save(state, str(path))  # by name, like the trainer
-    if fsync:
-        fd = os.open(path, os.O_RDONLY)
+def synced_start() -> float:
+    """os.sync() on every rank (no earlier write's dirty pages flushed while a save runs), then a common start."""
+    os.sync()
+    dist.barrier()
+    return time.perf_counter()
+
+
+def single_save(state: dict[str, Any], path: Path) -> None:
+    """The old commit: torch.save to a temporary name, fsync, rename into place, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def slowest(seconds: float) -> float:
+    """The largest of every rank's `seconds` (collective)."""
+    every: list[float] = [0.0] * WORLD
+    dist.all_gather_object(every, seconds)
+    return max(every)
+
+
+@dataclass
+class Rank:
+    """What one rank measures with: its state, the checkpoints' gloo group, the benchmark directory."""
+
+    training: Training
+    group: dist.ProcessGroup
+    directory: Path
+    asynchronous: CheckpointManager  # one for the run: its stager keeps its host buffers from save to save
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    def done(self) -> None:
+        """Every rank has finished with the files: rank 0 deletes them."""
+        dist.barrier()
+        if self.rank == 0:
+            clear(self.directory)
+        dist.barrier()
+
+    def single(self) -> dict[str, float]:
+        path = self.directory / "checkpoint_step.pt"
+        started = synced_start()
+        if self.rank == 0:
+            single_save(self.training.single_file_state(), path)
+        saved = time.perf_counter() - started
+        written = files_bytes(self.directory)
+        dist.barrier()
+        started = time.perf_counter()
+        state = torch.load(path, map_location="cpu", weights_only=False)  # every rank reads the whole file
+        self.training.model.load_state_dict(state["model"])
+        self.training.optimizer.load_state_dict(state["optimizer"])
+        loaded = slowest(time.perf_counter() - started)
+        del state
+        self.done()
+        return {SINGLE_SAVE: saved, SINGLE_LOAD: loaded, "single bytes": written}
+
+    def dcp(self) -> dict[str, float]:
+        t = self.training
+        manager = CheckpointManager(self.directory, keep=KEEP, group=self.group)
         try:
-            os.fsync(fd)
+            started = synced_start()
+            manager.save(t.progress.step, t.model, t.optimizer, t.trainer_state(), rng_state(), blocking=True)
+            saved = time.perf_counter() - started  # rank 0's: it returns after the commit
+            report = manager.last_save
+            dist.barrier()
+            written = files_bytes(self.directory)
+            checkpoint = newest_checkpoint(self.directory)
+            if checkpoint is None:
+                raise RuntimeError(f"no committed checkpoint in {self.directory} after a blocking save")
+            dist.barrier()
+            started = time.perf_counter()
+            manager.restore(checkpoint, t.model, t.optimizer)
+            loaded = slowest(time.perf_counter() - started)
         finally:
-            os.close(fd)
+            manager.close()
+        self.done()
+        share = report.largest_share if report is not None else 0
+        return {DCP_SAVE: saved, DCP_LOAD: loaded, DCP_SHARE: share, "dcp bytes": written}
 
-
-def timed_step(training: Training, checkpoints: CheckpointManager | None = None) -> float:
-    started = time.perf_counter()
-    training.step(checkpoints)
-    return time.perf_counter() - started
-
-
-def async_stall(directory: Path, training: Training) -> dict[str, float]:
-    """Seconds a training step with an asynchronous save takes beyond one without, and what follows it."""
-    manager = CheckpointManager(directory, keep=KEEP, async_save=True)
-    try:
-        # Training saves many times: the first save allocates the CPU buffers the later ones copy into.
-        manager.save(training.state(), training.progress.step, blocking=False)
-        manager.wait()
-        clear(directory)
-        plain = statistics.median(timed_step(training) for _ in range(PLAIN_STEPS))
-        os.sync()
+    def timed_step(self, manager: CheckpointManager | None = None) -> float:
         started = time.perf_counter()
-        blocked = manager.save(training.state(), training.progress.step, blocking=False)
-        blocked += training.step(manager)
+        self.training.step(manager)
+        return time.perf_counter() - started
+
+    def asynchronous_save(self) -> dict[str, float]:
+        """The stall of a save(blocking=False) at the end of a step, through the next step's wait_until_staged."""
+        t, manager = self.training, self.asynchronous
+        plain = statistics.median(self.timed_step() for _ in range(PLAIN_STEPS))
+        started = synced_start()
+        call = manager.save(t.progress.step, t.model, t.optimizer, t.trainer_state(), rng_state(), blocking=False)
+        staged = t.step(manager)
         slower = time.perf_counter() - started - plain
-        after = sum(timed_step(training, manager) - plain for _ in range(AFTER_STEPS))
-        started = time.perf_counter()
-        manager.wait()  # the write completes before anything else is measured
-        return {BLOCKED: blocked, SLOWER: slower, AFTER: after, WAIT: time.perf_counter() - started, STEP: plain}
+        after = sum(self.timed_step(manager) - plain for _ in range(AFTER_STEPS))
+        manager.wait()
+        committed = time.perf_counter() - started  # rank 0's: the commit runs there
+        self.done()
+        return {STALL: call + staged, CALL: call, STAGED: staged, SLOWER: slower, AFTER: after,
+                COMMITTED: committed, STEP: plain}  # fmt: skip
+
+    def warm_up(self) -> None:
+        """Untimed: a first single-file save, and a first async save (which allocates the stager's buffers)."""
+        t = self.training
+        if self.rank == 0:
+            single_save(t.single_file_state(), self.directory / "warm-up.pt")
+        self.asynchronous.save(t.progress.step, t.model, t.optimizer, t.trainer_state(), rng_state(), blocking=False)
+        t.step(self.asynchronous)
+        self.asynchronous.wait()
+        self.done()
+
+    def measure_once(self, n: int) -> dict[str, float]:
+        """One repeat of every variant; the order is reversed on odd repeats so drift on a shared box evens out."""
+        order = VARIANTS if n % 2 == 0 else tuple(reversed(VARIANTS))
+        measured: dict[str, float] = {}
+        for name in order:
+            got = {SINGLE: self.single, DCP: self.dcp, ASYNC: self.asynchronous_save}[name]()
+            if self.rank == 0:
+                log.info("  %s: %s", name, ", ".join(f"{k} {v:.3f}" for k, v in got.items()))
+            measured.update(got)
+        return measured
+
+
+def worker(rank: int, preset: str, repeats: int, directory: str, port: int, results: Any) -> None:
+    """One process of the benchmark; rank 0 puts (state bytes, [one dict per repeat]) on `results`."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(name)s: %(message)s")
+    logging.getLogger("trainer").setLevel(logging.WARNING)  # the commit's log line per save
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        group = dist.new_group(backend="gloo")  # the checkpoints' own, as train_ddp makes it
+        training = Training(preset)
+        me = Rank(training, group, Path(directory), CheckpointManager(Path(directory), keep=KEEP, async_save=True,
+                                                                      group=group))  # fmt: skip
+        try:
+            me.warm_up()
+            measured = []
+            for n in range(repeats):
+                if rank == 0:
+                    log.info("repeat %d/%d", n + 1, repeats)
+                measured.append(me.measure_once(n))
+        finally:
+            me.asynchronous.close()
+        if rank == 0:
+            results.put((state_bytes(training), measured))
     finally:
-        manager.close()
+        dist.destroy_process_group()
 
 
-def run_variant(name: str, directory: Path, training: Training) -> tuple[dict[str, float], int]:
-    """Time one variant into `directory` (empty before, emptied after): seconds per measurement, bytes written."""
-    state, step = training.state(), training.progress.step
-    if name in (PLAIN, PLAIN_FSYNC):
-        path = directory / f"{'plain_fsync' if name == PLAIN_FSYNC else 'plain'}.pt"
-        seconds = {name: timed(lambda: plain_save(state, path, fsync=name == PLAIN_FSYNC))}
-    elif name == TRAINER:
-        manager = CheckpointManager(directory, keep=KEEP)
-        seconds = {TRAINER: timed(lambda: manager.save(state, step, blocking=True))}
-    else:
-        seconds = async_stall(directory, training)
-    written = sum(p.stat().st_size for p in directory.glob("*.pt") if p.name != LATEST)
-    log.info("  %s (%.1f MB)", ", ".join(f"{k} {v:.3f}s" for k, v in seconds.items()), written / 1e6)
-    clear(directory)
-    return seconds, written
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def measure_once(directory: Path, training: Training, n: int, sizes: dict[str, int]) -> dict[str, float]:
-    """One repeat of every variant; the order is reversed on odd repeats so drift on a shared box evens out."""
-    order = VARIANTS if n % 2 == 0 else tuple(reversed(VARIANTS))
-    seconds: dict[str, float] = {}
-    for name in order:
-        timings, sizes[name] = run_variant(name, directory, training)
-        seconds.update(timings)
-    return seconds
+def measure(preset: str, repeats: int, directory: Path) -> tuple[int, list[dict[str, float]]]:
+    """Start the WORLD processes, one thread each, and collect rank 0's measurements."""
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned processes before torch starts there
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(worker, args=(preset, repeats, str(directory), free_port(), results), nprocs=WORLD, join=True)
+    return results.get()
 
 
 # -- summary ----------------------------------------------------------------------------------------------
@@ -275,7 +388,7 @@ def measure_once(directory: Path, training: Training, n: int, sizes: dict[str, i
 class Row:
     name: str
     values: list[float]  # one per repeat
-    unit: str  # "s", "x" or "%"
+    unit: str  # "s", "GB/s", "x" or "%"
     target: str = ""
     met: bool | None = None
 
@@ -286,31 +399,45 @@ class Row:
     def cell(self, value: float) -> str:
         if self.unit == "%":
             return f"{100 * value:.1f}%"
-        return f"{value:.3f} s" if self.unit == "s" else f"{value:.2f}"
+        if self.unit == "x":
+            return f"{value:.2f}"
+        return f"{value:.3f} {self.unit}"
 
 
-def summarise(repeats: list[dict[str, float]]) -> list[Row]:
-    """Median seconds of each measurement, and the median of each per-repeat ratio (measured side by side)."""
+def summarise(state: int, repeats: list[dict[str, float]]) -> list[Row]:
+    """Median of each measurement, and the median of each per-repeat ratio (measured side by side)."""
 
     def each(key: str) -> list[float]:
         return [r[key] for r in repeats]
 
-    rows = [
-        Row("plain `torch.save`", each(PLAIN), "s"),
-        Row("plain `torch.save` + fsync of the file", each(PLAIN_FSYNC), "s"),
-        Row("trainer `CheckpointManager.save(blocking=True)`", each(TRAINER), "s"),
+    def rate(key: str) -> list[float]:
+        return [state / 1e9 / r[key] for r in repeats]
+
+    throughput = Row("DCP sync throughput / single-writer throughput", [r[SINGLE_SAVE] / r[DCP_SAVE] for r in repeats],
+                     "x", f">= {THROUGHPUT_TARGET}")  # fmt: skip
+    throughput.met = throughput.median >= THROUGHPUT_TARGET
+    stall = Row("async stall / DCP sync save", [r[STALL] / r[DCP_SAVE] for r in repeats], "%", f"<= {STALL_TARGET:.0%}")
+    stall.met = stall.median <= STALL_TARGET
+    share_rate = [r[DCP_SHARE] / 1e9 / r[DCP_SAVE] for r in repeats]
+    return [
+        Row("single writer: rank 0 `torch.save` + fsync + rename, committed", each(SINGLE_SAVE), "s"),
+        Row("single writer: throughput", rate(SINGLE_SAVE), "GB/s"),
+        Row(f"DCP sync, {WORLD} writers: `save(blocking=True)`, committed", each(DCP_SAVE), "s"),
+        Row("DCP sync: throughput", rate(DCP_SAVE), "GB/s"),
+        Row("DCP sync: per-rank write rate (largest share / save time)", share_rate, "GB/s"),
         Row("training step without a save (the stall's baseline)", each(STEP), "s"),
-        Row("async: the training stall (`save(blocking=False)` + `wait_until_staged()`)", each(BLOCKED), "s"),
+        Row("async: the training stall (`save(blocking=False)` + `wait_until_staged()`)", each(STALL), "s"),
+        Row("async: of which the save call", each(CALL), "s"),
         Row("async: how much longer the step with the save took (informative)", each(SLOWER), "s"),
         Row(f"async: the next {AFTER_STEPS} steps' slowdown while the writer runs (informative)", each(AFTER), "s"),
-        Row("async: `wait()` for the background write after them (informative)", each(WAIT), "s"),
+        Row("async: save call to committed (informative)", each(COMMITTED), "s"),
+        Row("async: throughput to committed (informative)", rate(COMMITTED), "GB/s"),
+        Row("load, single file: both ranks `torch.load` the whole file (slower rank)", each(SINGLE_LOAD), "s"),
+        Row("load, DCP: `restore()`, each rank reads its share, broadcast (slower rank)", each(DCP_LOAD), "s"),
+        throughput,
+        stall,
+        Row("DCP load / single-file load", [r[DCP_LOAD] / r[SINGLE_LOAD] for r in repeats], "x"),
     ]
-    trainer_plain = Row("trainer / plain", [r[TRAINER] / r[PLAIN] for r in repeats], "x", f"≤ {RATIO_TARGET}")
-    trainer_plain.met = trainer_plain.median <= RATIO_TARGET
-    trainer_fsync = Row("trainer / plain+fsync", [r[TRAINER] / r[PLAIN_FSYNC] for r in repeats], "x")
-    stall = Row("async stall / trainer save", [r[BLOCKED] / r[TRAINER] for r in repeats], "%", f"≤ {STALL_TARGET:.0%}")
-    stall.met = stall.median <= STALL_TARGET
-    return rows + [trainer_plain, trainer_fsync, stall]
 
 
 def table(rows: list[Row]) -> str:
@@ -320,6 +447,51 @@ def table(rows: list[Row]) -> str:
         each = ", ".join(r.cell(v) for v in r.values)
         lines.append(f"| {r.name} | {r.cell(r.median)} | {each} | {r.target} | {met} |")
     return "\n".join(lines)
+
+
+# -- the PROJECTION ---------------------------------------------------------------------------------------
+
+
+def projection_parameters() -> int:
+    """llama-1b's parameters, built on the meta device (shapes only); a tied embedding counts once."""
+    with torch.device("meta"):
+        model = build_model(model_config(PROJECTION_PRESET, PROJECTION_VOCAB, SEQ_LEN, eos_token_id=0))
+    return sum(p.numel() for p in model.parameters())
+
+
+def projection(state: int, repeats: list[dict[str, float]]) -> str:
+    """A PROJECTION, not a measurement: llama-1b's preemption save on FSx for Lustre from the rates measured here."""
+    per_rank = statistics.median(r[DCP_SHARE] / r[DCP_SAVE] for r in repeats)  # bytes/s
+    single = statistics.median(state / r[SINGLE_SAVE] for r in repeats)
+    parameters = projection_parameters()
+    nbytes = parameters * BYTES_PER_PARAMETER
+    budget = TrainConfig.__dataclass_fields__["grace_period_s"].default - MARGIN_S
+    clients = PROJECTION_RANKS * per_rank
+    header = "| capacity | " + " | ".join(f"{kind} {mbps} MB/s/TiB" for kind, mbps in TIERS) + " |"
+    lines = [header, "|---|" + "---:|" * len(TIERS)]
+
+    def seconds(rate: float) -> str:
+        return f"{nbytes / rate:.0f} s" + ("" if nbytes / rate <= budget else " (over)")
+
+    for gib in CAPACITIES_GIB:
+        cells = []
+        for _, mbps in TIERS:
+            fs = gib / FSX_GIB_PER_TIB * mbps * 1e6
+            cells.append(f"{fs / 1e9:.2f} GB/s: DCP {seconds(min(fs, clients))}, single {seconds(min(fs, single))}")
+        lines.append(f"| {gib:,} GiB | " + " | ".join(cells) + " |")
+    text = (
+        f"PROJECTION (computed, not measured): the preemption save of {PROJECTION_PRESET} on {PROJECTION_RANKS} "
+        f"ranks. State: {parameters:,} parameters (built on the meta device, vocabulary {PROJECTION_VOCAB:,}, "
+        f"Llama's; the pipeline's default is 8,192) x {BYTES_PER_PARAMETER} bytes = {nbytes / 1e9:.1f} GB. "
+        f"Time = bytes / min(file-system throughput, writers' rate); file-system throughput = capacity / "
+        f"{FSX_GIB_PER_TIB:,} GiB per TiB x the tier's baseline write MB/s per TiB. DCP: {PROJECTION_RANKS} ranks x "
+        f"the per-rank write rate measured here ({per_rank / 1e9:.2f} GB/s, so {clients / 1e9:.1f} GB/s); "
+        f"single: one writer at rank 0's rate measured here ({single / 1e9:.2f} GB/s). Budget: {budget:.0f} s "
+        f"(the launcher's {budget + MARGIN_S:.0f} s grace period less {MARGIN_S} s); (over) marks a save that "
+        f"does not fit. The local disk's rates stand in for one FSx client's, which they may exceed; the "
+        f"commit's metadata operations on Lustre are not counted."
+    )
+    return text + "\n\n" + "\n".join(lines)
 
 
 # -- the machine ------------------------------------------------------------------------------------------
@@ -375,7 +547,7 @@ def check_directory(directory: Path) -> str:
 
 @dataclass
 class CpuSample:
-    """Jiffies the whole machine spent busy, and this process's own CPU seconds, at one moment."""
+    """Jiffies the whole machine spent busy, and this process's and its finished children's CPU seconds."""
 
     wall: float
     busy_s: float
@@ -390,12 +562,12 @@ class CpuSample:
             busy = sum(int(v) for i, v in enumerate(fields[:8]) if i not in (3, 4)) / os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError, IndexError):
             pass
-        times = os.times()
-        return cls(time.monotonic(), busy, times.user + times.system)
+        times = os.times()  # the workers' time counts once they have been waited for
+        return cls(time.monotonic(), busy, times.user + times.system + times.children_user + times.children_system)
 
 
 def others_cpus(start: CpuSample, end: CpuSample) -> float:
-    """CPUs busy outside this process on average: other processes, and the kernel writing our files back."""
+    """CPUs busy outside the benchmark's processes on average: others', and the kernel writing our files back."""
     wall = end.wall - start.wall
     return max(0.0, (end.busy_s - start.busy_s) - (end.own_s - start.own_s)) / wall if wall > 0 else 0.0
 
@@ -415,8 +587,6 @@ class Conditions:
 
     directory: str = ""  # the filesystem, from /proc/mounts
     state_bytes: int = 0
-    shared: dict[str, int] = field(default_factory=dict)  # tensors whose storage an earlier one already holds
-    written: dict[str, int] = field(default_factory=dict)  # bytes of the checkpoint file each variant wrote
     load_start: float | None = None  # 1-minute load average
     load_end: float | None = None
     others_cpus: float = 0.0
@@ -433,7 +603,7 @@ def machine(conditions: Conditions) -> list[str]:
         *machine_lines("torch"),
         f"benchmark directory: {conditions.directory}",
         f"page cache writeback (vm.*): {', '.join(dirty) or 'unknown'}",
-        f"1-minute load average: {loads(conditions)}; CPUs busy outside this process during the measurements: "
+        f"1-minute load average: {loads(conditions)}; CPUs busy outside the benchmark during the measurements: "
         f"{conditions.others_cpus:.2f} on average",
     ]
 
@@ -441,70 +611,48 @@ def machine(conditions: Conditions) -> list[str]:
 # -- results ----------------------------------------------------------------------------------------------
 
 
-def gb(n: int) -> str:
+def gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def caption(args: argparse.Namespace, conditions: Conditions) -> str:
+def caption(args: argparse.Namespace, conditions: Conditions, repeats: list[dict[str, float]]) -> str:
     how = "one run" if args.repeats == 1 else f"medians of {args.repeats} repeats (ratios: of per-repeat ratios)"
-    written = conditions.written
+    single = statistics.median(r["single bytes"] for r in repeats)
+    sharded = statistics.median(r["dcp bytes"] for r in repeats)
     text = (
-        f"Checkpoint save (`bench/checkpoint.py`): preset {args.preset}, vocabulary {VOCAB_SIZE}, sequence length "
-        f"{SEQ_LEN}; the state train_ddp saves after one AdamW step (model, optimizer with exp_avg and exp_avg_sq, "
-        f"schedule, progress, data position, RNG, config), {gb(conditions.state_bytes)} of tensors, a "
-        f"{gb(written[TRAINER])} file. Side by side in one directory: a plain `torch.save`, the same plus an fsync "
-        f"of the file, the trainer's `CheckpointManager(dir, keep=2).save(blocking=True)` (temp file written with "
-        f"early writeback, fsync, rename, hard link of checkpoint_latest.pt, index.json), and the training stall "
-        f"of an async save (`async_save=True`, `blocking=False`, after a first one that allocated its CPU buffers): "
-        f"a training step of the same model ({STEP_TOKENS} tokens of forward/backward, the AdamW step) that starts "
-        f"with the save call and waits in `wait_until_staged()` before its optimizer step, as train_ddp's does, "
-        f"minus the median of the {PLAIN_STEPS} steps just before it; the background copy to CPU memory overlaps "
-        f"the forward/backward pass. Each timed save follows an `os.sync()`, the order of the variants is reversed "
-        f"on every other repeat, and each variant's files are deleted after it is timed (so every trainer save is "
-        f"a first one: its unlinking of step files beyond `keep` is not in its time); {how}. Rerun with "
+        f"Checkpoint save and load (`bench/checkpoint.py`), {WORLD} processes (torch.multiprocessing, gloo, CPU, "
+        f"one thread each), preset {args.preset}, vocabulary {VOCAB_SIZE}, sequence length {SEQ_LEN}: the model "
+        f"and AdamW state after a step, {gb(conditions.state_bytes)} of tensors, the same on both ranks. Side by "
+        f"side in one directory: the single writer of the trainer before DCP (rank 0 `torch.save`s model, "
+        f"optimizer, trainer state and RNG to a temporary file, fsync, `os.replace`, fsync of the directory; a "
+        f"{gb(single)} file), DCP's sync save (`CheckpointManager.save(blocking=True)` on both ranks over a gloo "
+        f"group: each rank writes and fsyncs its share, rank 0 commits; {gb(sharded)} of files; rank 0's time, "
+        f"to the commit) and the stall of its async save (`async_save=True`, `blocking=False` after a step, then "
+        f"the next step's forward/backward of {STEP_TOKENS} tokens, `wait_until_staged()` and AdamW step, as "
+        f"train_ddp does; the stall is the save call plus that wait; after an untimed first async save that "
+        f"allocated the stager's buffers). Loads: both ranks `torch.load` the whole file at once and load it, "
+        f"against `restore()` (each rank reads its share, then broadcasts); the slower rank's time; the files were "
+        f"just written, so mostly read from the page cache, for both alike. Throughput is the state's tensor bytes "
+        f"over the time to commit. Each timed save follows an `os.sync()`, the order of the variants is reversed "
+        f"on every other repeat, and each variant's files are deleted after it is timed; {how}. Rerun with "
         f"`.venv/bin/python bench/checkpoint.py --write-results` (`--preset tiny --repeats 1`: a smoke run)."
     )
-    extra = written["async"] - written[TRAINER]
-    if abs(extra) > 0.01 * written[TRAINER]:
-        text += (
-            f" The async save wrote a file of {gb(written['async'])}, the trainer's sync save one of "
-            f"{gb(written[TRAINER])}."
-        )
     cpus = os.cpu_count() or 1
     if conditions.others_cpus >= 0.25:
         text += (
             f" Another process was busy during this run ({conditions.others_cpus:.2f} of {cpus} CPUs on average "
             f"outside the benchmark; load average {loads(conditions)}): expect more noise."
         )
-    elif max(x or 0.0 for x in (conditions.load_start, conditions.load_end)) >= cpus:
-        text += (
-            f" The load average was high ({loads(conditions)}, on {cpus} CPUs), but CPU time outside the "
-            f"benchmark was {conditions.others_cpus:.2f} CPUs on average during the measurements (the load average "
-            f"also counts tasks waiting on the disk, and lags by a minute)."
-        )
     return text
 
 
-def contention(repeats: list[dict[str, float]]) -> str:
-    """What the async save cost training here besides the stall: the writer thread's share of the CPU."""
-    extra = [r[SLOWER] + r[AFTER] for r in repeats]
-    share = statistics.median(e / r[TRAINER] for e, r in zip(extra, repeats, strict=True))
-    return (
-        f"The stall is the time training is held up; it is not all an async save costs where training runs on "
-        f"the CPU. Here the writer thread's serialisation competes with training for the {os.cpu_count()} cores "
-        f"(and the memory bandwidth): the step with the save and the {AFTER_STEPS} after it took "
-        f"{statistics.median(extra):.2f} s longer together (median), {share:.0%} of the sync save. On a GPU node "
-        f"training runs on the GPU and the writer on otherwise idle host cores; `bench/gpu_check.sh` measures it "
-        f"there."
-    )
-
-
-def write_results(
-    rows: list[Row], repeats: list[dict[str, float]], args: argparse.Namespace, conditions: Conditions
-) -> None:
-    text = [caption(args, conditions), "", table(rows), "", contention(repeats)]
-    append_section("checkpoint save", text, machine(conditions))
-    log.info("appended results to %s", RESULTS)
+def verdict(rows: list[Row]) -> str:
+    """The targets in words, met or not."""
+    parts = []
+    for row in rows:
+        if row.met is not None:
+            parts.append(f"{row.name}: {row.cell(row.median)}, target {row.target}, {'met' if row.met else 'NOT met'}")
+    return "Targets: " + "; ".join(parts) + "."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -517,34 +665,25 @@ def main(argv: list[str] | None = None) -> int:
     conditions = Conditions(load_start=loadavg())
     try:
         conditions.directory = check_directory(directory)
-        log.info("building the %s state (vocabulary %d, sequence length %d)", args.preset, VOCAB_SIZE, SEQ_LEN)
-        training = Training(args.preset)
-        state = training.state()
-        conditions.state_bytes, conditions.shared = tensor_bytes(state)
-        log.info("state: %s of tensors; sharing an earlier tensor's storage: %s", gb(conditions.state_bytes),
-                 ", ".join(f"{k} ({gb(v)})" for k, v in conditions.shared.items()) or "none")  # fmt: skip
-        warm_up = directory / "warm-up.pt"
-        seconds = timed(lambda: plain_save(state, warm_up, fsync=False))
-        log.info("warm-up (untimed): plain torch.save of %s in %.2fs", gb(warm_up.stat().st_size), seconds)
-        clear(directory)
         start = CpuSample.now()
-        repeats = []
-        for n in range(args.repeats):
-            log.info("repeat %d/%d", n + 1, args.repeats)
-            repeats.append(measure_once(directory, training, n, conditions.written))
+        conditions.state_bytes, repeats = measure(args.preset, args.repeats, directory)
         conditions.others_cpus = others_cpus(start, CpuSample.now())
         conditions.load_end = loadavg()
-        log.info("CPUs busy outside this process: %.2f on average; load average %s",
+        log.info("CPUs busy outside the benchmark: %.2f on average; load average %s",
                  conditions.others_cpus, loads(conditions))  # fmt: skip
-        rows = summarise(repeats)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         if made_parent and not any(parent.iterdir()):
             parent.rmdir()
+    rows = summarise(conditions.state_bytes, repeats)
+    projected = projection(conditions.state_bytes, repeats)
     if args.write_results:
-        write_results(rows, repeats, args, conditions)
+        text = [caption(args, conditions, repeats), "", table(rows), "", verdict(rows), "", projected]
+        append_section("checkpoint save and load, single writer against DCP", text, machine(conditions))
+        log.info("appended results to %s", RESULTS)
     print(table(rows))
-    print(contention(repeats))
+    print(verdict(rows))
+    print(projected)
     return 0
 
 
