@@ -217,3 +217,25 @@ def test_each_rank_reads_a_balanced_share_the_same_on_every_rank() -> None:
     assert abs(shares[0] - shares[1]) <= 256 and sum(shares) == sum(sizes)
     assert set(owners(tensors, world=1).values()) == {0}
     assert len(set(owners(tensors, world=16).values())) == len(sizes), "more ranks than tensors: one each"
+
+
+def test_tied_weights_are_written_once_and_come_back_tied(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from trainer.model import build_model, model_config
+
+    model = build_model(model_config("tiny", 512, 64, 0, 0.0))
+    optimizer = torch.optim.AdamW(model.parameters())
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, model, optimizer, {"step": 1}, {})
+    manager.close()
+    saved = FileSystemReader(tmp_path / "step_00000001").read_metadata().state_dict_metadata
+    assert "model.transformer.wte.weight" in saved and "model.lm_head.weight" not in saved
+    weights = read_weights(newest_checkpoint(tmp_path))
+    assert weights["lm_head.weight"] is weights["transformer.wte.weight"]
+    restored = build_model(model_config("tiny", 512, 64, 0, 0.0))
+    with torch.no_grad():
+        restored.transformer.wte.weight.zero_()
+    manager.restore(newest_checkpoint(tmp_path), restored, torch.optim.AdamW(restored.parameters()))
+    assert restored.lm_head.weight is restored.transformer.wte.weight
+    assert torch.equal(restored.lm_head.weight, model.lm_head.weight)

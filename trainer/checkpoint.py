@@ -203,8 +203,9 @@ class CheckpointManager:
         with atomic_open(tmp / rng_file_name(self.rank)) as f:
             torch.save(rng, f)
         if self.rank == 0:
+            tied = dcp_io.tied_aliases(model.state_dict())  # left out of the tensors; a reader puts them back
             with atomic_open(tmp / TRAINER_STATE) as f:
-                torch.save({**trainer_state, "optimizer_groups": optimizer_groups}, f)
+                torch.save({**trainer_state, "optimizer_groups": optimizer_groups, "tied": tied}, f)
         if blocking or not self.async_save:
             dcp.save(tensors, storage_writer=dcp_io.writer(tmp), process_group=self.group,
                      no_dist=not dist.is_initialized())  # fmt: skip
@@ -441,7 +442,12 @@ def read_weights(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
     if not checkpoint.sharded:
         return checkpoint.trainer_state()["model"]
     tensors = _read_alone(checkpoint.path, dcp_io.MODEL)
-    return {k.removeprefix(dcp_io.MODEL): v for k, v in tensors.items()}
+    return _with_tied({k.removeprefix(dcp_io.MODEL): v for k, v in tensors.items()}, checkpoint.trainer_state())
+
+
+def _with_tied(weights: dict[str, torch.Tensor], trainer_state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tied names the save left out, back beside the tensor they share."""
+    return weights | {alias: weights[first] for alias, first in trainer_state.get("tied", {}).items()}
 
 
 def _read_alone(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -460,7 +466,8 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     checkpoint = Checkpoint(path, 0)
     state = checkpoint.trainer_state()
     tensors = _read_alone(path)
-    state["model"] = {k.removeprefix(dcp_io.MODEL): v for k, v in tensors.items() if k.startswith(dcp_io.MODEL)}
+    state["model"] = _with_tied({k.removeprefix(dcp_io.MODEL): v for k, v in tensors.items()
+                                 if k.startswith(dcp_io.MODEL)}, state)  # fmt: skip
     state["optimizer"] = {k.removeprefix(dcp_io.OPTIM): v for k, v in tensors.items() if k.startswith(dcp_io.OPTIM)}
     state["rng"] = [_load_plain(p) for p in sorted(path.glob("rng_rank_*.pt"))]
     return state

@@ -36,9 +36,12 @@ class CorruptCheckpoint(Exception):
 def split_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """The live model and optimizer state by name: the tensors (views of the training state, for DCP) and the
     optimizer's other entries (learning rate, betas, ...). An optimizer that has not stepped yet gets its state
-    created first (DCP's own zero-learning-rate step), so that there is something to load into."""
+    created first (DCP's own zero-learning-rate step), so that there is something to load into.
+
+    A tensor tied to an earlier one (GPT-2's output layer is its token embedding) is left out: DCP deduplicates by
+    name, not by storage, and would write it twice; loading the first fills both."""
     model_state, optim_state = get_state_dict(model, optimizer, options=_FLAT)
-    tensors = {MODEL + k: v for k, v in model_state.items()}
+    tensors = {MODEL + k: v for k, v in model_state.items() if k not in tied_aliases(model_state)}
     other = {}
     for key, value in optim_state.items():
         (tensors if isinstance(value, torch.Tensor) else other)[OPTIM + key] = value
@@ -49,8 +52,23 @@ def apply_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensor
     """split_state's inverse: the loaded tensors and the saved other entries back into the model and optimizer."""
     both = {**tensors, **other}
     model_state = {k.removeprefix(MODEL): v for k, v in both.items() if k.startswith(MODEL)}
+    for alias, first in tied_aliases(model.state_dict()).items():
+        model_state[alias] = model_state[first]
     optim_state = {k.removeprefix(OPTIM): v for k, v in both.items() if k.startswith(OPTIM)}
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=_FLAT)
+
+
+def tied_aliases(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Each name whose tensor is an earlier name's (the same storage, offset and shape), with that earlier name."""
+    first: dict[tuple, str] = {}
+    aliases = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    return aliases
 
 
 # -- writing ----------------------------------------------------------------------------------------------
