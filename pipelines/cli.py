@@ -226,6 +226,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         pending_timeout_s=args.pending_timeout_s,
         recovery_timeout_s=args.recovery_timeout_s,
         queue_timeout_s=args.queue_timeout_s,
+        stall_timeout_s=args.stall_timeout_s,
         pipeline_run_id=args.pipeline_run_id,
         image=args.image,
         namespace=args.namespace,
@@ -316,6 +317,13 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="queued (suspended by Kueue) this long fails it (0: wait as long as it takes)",
+    )
+    p.add_argument(
+        "--stall-timeout-s",
+        type=int,
+        default=0,
+        help="no training step completed this long deletes the job and fails it (0: derived from the step time, "
+        "at least 900 s)",
     )
     add_platform_args(p, mount_path="", mount_help="default: the storage root")
     p.add_argument("--no-owner-reference", action="store_true", help="do not tie the job's life to the launcher pod")

@@ -537,3 +537,69 @@ def test_the_exit_step_leaves_a_finished_job_and_someone_elses_alone(staged_root
         deletions = list(server.deletions)
     assert "had already finished: left for its logs" in done
     assert "belongs to another pipeline run: left alone" in theirs and deletions == []
+
+
+def rank_logs(run: RunPaths, world: int, steps: tuple[int, ...]) -> None:
+    """Each rank's log as the trainer writes it (its LOG_FORMAT), up to the last of `steps`."""
+    run.logs.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        with open(run.rank_log(rank), "a") as f:
+            for step in steps:  # train_ddp's step line, with its format string
+                record = logging.makeLogRecord({
+                    "name": "trainer", "levelname": "INFO", "levelno": logging.INFO,
+                    "msg": "step %d loss %.4f lr %.2e grad norm %.2f tokens/s %.0f%s",
+                    "args": (step, 5 - step / 10, 3e-3, 0.5, 20000, ""),
+                })  # fmt: skip
+                f.write(logging.Formatter(LOG_FORMAT.replace("{rank}", str(rank))).format(record) + "\n")
+
+
+def test_a_diverged_trainer_ends_its_job_instead_of_restarting_it(staged_root: Path) -> None:
+    """The trainer writes status.json "diverged" (trainer/health.py's line) and exits 3; with restartPolicy
+    OnFailure the kubelet restarts it, again and again. The launcher reads the status on the volume and deletes
+    the job before the operator's backoff limit (or HyperPod auto-resume) gets a say."""
+    from trainer.health import Divergence
+    from trainer.preemption import ExitCode
+
+    root = staged_root.parent / "diverged-k8s"
+    shutil.copytree(staged_root, root, symlinks=True, dirs_exist_ok=True)
+    cfg = cluster_config(root, "diverged")
+    divergence = Divergence(limit=3)
+    for step in range(25, 29):
+        divergence.record(step, finite=False)
+
+    def diverge(job: Any) -> None:
+        rank_logs(cfg.run_paths, 2, (10, 20))
+        write_status(cfg.run_paths, 0, "diverged", step=25, exit_code=ExitCode.DIVERGED, error=divergence.reason())
+
+    loop = Lifecycle.crash_loop(workers=2, exit_code=int(ExitCode.DIVERGED), crashes=40, tick_s=0.5)
+    with FakeKubernetes(CRD_PATH, Lifecycle([*loop.steps[:3], (0.1, diverge), *loop.steps[3:]])) as server:
+        with pytest.raises(StepFailed) as failure:
+            launch(cfg, client(server))
+        deleted = [path for method, path in server.requests if method == "DELETE" and "pytorchjobs" in path]
+        restarts = sum(s.get("restartCount", 0) for p in server.pods("kubeflow", cfg.job_name)
+                       for s in p.get("status", {}).get("containerStatuses", []))  # fmt: skip
+    message = str(failure.value)
+    assert "was stopped, not restarted: diverged at step 25: the loss or gradient norm" in message
+    assert "it was deleted" in message and "backoff" not in message
+    assert deleted and restarts < 40
+
+
+def test_a_job_whose_step_stops_advancing_is_deleted_with_every_ranks_last_lines(staged_root: Path) -> None:
+    root = staged_root.parent / "stalled-k8s"
+    shutil.copytree(staged_root, root, symlinks=True, dirs_exist_ok=True)
+    cfg = cluster_config(root, "stalled", stall_timeout_s=2)
+
+    def three_steps_then_nothing(job: Any) -> None:
+        rank_logs(cfg.run_paths, 2, (1, 2, 3))
+        write_status(cfg.run_paths, 0, "running", step=3, world_size=16, attempt=1)
+
+    lifecycle = Lifecycle.success(workers=2, log_lines=[f"line {i}" for i in range(60)], tick_s=0.5)
+    with FakeKubernetes(CRD_PATH, Lifecycle([*lifecycle.steps[:3], (0.1, three_steps_then_nothing),
+                                             *lifecycle.steps[3:]])) as server:  # fmt: skip
+        with pytest.raises(StepFailed) as failure:
+            launch(cfg, client(server))
+        deleted = [path for method, path in server.requests if method == "DELETE" and "pytorchjobs" in path]
+    message = str(failure.value)
+    assert "stalled: no training step completed for" in message and "after step 3" in message
+    assert "[rank 0] INFO trainer: step 3 loss" in message and "[rank 1] INFO trainer: step 3 loss" in message
+    assert deleted

@@ -21,35 +21,40 @@ def fsync_dir(directory: Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path` to write by name; on clean exit it is fsynced and renamed onto it."""
+def atomic_path(path: str | Path, fsync: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside `path` to write by name; on clean exit it is fsynced and renamed onto it.
+
+    Without `fsync`, readers still see the old or the new file, never a mix; only a crash of the machine may lose
+    the new one (for what is rewritten often and matters only while running: progress)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if fsync:
+            fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
 @contextmanager
-def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
+def atomic_open(path: str | Path, mode: str = "wb", fsync: bool = True) -> Iterator[IO[Any]]:
     """Yield a file object; on clean exit its content replaces `path` in one rename, else it vanishes."""
-    with atomic_path(path) as tmp, open(tmp, mode) as f:
+    with atomic_path(path, fsync) as tmp, open(tmp, mode) as f:
         yield f
 
 
-def write_json(path: str | Path, obj: Any) -> None:
-    with atomic_open(path, "w") as f:
+def write_json(path: str | Path, obj: Any, fsync: bool = True) -> None:
+    with atomic_open(path, "w", fsync) as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
 

@@ -63,6 +63,15 @@ class TrainConfig:
     checkpoint_s3_uri: str = _opt("", "copy every committed checkpoint to this s3://bucket/prefix (the run's own) "
                                   "in the background, and resume from it when the volume has none")  # fmt: skip
     grace_period_s: float = _opt(120.0, "the pod's terminationGracePeriodSeconds: time from SIGTERM to SIGKILL", 0.01)
+    # Health: divergence, spikes, hangs.
+    max_nonfinite_steps: int = _opt(3, "consecutive steps with a non-finite loss or gradient norm (each skipped) "
+                                    "tolerated; one more stops the run as diverged (exit code 3)", 0)  # fmt: skip
+    spike_factor: float = _opt(3.0, "log and mark a loss above this many times the median of the recent logged "
+                               "losses as a spike (0: off)", 0)  # fmt: skip
+    collective_timeout_s: float = _opt(600.0, "a collective that waits longer fails, naming the ranks that "
+                                       "stopped answering (the process group's timeout)", 1)  # fmt: skip
+    fault_nan_at_step: int = _opt(0, "fault injection, for testing the divergence handling: from this step on "
+                                  "the loss is NaN (0: off)", 0)  # fmt: skip
     # Observability.
     log_every: int = _opt(10, "steps between metrics rows and log lines", 1)
     peak_tflops: float = _opt(0.0, "peak bf16 TFLOP/s of one accelerator for MFU (0: detect the GPU)", 0)

@@ -6,7 +6,8 @@
 NCCL on GPUs (bf16 autocast), gloo on CPU (fp32). A run directory that holds a checkpoint is resumed
 from it, also with another world size. SIGTERM/SIGINT stop every rank after the same step, rank 0
 commits a checkpoint, and the processes exit with a code from trainer.preemption.ExitCode:
-0 done, 1 crashed, 2 bad input, 75 preempted and saved (rerun to resume), 76 preempted, save failed.
+0 done, 1 crashed (also: a collective timed out, naming the ranks that stopped answering), 2 bad input,
+3 diverged (trainer/health.py), 75 preempted and saved (rerun to resume), 76 preempted, save failed.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from trainer.checkpoint import (
 )
 from trainer.config import TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
+from trainer.health import Divergence, Heartbeat, SpikeWatch
 from trainer.layout import RunPaths
 from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
 from trainer.model import architecture_differences, build_model, model_config
@@ -93,7 +95,8 @@ class TrainState:
 def train(cfg: TrainConfig) -> ExitCode:
     use_cuda = torch.cuda.is_available()
     run = RunPaths(Path(cfg.run_dir))
-    init_distributed("nccl" if use_cuda else "gloo")
+    collective_timeout = timedelta(seconds=cfg.collective_timeout_s)  # a silent rank fails the others after it
+    init_distributed("nccl" if use_cuda else "gloo", collective_timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = agree_on_attempt(run, rank)
     if use_cuda and "NCCL_DEBUG" in os.environ:  # NCCL's lines on the volume, past the pod's life, per attempt
@@ -114,7 +117,8 @@ def train(cfg: TrainConfig) -> ExitCode:
              "correct" if report["all_reduce_correct"] else "WRONG", report["busbw_gbps"])  # fmt: skip
 
     # The newest good checkpoint, if any (on the volume, else the durable copy): it names the dataset snapshot to read.
-    checkpoint_group = dist.new_group(backend="gloo")  # the checkpoints' own: async saves plan in the background
+    # (Checkpoints have their own gloo group: an asynchronous save plans in the background, beside training.)
+    checkpoint_group = dist.new_group(backend="gloo", timeout=collective_timeout)
     checkpoints = CheckpointManager(run.checkpoints, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
                                     attempt=attempt, group=checkpoint_group, mirror=durable_copy(cfg))  # fmt: skip
     checkpoint = checkpoints.newest()
@@ -199,6 +203,9 @@ def train(cfg: TrainConfig) -> ExitCode:
     peak = peak_flops(device, cfg.peak_tflops)
     samples_log = open(run.logs / f"samples_rank_{rank:05d}.txt", "a") if cfg.log_samples else None
     budget_s = save_budget_s(cfg.grace_period_s)
+    divergence, spikes = Divergence(cfg.max_nonfinite_steps), SpikeWatch(cfg.spike_factor)
+    heartbeat = Heartbeat(dist.distributed_c10d._get_default_store(), rank, world,
+                          interval_s=min(10.0, cfg.collective_timeout_s / 10))  # fmt: skip
 
     def save(blocking: bool) -> float:
         """Collective: every rank writes its share. Returns the seconds this rank was held up."""
@@ -214,63 +221,95 @@ def train(cfg: TrainConfig) -> ExitCode:
     stop_reason = "max-steps" if progress.step >= cfg.max_steps else None
     if stop_reason:
         log.info("nothing to do: the run already reached step %d", progress.step)
-    while stop_reason is None:
-        step_started = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(cfg.grad_accum_steps):
-            inputs, targets = (t.to(device, non_blocking=True) for t in batches.next_batch())
-            if samples_log:
-                samples_log.write(f"{progress.step + 1} {micro} {' '.join(map(str, batches.last_windows))}\n")
-            last_micro = micro == cfg.grad_accum_steps - 1
-            with contextlib.nullcontext() if last_micro else ddp.no_sync(), autocast:
-                logits = step_fn(input_ids=inputs).logits
-                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-                (loss / cfg.grad_accum_steps).backward()
-            loss_sum += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
-        checkpoints.wait_until_staged()  # an async save copies the weights during forward/backward: not past here
-        for group in optimizer.param_groups:
-            group["lr"] = schedule.lr_at(progress.step)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        progress.step += 1
-        progress.tokens_seen += cfg.tokens_per_step * world
-        throughput.add(cfg.tokens_per_step * world)
+    try:
+        while stop_reason is None:
+            step_started = time.perf_counter()
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(cfg.grad_accum_steps):
+                inputs, targets = (t.to(device, non_blocking=True) for t in batches.next_batch())
+                if samples_log:
+                    samples_log.write(f"{progress.step + 1} {micro} {' '.join(map(str, batches.last_windows))}\n")
+                last_micro = micro == cfg.grad_accum_steps - 1
+                with contextlib.nullcontext() if last_micro else ddp.no_sync(), autocast:
+                    logits = step_fn(input_ids=inputs).logits
+                    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+                    if cfg.fault_nan_at_step and progress.step + 1 >= cfg.fault_nan_at_step:
+                        loss = loss * float("nan")  # fault injection (--fault-nan-at-step): a diverged loss
+                    (loss / cfg.grad_accum_steps).backward()
+                loss_sum += loss.detach()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+            nonfinite = ~torch.isfinite(grad_norm)  # the same on every rank: DDP all-reduced the gradients
+            checkpoints.wait_until_staged()  # an async save copies the weights during forward/backward: not past here
+            for group in optimizer.param_groups:
+                group["lr"] = schedule.lr_at(progress.step)
+            if use_cuda:  # the fused kernel skips the update on the device when found_inf is set: no host sync
+                optimizer.found_inf = nonfinite.float()
+                optimizer.step()
+            elif not nonfinite:  # on the CPU the flag is at hand
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            progress.step += 1
+            progress.tokens_seen += cfg.tokens_per_step * world
+            throughput.add(cfg.tokens_per_step * world)
 
-        stop_reason = stop.should_stop(time_up=bool(cfg.max_time_s) and time.monotonic() - started > cfg.max_time_s)
-        if stop_reason is None and progress.step >= cfg.max_steps:
-            stop_reason = "max-steps"
-        if stop_reason is None and cfg.max_tokens and progress.tokens_seen >= cfg.max_tokens:
-            stop_reason = "max-tokens"
-        step_time_s = time.perf_counter() - step_started
+            time_up = bool(cfg.max_time_s) and time.monotonic() - started > cfg.max_time_s
+            stop_reason, step_nonfinite = stop.should_stop(time_up, nonfinite)
+            if divergence.record(progress.step, finite=not step_nonfinite):
+                stop_reason = "diverged"
+            if stop_reason is None and progress.step >= cfg.max_steps:
+                stop_reason = "max-steps"
+            if stop_reason is None and cfg.max_tokens and progress.tokens_seen >= cfg.max_tokens:
+                stop_reason = "max-tokens"
+            step_time_s = time.perf_counter() - step_started
 
-        if progress.step % cfg.log_every == 0 or stop_reason:
-            mean_loss = loss_sum / cfg.grad_accum_steps
-            dist.all_reduce(mean_loss)  # a sum: gloo has no average
-            rss = torch.tensor([rss_gib()], device=mean_loss.device)
-            dist.all_reduce(rss, op=dist.ReduceOp.MAX)  # the largest worker process's private memory
-            tokens_per_s, seconds_per_step = throughput.report()
-            # lr: the next step's (what LambdaLR's get_last_lr gave), so a finished run's last row shows the floor
-            row = {
-                "step": progress.step, "loss": mean_loss.item() / world, "lr": schedule.lr_at(progress.step),
-                "grad_norm": grad_norm.item(), "tokens": progress.tokens_seen, "tokens_per_s": round(tokens_per_s, 1),
-                "step_time_s": round(seconds_per_step, 4),
-                "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak else None,
-                "gpu_mem_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if use_cuda else None,
-                "rss_gb": round(rss.item(), 2), "time": time.time(),
-            }  # fmt: skip
-            metrics.write(row)
-            if rank == 0:
-                mfu = f" mfu {row['mfu']:.1%}" if row["mfu"] is not None else ""
-                log.info("step %d loss %.4f lr %.2e grad norm %.2f tokens/s %.0f%s", progress.step, row["loss"],
-                         row["lr"], row["grad_norm"], tokens_per_s, mfu)  # fmt: skip
+            if progress.step % cfg.log_every == 0 or stop_reason:
+                mean_loss = loss_sum / cfg.grad_accum_steps
+                dist.all_reduce(mean_loss)  # a sum: gloo has no average
+                rss = torch.tensor([rss_gib()], device=mean_loss.device)
+                dist.all_reduce(rss, op=dist.ReduceOp.MAX)  # the largest worker process's private memory
+                tokens_per_s, seconds_per_step = throughput.report()
+                # lr: the next step's (what LambdaLR's get_last_lr gave), so a finished run's last row shows the floor
+                row = {
+                    "step": progress.step, "loss": mean_loss.item() / world, "lr": schedule.lr_at(progress.step),
+                    "grad_norm": grad_norm.item(), "tokens": progress.tokens_seen,
+                    "tokens_per_s": round(tokens_per_s, 1),
+                    "step_time_s": round(seconds_per_step, 4),
+                    "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak else None,
+                    "gpu_mem_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if use_cuda else None,
+                    "rss_gb": round(rss.item(), 2), "skipped_steps": divergence.skipped, "time": time.time(),
+                }  # fmt: skip
+                if spikes.is_spike(progress.step, row["loss"]):
+                    row["loss_spike"] = True
+                metrics.write(row)
+                write_status(run, rank, "running", step=progress.step, world_size=world, attempt=attempt, durable=False)
+                if rank == 0:
+                    mfu = f" mfu {row['mfu']:.1%}" if row["mfu"] is not None else ""
+                    log.info("step %d loss %.4f lr %.2e grad norm %.2f tokens/s %.0f%s", progress.step, row["loss"],
+                             row["lr"], row["grad_norm"], tokens_per_s, mfu)  # fmt: skip
 
-        if progress.step % cfg.checkpoint_every == 0 and stop_reason is None:
-            save(blocking=False)
-            if not budget_checked and checkpoints.last_save is not None:
-                check_save_budget(step_time_s, checkpoints.last_save, budget_s, rank)
-                budget_checked = True
+            if progress.step % cfg.checkpoint_every == 0 and stop_reason is None and divergence.streak:
+                log.warning("no checkpoint at step %d: its update was skipped (not finite)", progress.step)
+            elif progress.step % cfg.checkpoint_every == 0 and stop_reason is None:
+                save(blocking=False)
+                if not budget_checked and checkpoints.last_save is not None:
+                    check_save_budget(step_time_s, checkpoints.last_save, budget_s, rank)
+                    budget_checked = True
 
+    except (RuntimeError, dist.DistError) as exc:  # a collective failed: a timeout, or a peer gone
+        if silent := heartbeat.silent_ranks():
+            return report_silent_ranks(run, rank, world, silent, progress.step + 1, exc, attempt)
+        raise
+    finally:
+        heartbeat.stop()
+
+    if stop_reason == "diverged":  # no checkpoint over the last good one
+        reason = divergence.reason()
+        log.error("%s", reason)
+        write_status(run, rank, "diverged", step=divergence.first_bad_step, exit_code=ExitCode.DIVERGED,
+                     reason="diverged", error=reason, attempt=attempt)  # fmt: skip
+        checkpoints.close(wait_for_mirror=False)
+        dist.destroy_process_group()
+        return ExitCode.DIVERGED
     # Stopping: a blocking save, waited for by every rank, so that the exit code tells the truth.
     if progress.step == resumed_at:
         write_status(run, rank, "done", step=progress.step, exit_code=ExitCode.DONE, reason="max-steps",
@@ -307,10 +346,24 @@ def train(cfg: TrainConfig) -> ExitCode:
     return code
 
 
-def write_status(run: RunPaths, rank: int, state: str, **details: Any) -> None:
-    """Rank 0 records where the run stands, so that the launcher can tell preempted-and-saved from a crash."""
+def report_silent_ranks(run: RunPaths, rank: int, world: int, silent: list[int], step: int, exc: BaseException,
+                        attempt: int) -> ExitCode:  # fmt: skip
+    """A collective failed and `silent` stopped answering: say so, in the log and (by the lowest rank still
+    answering, as rank 0 may be the silent one) in status.json. A crash: the next start may have its nodes back."""
+    reason = (f"a collective failed at step {step} ({type(exc).__name__}): rank(s) {', '.join(map(str, silent))} "
+              "stopped answering (a stopped or hung process, or a lost node)")  # fmt: skip
+    log.error("%s", reason)
+    if rank == min(set(range(world)) - set(silent)):
+        status = {"state": "hung", "step": step - 1, "silent_ranks": silent, "error": reason, "attempt": attempt}
+        write_json(run.status, {**status, "exit_code": int(ExitCode.CRASHED), "time": time.time()})
+    return ExitCode.CRASHED
+
+
+def write_status(run: RunPaths, rank: int, state: str, durable: bool = True, **details: Any) -> None:
+    """Rank 0 records where the run stands, so that the launcher can tell preempted-and-saved from a crash, and
+    see progress (at every logged step: not `durable`, no fsync, as it is rewritten so often)."""
     if rank == 0:
-        write_json(run.status, {"state": state, **details, "time": time.time()})
+        write_json(run.status, {"state": state, **details, "time": time.time()}, fsync=durable)
 
 
 ATTEMPT_KEY = "hyperpod-pretrain/attempt"
@@ -333,14 +386,14 @@ def agree_on_attempt(run: RunPaths, rank: int) -> int:
     return int(store.get(ATTEMPT_KEY))
 
 
-def init_distributed(backend: str) -> None:
+def init_distributed(backend: str, timeout: timedelta) -> None:
     """env:// as torchrun sets it up, with each torchelastic restart's keys apart in the store.
 
     Without the prefix, a group restarted by torchrun (--max-restarts) can read the previous attempt's
     gloo addresses from the agent's store and fail with "connectFullMesh ... Connection refused".
     """
     if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
         return
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -350,7 +403,7 @@ def init_distributed(backend: str) -> None:
         timeout=timedelta(minutes=15),
     )  # fmt: skip
     attempt = dist.PrefixStore(f"attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
-    dist.init_process_group(backend, store=attempt, rank=rank, world_size=world)
+    dist.init_process_group(backend, store=attempt, rank=rank, world_size=world, timeout=timeout)
 
 
 def durable_copy(cfg: TrainConfig) -> Mirror | None:

@@ -83,6 +83,8 @@ class EvalResult:
     val_set_sha256: str = ""  # the val text's identity (files, sizes, checksums): evaluations with the same compare
     tokenizer_sha256: str = ""
     samples: list[dict[str, str]] = field(default_factory=list)
+    skipped_steps: int = 0  # training steps whose update was skipped: the loss or gradient norm was not finite
+    loss_spikes: list[dict[str, float]] = field(default_factory=list)  # logged steps marked as spikes (step, loss)
     export_dir: str = ""
     export_s3_uri: str = ""
 
@@ -119,7 +121,16 @@ class EvalResult:
             f"Evaluated on {self.val_tokens:,} held-out tokens; training lowered the loss by "
             f"{self.loss_reduction:.4f} nats/token. {self.gate_line()}",
             "",
+            self.health_line(),
+            "",
         ])  # fmt: skip
+
+    def health_line(self) -> str:
+        """What the trainer's health checks saw (trainer/health.py): skipped steps and loss spikes."""
+        spikes = ", ".join(f"step {s['step']} ({s['loss']:.3f})" for s in self.loss_spikes[:10])
+        more = f" and {len(self.loss_spikes) - 10} more" if len(self.loss_spikes) > 10 else ""
+        return (f"Training health: {self.skipped_steps} step(s) skipped for a non-finite loss or gradient norm; "
+                f"{len(self.loss_spikes)} loss spike(s){': ' + spikes + more if spikes else ''}.")  # fmt: skip
 
 
 # -- evaluation -------------------------------------------------------------------------------------------
@@ -199,6 +210,7 @@ def evaluate_checkpoint(
         loss_reduction=round(untrained - val_loss, 6),
         train_tokens_per_s=throughput[0],
         train_mfu=throughput[1],
+        **training_health(run),
         samples=greedy_samples(model, tokenizer, device),
         dataset=dataset,
         snapshot=snapshot_dir.name,
@@ -321,6 +333,14 @@ def training_throughput(run: RunPaths) -> tuple[float | None, float | None]:
     return (float(np.median(rates)) if rates else None, float(np.median(mfus)) if mfus else None)
 
 
+def training_health(run: RunPaths) -> dict[str, Any]:
+    """The health checks' marks in metrics.jsonl: the last count of skipped steps, and the spikes."""
+    rows = read_metrics(run)
+    skipped = max((int(r.get("skipped_steps", 0)) for r in rows), default=0)
+    return {"skipped_steps": skipped,
+            "loss_spikes": [{"step": r["step"], "loss": r["loss"]} for r in rows if r.get("loss_spike")]}  # fmt: skip
+
+
 def read_metrics(run: RunPaths) -> list[dict[str, Any]]:
     try:
         return [json.loads(line) for line in run.metrics.read_text().splitlines() if line.strip()]
@@ -437,6 +457,7 @@ td,th{{border:1px solid #ccc;padding:4px 10px}} pre{{white-space:pre-wrap;backgr
 {result.val_tokens:,} held-out tokens evaluated. {html.escape(result.gate_line())}</p>
 <h2>Training</h2>
 {plot}
+<p>{html.escape(result.health_line())}</p>
 <h2>Validation</h2>
 <table id="eval"><tr><th>metric</th><th>trained</th><th>untrained</th></tr>{table}</table>
 <h2>Greedy samples</h2>

@@ -69,6 +69,7 @@ class LaunchConfig:
     pending_timeout_s: int = 0  # kubernetes: a job that never started, pods Pending this long: failed (0: none)
     recovery_timeout_s: int = 0  # kubernetes: after it ran, below its minimum of pods this long: failed (0: none)
     queue_timeout_s: int = 0  # kubernetes: queued (suspended by Kueue) this long: failed (0: none)
+    stall_timeout_s: int = 0  # no training step for this long: the job is deleted (0: derived, progress.py)
     extra_env: dict[str, str] = field(default_factory=dict)
     # s3://bucket/prefix: the trainer copies each committed checkpoint under <prefix>/<run_id>/ and fetches the
     # newest back when the volume lost it (trainer/durable.py); "": no copies
@@ -138,7 +139,7 @@ class LaunchConfig:
         ):
             if getattr(self, name) <= 0:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
-        for name in ("timeout_s", "pending_timeout_s", "recovery_timeout_s", "queue_timeout_s"):
+        for name in ("timeout_s", "pending_timeout_s", "recovery_timeout_s", "queue_timeout_s", "stall_timeout_s"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name.replace('_', '-')} must be 0 (none) or positive, got {getattr(self, name)}")
         if not self.lr > 0:

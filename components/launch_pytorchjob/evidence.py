@@ -68,6 +68,13 @@ def read_evidence(run: RunPaths, tail: int = TAIL_LINES) -> TrainerEvidence | No
     )
 
 
+def last_lines_of_every_rank(run: RunPaths, lines: int = 2) -> str:
+    """Each rank's last lines, for a stall: which ranks were where when progress stopped."""
+    tails = {rank: _tail(path, TAIL_BYTES)[-lines:] for rank, path in sorted(_rank_logs(run.logs).items())}
+    return " || ".join(f"rank {rank}: " + " | ".join(line.strip()[:200] for line in tail) for rank, tail in
+                       tails.items()) or "no rank left a log on the volume"  # fmt: skip
+
+
 def _read_status(path: Path) -> dict:
     try:
         status = json.loads(path.read_text())

@@ -46,7 +46,7 @@ from components.launch_pytorchjob.conditions import (
 from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
 from components.launch_pytorchjob.deadlines import Deadlines
 from components.launch_pytorchjob.diagnosis import Diagnosis
-from components.launch_pytorchjob.evidence import TrainerEvidence, read_evidence
+from components.launch_pytorchjob.evidence import TrainerEvidence, last_lines_of_every_rank, read_evidence
 from components.launch_pytorchjob.manifest import (
     ATTEMPT_ANNOTATION,
     CONTAINER,
@@ -56,6 +56,7 @@ from components.launch_pytorchjob.manifest import (
     VERSION,
     render_job,
 )
+from components.launch_pytorchjob.progress import TrainingWatch
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class WatchSettings:
     queue_timeout_s: float = 0  # suspended (queued by Kueue) this long deletes it (0: wait as long as it takes)
     replace_timeout_s: float = 600  # a failed earlier attempt's job must be gone within this before a new one
     diagnose_every_s: float = DIAGNOSE_EVERY_S
+    training_check_s: float = 5.0  # how often the trainer's status.json on the volume is read (progress.py)
 
 
 @dataclass
@@ -499,11 +501,13 @@ class Diagnoser:
 
 def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: threading.Event,
             diagnosis: Diagnosis | None = None, evidence: Callable[[], TrainerEvidence | None] = lambda: None,
-            on_owned: Callable[[str], None] = lambda uid: None) -> JobOutcome:  # fmt: skip
+            on_owned: Callable[[str], None] = lambda uid: None,
+            training: TrainingWatch | None = None) -> JobOutcome:  # fmt: skip
     """Create or re-attach, then follow the job to its end. `cancel` set (by SIGTERM): delete and raise.
 
     `evidence` reads the trainer's own account of a failure (its logs on the volume); `on_owned` is told the uid of
-    the job once it is known to be ours (created, or re-attached with our spec digest).
+    the job once it is known to be ours (created, or re-attached with our spec digest); `training` reads the
+    trainer's progress: a permanent failure or a stall deletes the job (restarts would not help).
     """
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
     diagnosis = diagnosis or Diagnosis(name, last_lines=lambda pod: last_lines(kube, ns, pod))
@@ -527,6 +531,7 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     for streamer in streamers:
         streamer.start()
     last_seen, current = None, stored
+    next_training_check = 0.0
 
     def give_up(why: str) -> None:
         phases, _ = pod_summary(kube, ns, name)
@@ -560,6 +565,11 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                 give_up(f"ran with fewer than its minimum of {min_pods} pod(s) for {deadlines.degraded_for():.0f}s "
                         f"(a lost node not replaced), past the recovery deadline of "
                         f"{settings.recovery_timeout_s:.0f}s")  # fmt: skip
+            if training is not None and time.monotonic() >= next_training_check:
+                next_training_check = time.monotonic() + settings.training_check_s
+                if why := training.check():
+                    lines = f"; last lines: {last_lines_of_every_rank(training.run)}" if "stalled" in why else ""
+                    give_up(f"was stopped, not restarted: {why}{lines}")
             try:
                 update = watcher.updates.get(timeout=0.2)
             except queue.Empty:
@@ -652,7 +662,7 @@ def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchRes
 
     with SigtermToEvent(cancel, delete_now):
         outcome = run_job(kube, manifest, settings, cancel, diagnosis, evidence=lambda: read_evidence(cfg.run_paths),
-                          on_owned=owned)  # fmt: skip
+                          on_owned=owned, training=TrainingWatch(cfg.run_paths, cfg.stall_timeout_s))  # fmt: skip
     return LaunchResult(
         run_id=cfg.run_id,
         run_dir=str(cfg.run_paths.root),

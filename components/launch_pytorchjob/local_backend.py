@@ -20,12 +20,15 @@ from pathlib import Path
 
 from components.errors import StepFailed
 from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
+from components.launch_pytorchjob.evidence import last_lines_of_every_rank
+from components.launch_pytorchjob.progress import PERMANENT, TrainingWatch
 
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
 # torchrun gives its workers 30 s after SIGTERM before it SIGKILLs them; past this, we kill the whole group.
 STOP_GRACE_S = 45
+WATCH_EVERY_S = 1.0  # how often the trainer's status.json is read
 
 
 def torchrun_log_dir(cfg: LaunchConfig) -> Path:
@@ -59,6 +62,8 @@ def trainer_outcome(cfg: LaunchConfig) -> str:
                 f"{status['seconds_to_commit']}s after the signal: rerun to resume")  # fmt: skip
     if status["state"] == "preempted-unsaved":
         return f"the trainer could not commit its checkpoint of step {status['step']}: {status.get('error')}"
+    if status["state"] in (*PERMANENT, "hung") and status.get("error"):
+        return status["error"]
     return f"the trainer's last status is {status['state']!r} at step {status.get('step')}"
 
 
@@ -113,6 +118,10 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
             previous[signum] = signal.signal(signum, lambda n, _f: stop(f"this step received {signal.Signals(n).name}"))
     if cfg.timeout_s:
         timers.append(_timer(cfg.timeout_s, lambda: stop(f"the timeout of {cfg.timeout_s}s passed")))
+    watching = threading.Event()
+    watcher = threading.Thread(target=_watch_training, args=(TrainingWatch(cfg.run_paths, cfg.stall_timeout_s), stop,
+                                                              watching), daemon=True)  # fmt: skip
+    watcher.start()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -121,6 +130,7 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
             log.info("%s", line)
         exit_code = proc.wait()
     finally:
+        watching.set()
         for timer in timers:
             timer.cancel()
         if proc.poll() is None:
@@ -130,12 +140,16 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
             signal.signal(signum, handler)
     seconds = time.monotonic() - started
     if stop_reasons:
+        lines = f"; last lines: {last_lines_of_every_rank(cfg.run_paths)}" if "stalled" in stop_reasons[0] else ""
         raise StepFailed(
             f"training of run {cfg.run_id} was stopped after {seconds:.0f}s because {stop_reasons[0]}; "
-            f"{trainer_outcome(cfg)}"
+            f"{trainer_outcome(cfg)}{lines}"
         )
     if exit_code != 0:
         cause = root_cause(torchrun_log_dir(cfg))
+        outcome = trainer_outcome(cfg)
+        if any(outcome.startswith(state) for state in ("diverged", "a collective failed")):
+            cause = outcome  # the trainer's own words: diverged at step N, or which rank stopped answering
         last = "\n".join(tail)
         raise StepFailed(
             f"training of run {cfg.run_id} failed with exit code {exit_code} after {seconds:.0f}s"
@@ -149,6 +163,15 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
         world_size=cfg.world_size,
         seconds=round(seconds, 3),
     )
+
+
+def _watch_training(watch: TrainingWatch, stop: Callable[[str], None], done: threading.Event) -> None:
+    """Stop torchrun when training stalled (progress.py): a stalled run would hold the step until its timeout. A
+    permanent failure needs nothing here: torchrun restarts no worker (no --max-restarts), the trainer just exits."""
+    while not done.wait(WATCH_EVERY_S):
+        if reason := watch.check(permanent=False):
+            stop(reason)
+            return
 
 
 def _timer(seconds: float, action: Callable[[], None]) -> threading.Timer:

@@ -1,0 +1,177 @@
+"""Training health (trainer/health.py, components/launch_pytorchjob/progress.py): a diverged run stops and is not
+restarted, a silent rank is named within the collective timeout, a stalled job is deleted."""
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from components.errors import StepFailed
+from components.launch_pytorchjob.core import launch
+from components.launch_pytorchjob.progress import STALL_FLOOR_S, TrainingWatch
+from tests.helpers import tiny_launch
+from tests.test_trainer import read_metrics, start_torchrun, wait_for_step, worker_pids
+from trainer.checkpoint import newest_checkpoint, read_weights
+from trainer.health import Divergence, SpikeWatch
+from trainer.layout import RunPaths
+from trainer.preemption import ExitCode
+from trainer.train_ddp import write_status
+
+
+def test_a_nonfinite_streak_past_the_limit_is_divergence_and_a_finite_step_resets_it() -> None:
+    divergence = Divergence(limit=2)
+    assert [divergence.record(s, finite) for s, finite in [(1, True), (2, False), (3, False), (4, True)]] == [
+        False, False, False, False
+    ]  # fmt: skip
+    assert divergence.skipped == 2 and divergence.streak == 0
+    assert [divergence.record(s, False) for s in (5, 6, 7)] == [False, False, True]
+    assert divergence.reason().startswith("diverged at step 5: the loss or gradient norm was not finite for 3 steps")
+
+
+def test_a_spike_is_a_loss_above_k_times_the_recent_median() -> None:
+    spikes = SpikeWatch(factor=3.0)
+    assert not any(spikes.is_spike(step, loss) for step, loss in enumerate([4.0, 3.5, 3.0, 2.9, 2.8, 2.7]))
+    assert spikes.is_spike(7, 9.5) and not spikes.is_spike(8, 2.6)
+    assert not SpikeWatch(factor=0).is_spike(1, 1e9)
+
+
+def test_the_fused_adamw_kernel_skips_its_update_when_found_inf_is_set() -> None:
+    """The GPU path's assumption, checked on the CPU build of the same kernel: with `found_inf` set (GradScaler's
+    protocol, torch/optim/adamw.py -> _fused_adamw), the step leaves the weights, the moments and the step count as
+    they were; with it clear, it updates."""
+    weight = torch.nn.Parameter(torch.ones(8))
+    optimizer = torch.optim.AdamW([weight], lr=0.1, fused=True)
+    weight.grad = torch.ones(8)
+    optimizer.step()
+    before = (weight.detach().clone(), optimizer.state[weight]["exp_avg"].clone(), optimizer.state[weight]["step"])
+    weight.grad = torch.full((8,), float("nan"))
+    optimizer.found_inf = torch.ones(())
+    optimizer.step()
+    assert torch.equal(weight.detach(), before[0]) and torch.equal(optimizer.state[weight]["exp_avg"], before[1])
+    assert optimizer.state[weight]["step"].item() == 1
+    weight.grad = torch.ones(8)
+    optimizer.found_inf = torch.zeros(())
+    optimizer.step()
+    assert not torch.equal(weight.detach(), before[0]) and optimizer.state[weight]["step"].item() == 2
+
+
+def test_a_run_that_diverges_stops_with_its_code_and_keeps_the_last_good_checkpoint(staged_copy: Path) -> None:
+    """NaN from step 25 (--fault-nan-at-step): steps 25-28 are skipped, the fourth in a row stops the run; the
+    step-20 checkpoint stays the newest (the periodic one at 30 is never reached), with finite weights."""
+    cfg = tiny_launch(staged_copy, "diverges", max_steps=60, log_every=1, checkpoint_every=10,
+                      extra_env={"TRAINER_FAULT_NAN_AT_STEP": "25"})  # fmt: skip
+    with pytest.raises(StepFailed) as failure:
+        launch(cfg)
+    first_line, message = str(failure.value).splitlines()[0], str(failure.value)
+    assert "failed with exit code 1" in first_line and ": diverged at step 25: the loss or gradient" in first_line
+    assert f"exitcode  : {int(ExitCode.DIVERGED)}" in message, "each worker's own code, in torchrun's summary"
+    status = json.loads(cfg.run_paths.status.read_text())
+    assert (status["state"], status["step"], status["exit_code"]) == ("diverged", 25, ExitCode.DIVERGED)
+    rows = read_metrics(cfg.run_paths)
+    assert [r["step"] for r in rows] == list(range(1, 29))
+    assert all(math.isnan(r["loss"]) for r in rows[24:]) and rows[-1]["skipped_steps"] == 4
+    latest = newest_checkpoint(cfg.run_paths.checkpoints)
+    assert latest.step == 20 and RunPaths.of(staged_copy, "diverges").latest_checkpoint.resolve() == latest.path
+    assert all(torch.isfinite(w).all() for w in read_weights(latest).values())
+
+
+def test_a_stopped_worker_is_named_within_the_collective_timeout(staged_copy: Path) -> None:
+    """Rank 1 is stopped with SIGSTOP mid-run: rank 0's next collective times out after 10 s and it names rank 1,
+    from the heartbeat counters in the rendezvous store (rank 1's stopped moving)."""
+    cfg = tiny_launch(staged_copy, "silent", max_steps=100000, log_every=1,
+                      extra_env={"TRAINER_COLLECTIVE_TIMEOUT_S": "10"})  # fmt: skip
+    proc = start_torchrun(cfg)
+    try:
+        wait_for_step(cfg.run_paths, 3, proc)
+        rank_1 = next(pid for pid in worker_pids(proc.pid) if "RANK=1\0" in Path(f"/proc/{pid}/environ").read_text())
+        os.kill(rank_1, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        deadline = stopped_at + 60
+        while time.monotonic() < deadline and "stopped answering" not in cfg.run_paths.rank_log(0).read_text():
+            time.sleep(0.2)
+        named_after = time.monotonic() - stopped_at
+    finally:
+        for pid in worker_pids(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    line = next(x for x in cfg.run_paths.rank_log(0).read_text().splitlines() if "stopped answering" in x)
+    assert "ERROR trainer: a collective failed at step" in line and "rank(s) 1 stopped answering" in line
+    assert 10 <= named_after < 10 + 15, f"named after {named_after:.0f}s, the timeout is 10 s"
+    status = json.loads(cfg.run_paths.status.read_text())
+    assert status["state"] == "hung" and status["silent_ranks"] == [1]
+
+
+def test_a_local_run_that_stalls_is_stopped_with_every_ranks_last_lines(staged_copy: Path) -> None:
+    """Both workers stopped (SIGSTOP) after step 3: no step for the 4 s stall timeout, the launcher stops torchrun
+    and fails the step with what each rank last logged."""
+    cfg = tiny_launch(staged_copy, "stalls", max_steps=100000, log_every=1, stall_timeout_s=4,
+                      extra_env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"})  # fmt: skip
+
+    def stop_workers_at_step_3() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if cfg.run_paths.metrics.exists() and len(cfg.run_paths.metrics.read_text().splitlines()) >= 3:
+                for proc_dir in Path("/proc").iterdir():
+                    command = _cmdline(proc_dir) if proc_dir.name.isdigit() else ""
+                    if f"--run-dir {cfg.run_paths.root} " in command and "torch.distributed.run" not in command:
+                        os.kill(int(proc_dir.name), signal.SIGSTOP)  # a worker, not torchrun
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=stop_workers_at_step_3, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(StepFailed) as failure:
+        launch(cfg)
+    message = str(failure.value)
+    assert "stalled: no training step completed for" in message and "(stall timeout 4s)" in message
+    assert "rank 0: " in message and "rank 1: " in message, message
+    assert time.monotonic() - started < 120
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_the_derived_stall_timeout_follows_the_gaps_between_steps_with_a_floor(tmp_path: Path) -> None:
+    run = RunPaths(tmp_path / "run")
+    clock = [1000.0]
+    watch = TrainingWatch(run, now=lambda: clock[0], since=0)
+    assert watch.check() is None and watch.stall_limit() == STALL_FLOOR_S
+    for step, at in [(10, 1000), (20, 1200), (30, 1300)]:
+        clock[0] = at
+        write_status(run, 0, "running", step=step, attempt=1)
+        assert watch.check() is None
+    assert watch.stall_limit() == max(STALL_FLOOR_S, 10 * 200)
+    clock[0] = 1300 + 2000 - 1
+    assert watch.check() is None
+    clock[0] = 1300 + 2000 + 1
+    assert watch.check().startswith("stalled: no training step completed for 2001s (stall timeout 2000s)")
+    write_status(run, 0, "diverged", step=30, error="diverged at step 30: ...", attempt=1)
+    assert watch.check() == "diverged at step 30: ..."
+    assert TrainingWatch(run, since=time.time() + 60).check() is None, "a status from before this launch"
+
+
+def test_the_evaluation_report_counts_skipped_steps_and_lists_the_spikes(tmp_path: Path) -> None:
+    from components.evaluate_checkpoint.core import training_health
+    from trainer.metrics import MetricsLog
+
+    run = RunPaths(tmp_path / "run")
+    run.root.mkdir()
+    metrics = MetricsLog(run.metrics, enabled=True)
+    spikes = SpikeWatch(factor=3.0)
+    for step, loss, skipped in [(10, 4.0, 0), (20, 3.0, 0), (30, 2.5, 0), (40, 2.4, 0), (50, 2.3, 1), (60, 9.0, 1),
+                                (70, 2.2, 1)]:  # fmt: skip
+        row = {"step": step, "loss": loss, "skipped_steps": skipped}
+        if spikes.is_spike(step, loss):
+            row["loss_spike"] = True
+        metrics.write(row)
+    assert training_health(run) == {"skipped_steps": 1, "loss_spikes": [{"step": 60, "loss": 9.0}]}

@@ -1,0 +1,110 @@
+"""Training health: a diverged run stops instead of stepping on, and a silent rank is named instead of waited for.
+
+Divergence. A step whose gradient norm is not finite (a NaN or inf anywhere in any rank's loss or gradients reaches
+every rank through DDP's all-reduce, so every rank sees the same norm) skips its optimizer update, so the weights
+stay finite and every checkpoint stays good. Past `max_nonfinite_steps` such steps in a row the run stops as
+diverged. On GPU the skip happens on the device (the fused AdamW kernel's found_inf input, the protocol
+torch.amp.GradScaler uses) and the flag reaches the host in the all-reduce the trainer already makes at every step
+boundary (trainer/preemption.py), so no extra host synchronisation is added. Loss spikes, a logged loss above
+`spike_factor` times the median of the recent logged losses, are logged and marked in the metrics.
+
+Hangs. A rank that stops answering (a stopped process, a lost node) leaves the others in a collective until the
+process group's timeout. Each rank bumps a counter in the rendezvous store every few seconds from a thread; a
+rank whose collective failed reads the counters twice, and the ranks whose counters did not move are the silent
+ones, named in the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Divergence:
+    """Counts consecutive non-finite steps; says when the run has diverged."""
+
+    limit: int  # consecutive non-finite steps tolerated; the next one stops the run
+    streak: int = 0
+    first_bad_step: int | None = None  # the first step of the current streak
+    skipped: int = 0  # non-finite steps in this process's run, in all
+
+    def record(self, step: int, finite: bool) -> bool:
+        """After each step: whether the run has now diverged."""
+        if finite:
+            self.streak, self.first_bad_step = 0, None
+            return False
+        self.skipped += 1
+        self.streak += 1
+        if self.first_bad_step is None:
+            self.first_bad_step = step
+            log.warning("step %d: the loss or gradient norm is not finite; its update was skipped", step)
+        return self.streak > self.limit
+
+    def reason(self) -> str:
+        """The one line a diverged run ends with (status.json's error; the launcher's failure message)."""
+        return (f"diverged at step {self.first_bad_step}: the loss or gradient norm was not finite for {self.streak} "
+                f"steps in a row (--max-nonfinite-steps {self.limit}); the last checkpoint is the last good one; "
+                "lower the learning rate or check the data, then resume")  # fmt: skip
+
+
+@dataclass
+class SpikeWatch:
+    """A logged loss above `factor` times the median of the last `window` logged losses is a spike."""
+
+    factor: float  # 0: off
+    window: int = 20
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+
+    def is_spike(self, step: int, loss: float) -> bool:
+        if not math.isfinite(loss):  # Divergence's business; it would poison the median
+            return False
+        spike = bool(self.factor and len(self.recent) >= 5 and loss > self.factor * statistics.median(self.recent))
+        if spike:
+            log.warning("loss spike at step %d: %.4f, above %.1f x the median %.4f of the last %d logged losses",
+                        step, loss, self.factor, statistics.median(self.recent), len(self.recent))  # fmt: skip
+        self.recent.append(loss)
+        return spike
+
+
+class Heartbeat:
+    """Each rank's counter in the rendezvous store, bumped from a daemon thread while the process runs.
+
+    The store lives in torchrun's agent (or rank 0's process), not in the worker being watched, so it answers
+    about a rank that has stopped."""
+
+    def __init__(self, store: dist.Store, rank: int, world: int, interval_s: float):
+        self.store, self.rank, self.world, self.interval_s = store, rank, world, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.store.add(self._key(self.rank), 1)
+            except Exception:  # the store is gone (the job is ending): nothing left to tell
+                return
+
+    def _key(self, rank: int) -> str:
+        return f"heartbeat/{rank}"
+
+    def silent_ranks(self) -> list[int]:
+        """The ranks whose counters did not move over three beats (this rank's own always does)."""
+        keys = [self._key(r) for r in range(self.world)]
+        before = [self.store.add(key, 0) for key in keys]
+        time.sleep(3 * self.interval_s)
+        after = [self.store.add(key, 0) for key in keys]
+        return [r for r in range(self.world) if r != self.rank and after[r] == before[r]]
+
+    def stop(self) -> None:
+        self._stop.set()
