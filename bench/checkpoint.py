@@ -67,11 +67,12 @@ PLAIN_STEPS = 3  # training steps without a save before each async save: the sta
 AFTER_STEPS = 2  # training steps after the one with the save, while the writer runs
 KEEP = 2
 
-SINGLE, DCP, ASYNC = "single", "dcp", "async"
-VARIANTS: tuple[str, ...] = (SINGLE, DCP, ASYNC)  # the order of even repeats
+SINGLE, DCP, ASYNC, HALVES = "single", "dcp", "async", "halves"
+VARIANTS: tuple[str, ...] = (SINGLE, DCP, ASYNC, HALVES)  # the order of even repeats
 # What each repeat measures (seconds), by key.
 SINGLE_SAVE, DCP_SAVE, DCP_SHARE = "single save", "dcp save", "dcp largest share"  # the share is bytes
 SINGLE_LOAD, DCP_LOAD = "single load", "dcp load"
+HALVES_SAVE = "halves save"  # each rank torch.save's half of the tensors: this machine's ceiling for 2 writers
 STALL, CALL, STAGED = "async stall", "async save call", "async staged wait"
 SLOWER, AFTER, COMMITTED, STEP = "async slower", "async after", "async committed", "training step"
 THROUGHPUT_TARGET = 1.5
@@ -267,7 +268,7 @@ class Rank:
         written = files_bytes(self.directory)
         dist.barrier()
         started = time.perf_counter()
-        state = torch.load(path, map_location="cpu", weights_only=False)  # every rank reads the whole file
+        state = torch.load(path, map_location="cpu", weights_only=True)  # every rank reads the whole file
         self.training.model.load_state_dict(state["model"])
         self.training.optimizer.load_state_dict(state["optimizer"])
         loaded = slowest(time.perf_counter() - started)
@@ -297,6 +298,17 @@ class Rank:
         self.done()
         share = report.largest_share if report is not None else 0
         return {DCP_SAVE: saved, DCP_LOAD: loaded, DCP_SHARE: share, "dcp bytes": written}
+
+    def halves(self) -> dict[str, float]:
+        """No DCP at all: each rank torch.save's every other tensor of the single-file state (by size), fsynced, at
+        the same time. What any 2-writer save could gain over one writer on this machine's cores, memory and disk."""
+        ordered = sorted(tensors(self.training.single_file_state()), key=lambda t: -t.numel())
+        mine = {str(i): t for i, t in enumerate(ordered) if i % WORLD == self.rank}
+        started = synced_start()
+        single_save(mine, self.directory / f"half_{self.rank}.pt")
+        saved = slowest(time.perf_counter() - started)
+        self.done()
+        return {HALVES_SAVE: saved}
 
     def timed_step(self, manager: CheckpointManager | None = None) -> float:
         started = time.perf_counter()
@@ -333,7 +345,7 @@ class Rank:
         order = VARIANTS if n % 2 == 0 else tuple(reversed(VARIANTS))
         measured: dict[str, float] = {}
         for name in order:
-            got = {SINGLE: self.single, DCP: self.dcp, ASYNC: self.asynchronous_save}[name]()
+            got = {SINGLE: self.single, DCP: self.dcp, ASYNC: self.asynchronous_save, HALVES: self.halves}[name]()
             if self.rank == 0:
                 log.info("  %s: %s", name, ", ".join(f"{k} {v:.3f}" for k, v in got.items()))
             measured.update(got)
@@ -437,6 +449,12 @@ def summarise(state: int, repeats: list[dict[str, float]]) -> list[Row]:
         throughput,
         stall,
         Row("DCP load / single-file load", [r[DCP_LOAD] / r[SINGLE_LOAD] for r in repeats], "x"),
+        Row(f"{WORLD} plain `torch.save` writers, half the tensors each (no DCP), committed", each(HALVES_SAVE), "s"),
+        Row(
+            f"this machine's ceiling for {WORLD} writers: single-writer time / {WORLD} plain writers' time",
+            [r[SINGLE_SAVE] / r[HALVES_SAVE] for r in repeats],
+            "x",
+        ),  # fmt: skip
     ]
 
 
