@@ -83,7 +83,8 @@ def test_a_run_that_diverges_stops_with_its_code_and_keeps_the_last_good_checkpo
 
 def test_a_stopped_worker_is_named_within_the_collective_timeout(staged_copy: Path) -> None:
     """Rank 1 is stopped with SIGSTOP mid-run: rank 0's next collective times out after 10 s and it names rank 1,
-    from the heartbeat counters in the rendezvous store (rank 1's stopped moving)."""
+    from the heartbeat counters in the rendezvous store (rank 1's stopped moving); its heartbeat thread named it
+    already, before the timeout."""
     cfg = tiny_launch(staged_copy, "silent", max_steps=100000, log_every=1,
                       extra_env={"TRAINER_COLLECTIVE_TIMEOUT_S": "10"})  # fmt: skip
     proc = start_torchrun(cfg)
@@ -93,16 +94,19 @@ def test_a_stopped_worker_is_named_within_the_collective_timeout(staged_copy: Pa
         os.kill(rank_1, signal.SIGSTOP)
         stopped_at = time.monotonic()
         deadline = stopped_at + 60
-        while time.monotonic() < deadline and "stopped answering" not in cfg.run_paths.rank_log(0).read_text():
+        while time.monotonic() < deadline and "a collective failed" not in cfg.run_paths.rank_log(0).read_text():
             time.sleep(0.2)
-        named_after = time.monotonic() - stopped_at
+        failed_after = time.monotonic() - stopped_at
     finally:
         for pid in worker_pids(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.communicate(timeout=60)
-    line = next(x for x in cfg.run_paths.rank_log(0).read_text().splitlines() if "stopped answering" in x)
-    assert "ERROR trainer: a collective failed at step" in line and "rank(s) 1 stopped answering" in line
-    assert 10 <= named_after < 10 + 15, f"named after {named_after:.0f}s, the timeout is 10 s"
+    lines = [x for x in cfg.run_paths.rank_log(0).read_text().splitlines() if "stopped answering" in x]
+    # First the heartbeat thread, at 80% of the timeout (on GPUs NCCL's watchdog ends the process at the timeout);
+    # then the collective's own failure, caught in the training loop.
+    assert "ERROR trainer.health: no step completed for" in lines[0] and "rank(s) 1 stopped answering" in lines[0]
+    assert "ERROR trainer: a collective failed at step" in lines[1] and "rank(s) 1 stopped answering" in lines[1]
+    assert 10 <= failed_after < 10 + 15, f"failed after {failed_after:.0f}s, the timeout is 10 s"
     status = json.loads(cfg.run_paths.status.read_text())
     assert status["state"] == "hung" and status["silent_ranks"] == [1]
 

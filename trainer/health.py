@@ -80,20 +80,41 @@ class Heartbeat:
     """Each rank's counter in the rendezvous store, bumped from a daemon thread while the process runs.
 
     The store lives in torchrun's agent (or rank 0's process), not in the worker being watched, so it answers
-    about a rank that has stopped."""
+    about a rank that has stopped. The same thread names the silent ranks itself when no step has completed for
+    most of the collective timeout: on GPUs NCCL's watchdog ends the process at the timeout, before any Python
+    handler could (TORCH_NCCL_ASYNC_ERROR_HANDLING's default)."""
 
-    def __init__(self, store: dist.Store, rank: int, world: int, interval_s: float):
-        self.store, self.rank, self.world, self.interval_s = store, rank, world, interval_s
+    def __init__(self, store: dist.Store, rank: int, world: int, timeout_s: float):
+        self.store, self.rank, self.world = store, rank, world
+        self.interval_s = min(10.0, timeout_s / 10)  # a silent rank is told apart within 3 beats
+        self.report_after_s = 0.8 * timeout_s
+        self.step, self._stepped_at, self._reported = 0, time.monotonic(), False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
+
+    def stepped(self, step: int) -> None:
+        """The training loop completed `step` (a plain assignment: nothing to wait for)."""
+        self.step, self._stepped_at, self._reported = step, time.monotonic(), False
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 self.store.add(self._key(self.rank), 1)
+                if not self._reported and time.monotonic() - self._stepped_at > self.report_after_s:
+                    self._reported = True
+                    self._report_stuck()
             except Exception:  # the store is gone (the job is ending): nothing left to tell
                 return
+
+    def _report_stuck(self) -> None:
+        waited = time.monotonic() - self._stepped_at
+        if silent := self.silent_ranks():
+            log.error("no step completed for %.0fs after step %d: rank(s) %s stopped answering (a stopped or hung "
+                      "process, or a lost node)", waited, self.step, ", ".join(map(str, silent)))  # fmt: skip
+        else:
+            log.warning("no step completed for %.0fs after step %d, and every rank still answers: a slow step, or "
+                        "a collective stuck in the network", waited, self.step)  # fmt: skip
 
     def _key(self, rank: int) -> str:
         return f"heartbeat/{rank}"
@@ -102,7 +123,9 @@ class Heartbeat:
         """The ranks whose counters did not move over three beats (this rank's own always does)."""
         keys = [self._key(r) for r in range(self.world)]
         before = [self.store.add(key, 0) for key in keys]
-        time.sleep(3 * self.interval_s)
+        for _ in range(3):  # beating meanwhile: another rank may be asking the same about this one
+            time.sleep(self.interval_s)
+            self.store.add(self._key(self.rank), 1)
         after = [self.store.add(key, 0) for key in keys]
         return [r for r in range(self.world) if r != self.rank and after[r] == before[r]]
 

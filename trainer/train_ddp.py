@@ -204,8 +204,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     samples_log = open(run.logs / f"samples_rank_{rank:05d}.txt", "a") if cfg.log_samples else None
     budget_s = save_budget_s(cfg.grace_period_s)
     divergence, spikes = Divergence(cfg.max_nonfinite_steps), SpikeWatch(cfg.spike_factor)
-    heartbeat = Heartbeat(dist.distributed_c10d._get_default_store(), rank, world,
-                          interval_s=min(10.0, cfg.collective_timeout_s / 10))  # fmt: skip
+    heartbeat = Heartbeat(dist.distributed_c10d._get_default_store(), rank, world, cfg.collective_timeout_s)
 
     def save(blocking: bool) -> float:
         """Collective: every rank writes its share. Returns the seconds this rank was held up."""
@@ -254,6 +253,7 @@ def train(cfg: TrainConfig) -> ExitCode:
 
             time_up = bool(cfg.max_time_s) and time.monotonic() - started > cfg.max_time_s
             stop_reason, step_nonfinite = stop.should_stop(time_up, nonfinite)
+            heartbeat.stepped(progress.step)
             if divergence.record(progress.step, finite=not step_nonfinite):
                 stop_reason = "diverged"
             if stop_reason is None and progress.step >= cfg.max_steps:
