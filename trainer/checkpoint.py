@@ -48,13 +48,12 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from trainer import dcp_io
 from trainer.atomic import atomic_open, fsync_dir, replace_dir, write_json
+from trainer.layout import CHECKPOINT_COMMIT, CHECKPOINT_LATEST, CHECKPOINT_STEP_DIR
 
 log = logging.getLogger(__name__)
 
-LATEST = "checkpoint_latest"
-COMMIT = "commit.json"
+LATEST, COMMIT, STEP_DIR = CHECKPOINT_LATEST, CHECKPOINT_COMMIT, CHECKPOINT_STEP_DIR
 TRAINER_STATE = "trainer_state.pt"
-STEP_DIR = re.compile(r"^step_(\d{8})$")
 # Single-file checkpoints, before DCP.
 LEGACY_LATEST = "checkpoint_latest.pt"
 INDEX = "index.json"

@@ -33,7 +33,8 @@ from components.errors import InputError, StepFailed
 from components.stage_data.s3 import S3Settings, S3Source
 from components.stage_data.sources import SourceObject
 from trainer.atomic import fsync_dir, replace_dir
-from trainer.checkpoint import COMMIT, STEP_DIR
+from trainer.layout import CHECKPOINT_COMMIT as COMMIT
+from trainer.layout import CHECKPOINT_STEP_DIR as STEP_DIR
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ Every step, the trainer included, finds its files through these two classes and 
                                                      train_*.bin, val_*.bin, meta.json; <id> is a hash of its inputs
     <root>/datasets/<dataset>/current.json           which snapshot the latest staging produced
     <root>/runs/<run_id>/config.json                 resolved trainer config
-    <root>/runs/<run_id>/checkpoints/checkpoint_latest.pt
+    <root>/runs/<run_id>/checkpoints/step_<N>/       a committed checkpoint; checkpoint_latest links the newest
     <root>/runs/<run_id>/metrics.jsonl               one JSON object per logged step
     <root>/runs/<run_id>/status.json                 the trainer's state: running, done, preempted, crashed
     <root>/runs/<run_id>/logs/ nccl/ comms/ eval/    per-rank logs, NCCL_DEBUG_FILE output and comms self-test (per
@@ -29,6 +29,11 @@ from pathlib import Path
 
 META = "meta.json"  # in every snapshot: what the trainer and the evaluation read first
 TOKENIZER = "tokenizer.json"
+# A run's checkpoints (trainer/checkpoint.py): one directory per committed step, complete when its commit file is
+# there; checkpoint_latest is a symbolic link to the newest.
+CHECKPOINT_STEP_DIR = re.compile(r"^step_(\d{8})$")
+CHECKPOINT_COMMIT = "commit.json"
+CHECKPOINT_LATEST = "checkpoint_latest"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -139,16 +144,14 @@ class RunPaths:
     def latest_checkpoint(self) -> Path:
         """The link to the newest committed checkpoint directory (trainer/checkpoint.py), or a run's single file
         from before sharded checkpoints."""
-        link = self.checkpoints / "checkpoint_latest"
-        return (
-            link
-            if link.exists() or not (self.checkpoints / "checkpoint_latest.pt").exists()
-            else link.with_suffix(".pt")
-        )
+        link, single_file = self.checkpoints / CHECKPOINT_LATEST, self.checkpoints / "checkpoint_latest.pt"
+        return single_file if single_file.exists() and not link.exists() else link
 
     def has_checkpoint(self) -> bool:
         """Whether a committed checkpoint is there to resume from or start another run from."""
-        return any(self.checkpoints.glob("step_*/commit.json")) or any(self.checkpoints.glob("checkpoint_step_*.pt"))
+        return any(self.checkpoints.glob(f"step_*/{CHECKPOINT_COMMIT}")) or any(
+            self.checkpoints.glob("checkpoint_step_*.pt")
+        )
 
     @property
     def metrics(self) -> Path:
