@@ -179,3 +179,18 @@ def test_the_evaluation_report_counts_skipped_steps_and_lists_the_spikes(tmp_pat
             row["loss_spike"] = True
         metrics.write(row)
     assert training_health(run) == {"skipped_steps": 1, "loss_spikes": [{"step": 60, "loss": 9.0}]}
+
+
+def test_the_stall_clock_starts_again_when_training_resumes_at_the_same_step(tmp_path: Path) -> None:
+    run = RunPaths(tmp_path / "run")
+    clock = [0.0]
+    watch = TrainingWatch(run, stall_timeout_s=10, now=lambda: clock[0], since=0)
+    write_status(run, 0, "running", step=5, attempt=1)
+    assert watch.check() is None
+    write_status(run, 0, "preempted", step=5, attempt=1)
+    clock[0] = 100.0
+    assert watch.check() is None, "not training: no stall"
+    write_status(run, 0, "running", step=5, attempt=1)
+    assert watch.check() is None
+    clock[0] = 111.0
+    assert watch.check().startswith("stalled: no training step completed for 11s (stall timeout 10s) after step 5")

@@ -47,7 +47,7 @@ class TrainingWatch:
         if state in PERMANENT:
             return (status.get("error") or f"trainer {state} at step {status.get('step')}") if permanent else None
         if state != "running":
-            self._moved_at = None  # not training (yet, or any more): no stall clock
+            self._progress = self._moved_at = None  # not training (yet, or any more): no stall clock until it is
             return None
         now = self.now()
         progress = (status.get("attempt"), status.get("step"))
