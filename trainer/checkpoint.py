@@ -105,18 +105,20 @@ class Checkpoint:
 
     @property
     def sharded(self) -> bool:
-        return self.legacy_state is None
+        return self.path.is_dir()
 
     def trainer_state(self) -> dict[str, Any]:
-        """Everything but the model and optimizer tensors (for a single file: everything)."""
-        if self.legacy_state is not None:
-            return self.legacy_state
-        return _load_plain(self.path / TRAINER_STATE)
+        """Everything but the model and optimizer tensors (for a single file: everything, read once)."""
+        if self.sharded:
+            return _load_plain(self.path / TRAINER_STATE)
+        if self.legacy_state is None:
+            self.legacy_state = verified_load(self.path)
+        return self.legacy_state
 
     def rng_of(self, rank: int) -> dict[str, Any] | None:
         """The random generators `rank` had at the save, or None if the saved run had no such rank."""
-        if self.legacy_state is not None:
-            rngs = self.legacy_state["rng"]
+        if not self.sharded:
+            rngs = self.trainer_state()["rng"]
             return rngs[rank] if rank < len(rngs) else None
         path = self.path / rng_file_name(rank)
         return _load_plain(path) if path.exists() else None
@@ -196,7 +198,7 @@ class CheckpointManager:
         started = time.perf_counter()
         self.wait()  # one save at a time, in order
         tmp = self.directory / f".{step_dir_name(step)}.attempt-{self.attempt}.tmp"
-        self._sweep(keep=tmp)
+        self._sweep()
         tmp.mkdir(parents=True, exist_ok=True)
         tensors, optimizer_groups = dcp_io.split_state(model, optimizer)
         with atomic_open(tmp / rng_file_name(self.rank)) as f:
@@ -303,14 +305,14 @@ class CheckpointManager:
             else:
                 path.unlink(missing_ok=True)
 
-    def _sweep(self, keep: Path) -> None:
-        """Once per manager, rank 0: remove what saves of earlier attempts left half-written."""
-        if self._swept or self.rank != 0 or not self.directory.is_dir():
-            self._swept = True
+    def _sweep(self) -> None:
+        """Once per manager, rank 0: remove what saves of earlier attempts left half-written (this attempt's own
+        temporary directories are saves in progress)."""
+        if self._swept or self.rank != 0:
             return
         self._swept = True
         for stale in self.directory.glob(".*.tmp"):
-            if stale != keep and f".attempt-{self.attempt}." not in stale.name:
+            if f".attempt-{self.attempt}." not in stale.name:
                 self._delete([stale])
                 log.info("removed %s, left by an interrupted save", stale.name)
 
@@ -401,7 +403,7 @@ def committed_checkpoints(directory: Path) -> list[Checkpoint]:
             if (m := STEP_DIR.match(path.name)) and (path / COMMIT).exists():
                 found.append(Checkpoint(path, int(m.group(1))))
             elif m := _STEP_FILE.match(path.name):
-                found.append(Checkpoint(path, int(m.group(1)), legacy_state={}))
+                found.append(Checkpoint(path, int(m.group(1))))
     return sorted(found, key=lambda c: (c.step, c.sharded), reverse=True)
 
 
