@@ -74,12 +74,20 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return self._call(self.settings.attempts, what, fn, *args, **kwargs)
+
+    def read_for_people(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A read that only helps a person (a log's last lines, events): retried once at most, so an unreadable one
+        (no kubelet answers) costs a second, not the minute of `call`'s retries."""
+        return self._call(min(2, self.settings.attempts), what, fn, *args, **kwargs)
+
+    def _call(self, attempts: int, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         kwargs.setdefault("_request_timeout", self.settings.request_timeout_s)
-        for attempt in range(1, self.settings.attempts + 1):
+        for attempt in range(1, attempts + 1):
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
-                if not is_transient(exc) or attempt == self.settings.attempts:
+                if not is_transient(exc) or attempt == attempts:
                     if is_transient(exc):
                         last = describe(exc)
                         raise StepFailed(f"Kubernetes API: {what} failed {attempt} times; last: {last}") from exc
@@ -89,7 +97,7 @@ class Kube:
                     delay = min(self.settings.max_backoff_s, self.settings.backoff_s * 2 ** (attempt - 1))
                     delay *= random.uniform(0.5, 1.0)
                 log.warning("Kubernetes API: %s: %s; retrying in %.1fs (attempt %d of %d)", what, describe(exc),
-                            delay, attempt + 1, self.settings.attempts)  # fmt: skip
+                            delay, attempt + 1, attempts)  # fmt: skip
                 time.sleep(delay)
         raise AssertionError("unreachable")
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,68 @@ from components.launch_pytorchjob.core import launch
 from components.stage_data.core import stage_data
 from tests.helpers import tiny_launch, write_corpus
 from tests.s3_server import S3Server
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say whether the Kubernetes tests run on the real control plane, or why they skip."""
+    from tests.cluster.control_plane import locate_binaries, skip_reason
+
+    if reason := skip_reason():
+        return f"kubernetes: the control-plane tests skip: {reason}"
+    binaries, _ = locate_binaries()
+    manager = "kube-controller-manager" if binaries.kube_controller_manager else "no controller manager"
+    return f"kubernetes: real etcd, kube-apiserver and {manager} from {binaries.source}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """A failed test on the control plane keeps the servers' logs: their paths and the API server's last lines."""
+    report = yield
+    plane = getattr(item, "funcargs", {}).get("control_plane")
+    if report.failed and plane is not None:
+        logs = "\n".join(str(plane.workdir / f"{n}.log") for n in ("etcd", "kube-apiserver", "kube-controller-manager"))
+        report.sections.append(("control plane", f"{logs}\n{plane.log_tail('kube-apiserver', 20)}"))
+    return report
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real control plane for the session (tests/cluster/control_plane.py), with the Training Operator's
+    validating webhook and Kueue's mutating webhook registered."""
+    from tests.cluster.control_plane import PYTORCHJOB_CRD, ControlPlane, locate_binaries, skip_reason
+    from tests.cluster.kueue import Kueue
+    from tests.cluster.training_operator import ValidatingWebhook
+
+    if reason := skip_reason():
+        pytest.skip(reason)
+    binaries, _ = locate_binaries()
+    workdir = tmp_path_factory.mktemp("control-plane")
+    plane = ControlPlane(binaries, workdir, [PYTORCHJOB_CRD])
+    try:
+        plane.start()
+        plane.webhook = ValidatingWebhook(plane.admin, workdir / "certs")
+        plane.kueue = Kueue(plane.admin, workdir / "certs")
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def make_cluster(control_plane: Any, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """A Cluster (tests/cluster/cluster.py) in a fresh namespace; closed after the test, which fails if a player
+    met an error."""
+    from tests.cluster.cluster import Cluster
+
+    made: list[Cluster] = []
+
+    def make(**settings: Any) -> Cluster:
+        made.append(Cluster(control_plane, control_plane.kueue, tmp_path / f"kubelet-{len(made)}", **settings))
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        cluster.close()
+    assert not [e for c in made for e in c.errors], [e for c in made for e in c.errors]
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -72,7 +73,8 @@ class WatchSettings:
     watch_timeout_s: int = 60  # each watch request ends after this and is reopened
     poll_interval_s: float = 10.0  # when watching is refused
     logs: str = "worker-0"  # or "all" or "none"
-    log_reconnect_s: float = 1.0
+    log_reconnect_s: float = 1.0  # after a stream ends or a read fails; doubled per failed read, up to the max
+    log_reconnect_max_s: float = 15.0
     # A log stream from a node that went away sends nothing and never closes: past this silence it is reopened
     # (from where it stopped, so nothing repeats). Quiet trainers cost a reconnect, nothing else.
     log_read_timeout_s: float = 120.0
@@ -329,36 +331,73 @@ class LogStreamer(threading.Thread):
         self.job_done = threading.Event()  # set when the job ended: the next complete read is the last
         self.last: tuple[str, int] = ("", 0)  # timestamp of the last line printed
         self.printed_at_last = 0  # lines printed with exactly that timestamp
+        self.restarts_read = 0  # the container's restart count at the last read
         self.lines = 0
         self.out = logging.getLogger(f"pod.{pod}")
 
     def run(self) -> None:
+        """Logs are for people: a log that cannot be read (no kubelet answers: the API server's 500) is retried with
+        a growing pause and never fails the launch; the job's status decides."""
+        delay = self.settings.log_reconnect_s
         while not self.stop.is_set():
             done = self.job_done.is_set()
             try:
                 self._follow()
                 if done:  # read to the end after the job ended: nothing more will come
                     return
+                delay = self.settings.log_reconnect_s
             except ApiException as exc:
                 # 400: "waiting to start" (Pending, pulling the image); 404: not created yet, or being replaced
                 if exc.status not in (400, 404) and not is_transient(exc):
                     log.warning("stopped streaming %s's log: %s", self.pod, describe(exc))
                     return
+                if done:
+                    log.info("the last lines of %s could not be read (%s)", self.pod, describe(exc))
+                    return
+                if is_transient(exc) and delay == self.settings.log_reconnect_s:
+                    log.info("%s's log is not readable now (%s): retrying with a growing pause", self.pod,
+                             describe(exc))  # fmt: skip
+                delay = min(self.settings.log_reconnect_max_s, delay * 2)
             except Exception as exc:  # a dropped or silent stream: urllib3 and socket errors, the read timeout
                 if not is_transient(exc) and not isinstance(exc, OSError):
                     log.warning("stopped streaming %s's log: %s", self.pod, describe(exc))
                     return
+                if done:
+                    return
                 log.info("log stream of %s interrupted (%s): reconnecting", self.pod, describe(exc))
             if not self.job_done.is_set():
-                self.job_done.wait(self.settings.log_reconnect_s)
+                self.job_done.wait(delay)
 
     def _follow(self) -> None:
-        kwargs = {}
+        """The rest of the container's previous instance, if it restarted since the last read (a crash between two
+        reads, or before the first), then the current one, followed."""
+        if self.restarted_since_last_read():
+            with contextlib.suppress(ApiException):  # 400: no previous instance
+                self._read(previous=True)
+        self._read(previous=False)
+
+    def restarted_since_last_read(self) -> bool:
+        """Whether the container's restart count moved since the last read (always, before the first read)."""
+        try:
+            pods = self.kube.core.list_namespaced_pod(
+                self.ns,
+                field_selector=f"metadata.name={self.pod}",
+                _request_timeout=self.kube.settings.request_timeout_s,
+            ).items
+        except ApiException:
+            return True
+        statuses = [s for p in pods for s in p.status.container_statuses or [] if s.name == CONTAINER]
+        count = statuses[0].restart_count or 0 if statuses else 0
+        moved, self.restarts_read = count != self.restarts_read, count
+        return moved and count > 0
+
+    def _read(self, previous: bool) -> None:
+        kwargs: dict[str, Any] = {"previous": True} if previous else {"follow": True}
         if self.last[0]:  # ask from a little before the last line; what was printed is skipped
             last = datetime.fromisoformat(self.last[0] + "+00:00").timestamp()
             kwargs["since_seconds"] = max(1, math.ceil(time.time() - last) + 1)
         response = self.kube.core.read_namespaced_pod_log(
-            self.pod, self.ns, container=CONTAINER, follow=True, timestamps=True, _preload_content=False,
+            self.pod, self.ns, container=CONTAINER, timestamps=True, _preload_content=False,
             _request_timeout=(self.kube.settings.request_timeout_s, self.settings.log_read_timeout_s), **kwargs,
         )  # fmt: skip
         skip = self.printed_at_last
@@ -417,12 +456,12 @@ def describe_failure(kube: Kube, ns: str, name: str) -> dict[str, str]:
     for pod in culprits[:2]:
         pod_name = pod.metadata.name
         try:
-            text = kube.call("read log", kube.core.read_namespaced_pod_log, pod_name, ns, container=CONTAINER,
-                             tail_lines=TAIL_LINES)  # fmt: skip
+            text = kube.read_for_people("read log", kube.core.read_namespaced_pod_log, pod_name, ns,
+                                        container=CONTAINER, tail_lines=TAIL_LINES)  # fmt: skip
             log.error("last %d lines of %s:\n%s", TAIL_LINES, pod_name, text.rstrip() or "(empty)")
             if failed(pod) and text.strip():
                 tails[pod_name] = "last lines: " + " | ".join(text.strip().splitlines()[-8:])
-        except ApiException as exc:
+        except (ApiException, StepFailed) as exc:  # no kubelet answers: the API server's 500, retried, then this
             log.error("cannot read %s's log: %s", pod_name, describe(exc))
         try:
             events = kube.call("list events", kube.core.list_namespaced_event, ns,
@@ -441,9 +480,9 @@ def describe_failure(kube: Kube, ns: str, name: str) -> dict[str, str]:
 def last_lines(kube: Kube, ns: str, pod: str) -> str:
     """The last lines of the container's previous run (a crash-looping container's own is about to restart)."""
     try:
-        return kube.call("read log", kube.core.read_namespaced_pod_log, pod, ns, container=CONTAINER,
-                         tail_lines=TAIL_LINES, previous=True)  # fmt: skip
-    except ApiException:
+        return kube.read_for_people("read log", kube.core.read_namespaced_pod_log, pod, ns, container=CONTAINER,
+                                    tail_lines=TAIL_LINES, previous=True)  # fmt: skip
+    except (ApiException, StepFailed):  # logs are for people: an unreadable one never ends the launch
         return ""
 
 

@@ -1,0 +1,441 @@
+"""A real Kubernetes control plane for the tests: etcd, kube-apiserver and kube-controller-manager on loopback.
+
+envtest's way (controller-runtime's ``pkg/envtest``): the binaries come from ``KUBEBUILDER_ASSETS`` (``etcd``,
+``kube-apiserver``, and ``kube-controller-manager`` where present) or else from ``../shared/k8s`` beside the
+repository (gzip files, unpacked once into a cache and checked against its ``SHA256SUMS``). Without either, the tests
+that need them skip with :data:`SKIP_REASON`; without a controller manager (envtest never ships one), those that need
+the garbage collector skip.
+
+What a control plane does not run (the operators, Kueue, the kubelet and scheduler) is played by the modules beside
+this one. The flags, the controller allow-list and the traps are those measured in ``../shared/k8s/README.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gzip
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import urllib3
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from tests.cluster.tls import rsa_key_pair
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared"
+SHARED_K8S = SHARED / "k8s"
+PYTORCHJOB_CRD = Path(os.environ.get("PYTORCHJOB_CRD")
+                      or SHARED / "reference/crds/kubeflow.org_pytorchjobs.v1.8.1.yaml")  # fmt: skip
+RBAC_FILES = (REPO / "deploy/rbac.yaml", REPO / "deploy/rbac-cluster-read.yaml")
+
+RUNNER_NAMESPACE, RUNNER_ACCOUNT = "kubeflow", "pipeline-runner"  # the account deploy/rbac*.yaml bind
+RUNNER_USER = f"system:serviceaccount:{RUNNER_NAMESPACE}:{RUNNER_ACCOUNT}"
+ADMIN_USER = "admin"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+# Only what a test needs of the controller manager: anything more overwrites what the players write (README, "Flags").
+CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path | None
+    source: str
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hyperpod-pretrain/k8s"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _unpack_shared(bin_dir: Path, sums_file: Path) -> Path:
+    """``bin/*.gz`` unpacked into the cache, each checked against SHA256SUMS, atomically (temp name, rename)."""
+    sums = dict(reversed(line.split()) for line in sums_file.read_text().splitlines() if line.strip())
+    target = _cache_dir() / hashlib.sha256(sums_file.read_bytes()).hexdigest()[:16]
+    target.mkdir(parents=True, exist_ok=True)
+    for name, expected in sums.items():
+        final = target / name
+        if final.is_file() and os.access(final, os.X_OK):
+            continue  # written only after its checksum matched
+        fd, tmp = tempfile.mkstemp(dir=target, prefix=f".{name}.")
+        try:
+            with os.fdopen(fd, "wb") as out, gzip.open(bin_dir / f"{name}.gz", "rb") as packed:
+                shutil.copyfileobj(packed, out, 1 << 20)
+            if (actual := _sha256(Path(tmp))) != expected:
+                raise RuntimeError(f"{bin_dir / name}.gz unpacks to sha256 {actual}, not {expected} (SHA256SUMS)")
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, final)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return target
+
+
+def locate_binaries() -> tuple[Binaries | None, str]:
+    """The binaries, or None and why not."""
+    if assets := os.environ.get("KUBEBUILDER_ASSETS"):
+        root = Path(assets)
+        missing = [n for n in ("etcd", "kube-apiserver") if not (root / n).is_file()]
+        if missing:
+            return None, f"KUBEBUILDER_ASSETS={assets} has no {', '.join(missing)}"
+        manager = root / "kube-controller-manager"
+        return Binaries(root / "etcd", root / "kube-apiserver", manager if manager.is_file() else None,
+                        f"KUBEBUILDER_ASSETS={assets}"), ""  # fmt: skip
+    if not (SHARED_K8S / "SHA256SUMS").is_file():
+        return None, (
+            f"no Kubernetes control plane: set KUBEBUILDER_ASSETS, or put shared/k8s beside the repository "
+            f"({SHARED_K8S})"
+        )
+    root = _unpack_shared(SHARED_K8S / "bin", SHARED_K8S / "SHA256SUMS")
+    return Binaries(root / "etcd", root / "kube-apiserver", root / "kube-controller-manager", str(SHARED_K8S)), ""
+
+
+def skip_reason() -> str:
+    """Why the control-plane tests cannot run here ('' when they can)."""
+    if not PYTORCHJOB_CRD.is_file():
+        return f"the PyTorchJob CRD is not here ({PYTORCHJOB_CRD}; set PYTORCHJOB_CRD)"
+    return locate_binaries()[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process dies (prctl PR_SET_PDEATHSIG)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+class ControlPlane:
+    """etcd, kube-apiserver (RBAC, audit log, service-account tokens) and, where present, the controller manager.
+
+    ``admin`` is an ApiClient in ``system:masters``; :meth:`runner_client` one with the pipeline runner's real
+    service-account token, which only ``deploy/rbac*.yaml`` empower. Requests by the runner are recorded in
+    :attr:`audit_log` (ResponseComplete events, Metadata level).
+    """
+
+    def __init__(self, binaries: Binaries, workdir: Path, crds: list[Path]):
+        self.binaries, self.workdir, self.crds = binaries, workdir, crds
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.port = 0
+        self.url = ""
+        self.admin_token = uuid.uuid4().hex
+        self.ca_file = workdir / "certs/apiserver.crt"
+        self.audit_log = workdir / "audit.log"
+        self.admin: kubernetes.client.ApiClient | None = None
+        self._runner_token = ""
+        self._namespaces = 0
+        # Players that serve the whole control plane (admission webhooks), registered by the test fixture.
+        self.webhook: Any = None
+        self.kueue: Any = None
+
+    @property
+    def has_controller_manager(self) -> bool:
+        return "kube-controller-manager" in self.processes
+
+    # -- start and stop ---------------------------------------------------------------------------------------
+
+    def start(self) -> ControlPlane:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        self._start_etcd()
+        self._start_apiserver()
+        self.admin = kubernetes.client.ApiClient(self.configuration(self.admin_token))
+        for crd in self.crds:  # before the controller manager, so that its garbage collector knows them at once
+            self.install_crd(crd)
+        if self.binaries.kube_controller_manager is not None:
+            self._start_controller_manager()
+        self._setup_runner()
+        log.info("control plane up in %.1fs: %s (binaries from %s)", time.monotonic() - started, self.url,
+                 self.binaries.source)  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        """Controller manager, then API server, then etcd (an API server outlives SIGTERM once etcd is gone)."""
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            process = self.processes.pop(name, None)
+            if process is None or process.poll() is not None:
+                continue
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+        if self.admin is not None:
+            self.admin.close()
+
+    def _spawn(self, name: str, path: Path, args: list[str]) -> subprocess.Popen:
+        logfile = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child holds it)
+        process = subprocess.Popen([name, *args], executable=str(path), stdout=logfile, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent, cwd=self.workdir)  # fmt: skip
+        logfile.close()
+        self.processes[name] = process
+        return process
+
+    def _wait(self, name: str, ready: Any, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.processes[name].poll() is not None:
+                raise RuntimeError(f"{name} exited with {self.processes[name].returncode}: {self.log_tail(name)}")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{name} not ready within {timeout_s:.0f}s: {self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def _start_etcd(self) -> None:
+        client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+        self.etcd_url = client
+        self._spawn("etcd", self.binaries.etcd, [
+            "--name", "test", "--data-dir", str(self.workdir / "etcd"), "--listen-client-urls", client,
+            "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"test={peer}", "--listen-metrics-urls", "",
+        ])  # fmt: skip
+        http = urllib3.PoolManager(timeout=1.0, retries=False)
+
+        def healthy() -> bool:
+            try:
+                return http.request("GET", f"{client}/health").status == 200
+            except urllib3.exceptions.HTTPError:
+                return False
+
+        self._wait("etcd", healthy)
+
+    def _start_apiserver(self) -> None:
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        (self.workdir / "certs").mkdir(exist_ok=True)
+        sa_key, sa_pub = self.workdir / "sa.key", self.workdir / "sa.pub"
+        rsa_key_pair(sa_key, sa_pub)
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text(f'{self.admin_token},{ADMIN_USER},admin-uid,"system:masters"\n')
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+            # Deletes at Request level: their DeleteOptions (propagationPolicy, preconditions) are in requestObject.
+            "rules": [{"level": "Request", "users": [RUNNER_USER], "verbs": ["delete"]},
+                      {"level": "Metadata", "users": [RUNNER_USER]}, {"level": "None"}],
+        }))  # fmt: skip
+        self._spawn("kube-apiserver", self.binaries.kube_apiserver, [
+            "--etcd-servers", self.etcd_url, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.port), "--cert-dir", str(self.workdir / "certs"),
+            "--endpoint-reconciler-type", "none", "--token-auth-file", str(tokens), "--authorization-mode", "RBAC",
+            "--service-account-issuer", ISSUER, "--service-account-key-file", str(sa_pub),
+            "--service-account-signing-key-file", str(sa_key), "--api-audiences", ISSUER,
+            "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged=true",
+            "--kubelet-preferred-address-types", "InternalIP",  # never a DNS lookup of a node's name
+            "--audit-policy-file", str(policy), "--audit-log-path", str(self.audit_log), "--audit-log-maxsize", "0",
+            # No watch cache for PyTorchJobs: a watch from a compacted resourceVersion then answers 410 at once
+            # (README, "Watches that expire").
+            "--watch-cache-sizes", "pytorchjobs.kubeflow.org#0",
+        ])  # fmt: skip
+        http = urllib3.PoolManager(timeout=2.0, retries=False, cert_reqs="CERT_NONE")
+        headers = {"Authorization": f"Bearer {self.admin_token}"}
+
+        def ready() -> bool:
+            try:
+                return http.request("GET", f"{self.url}/readyz", headers=headers).status == 200
+            except urllib3.exceptions.HTTPError:
+                return False
+
+        with _quiet_insecure_warning():
+            self._wait("kube-apiserver", ready)
+
+    def _start_controller_manager(self) -> None:
+        kubeconfig = self.write_kubeconfig(self.workdir / "admin.kubeconfig", self.admin_token)
+        self._spawn("kube-controller-manager", self.binaries.kube_controller_manager, [
+            "--kubeconfig", str(kubeconfig), "--authentication-kubeconfig", str(kubeconfig),
+            "--authorization-kubeconfig", str(kubeconfig), "--authentication-skip-lookup",
+            "--bind-address", "127.0.0.1", "--secure-port", "0", "--leader-elect=false",
+            "--use-service-account-credentials=false",
+            "--service-account-private-key-file", str(self.workdir / "sa.key"), "--root-ca-file", str(self.ca_file),
+            "--flex-volume-plugin-dir", str(self.workdir / "flexvolume"), "--controllers", CONTROLLERS,
+        ])  # fmt: skip
+        self._wait(
+            "kube-controller-manager",
+            lambda: "all resource monitors have synced" in self.log_tail("kube-controller-manager", 400),
+        )
+
+    # -- clients and identities -------------------------------------------------------------------------------
+
+    def configuration(self, token: str, host: str = "") -> kubernetes.client.Configuration:
+        cfg = kubernetes.client.Configuration()
+        cfg.host = host or self.url
+        cfg.ssl_ca_cert = str(self.ca_file)
+        cfg.api_key = {"authorization": f"Bearer {token}"}
+        return cfg
+
+    def runner_client(self, host: str = "") -> kubernetes.client.ApiClient:
+        """An ApiClient that is the pipeline runner (a real token from the TokenRequest API); ``host``: a proxy."""
+        return kubernetes.client.ApiClient(self.configuration(self._runner_token, host))
+
+    @property
+    def runner_token(self) -> str:
+        return self._runner_token
+
+    def write_kubeconfig(self, path: Path, token: str = "", host: str = "") -> Path:
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": host or self.url,
+                                                      "certificate-authority": str(self.ca_file)}}],
+            "users": [{"name": "test", "user": {"token": token or self._runner_token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        }))  # fmt: skip
+        return path
+
+    def _setup_runner(self) -> None:
+        core = kubernetes.client.CoreV1Api(self.admin)
+        self.create_namespace(RUNNER_NAMESPACE)
+        core.create_namespaced_service_account(RUNNER_NAMESPACE, {"metadata": {"name": RUNNER_ACCOUNT}})
+        request = {"spec": {"audiences": [ISSUER], "expirationSeconds": 24 * 3600}}
+        token = core.create_namespaced_service_account_token(RUNNER_ACCOUNT, RUNNER_NAMESPACE, request)
+        self._runner_token = token.status.token
+        for path in RBAC_FILES:  # the cluster-scoped parts once; the Role and RoleBinding go in each test namespace
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc and doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                    self.apply(doc)
+
+    # -- objects ----------------------------------------------------------------------------------------------
+
+    def install_crd(self, path: Path) -> None:
+        crd = yaml.safe_load(path.read_text())
+        api = kubernetes.client.ApiextensionsV1Api(self.admin)
+        api.create_custom_resource_definition(crd)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status = api.read_custom_resource_definition(crd["metadata"]["name"]).status
+            if any(c.type == "Established" and c.status == "True" for c in status.conditions or []):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"CRD {crd['metadata']['name']} not Established within 30s")
+
+    def apply(self, doc: dict[str, Any], namespace: str = "") -> dict[str, Any]:
+        """Create one object as the admin (the RBAC kinds and namespaces the fixtures need)."""
+        rbac = kubernetes.client.RbacAuthorizationV1Api(self.admin)
+        kind = doc["kind"]
+        if namespace:
+            doc = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+        create = {
+            "ClusterRole": lambda: rbac.create_cluster_role(doc),
+            "ClusterRoleBinding": lambda: rbac.create_cluster_role_binding(doc),
+            "Role": lambda: rbac.create_namespaced_role(doc["metadata"]["namespace"], doc),
+            "RoleBinding": lambda: rbac.create_namespaced_role_binding(doc["metadata"]["namespace"], doc),
+        }[kind]
+        return self.admin.sanitize_for_serialization(create())
+
+    def create_namespace(self, name: str) -> None:
+        core = kubernetes.client.CoreV1Api(self.admin)
+        core.create_namespace({"metadata": {"name": name}})
+        if self.has_controller_manager:  # its serviceaccount controller makes "default"; pods are refused before
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    core.read_namespaced_service_account("default", name)
+                    return
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                time.sleep(0.05)
+            raise RuntimeError(f"namespace {name}: no default ServiceAccount within 30s")
+        core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+
+    def test_namespace(self, rbac: bool = True) -> str:
+        """A fresh namespace with deploy/rbac.yaml's Role and RoleBinding in it (``rbac``)."""
+        self._namespaces += 1
+        name = f"hyperpod-t{self._namespaces}-{uuid.uuid4().hex[:5]}"
+        self.create_namespace(name)
+        if rbac:
+            for doc in yaml.safe_load_all(RBAC_FILES[0].read_text()):
+                if doc and doc["kind"] in ("Role", "RoleBinding"):
+                    self.apply(doc, namespace=name)
+        return name
+
+    def delete_namespace(self, name: str) -> None:
+        """Not waited for: deleting a namespace takes ~5 s (README, "Measured")."""
+        with contextlib.suppress(ApiException):
+            kubernetes.client.CoreV1Api(self.admin).delete_namespace(name)
+
+    # -- what the server recorded -----------------------------------------------------------------------------
+
+    def audit_events(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The runner's completed requests (ResponseComplete audit events), optionally in one namespace."""
+        events = []
+        with open(self.audit_log) as f:
+            for line in f:
+                event = json.loads(line)
+                if event.get("stage") != "ResponseComplete":
+                    continue
+                if namespace is None or (event.get("objectRef") or {}).get("namespace") == namespace:
+                    events.append(event)
+        return events
+
+    def request_counts(self, resource: str, subresource: str = "") -> dict[tuple[str, str], float]:
+        """``apiserver_request_total`` for one resource (and subresource), by (verb, code), from /metrics."""
+        text = self.admin.call_api("/metrics", "GET", auth_settings=["BearerToken"], response_type="str",
+                                   _preload_content=False)[0].data.decode()  # fmt: skip
+        counts: dict[tuple[str, str], float] = {}
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels_text, _, value = line[len("apiserver_request_total{") :].rpartition("} ")
+            labels = dict(part.split("=", 1) for part in _split_labels(labels_text))
+            labels = {k: v.strip('"') for k, v in labels.items()}
+            if labels.get("resource") == resource and labels.get("subresource", "") == subresource:
+                key = labels.get("verb", ""), labels.get("code", "")
+                counts[key] = counts.get(key, 0.0) + float(value)
+        return counts
+
+
+def _split_labels(text: str) -> Iterator[str]:
+    """Prometheus label pairs ``a="x",b="y"``, split on the commas outside quotes."""
+    start, quoted = 0, False
+    for i, char in enumerate(text):
+        if char == '"' and (i == 0 or text[i - 1] != "\\"):
+            quoted = not quoted
+        elif char == "," and not quoted:
+            yield text[start:i]
+            start = i + 1
+    if text[start:]:
+        yield text[start:]
+
+
+@contextlib.contextmanager
+def _quiet_insecure_warning() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+        yield

@@ -1,0 +1,146 @@
+"""What happens to a job after it is created, as the tests script it: the kubelet's and Kueue's parts on a timeline.
+
+The Training Operator player reacts to what these write (pods Running, containers exiting, suspend flipped) as the
+real one does: a timeline never writes a job condition itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.cluster.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+INSUFFICIENT_GPU = "0/{nodes} nodes are available: {nodes} Insufficient nvidia.com/gpu."
+DEFAULT_LINES = ("step 10 loss 4.2", "step 20 loss 3.1", "step 30 loss 2.5")
+IMAGE_PULL_UNAUTHORIZED = (  # containerd's error for a registry that refuses the node's credentials
+    'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to resolve reference '
+    '"{image}": unexpected status from HEAD request to https://{registry}/v2/{repository}/manifests/{tag}: '
+    "401 Unauthorized"
+)
+OOM_KILLING = ("Memory cgroup out of memory: Killed process 4242 (python) total-vm:210318024kB, anon-rss:196831212kB, "
+               "file-rss:131072kB, shmem-rss:0kB, UID:0 pgtables:387612kB oom_score_adj:-997")  # fmt: skip
+
+
+@dataclass
+class JobPlay:
+    """One job's pods, through the kubelet and scheduler player, and its admission, through the Kueue player."""
+
+    cluster: Cluster
+    name: str
+
+    def pod(self, index: int) -> str:
+        return f"{self.name}-worker-{index}"
+
+    def start(self, *indices: int) -> None:
+        for index in indices:
+            self.cluster.kubelet.start(self.pod(index))
+
+    def unschedulable(self, index: int, message: str) -> None:
+        self.cluster.kubelet.wait_for_pod(self.pod(index))
+        self.cluster.kubelet.unschedulable(self.pod(index), message)
+
+    def print(self, index: int, *lines: str) -> None:
+        self.cluster.kubelet.print(self.pod(index), *lines)
+
+    def exit(self, index: int, code: int, reason: str = "") -> None:
+        self.cluster.kubelet.exit(self.pod(index), code, reason)
+
+    def admit(self) -> None:
+        self.cluster.kueue.admit(self.cluster.namespace, self.name)
+
+    def preempt(self) -> None:
+        self.cluster.kueue.preempt(self.cluster.namespace, self.name)
+
+
+Action = Callable[[JobPlay], None]
+
+
+@dataclass
+class Timeline:
+    """Steps ``(delay_s, action)`` played in order from a job's creation; each delay counts from the step before."""
+
+    steps: list[tuple[float, Action]] = field(default_factory=list)
+
+    def then(self, delay_s: float, action: Action) -> Timeline:
+        return Timeline([*self.steps, (delay_s, action)])
+
+    def __add__(self, other: Timeline) -> Timeline:
+        return Timeline([*self.steps, *other.steps])
+
+    def play(self, job: JobPlay, stopped: Callable[[], bool]) -> None:
+        for delay, action in self.steps:
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:
+                if stopped():
+                    return
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            if stopped():
+                return
+            action(job)
+
+    # -- the usual ones ---------------------------------------------------------------------------------------
+
+    @classmethod
+    def started(cls, workers: int = 2, tick_s: float = 0.05, pending: int = 0) -> Timeline:
+        """Every worker scheduled and running (``pending`` more after them find no room)."""
+        message = INSUFFICIENT_GPU.format(nodes=workers)
+        steps: list[tuple[float, Action]] = [(tick_s, lambda job: job.start(*range(workers)))]
+        steps += [(0.0, lambda job, i=i: job.unschedulable(i, message)) for i in range(workers, workers + pending)]
+        return cls(steps)
+
+    @classmethod
+    def lines(cls, lines: Iterable[str], workers: Iterable[int], tick_s: float = 0.05) -> Timeline:
+        """Each line printed by each of ``workers``, one line per tick."""
+        indices = list(workers)
+        return cls([(tick_s, lambda job, line=line: [job.print(i, line) for i in indices]) for line in lines])
+
+    @classmethod
+    def exits(cls, workers: Iterable[int], code: int = 0, tick_s: float = 0.05) -> Timeline:
+        return cls([(tick_s, lambda job: [job.exit(i, code) for i in workers])])
+
+    @classmethod
+    def success(cls, workers: int = 2, log_lines: Iterable[str] = DEFAULT_LINES, tick_s: float = 0.05) -> Timeline:
+        """Running, lines printed by every worker, every container exits 0: the operator says Succeeded."""
+        return (cls.started(workers, tick_s) + cls.lines(log_lines, range(workers), tick_s)
+                + cls.exits(range(workers), 0, tick_s))  # fmt: skip
+
+    @classmethod
+    def running(cls, workers: int = 2, tick_s: float = 0.05) -> Timeline:
+        """Running, and so it stays until it is deleted."""
+        return cls.started(workers, tick_s)
+
+    @classmethod
+    def stuck_pending(cls, workers: int = 2, message: str = "", tick_s: float = 0.05) -> Timeline:
+        """No worker finds a node: Unschedulable, with the scheduler's FailedScheduling warning, for ever."""
+        text = message or INSUFFICIENT_GPU.format(nodes=4)
+        return cls([(tick_s, lambda job: [job.unschedulable(i, text) for i in range(workers)])])
+
+    @classmethod
+    def crash_loop(cls, workers: int = 2, log_lines: Iterable[str] = ("Traceback (most recent call last):",
+                                                                       "ModuleNotFoundError: No module named 'trainer'"),
+                   failing: int = 1, exit_code: int = 1, reason: str = "Error", crashes: int = 3,
+                   tick_s: float = 0.05) -> Timeline:  # fmt: skip
+        """Running; worker ``failing`` prints ``log_lines`` and exits ``exit_code``, ``crashes`` times. The kubelet
+        restarts it (at once the first time, after a CrashLoopBackOff from then on); once the restarts reach the
+        job's backoffLimit the operator deletes every pod and fails the job."""
+        timeline = cls.started(workers, tick_s)
+        lines = list(log_lines)
+        for crash in range(crashes):
+            if crash >= 2:  # the second exit left it in CrashLoopBackOff: the back-off's end
+                timeline = timeline.then(tick_s, lambda job: job.cluster.kubelet.restart(job.pod(failing)))
+            timeline = timeline + cls.lines(lines, [failing], tick_s)
+            timeline = timeline.then(tick_s, lambda job: job.exit(failing, exit_code, reason))
+        return timeline
+
+    @classmethod
+    def queued(cls, workers: int = 2, admit_after_s: float = 1.0, log_lines: Iterable[str] = DEFAULT_LINES,
+               tick_s: float = 0.05) -> Timeline:  # fmt: skip
+        """Created suspended by Kueue's webhook, admitted after ``admit_after_s``, then a success."""
+        return Timeline([(admit_after_s, lambda job: job.admit())]) + cls.success(workers, log_lines, tick_s)
