@@ -60,6 +60,17 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture
+def fault_proxy(control_plane: Any) -> Iterator[Any]:
+    """A fault-injecting TLS proxy in front of the control plane's API server (tests/cluster/fault_proxy.py): point
+    a client at its ``url``."""
+    from tests.cluster.fault_proxy import FaultProxy
+
+    certs = control_plane.workdir / "certs"
+    with FaultProxy(control_plane.url, certs / "apiserver.crt", certs / "apiserver.key", control_plane.ca_file) as p:
+        yield p
+
+
+@pytest.fixture
 def make_cluster(control_plane: Any, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """A Cluster (tests/cluster/cluster.py) in a fresh namespace; closed after the test, which fails if a player
     met an error."""

@@ -1,5 +1,6 @@
-"""Diagnosis while the job runs: scripted pod statuses, events and log lines from the loopback Kubernetes server,
-each symptom of the troubleshooting table reported once, in its words; the Pending deadline fails early."""
+"""Diagnosis while the job runs: pod statuses, events and log lines from the real API server, written by the
+kubelet and scheduler player on a timeline; each symptom of the troubleshooting table reported once, in its words;
+the Pending deadline fails early."""
 
 from __future__ import annotations
 
@@ -16,12 +17,9 @@ from components.launch_pytorchjob import k8s_backend
 from components.launch_pytorchjob.core import LaunchConfig, launch
 from components.launch_pytorchjob.diagnosis import FIX, Diagnosis
 from components.launch_pytorchjob.k8s_backend import last_memory_use
-from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle
+from tests.cluster.timelines import Timeline
 
-pytestmark = [
-    pytest.mark.skipif(not CRD_PATH.is_file(), reason=f"the PyTorchJob CRD is not here ({CRD_PATH})"),
-    pytest.mark.timeout(120),
-]
+pytestmark = pytest.mark.timeout(120)
 EFA_SHORT = "0/4 nodes are available: 4 Insufficient vpc.amazonaws.com/efa."
 
 
@@ -30,15 +28,12 @@ def diagnose_often(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(k8s_backend, "DIAGNOSE_EVERY_S", 0.1)
 
 
-def config(root: Path, run_id: str, **overrides: Any) -> LaunchConfig:
+def config(root: Path, run_id: str, namespace: str, **overrides: Any) -> LaunchConfig:
     settings: dict[str, Any] = dict(storage_root=str(root), dataset="synthetic", run_id=run_id, backend="kubernetes",
                                     nnodes=2, nproc_per_node=8, pipeline_run_id=f"p-{run_id}", image="trainer:1",
-                                    owner_reference=False, timeout_s=30, stream_logs="all")  # fmt: skip
+                                    owner_reference=False, timeout_s=30, stream_logs="all",
+                                    namespace=namespace)  # fmt: skip
     return LaunchConfig(**{**settings, **overrides})
-
-
-def client(server: FakeKubernetes) -> kubernetes.client.ApiClient:
-    return kubernetes.client.ApiClient(server.client_configuration())
 
 
 def findings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -47,16 +42,17 @@ def findings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-def test_pods_pending_past_the_pending_deadline_fail_early_and_delete_the_job(staged_root: Path, caplog) -> None:
-    with FakeKubernetes(CRD_PATH, Lifecycle.stuck_pending()) as server:
-        with pytest.raises(StepFailed) as failure:
-            launch(config(staged_root, "pending", pending_timeout_s=1, timeout_s=60), client(server))
-        (namespace, name, propagation), *_ = server.deletions
+def test_pods_pending_past_the_pending_deadline_fail_early_and_delete_the_job(staged_root: Path, make_cluster,
+                                                                             caplog) -> None:  # fmt: skip
+    cluster = make_cluster(timeline=Timeline.stuck_pending())
+    with pytest.raises(StepFailed) as failure:
+        launch(config(staged_root, "pending", cluster.namespace, pending_timeout_s=2, timeout_s=60), cluster.runner())
+    (delete,) = cluster.requests("delete", "pytorchjobs")
     message = str(failure.value)
-    assert "past the Pending deadline of 1s" in message and "it was deleted" in message
+    assert "past the Pending deadline of 2s" in message and "it was deleted" in message
     assert "diagnosis: Pod stuck in Pending (worker-0): Pending for" in message
     assert "insufficient nvidia.com/gpu (0/4 nodes are available: 4 Insufficient nvidia.com/gpu.)" in message
-    assert (namespace, propagation) == ("kubeflow", "Foreground")
+    assert delete["requestObject"]["propagationPolicy"] == "Foreground"
     seen = findings(caplog)
     assert sorted(f.split(":")[0] for f in seen) == [
         "Pod stuck in Pending (worker-0)",
@@ -65,21 +61,21 @@ def test_pods_pending_past_the_pending_deadline_fail_early_and_delete_the_job(st
     assert all(FIX["Pod stuck in Pending"] in f for f in seen)  # the seed's fix, with the finding
 
 
-def test_missing_efa_devices_name_the_device_plugin(staged_root: Path, caplog) -> None:
-    with FakeKubernetes(CRD_PATH, Lifecycle.stuck_pending(message=EFA_SHORT)) as server:
-        with pytest.raises(StepFailed, match="EFA errors"):
-            launch(config(staged_root, "no-efa", pending_timeout_s=1), client(server))
+def test_missing_efa_devices_name_the_device_plugin(staged_root: Path, make_cluster, caplog) -> None:
+    cluster = make_cluster(timeline=Timeline.stuck_pending(message=EFA_SHORT))
+    with pytest.raises(StepFailed, match="EFA errors"):
+        launch(config(staged_root, "no-efa", cluster.namespace, pending_timeout_s=1), cluster.runner())
     seen = findings(caplog)
     assert len(seen) == 2 and all(f.startswith("EFA errors (worker-") for f in seen)
     assert "the EFA device plugin may be missing" in seen[0] and "aws-efa-k8s-device-plugin" in seen[0]
 
 
 def test_an_image_pull_error_is_reported_once_per_pod_and_fails_at_the_pending_deadline(
-    staged_root: Path, caplog
+    staged_root: Path, make_cluster, caplog
 ) -> None:
-    with FakeKubernetes(CRD_PATH, Lifecycle.image_pull_error()) as server:
-        with pytest.raises(StepFailed, match="past the Pending deadline") as failure:
-            launch(config(staged_root, "pull", pending_timeout_s=2), client(server))
+    cluster = make_cluster(timeline=Timeline.image_pull_error())
+    with pytest.raises(StepFailed, match="past the Pending deadline") as failure:
+        launch(config(staged_root, "pull", cluster.namespace, pending_timeout_s=2), cluster.runner())
     seen = findings(caplog)
     assert [f.split(":")[0] for f in seen] == ["Image pull error (worker-0)", "Image pull error (worker-1)"]
     assert seen[0].startswith('Image pull error (worker-0): Failed to pull image "trainer:1": rpc error')
@@ -87,12 +83,13 @@ def test_an_image_pull_error_is_reported_once_per_pod_and_fails_at_the_pending_d
     assert "Image pull error" in str(failure.value)
 
 
-def test_oomkilled_says_the_limit_and_the_last_memory_seen(staged_copy: Path, caplog) -> None:
-    cfg = config(staged_copy, "oom", timeout_s=3)
+def test_oomkilled_says_the_limit_and_the_last_memory_seen(staged_copy: Path, make_cluster, caplog) -> None:
+    cluster = make_cluster(timeline=Timeline.oom_killed())
+    cfg = config(staged_copy, "oom", cluster.namespace, timeout_s=3)
     cfg.run_paths.root.mkdir(parents=True)
     cfg.run_paths.metrics.write_text(json.dumps({"step": 120, "loss": 3.1, "rss_gb": 37.25}) + "\n")
-    with FakeKubernetes(CRD_PATH, Lifecycle.oom_killed()) as server, pytest.raises(StepFailed) as failure:
-        launch(cfg, client(server))
+    with pytest.raises(StepFailed) as failure:
+        launch(cfg, cluster.runner())
     seen = findings(caplog)
     assert [f.split(":")[0] for f in seen] == ["OOMKilled (worker-1)"]  # once, though it crashed twice
     assert "more than its memory limit (limit 512Gi) (exit code 137)" in seen[0]
@@ -101,16 +98,17 @@ def test_oomkilled_says_the_limit_and_the_last_memory_seen(staged_copy: Path, ca
     assert "diagnosis: OOMKilled (worker-1)" in str(failure.value)
 
 
-def test_a_crash_loop_shows_its_last_lines(staged_root: Path, caplog) -> None:
+def test_a_crash_loop_shows_its_last_lines(staged_root: Path, make_cluster, caplog) -> None:
     lines = ["Traceback (most recent call last):", "ModuleNotFoundError: No module named 'trainer'"]
-    with FakeKubernetes(CRD_PATH, Lifecycle.crash_loop(log_lines=lines)) as server, pytest.raises(StepFailed):
-        launch(config(staged_root, "crash", timeout_s=3), client(server))
+    cluster = make_cluster(timeline=Timeline.crash_loop(log_lines=lines, crashes=2))
+    with pytest.raises(StepFailed):
+        launch(config(staged_root, "crash", cluster.namespace, timeout_s=3), cluster.runner())
     seen = [f for f in findings(caplog) if f.startswith("CrashLoopBackOff")]
     assert len(seen) == 1 and seen[0].startswith("CrashLoopBackOff (worker-1): restarted")
     assert "exit code 1 (Error)" in seen[0] and "ModuleNotFoundError: No module named 'trainer'" in seen[0]
 
 
-def test_rendezvous_and_efa_lines_in_the_log_are_named_once(staged_root: Path, caplog) -> None:
+def test_rendezvous_and_efa_lines_in_the_log_are_named_once(staged_root: Path, make_cluster, caplog) -> None:
     lines = [
         "step 1 loss 5.0",
         "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: rendezvous timed out",
@@ -119,17 +117,17 @@ def test_rendezvous_and_efa_lines_in_the_log_are_named_once(staged_root: Path, c
         "step 2 loss 4.0",
     ]
     caplog.set_level(logging.INFO)
-    with FakeKubernetes(CRD_PATH, Lifecycle.success(workers=2, log_lines=lines)) as server:
-        result = launch(config(staged_root, "peers", stream_logs="worker-0"), client(server))
+    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=lines))
+    result = launch(config(staged_root, "peers", cluster.namespace, stream_logs="worker-0"), cluster.runner())
     seen = findings(caplog)
     assert [f.split(":")[0] for f in seen] == ["Pods can't find each other (worker-0)", "EFA errors (worker-0)"]
     assert "RendezvousTimeoutError" in seen[0] and "headless services" in seen[0]
     assert result.state == "Succeeded" and len(result.diagnosis) == 2  # reported, and in the step's report
 
 
-def test_a_healthy_run_reports_nothing(staged_root: Path, caplog) -> None:
-    with FakeKubernetes(CRD_PATH, Lifecycle.success(workers=2)) as server:
-        result = launch(config(staged_root, "healthy", pending_timeout_s=30), client(server))
+def test_a_healthy_run_reports_nothing(staged_root: Path, make_cluster, caplog) -> None:
+    cluster = make_cluster(timeline=Timeline.success(workers=2))
+    result = launch(config(staged_root, "healthy", cluster.namespace, pending_timeout_s=30), cluster.runner())
     assert findings(caplog) == [] and result.diagnosis == []
 
 

@@ -23,7 +23,7 @@ import kubernetes
 import pytest
 
 from components.errors import InputError, StepFailed
-from components.kube import Kube, api_client_from_environment
+from components.kube import Kube, KubeSettings, api_client_from_environment
 from components.launch_pytorchjob.core import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig, launch
 from components.launch_pytorchjob.k8s_backend import WatchSettings, create_or_attach, run_job
 from components.launch_pytorchjob.manifest import job_name, render_job
@@ -174,6 +174,37 @@ def test_a_crash_loop_fails_at_the_backoff_limit_with_the_lines_kept_at_each_res
     wait_for(lambda: cluster.pods(job_name("pipeline-crash-loop", "crash-loop")) == [], 10, "pods deleted")
 
 
+def launcher_rules(control_plane: Any, drop: tuple[str, str]) -> list[dict[str, Any]]:
+    """deploy/rbac.yaml's Role rules less one (resource, verb): a cluster where less was granted."""
+    (role,) = [d for d in control_plane.launcher_role() if d["kind"] == "Role"]
+    resource, verb = drop
+    rules = [{**r, "verbs": [v for v in r["verbs"] if not (resource in r["resources"] and v == verb)]}
+             for r in role["rules"]]  # fmt: skip
+    return [r for r in rules if r["verbs"]]
+
+
+def test_a_failure_without_the_events_permission_says_so(staged_root: Path, make_cluster, control_plane,
+                                                         caplog) -> None:  # fmt: skip
+    """A job that never starts is described (its pods' events) before it is deleted: without 'list events' the step's
+    log says which rule is missing, and the launch goes on without them."""
+    rules = launcher_rules(control_plane, ("events", "list"))
+    cluster = make_cluster(timeline=Timeline.stuck_pending(), rules=rules)
+    with pytest.raises(StepFailed, match="past the Pending deadline"):
+        launch(cluster_config(staged_root, "no-events", cluster.namespace, pending_timeout_s=2), cluster.runner())
+    assert "not readable by this service account" in caplog.text and "deploy/rbac.yaml" in caplog.text
+    assert forbidden(cluster), "RBAC refused the events, on the real authorizer"
+
+
+def test_polls_when_watching_is_refused(staged_root: Path, make_cluster, control_plane, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:3]),
+                           rules=launcher_rules(control_plane, ("pytorchjobs", "watch")))  # fmt: skip
+    job = render_job(cluster_config(staged_root, "polled", cluster.namespace).job_spec())
+    outcome = run_job(Kube(cluster.runner()), job, WatchSettings(poll_interval_s=0.2), threading.Event())
+    assert outcome.state == "Succeeded" and "polling every 0.2s instead" in caplog.text
+    assert [e["verb"] for e in cluster.audit() if e["responseStatus"]["code"] == 403] == ["watch"]
+
+
 def test_a_restarted_worker_is_reported_and_the_job_carries_on(staged_root: Path, make_cluster, caplog) -> None:
     caplog.set_level(logging.INFO)
     timeline = (Timeline.started(2) + Timeline.lines(LINES[:2], [0, 1]).then(0.1, lambda job: job.exit(1, 1))
@@ -183,6 +214,77 @@ def test_a_restarted_worker_is_reported_and_the_job_carries_on(staged_root: Path
     outcome = run_job(Kube(cluster.runner()), job, fast(), threading.Event())
     assert outcome.state == "Succeeded" and outcome.restarts >= 1
     assert "worker-1 restarted (exit code 1 (Error) at restart 1" in caplog.text
+
+
+def test_transient_faults_and_cut_streams_are_survived(staged_root: Path, make_cluster, fault_proxy,
+                                                       caplog) -> None:  # fmt: skip
+    """Between the launcher and the real API server, the fault proxy answers 503 and 429 (with Retry-After) to the
+    create, 500 to pod lists, and cuts two watches mid-stream; the kubelet ends two log streams early. The launch
+    succeeds and every line of both workers' logs is shown once, in order."""
+    caplog.set_level(logging.INFO)
+    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES, tick_s=0.1))
+    jobs, pods = f"/namespaces/{cluster.namespace}/pytorchjobs", f"/namespaces/{cluster.namespace}/pods"
+    fault_proxy.fail_next("POST", f"{jobs}$", 503, times=2)
+    fault_proxy.fail_next("POST", f"{jobs}$", 429, retry_after=1)
+    fault_proxy.fail_next("GET", f"{pods}\\?", 500, times=2)
+    fault_proxy.cut_watch_after(1, times=2)  # the job changes 3 times here: Created, Running, Succeeded
+    cluster.kubelet.cut_log_after(3, times=2)
+    cfg = cluster_config(staged_root, "flaky", cluster.namespace, stream_logs="all")
+    result = launch(cfg, cluster.runner(fault_proxy.url))
+    kinds = [kind for kind, _, _ in fault_proxy.injected]
+    assert result.state == "Succeeded"
+    assert kinds.count("fail") == 5 and kinds.count("cut_watch") == 2, fault_proxy.injected
+    assert [e["responseStatus"]["code"] for e in cluster.requests("create", "pytorchjobs")] == [201], \
+        "the faults were the proxy's: the API server saw one create"  # fmt: skip
+    for worker in (0, 1):
+        assert pod_lines(caplog, f"{result.job_name}-worker-{worker}") == LINES, "every line once, in order"
+
+
+def test_an_expired_watch_reads_the_job_again(staged_root: Path, make_cluster, fault_proxy, caplog) -> None:
+    """The watch is cut; while the launcher reconnects (slowly), the job changes and etcd compacts its history: the
+    real API server answers the watch from the old resourceVersion with 410 Expired, and the launcher reads the job
+    and watches from there."""
+    caplog.set_level(logging.INFO)
+    cluster = make_cluster(timeline=Timeline.success(workers=1, log_lines=LINES[:4], tick_s=0.5))
+    fault_proxy.cut_watch_after(1)
+    fault_proxy.delay_next("GET", "(?i)watch=true", 1.5)
+
+    def change_and_compact() -> None:
+        wait_for(lambda: any(kind == "cut_watch" for kind, _, _ in fault_proxy.injected), 30, "the cut")
+        api = kubernetes.client.CustomObjectsApi(cluster.admin)
+        for i in range(2):
+            api.patch_namespaced_custom_object("kubeflow.org", "v1", cluster.namespace, "pytorchjobs", name,
+                                               {"metadata": {"annotations": {"test/touched": str(i)}}})  # fmt: skip
+        cluster.control_plane.compact()
+
+    name = job_name("pipeline-gone", "gone")
+    compaction = threading.Thread(target=change_and_compact, daemon=True)
+    compaction.start()
+    result = launch(cluster_config(staged_root, "gone", cluster.namespace, nnodes=1), cluster.runner(fault_proxy.url))
+    compaction.join(timeout=10)
+    assert result.state == "Succeeded" and "watch expired (410 Gone)" in caplog.text
+
+
+def test_an_api_server_that_goes_away_fails_the_step_instead_of_hanging(staged_root: Path, make_cluster,
+                                                                         fault_proxy) -> None:  # fmt: skip
+    cluster = make_cluster(timeline=Timeline.running(1))
+    job = render_job(cluster_config(staged_root, "vanishing", cluster.namespace, nnodes=1).job_spec())
+    kube = Kube(cluster.runner(fault_proxy.url), KubeSettings(attempts=2, backoff_s=0.05))
+    outcome: list[BaseException] = []
+
+    def launcher() -> None:
+        try:
+            run_job(kube, job, WatchSettings(logs="none"), threading.Event())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=launcher, daemon=True)
+    thread.start()
+    wait_for(lambda: running(cluster.job(job["metadata"]["name"])), 30, "the job runs")
+    fault_proxy.stop()  # the API server goes away for good, as far as the launcher can tell
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the launcher is still waiting on a server that is gone"
+    assert isinstance(outcome[0], StepFailed) and "failed 2 times" in str(outcome[0])
 
 
 def test_a_retried_step_reattaches_to_its_job(staged_root: Path, make_cluster, caplog) -> None:
@@ -429,6 +531,23 @@ def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(staged
         stored["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/podset"]
         == "worker"
     ), "admission carries Kueue's pod-set labels into the template"
+
+
+def test_a_job_preempted_by_kueue_and_admitted_again_is_not_taken_for_a_lost_node(staged_root: Path, make_cluster,
+                                                                                 caplog) -> None:  # fmt: skip
+    """HyperPod task governance preempts the running job for a higher-priority team (suspend: the operator deletes
+    its pods, Suspended True, Running False) and admits it again later; its new pods wait for the scheduler. Queue
+    time is not time below the minimum of pods: the recovery deadline (shorter than the queue wait) must not fire."""
+    caplog.set_level(logging.INFO)
+    cluster = make_cluster(timeline=Timeline.preempted(queued_s=3.0, pending_s=2.0, log_lines=LINES[:3]))
+    cfg = cluster_config(staged_root, "preempted", cluster.namespace, platform=Platform(queue_name="team-a"))
+    job = render_job(cfg.job_spec())
+    outcome = run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=6, recovery_timeout_s=1.5),
+                      threading.Event())  # fmt: skip
+    conditions = {c["type"]: c for c in outcome.conditions}
+    assert outcome.state == "Succeeded" and deleted_jobs(cluster) == []
+    assert conditions["Suspended"]["status"] == "False" and conditions["Suspended"]["reason"] == "PyTorchJobResumed"
+    assert len(re.findall(r"was admitted after \d+s in the queue", caplog.text)) == 2, "admitted, then re-admitted"
 
 
 def test_the_queue_deadline_is_its_own(staged_root: Path, make_cluster) -> None:

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 import pytest
 
 from components.errors import InputError
@@ -19,13 +18,10 @@ from components.launch_pytorchjob.core import LaunchConfig, launch
 from components.launch_pytorchjob.manifest import render_job
 from components.launch_pytorchjob.platform import RUN_OPTIONS, Platform
 from components.preflight.core import preflight
-from tests.k8s_server import CRD_PATH, FakeKubernetes
 
 REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
 IMAGE = f"{REGISTRY}/hyperpod-pretrain-trainer:1"
 PLATFORM = Platform(namespaces=("hyperpod-ns-team-a",), registries=(REGISTRY,), service_account="trainer")
-
-pytestmark = pytest.mark.skipif(not CRD_PATH.is_file(), reason=f"the PyTorchJob CRD is not here ({CRD_PATH})")
 
 
 def config(root: Path, **overrides: Any) -> LaunchConfig:
@@ -103,21 +99,20 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
 
 @pytest.mark.parametrize(("what", "overrides", "message"), HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_run_parameters_are_refused_before_any_api_call(
-    staged_root: Path, what: str, overrides: dict[str, Any], message: str
+    staged_root: Path, what: str, overrides: dict[str, Any], message: str, control_plane: Any
 ) -> None:
     if what == "storage root escape":
         overrides = {**overrides, "platform": Platform(**{**PLATFORM.to_dict(), "mount_path": "/fsx",
                                                           "namespaces": ("hyperpod-ns-team-a",),
                                                           "registries": (REGISTRY,)})}  # fmt: skip
     cfg = config(staged_root, **overrides)
-    with FakeKubernetes(CRD_PATH) as server:
-        api = kubernetes.client.ApiClient(server.client_configuration())
-        with pytest.raises(InputError, match=message) as launched:
-            launch(cfg, api)
-        with pytest.raises(InputError, match=message):
-            preflight(cfg, api)
-        requests = list(server.requests)
-    assert requests == [], f"{what}: the API server was called"
+    api = control_plane.runner_client()  # the pipeline runner, on the real API server
+    before = len(control_plane.audit_events())
+    with pytest.raises(InputError, match=message) as launched:
+        launch(cfg, api)
+    with pytest.raises(InputError, match=message):
+        preflight(cfg, api)
+    assert control_plane.audit_events()[before:] == [], f"{what}: the API server was called"
     assert "\n" not in str(launched.value).replace("\\n", ""), "one line"
 
 

@@ -7,7 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,8 +16,8 @@ from components.errors import InputError
 from components.launch_pytorchjob.core import launch
 from components.verify_nccl.core import FAIL, NOT_APPLICABLE, PASS, WARN, Expectations, verify_logs, verify_nccl
 from components.verify_nccl.nccl_log import NcclLogs
+from tests.cluster.timelines import Timeline
 from tests.helpers import tiny_launch
-from tests.k8s_server import CRD_PATH, FakeKubernetes, Lifecycle
 from tests.nccl_formats import NCCL_VERSIONS, OFI_NO_PROTOCOL, OFI_RELEASES, SUPPORTED
 from tests.nccl_logs import Job, write_debug_files, write_pod_logs
 from trainer.layout import RunPaths
@@ -365,34 +365,29 @@ def test_gzip_helper_round_trip(tmp_path: Path) -> None:
     assert logs.processes[("h", 1)].version == "2.30.1" and logs.processes[("h", 1)].cuda == "13.0"
 
 
-@pytest.mark.skipif(not CRD_PATH.is_file(), reason=f"the PyTorchJob CRD is not here ({CRD_PATH})")
-def test_reads_the_jobs_pod_logs_through_the_kubernetes_api(tmp_path: Path) -> None:
-    """Given a job name, the pods' logs (kubectl logs --timestamps) are read through the API and checked."""
-    import kubernetes
-
+def test_reads_the_jobs_pod_logs_through_the_kubernetes_api(tmp_path: Path, make_cluster) -> None:
+    """Given a job name, the pods' logs (kubectl logs --timestamps) are read through the real API server from the
+    kubelet player, as the pipeline runner, and checked."""
     from components.launch_pytorchjob.manifest import JobSpec, render_job
     from components.verify_nccl.core import fetch_pod_logs
     from tests.nccl_logs import process_lines
 
     job = Job(nodes=2, gpus=2)
-    manifest = render_job(JobSpec(name="nccl-check", image="img:1", trainer_args=[], instance_type="p5.48xlarge",
-                                  gpus_per_node=2, nproc_per_node=2))  # fmt: skip
+    printed = threading.Event()
 
-    def run(handle) -> None:
-        handle.create_pods(2)
+    def run(play) -> None:
         for node in (0, 1):
-            handle.run(node)
+            play.start(node)
             for g in range(job.gpus):
-                handle.log(node, *process_lines(job, node * job.gpus + g))
+                play.print(node, *process_lines(job, node * job.gpus + g))
+        printed.set()
 
-    with FakeKubernetes(CRD_PATH) as server:
-        server.put_job(manifest, lifecycle=Lifecycle().then(0, run))
-        deadline = time.monotonic() + 10
-        while len(server.pods("kubeflow", "nccl-check")) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)  # the lines land with the pods
-        api = kubernetes.client.ApiClient(server.client_configuration())
-        paths = fetch_pod_logs("nccl-check", "kubeflow", tmp_path, api)
+    cluster = make_cluster(timeline=Timeline([(0.0, run)]))
+    manifest = render_job(JobSpec(name="nccl-check", namespace=cluster.namespace, image="img:1", trainer_args=[],
+                                  instance_type="p5.48xlarge", gpus_per_node=2, nproc_per_node=2))  # fmt: skip
+    cluster.create_job(manifest)
+    assert printed.wait(30), "the pods ran and printed"
+    paths = fetch_pod_logs("nccl-check", cluster.namespace, tmp_path, cluster.runner())
     assert [p.name for p in paths] == ["nccl-check-worker-0.log", "nccl-check-worker-1.log"]
     result = verify_logs([str(tmp_path)], P5)
     assert result.passed and result.ranks_initialized() == 4, result.markdown()

@@ -36,6 +36,10 @@ class Deadlines:
     def job_changed(self, job: dict[str, Any]) -> None:
         suspended = true_condition(job, "Suspended") or bool(job.get("spec", {}).get("runPolicy", {}).get("suspend"))
         if suspended and self.queued_since is None:
+            # Queued, or preempted by Kueue (pods deleted, the job suspended): when it is admitted again its pods
+            # are created and scheduled anew, so it starts again, under the Pending deadline; the time it waits in
+            # the queue is not a lost node's.
+            self.started, self.degraded_since = False, None
             self.queued_since = self.now()
             log.info("PyTorchJob %s is queued: suspended until the cluster's queue (Kueue) admits it",
                      job["metadata"]["name"])  # fmt: skip
@@ -46,6 +50,8 @@ class Deadlines:
             log.info("PyTorchJob %s was admitted after %.0fs in the queue", job["metadata"]["name"], waited)
 
     def pods_changed(self, pods: list[Any], job: dict[str, Any]) -> None:
+        if self.queued:
+            return
         live = [p for p in pods if not p.metadata.deletion_timestamp]
         running = [p for p in live if p.status.phase == "Running"]
         if not self.started and len(running) >= self.min_pods and true_condition(job, "Running"):

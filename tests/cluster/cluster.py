@@ -25,10 +25,10 @@ class Cluster:
     played for each job created there. What went wrong inside a player is in :attr:`errors`."""
 
     def __init__(self, control_plane: ControlPlane, kueue: Kueue, workdir: Path, *, timeline: Timeline | None = None,
-                 serve_logs: bool = True, rbac: bool = True):  # fmt: skip
+                 serve_logs: bool = True, rbac: bool = True, rules: list[dict[str, Any]] | None = None):  # fmt: skip
         self.control_plane, self.kueue = control_plane, kueue
         self.admin = control_plane.admin
-        self.namespace = control_plane.test_namespace(rbac=rbac)
+        self.namespace = control_plane.test_namespace(rbac=rbac, rules=rules)
         self.timeline = timeline
         self.timelines: dict[str, Timeline] = {}
         self.errors: list[str] = []

@@ -12,6 +12,7 @@ this one. The flags, the controller allow-list and the traps are those measured 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import gzip
@@ -372,21 +373,36 @@ class ControlPlane:
             raise RuntimeError(f"namespace {name}: no default ServiceAccount within 30s")
         core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
 
-    def test_namespace(self, rbac: bool = True) -> str:
-        """A fresh namespace with deploy/rbac.yaml's Role and RoleBinding in it (``rbac``)."""
+    def launcher_role(self) -> list[dict[str, Any]]:
+        """deploy/rbac.yaml's Role and RoleBinding."""
+        return [d for d in yaml.safe_load_all(RBAC_FILES[0].read_text()) if d and d["kind"] in ("Role", "RoleBinding")]
+
+    def test_namespace(self, rbac: bool = True, rules: list[dict[str, Any]] | None = None) -> str:
+        """A fresh namespace with deploy/rbac.yaml's Role and RoleBinding in it (``rbac``), the Role's rules replaced
+        by ``rules`` when given (a test of less granted)."""
         self._namespaces += 1
         name = f"hyperpod-t{self._namespaces}-{uuid.uuid4().hex[:5]}"
         self.create_namespace(name)
         if rbac:
-            for doc in yaml.safe_load_all(RBAC_FILES[0].read_text()):
-                if doc and doc["kind"] in ("Role", "RoleBinding"):
-                    self.apply(doc, namespace=name)
+            for doc in self.launcher_role():
+                if doc["kind"] == "Role" and rules is not None:
+                    doc = {**doc, "rules": rules}
+                self.apply(doc, namespace=name)
         return name
 
     def delete_namespace(self, name: str) -> None:
         """Not waited for: deleting a namespace takes ~5 s (README, "Measured")."""
         with contextlib.suppress(ApiException):
             kubernetes.client.CoreV1Api(self.admin).delete_namespace(name)
+
+    def compact(self) -> None:
+        """Compact etcd's history up to now: a watch from an older resourceVersion then answers 410 (the API server
+        runs without a watch cache for PyTorchJobs; README, "Watches that expire")."""
+        http = urllib3.PoolManager(timeout=5.0, retries=False)
+        key = base64.b64encode(b"/").decode()
+        revision = json.loads(http.request("POST", f"{self.etcd_url}/v3/kv/range", body=json.dumps(
+            {"key": key, "limit": 1}).encode()).data)["header"]["revision"]  # fmt: skip
+        http.request("POST", f"{self.etcd_url}/v3/kv/compaction", body=json.dumps({"revision": revision}).encode())
 
     # -- what the server recorded -----------------------------------------------------------------------------
 

@@ -284,6 +284,29 @@ class Kubelet:
         else:
             self.back_off(name)
 
+    def pull_failed(self, name: str, error: str) -> None:
+        """Bound, but the image cannot be pulled: ErrImagePull and the image manager's events
+        (``pkg/kubelet/images/image_manager.go`` ``EnsureImageExists``: "Pulling image %q", "Failed to pull image %q:
+        %v", then ``pkg/kubelet/kuberuntime`` "Error: ErrImagePull")."""
+        pod = self.wait_for_pod(name)
+        if not pod["spec"].get("nodeName"):
+            self.bind(name)
+        image = pod["spec"]["containers"][0]["image"]
+        self.wait(name, "ErrImagePull", error)
+        self.event(pod, "Normal", "Pulling", f'Pulling image "{image}"')
+        self.event(pod, "Warning", "Failed", f'Failed to pull image "{image}": {error}')
+        self.event(pod, "Warning", "Failed", "Error: ErrImagePull")
+
+    def pull_back_off(self, name: str) -> None:
+        """The image manager backs off: ImagePullBackOff ("Back-off pulling image %q")."""
+        pod = self.pod(name)
+        if pod is None:
+            return
+        image = pod["spec"]["containers"][0]["image"]
+        self.wait(name, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+        self.event(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"')
+        self.event(pod, "Warning", "Failed", "Error: ImagePullBackOff")
+
     def back_off(self, name: str) -> None:
         pod = self.pod(name)
         if pod is None:

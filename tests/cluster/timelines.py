@@ -19,13 +19,28 @@ log = logging.getLogger(__name__)
 
 INSUFFICIENT_GPU = "0/{nodes} nodes are available: {nodes} Insufficient nvidia.com/gpu."
 DEFAULT_LINES = ("step 10 loss 4.2", "step 20 loss 3.1", "step 30 loss 2.5")
+CRASH_LINES = ("Traceback (most recent call last):", "ModuleNotFoundError: No module named 'trainer'")
 IMAGE_PULL_UNAUTHORIZED = (  # containerd's error for a registry that refuses the node's credentials
-    'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to resolve reference '
-    '"{image}": unexpected status from HEAD request to https://{registry}/v2/{repository}/manifests/{tag}: '
+    'rpc error: code = Unknown desc = failed to pull and unpack image "{ref}": failed to resolve reference '
+    '"{ref}": unexpected status from HEAD request to https://{registry}/v2/{repository}/manifests/{tag}: '
     "401 Unauthorized"
 )
 OOM_KILLING = ("Memory cgroup out of memory: Killed process 4242 (python) total-vm:210318024kB, anon-rss:196831212kB, "
                "file-rss:131072kB, shmem-rss:0kB, UID:0 pgtables:387612kB oom_score_adj:-997")  # fmt: skip
+
+
+def image_parts(image: str) -> dict[str, str]:
+    """An image as containerd resolves it: ``ref`` normalized (docker.io/library/... for Docker Hub), the registry
+    host it asks, the repository and the tag (``latest`` by default)."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first, rest
+    else:
+        registry, path = "docker.io", image if "/" in image else f"library/{image}"
+    path, _, tag = path.partition(":")
+    host = "registry-1.docker.io" if registry == "docker.io" else registry
+    return {"ref": f"{registry}/{path}:{tag or 'latest'}", "registry": host, "repository": path,
+            "tag": tag or "latest"}  # fmt: skip
 
 
 @dataclass
@@ -123,9 +138,8 @@ class Timeline:
         return cls([(tick_s, lambda job: [job.unschedulable(i, text) for i in range(workers)])])
 
     @classmethod
-    def crash_loop(cls, workers: int = 2, log_lines: Iterable[str] = ("Traceback (most recent call last):",
-                                                                       "ModuleNotFoundError: No module named 'trainer'"),
-                   failing: int = 1, exit_code: int = 1, reason: str = "Error", crashes: int = 3,
+    def crash_loop(cls, workers: int = 2, log_lines: Iterable[str] = CRASH_LINES, failing: int = 1,
+                   exit_code: int = 1, reason: str = "Error", crashes: int = 3,
                    tick_s: float = 0.05) -> Timeline:  # fmt: skip
         """Running; worker ``failing`` prints ``log_lines`` and exits ``exit_code``, ``crashes`` times. The kubelet
         restarts it (at once the first time, after a CrashLoopBackOff from then on); once the restarts reach the
@@ -140,7 +154,39 @@ class Timeline:
         return timeline
 
     @classmethod
+    def image_pull_error(cls, workers: int = 2, error: str = IMAGE_PULL_UNAUTHORIZED,
+                         tick_s: float = 0.05) -> Timeline:  # fmt: skip
+        """Scheduled, but the image cannot be pulled: ErrImagePull, then ImagePullBackOff, for ever. ``error`` may
+        name ``{image}``, ``{registry}``, ``{repository}`` and ``{tag}`` of the pod's image."""
+
+        def failed(job: JobPlay) -> None:
+            for i in range(workers):
+                image = job.cluster.kubelet.wait_for_pod(job.pod(i))["spec"]["containers"][0]["image"]
+                job.cluster.kubelet.pull_failed(job.pod(i), error.format(**image_parts(image)))
+
+        return cls([(tick_s, failed), (tick_s, lambda job: [job.cluster.kubelet.pull_back_off(job.pod(i))
+                                                            for i in range(workers)])])  # fmt: skip
+
+    @classmethod
+    def oom_killed(cls, workers: int = 2, failing: int = 1, crashes: int = 2, tick_s: float = 0.05) -> Timeline:
+        """Running; worker ``failing``'s container is killed for memory (OOMKilled, exit code 137), ``crashes``
+        times, as :meth:`crash_loop`."""
+        return cls.crash_loop(workers, ["step 1 loss 5.0"], failing, 137, "OOMKilled", crashes, tick_s)
+
+    @classmethod
     def queued(cls, workers: int = 2, admit_after_s: float = 1.0, log_lines: Iterable[str] = DEFAULT_LINES,
                tick_s: float = 0.05) -> Timeline:  # fmt: skip
         """Created suspended by Kueue's webhook, admitted after ``admit_after_s``, then a success."""
         return Timeline([(admit_after_s, lambda job: job.admit())]) + cls.success(workers, log_lines, tick_s)
+
+    @classmethod
+    def preempted(cls, workers: int = 2, queued_s: float = 3.0, pending_s: float = 2.0,
+                  log_lines: Iterable[str] = DEFAULT_LINES, tick_s: float = 0.05) -> Timeline:  # fmt: skip
+        """Admitted and running; Kueue preempts it (suspended: the operator deletes its pods) for ``queued_s``, admits
+        it again, and the operator's new pods wait ``pending_s`` for the scheduler before they run to success."""
+        lines = list(log_lines)
+        return (Timeline([(tick_s, lambda job: job.admit())]) + cls.started(workers, tick_s)
+                + cls.lines(lines[:1], range(workers), tick_s)
+                + Timeline([(tick_s, lambda job: job.preempt()), (queued_s, lambda job: job.admit())])
+                + Timeline([(pending_s, lambda job: job.start(*range(workers)))])
+                + cls.lines(lines[1:], range(workers), tick_s) + cls.exits(range(workers), 0, tick_s))  # fmt: skip
