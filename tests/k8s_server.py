@@ -1,10 +1,13 @@
 """A fake Kubernetes API server on loopback that speaks enough of the real REST API to drive a PyTorchJob launcher.
 
+Being retired: the launcher's tests run on the real control plane (tests/cluster/); what is left here serves the
+preflight's and RBAC's tests until they move there too.
+
 It serves, through the official ``kubernetes`` client, what a launcher does against a real cluster:
 
 - ``kubeflow.org/v1`` PyTorchJobs (create, get, list, watch, delete) validated against the CRD's schema the way the
   API server does it: unknown fields are pruned (and reported), schema defaults applied, the rest validated (422),
-  then the training operator's validating webhook (403), then storage (409 on an existing name);
+  then storage (409 on an existing name);
 - pods (list, watch, get) and their ``log`` subresource (follow, timestamps, sinceSeconds, tailLines, previous);
 - core/v1 events (list, watch), optionally forbidden (403) as for a service account without the RBAC rule;
 - what a preflight check reads about the cluster: nodes, pods on nodes (across namespaces, field selectors on
@@ -52,13 +55,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 OPERATOR_NAME_LABEL = "training.kubeflow.org/operator-name"
 OPERATOR_NAME = "pytorchjob-controller"
 CONTAINER = "pytorch"
-WEBHOOK_NAME = "validator.pytorchjob.training-operator.kubeflow.org"
 DEFAULT_USER = "system:serviceaccount:kubeflow:pipeline-runner"
 INSUFFICIENT_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
 DEFAULT_LOG_LINES = ("step 10 loss 4.2", "step 20 loss 3.1", "step 30 loss 2.5")
@@ -89,20 +90,6 @@ TRAINING_OPERATOR_NAMESPACE = "kubeflow"
 TRAINING_OPERATOR_LABELS = {"control-plane": "kubeflow-training-operator"}
 
 # What the kubelet reports when containerd cannot pull an image ({ref}, {registry}, {repository}, {tag}, {image}).
-IMAGE_PULL_UNAUTHORIZED = (
-    'rpc error: code = Unknown desc = failed to pull and unpack image "{ref}": failed to resolve reference "{ref}": '
-    "unexpected status from HEAD request to https://{registry}/v2/{repository}/manifests/{tag}: 401 Unauthorized"
-)
-IMAGE_PULL_ACCESS_DENIED = (
-    'rpc error: code = Unknown desc = failed to pull and unpack image "{ref}": failed to resolve reference "{ref}": '
-    "pull access denied, repository does not exist or may require authorization: server message: insufficient_scope: "
-    "authorization failed"
-)
-IMAGE_PULL_NOT_FOUND = (
-    'rpc error: code = NotFound desc = failed to pull and unpack image "{ref}": failed to resolve reference "{ref}": '
-    "{ref}: not found"
-)
-
 # The fields of metav1.ObjectMeta: the API server keeps only these under a resource's root metadata.
 OBJECT_META_FIELDS = frozenset(
     {
@@ -172,30 +159,6 @@ def rfc3339(at: datetime | float | str | None = None) -> str:
         moment = at if at.tzinfo else at.replace(tzinfo=UTC)
         return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_image(image: str) -> dict[str, str]:
-    """An image name the way containerd resolves it: ``ref`` (normalized), ``registry`` (host), ``repository``, ``tag``
-    (or digest), and ``image`` as written."""
-    name, _, digest = image.partition("@")
-    first, _, rest = name.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        registry, path = first, rest
-    else:
-        registry, path = "docker.io", name if "/" in name else f"library/{name}"
-    tag = ""
-    if ":" in path.rsplit("/", 1)[-1]:
-        path, tag = path.rsplit(":", 1)
-    ref = f"{registry}/{path}" + (f"@{digest}" if digest else f":{tag or 'latest'}")
-    host = "registry-1.docker.io" if registry == "docker.io" else registry
-    return {"image": image, "ref": ref, "registry": host, "repository": path, "tag": digest or tag or "latest"}
-
-
-def _image_message(template: str, image: str) -> str:
-    text = template
-    for key, value in parse_image(image).items():
-        text = text.replace("{" + key + "}", value)
-    return text
 
 
 def rfc3339_nano(t_ns: int) -> str:
@@ -584,53 +547,6 @@ def object_meta_errors(meta: dict[str, Any]) -> list[FieldError]:
     return errors
 
 
-def pytorchjob_webhook(job: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """The training operator's validating webhook for PyTorchJobs: (warnings, errors)."""
-    errors: list[str] = []
-    warnings: list[str] = []
-    name = job.get("metadata", {}).get("name", "")
-    if len(name) > 63 or not DNS1035_LABEL.fullmatch(name):
-        errors.append(
-            f'metadata.name: Invalid value: "{name}": should match: a DNS-1035 label must consist of lower case '
-            "alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric "
-            "character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"
-        )
-    spec = job.get("spec") or {}
-    replicas = spec.get("pytorchReplicaSpecs")
-    if spec.get("elasticPolicy") is not None:
-        if "Worker" not in (replicas or {}):
-            errors.append(
-                "spec.pytorchReplicaSpecs[Worker]: Required value: must be configured if elastic policy is used"
-            )
-        if spec["elasticPolicy"].get("nProcPerNode") is not None:
-            warnings.append("spec.elasticPolicy.nProcPerNode is deprecated, use spec.nprocPerNode instead")
-            if spec.get("nprocPerNode") is not None:
-                errors.append("spec.elasticPolicy.nProcPerNode: Forbidden: must not be used with spec.nprocPerNode")
-    if replicas is None:
-        errors.append("spec.pytorchReplicaSpecs: Required value: must be required")
-    for rtype, rspec in (replicas or {}).items():
-        role = f"spec.pytorchReplicaSpecs[{rtype}]"
-        if rtype not in ("Master", "Worker"):
-            errors.append(f'{role}: Unsupported value: "{rtype}": supported values: "Master", "Worker"')
-        containers = ((rspec or {}).get("template") or {}).get("spec", {}).get("containers") or []
-        if not containers:
-            errors.append(f"{role}.template.spec.containers: Required value: must be specified")
-        for i, container in enumerate(containers):
-            if not container.get("image"):
-                errors.append(f"{role}.template.spec.containers[{i}].image: Required value: must be required")
-        if not any(c.get("name") == CONTAINER for c in containers):
-            errors.append(
-                f"{role}.template.spec.containers: Required value: "
-                f"must have at least one container with name {CONTAINER}"
-            )
-        count = (rspec or {}).get("replicas")
-        if rtype == "Master" and count != 1:
-            errors.append(f"{role}.replicas: Forbidden: must be 1")
-        elif count is not None and count < 1:
-            errors.append(f"{role}.replicas: Forbidden: must be at least 1")
-    return warnings, errors
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Selectors
 
@@ -875,7 +791,7 @@ class ContainerLog:
 
 @dataclass
 class FaultRule:
-    kind: str  # "fail", "drop", "drop_watch", "drop_log", "stall_log"
+    kind: str  # "fail", "drop", "drop_watch"
     method: str
     pattern: re.Pattern[str]
     times: int
@@ -923,18 +839,6 @@ class Faults:
     def drop_watch_after(self, n_events: int, times: int = 1, path_regex: str = "") -> None:
         """Cut the next ``times`` watch streams (closing the socket mid-chunked-stream) after ``n_events`` events."""
         self._add(FaultRule("drop_watch", "GET", re.compile(path_regex), times, after=n_events))
-
-    def drop_log_after(self, n_lines: int, times: int = 1, path_regex: str = "") -> None:
-        """Cut the next ``times`` follow log streams (closing the socket mid-stream) after ``n_lines`` lines."""
-        self._add(FaultRule("drop_log", "GET", re.compile(path_regex), times, after=n_lines))
-
-    def stall_log_after(self, n_lines: int, times: int = 1, path_regex: str = "") -> None:
-        """The next ``times`` follow log streams stop sending after ``n_lines`` lines but keep the connection open, as
-        a stream from a node that went away does: the API server copies the kubelet's stream to the client
-        (kubernetes v1.36 pkg/registry/core/pod/rest/log.go, LogREST.Get -> genericrest.LocationStreamer), so a
-        kubelet that vanishes without closing its connection sends nothing and the client sees no end; only a read
-        timeout ends it."""
-        self._add(FaultRule("stall_log", "GET", re.compile(path_regex), times, after=n_lines))
 
     def clear(self) -> None:
         with self._lock:
@@ -1238,143 +1142,9 @@ class Lifecycle:
         return cls(steps)
 
     @classmethod
-    def restart(
-        cls,
-        workers: int = 2,
-        log_lines: Iterable[str] | None = None,
-        restarting_index: int = 1,
-        exit_code: int = 1,
-        tick_s: float = 0.05,
-    ) -> Lifecycle:
-        """Running, a worker's container exits and restarts (restartCount + 1; Restarting), Running, Succeeded."""
-        lines = list(DEFAULT_LOG_LINES if log_lines is None else log_lines)
-        half = len(lines) // 2
-        message = "PyTorchJob {namespace}/{name} is restarting because 1 Worker replica(s) failed."
-
-        def crash(job: JobHandle) -> None:
-            job.log(restarting_index, "RuntimeError: NCCL communicator was aborted")
-            job.terminate(restarting_index, exit_code, phase="Running")
-            job.set_replica_status(active=workers - 1, failed=1)
-            job.event("PyTorchJobRestarting", message, type_="Warning")
-            job.set_condition("Restarting", "PyTorchJobRestarting", message)
-
-        def resume(job: JobHandle) -> None:
-            job.restart_container(restarting_index)
-            job.set_replica_status(active=workers)
-            job.set_condition("Running", "PyTorchJobRunning", "PyTorchJob {namespace}/{name} is running.")
-
-        steps = _start_steps(workers, tick_s)
-        steps += [(tick_s, lambda job, line=line: job.log_all(line)) for line in lines[:half]]
-        steps += [(tick_s, crash), (tick_s, resume)]
-        steps += [(tick_s, lambda job, line=line: job.log_all(line)) for line in lines[half:]]
-        steps.append((tick_s, lambda job: job.succeed_all()))
-        return cls(steps)
-
-    @classmethod
-    def elastic(
-        cls, min_nodes: int = 2, max_nodes: int = 4, log_lines: Iterable[str] | None = None, tick_s: float = 0.05
-    ) -> Lifecycle:
-        """An elastic job on a cluster with room for ``min_nodes`` workers: all ``max_nodes`` pods are created (the
-        Training Operator creates ``replicas`` = maxReplicas pods), the first ``min_nodes`` run while the others stay
-        Pending (unschedulable), and the job runs and succeeds on those it has.
-
-        Sources, kubeflow/training-operator v1.8.1: pkg/controller.v1/pytorch/pytorchjob_controller.go
-        ``UpdateJobStatus`` sets Running when any worker runs and, for an elastic job, Succeeded as soon as one worker
-        succeeded (kubeflow/training-operator#1752, "success condition of the job in PyTorchJob's Elastic mode");
-        pkg/controller.v1/common/job.go ``DeletePodsAndServices`` then deletes the Running and Pending pods
-        (cleanPodPolicy Running).
-        """
-        lines = list(DEFAULT_LOG_LINES if log_lines is None else log_lines)
-
-        def log_running(job: JobHandle, line: str) -> None:
-            for i in range(min_nodes):
-                job.log(i, line)
-
-        def succeed(job: JobHandle) -> None:
-            for i in range(min_nodes):
-                job.terminate(i, 0)
-            job.set_replica_status(succeeded=min_nodes)
-            message = "PyTorchJob {namespace}/{name} successfully completed."
-            job.event("PyTorchJobSucceeded", message)
-            job.set_condition("Succeeded", "PyTorchJobSucceeded", message)
-            job.clean_pods()
-
-        steps = _start_steps(min_nodes, tick_s, unschedulable=max_nodes - min_nodes)
-        steps += [(tick_s, lambda job, line=line: log_running(job, line)) for line in lines]
-        steps.append((tick_s, succeed))
-        return cls(steps)
-
-    @classmethod
-    def queued(
-        cls, workers: int = 2, admit_after_s: float = 1.0, log_lines: Iterable[str] | None = None, tick_s: float = 0.05
-    ) -> Lifecycle:
-        """A job held by Kueue (HyperPod task governance) until it is admitted, then a normal success.
-
-        Kueue's webhook creates the job suspended (kubernetes-sigs/kueue pkg/controller/jobframework/defaults.go
-        ``ApplyDefaultForSuspend``: a job with the ``kueue.x-k8s.io/queue-name`` label gets ``runPolicy.suspend:
-        true``; :attr:`FakeKubernetes.kueue` does that here). Training Operator v1.8.1 (pkg/controller.v1/common/job.go
-        ``ReconcileJobs``) then creates no pods and sets Suspended (reason PyTorchJobSuspended, "PyTorchJob <name> is
-        suspended."). Admission sets suspend to false; the operator sets Suspended False (PyTorchJobResumed, "... is
-        resumed."), resets startTime and creates the pods.
-        """
-        lines = list(DEFAULT_LOG_LINES if log_lines is None else log_lines)
-
-        def suspended(job: JobHandle) -> None:
-            job.set_condition("Suspended", "PyTorchJobSuspended", "PyTorchJob {name} is suspended.")
-            job.event("PyTorchJobSuspended", "PyTorchJob {name} is suspended.")
-
-        def admitted(job: JobHandle) -> None:
-            job._update_job(lambda j: j["spec"].setdefault("runPolicy", {}).update(suspend=False))
-            job.set_condition("Suspended", "PyTorchJobResumed", "PyTorchJob {name} is resumed.", status="False")
-            job.set_status(startTime=now_rfc3339())
-            job.event("PyTorchJobResumed", "PyTorchJob {name} is resumed.")
-
-        steps: list[tuple[float, Action]] = [(0.0, _created), (tick_s, suspended), (admit_after_s, admitted)]
-        steps += _start_steps(workers, tick_s)[1:]
-        steps += [(tick_s, lambda job, line=line: job.log_all(line)) for line in lines]
-        steps.append((tick_s, lambda job: job.succeed_all()))
-        return cls(steps)
-
-    @classmethod
     def running(cls, workers: int = 2, tick_s: float = 0.05) -> Lifecycle:
         """Created, pods scheduled and running, the job Running: and so it stays until it is deleted."""
         return cls(_start_steps(workers, tick_s))
-
-    @classmethod
-    def stuck_pending(cls, workers: int = 2, message: str = INSUFFICIENT_GPU, tick_s: float = 0.05) -> Lifecycle:
-        """Created; the pods stay Pending (unschedulable) for ever, with a FailedScheduling warning each."""
-
-        def pending(job: JobHandle) -> None:
-            job.create_pods(workers, scheduled=False, message=message)
-            for i in range(workers):
-                job.event("FailedScheduling", message, type_="Warning", pod_index=i, component="default-scheduler")
-
-        return cls([(0.0, _created), (tick_s, pending)])
-
-    @classmethod
-    def image_pull_error(
-        cls, workers: int = 2, message: str = IMAGE_PULL_UNAUTHORIZED, tick_s: float = 0.05
-    ) -> Lifecycle:
-        """Created; the pods are scheduled but their image cannot be pulled: ErrImagePull, then ImagePullBackOff.
-
-        ``message`` is the runtime's error (:data:`IMAGE_PULL_UNAUTHORIZED`, :data:`IMAGE_PULL_ACCESS_DENIED`,
-        :data:`IMAGE_PULL_NOT_FOUND` or one's own, with the placeholders of :meth:`JobHandle.pull_failed`). The pods
-        stay Pending for ever, so the job stays Created with no active replica, as the Training Operator reports it.
-        """
-
-        def pods(job: JobHandle) -> None:
-            job.create_pods(workers)
-            job.set_replica_status(active=0)
-
-        def pull_failed(job: JobHandle) -> None:
-            for i in range(workers):
-                job.pull_failed(i, message)
-
-        def back_off(job: JobHandle) -> None:
-            for i in range(workers):
-                job.pull_back_off(i)
-
-        return cls([(0.0, _created), (tick_s, pods), (tick_s, pull_failed), (tick_s, back_off)])
 
     @classmethod
     def crash_loop(
@@ -1403,39 +1173,6 @@ class Lifecycle:
         return cls(_crashes(workers, lines, failing_index, crashes, tick_s,
                             lambda job: job.container_failed(failing_index, exit_code, reason)))  # fmt: skip
 
-    @classmethod
-    def oom_killed(
-        cls,
-        workers: int = 2,
-        log_lines: Iterable[str] | None = None,
-        failing_index: int = 1,
-        crashes: int = 2,
-        tick_s: float = 0.05,
-    ) -> Lifecycle:
-        """Running; worker ``failing_index``'s container is killed for memory (OOMKilled, exit code 137).
-
-        As :meth:`crash_loop` (the lines are what each instance printed before the kill), and the kernel monitor's
-        ``OOMKilling`` warning about the pod's node (in the ``default`` namespace, where node events go).
-        """
-        lines = list(DEFAULT_LOG_LINES[:1] if log_lines is None else log_lines)
-
-        def oom(job: JobHandle) -> None:
-            pod = job.server._get(PODS, job.namespace, job.pod_name(failing_index))
-            node = (pod or {}).get("spec", {}).get("nodeName")
-            if node:
-                job.server.add_event(
-                    job.server._get(NODES, "", node) or _node_reference(node),
-                    "OOMKilling",
-                    "Memory cgroup out of memory: Killed process 4242 (python) total-vm:210318024kB, "
-                    "anon-rss:196831212kB, file-rss:131072kB, shmem-rss:0kB, UID:0 pgtables:387612kB "
-                    "oom_score_adj:-997",
-                    type_="Warning",
-                    component="kernel-monitor",
-                )
-            job.container_failed(failing_index, 137, "OOMKilled")
-
-        return cls(_crashes(workers, lines, failing_index, crashes, tick_s, oom))
-
 
 def _crashes(workers: int, lines: list[str], index: int, crashes: int, tick_s: float,
              fail: Action) -> list[tuple[float, Action]]:  # fmt: skip
@@ -1448,11 +1185,6 @@ def _crashes(workers: int, lines: list[str], index: int, crashes: int, tick_s: f
         steps += [(tick_s, lambda job, line=line: job.log(index, line)) for line in lines]
         steps.append((tick_s, fail))
     return steps
-
-
-def _node_reference(name: str) -> dict[str, Any]:
-    """A Node as the kubelet and the node-problem-detector name it in events (their uid is the node's name)."""
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}}
 
 
 def _replica_spec(job: dict[str, Any], replica_type: str) -> dict[str, Any]:
@@ -1719,26 +1451,6 @@ class JobHandle:
 
     # ------------------------------------------------------------ failures, as the kubelet and the operator see them
 
-    def pull_failed(self, index: int, message: str = IMAGE_PULL_UNAUTHORIZED) -> None:
-        """The kubelet cannot pull worker ``index``'s image: container waiting ErrImagePull, Pulling/Failed events.
-
-        ``message`` may use ``{image}``, ``{ref}`` (the normalized reference), ``{registry}``, ``{repository}`` and
-        ``{tag}``. The pod stays Pending, so the operator counts it as neither active nor failed.
-        """
-        image = self._image(index)
-        error = _image_message(message, image)
-        self.wait_container(index, "ErrImagePull", error)
-        self.event("Pulling", f'Pulling image "{image}"', pod_index=index)
-        self.event("Failed", f'Failed to pull image "{image}": {error}', type_="Warning", pod_index=index)
-        self.event("Failed", "Error: ErrImagePull", type_="Warning", pod_index=index)
-
-    def pull_back_off(self, index: int) -> None:
-        """The kubelet backs off pulling worker ``index``'s image: waiting ImagePullBackOff, BackOff/Failed events."""
-        image = self._image(index)
-        self.wait_container(index, "ImagePullBackOff", f'Back-off pulling image "{image}"')
-        self.event("BackOff", f'Back-off pulling image "{image}"', pod_index=index)
-        self.event("Failed", "Error: ImagePullBackOff", type_="Warning", pod_index=index)
-
     def back_off(self, index: int) -> None:
         """The kubelet waits before restarting worker ``index``'s terminated container: CrashLoopBackOff.
 
@@ -1938,12 +1650,11 @@ class FakeKubernetes:
     ``lifecycle`` plays for every created job, unless ``lifecycles`` has one for the job's name. Attributes to read
     after (or set before) the requests: ``requests`` ((method, path with query)), ``deletions`` ((namespace, name,
     propagationPolicy or None)), ``validation_errors`` (str of each schema/metadata error answered with 422),
-    ``webhook_denials`` (messages answered with 403), ``pruned_fields`` (paths pruned from created jobs),
+    ``pruned_fields`` (paths pruned from created jobs),
     ``forbid_events``, ``faults``, ``delete_delay_s`` (how long the garbage collector takes to start on a deletion),
     ``pod_termination_s`` (how long a deleted pod stays Terminating, holding a foreground-deleted job),
     ``history_limit`` (watch history kept, in changes; None: all until :meth:`compact`), ``bookmark_interval_s``
-    (BOOKMARK events to watches that allow them), ``webhook`` (emulate the training operator's validating webhook),
-    ``kueue`` (emulate Kueue's webhook: jobs labelled with a queue are created suspended),
+    (BOOKMARK events to watches that allow them),
     ``user`` (who makes the requests: RBAC decisions and 403 messages), ``access_reviews`` ((resourceAttributes or
     nonResourceAttributes, Decision) of every SelfSubjectAccessReview answered).
 
@@ -1980,7 +1691,6 @@ class FakeKubernetes:
         self.requests: list[tuple[str, str]] = []
         self.deletions: list[tuple[str, str, str | None]] = []
         self.validation_errors: list[str] = []
-        self.webhook_denials: list[str] = []
         self.pruned_fields: list[str] = []
         self.warnings: list[str] = []
         self.forbid_events = False
@@ -1989,8 +1699,6 @@ class FakeKubernetes:
         self.pod_termination_s = 0.2
         self.history_limit: int | None = None
         self.bookmark_interval_s: float | None = None
-        self.webhook = True
-        self.kueue = False
         self.user = DEFAULT_USER
         self.access_reviews: list[tuple[dict[str, Any], Decision]] = []
         self._grants: list[Grant] = [CLUSTER_ADMIN]
@@ -3597,19 +3305,6 @@ class _Handler(BaseHTTPRequestHandler):
                 f'{kind.kind}.{kind.group} "{name}" is invalid: {message}',
                 details={"name": name, "group": kind.group, "kind": kind.kind, "causes": causes},
             )
-        if fake.webhook:
-            webhook_warnings, denials = pytorchjob_webhook(obj)
-            warnings += webhook_warnings
-            if denials:
-                detail = denials[0] if len(denials) == 1 else "[" + ", ".join(denials) + "]"
-                with fake._cond:
-                    fake.webhook_denials.append(detail)
-                raise ApiError(403, f'admission webhook "{WEBHOOK_NAME}" denied the request: {detail}')
-
-        if fake.kueue and (meta.get("labels") or {}).get(KUEUE_QUEUE_LABEL):
-            # Kueue's mutating webhook (kubernetes-sigs/kueue pkg/controller/jobframework/defaults.go,
-            # ApplyDefaultForSuspend): a queued job is created suspended and waits for admission.
-            obj["spec"].setdefault("runPolicy", {})["suspend"] = True
         now = now_rfc3339()
         manager = (self.headers.get("User-Agent") or "unknown").split("/")[0]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now, generation=1)
@@ -3882,7 +3577,6 @@ class _Handler(BaseHTTPRequestHandler):
                 400, f'container "{container}" in pod "{name}" is waiting to start: {detail.get(reason, reason)}'
             )
         restarts = status.get("restartCount", 0) if status else 0
-        cut = fake.faults.take(("drop_log", "stall_log"), "GET", self.path) if follow else None
 
         def render(entries: list[tuple[int, str]]) -> bytes:
             return b"".join(
@@ -3890,19 +3584,10 @@ class _Handler(BaseHTTPRequestHandler):
             )
 
         written = 0
-        sent_lines = 0
-
-        def check_cut() -> None:
-            if cut is not None and sent_lines >= cut.after:
-                if cut.kind == "stall_log":  # silent until the server stops: the client must time out its read
-                    log.info("fault: stalling the log stream %s after %d lines", self.path, sent_lines)
-                    fake._stopping.wait()
-                log.info("fault: cutting the log stream %s after %d lines", self.path, sent_lines)
-                raise _Abort
 
         def send(entries: list[tuple[int, str]]) -> bool:
             """Write lines; False once limitBytes is reached."""
-            nonlocal written, sent_lines
+            nonlocal written
             for entry in entries:
                 data = render([entry])
                 if limit is not None and written + len(data) >= limit:
@@ -3911,8 +3596,6 @@ class _Handler(BaseHTTPRequestHandler):
                     return False
                 self._chunk(data)
                 written += len(data)
-                sent_lines += 1
-                check_cut()
             return True
 
         with fake._cond:
@@ -3924,7 +3607,6 @@ class _Handler(BaseHTTPRequestHandler):
         if tail is not None and tail >= 0:
             lines = lines[len(lines) - tail :] if tail else []
         self._start_chunked("text/plain")
-        check_cut()
         if not send(lines) or not follow:
             self._end_chunked()
             return

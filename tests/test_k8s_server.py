@@ -17,7 +17,6 @@ from kubernetes.client.rest import ApiException
 
 from tests.k8s_server import (
     CRD_PATH,
-    IMAGE_PULL_ACCESS_DENIED,
     INSUFFICIENT_GPU,
     FakeKubernetes,
     Lifecycle,
@@ -161,15 +160,6 @@ def test_schema_invalid_body_is_422(server: FakeKubernetes, crs: Any) -> None:
     assert server.job(NS, "job-c") is None
 
 
-def test_webhook_denies_a_job_without_a_pytorch_container(server: FakeKubernetes, crs: Any) -> None:
-    body = job_body("job-w")
-    body["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "main"
-    with pytest.raises(ApiException) as error:
-        crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-    assert error.value.status == 403
-    assert "must have at least one container with name pytorch" in json.loads(error.value.body)["message"]
-
-
 def test_unknown_fields_are_pruned_and_reported(server: FakeKubernetes, crs: Any) -> None:
     body = job_body("job-d")
     body["spec"]["cleanPodPolicy"] = "None"  # belongs under spec.runPolicy: the old KFP launcher's bug
@@ -277,38 +267,6 @@ def test_failure_lifecycle(server: FakeKubernetes, crs: Any, core: Any) -> None:
     assert pod.status.phase == "Failed" and pod.status.container_statuses[0].state.terminated.exit_code == 1
     events = core.list_namespaced_event(NS, field_selector="involvedObject.name=job-j-worker-1").items
     assert "BackOff" in {e.reason for e in events}
-
-
-def test_restart_lifecycle(server: FakeKubernetes, crs: Any, core: Any) -> None:
-    server.lifecycle = Lifecycle.restart(workers=2, tick_s=0.02)
-    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-k"))
-    job = wait_for(lambda: (j := server.job(NS, "job-k")) and conditions(j).get("Succeeded") == "True" and j)
-    assert "Restarting" not in conditions(job)  # Running replaced it again
-    assert core.read_namespaced_pod("job-k-worker-1", NS).status.container_statuses[0].restart_count == 1
-    previous = core.read_namespaced_pod_log("job-k-worker-1", NS, container="pytorch", previous=True)
-    assert previous.endswith("RuntimeError: NCCL communicator was aborted\n")
-
-
-def test_events_and_forbidden_events(server: FakeKubernetes, crs: Any, core: Any) -> None:
-    server.lifecycle = Lifecycle.stuck_pending(workers=2, tick_s=0.01)
-    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-l"))
-
-    def scheduling_failed() -> list[Any]:
-        return core.list_namespaced_event(NS, field_selector="involvedObject.name=job-l-worker-0").items
-
-    event = wait_for(scheduling_failed)[0]
-    assert (event.reason, event.type) == ("FailedScheduling", "Warning")
-    assert event.message == "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
-    assert event.involved_object.kind == "Pod" and event.count == 1
-
-    server.forbid_events = True
-    with pytest.raises(ApiException) as error:
-        core.list_namespaced_event(NS, field_selector="involvedObject.name=job-l-worker-0")
-    body = json.loads(error.value.body)
-    assert error.value.status == 403 and body["reason"] == "Forbidden"
-    assert body["message"].startswith(
-        'events is forbidden: User "system:serviceaccount:kubeflow:pipeline-runner" cannot list resource "events"'
-    )
 
 
 def test_faults(server: FakeKubernetes, crs: Any, core: Any) -> None:
@@ -947,63 +905,6 @@ def test_events_at_chosen_times(server: FakeKubernetes, core: Any) -> None:
     assert len(core.list_event_for_all_namespaces().items) == 2
 
 
-def test_stuck_pending_pods_are_unschedulable(server: FakeKubernetes, crs: Any, core: Any) -> None:
-    server.lifecycle = Lifecycle.stuck_pending(workers=2, tick_s=0.01)
-    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-p"))
-    pod = pod_when(core, "job-p-worker-1", lambda p: True)
-    (condition,) = pod.status.conditions
-    assert (condition.type, condition.status, condition.reason) == ("PodScheduled", "False", "Unschedulable")
-    assert condition.message == INSUFFICIENT_GPU and pod.status.phase == "Pending" and pod.spec.node_name is None
-
-
-def test_image_pull_error_lifecycle(server: FakeKubernetes, crs: Any, core: Any) -> None:
-    server.lifecycle = Lifecycle.image_pull_error(workers=2, tick_s=0.02)
-    body = job_body("job-pull")
-    image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer:1"
-    body["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] = image
-    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-
-    pod = pod_when(core, "job-pull-worker-0", lambda p: waiting_reason(p) == "ImagePullBackOff")
-    assert pod.status.phase == "Pending" and pod.status.container_statuses[0].state.waiting.message == (
-        f'Back-off pulling image "{image}"'
-    )
-    events = core.list_namespaced_event(NS, field_selector="involvedObject.name=job-pull-worker-0").items
-    messages = {(e.reason, e.message) for e in events}
-    assert ("Failed", "Error: ErrImagePull") in messages and ("Failed", "Error: ImagePullBackOff") in messages
-    assert ("BackOff", f'Back-off pulling image "{image}"') in messages
-    (pull_failed,) = [e for e in events if e.message.startswith("Failed to pull image")]
-    assert pull_failed.type == "Warning" and pull_failed.message == (
-        f'Failed to pull image "{image}": rpc error: code = Unknown desc = failed to pull and unpack image '
-        f'"{image}": failed to resolve reference "{image}": unexpected status from HEAD request to '
-        "https://123456789012.dkr.ecr.us-west-2.amazonaws.com/v2/trainer/manifests/1: 401 Unauthorized"
-    )
-    with pytest.raises(ApiException) as error:
-        core.read_namespaced_pod_log("job-pull-worker-0", NS, container="pytorch")
-    assert status_of(error)["message"] == (
-        'container "pytorch" in pod "job-pull-worker-0" is waiting to start: trying and failing to pull image'
-    )
-    job = server.job(NS, "job-pull")
-    assert conditions(job) == {"Created": "True"} and "active" not in job["status"]["replicaStatuses"]["Worker"]
-
-
-def test_image_pull_error_access_denied_while_pulling(server: FakeKubernetes, crs: Any, core: Any) -> None:
-    server.lifecycle = Lifecycle(
-        [(0.0, lambda job: job.create_pods(1)), (0.0, lambda job: job.pull_failed(0, IMAGE_PULL_ACCESS_DENIED))]
-    )
-    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-denied"))
-
-    pod = pod_when(core, "job-denied-worker-0", lambda p: waiting_reason(p) == "ErrImagePull")
-    waiting = pod.status.container_statuses[0].state.waiting
-    assert waiting.message == (
-        'rpc error: code = Unknown desc = failed to pull and unpack image "docker.io/library/trainer:1": failed to '
-        'resolve reference "docker.io/library/trainer:1": pull access denied, repository does not exist or may '
-        "require authorization: server message: insufficient_scope: authorization failed"
-    )
-    with pytest.raises(ApiException) as error:
-        core.read_namespaced_pod_log("job-denied-worker-0", NS, container="pytorch")
-    assert status_of(error)["message"].endswith("is waiting to start: image can't be pulled")
-
-
 def test_crash_loop_lifecycle(server: FakeKubernetes, crs: Any, core: Any) -> None:
     lines = ["Traceback (most recent call last):", "ImportError: libnccl.so.2: cannot open shared object file"]
     server.lifecycle = Lifecycle.crash_loop(workers=2, log_lines=lines, tick_s=0.02)
@@ -1048,39 +949,6 @@ def test_crash_loop_past_the_backoff_limit_fails_the_job(server: FakeKubernetes,
     assert job["status"]["completionTime"]
 
 
-def test_oom_killed_lifecycle(server: FakeKubernetes, crs: Any, core: Any) -> None:
-    server.lifecycle = Lifecycle.oom_killed(workers=2, tick_s=0.02)
-    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job_body("job-oom", runPolicy={}))
-
-    pod = pod_when(core, "job-oom-worker-1", lambda p: waiting_reason(p) == "CrashLoopBackOff")
-    cs = pod.status.container_statuses[0]
-    assert (cs.last_state.terminated.reason, cs.last_state.terminated.exit_code, cs.restart_count) == (
-        "OOMKilled",
-        137,
-        1,
-    )
-    events = core.list_namespaced_event("default", field_selector="reason=OOMKilling").items
-    assert events[0].involved_object.kind == "Node" and events[0].involved_object.name == "node-1"
-    assert events[0].count == 2 and events[0].message.startswith("Memory cgroup out of memory: Killed process")
-
-
-def test_oom_killed_with_restart_policy_never_fails_the_job(server: FakeKubernetes, crs: Any, core: Any) -> None:
-    server.lifecycle = Lifecycle.oom_killed(workers=2, tick_s=0.02)
-    body = job_body("job-never", runPolicy={"cleanPodPolicy": "None", "backoffLimit": 3})
-    body["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = "Never"
-    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-    job = wait_for(lambda: (j := server.job(NS, "job-never")) and conditions(j).get("Failed") == "True" and j)
-    assert next(c for c in job["status"]["conditions"] if c["type"] == "Failed")["message"] == (
-        f"PyTorchJob {NS}/job-never has failed because 1 Worker replica(s) failed."
-    )
-    worker = job["status"]["replicaStatuses"]["Worker"]
-    assert (worker.get("active"), worker.get("failed")) == (1, 1)
-    pod = pod_when(core, "job-never-worker-1", lambda p: p.status.phase == "Failed")
-    terminated = pod.status.container_statuses[0].state.terminated
-    assert pod.status.phase == "Failed" and (terminated.reason, terminated.exit_code) == ("OOMKilled", 137)
-    assert pod.status.container_statuses[0].restart_count == 0
-
-
 def test_pod_status_scripting(server: FakeKubernetes, core: Any) -> None:
     server.add_node("node-a")
     server.add_pod(NS, "script", node_name="node-a")
@@ -1096,24 +964,3 @@ def test_pod_status_scripting(server: FakeKubernetes, core: Any) -> None:
     assert pod.status.container_statuses[0].state.waiting.reason == "ImagePullBackOff"
     server.delete_pod(NS, "script")
     assert core.list_namespaced_pod(NS).items == []
-
-
-def test_exit_code_policy_recreates_a_pod_killed_by_a_signal(server: FakeKubernetes, crs: Any, core: Any) -> None:
-    server.lifecycle = Lifecycle.oom_killed(workers=2, crashes=1, tick_s=0.02)
-    body = job_body("job-exit", runPolicy={"backoffLimit": 3})
-    body["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
-    crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-    first = pod_when(core, "job-exit-worker-1", lambda p: p.status.phase == "Running")
-
-    def recreated() -> Any:
-        pod = server.pod(NS, "job-exit-worker-1")
-        return pod and pod["metadata"]["uid"] != first.metadata.uid and pod["status"]["phase"] == "Running"
-
-    wait_for(recreated)
-    events = core.list_namespaced_event(NS, field_selector="involvedObject.name=job-exit,reason=PyTorchJobRestarting")
-    assert [e.message for e in events.items] == [
-        f"PyTorchJob {NS}/job-exit is restarting because 1 Worker replica(s) failed."
-    ]
-    job = server.job(NS, "job-exit")
-    assert conditions(job) == {"Created": "True", "Running": "True"}
-    assert job["status"]["replicaStatuses"]["Worker"]["active"] == 2
