@@ -60,6 +60,13 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture
+def garbage_collector(control_plane: Any) -> None:
+    """For a test that needs the garbage collector (a foreground deletion that ends): kube-controller-manager."""
+    if not control_plane.has_controller_manager:
+        pytest.skip("needs the garbage collector: no kube-controller-manager beside kube-apiserver")
+
+
+@pytest.fixture
 def fault_proxy(control_plane: Any) -> Iterator[Any]:
     """A fault-injecting TLS proxy in front of the control plane's API server (tests/cluster/fault_proxy.py): point
     a client at its ``url``."""

@@ -159,13 +159,29 @@ def test_what_the_operators_webhook_refuses_is_refused_at_create(staged_root: Pa
     assert cluster.job(job["metadata"]["name"]) is None
 
 
+def test_a_field_the_crd_does_not_list_is_pruned_by_the_api_server_and_the_launcher_says_so(
+    staged_root: Path, make_cluster
+) -> None:
+    """The real API server silently prunes what the CRD's structural schema does not list (the old KFP launcher put
+    cleanPodPolicy at the top of spec, where it vanished): the launcher compares what it sent with what was stored."""
+    cluster = make_cluster()
+    job = render_job(cluster_config(staged_root, "pruned", cluster.namespace).job_spec())
+    job["spec"]["cleanPodPolicy"] = "All"
+    with pytest.raises(StepFailed, match=r"the API server dropped spec.cleanPodPolicy from the PyTorchJob"):
+        create_or_attach(Kube(cluster.runner()), job)
+    stored = cluster.job(job["metadata"]["name"])
+    assert stored is not None and "cleanPodPolicy" not in stored["spec"], "created, without the field"
+
+
 def test_a_crash_loop_fails_at_the_backoff_limit_with_the_lines_kept_at_each_restart(staged_root: Path,
                                                                                      make_cluster) -> None:  # fmt: skip
     """OnFailure: the kubelet restarts the container in place; at the backoff limit (3 restarts, job-wide) the
-    operator deletes every pod before it writes Failed. The lines read at each restart are the evidence."""
+    operator deletes every pod before it writes Failed. The lines read at each restart (the diagnosis looks more
+    often than the kubelet's back-off restarts) are the evidence."""
     cluster = make_cluster(timeline=Timeline.crash_loop(crashes=4, tick_s=0.3))
+    job = render_job(cluster_config(staged_root, "crash-loop", cluster.namespace).job_spec())
     with pytest.raises(StepFailed) as failure:
-        launch(cluster_config(staged_root, "crash-loop", cluster.namespace), cluster.runner())
+        run_job(Kube(cluster.runner()), job, fast(logs="none"), threading.Event())
     message = str(failure.value)
     assert "failed (attempt 1): PyTorchJobFailed: Job hpp-crash-loop-train-" in message
     assert "has failed because it has reached the specified backoff limit" in message
@@ -189,8 +205,9 @@ def test_a_failure_without_the_events_permission_says_so(staged_root: Path, make
     log says which rule is missing, and the launch goes on without them."""
     rules = launcher_rules(control_plane, ("events", "list"))
     cluster = make_cluster(timeline=Timeline.stuck_pending(), rules=rules)
+    job = render_job(cluster_config(staged_root, "no-events", cluster.namespace).job_spec())
     with pytest.raises(StepFailed, match="past the Pending deadline"):
-        launch(cluster_config(staged_root, "no-events", cluster.namespace, pending_timeout_s=2), cluster.runner())
+        run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=2), threading.Event())
     assert "not readable by this service account" in caplog.text and "deploy/rbac.yaml" in caplog.text
     assert forbidden(cluster), "RBAC refused the events, on the real authorizer"
 
@@ -306,9 +323,7 @@ def test_a_different_job_under_the_same_name_is_refused(staged_root: Path, make_
 
 
 def test_the_deadline_deletes_the_job_and_the_garbage_collector_its_pods(staged_root: Path, make_cluster,
-                                                                          control_plane) -> None:  # fmt: skip
-    if not control_plane.has_controller_manager:
-        pytest.skip("needs the garbage collector (kube-controller-manager)")
+                                                                          garbage_collector) -> None:  # fmt: skip
     cluster = make_cluster(timeline=Timeline.stuck_pending())
     cfg = cluster_config(staged_root, "stuck", cluster.namespace, timeout_s=2)
     with pytest.raises(StepFailed, match=r"did not finish within 2s .*Pending.*it was deleted"):
@@ -384,8 +399,10 @@ def test_the_in_cluster_login_is_the_service_accounts(staged_root: Path, make_cl
 # -- as a real cluster runs it: retries, evidence, elasticity, queues, volumes -----------------------------------
 
 
-def test_a_retried_run_after_a_failed_job_trains_again(staged_root: Path, make_cluster, caplog) -> None:
-    """KFP's run-level Retry keeps the run id, so the job name: the failed job is replaced, not re-reported."""
+def test_a_retried_run_after_a_failed_job_trains_again(staged_root: Path, make_cluster, garbage_collector,
+                                                       caplog) -> None:  # fmt: skip
+    """KFP's run-level Retry keeps the run id, so the job name: the failed job is replaced, not re-reported. The
+    foreground deletion of the failed job ends only when the garbage collector has removed its pods."""
     caplog.set_level(logging.INFO)
     cluster = make_cluster(timeline=Timeline.crash_loop(crashes=4, tick_s=0.2))
     cfg = cluster_config(staged_root, "retried", cluster.namespace)

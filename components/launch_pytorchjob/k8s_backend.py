@@ -342,8 +342,11 @@ class LogStreamer(threading.Thread):
         while not self.stop.is_set():
             done = self.job_done.is_set()
             try:
-                self._follow()
-                if done:  # read to the end after the job ended: nothing more will come
+                printed = self.lines
+                self._follow(done)
+                # After the job ended, a read that ends cleanly may still have been cut short (a kubelet restarting):
+                # read again until a read brings nothing new.
+                if done and self.lines == printed:
                     return
                 delay = self.settings.log_reconnect_s
             except ApiException as exc:
@@ -368,13 +371,13 @@ class LogStreamer(threading.Thread):
             if not self.job_done.is_set():
                 self.job_done.wait(delay)
 
-    def _follow(self) -> None:
+    def _follow(self, done: bool = False) -> None:
         """The rest of the container's previous instance, if it restarted since the last read (a crash between two
-        reads, or before the first), then the current one, followed."""
+        reads, or before the first), then the current one: followed while the job runs, read whole once it ended."""
         if self.restarted_since_last_read():
             with contextlib.suppress(ApiException):  # 400: no previous instance
                 self._read(previous=True)
-        self._read(previous=False)
+        self._read(previous=False, follow=not done)
 
     def restarted_since_last_read(self) -> bool:
         """Whether the container's restart count moved since the last read (always, before the first read)."""
@@ -391,8 +394,8 @@ class LogStreamer(threading.Thread):
         moved, self.restarts_read = count != self.restarts_read, count
         return moved and count > 0
 
-    def _read(self, previous: bool) -> None:
-        kwargs: dict[str, Any] = {"previous": True} if previous else {"follow": True}
+    def _read(self, previous: bool, follow: bool = False) -> None:
+        kwargs: dict[str, Any] = {"previous": True} if previous else {"follow": follow}
         if self.last[0]:  # ask from a little before the last line; what was printed is skipped
             last = datetime.fromisoformat(self.last[0] + "+00:00").timestamp()
             kwargs["since_seconds"] = max(1, math.ceil(time.time() - last) + 1)

@@ -386,7 +386,7 @@ class Kubelet:
 
     def _delete_finally(self, name: str, uid: str) -> None:
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
-        with contextlib.suppress(ApiException):
+        with contextlib.suppress(Exception):  # gone already, or the control plane stopping at the end
             self.core.delete_namespaced_pod(name, self.namespace, body=body, grace_period_seconds=0)
 
     # -- logs -------------------------------------------------------------------------------------------------
