@@ -159,6 +159,25 @@ def test_what_the_operators_webhook_refuses_is_refused_at_create(staged_root: Pa
     assert cluster.job(job["metadata"]["name"]) is None
 
 
+def test_a_failed_worker_of_a_never_restarted_job_fails_it_with_the_pods_last_lines(staged_root: Path,
+                                                                                   make_cluster) -> None:  # fmt: skip
+    """restartPolicy Never: the pod fails, the operator fails the job at once ("... is failed because 1 Worker
+    replica(s) failed."), and the failed pod (left by cleanPodPolicy Running) shows its last lines and events."""
+    lines = ["Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"]
+    cluster = make_cluster(timeline=Timeline.failure(log_lines=lines))
+    cfg = cluster_config(
+        staged_root, "bad", cluster.namespace, job_options={"restart_policy": "Never", "auto_resume": False}
+    )
+    with pytest.raises(StepFailed) as failure:
+        launch(cfg, cluster.runner())
+    message = str(failure.value)
+    assert f"failed (attempt 1): PyTorchJobFailed: PyTorchJob {cfg.job_name} is failed because 1 Worker replica(s) " \
+           "failed." in message  # fmt: skip
+    assert "RuntimeError: CUDA error: out of memory" in message, "the failed pod's last lines"
+    (failed,) = [p for p in cluster.pods(cfg.job_name) if p["status"]["phase"] == "Failed"]
+    assert failed["metadata"]["name"].endswith("worker-1")
+
+
 def test_a_field_the_crd_does_not_list_is_pruned_by_the_api_server_and_the_launcher_says_so(
     staged_root: Path, make_cluster
 ) -> None:
@@ -244,13 +263,14 @@ def test_transient_faults_and_cut_streams_are_survived(staged_root: Path, make_c
     fault_proxy.fail_next("POST", f"{jobs}$", 503, times=2)
     fault_proxy.fail_next("POST", f"{jobs}$", 429, retry_after=1)
     fault_proxy.fail_next("GET", f"{pods}\\?", 500, times=2)
+    fault_proxy.delay_next("GET", f"{pods}\\?", 1.0)  # a slow answer
     fault_proxy.cut_watch_after(1, times=2)  # the job changes 3 times here: Created, Running, Succeeded
     cluster.kubelet.cut_log_after(3, times=2)
     cfg = cluster_config(staged_root, "flaky", cluster.namespace, stream_logs="all")
     result = launch(cfg, cluster.runner(fault_proxy.url))
     kinds = [kind for kind, _, _ in fault_proxy.injected]
     assert result.state == "Succeeded"
-    assert kinds.count("fail") == 5 and kinds.count("cut_watch") == 2, fault_proxy.injected
+    assert kinds.count("fail") == 5 and kinds.count("cut_watch") == 2 and kinds.count("delay") == 1, kinds
     assert [e["responseStatus"]["code"] for e in cluster.requests("create", "pytorchjobs")] == [201], \
         "the faults were the proxy's: the API server saw one create"  # fmt: skip
     for worker in (0, 1):

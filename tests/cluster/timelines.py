@@ -127,6 +127,14 @@ class Timeline:
                 + cls.exits(range(workers), 0, tick_s))  # fmt: skip
 
     @classmethod
+    def failure(cls, workers: int = 2, failing: int = 1, log_lines: Iterable[str] = CRASH_LINES, exit_code: int = 1,
+                tick_s: float = 0.05) -> Timeline:  # fmt: skip
+        """Running; worker ``failing`` prints ``log_lines`` and exits ``exit_code``. With restartPolicy Never the pod
+        fails and the operator fails the job; with OnFailure the kubelet restarts the container instead."""
+        return (cls.started(workers, tick_s) + cls.lines(log_lines, [failing], tick_s)
+                + cls.exits([failing], exit_code, tick_s))  # fmt: skip
+
+    @classmethod
     def running(cls, workers: int = 2, tick_s: float = 0.05) -> Timeline:
         """Running, and so it stays until it is deleted."""
         return cls.started(workers, tick_s)
