@@ -120,9 +120,11 @@ def locate_binaries() -> tuple[Binaries | None, str]:
 
 def skip_reason() -> str:
     """Why the control-plane tests cannot run here ('' when they can)."""
+    if reason := locate_binaries()[1]:
+        return reason
     if not PYTORCHJOB_CRD.is_file():
         return f"the PyTorchJob CRD is not here ({PYTORCHJOB_CRD}; set PYTORCHJOB_CRD)"
-    return locate_binaries()[1]
+    return ""
 
 
 def free_port() -> int:
