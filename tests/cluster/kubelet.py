@@ -88,7 +88,6 @@ class Kubelet:
         self._logs: dict[tuple[str, int], ContainerLog] = {}  # (pod uid, restart count)
         self._cond = threading.Condition()
         self._faults: list[StreamFault] = []
-        self.log_requests: list[str] = []  # the query of every /containerLogs request served
         self._stop = threading.Event()
         self._server: HttpsServer | None = None
         self.port = 0
@@ -252,7 +251,7 @@ class Kubelet:
                 output.lines.append((time.time_ns(), line))
             self._cond.notify_all()
 
-    def exit(self, name: str, exit_code: int, reason: str = "", *, restart_at_once: bool | None = None) -> None:
+    def exit(self, name: str, exit_code: int, reason: str = "") -> None:
         """The container exits. As the kubelet goes on from there, by the pod's restartPolicy (getPhase): Never ends
         the pod (Succeeded or Failed); OnFailure with a non-zero code restarts it, at once the first time and after
         a CrashLoopBackOff from then on (the back-off's end is :meth:`restart`)."""
@@ -279,7 +278,7 @@ class Kubelet:
         if not restarts:
             return
         first = (pod["status"].get("containerStatuses") or [{}])[0].get("restartCount", 0) == 0
-        if first if restart_at_once is None else restart_at_once:
+        if first:
             self.restart(name)
         else:
             self.back_off(name)
@@ -430,7 +429,6 @@ def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
                 return self._error(404, f"no handler for {url.path}")
             _, namespace, name, container = parts
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-            kubelet.log_requests.append(url.query)
             pod = kubelet.pod(name) if namespace == kubelet.namespace else None
             if pod is None:
                 return self._error(404, f'pod "{name}" does not exist\n')

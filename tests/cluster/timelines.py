@@ -25,8 +25,6 @@ IMAGE_PULL_UNAUTHORIZED = (  # containerd's error for a registry that refuses th
     '"{ref}": unexpected status from HEAD request to https://{registry}/v2/{repository}/manifests/{tag}: '
     "401 Unauthorized"
 )
-OOM_KILLING = ("Memory cgroup out of memory: Killed process 4242 (python) total-vm:210318024kB, anon-rss:196831212kB, "
-               "file-rss:131072kB, shmem-rss:0kB, UID:0 pgtables:387612kB oom_score_adj:-997")  # fmt: skip
 
 
 def image_parts(image: str) -> dict[str, str]:
