@@ -244,7 +244,7 @@ def test_polls_when_watching_is_refused(staged_root: Path, make_cluster, control
 def test_a_restarted_worker_is_reported_and_the_job_carries_on(staged_root: Path, make_cluster, caplog) -> None:
     caplog.set_level(logging.INFO)
     timeline = (Timeline.started(2) + Timeline.lines(LINES[:2], [0, 1]).then(0.1, lambda job: job.exit(1, 1))
-                + Timeline.lines(LINES[2:4], [0, 1]) + Timeline.exits([0, 1], 0))  # fmt: skip
+                + Timeline.lines(LINES[2:4], [0, 1], tick_s=0.5) + Timeline.exits([0, 1], 0))  # fmt: skip
     cluster = make_cluster(timeline=timeline)
     job = render_job(cluster_config(staged_root, "restart", cluster.namespace).job_spec())
     outcome = run_job(Kube(cluster.runner()), job, fast(), threading.Event())

@@ -503,6 +503,7 @@ class Diagnoser:
         self.pods: list[Any] | None = None  # the last list read; None until one was
         self.restart_tails: dict[str, str] = {}  # pod -> "exit code N; last lines: ..." of its last restart
         self._restarts_seen: dict[str, int] = {}
+        self._restart_lines: dict[str, tuple[int, str]] = {}  # pod -> (restart, its last lines) last read
 
     def tick(self, force: bool = False) -> None:
         if not force and time.monotonic() < self.next_at:
@@ -536,8 +537,14 @@ class Diagnoser:
                     continue
                 self._restarts_seen[name] = count
                 tail = last_lines(self.kube, self.ns, name).strip().splitlines()[-8:]
-                self.restart_tails[name] = (f"exit code {last.exit_code} ({last.reason}) at restart {count}"
-                                            + (f"; last lines: {' | '.join(tail)}" if tail else ""))  # fmt: skip
+                lines = f"; last lines: {' | '.join(tail)}" if tail else ""
+                if not tail and name in self._restart_lines:  # unreadable now (the pod going): the earlier ones
+                    lines = (
+                        f"; last lines before restart {self._restart_lines[name][0]}: {self._restart_lines[name][1]}"
+                    )
+                elif tail:
+                    self._restart_lines[name] = (count, " | ".join(tail))
+                self.restart_tails[name] = f"exit code {last.exit_code} ({last.reason}) at restart {count}{lines}"
                 log.warning("%s restarted (%s)", name, self.restart_tails[name])
 
 
