@@ -7,7 +7,9 @@
   falling back to polling when watching is refused; conditions and pod phases are logged as they change.
 - Logs: worker-0's (or every worker's) log is streamed into this step's log, prefixed by pod, waiting
   through Pending and reconnecting without repeating lines (timestamps mark where it stopped), also when a
-  stream falls silent (a read timeout).
+  stream falls silent (a read timeout); a container that restarted between two reads has its previous
+  instance's rest read first. Logs are for people: an unreadable one (no kubelet answers) is retried with a
+  growing pause and never fails the launch.
 - Diagnosis: every few seconds the job's pods and their events, and every streamed log line, are matched to
   the troubleshooting table (diagnosis.py); each symptom is logged once as it happens.
 - Deadlines (deadlines.py): queued (suspended by Kueue), never started (pods Pending), running below its minimum
