@@ -21,16 +21,15 @@ log = logging.getLogger(__name__)
 
 
 class Cluster:
-    """The Training Operator and the kubelet played in a fresh namespace; ``timeline`` (or ``timelines[name]``) is
-    played for each job created there. What went wrong inside a player is in :attr:`errors`."""
+    """The Training Operator and the kubelet played in a fresh namespace; ``timeline`` is played for each job created
+    there. What went wrong inside a player is in :attr:`errors`."""
 
     def __init__(self, control_plane: ControlPlane, kueue: Kueue, workdir: Path, *, timeline: Timeline | None = None,
-                 serve_logs: bool = True, rbac: bool = True, rules: list[dict[str, Any]] | None = None):  # fmt: skip
+                 serve_logs: bool = True, rules: list[dict[str, Any]] | None = None):  # fmt: skip
         self.control_plane, self.kueue = control_plane, kueue
         self.admin = control_plane.admin
-        self.namespace = control_plane.test_namespace(rbac=rbac, rules=rules)
+        self.namespace = control_plane.test_namespace(rules=rules)
         self.timeline = timeline
-        self.timelines: dict[str, Timeline] = {}
         self.errors: list[str] = []
         self._closed = threading.Event()
         self.kubelet = Kubelet(self.admin, self.namespace, workdir, serve_logs=serve_logs)
@@ -45,7 +44,7 @@ class Cluster:
 
     def _play(self, job: dict[str, Any]) -> None:
         name, uid = job["metadata"]["name"], job["metadata"]["uid"]
-        timeline = self.timelines.get(name, self.timeline)
+        timeline = self.timeline
         if timeline is None:
             return
 
@@ -54,7 +53,7 @@ class Cluster:
             return self._closed.is_set() or current is None or current["metadata"]["uid"] != uid
 
         try:
-            timeline.play(JobPlay(self, name), gone)
+            timeline.play(JobPlay(self, name), self._closed, gone)
         except Exception as exc:  # noqa: BLE001 (a test reads it from errors)
             if not gone():
                 log.exception("timeline of %s", name)

@@ -379,17 +379,16 @@ class ControlPlane:
         """deploy/rbac.yaml's Role and RoleBinding."""
         return [d for d in yaml.safe_load_all(RBAC_FILES[0].read_text()) if d and d["kind"] in ("Role", "RoleBinding")]
 
-    def test_namespace(self, rbac: bool = True, rules: list[dict[str, Any]] | None = None) -> str:
-        """A fresh namespace with deploy/rbac.yaml's Role and RoleBinding in it (``rbac``), the Role's rules replaced
-        by ``rules`` when given (a test of less granted)."""
+    def test_namespace(self, rules: list[dict[str, Any]] | None = None) -> str:
+        """A fresh namespace with deploy/rbac.yaml's Role and RoleBinding in it, the Role's rules replaced by ``rules``
+        when given (a test of less granted)."""
         self._namespaces += 1
         name = f"hyperpod-t{self._namespaces}-{uuid.uuid4().hex[:5]}"
         self.create_namespace(name)
-        if rbac:
-            for doc in self.launcher_role():
-                if doc["kind"] == "Role" and rules is not None:
-                    doc = {**doc, "rules": rules}
-                self.apply(doc, namespace=name)
+        for doc in self.launcher_role():
+            if doc["kind"] == "Role" and rules is not None:
+                doc = {**doc, "rules": rules}
+            self.apply(doc, namespace=name)
         return name
 
     def delete_namespace(self, name: str) -> None:

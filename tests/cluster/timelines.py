@@ -7,7 +7,7 @@ real one does: a timeline never writes a job condition itself.
 from __future__ import annotations
 
 import logging
-import time
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -87,14 +87,10 @@ class Timeline:
     def __add__(self, other: Timeline) -> Timeline:
         return Timeline([*self.steps, *other.steps])
 
-    def play(self, job: JobPlay, stopped: Callable[[], bool]) -> None:
+    def play(self, job: JobPlay, closed: threading.Event, gone: Callable[[], bool]) -> None:
+        """Each step after its delay, unless the cluster closed meanwhile or the job is gone (asked once a step)."""
         for delay, action in self.steps:
-            deadline = time.monotonic() + delay
-            while time.monotonic() < deadline:
-                if stopped():
-                    return
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-            if stopped():
+            if closed.wait(delay) or gone():
                 return
             action(job)
 
