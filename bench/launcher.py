@@ -23,7 +23,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import kubernetes
 from machine import RESULTS, append_section, machine_lines
@@ -35,7 +34,14 @@ from components.launch_pytorchjob.core import LaunchConfig, launch  # noqa: E402
 from components.launch_pytorchjob.k8s_backend import WatchSettings  # noqa: E402
 from components.stage_data.core import stage_data  # noqa: E402
 from tests.cluster.cluster import Cluster  # noqa: E402
-from tests.cluster.control_plane import PYTORCHJOB_CRD, Binaries, ControlPlane, locate_binaries, skip_reason  # noqa: E402
+from tests.cluster.control_plane import (  # noqa: E402
+    PYTORCHJOB_CRD,
+    Binaries,
+    ControlPlane,
+    deploy_grants,
+    locate_binaries,
+    skip_reason,
+)
 from tests.cluster.kueue import Kueue  # noqa: E402
 from tests.cluster.timelines import Timeline  # noqa: E402
 from tests.cluster.training_operator import GROUP, PLURAL, VERSION, ValidatingWebhook, is_true  # noqa: E402
@@ -55,13 +61,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.runs < 1:
         p.error("--runs must be at least 1")
     return args
-
-
-def rules_without_watch(plane: ControlPlane) -> list[dict[str, Any]]:
-    """deploy/rbac.yaml's Role rules less `watch` on pytorchjobs: the launcher's watch is refused (403)."""
-    (role,) = [d for d in plane.launcher_role() if d["kind"] == "Role"]
-    return [{**r, "verbs": [v for v in r["verbs"] if not ("pytorchjobs" in r["resources"] and v == "watch")]}
-            for r in role["rules"]]  # fmt: skip
 
 
 class SucceededClock(threading.Thread):
@@ -98,7 +97,7 @@ def one_run(plane: ControlPlane, tmp: Path, root: Path, n: int, mode: str) -> fl
     """Seconds from the Succeeded condition to launch() returning, in a fresh namespace."""
     cluster = Cluster(plane, plane.kueue, tmp / f"kubelet-{n}-{mode}",
                       timeline=Timeline.success(workers=1, log_lines=["step 1 loss 4.2"]),
-                      rules=rules_without_watch(plane) if mode == "polling" else None)  # fmt: skip
+                      grants=deploy_grants(without=("watch pytorchjobs",)) if mode == "polling" else None)  # fmt: skip
     clock: SucceededClock | None = None
     try:
         # One node of the default instance type (8 GPUs: nproc_per_node must match them): one worker pod.

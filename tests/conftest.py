@@ -26,6 +26,12 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"kubernetes: real etcd, kube-apiserver and {manager} from {binaries.source}"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked after_cluster_tests read the audit log of the session's control-plane tests: they go last."""
+    last = [item for item in items if item.get_closest_marker("after_cluster_tests")]
+    items[:] = [item for item in items if not item.get_closest_marker("after_cluster_tests")] + last
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     """A failed test on the control plane keeps the servers' logs: their paths and the API server's last lines."""

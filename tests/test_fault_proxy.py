@@ -11,12 +11,13 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster.control_plane import LESS_GRANTED, deploy_grants
 from tests.cluster.fault_proxy import FaultProxy
 
 
-def runner_without_retries(control_plane: Any, host: str) -> kubernetes.client.ApiClient:
+def runner_without_retries(control_plane: Any, host: str, namespace: str) -> kubernetes.client.ApiClient:
     """The runner's client without urllib3's own retries (set before the ApiClient: its pool is made then)."""
-    configuration = control_plane.configuration(control_plane.runner_token, host)
+    configuration = control_plane.configuration(control_plane.token_for(namespace), host)
     configuration.retries = False
     return kubernetes.client.ApiClient(configuration)
 
@@ -26,7 +27,7 @@ def pods_path(namespace: str) -> str:
 
 
 def test_forwards_and_fails_on_demand(control_plane: Any, make_cluster: Any, fault_proxy: FaultProxy) -> None:
-    cluster = make_cluster()
+    cluster = make_cluster(grants=deploy_grants())  # an account of its own: it meets a 403 on purpose below
     core = kubernetes.client.CoreV1Api(cluster.runner(fault_proxy.url))
     assert core.list_namespaced_pod(cluster.namespace).items == []
 
@@ -40,7 +41,7 @@ def test_forwards_and_fails_on_demand(control_plane: Any, make_cluster: Any, fau
 
     # urllib3's own retries (the client's default) would resend an idempotent request answered 413, 429 or 503 with a
     # Retry-After, after sleeping that long; without them the 429 reaches the caller.
-    no_retries = runner_without_retries(control_plane, fault_proxy.url)
+    no_retries = runner_without_retries(control_plane, fault_proxy.url, cluster.namespace)
     fault_proxy.fail_next("GET", pods_path(cluster.namespace), 429, retry_after=1)
     with pytest.raises(ApiException) as limited:
         kubernetes.client.CoreV1Api(no_retries).list_namespaced_pod(cluster.namespace)
@@ -52,10 +53,10 @@ def test_forwards_and_fails_on_demand(control_plane: Any, make_cluster: Any, fau
     fault_proxy.fail_next("GET", pods_path(cluster.namespace), 429, retry_after=0)
     assert core.list_namespaced_pod(cluster.namespace).items == []  # urllib3 sent it again at once
 
-    # The API server's own answers come through whole: a 403 for what deploy/rbac.yaml does not grant the runner.
+    # The API server's own answers come through whole: a 403 for what deploy/rbac.yaml does not grant.
     with pytest.raises(ApiException) as forbidden:
         core.read_namespaced_pod("p1", cluster.namespace)
-    assert forbidden.value.status == 403 and "pipeline-runner" in json.loads(forbidden.value.body)["message"]
+    assert forbidden.value.status == 403 and LESS_GRANTED in json.loads(forbidden.value.body)["message"]
     assert forbidden.value.headers.get("Audit-Id")
 
     path = f"/api/v1/namespaces/{cluster.namespace}/pods"
@@ -125,7 +126,7 @@ def test_drop_and_delay(control_plane: Any, make_cluster: Any, fault_proxy: Faul
     cluster = make_cluster()
     path = pods_path(cluster.namespace)
     # without urllib3's retries, else it resends the dropped GET itself
-    core = kubernetes.client.CoreV1Api(runner_without_retries(control_plane, fault_proxy.url))
+    core = kubernetes.client.CoreV1Api(runner_without_retries(control_plane, fault_proxy.url, cluster.namespace))
 
     fault_proxy.drop_next("GET", path)
     with pytest.raises(urllib3.exceptions.ProtocolError):

@@ -29,6 +29,7 @@ from components.launch_pytorchjob.k8s_backend import WatchSettings, create_or_at
 from components.launch_pytorchjob.manifest import job_name, render_job
 from components.launch_pytorchjob.platform import Platform
 from components.run_summary.core import job_cleanup, summarize_run
+from tests.cluster.control_plane import deploy_grants
 from tests.cluster.timelines import Timeline
 from tests.helpers import snapshot_dir
 from trainer.layout import RunPaths
@@ -210,21 +211,10 @@ def test_a_crash_loop_fails_at_the_backoff_limit_with_the_lines_kept_at_each_res
     wait_for(lambda: cluster.pods(job_name("pipeline-crash-loop", "crash-loop")) == [], 10, "pods deleted")
 
 
-def launcher_rules(control_plane: Any, drop: tuple[str, str]) -> list[dict[str, Any]]:
-    """deploy/rbac.yaml's Role rules less one (resource, verb): a cluster where less was granted."""
-    (role,) = [d for d in control_plane.launcher_role() if d["kind"] == "Role"]
-    resource, verb = drop
-    rules = [{**r, "verbs": [v for v in r["verbs"] if not (resource in r["resources"] and v == verb)]}
-             for r in role["rules"]]  # fmt: skip
-    return [r for r in rules if r["verbs"]]
-
-
-def test_a_failure_without_the_events_permission_says_so(staged_root: Path, make_cluster, control_plane,
-                                                         caplog) -> None:  # fmt: skip
+def test_a_failure_without_the_events_permission_says_so(staged_root: Path, make_cluster, caplog) -> None:
     """A job that never starts is described (its pods' events) before it is deleted: without 'list events' the step's
     log says which rule is missing, and the launch goes on without them."""
-    rules = launcher_rules(control_plane, ("events", "list"))
-    cluster = make_cluster(timeline=Timeline.stuck_pending(), rules=rules)
+    cluster = make_cluster(timeline=Timeline.stuck_pending(), grants=deploy_grants(without=("list events",)))
     job = render_job(cluster_config(staged_root, "no-events", cluster.namespace).job_spec())
     with pytest.raises(StepFailed, match="past the Pending deadline"):
         run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=2), threading.Event())
@@ -232,10 +222,10 @@ def test_a_failure_without_the_events_permission_says_so(staged_root: Path, make
     assert forbidden(cluster), "RBAC refused the events, on the real authorizer"
 
 
-def test_polls_when_watching_is_refused(staged_root: Path, make_cluster, control_plane, caplog) -> None:
+def test_polls_when_watching_is_refused(staged_root: Path, make_cluster, caplog) -> None:
     caplog.set_level(logging.INFO)
     cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:3]),
-                           rules=launcher_rules(control_plane, ("pytorchjobs", "watch")))  # fmt: skip
+                           grants=deploy_grants(without=("watch pytorchjobs",)))  # fmt: skip
     job = render_job(cluster_config(staged_root, "polled", cluster.namespace).job_spec())
     outcome = run_job(Kube(cluster.runner()), job, WatchSettings(poll_interval_s=0.2), threading.Event())
     assert outcome.state == "Succeeded" and "polling every 0.2s instead" in caplog.text

@@ -1,4 +1,11 @@
-"""The preflight check through the real `kubernetes` client, against a loopback server speaking the API."""
+"""The preflight check through the real `kubernetes` client, on the real control plane (tests/cluster/).
+
+Each test writes the cluster it reads (tests/cluster/installed.py: nodes, other teams' pods, device plugins, the
+Training Operator's Deployment, the FSx PVC with its PV and StorageClass) and removes it; cluster-scoped names carry the
+test's tag. The runner is the pipeline runner (deploy/rbac*.yaml), or, in a test of less granted, an account of the
+test's own bound to those files less the rules cut. Tests that need the CRD absent or changed run on a spare API server
+over the same etcd (ControlPlane.spare).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +19,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +39,7 @@ from components.preflight.core import (
     ASSUMED_VOCAB,
     CHECK_NAMES,
     FAIL,
+    LAUNCHER_ACCESS,
     NOT_APPLICABLE,
     OPERATOR_RELEASE_TAGS,
     PASS,
@@ -46,20 +54,25 @@ from components.preflight.core import (
     preflight,
     quantity,
 )
-from tests.k8s_server import CRD_PATH, FakeKubernetes, load_crd
+from tests.cluster.control_plane import (
+    PYTORCHJOB_CRD,
+    RBAC_FILES,
+    RUNNER_USER,
+    ControlPlane,
+    audit_time,
+    deploy_grants,
+)
+from tests.cluster.installed import EFA_PLUGIN, Installed, unique_tag
 from trainer.layout import META, DatasetPaths
 
-RBAC = Path(__file__).resolve().parents[1] / "deploy/rbac.yaml"
-CLUSTER_READ = RBAC.with_name("rbac-cluster-read.yaml")
 IMAGE = "registry.example.com/ml/hyperpod-pretrain-trainer:1.0"
 ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-trainer:1"
+OPERATOR_IMAGE = "kubeflow/training-operator:v1-04f9f13"  # Training Operator v1.8.1's release image
 GPU8 = {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
 FAST = KubeSettings(request_timeout_s=5, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
 
 SCRATCH_2 = {"subnetId": "subnet-0123456789abcdef0", "securityGroupIds": "sg-0123456789abcdef0",
              "deploymentType": "SCRATCH_2"}  # fmt: skip
-
-NO_CRD = f"the PyTorchJob CRD is not here ({CRD_PATH})"  # the fake server installs it; the unit tests need none
 
 
 def config(**overrides: Any) -> LaunchConfig:
@@ -78,49 +91,83 @@ def config(**overrides: Any) -> LaunchConfig:
     return LaunchConfig(**{**settings, **overrides})
 
 
-def healthy_cluster(server: FakeKubernetes, *, pvc: bool = True, device_plugins: bool = True) -> None:
-    """Two GPU nodes with room, a CPU node, device plugins, the FSx PVC (1,200 GiB, SCRATCH_2, dynamically
-    provisioned), and the permissions of deploy/rbac.yaml and the optional deploy/rbac-cluster-read.yaml."""
-    for i in range(2):
-        server.add_node(f"hyperpod-i-{i:02d}", deep_health_check="Passed")
-    server.add_node("cpu-system", instance_type="ml.m5.2xlarge", health_status=None)
-    server.add_pod("kube-system", "aws-node-0", node_name="hyperpod-i-00", requests={"cpu": "25m", "memory": "64Mi"})
-    if device_plugins:
-        server.add_device_plugins()
-    server.add_storage_class("fsx-sc", SCRATCH_2)
-    if pvc:
-        server.add_pvc("kubeflow", "fsx-lustre-pvc")
-    assert server.use_rbac([*yaml.safe_load_all(RBAC.read_text()), *yaml.safe_load_all(CLUSTER_READ.read_text())])
+@dataclass
+class Site:
+    """One test's cluster: its namespace (the job's), what is installed, and the three nodes' names."""
 
+    plane: ControlPlane
+    namespace: str
+    hp: Installed
+    i00: str = ""
+    i01: str = ""
+    cpu: str = ""
 
-@contextmanager
-def cluster(training_operator: str | None = "v1-5170a36", **parts: bool) -> Iterator[FakeKubernetes]:
-    if not CRD_PATH.is_file():
-        pytest.skip(NO_CRD)
-    with FakeKubernetes(CRD_PATH, training_operator=training_operator) as fake:
-        healthy_cluster(fake, **parts)
-        yield fake
+    def api(self, host: str = "") -> kubernetes.client.ApiClient:
+        return self.plane.runner_client(host, self.namespace)
+
+    def run(self, api: Any = None, **overrides: Any) -> PreflightResult:
+        warn_only = overrides.pop("warn_only", False)
+        cfg = config(**{"namespace": self.namespace, **overrides})
+        if api is not None:
+            return preflight(cfg, api, warn_only=warn_only, settings=FAST)
+        with self.api() as client:
+            return preflight(cfg, client, warn_only=warn_only, settings=FAST)
+
+    def runner_requests(self, since: str) -> list[dict[str, Any]]:
+        """The runner's requests received from ``since`` on (audit_time())."""
+        return self.plane.audit_events(user=RUNNER_USER, since=since)
+
+    def with_grants(self, grants: list[dict[str, Any]]) -> Site:
+        """The same cluster, from a namespace of its own (with the FSx PVC) whose account has only ``grants``."""
+        namespace = self.plane.test_namespace(grants)
+        self.hp.adopt_namespace(namespace)
+        self.hp.add_pvc(namespace, "fsx-lustre-pvc")
+        return Site(self.plane, namespace, self.hp, self.i00, self.i01, self.cpu)
 
 
 @pytest.fixture
-def server() -> Iterator[FakeKubernetes]:
-    with cluster() as fake:
-        yield fake
+def make_site(control_plane: ControlPlane) -> Iterator[Callable[..., Site]]:
+    """A healthy cluster: two GPU nodes with room, a CPU node, a daemon pod, the device plugins, the FSx PVC (1,200
+    GiB, SCRATCH_2, dynamically provisioned) and the Training Operator v1.8.1; ``grants``: run as an account bound to
+    these (deploy_grants() with rules cut) instead of the runner; ``node_00``/``node_01``: the GPU nodes' settings."""
+    made: list[Site] = []
 
+    def make(*, plane: ControlPlane | None = None, grants: list[dict[str, Any]] | None = None, pvc: bool = True,
+             device_plugins: bool = True, operator: str | None = OPERATOR_IMAGE, node_00: dict[str, Any] | None = None,
+             node_01: dict[str, Any] | None = None) -> Site:  # fmt: skip
+        plane = plane or control_plane
+        site = Site(plane, plane.test_namespace(grants), Installed(plane, unique_tag()))
+        made.append(site)
+        hp = site.hp
+        site.i00 = hp.add_node("hyperpod-i-00", **(node_00 or {"deep_health_check": "Passed"}))
+        site.i01 = hp.add_node("hyperpod-i-01", **(node_01 or {"deep_health_check": "Passed"}))
+        site.cpu = hp.add_node("cpu-system", instance_type="ml.m5.2xlarge", health_status=None)
+        hp.add_pod(site.namespace, "aws-node-0", node=site.i00, requests={"cpu": "25m", "memory": "64Mi"})
+        if device_plugins:
+            hp.add_device_plugins()
+        hp.add_storage_class("fsx-sc", SCRATCH_2)
+        if pvc:
+            hp.add_pvc(site.namespace, "fsx-lustre-pvc")
+        if operator:
+            hp.add_operator(operator)
+        return site
 
-def connect(server: FakeKubernetes) -> kubernetes.client.ApiClient:
-    return kubernetes.client.ApiClient(server.client_configuration())
+    yield make
+    for site in made:
+        site.hp.close()
+        site.plane.delete_namespace(site.namespace)
 
 
 @pytest.fixture
-def api_client(server: FakeKubernetes) -> Iterator[kubernetes.client.ApiClient]:
-    with kubernetes.client.ApiClient(server.client_configuration()) as api:
-        yield api
+def site(make_site: Callable[..., Site]) -> Site:
+    return make_site()
 
 
-def run(api_client: Any, **overrides: Any) -> PreflightResult:
-    warn_only = overrides.pop("warn_only", False)
-    return preflight(config(**overrides), api_client, warn_only=warn_only, settings=FAST)
+@pytest.fixture
+def spare(control_plane: ControlPlane, tmp_path: Path) -> Iterator[ControlPlane]:
+    """A spare API server over the same etcd, with no CRD installed: the shared one is never removed."""
+    with control_plane.spare(tmp_path / "spare", []) as plane:
+        yield plane
 
 
 def check(result: PreflightResult, name: str) -> Any:
@@ -137,28 +184,34 @@ def others_pass(result: PreflightResult, *names: str) -> None:
     }
 
 
+def crd_document() -> dict[str, Any]:
+    return yaml.load(PYTORCHJOB_CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 # -- the whole cluster ---------------------------------------------------------------------------------------
 
 
-def test_a_cluster_where_everything_fits_passes(server: FakeKubernetes, api_client: Any) -> None:
-    result = run(api_client)
+def test_a_cluster_where_everything_fits_passes(site: Site) -> None:
+    since = audit_time()
+    result = site.run()
+    ns = site.namespace
     assert [c.name for c in result.checks] == list(CHECK_NAMES)
     assert statuses(result) == dict.fromkeys(CHECK_NAMES, PASS), result.markdown()
     assert result.passed and result.verdict() == "passed"
     assert all("\n" not in c.reason and "\n" not in c.fix for c in result.checks)
     assert check(result, "crd").reason == (
         "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 (kubeflow/training-operator, image tag "
-        "v1-5170a36)"
+        "v1-04f9f13)"
     ), "a standard install's image is tagged with a commit, not the version"
-    assert check(result, "permissions").reason == "all 7 permissions the launcher uses, in namespace kubeflow"
-    assert check(result, "fsx-pvc").reason == "fsx-lustre-pvc in kubeflow: Bound, ReadWriteMany, 1200Gi"
+    assert check(result, "permissions").reason == f"all 7 permissions the launcher uses, in namespace {ns}"
+    assert check(result, "fsx-pvc").reason == f"fsx-lustre-pvc in {ns}: Bound, ReadWriteMany, 1200Gi"
     throughput = check(result, "checkpoint-throughput").reason
     assert throughput.startswith("the small checkpoint, ") and throughput.endswith(
         "SCRATCH_2, writes 100 MB/s/TiB = 120 MB/s: the save takes ~0.2 s"
     ), throughput
     assert check(result, "nodes").reason == (
         "2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi memory, 96 cpu); the job "
-        "needs 2. Not fitting: 1 no health label (cpu-system: no sagemaker.amazonaws.com/node-health-status label "
+        f"needs 2. Not fitting: 1 no health label ({site.cpu}: no sagemaker.amazonaws.com/node-health-status label "
         "(the job's affinity requires Schedulable))"
     )
     assert check(result, "device-plugins").reason == (
@@ -173,22 +226,21 @@ def test_a_cluster_where_everything_fits_passes(server: FakeKubernetes, api_clie
     markdown = result.markdown()
     assert markdown.startswith("# Preflight: passed\n")
     assert "| check | status | reason | fix |" in markdown and "| nodes | PASS | 2 of 3 node(s)" in markdown
-    assert result.target.startswith("PyTorchJob `kubeflow/hpp-pf-1-train-") and "2 node(s) of ml.p5.48xlarge" in (
+    assert result.target.startswith(f"PyTorchJob `{ns}/hpp-pf-1-train-") and "2 node(s) of ml.p5.48xlarge" in (
         result.target
     )
     payload = json.loads(json.dumps(result.to_json()))
     assert payload["passed"] is True and payload["failed"] == [] and len(payload["checks"]) == 8
-    # Only reads and access reviews: nothing is created.
-    assert {m for m, _ in server.requests} == {"GET", "POST"}
-    assert all(p.startswith("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews") for m, p in server.requests
-               if m == "POST")  # fmt: skip
-    reviewed = {(r["verb"], r["resource"], r.get("subresource", "")) for r, _ in server.access_reviews}
-    assert ("create", "pytorchjobs", "") in reviewed and ("get", "pods", "log") in reviewed
-    assert all(d.allowed for _, d in server.access_reviews)
+    # Only reads and access reviews, as the API server's audit log has them: nothing is created.
+    requests = site.runner_requests(since)
+    assert {e["verb"] for e in requests} == {"get", "list", "create"}
+    reviews = [e for e in requests if e["verb"] == "create"]
+    assert {e["objectRef"]["resource"] for e in reviews} == {"selfsubjectaccessreviews"}
+    assert len(reviews) == len(LAUNCHER_ACCESS) and all(e["responseStatus"]["code"] < 300 for e in requests)
 
 
-def test_an_ecr_image_gives_exactly_one_warning(api_client: Any) -> None:
-    result = run(api_client, image=ECR_IMAGE)
+def test_an_ecr_image_gives_exactly_one_warning(site: Site) -> None:
+    result = site.run(image=ECR_IMAGE)
     assert result.passed and [c.name for c in result.warnings] == ["image"] and not result.failures
     image = check(result, "image")
     assert image.reason == (
@@ -198,8 +250,10 @@ def test_an_ecr_image_gives_exactly_one_warning(api_client: Any) -> None:
     assert image.fix.startswith("Re-run aws ecr get-login-password or use IRSA")
     assert result.verdict() == "passed, 1 warning(s)"
 
-    job = render_job(config(image=ECR_IMAGE, platform=Platform(image_pull_secrets=("ecr-token",))).job_spec())
-    with_secret = check(check_manifest(job, api_client, memory_gib=2048, settings=FAST), "image")
+    job = render_job(config(image=ECR_IMAGE, namespace=site.namespace,
+                            platform=Platform(image_pull_secrets=("ecr-token",))).job_spec())  # fmt: skip
+    with site.api() as api:
+        with_secret = check(check_manifest(job, api, memory_gib=2048, settings=FAST), "image")
     assert with_secret.status == WARN
     assert "an ECR token in an image pull secret (ecr-token) expires after 12 hours: refresh it, or drop the secret " \
            "and use the node role / IRSA" in with_secret.reason  # fmt: skip
@@ -209,9 +263,8 @@ def test_an_ecr_image_gives_exactly_one_warning(api_client: Any) -> None:
 # -- 1. the CRD and the Training Operator --------------------------------------------------------------------
 
 
-def test_crd_missing_fails(server: FakeKubernetes, api_client: Any) -> None:
-    server.remove_crd()
-    result = run(api_client)
+def test_crd_missing_fails(spare: ControlPlane, make_site: Callable[..., Site]) -> None:
+    result = make_site(plane=spare).run()
     crd = check(result, "crd")
     assert crd.status == FAIL and not result.passed
     assert crd.reason == "the PyTorchJob CRD pytorchjobs.kubeflow.org is not installed: no job can be created"
@@ -221,9 +274,8 @@ def test_crd_missing_fails(server: FakeKubernetes, api_client: Any) -> None:
     assert "| crd | **FAIL** | the PyTorchJob CRD" in result.markdown()
 
 
-# A real release tag this table does not know: a v1.9.x image (kubeflow/trainer PR #2634 sets newTag v1-3f15cb8 in
-# manifests/overlays/kubeflow/kustomization.yaml), on the registry 1.9.x moved to.
-UNKNOWN_RELEASE_IMAGE = "ghcr.io/kubeflow/training-v1/training-operator:v1-3f15cb8"
+# A tag this table does not know (no release's), on the registry 1.9.x moved to.
+UNKNOWN_RELEASE_IMAGE = "ghcr.io/kubeflow/training-v1/training-operator:v1-0000000"
 UNKNOWN = "is no version nor a release's tag known here"
 INSTALL_FIX = "install Training Operator v1.8.1, or turn auto-resume off (job option auto_resume: false)"
 
@@ -242,12 +294,17 @@ INSTALL_FIX = "install Training Operator v1.8.1, or turn auto-resume off (job op
     ],
 )  # fmt: skip
 def test_training_operator_version(
-    image: str, labels: dict[str, str], namespace: str, auto_resume: bool, status: str, shown: str
+    make_site: Callable[..., Site],
+    image: str,
+    labels: dict[str, str],
+    namespace: str,
+    auto_resume: bool,
+    status: str,
+    shown: str,
 ) -> None:
-    with cluster(training_operator=None) as server, connect(server) as api:
-        server.add_deployment(namespace, "training-operator", image=image,
-                              labels={"control-plane": "kubeflow-training-operator", **labels})  # fmt: skip
-        result = run(api, job_options={"auto_resume": auto_resume})
+    site = make_site(operator=None)
+    site.hp.add_operator(image, namespace=site.hp.namespace(namespace), labels=labels)
+    result = site.run(job_options={"auto_resume": auto_resume})
     crd = check(result, "crd")
     assert crd.status == status and f"Training Operator {shown}" in crd.reason
     if status == WARN:
@@ -258,28 +315,32 @@ def test_training_operator_version(
     others_pass(result, "crd")
 
 
-@pytest.mark.parametrize(("tag", "version"), sorted(OPERATOR_RELEASE_TAGS.items()))
-def test_a_release_image_tagged_with_its_commit_is_recognised(tag: str, version: str) -> None:
-    for image in (f"kubeflow/training-operator:{tag}", f"123456789012.dkr.ecr.us-east-1.amazonaws.com/mirror/"
-                  f"training-operator:{tag}"):  # fmt: skip  # as installed, and mirrored to ECR
-        with cluster(training_operator=None) as server, connect(server) as api:
-            server.add_deployment("kubeflow", "training-operator", image=image,
-                                  labels={"control-plane": "kubeflow-training-operator"})  # fmt: skip
-            crd = check(run(api, job_options={"auto_resume": True}), "crd")
-        assert (crd.status, crd.fix) == (PASS, ""), crd
-        assert crd.reason.endswith(f"Training Operator {version} (kubeflow/training-operator, image tag {tag})")
+def test_every_release_image_tagged_with_its_commit_is_recognised(make_site: Callable[..., Site]) -> None:
+    """As installed and as mirrored to ECR; a release HyperPod auto-resume does not list (1.9.x) warns."""
+    site = make_site(operator=None)
+    for tag, version in sorted(OPERATOR_RELEASE_TAGS.items()):
+        for image in (f"kubeflow/training-operator:{tag}", f"123456789012.dkr.ecr.us-east-1.amazonaws.com/mirror/"
+                      f"training-operator:{tag}"):  # fmt: skip
+            site.hp.add_operator(image)
+            crd = check(site.run(job_options={"auto_resume": True}), "crd")
+            site.hp.apps.delete_namespaced_deployment("training-operator", "kubeflow")
+            shown = f"Training Operator {version} (kubeflow/training-operator, image tag {tag})"
+            if version.startswith("v1.9."):
+                assert crd.status == WARN and crd.reason.endswith(f"{shown}: HyperPod auto-resume needs 1.7.0, 1.8.0 "
+                                                                  "or 1.8.1"), crd  # fmt: skip
+            else:
+                assert (crd.status, crd.fix) == (PASS, ""), crd
+                assert crd.reason.endswith(shown)
 
 
-def test_an_unknown_commit_tag_warns_and_says_how_to_check_by_hand() -> None:
-    with cluster(training_operator=None) as server, connect(server) as api:
-        server.add_deployment("kubeflow", "training-operator", image=UNKNOWN_RELEASE_IMAGE,
-                              labels={"control-plane": "kubeflow-training-operator"})  # fmt: skip
-        result = run(api, job_options={"auto_resume": True})
+def test_an_unknown_commit_tag_warns_and_says_how_to_check_by_hand(make_site: Callable[..., Site]) -> None:
+    site = make_site(operator=UNKNOWN_RELEASE_IMAGE)
+    result = site.run(job_options={"auto_resume": True})
     crd = check(result, "crd")
     assert crd.status == WARN and result.passed
     assert crd.reason == (
         "pytorchjobs.kubeflow.org v1 installed; Training Operator version unknown (kubeflow/training-operator, image "
-        f"tag 'v1-3f15cb8' {UNKNOWN}): HyperPod auto-resume needs 1.7.0, 1.8.0 or 1.8.1"
+        f"tag 'v1-0000000' {UNKNOWN}): HyperPod auto-resume needs 1.7.0, 1.8.0 or 1.8.1"
     )
     assert crd.fix == (
         "check by hand: kubectl -n kubeflow get deploy training-operator -o jsonpath='{.spec.template.spec."
@@ -290,75 +351,102 @@ def test_an_unknown_commit_tag_warns_and_says_how_to_check_by_hand() -> None:
     others_pass(result, "crd")
 
 
-def test_no_training_operator_and_no_right_to_read_crds() -> None:
-    with cluster(training_operator=None) as server, connect(server) as api:
-        server.deny("get", "customresourcedefinitions", "apiextensions.k8s.io")
-        crd = check(run(api), "crd")
+def test_hyperpods_install_is_found_by_its_label_with_the_base_file_alone(make_site: Callable[..., Site]) -> None:
+    """HyperPod's dependency chart names the operator's Deployment after the Helm release, in kubeflow, labelled
+    control-plane: kubeflow-training-operator: deploy/rbac.yaml's list in kubeflow finds it."""
+    site = make_site(operator=None, grants=deploy_grants(RBAC_FILES[:1]))
+    site.hp.add_operator(OPERATOR_IMAGE, name="hyperpod-dependencies-training-operators")
+    crd = check(site.run(), "crd")
+    assert (crd.status, crd.reason) == (PASS, "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 ("
+                                              "kubeflow/hyperpod-dependencies-training-operators, image tag "
+                                              "v1-04f9f13)")  # fmt: skip
+
+
+def test_an_operator_in_another_namespace_needs_the_cluster_read_file(make_site: Callable[..., Site]) -> None:
+    both = make_site(operator=None)
+    both.hp.add_operator(OPERATOR_IMAGE, namespace=both.hp.namespace(f"ml-operators-{both.hp.tag}"),
+                         name="kubeflow-training-operator")  # fmt: skip
+    found = check(both.run(), "crd")
+    base_only = both.with_grants(deploy_grants(RBAC_FILES[:1]))
+    assert found.status == PASS and found.reason.endswith(
+        f"Training Operator v1.8.1 (ml-operators-{both.hp.tag}/kubeflow-training-operator, image tag v1-04f9f13)"
+    )
+    crd = check(base_only.run(), "crd")
+    assert crd.status == WARN and crd.reason.startswith(
+        "pytorchjobs.kubeflow.org v1 installed; Training Operator version unknown (no Deployment labelled "
+        "control-plane=kubeflow-training-operator in kubeflow; other namespaces not readable)"
+    ), crd.reason
+
+
+def test_no_training_operator_and_no_right_to_read_crds(make_site: Callable[..., Site]) -> None:
+    site = make_site(operator=None, grants=deploy_grants(without=("get customresourcedefinitions",)))
+    crd = check(site.run(), "crd")
     assert crd.status == WARN
     assert crd.reason == (
         "cannot read CRDs: the service account may not get customresourcedefinitions; Training Operator version "
-        "unknown (no Deployment training-operator in kubeflow nor labelled control-plane=kubeflow-training-operator): "
-        "HyperPod auto-resume needs 1.7.0, 1.8.0 or 1.8.1"
+        "unknown (no Deployment labelled control-plane=kubeflow-training-operator in any namespace): HyperPod "
+        "auto-resume needs 1.7.0, 1.8.0 or 1.8.1"
     )
     assert crd.fix.startswith("grant the step's service account get on customresourcedefinitions.apiextensions.k8s.io")
 
 
-def test_a_crd_that_does_not_serve_v1_fails(server: FakeKubernetes, api_client: Any) -> None:
-    crd = load_crd(CRD_PATH)
+def test_a_crd_that_does_not_serve_v1_fails(spare: ControlPlane, make_site: Callable[..., Site]) -> None:
+    crd = crd_document()
     for version in crd["spec"]["versions"]:
         version["served"] = False
-    server.add_crd(crd)
-    got = check(run(api_client), "crd")
+    spare.install_crd(crd)
+    got = check(make_site(plane=spare).run(), "crd")
     assert (got.status, got.reason) == (FAIL, "pytorchjobs.kubeflow.org serves no version, not v1")
 
 
-def test_bad_input_fails_before_any_request(server: FakeKubernetes, api_client: Any) -> None:
-    server.requests.clear()
+def test_bad_input_fails_before_any_request(site: Site) -> None:
+    since = audit_time()
     with pytest.raises(InputError, match="nnodes must be a positive integer, got 0"):
-        run(api_client, nnodes=0)
+        site.run(nnodes=0)
     with pytest.raises(InputError, match="nproc-per-node 4 differs from the 8 GPUs requested per node"):
-        run(api_client, nproc_per_node=4)
-    assert server.requests == []
+        site.run(nproc_per_node=4)
+    assert site.runner_requests(since) == []
 
 
 # -- 2. permissions ------------------------------------------------------------------------------------------
 
 
-def test_permissions_missing_create_pytorchjobs_fails(server: FakeKubernetes, api_client: Any) -> None:
-    server.deny("create", "pytorchjobs", "kubeflow.org", namespace="kubeflow")
-    server.deny("get", "pods/log")
-    server.deny("list", "events")
-    result = run(api_client)
+def test_permissions_missing_create_pytorchjobs_fails(make_site: Callable[..., Site]) -> None:
+    site = make_site(grants=deploy_grants(without=("create pytorchjobs", "get pods/log", "list events")))
+    result = site.run()
     permissions = check(result, "permissions")
     assert permissions.status == FAIL
     assert permissions.reason == (
-        "the service account may not, in namespace kubeflow: create pytorchjobs.kubeflow.org, get pods/log; also list "
-        "events (the pods' events)"
+        f"the service account may not, in namespace {site.namespace}: create pytorchjobs.kubeflow.org, get pods/log; "
+        "also list events (the pods' events)"
     )
-    assert permissions.fix.startswith("kubectl apply -n kubeflow -f deploy/rbac.yaml")
+    assert permissions.fix.startswith("kubectl apply -f deploy/rbac.yaml, its launcher Role and RoleBinding set to "
+                                      f"namespace {site.namespace}")  # fmt: skip
     others_pass(result, "permissions")
 
 
-def test_permissions_missing_list_events_warns(server: FakeKubernetes, api_client: Any) -> None:
-    server.deny("list", "events", namespace="kubeflow")
-    result = run(api_client)
+def test_permissions_missing_list_events_warns(make_site: Callable[..., Site]) -> None:
+    site = make_site(grants=deploy_grants(without=("list events",)))
+    result = site.run()
     permissions = check(result, "permissions")
     assert permissions.status == WARN and result.passed
-    assert permissions.reason == "may not list events in kubeflow: the launcher runs but cannot show the pods' events"
-    assert permissions.fix.startswith("kubectl apply -n kubeflow -f deploy/rbac.yaml")
+    assert permissions.reason == (f"may not list events in {site.namespace}: the launcher runs but cannot show the "
+                                  "pods' events")  # fmt: skip
+    assert permissions.fix.startswith("kubectl apply -f deploy/rbac.yaml")
 
 
-def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(server: FakeKubernetes, api_client: Any) -> None:
-    server.add_namespace("hyperpod-team")
-    server.add_pvc("hyperpod-team", "fsx-lustre-pvc")
-    server.grant("get", "persistentvolumeclaims", namespace="hyperpod-team")
-    permissions = check(run(api_client, namespace="hyperpod-team"), "permissions")
+def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(make_site: Callable[..., Site]) -> None:
+    site = make_site(grants=deploy_grants())  # an account of the test's own: the runner meets no 403
+    team = site.hp.namespace(f"hyperpod-team-{site.hp.tag}")
+    site.hp.add_pvc(team, "fsx-lustre-pvc")
+    permissions = check(site.run(namespace=team), "permissions")
     assert permissions.status == FAIL and permissions.reason.startswith(
-        "the service account may not, in namespace hyperpod-team: create pytorchjobs.kubeflow.org, get "
+        f"the service account may not, in namespace {team}: create pytorchjobs.kubeflow.org, get "
         "pytorchjobs.kubeflow.org, watch pytorchjobs.kubeflow.org, delete pytorchjobs.kubeflow.org, get pods/log; "
         "also list events"  # list pods: granted in every namespace by deploy/rbac-cluster-read.yaml
     )
-    assert permissions.fix.startswith("kubectl apply -n hyperpod-team -f deploy/rbac.yaml")
+    assert permissions.fix.startswith(f"kubectl apply -f deploy/rbac.yaml, its launcher Role and RoleBinding set to "
+                                      f"namespace {team}")  # fmt: skip
 
 
 # -- 3. the FSx PVC ------------------------------------------------------------------------------------------
@@ -367,23 +455,26 @@ def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(server: FakeKuberne
 @pytest.mark.parametrize(
     ("pvc", "reason", "fix", "throughput"),
     [
-        (None, "PVC fsx-lustre-pvc does not exist in namespace kubeflow: the pods would stay Pending",
-         "create the FSx for Lustre PV and PVC fsx-lustre-pvc in kubeflow", "could not be read"),
+        (None, "PVC fsx-lustre-pvc does not exist in namespace {ns}: the pods would stay Pending",
+         "create the FSx for Lustre PV and PVC fsx-lustre-pvc in {ns}", "could not be read"),
         ({"phase": "Pending"}, "PVC fsx-lustre-pvc is Pending, not Bound",
-         "kubectl -n kubeflow describe pvc fsx-lustre-pvc: check the FSx CSI driver",
+         "kubectl -n {ns} describe pvc fsx-lustre-pvc: check the FSx CSI driver",
          "is bound to no PersistentVolume"),
         ({"access_modes": ("ReadWriteOnce",)},
          "PVC fsx-lustre-pvc is ReadWriteOnce, not ReadWriteMany: the 2 nodes and the pipeline's steps must mount it "
          "at once", "use an FSx for Lustre PV/PVC with accessModes [ReadWriteMany]", ""),
     ],
 )  # fmt: skip
-def test_pvc_problems_fail(pvc: dict[str, Any] | None, reason: str, fix: str, throughput: str) -> None:
-    with cluster(pvc=False) as server, connect(server) as api:
-        if pvc is not None:
-            server.add_pvc("kubeflow", "fsx-lustre-pvc", **pvc)
-        result = run(api)
+def test_pvc_problems_fail(
+    make_site: Callable[..., Site], pvc: dict[str, Any] | None, reason: str, fix: str, throughput: str
+) -> None:
+    site = make_site(pvc=False)
+    if pvc is not None:
+        site.hp.add_pvc(site.namespace, "fsx-lustre-pvc", **pvc)
+    result = site.run()
     got = check(result, "fsx-pvc")
-    assert (got.status, got.reason) == (FAIL, reason) and got.fix.startswith(fix)
+    ns = site.namespace
+    assert (got.status, got.reason) == (FAIL, reason.format(ns=ns)) and got.fix.startswith(fix.format(ns=ns))
     others_pass(result, "fsx-pvc", "checkpoint-throughput")
     checkpoint = check(result, "checkpoint-throughput")
     if throughput:  # no volume to compare with: fsx-pvc says why, this check only what the checkpoint needs
@@ -394,14 +485,14 @@ def test_pvc_problems_fail(pvc: dict[str, Any] | None, reason: str, fix: str, th
         assert checkpoint.status == PASS, checkpoint
 
 
-def test_pvc_name_from_the_compiled_platform_settings(server: FakeKubernetes, api_client: Any) -> None:
+def test_pvc_name_from_the_compiled_platform_settings(site: Site) -> None:
     """The PVC is the platform team's (compile time): the preflight checks the one the job and the steps mount."""
-    server.add_pvc("kubeflow", "team-fsx", access_modes=("ReadWriteOnce", "ReadWriteMany"), capacity="2400Gi")
-    assert check(run(api_client, platform=Platform(pvc_name="team-fsx")), "fsx-pvc").reason == (
-        "team-fsx in kubeflow: Bound, ReadWriteMany, 2400Gi"
+    site.hp.add_pvc(site.namespace, "team-fsx", access_modes=("ReadWriteOnce", "ReadWriteMany"), capacity="2400Gi")
+    assert check(site.run(platform=Platform(pvc_name="team-fsx")), "fsx-pvc").reason == (
+        f"team-fsx in {site.namespace}: Bound, ReadWriteMany, 2400Gi"
     )
     with pytest.raises(InputError, match="job option 'pvc_name' is not a run option"):
-        run(api_client, job_options={"pvc_name": "team-fsx"})
+        site.run(job_options={"pvc_name": "team-fsx"})
 
 
 # -- 3b. the checkpoint's throughput on FSx -------------------------------------------------------------------
@@ -415,14 +506,15 @@ def checkpoint_mb(parameters: int) -> float:
     return parameters * 12 * 1.1 / 1e6
 
 
-def throughput(api: Any, **overrides: Any) -> Check:
-    return check(run(api, **{"preset": "llama-1b", **overrides}), "checkpoint-throughput")
+def throughput(site: Site, **overrides: Any) -> Check:
+    return check(site.run(**{"preset": "llama-1b", **overrides}), "checkpoint-throughput")
 
 
-def test_an_fsx_fast_enough_for_the_sigterm_checkpoint_passes(server: FakeKubernetes, api_client: Any) -> None:
-    server.add_storage_class("fsx-p2", {**PERSISTENT_2, "perUnitStorageThroughput": "500"})
-    pv = server.add_pvc("kubeflow", "fsx-lustre-pvc", storage_class="fsx-p2")["spec"]["volumeName"]
-    result = run(api_client, preset="llama-1b")
+def test_an_fsx_fast_enough_for_the_sigterm_checkpoint_passes(make_site: Callable[..., Site]) -> None:
+    site = make_site(pvc=False)
+    p2 = site.hp.add_storage_class("fsx-p2", {**PERSISTENT_2, "perUnitStorageThroughput": "500"})
+    pv = site.hp.add_pvc(site.namespace, "fsx-lustre-pvc", storage_class=p2)["spec"]["volumeName"]
+    result = site.run(preset="llama-1b")
     got = check(result, "checkpoint-throughput")
     # 120 s grace period; the launcher gives torchrun's shutdown timeout 20 s less: 100 s, half of it for the save.
     assert round(checkpoint_mb(LLAMA_1B) / 50) == 261 and round(checkpoint_mb(LLAMA_1B) / 600) == 22
@@ -436,10 +528,11 @@ def test_an_fsx_fast_enough_for_the_sigterm_checkpoint_passes(server: FakeKubern
     others_pass(result, "checkpoint-throughput")
 
 
-def test_a_slow_fsx_warns_naming_a_size_a_tier_and_a_budget_that_fit(server: FakeKubernetes, api_client: Any) -> None:
-    server.add_storage_class("fsx-p2", {**PERSISTENT_2, "perUnitStorageThroughput": "125"})
-    server.add_pvc("kubeflow", "fsx-lustre-pvc", storage_class="fsx-p2")
-    result = run(api_client, preset="llama-1b")
+def test_a_slow_fsx_warns_naming_a_size_a_tier_and_a_budget_that_fit(make_site: Callable[..., Site]) -> None:
+    site = make_site(pvc=False)
+    p2 = site.hp.add_storage_class("fsx-p2", {**PERSISTENT_2, "perUnitStorageThroughput": "125"})
+    site.hp.add_pvc(site.namespace, "fsx-lustre-pvc", storage_class=p2)
+    result = site.run(preset="llama-1b")
     got = check(result, "checkpoint-throughput")
     has = 1.2 * 125  # MB/s: FSx counts 1,200 GiB as 1.2 TiB
     assert checkpoint_mb(LLAMA_1B) / 50 > has, "261 MB/s needed"
@@ -458,13 +551,13 @@ def test_a_slow_fsx_warns_naming_a_size_a_tier_and_a_budget_that_fit(server: Fak
     )
     others_pass(result, "checkpoint-throughput")
     # The budget it names fits: a 195 s grace period gives torchrun 175 s.
-    assert throughput(api_client, job_options={"grace_period_s": 195}).status == PASS
-    assert throughput(api_client, job_options={"grace_period_s": 194}).status == WARN
+    assert throughput(site, job_options={"grace_period_s": 195}).status == PASS
+    assert throughput(site, job_options={"grace_period_s": 194}).status == WARN
 
 
-def test_scratch_is_counted_at_its_write_baseline(server: FakeKubernetes, api_client: Any) -> None:
+def test_scratch_is_counted_at_its_write_baseline(site: Site) -> None:
     """SCRATCH_2 reads 200 MB/s/TiB but writes 100: the healthy cluster's 1,200 GiB writes 120 MB/s, too slow."""
-    got = throughput(api_client)
+    got = throughput(site)
     assert got.status == WARN and "SCRATCH_2, writes 100 MB/s/TiB = 120 MB/s: the save would take ~109 s" in got.reason
     size = fsx_size_gib(Decimal(checkpoint_mb(LLAMA_1B) / 50 * 1000 / 100), "SCRATCH_2", "SSD", 100)
     assert size == 4800, "2,613 GiB rounds up to the driver's next 2,400 GiB step"
@@ -473,18 +566,18 @@ def test_scratch_is_counted_at_its_write_baseline(server: FakeKubernetes, api_cl
            "least 218 s" in got.fix  # fmt: skip
 
 
-def test_the_budget_is_the_grace_period_capped_by_torchruns_shutdown_timeout(api_client: Any) -> None:
-    longer = throughput(api_client, job_options={"grace_period_s": 300})
+def test_the_budget_is_the_grace_period_capped_by_torchruns_shutdown_timeout(site: Site) -> None:
+    longer = throughput(site, job_options={"grace_period_s": 300})
     assert longer.status == PASS and "needs 93 MB/s to take at most half of the 280 s preemption budget (the smaller " \
         "of the pod's 300 s grace period and torchrun's 280 s shutdown timeout;" in longer.reason  # fmt: skip
     assert round(checkpoint_mb(LLAMA_1B) / 140) == 93
-    default = throughput(api_client, job_options={"shutdown_timeout_s": 0})  # torchrun's own: 30 s
+    default = throughput(site, job_options={"shutdown_timeout_s": 0})  # torchrun's own: 30 s
     assert default.status == WARN and "needs 871 MB/s to take at most half of the 30 s preemption budget (the " \
         "smaller of the pod's 120 s grace period and torchrun's 30 s shutdown timeout;" in default.reason  # fmt: skip
 
 
-def test_the_vocabulary_of_a_staged_dataset_is_used(api_client: Any, staged_root: Path) -> None:
-    got = throughput(api_client, storage_root=str(staged_root))
+def test_the_vocabulary_of_a_staged_dataset_is_used(site: Site, staged_root: Path) -> None:
+    got = throughput(site, storage_root=str(staged_root))
     vocab = json.loads((DatasetPaths.of(staged_root, "synthetic").current_snapshot() / META).read_text())["vocab_size"]
     assert vocab < 512, "BPE on the small corpus stops short of the 512 asked for"
     smaller = LLAMA_1B - (ASSUMED_VOCAB - vocab) * 2048  # tied embeddings, 2048 wide
@@ -498,61 +591,65 @@ def test_the_assumed_vocabulary_is_the_pipelines_default() -> None:
     assert signature.parameters["vocab_size"].default == ASSUMED_VOCAB
 
 
-def test_a_static_pv_is_compared_with_the_slowest_tier(server: FakeKubernetes, api_client: Any) -> None:
+def test_a_static_pv_is_compared_with_the_slowest_tier(make_site: Callable[..., Site]) -> None:
     """A statically provisioned PV says nothing of its tier, even when it names a StorageClass to bind with."""
-    for storage_class in ("", "fsx-sc"):
-        server.add_pvc("kubeflow", "fsx-lustre-pvc", volume_name="fsx-static", storage_class=storage_class,
-                       capacity="2400Gi")  # fmt: skip
-        got = throughput(api_client)
+    site = make_site(pvc=False)
+    pv = site.hp.name("fsx-static")
+    for storage_class in ("", None):  # none, or this test's fsx-sc
+        site.hp.add_pvc(site.namespace, "fsx-lustre-pvc", static_pv=pv, storage_class=storage_class, capacity="2400Gi")
+        got = throughput(site)
         assert got.status == WARN and got.reason.endswith(
-            "; the write throughput of FSx fs-0123456789abcdef0 (PV fsx-static, 2,400 GiB) is unknown here: its "
+            f"; the write throughput of FSx fs-0123456789abcdef0 (PV {pv}, 2,400 GiB) is unknown here: its "
             "PersistentVolume was provisioned statically, so no StorageClass says how it was created"
         ), got.reason
         assert got.fix.startswith("compare it yourself: aws fsx describe-file-systems --file-system-ids "
                                   "fs-0123456789abcdef0 ") and got.fix.endswith("must reach 261 MB/s")  # fmt: skip
-        small = throughput(api_client, preset="small")
+        small = throughput(site, preset="small")
         assert small.status == PASS and small.reason.endswith(
-            "(PV fsx-static, 2,400 GiB) writes at least 29 MB/s at the slowest FSx for Lustre tier (12 MB/s/TiB; its "
+            f"(PV {pv}, 2,400 GiB) writes at least 29 MB/s at the slowest FSx for Lustre tier (12 MB/s/TiB; its "
             "PersistentVolume was provisioned statically, so no StorageClass says how it was created)"
         ), small.reason
+        site.hp.remove_pvc(site.namespace, "fsx-lustre-pvc")
 
 
-def test_a_storage_class_gone_or_without_a_known_tier_leaves_it_unknown(
-    server: FakeKubernetes, api_client: Any
-) -> None:
-    server.add_pvc("kubeflow", "fsx-lustre-pvc", storage_class="fsx-gone")
-    gone = throughput(api_client)
-    assert gone.status == WARN and gone.reason.endswith("is unknown here: StorageClass fsx-gone, which provisioned "
-                                                        "it, no longer exists")  # fmt: skip
-    server.add_storage_class("fsx-p2", PERSISTENT_2)  # no perUnitStorageThroughput: the API would have refused it
-    server.add_pvc("kubeflow", "fsx-lustre-pvc", storage_class="fsx-p2")
-    assert throughput(api_client).reason.endswith(
-        "StorageClass fsx-p2 has deploymentType PERSISTENT_2, storageType SSD, perUnitStorageThroughput none: no tier "
+def test_a_storage_class_gone_or_without_a_known_tier_leaves_it_unknown(make_site: Callable[..., Site]) -> None:
+    site = make_site(pvc=False)
+    site.hp.add_pvc(site.namespace, "fsx-lustre-pvc", storage_class=site.hp.name("fsx-gone"))
+    gone = throughput(site)
+    assert gone.status == WARN and gone.reason.endswith(f"is unknown here: StorageClass {site.hp.name('fsx-gone')}, "
+                                                        "which provisioned it, no longer exists")  # fmt: skip
+    site.hp.remove_pvc(site.namespace, "fsx-lustre-pvc")
+    p2 = site.hp.add_storage_class("fsx-p2", PERSISTENT_2)  # no perUnitStorageThroughput: the CSI driver refuses it
+    site.hp.add_pvc(site.namespace, "fsx-lustre-pvc", storage_class=p2)
+    assert throughput(site).reason.endswith(
+        f"StorageClass {p2} has deploymentType PERSISTENT_2, storageType SSD, perUnitStorageThroughput none: no tier "
         "known here"
     )
 
 
-def test_a_volume_that_is_not_fsx_is_not_applicable(server: FakeKubernetes, api_client: Any) -> None:
-    pvc = server.add_pvc("kubeflow", "fsx-lustre-pvc", volume_name="efs-pv", pv=False)
-    server.add_pv("efs-pv", driver="efs.csi.aws.com", volume_handle="fs-0abc", claim=pvc)
-    result = run(api_client, preset="llama-1b")
+def test_a_volume_that_is_not_fsx_is_not_applicable(make_site: Callable[..., Site]) -> None:
+    site = make_site(pvc=False)
+    efs = site.hp.name("efs-pv")
+    pvc = site.hp.add_pvc(site.namespace, "fsx-lustre-pvc", static_pv=efs, storage_class="", pv=False)
+    site.hp.add_pv(efs, driver="efs.csi.aws.com", volume_handle="fs-0abc", claim=pvc, dynamic=False)
+    result = site.run(preset="llama-1b")
     got = check(result, "checkpoint-throughput")
     assert got.status == NOT_APPLICABLE and "needs 261 MB/s" in got.reason, "the platform team compares with that"
-    assert got.reason.endswith("; PersistentVolume efs-pv is not FSx for Lustre (CSI driver efs.csi.aws.com): "
+    assert got.reason.endswith(f"; PersistentVolume {efs} is not FSx for Lustre (CSI driver efs.csi.aws.com): "
                                "compare its write throughput with that")  # fmt: skip
     others_pass(result, "checkpoint-throughput")
 
 
-def test_cannot_read_the_pv_or_storage_class_warns_with_what_it_needs(server: FakeKubernetes, api_client: Any) -> None:
-    server.deny("get", "storageclasses", "storage.k8s.io")
-    storage_class = throughput(api_client)
+def test_cannot_read_the_pv_or_storage_class_warns_with_what_it_needs(make_site: Callable[..., Site]) -> None:
+    site = make_site(grants=deploy_grants(without=("get storageclasses",)))
+    storage_class = throughput(site)
     assert storage_class.status == WARN and "needs 261 MB/s" in storage_class.reason
-    assert storage_class.reason.endswith("is unknown here: cannot read StorageClass fsx-sc: the service account may "
-                                         "not get storageclasses")  # fmt: skip
+    assert storage_class.reason.endswith(f"is unknown here: cannot read StorageClass {site.hp.name('fsx-sc')}: the "
+                                         "service account may not get storageclasses")  # fmt: skip
     assert storage_class.fix.startswith("grant the step's service account get on storageclasses.storage.k8s.io to run "
                                         "this check")  # fmt: skip
-    server.deny("get", "persistentvolumes")
-    result = run(api_client, preset="llama-1b")
+    site = site.with_grants(deploy_grants(without=("get storageclasses", "get persistentvolumes")))
+    result = site.run(preset="llama-1b")
     pv = check(result, "checkpoint-throughput")
     assert pv.status == WARN and result.passed and "needs 261 MB/s" in pv.reason
     assert pv.reason.split("; ")[-1].startswith("cannot read PersistentVolume pvc-") and pv.reason.endswith(
@@ -587,9 +684,15 @@ def test_sizes_round_up_as_the_fsx_csi_driver_provisions_them(
 HALF = {"cpu": "48", "memory": "500Gi", "nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "16"}  # half a p5.48xlarge
 
 
-def test_a_busy_cluster_that_fits_when_idle_warns(server: FakeKubernetes, api_client: Any) -> None:
-    server.add_pod("team-b", "other-train-0", node_name="hyperpod-i-01", requests=HALF, limits=HALF)
-    result = run(api_client)
+def busy(site: Site, node: str, name: str = "other-train-0", **pod: Any) -> None:
+    """Another team's pod on ``node`` (half a p5.48xlarge unless ``pod`` says otherwise)."""
+    team = site.hp.namespace(f"team-b-{site.hp.tag}")
+    site.hp.add_pod(team, name, node=node, **(pod or {"requests": HALF, "limits": HALF}))
+
+
+def test_a_busy_cluster_that_fits_when_idle_warns(site: Site) -> None:
+    busy(site, site.i01)
+    result = site.run()
     nodes = check(result, "nodes")
     assert nodes.status == WARN
     assert result.passed and result.verdict() == "passed, 1 warning(s)"  # the job waits; the run goes on
@@ -599,51 +702,52 @@ def test_a_busy_cluster_that_fits_when_idle_warns(server: FakeKubernetes, api_cl
         "runs), so the job will wait in Pending/queue until capacity frees. Not fitting now: "
     )
     assert "1 short of nvidia.com/gpu" in nodes.reason and "1 no health label" in nodes.reason
-    assert "hyperpod-i-01: nvidia.com/gpu 8 requested, 4 free, vpc.amazonaws.com/efa 32 requested, 16 free" in (
+    assert f"{site.i01}: nvidia.com/gpu 8 requested, 4 free, vpc.amazonaws.com/efa 32 requested, 16 free" in (
         nodes.reason
     )
     assert nodes.fix.startswith("nothing to change if waiting is fine; to start sooner, see what holds the nodes")
     others_pass(result, "nodes")
 
-    elastic = check(run(api_client, max_nodes=4), "nodes")  # min 2 of max 4: still waits for 2
+    elastic = check(site.run(max_nodes=4), "nodes")  # min 2 of max 4: still waits for 2
     assert elastic.status == WARN and "the job needs 2 (up to 4); would fit an idle cluster" in elastic.reason
 
 
 @pytest.mark.parametrize(
-    ("overrides", "busy", "reason", "detail"),
+    ("overrides", "busy_node", "reason", "detail"),
     [
         # 3 nodes needed, 2 GPU nodes in the cluster: idle or busy, never enough.
         ({"nnodes": 3}, False, "2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
          "memory, 96 cpu); the job needs 3; even an idle cluster holds only 2. Not fitting: 1 no health label",
-         "cpu-system: no sagemaker.amazonaws.com/node-health-status label"),
+         "{cpu}: no sagemaker.amazonaws.com/node-health-status label"),
         ({"nnodes": 3}, True, "1 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
          "memory, 96 cpu); the job needs 3; even an idle cluster holds only 2. Not fitting: ",
-         "hyperpod-i-01: nvidia.com/gpu 8 requested, 4 free"),
+         "{i01}: nvidia.com/gpu 8 requested, 4 free"),
         # More memory than any node's allocatable (2063937952Ki on a p5.48xlarge): no idle node holds one.
         ({"job_options": {"memory": "2000Gi"}}, True, "0 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 "
          "vpc.amazonaws.com/efa, 2000Gi memory, 96 cpu); the job needs 2; even an idle cluster holds only 0",
-         "hyperpod-i-00: memory 2000Gi requested, 1968.3Gi free"),
+         "{i00}: memory 2000Gi requested, 1968.3Gi free"),
     ],
 )  # fmt: skip
 def test_a_job_no_node_set_could_ever_hold_fails(
-    server: FakeKubernetes, api_client: Any, overrides: dict[str, Any], busy: bool, reason: str, detail: str
+    site: Site, overrides: dict[str, Any], busy_node: bool, reason: str, detail: str
 ) -> None:
-    if busy:
-        server.add_pod("team-b", "other-train-0", node_name="hyperpod-i-01", requests=HALF, limits=HALF)
-    result = run(api_client, **overrides)
+    if busy_node:
+        busy(site, site.i01)
+    result = site.run(**overrides)
     nodes = check(result, "nodes")
     assert nodes.status == FAIL and not result.passed
+    detail = detail.format(i00=site.i00, i01=site.i01, cpu=site.cpu)
     assert nodes.reason.startswith(reason) and detail in nodes.reason, nodes.reason
     assert nodes.fix.startswith("Check kubectl describe node for allocatable GPUs")
 
 
-def test_cpu_and_memory_are_counted_with_their_units(server: FakeKubernetes, api_client: Any) -> None:
-    server.add_pod("team-b", "cpu-hog", node_name="hyperpod-i-00", requests={"cpu": "150500m"})
-    server.add_pod("team-b", "mem-hog", node_name="hyperpod-i-01", limits={"memory": "1500Gi"})  # limit = request
-    nodes = check(run(api_client), "nodes")
+def test_cpu_and_memory_are_counted_with_their_units(site: Site) -> None:
+    busy(site, site.i00, "cpu-hog", requests={"cpu": "150500m"})
+    busy(site, site.i01, "mem-hog", limits={"memory": "1500Gi"})  # limit = request
+    nodes = check(site.run(), "nodes")
     assert nodes.status == WARN and nodes.reason.startswith("does not fit now: 0 of 3 node(s) free")
-    assert "hyperpod-i-00: cpu 96 requested, 41.475 free" in nodes.reason  # 192 - 150.5 - 0.025
-    assert "hyperpod-i-01: memory 512Gi requested, 468.3Gi free" in nodes.reason  # 2063937952Ki - 1500Gi
+    assert f"{site.i00}: cpu 96 requested, 41.475 free" in nodes.reason  # 192 - 150.5 - 0.025
+    assert f"{site.i01}: memory 512Gi requested, 468.3Gi free" in nodes.reason  # 2063937952Ki - 1500Gi
 
 
 @pytest.mark.parametrize(
@@ -662,74 +766,76 @@ def test_cpu_and_memory_are_counted_with_their_units(server: FakeKubernetes, api
     ],
 )  # fmt: skip
 def test_a_node_that_cannot_take_a_worker(
-    server: FakeKubernetes, api_client: Any, node: dict[str, Any], cause: str, detail: str
+    make_site: Callable[..., Site], node: dict[str, Any], cause: str, detail: str
 ) -> None:
-    server.add_node("hyperpod-i-01", deep_health_check="Passed", **node)  # replaces the healthy one
-    result = run(api_client)
+    site = make_site(node_01={"deep_health_check": "Passed", **node})
+    result = site.run()
     nodes = check(result, "nodes")
     assert nodes.status == FAIL and nodes.reason.startswith("1 of 3 node(s) fit a worker")
     assert f"Not fitting: {cause}" in nodes.reason or f", {cause}" in nodes.reason
-    assert f"hyperpod-i-01: {detail}" in nodes.reason
+    assert f"{site.i01}: {detail}" in nodes.reason
     others_pass(result, "nodes")
 
 
-def test_tolerated_taints_and_preferred_effects_do_not_block(server: FakeKubernetes, api_client: Any) -> None:
-    server.add_node("hyperpod-i-00", taints=["nvidia.com/gpu=present:NoSchedule", "spot:PreferNoSchedule"])
-    server.add_node("hyperpod-i-01", taints=["dedicated=training:NoSchedule"])
+def test_tolerated_taints_and_preferred_effects_do_not_block(make_site: Callable[..., Site]) -> None:
+    site = make_site(node_00={"taints": ["nvidia.com/gpu=present:NoSchedule", "spot:PreferNoSchedule"]},
+                     node_01={"taints": ["dedicated=training:NoSchedule"]})  # fmt: skip
     tolerations = ({"key": "dedicated", "operator": "Equal", "value": "training"},)  # besides the GPU one
-    assert check(run(api_client, platform=Platform(tolerations=tolerations)), "nodes").status == PASS
-    assert check(run(api_client), "nodes").status == FAIL  # the default toleration is for nvidia.com/gpu only
+    assert check(site.run(platform=Platform(tolerations=tolerations)), "nodes").status == PASS
+    assert check(site.run(), "nodes").status == FAIL  # the default toleration is for nvidia.com/gpu only
 
 
-def test_node_selector_must_match(server: FakeKubernetes, api_client: Any) -> None:
+def test_node_selector_must_match(site: Site) -> None:
     platform = Platform(node_selector={"node.kubernetes.io/instance-type": "ml.p5en.48xlarge"})
-    nodes = check(run(api_client, platform=platform), "nodes")
+    nodes = check(site.run(platform=platform), "nodes")
     assert nodes.status == FAIL and nodes.reason.startswith("0 of 3 node(s) fit a worker")
-    assert "Not fitting: 3 node selector (cpu-system: node selector" in nodes.reason
+    assert f"Not fitting: 3 node selector ({site.cpu}: node selector" in nodes.reason
     assert "node selector node.kubernetes.io/instance-type=ml.p5en.48xlarge not matched" in nodes.reason
     platform = Platform(node_selector={"node.kubernetes.io/instance-type": "ml.p5.48xlarge"})
-    assert check(run(api_client, platform=platform), "nodes").status == PASS
+    assert check(site.run(platform=platform), "nodes").status == PASS
 
 
-def test_without_the_health_affinity_an_unlabelled_node_fits(server: FakeKubernetes, api_client: Any) -> None:
-    server.add_node("hyperpod-i-01", health_status=None)
-    assert check(run(api_client), "nodes").status == FAIL
-    nodes = check(run(api_client, platform=Platform(health_affinity=False)), "nodes")
+def test_without_the_health_affinity_an_unlabelled_node_fits(make_site: Callable[..., Site]) -> None:
+    site = make_site(node_01={"health_status": None})
+    assert check(site.run(), "nodes").status == FAIL
+    nodes = check(site.run(platform=Platform(health_affinity=False)), "nodes")
     assert nodes.status == PASS and nodes.reason.startswith("2 of 3 node(s) fit a worker")  # cpu-system: short
 
 
-def test_pods_that_hold_nothing_are_not_counted(server: FakeKubernetes, api_client: Any) -> None:
-    server.add_pod("team-c", "waiting", phase="Pending", requests={"nvidia.com/gpu": "8"})  # not scheduled
-    server.add_pod("team-b", "done", node_name="hyperpod-i-00", phase="Succeeded", requests=GPU8)
-    server.add_pod("team-b", "crashed", node_name="hyperpod-i-01", phase="Failed", requests=GPU8)
-    nodes = check(run(api_client), "nodes")
+def test_pods_that_hold_nothing_are_not_counted(site: Site) -> None:
+    team = site.hp.namespace(f"team-c-{site.hp.tag}")
+    site.hp.add_pod(team, "waiting", phase="Pending", limits={"nvidia.com/gpu": "8"})  # not scheduled
+    busy(site, site.i00, "done", phase="Succeeded", requests=GPU8, limits=GPU8)
+    busy(site, site.i01, "crashed", phase="Failed", requests=GPU8, limits=GPU8)
+    nodes = check(site.run(), "nodes")
     assert nodes.status == PASS and nodes.reason.startswith("2 of 3 node(s) fit a worker")
-    server.add_pod("team-c", "starting", node_name="hyperpod-i-01", phase="Pending", requests={"nvidia.com/gpu": "1"})
-    nodes = check(run(api_client), "nodes")  # a pod bound to a node holds its requests before it runs
-    assert nodes.status == WARN and "hyperpod-i-01: nvidia.com/gpu 8 requested, 7 free" in nodes.reason
+    site.hp.add_pod(team, "starting", node=site.i01, phase="Pending", limits={"nvidia.com/gpu": "1"})
+    nodes = check(site.run(), "nodes")  # a pod bound to a node holds its requests before it runs
+    assert nodes.status == WARN and f"{site.i01}: nvidia.com/gpu 8 requested, 7 free" in nodes.reason
 
 
-def test_elastic_job_with_fewer_nodes_than_max_warns(server: FakeKubernetes, api_client: Any) -> None:
-    nodes = check(run(api_client, max_nodes=4), "nodes")
+def test_elastic_job_with_fewer_nodes_than_max_warns(site: Site) -> None:
+    nodes = check(site.run(max_nodes=4), "nodes")
     assert nodes.status == WARN
     assert nodes.reason.startswith("2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
                                    "memory, 96 cpu); the job needs 2 (up to 4)")  # fmt: skip
     assert nodes.reason.endswith(": the elastic job starts with 2 of 4")
 
 
-def test_many_unfit_nodes_are_summarized_on_one_line(server: FakeKubernetes, api_client: Any) -> None:
+def test_many_unfit_nodes_are_summarized_on_one_line(site: Site) -> None:
     for i in range(2, 12):
-        server.add_node(f"hyperpod-i-{i:02d}", unschedulable=i % 2 == 0, health_status="Unschedulable")
-    nodes = check(run(api_client, nnodes=3), "nodes")
+        site.hp.add_node(f"hyperpod-i-{i:02d}", unschedulable=i % 2 == 0, health_status="Unschedulable")
+    nodes = check(site.run(nnodes=3), "nodes")
     assert nodes.status == FAIL and "\n" not in nodes.reason
-    assert "Not fitting: 5 cordoned, 5 health Unschedulable, 1 no health label (hyperpod-i-02: cordoned; " \
-           "hyperpod-i-03: health Unschedulable; cpu-system: no " in nodes.reason  # fmt: skip
+    tag = site.hp.tag
+    assert f"Not fitting: 5 cordoned, 5 health Unschedulable, 1 no health label (hyperpod-i-02-{tag}: cordoned; " \
+           f"hyperpod-i-03-{tag}: health Unschedulable; {site.cpu}: no " in nodes.reason  # fmt: skip
     assert nodes.reason.endswith("; +7 more)")
 
 
-def test_cannot_list_nodes_warns_and_the_other_checks_run(server: FakeKubernetes, api_client: Any) -> None:
-    server.deny("list", "nodes")
-    result = run(api_client)
+def test_cannot_list_nodes_warns_and_the_other_checks_run(make_site: Callable[..., Site]) -> None:
+    site = make_site(grants=deploy_grants(without=("list nodes",)))
+    result = site.run()
     nodes = check(result, "nodes")
     assert nodes.status == WARN and result.passed
     assert nodes.reason == "cannot list nodes: the service account may not list nodes, so whether 2 node(s) fit is " \
@@ -738,15 +844,35 @@ def test_cannot_list_nodes_warns_and_the_other_checks_run(server: FakeKubernetes
     others_pass(result, "nodes")
 
 
-def test_cannot_list_pods_counts_by_allocatable_and_warns(server: FakeKubernetes, api_client: Any) -> None:
-    server.deny("list", "pods", namespace="")  # across all namespaces; the launcher's list in kubeflow stays allowed
-    result = run(api_client)
+def test_cannot_list_pods_counts_by_allocatable_and_warns(make_site: Callable[..., Site]) -> None:
+    # across all namespaces; the launcher's list in its own namespace stays allowed
+    site = make_site(grants=deploy_grants(without=("hyperpod-pretrain-cluster-read: list pods",)))
+    result = site.run()
     nodes = check(result, "nodes")
     assert nodes.status == WARN and nodes.reason.startswith("2 of 3 node(s) fit a worker")
     assert nodes.reason.endswith("cannot list pods in all namespaces, so free resources are unknown: counted by "
                                  "allocatable")  # fmt: skip
     assert nodes.fix.startswith("grant the step's service account list on pods in all namespaces")
     others_pass(result, "nodes")
+
+
+def test_without_the_cluster_read_file_the_preflight_warns_that_it_could_not_look(
+    make_site: Callable[..., Site],
+) -> None:
+    site = make_site(grants=deploy_grants(RBAC_FILES[:1]))
+    result = site.run()
+    assert result.passed and statuses(result) == {"crd": PASS, "permissions": PASS, "fsx-pvc": PASS,
+                                                  "checkpoint-throughput": WARN, "nodes": WARN, "device-plugins": WARN,
+                                                  "image": PASS, "memory": PASS}  # fmt: skip
+    for got in result.warnings:
+        assert got.reason.startswith("cannot list") or "; cannot read PersistentVolume pvc-" in got.reason, got
+        assert "kubectl apply -f deploy/rbac-cluster-read.yaml" in got.fix, got
+    account = f"system:serviceaccount:{site.namespace}:"
+    refused = {(e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace", ""))
+               for e in site.plane.audit_events() if e["user"]["username"].startswith(account)
+               and e["responseStatus"]["code"] == 403}  # fmt: skip
+    assert refused == {("list", "nodes", ""), ("list", "daemonsets", ""), ("get", "persistentvolumes", "")}, \
+        "only the cluster-wide reads, refused by the real authorizer"  # fmt: skip
 
 
 # -- 5. device plugins ---------------------------------------------------------------------------------------
@@ -766,38 +892,42 @@ def test_cannot_list_pods_counts_by_allocatable_and_warns(server: FakeKubernetes
          "daemonset schedules no pod (0 desired)", "Ensure aws-efa-k8s-device-plugin DaemonSet is running"),
     ],
 )  # fmt: skip
-def test_device_plugin_problems_fail(plugins: list[dict[str, Any]], reason: str, fix: str) -> None:
-    with cluster(device_plugins=False) as server, connect(server) as api:
-        for kwargs in plugins:
-            server.add_device_plugins(**kwargs)
-        result = run(api)
+def test_device_plugin_problems_fail(
+    make_site: Callable[..., Site], plugins: list[dict[str, Any]], reason: str, fix: str
+) -> None:
+    site = make_site(device_plugins=False)
+    for kwargs in plugins:
+        site.hp.add_device_plugins(**kwargs)
+    result = site.run()
     got = check(result, "device-plugins")
     assert got.status == FAIL and got.reason.startswith(reason) and got.fix.startswith(fix)
     others_pass(result, "device-plugins")
 
 
-def test_a_device_plugin_in_another_namespace_counts() -> None:
-    with cluster(device_plugins=False) as server, connect(server) as api:
-        server.add_device_plugins(efa=False)
-        server.add_daemonset("aws-efa", "efa-device-plugin", image="efa:1", desired=2)
-        got = check(run(api), "device-plugins")
-    assert got.status == PASS and got.reason.startswith("EFA aws-efa/efa-device-plugin 2/2 ready")
+def test_a_device_plugin_in_another_namespace_counts(make_site: Callable[..., Site]) -> None:
+    site = make_site(device_plugins=False)
+    site.hp.add_device_plugins(efa=False)
+    efa = site.hp.namespace(f"aws-efa-{site.hp.tag}")
+    site.hp.add_daemonset(efa, "efa-device-plugin", image="efa:1", desired=2)
+    got = check(site.run(), "device-plugins")
+    assert got.status == PASS and got.reason.startswith(f"EFA {efa}/efa-device-plugin 2/2 ready")
 
 
-def test_device_plugins_not_applicable_without_gpus_or_efa(api_client: Any) -> None:
-    job = render_job(config().job_spec())
+def test_device_plugins_not_applicable_without_gpus_or_efa(site: Site) -> None:
+    job = render_job(config(namespace=site.namespace).job_spec())
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     for amounts in container["resources"].values():
         amounts.pop("nvidia.com/gpu"), amounts.pop("vpc.amazonaws.com/efa")
-    got = check(check_manifest(job, api_client, settings=FAST), "device-plugins")
+    with site.api() as api:
+        got = check(check_manifest(job, api, settings=FAST), "device-plugins")
     assert (got.status, got.reason) == (NOT_APPLICABLE, "the job requests neither GPUs nor EFA devices")
 
 
 # -- 6. the image --------------------------------------------------------------------------------------------
 
 
-def test_a_malformed_image_fails(api_client: Any) -> None:
-    result = run(api_client, image="Registry.example.com/ML/Trainer:1")
+def test_a_malformed_image_fails(site: Site) -> None:
+    result = site.run(image="Registry.example.com/ML/Trainer:1")
     image = check(result, "image")
     assert image.status == FAIL
     assert image.reason == (
@@ -845,16 +975,16 @@ def test_malformed_references(reference: str, problem: str) -> None:
     assert str(error.value).startswith(problem)
 
 
-def test_an_untagged_image_warns(api_client: Any) -> None:
-    image = check(run(api_client, image="registry.example.com/ml/trainer"), "image")
+def test_an_untagged_image_warns(site: Site) -> None:
+    image = check(site.run(image="registry.example.com/ml/trainer"), "image")
     assert image.status == WARN and "has no tag but :latest" in image.reason
 
 
 # -- 7. memory -----------------------------------------------------------------------------------------------
 
 
-def test_memory_limit_above_the_instance_fails(api_client: Any) -> None:
-    result = run(api_client, job_options={"memory": "2100Gi"})
+def test_memory_limit_above_the_instance_fails(site: Site) -> None:
+    result = site.run(job_options={"memory": "2100Gi"})
     memory = check(result, "memory")
     assert memory.status == FAIL
     assert memory.reason == "memory limit 2100Gi is above the instance's 2048Gi (103%): no node can hold a worker"
@@ -863,14 +993,14 @@ def test_memory_limit_above_the_instance_fails(api_client: Any) -> None:
     assert nodes.status == FAIL and "memory 2100Gi requested, 1968.3Gi free" in nodes.reason
 
 
-def test_memory_limit_above_the_headroom_warns(api_client: Any) -> None:
-    memory = check(run(api_client, job_options={"memory": "1960Gi"}), "memory")
+def test_memory_limit_above_the_headroom_warns(site: Site) -> None:
+    memory = check(site.run(job_options={"memory": "1960Gi"}), "memory")
     assert memory.status == WARN and memory.reason.startswith("memory limit 1960Gi is 96% of the instance's 2048Gi")
 
 
 @pytest.mark.parametrize(("shm", "by"), [("512Gi", "equal to it"), ("600Gi", "88Gi over it"), ("1Ti", "512Gi over it")])
-def test_shm_not_below_the_memory_limit_fails(api_client: Any, shm: str, by: str) -> None:
-    result = run(api_client, job_options={"shm_size": shm})
+def test_shm_not_below_the_memory_limit_fails(site: Site, shm: str, by: str) -> None:
+    result = site.run(job_options={"shm_size": shm})
     memory = check(result, "memory")
     assert memory.status == FAIL and memory.reason.startswith(
         f"/dev/shm sizeLimit {shm if shm != '1Ti' else '1024Gi'} is not below the 512Gi memory limit ({by}): /dev/shm "
@@ -880,19 +1010,19 @@ def test_shm_not_below_the_memory_limit_fails(api_client: Any, shm: str, by: str
     others_pass(result, "memory")
 
 
-def test_memory_not_applicable_for_an_unknown_instance_type(api_client: Any) -> None:
+def test_memory_not_applicable_for_an_unknown_instance_type(site: Site) -> None:
     options = {"gpus_per_node": 8, "efa_per_node": 0}
-    memory = check(run(api_client, instance_type="ml.p6-b200.48xlarge", job_options=options), "memory")
+    memory = check(site.run(instance_type="ml.p6-b200.48xlarge", job_options=options), "memory")
     assert memory.status == NOT_APPLICABLE and memory.reason.startswith("the instance type's memory is unknown")
 
 
 # -- the verdict, the local backend, API errors ----------------------------------------------------------------
 
 
-def test_warn_only_passes_with_the_failures_listed(server: FakeKubernetes, api_client: Any) -> None:
-    server.remove_crd()
-    server.remove_node("hyperpod-i-01")
-    result = run(api_client, warn_only=True)
+def test_warn_only_passes_with_the_failures_listed(spare: ControlPlane, make_site: Callable[..., Site]) -> None:
+    site = make_site(plane=spare)  # no CRD
+    site.hp.remove_node(site.i01)
+    result = site.run(warn_only=True)
     assert result.passed and [c.name for c in result.failures] == ["crd", "nodes"]
     assert result.verdict() == "passed: 2 failed check(s) allowed (warn_only)"
     markdown = result.markdown()
@@ -902,13 +1032,12 @@ def test_warn_only_passes_with_the_failures_listed(server: FakeKubernetes, api_c
 
 
 def test_the_failure_message_and_the_log_carry_each_reason_and_fix(
-    server: FakeKubernetes, api_client: Any, caplog: pytest.LogCaptureFixture
+    spare: ControlPlane, make_site: Callable[..., Site], caplog: pytest.LogCaptureFixture
 ) -> None:
-    server.remove_crd()
-    server.remove_node("hyperpod-i-01")
-    server.deny("list", "events", namespace="kubeflow")  # a warning
+    site = make_site(plane=spare, grants=deploy_grants(without=("list events",)))  # no CRD; the events: a warning
+    site.hp.remove_node(site.i01)
     with caplog.at_level(logging.INFO, logger="components.preflight.core"):
-        result = run(api_client)
+        result = site.run()
     crd, nodes, permissions = check(result, "crd"), check(result, "nodes"), check(result, "permissions")
     message = failure_message(result)
     assert message == f"preflight failed: crd: {crd.reason}. Fix: {crd.fix}; nodes: {nodes.reason}. Fix: {nodes.fix}"
@@ -932,25 +1061,28 @@ def test_the_failure_message_of_hand_made_results() -> None:
     assert failure_message(PreflightResult(checks[2:])) == "preflight passed, 1 warning(s)"
 
 
-def test_the_local_backend_has_nothing_to_check(server: FakeKubernetes, api_client: Any) -> None:
-    server.requests.clear()
-    result = preflight(config(backend="local", nnodes=1, image=""), api_client)
+def test_the_local_backend_has_nothing_to_check(site: Site) -> None:
+    since = audit_time()
+    with site.api() as api:
+        result = preflight(config(backend="local", nnodes=1, image=""), api)
     assert statuses(result) == dict.fromkeys(CHECK_NAMES, NOT_APPLICABLE) and result.passed
-    assert server.requests == []
+    assert site.runner_requests(since) == []
     assert result.markdown().startswith("# Preflight: passed\n")
 
 
-def test_a_transient_500_is_retried(server: FakeKubernetes, api_client: Any) -> None:
-    server.faults.fail_next("GET", r"^/api/v1/nodes", 500)
-    result = run(api_client)
+def test_a_transient_500_is_retried(site: Site, fault_proxy: Any) -> None:
+    fault_proxy.fail_next("GET", r"^/api/v1/nodes", 500)
+    with site.api(fault_proxy.url) as api:
+        result = site.run(api)
     assert statuses(result) == dict.fromkeys(CHECK_NAMES, PASS)
-    assert [(kind, method) for kind, method, _ in server.faults.injected] == [("fail", "GET")]
+    assert [(kind, method) for kind, method, _ in fault_proxy.injected] == [("fail", "GET")]
 
 
-def test_an_api_error_fails_only_its_check(server: FakeKubernetes, api_client: Any) -> None:
-    server.faults.fail_next("GET", r"/persistentvolumeclaims/", 503, times=10, message="etcd is away")
-    server.faults.fail_next("GET", r"/apis/apps/v1/daemonsets", 400, message="bad selector")
-    result = run(api_client)
+def test_an_api_error_fails_only_its_check(site: Site, fault_proxy: Any) -> None:
+    fault_proxy.fail_next("GET", r"/persistentvolumeclaims/", 503, times=10, message="etcd is away")
+    fault_proxy.fail_next("GET", r"/apis/apps/v1/daemonsets", 400, message="bad selector")
+    with site.api(fault_proxy.url) as api:
+        result = site.run(api)
     pvc, plugins = check(result, "fsx-pvc"), check(result, "device-plugins")
     assert pvc.status == FAIL and pvc.reason == (
         "Kubernetes API: read PVC failed 3 times; last: HTTP 503 Service Unavailable: etcd is away"
@@ -968,7 +1100,7 @@ def test_an_unreachable_api_server_fails_the_cluster_checks_once() -> None:
     configuration.host = url
     with kubernetes.client.ApiClient(configuration) as api:
         started = time.monotonic()
-        result = run(api)
+        result = preflight(config(), api, settings=FAST)
     assert time.monotonic() - started < 10
     crd = check(result, "crd")
     assert crd.status == FAIL and crd.reason.startswith("Kubernetes API: read CRD failed 3 times; last: MaxRetryError")
@@ -1019,26 +1151,15 @@ def test_pod_requests_like_the_scheduler() -> None:
     }
 
 
-# -- the KFP component -----------------------------------------------------------------------------------------
+# -- the KFP component, the CLI, and what is read --------------------------------------------------------------
 
 
-def kubeconfig(tmp_path: Path, url: str) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": url}}],
-        "users": [{"name": "runner", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "runner"}}],
-    }))  # fmt: skip
-    return path
-
-
-def component_args(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+def component_args(tmp_path: Path, namespace: str, **overrides: Any) -> dict[str, Any]:
     args: dict[str, Any] = dict(
         storage_root=str(tmp_path / "fsx"), dataset="synthetic", run_id="", resume_run_id="",
         pipeline_run_id="pipeline-pf-2",
         backend="kubernetes", nnodes=2, max_nodes=0, nproc_per_node=8, preset="tiny", image=IMAGE,
-        namespace="kubeflow", instance_type="ml.p5.48xlarge", job_options={},
+        namespace=namespace, instance_type="ml.p5.48xlarge", job_options={},
         platform={"pvc_name": "fsx-lustre-pvc", "mount_path": str(tmp_path / "fsx"), "queue_name": "",
                   "priority_class": ""}, warn_only=False,
         report=SimpleNamespace(path=str(tmp_path / "report.md"), uri="minio://report"),
@@ -1047,43 +1168,46 @@ def component_args(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def test_the_component_writes_the_report_and_fails_on_a_failed_check(
-    server: FakeKubernetes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spare: ControlPlane, make_site: Callable[..., Site], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from components.preflight.component import preflight as component
 
-    assert list(component.component_spec.inputs) == list(component_args(tmp_path))[:-1]
+    spare.install_crd(PYTORCHJOB_CRD)
+    site = make_site(plane=spare)
+    ns = site.namespace
+    assert list(component.component_spec.inputs) == list(component_args(tmp_path, ns))[:-1]
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a cluster: the kubeconfig's credentials
-    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION",
-                        str(kubeconfig(tmp_path, server.url)))  # fmt: skip
-    component.python_func(**component_args(tmp_path))
+    kubeconfig = spare.write_kubeconfig(tmp_path / "kubeconfig", spare.token_for(ns))
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    component.python_func(**component_args(tmp_path, ns))
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# Preflight: passed\n") and "| nodes | PASS |" in report
     record = json.loads((tmp_path / "fsx/runs/pipeline-pf-2/steps/preflight.json").read_text())
     assert record["state"] == "succeeded" and record["details"]["verdict"] == "passed"
 
-    server.remove_crd()
+    spare.remove_crd("pytorchjobs.kubeflow.org")
     with pytest.raises(StepFailed) as error:
-        component.python_func(**component_args(tmp_path))
+        component.python_func(**component_args(tmp_path, ns))
     # KFP uploads no report for a failed step: the message carries each failed check's reason and fix.
     assert str(error.value).startswith(
         "preflight failed: crd: the PyTorchJob CRD pytorchjobs.kubeflow.org is not installed: no job can be created."
         " Fix: "
     )
     with pytest.raises(InputError, match=r"storage_root '.*/elsewhere' is outside the FSx mount path"):
-        component.python_func(**component_args(tmp_path, storage_root=str(tmp_path / "elsewhere")))
+        component.python_func(**component_args(tmp_path, ns, storage_root=str(tmp_path / "elsewhere")))
     assert "| crd | **FAIL** |" in (tmp_path / "report.md").read_text()
-    component.python_func(**component_args(tmp_path, warn_only=True))  # allowed
+    component.python_func(**component_args(tmp_path, ns, warn_only=True))  # allowed
     started = time.monotonic()
-    component.python_func(**component_args(tmp_path, backend="local", nnodes=1, image=""))
+    component.python_func(**component_args(tmp_path, ns, backend="local", nnodes=1, image=""))
     assert time.monotonic() - started < 5 and "| crd | n/a |" in (tmp_path / "report.md").read_text()
 
 
-def test_the_cli_checks_through_the_kubeconfig_and_exits_by_the_verdict(server: FakeKubernetes, tmp_path: Path) -> None:
+def test_the_cli_checks_through_the_kubeconfig_and_exits_by_the_verdict(site: Site, tmp_path: Path) -> None:
     cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-    env["KUBECONFIG"] = str(kubeconfig(tmp_path, server.url))
+    env["KUBECONFIG"] = str(site.plane.write_kubeconfig(tmp_path / "kubeconfig"))
     command = [cli, "preflight", "--storage-root", str(tmp_path), "--dataset", "d", "--run-id", "r", "--image", IMAGE,
-               "--nnodes", "2", "--nproc-per-node", "8", "--json"]  # fmt: skip
+               "--namespace", site.namespace, "--nnodes", "2", "--nproc-per-node", "8", "--json"]  # fmt: skip
     passed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert passed.returncode == 0, passed.stderr
     assert {c["name"]: c["status"] for c in json.loads(passed.stdout)["checks"]}["nodes"] == "pass"
@@ -1094,8 +1218,49 @@ def test_the_cli_checks_through_the_kubeconfig_and_exits_by_the_verdict(server: 
     assert last.startswith("hyperpod-pretrain preflight: failed: nodes: 2 of 3 node(s) fit"), last
 
 
-def test_job_manifest_is_not_changed_by_the_checks(api_client: Any) -> None:
-    job = render_job(config().job_spec())
+def test_job_manifest_is_not_changed_by_the_checks(site: Site) -> None:
+    job = render_job(config(namespace=site.namespace).job_spec())
     before = copy.deepcopy(job)
-    check_manifest(job, api_client, memory_gib=2048, settings=FAST)
+    with site.api() as api:
+        check_manifest(job, api, memory_gib=2048, settings=FAST)
     assert job == before
+
+
+SECRET = "hunter2-wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+
+
+def test_a_plain_text_secret_in_another_namespaces_pod_reaches_neither_report_nor_log(
+    site: Site, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The preflight lists every pod in the cluster for its node and its requests only: a credential written in plain
+    text in another team's pod env is in the answer, and must go no further (report, JSON, logs at any level). The
+    device plugins and the operator are read whole too (their DaemonSet and Deployment): the same rule."""
+    team = site.hp.namespace(f"team-b-{site.hp.tag}")
+    site.hp.add_pod(team, "their-trainer", node=site.i00, containers=[{
+        "name": "main", "image": "team-b/trainer:3", "resources": {"limits": {"nvidia.com/gpu": "8"}},
+        "env": [{"name": "AWS_ACCESS_KEY_ID", "value": "AKIAIOSFODNN7EXAMPLE"},
+                {"name": "AWS_SECRET_ACCESS_KEY", "value": SECRET}],
+    }])  # fmt: skip
+    secret_env = [{"name": "PROXY_PASSWORD", "value": SECRET}]
+    site.hp.apps.delete_namespaced_daemon_set(EFA_PLUGIN, "kube-system")
+    site.hp.add_daemonset("kube-system", EFA_PLUGIN, image="efa:1", desired=2, env=secret_env)
+    site.hp.apps.delete_namespaced_deployment("training-operator", "kubeflow")
+    site.hp.add_deployment("kubeflow", "training-operator", image=OPERATOR_IMAGE, env=secret_env,
+                           labels={"control-plane": "kubeflow-training-operator"})  # fmt: skip
+    since = audit_time()
+    caplog.set_level(logging.DEBUG)  # from here: the objects' creation above was the admin's, logged with their env
+    result = site.run()
+    command = [sys.executable, "-m", "pipelines.cli", "preflight", "--json", "--storage-root", "/fsx", "--dataset",
+               "synthetic", "--run-id", "pf-1", "--nnodes", "2", "--nproc-per-node", "8", "--image", IMAGE,
+               "--instance-type", "ml.p5.48xlarge", "--no-owner-reference", "--namespace", site.namespace]  # fmt: skip
+    env = {**os.environ, "KUBECONFIG": str(site.plane.write_kubeconfig(tmp_path / "kubeconfig"))}
+    cli = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    listed = {(e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace", ""))
+              for e in site.runner_requests(since)}  # fmt: skip
+    assert {("list", "pods", ""), ("list", "daemonsets", ""), ("list", "deployments", "kubeflow")} <= listed
+    nodes = check(result, "nodes")
+    assert f"{site.i00}: nvidia.com/gpu 8 requested, 0 free" in nodes.reason, "their pod was counted"
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["checks"] == result.to_json()["checks"]
+    for text in (result.markdown(), json.dumps(result.to_json()), caplog.text, cli.stdout, cli.stderr):
+        assert SECRET not in text and "AKIAIOSFODNN7EXAMPLE" not in text

@@ -1,7 +1,7 @@
 """Least privilege: what a person starting a run may choose, and the hostile run parameters that are refused.
 
-Every case goes through the launcher and the preflight against the loopback Kubernetes server, and the server's
-request record shows that nothing reached the API: refused before any call, with one line naming the parameter.
+Every case goes through the launcher and the preflight against the real API server, and its audit log shows that
+nothing reached the API: refused before any call, with one line naming the parameter.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from components.launch_pytorchjob.core import LaunchConfig, launch
 from components.launch_pytorchjob.manifest import render_job
 from components.launch_pytorchjob.platform import RUN_OPTIONS, Platform
 from components.preflight.core import preflight
+from tests.cluster.control_plane import RUNNER_USER, audit_time
 
 REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
 IMAGE = f"{REGISTRY}/hyperpod-pretrain-trainer:1"
@@ -107,12 +108,12 @@ def test_hostile_run_parameters_are_refused_before_any_api_call(
                                                           "registries": (REGISTRY,)})}  # fmt: skip
     cfg = config(staged_root, **overrides)
     api = control_plane.runner_client()  # the pipeline runner, on the real API server
-    before = len(control_plane.audit_events())
+    since = audit_time()
     with pytest.raises(InputError, match=message) as launched:
         launch(cfg, api)
     with pytest.raises(InputError, match=message):
         preflight(cfg, api)
-    assert control_plane.audit_events()[before:] == [], f"{what}: the API server was called"
+    assert control_plane.audit_events(user=RUNNER_USER, since=since) == [], f"{what}: the API server was called"
     assert "\n" not in str(launched.value).replace("\\n", ""), "one line"
 
 

@@ -42,23 +42,25 @@ log = logging.getLogger(__name__)
 PASS, WARN, FAIL, NOT_APPLICABLE = "pass", "warn", "fail", "n/a"
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
-OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE = "training-operator", "kubeflow"
-OPERATOR_SELECTOR = "control-plane=kubeflow-training-operator"
+# The Training Operator is found by its label, whatever its Deployment is called: the release manifests name it
+# training-operator, HyperPod's dependency chart after the Helm release (aws/sagemaker-hyperpod-cli,
+# helm_chart/HyperPodHelmChart/charts/training-operators); both put it in kubeflow with this label.
+OPERATOR_NAMESPACE, OPERATOR_SELECTOR = "kubeflow", "control-plane=kubeflow-training-operator"
 VERSION_LABEL = "app.kubernetes.io/version"
 AUTO_RESUME_OPERATOR_VERSIONS = ("1.7.0", "1.8.0", "1.8.1")  # the Training Operator versions HyperPod resumes
-# Release images carry the commit they were built from (kubeflow/training-operator:v1-<sha>), not the release: each
-# release's manifests/overlays/standalone/kustomization.yaml names its image by `images: newTag`. Image tag -> release.
-# Matched on the tag alone, so an image mirrored to another registry (ECR) is recognised too.
+# Release images carry the commit they were built from (kubeflow/training-operator:v1-<sha>), not the release. Image
+# tag -> release, each from kubeflow/training-operator at that release's tag, manifests/overlays/standalone/
+# kustomization.yaml, `images: newTag` (1.9.x publishes to ghcr.io/kubeflow/training-v1/training-operator). Matched on
+# the tag alone, so an image mirrored to another registry (ECR) is recognised too.
 OPERATOR_RELEASE_TAGS: dict[str, str] = {
-    # kubeflow/training-operator v1.7.0, manifests/overlays/standalone/kustomization.yaml, newTag "v1-855e096". Not
-    # read at the tag itself: the same file in the fork Kamui741/training-operator, and project-codeflare/appwrapper
-    # hack/e2e-util.sh, which applies overlays/standalone?ref=v1.7.0 with image kubeflow/training-operator:v1-855e096.
     "v1-855e096": "v1.7.0",
-    # kubeflow/training-operator v1.8.1, the standalone overlay's image as project-codeflare/appwrapper
-    # hack/e2e-util.sh pins it beside KUBEFLOW_VERSION=v1.8.1 ("these must be kept in synch"). Second-hand too: a
-    # rendering of a later release's overlay was reported with the same tag, so an image of that tag is told apart
-    # from a 1.8.1 install only by hand (HOW_TO_CHECK).
-    "v1-5170a36": "v1.8.1",
+    "v1-9e52eb7": "v1.8.0",
+    "v1-04f9f13": "v1.8.1",
+    "v1-5170a36": "v1.9.0",
+    "v1-5c0e763": "v1.9.1",
+    "v1-3f15cb8": "v1.9.2",
+    "v1-d6eb98e": "v1.9.3",
+    "v1-93c5489": "v1.9.4",
 }
 OPERATOR_MANIFEST = "github.com/kubeflow/training-operator/blob/v1.8.1/manifests/overlays/standalone/kustomization.yaml"
 HOW_TO_CHECK = ("check by hand: kubectl -n {ns} get deploy {name} -o jsonpath='{{.spec.template.spec.containers[0]"
@@ -81,10 +83,10 @@ SEED_FIX = {  # the seed's troubleshooting table
     "oom": "Increase memory in resources",
     "ecr": "Re-run aws ecr get-login-password or use IRSA",
 }
-RBAC_FIX = ("kubectl apply -n {ns} -f deploy/rbac.yaml (its Role and RoleBinding are written for namespace kubeflow "
-            "and the service account kubeflow/pipeline-runner: edit them for another)")  # fmt: skip
-READ_FIX = ("grant the step's service account {what} to run this check: kubectl apply -n kubeflow -f deploy/rbac.yaml "
-            "(the CRD, the Training Operator, the PVC), kubectl apply -f deploy/rbac-cluster-read.yaml (optional: "
+RBAC_FIX = ("kubectl apply -f deploy/rbac.yaml, its launcher Role and RoleBinding set to namespace {ns} (written "
+            "for kubeflow and the service account kubeflow/pipeline-runner: edit them for another)")  # fmt: skip
+READ_FIX = ("grant the step's service account {what} to run this check: kubectl apply -f deploy/rbac.yaml (the CRD, "
+            "the Training Operator in kubeflow, the PVC), kubectl apply -f deploy/rbac-cluster-read.yaml (optional: "
             "nodes, pods, DaemonSets and Deployments in all namespaces, PersistentVolumes and "
             "StorageClasses)")  # fmt: skip
 
@@ -316,24 +318,25 @@ class OperatorVersion:
     version: str  # as written ("v1.8.1"), "" when unknown
     where: str  # the Deployment it was read from and how, or why it could not be
     namespace: str = OPERATOR_NAMESPACE  # the Deployment's, for the how-to-check line
-    name: str = OPERATOR_DEPLOYMENT
+    name: str = "training-operator"
 
 
 def operator_version(ctx: Context) -> OperatorVersion:
-    """The Training Operator's version: a semver version label or image tag, else its release image tag's release."""
+    """The Training Operator's version: a semver version label or image tag, else its release image tag's release.
+
+    Its Deployment is listed by label in kubeflow (deploy/rbac.yaml grants that), else in every namespace (the
+    optional cluster-read file). Read raw, as pods are: a preloaded response is logged whole at DEBUG by the kubernetes
+    client (kubernetes/client/rest.py), with every plain-text env value in it."""
     kube, apps = ctx.kube, ctx.apps
     deployments: list[Any] = []
     refused = False
-    # Deployments and DaemonSets are read raw, as pods are: a preloaded response is logged whole at DEBUG by the
-    # kubernetes client (kubernetes/client/rest.py), with every plain-text env value in it.
     try:
-        response = kube.call("read Deployment", apps.read_namespaced_deployment, OPERATOR_DEPLOYMENT,
-                             OPERATOR_NAMESPACE, _preload_content=False)  # fmt: skip
-        deployments = [json.loads(response.data)]
+        deployments = raw_items(kube.call("list Deployments", apps.list_namespaced_deployment, OPERATOR_NAMESPACE,
+                                          label_selector=OPERATOR_SELECTOR, _preload_content=False))  # fmt: skip
     except ApiException as exc:
-        if not (not_found(exc) or forbidden(exc)):
+        if not forbidden(exc):
             raise
-        refused = forbidden(exc)
+        refused = True
     if not deployments:
         try:
             deployments = raw_items(kube.call("list Deployments", apps.list_deployment_for_all_namespaces,
@@ -341,11 +344,12 @@ def operator_version(ctx: Context) -> OperatorVersion:
         except ApiException as exc:
             if not forbidden(exc):
                 raise
-            return OperatorVersion("", "cannot read Deployments: the service account may not get or list deployments")
+            if refused:
+                return OperatorVersion("", "cannot read Deployments: the service account may not list deployments")
+            why = f"no Deployment labelled {OPERATOR_SELECTOR} in {OPERATOR_NAMESPACE}; other namespaces not readable"
+            return OperatorVersion("", why)
     if not deployments:
-        readable = " readable" if refused else ""
-        why = f"no Deployment training-operator in kubeflow{readable} nor labelled {OPERATOR_SELECTOR}"
-        return OperatorVersion("", why)
+        return OperatorVersion("", f"no Deployment labelled {OPERATOR_SELECTOR} in any namespace")
     deployment = deployments[0]
     namespace, name = deployment["metadata"].get("namespace", ""), deployment["metadata"]["name"]
     found = OperatorVersion("", f"{namespace}/{name}", namespace, name)

@@ -25,10 +25,10 @@ class Cluster:
     there. What went wrong inside a player is in :attr:`errors`."""
 
     def __init__(self, control_plane: ControlPlane, kueue: Kueue, workdir: Path, *, timeline: Timeline | None = None,
-                 serve_logs: bool = True, rules: list[dict[str, Any]] | None = None):  # fmt: skip
+                 serve_logs: bool = True, grants: list[dict[str, Any]] | None = None):  # fmt: skip
         self.control_plane, self.kueue = control_plane, kueue
         self.admin = control_plane.admin
-        self.namespace = control_plane.test_namespace(rules=rules)
+        self.namespace = control_plane.test_namespace(grants)
         self.timeline = timeline
         self.errors: list[str] = []
         self._closed = threading.Event()
@@ -62,8 +62,9 @@ class Cluster:
     # -- clients and reads ------------------------------------------------------------------------------------
 
     def runner(self, host: str = "") -> kubernetes.client.ApiClient:
-        """The pipeline runner's client (its service-account token; only deploy/rbac*.yaml grant it anything)."""
-        return self.control_plane.runner_client(host)
+        """The pipeline runner's client (its service-account token; only deploy/rbac*.yaml grant it anything), or the
+        less-granted account's where the cluster was made with ``grants``."""
+        return self.control_plane.runner_client(host, self.namespace)
 
     def job(self, name: str) -> dict[str, Any] | None:
         api = kubernetes.client.CustomObjectsApi(self.admin)
@@ -88,7 +89,7 @@ class Cluster:
         return json.loads(response.data)["items"]
 
     def audit(self) -> list[dict[str, Any]]:
-        """The runner's requests in this namespace (ResponseComplete audit events)."""
+        """The requests of the runner (or the less-granted account) in this namespace (ResponseComplete events)."""
         return self.control_plane.audit_events(self.namespace)
 
     def requests(self, verb: str, resource: str, subresource: str = "") -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import ctypes
 import gzip
 import hashlib
@@ -29,6 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,9 @@ RBAC_FILES = (REPO / "deploy/rbac.yaml", REPO / "deploy/rbac-cluster-read.yaml")
 RUNNER_NAMESPACE, RUNNER_ACCOUNT = "kubeflow", "pipeline-runner"  # the account deploy/rbac*.yaml bind
 RUNNER_USER = f"system:serviceaccount:{RUNNER_NAMESPACE}:{RUNNER_ACCOUNT}"
 ADMIN_USER = "admin"
+ACCOUNTS = "system:serviceaccounts"  # the group of every service account
+LESS_GRANTED = "less-granted-runner"
+LAUNCHER_ROLE = "hyperpod-pretrain-launcher"  # the account a test of less granted runs as, in its own namespace
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Only what a test needs of the controller manager: anything more overwrites what the players write (README, "Flags").
 CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller"
@@ -146,17 +151,21 @@ class ControlPlane:
     :attr:`audit_log` (ResponseComplete events, Metadata level).
     """
 
-    def __init__(self, binaries: Binaries, workdir: Path, crds: list[Path]):
+    def __init__(self, binaries: Binaries, workdir: Path, crds: list[Path], *, etcd_url: str = ""):
         self.binaries, self.workdir, self.crds = binaries, workdir, crds
+        # Given: another plane's etcd, under a store of this server's own (a spare; see spare()).
+        self.etcd_url, self.etcd_prefix = etcd_url, f"/spare-{uuid.uuid4().hex[:8]}" if etcd_url else ""
         self.processes: dict[str, subprocess.Popen] = {}
         self.port = 0
         self.url = ""
         self.admin_token = uuid.uuid4().hex
         self.ca_file = workdir / "certs/apiserver.crt"
         self.audit_log = workdir / "audit.log"
+        self.spare_audit_logs: list[Path] = []
         self.admin: kubernetes.client.ApiClient | None = None
         self._runner_token = ""
         self._namespaces = 0
+        self._less_granted: dict[str, tuple[str, list[dict[str, Any]]]] = {}  # namespace -> token, objects made
         # Players that serve the whole control plane (admission webhooks), registered by the test fixture.
         self.webhook: Any = None
         self.kueue: Any = None
@@ -170,12 +179,13 @@ class ControlPlane:
     def start(self) -> ControlPlane:
         self.workdir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        self._start_etcd()
+        if not self.etcd_url:
+            self._start_etcd()
         self._start_apiserver()
         self.admin = kubernetes.client.ApiClient(self.configuration(self.admin_token))
         for crd in self.crds:  # before the controller manager, so that its garbage collector knows them at once
             self.install_crd(crd)
-        if self.binaries.kube_controller_manager is not None:
+        if self.binaries.kube_controller_manager is not None and not self.etcd_prefix:
             self._start_controller_manager()
         self._setup_runner()
         log.info("control plane up in %.1fs: %s (binaries from %s)", time.monotonic() - started, self.url,
@@ -249,8 +259,9 @@ class ControlPlane:
         policy.write_text(yaml.safe_dump({
             "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
             # Deletes at Request level: their DeleteOptions (propagationPolicy, preconditions) are in requestObject.
-            "rules": [{"level": "Request", "users": [RUNNER_USER], "verbs": ["delete"]},
-                      {"level": "Metadata", "users": [RUNNER_USER]}, {"level": "None"}],
+            # Every service account: the runner, and the less-granted identities of tests that run with less.
+            "rules": [{"level": "Request", "userGroups": [ACCOUNTS], "verbs": ["delete"]},
+                      {"level": "Metadata", "userGroups": [ACCOUNTS]}, {"level": "None"}],
         }))  # fmt: skip
         self._spawn("kube-apiserver", self.binaries.kube_apiserver, [
             "--etcd-servers", self.etcd_url, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
@@ -264,6 +275,7 @@ class ControlPlane:
             # No watch cache for PyTorchJobs: a watch from a compacted resourceVersion then answers 410 at once
             # (README, "Watches that expire").
             "--watch-cache-sizes", "pytorchjobs.kubeflow.org#0",
+            *(["--etcd-prefix", self.etcd_prefix] if self.etcd_prefix else []),
         ])  # fmt: skip
         http = urllib3.PoolManager(timeout=2.0, retries=False, cert_reqs="CERT_NONE")
         headers = {"Authorization": f"Bearer {self.admin_token}"}
@@ -301,9 +313,14 @@ class ControlPlane:
         cfg.api_key = {"authorization": f"Bearer {token}"}
         return cfg
 
-    def runner_client(self, host: str = "") -> kubernetes.client.ApiClient:
-        """An ApiClient that is the pipeline runner (a real token from the TokenRequest API); ``host``: a proxy."""
-        return kubernetes.client.ApiClient(self.configuration(self._runner_token, host))
+    def runner_client(self, host: str = "", namespace: str = "") -> kubernetes.client.ApiClient:
+        """An ApiClient that is the pipeline runner (a real token from the TokenRequest API); ``host``: a proxy. For a
+        namespace made with less granted, the client is that namespace's less-granted account."""
+        return kubernetes.client.ApiClient(self.configuration(self.token_for(namespace), host))
+
+    def token_for(self, namespace: str = "") -> str:
+        less = self._less_granted.get(namespace)
+        return less[0] if less else self._runner_token
 
     @property
     def runner_token(self) -> str:
@@ -320,21 +337,46 @@ class ControlPlane:
         return path
 
     def _setup_runner(self) -> None:
-        core = kubernetes.client.CoreV1Api(self.admin)
         self.create_namespace(RUNNER_NAMESPACE)
-        core.create_namespaced_service_account(RUNNER_NAMESPACE, {"metadata": {"name": RUNNER_ACCOUNT}})
+        self._runner_token = self._token(RUNNER_NAMESPACE, RUNNER_ACCOUNT)
+        for doc in deploy_grants():  # all but the launcher's Role and RoleBinding, which go in each test namespace
+            if not _for_the_jobs_namespace(doc):
+                self.apply(doc)
+
+    def _token(self, namespace: str, account: str) -> str:
+        core = kubernetes.client.CoreV1Api(self.admin)
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
         request = {"spec": {"audiences": [ISSUER], "expirationSeconds": 24 * 3600}}
-        token = core.create_namespaced_service_account_token(RUNNER_ACCOUNT, RUNNER_NAMESPACE, request)
-        self._runner_token = token.status.token
-        for path in RBAC_FILES:  # the cluster-scoped parts once; the Role and RoleBinding go in each test namespace
-            for doc in yaml.safe_load_all(path.read_text()):
-                if doc and doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-                    self.apply(doc)
+        return core.create_namespaced_service_account_token(account, namespace, request).status.token
+
+    def _grant_less(self, namespace: str, grants: list[dict[str, Any]]) -> None:
+        """The account LESS_GRANTED in ``namespace``, bound to ``grants`` (deploy_grants() with rules cut) instead of
+        the runner: the runner's own grants stay whole, so that it meets no 403 all session. What is cluster-scoped or
+        in another namespace is named after the test's namespace and removed with it."""
+        token = self._token(namespace, LESS_GRANTED)
+        made: list[dict[str, Any]] = []
+        subject = {"kind": "ServiceAccount", "name": LESS_GRANTED, "namespace": namespace}
+        for doc in grants:
+            doc = copy.deepcopy(doc)
+            meta = doc["metadata"]
+            if _for_the_jobs_namespace(doc):
+                meta["namespace"] = namespace
+            else:
+                meta["name"] = f"{meta['name']}.{namespace}"
+                if doc["kind"].endswith("Binding"):
+                    doc["roleRef"]["name"] = f"{doc['roleRef']['name']}.{namespace}"
+                made.append(doc)
+            if doc["kind"].endswith("Binding"):
+                doc["subjects"] = [subject]
+            self.apply(doc)
+        self._less_granted[namespace] = token, made
 
     # -- objects ----------------------------------------------------------------------------------------------
 
-    def install_crd(self, path: Path) -> None:
-        crd = yaml.safe_load(path.read_text())
+    def install_crd(self, crd: Path | dict[str, Any]) -> None:
+        """Install a CRD (a file, or a document) and wait until it is Established."""
+        if isinstance(crd, Path):
+            crd = yaml.load(crd.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         api = kubernetes.client.ApiextensionsV1Api(self.admin)
         api.create_custom_resource_definition(crd)
         deadline = time.monotonic() + 30
@@ -345,12 +387,29 @@ class ControlPlane:
             time.sleep(0.1)
         raise RuntimeError(f"CRD {crd['metadata']['name']} not Established within 30s")
 
+    def remove_crd(self, name: str) -> None:
+        """Delete a CRD and wait until it is gone (its objects with it; the API server's own finalizer)."""
+        api = kubernetes.client.ApiextensionsV1Api(self.admin)
+        api.delete_custom_resource_definition(name)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                api.read_custom_resource_definition(name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
+            time.sleep(0.1)
+        raise RuntimeError(f"CRD {name} not gone within 30s")
+
     def apply(self, doc: dict[str, Any], namespace: str = "") -> dict[str, Any]:
         """Create one object as the admin (the RBAC kinds and namespaces the fixtures need)."""
         rbac = kubernetes.client.RbacAuthorizationV1Api(self.admin)
         kind = doc["kind"]
         if namespace:
             doc = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+        if kind in ("Role", "RoleBinding") and doc["metadata"]["namespace"] != namespace:
+            self.ensure_namespace(doc["metadata"]["namespace"])
         create = {
             "ClusterRole": lambda: rbac.create_cluster_role(doc),
             "ClusterRoleBinding": lambda: rbac.create_cluster_role_binding(doc),
@@ -375,26 +434,54 @@ class ControlPlane:
             raise RuntimeError(f"namespace {name}: no default ServiceAccount within 30s")
         core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
 
-    def launcher_role(self) -> list[dict[str, Any]]:
-        """deploy/rbac.yaml's Role and RoleBinding."""
-        return [d for d in yaml.safe_load_all(RBAC_FILES[0].read_text()) if d and d["kind"] in ("Role", "RoleBinding")]
+    def ensure_namespace(self, name: str) -> None:
+        """``name`` exists (a system namespace the API server itself may be creating at this moment, say)."""
+        with contextlib.suppress(ApiException):
+            kubernetes.client.CoreV1Api(self.admin).read_namespace(name)
+            return
+        try:
+            self.create_namespace(name)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
-    def test_namespace(self, rules: list[dict[str, Any]] | None = None) -> str:
-        """A fresh namespace with deploy/rbac.yaml's Role and RoleBinding in it, the Role's rules replaced by ``rules``
-        when given (a test of less granted)."""
+    def test_namespace(self, grants: list[dict[str, Any]] | None = None) -> str:
+        """A fresh namespace with deploy/rbac.yaml's launcher Role and RoleBinding in it for the runner; with
+        ``grants`` (a test of less granted: deploy_grants() with rules cut), bound to an account of its own instead."""
         self._namespaces += 1
         name = f"hyperpod-t{self._namespaces}-{uuid.uuid4().hex[:5]}"
         self.create_namespace(name)
-        for doc in self.launcher_role():
-            if doc["kind"] == "Role" and rules is not None:
-                doc = {**doc, "rules": rules}
-            self.apply(doc, namespace=name)
+        if grants is not None:
+            self._grant_less(name, grants)
+            return name
+        for doc in deploy_grants():
+            if _for_the_jobs_namespace(doc):
+                self.apply(doc, namespace=name)
         return name
 
     def delete_namespace(self, name: str) -> None:
-        """Not waited for: deleting a namespace takes ~5 s (README, "Measured")."""
+        """Not waited for: deleting a namespace takes ~5 s (README, "Measured"). A less-granted account's grants
+        outside the namespace go with it."""
+        _, made = self._less_granted.pop(name, ("", []))
+        for doc in made:
+            meta = doc["metadata"]
+            where = f"namespaces/{meta['namespace']}/" if "namespace" in meta else ""
+            path = f"/apis/rbac.authorization.k8s.io/v1/{where}{doc['kind'].lower()}s/{meta['name']}"
+            with contextlib.suppress(ApiException):
+                self.admin.call_api(path, "DELETE", auth_settings=["BearerToken"], _preload_content=False)
         with contextlib.suppress(ApiException):
             kubernetes.client.CoreV1Api(self.admin).delete_namespace(name)
+
+    @contextlib.contextmanager
+    def spare(self, workdir: Path, crds: list[Path]) -> Iterator[ControlPlane]:
+        """Another API server over this etcd, on a fresh ``--etcd-prefix``: a store of its own (~2 s to start;
+        README, "Measured"), for a test that must remove or change a CRD without touching this plane's."""
+        other = ControlPlane(self.binaries, workdir, crds, etcd_url=self.etcd_url)
+        self.spare_audit_logs.append(other.audit_log)  # the runner's requests there count as much as here
+        try:
+            yield other.start()
+        finally:
+            other.stop()
 
     def compact(self) -> None:
         """Compact etcd's history up to now: a watch from an older resourceVersion then answers 410 (the API server
@@ -407,16 +494,29 @@ class ControlPlane:
 
     # -- what the server recorded -----------------------------------------------------------------------------
 
-    def audit_events(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """The runner's completed requests (ResponseComplete audit events), optionally in one namespace."""
+    def audit_events(
+        self, namespace: str | None = None, user: str | None = None, since: str = ""
+    ) -> list[dict[str, Any]]:
+        """Service accounts' completed requests (ResponseComplete audit events), optionally in one namespace, by one
+        user (:data:`RUNNER_USER`: the runner), or received from ``since`` on (:func:`audit_time`; a watch or log
+        stream of an earlier test may complete later)."""
+        lines: list[str] = []
+        for path in (self.audit_log, *self.spare_audit_logs):
+            with contextlib.suppress(FileNotFoundError):
+                lines += path.read_text().splitlines()
         events = []
-        with open(self.audit_log) as f:
-            for line in f:
-                event = json.loads(line)
-                if event.get("stage") != "ResponseComplete":
-                    continue
-                if namespace is None or (event.get("objectRef") or {}).get("namespace") == namespace:
-                    events.append(event)
+        for line in lines:
+            event = json.loads(line)
+            if event.get("stage") != "ResponseComplete":
+                continue
+            if namespace is not None and (event.get("objectRef") or {}).get("namespace") != namespace:
+                continue
+            if event["requestReceivedTimestamp"] < since:
+                continue
+            if user is None or event["user"]["username"] == user:
+                events.append(event)
+        if self.spare_audit_logs:  # in the order they completed, as one log would have them
+            events.sort(key=lambda e: e["stageTimestamp"])
         return events
 
     def request_counts(self, resource: str, subresource: str = "") -> dict[tuple[str, str], float]:
@@ -434,6 +534,41 @@ class ControlPlane:
                 key = labels.get("verb", ""), labels.get("code", "")
                 counts[key] = counts.get(key, 0.0) + float(value)
         return counts
+
+
+def audit_time() -> str:
+    """Now, as the audit log writes times (metav1.MicroTime: RFC 3339 with six fractional digits, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def deploy_grants(files: tuple[Path, ...] = RBAC_FILES, without: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The RBAC documents of ``files``; ``without``: verbs cut from their rules, as ``"list pods"`` (every Role and
+    ClusterRole) or ``"hyperpod-pretrain-cluster-read: list pods"`` (one of them): what a test of less granted binds."""
+    cuts = [(role, *what.split()) for role, _, what in (w.rpartition(": ") for w in without)]
+    docs = []
+    for path in files:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc:
+                continue
+            if "rules" in doc:
+                name = doc["metadata"]["name"]
+                rules = []
+                for rule in doc["rules"]:
+                    if not any(role in ("", name) and resource in rule["resources"] for role, _, resource in cuts):
+                        rules.append(rule)
+                        continue
+                    for resource in rule["resources"]:  # the rule split by resource, to cut one of them
+                        cut = {v for role, v, r in cuts if role in ("", name) and r == resource}
+                        if verbs := [v for v in rule["verbs"] if v not in cut]:
+                            rules.append({**rule, "resources": [resource], "verbs": verbs})
+                doc = {**doc, "rules": rules}
+            docs.append(doc)
+    return docs
+
+
+def _for_the_jobs_namespace(doc: dict[str, Any]) -> bool:
+    """deploy/rbac.yaml's launcher Role and its binding: written for namespace kubeflow, applied in the job's."""
+    return doc["kind"] in ("Role", "RoleBinding") and doc["metadata"]["name"] == LAUNCHER_ROLE
 
 
 def _split_labels(text: str) -> Iterator[str]:

@@ -1,0 +1,385 @@
+"""What a HyperPod cluster holds before a run, written on the real API server as the components that own it write it.
+
+The preflight reads these; nothing here runs a job. Each kind, as its owner leaves it (kubernetes/kubernetes v1.36
+unless named):
+- Nodes: labels and ``status`` as the kubelet reports them (``pkg/kubelet/kubelet_node_status.go``), HyperPod's health
+  labels (``sagemaker.amazonaws.com/node-health-status``, ``.../deep-health-check-status``: the HyperPod health agent),
+  and the node lifecycle controller's taints (``pkg/controller/nodelifecycle``: ``not-ready``/``unreachable``,
+  ``unschedulable`` for a cordoned node). Admission's ``TaintNodesByCondition`` puts ``not-ready:NoSchedule`` on every
+  new Node; a Ready node has it lifted, as the lifecycle controller does (``../shared/k8s/README.md``).
+- Pods of other teams: bound at create (``spec.nodeName``), their status as the kubelet writes it.
+- DaemonSets and Deployments: ``status`` as their controllers write it (``pkg/controller/daemon``
+  ``updateDaemonSetStatus``, ``pkg/controller/deployment`` ``syncDeploymentStatus``); the device plugins as HyperPod
+  installs them in kube-system; the Training Operator as its manifests or HyperPod's chart install it.
+- FSx for Lustre volumes as dynamic provisioning leaves them: the PVC made, the CSI provisioner's PV ``pvc-<uid>``
+  (kubernetes-csi/external-provisioner ``makeVolumeName``) with the FSx CSI driver's volume context (``dnsname``,
+  ``mountname``: kubernetes-sigs/aws-fsx-csi-driver ``pkg/driver/controller.go``), and the PV controller's binding
+  (``pkg/controller/volume/persistentvolume/pv_controller.go`` ``bind``: the PVC's ``volumeName``, the PV's
+  ``claimRef`` with the PVC's uid, both Bound).
+
+Names of cluster-scoped objects carry the test's tag, so that nothing one test leaves can be read by another; all a
+test made is removed by :meth:`Installed.close` (pods with grace 0: no kubelet would ever finish their deletion).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from tests.cluster.control_plane import ControlPlane
+
+GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
+HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# Allocatable resources of HyperPod instance types (8 GPUs each; EFA devices as in DESIGN.md), and a system node's.
+INSTANCE_RESOURCES: dict[str, dict[str, str]] = {
+    "ml.p5.48xlarge": {"cpu": "192", "memory": "2063937952Ki", GPU: "8", EFA: "32"},
+    "ml.p5en.48xlarge": {"cpu": "192", "memory": "2063937952Ki", GPU: "8", EFA: "16"},
+}
+CPU_NODE_RESOURCES = {"cpu": "8", "memory": "31669808Ki"}
+# The device plugins (HyperPod installs both in kube-system) and the Training Operator (kubeflow/training-operator
+# manifests/base/deployment.yaml; HyperPod's chart, aws/sagemaker-hyperpod-cli helm_chart/HyperPodHelmChart/charts/
+# training-operators, names it after the release and keeps the label).
+EFA_PLUGIN = "aws-efa-k8s-device-plugin-daemonset"
+EFA_PLUGIN_IMAGE = "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.5.6"
+NVIDIA_PLUGIN = "nvidia-device-plugin-daemonset"
+NVIDIA_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.16.2"
+OPERATOR_LABELS = {"control-plane": "kubeflow-training-operator"}
+FSX_DRIVER = "fsx.csi.aws.com"
+FILE_SYSTEM = "fs-0123456789abcdef0"
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def taint(text: str) -> dict[str, str]:
+    """``key=value:Effect`` or ``key:Effect``."""
+    key_value, _, effect = text.rpartition(":")
+    key, _, value = key_value.partition("=")
+    return {"key": key, "effect": effect} | ({"value": value} if value else {})
+
+
+class Installed:
+    """Objects made as the admin on one control plane for one test, removed by :meth:`close`."""
+
+    def __init__(self, plane: ControlPlane, tag: str):
+        self.plane, self.tag = plane, tag
+        self.core = kubernetes.client.CoreV1Api(plane.admin)
+        self.apps = kubernetes.client.AppsV1Api(plane.admin)
+        self.storage = kubernetes.client.StorageV1Api(plane.admin)
+        self._made: list[tuple[str, str, str]] = []  # (kind, namespace, name), in order
+        self._namespaces: list[str] = []
+
+    def name(self, base: str) -> str:
+        """A cluster-scoped object's name: ``base`` with this test's tag."""
+        return f"{base}-{self.tag}"
+
+    def close(self) -> None:
+        for kind, namespace, name in reversed(self._made):
+            with contextlib.suppress(ApiException):
+                self.delete(kind, namespace, name)
+        for namespace in self._namespaces:
+            self.plane.delete_namespace(namespace)
+
+    def adopt_namespace(self, name: str) -> None:
+        """Delete ``name`` with the rest (a namespace made elsewhere for this test)."""
+        self._namespaces.append(name)
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete one object made here (a PVC's or PV's protection finalizer lifted first)."""
+        if kind in ("persistentvolumeclaims", "persistentvolumes"):  # protection finalizers: no controller lifts them
+            body = {"metadata": {"finalizers": None}}
+            if kind == "persistentvolumes":
+                self.core.patch_persistent_volume(name, body)
+                self.core.delete_persistent_volume(name)
+            else:
+                self.core.patch_namespaced_persistent_volume_claim(name, namespace, body)
+                self.core.delete_namespaced_persistent_volume_claim(name, namespace)
+            return
+        {
+            "nodes": lambda: self.core.delete_node(name),
+            "pods": lambda: self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0),
+            "storageclasses": lambda: self.storage.delete_storage_class(name),
+            "daemonsets": lambda: self.apps.delete_namespaced_daemon_set(name, namespace),
+            "deployments": lambda: self.apps.delete_namespaced_deployment(name, namespace),
+        }[kind]()
+
+    def _raw(self, response: Any) -> dict[str, Any]:
+        return json.loads(response.data)
+
+    def namespace(self, name: str) -> str:
+        """A namespace of another team's, made (and deleted) by this test unless it exists."""
+        try:
+            self.core.read_namespace(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.plane.create_namespace(name)
+            self._namespaces.append(name)
+        return name
+
+    # -- nodes ------------------------------------------------------------------------------------------------
+
+    def add_node(
+        self,
+        base: str,
+        *,
+        instance_type: str = "ml.p5.48xlarge",
+        health_status: str | None = "Schedulable",
+        deep_health_check: str | None = None,
+        labels: dict[str, str] | None = None,
+        taints: Iterable[str] = (),
+        unschedulable: bool = False,
+        ready: bool = True,
+    ) -> str:
+        """A node named ``base`` + tag; its allocatable is the instance type's. ``health_status`` None: no health
+        label. Not ``ready``: KubeletNotReady, with the lifecycle controller's not-ready taints."""
+        name = self.name(base)
+        node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                       INSTANCE_TYPE_LABEL: instance_type, "topology.kubernetes.io/zone": "us-west-2a"}  # fmt: skip
+        if instance_type.startswith("ml."):
+            node_labels["sagemaker.amazonaws.com/compute-type"] = "hyperpod"
+        if health_status is not None:
+            node_labels[HEALTH_LABEL] = health_status
+        if deep_health_check is not None:
+            node_labels[DEEP_HEALTH_LABEL] = deep_health_check
+        node_labels |= labels or {}
+        self.core.create_node({"metadata": {"name": name, "labels": node_labels}})
+        self._made.append(("nodes", "", name))
+        resources = {**INSTANCE_RESOURCES.get(instance_type, CPU_NODE_RESOURCES), "pods": "110"}
+        condition = ("True", "KubeletReady", "kubelet is posting ready status") if ready else (
+            "False", "KubeletNotReady", "container runtime network not ready: NetworkReady=false reason:"
+            "NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized")  # fmt: skip
+        status = {
+            "capacity": resources, "allocatable": resources,
+            "addresses": [{"type": "InternalIP", "address": "10.2.0.4"}],
+            "conditions": [{"type": "Ready", "status": condition[0], "reason": condition[1], "message": condition[2],
+                            "lastHeartbeatTime": now(), "lastTransitionTime": now()}],
+        }  # fmt: skip
+        self.core.patch_node_status(name, {"status": status})
+        node_taints = [taint(t) for t in taints]
+        if unschedulable:
+            node_taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
+        if not ready:
+            node_taints += [{"key": "node.kubernetes.io/not-ready", "effect": e} for e in ("NoSchedule", "NoExecute")]
+        spec: dict[str, Any] = {"taints": node_taints or None}  # admission's not-ready taint replaced
+        if unschedulable:
+            spec["unschedulable"] = True
+        self.core.patch_node(name, {"spec": spec})
+        return name
+
+    def remove_node(self, name: str) -> None:
+        self.core.delete_node(name)
+
+    # -- pods -------------------------------------------------------------------------------------------------
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str | None = None,
+        phase: str = "Running",
+        requests: dict[str, str] | None = None,
+        limits: dict[str, str] | None = None,
+        containers: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Another team's pod, bound to ``node`` (None: not scheduled), its containers as ``phase`` has them."""
+        if containers is None:
+            resources = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+            containers = [{"name": "main", "image": "public.ecr.aws/docker/library/busybox:1.36",
+                           "resources": resources}]  # fmt: skip
+        spec: dict[str, Any] = {"containers": containers, "restartPolicy": "Always" if phase in ("Pending", "Running")
+                                else "Never"}  # fmt: skip
+        if node:
+            spec["nodeName"] = node
+        self.core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": spec})
+        self._made.append(("pods", namespace, name))
+        if node is None:
+            status: dict[str, Any] = {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": now(),
+                "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}  # fmt: skip
+        else:
+            running = phase == "Running"
+            state = {
+                "Pending": {"waiting": {"reason": "ContainerCreating"}},
+                "Running": {"running": {"startedAt": now()}},
+                "Succeeded": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now(),
+                                             "finishedAt": now()}},
+                "Failed": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now(), "finishedAt": now()}},
+            }[phase]  # fmt: skip
+            status = {
+                "phase": phase, "hostIP": "10.2.0.4", "podIP": "10.3.0.9", "startTime": now(),
+                "conditions": [{"type": t, "status": "True" if ok else "False", "lastTransitionTime": now()}
+                               for t, ok in (("Initialized", True), ("Ready", running), ("ContainersReady", running),
+                                             ("PodScheduled", True))],
+                "containerStatuses": [{"name": c["name"], "image": c["image"], "imageID": "", "ready": running,
+                                       "restartCount": 0, "started": running, "state": state} for c in containers],
+            }  # fmt: skip
+        self.core.patch_namespaced_pod_status(name, namespace, {"status": status})
+
+    # -- storage ----------------------------------------------------------------------------------------------
+
+    def add_storage_class(self, base: str, parameters: dict[str, str], *, provisioner: str = FSX_DRIVER) -> str:
+        """A StorageClass; ``parameters`` as the FSx CSI driver reads them (``deploymentType``,
+        ``perUnitStorageThroughput``, ...: aws-fsx-csi-driver ``pkg/driver/controller.go`` ``CreateVolume``)."""
+        name = self.name(base)
+        self.storage.create_storage_class({"metadata": {"name": name}, "provisioner": provisioner,
+                                           "parameters": parameters, "reclaimPolicy": "Delete",
+                                           "volumeBindingMode": "Immediate"})  # fmt: skip
+        self._made.append(("storageclasses", "", name))
+        return name
+
+    def add_pvc(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        phase: str = "Bound",
+        access_modes: Iterable[str] = ("ReadWriteMany",),
+        storage_class: str | None = None,
+        capacity: str = "1200Gi",
+        static_pv: str = "",
+        pv: bool = True,
+    ) -> dict[str, Any]:
+        """A PVC; Bound: to the PV ``pvc-<uid>`` dynamic provisioning makes (or to ``static_pv``, a PV made by hand),
+        which is made too unless ``pv`` is False. ``storage_class`` "": none; None: this test's ``fsx-sc``."""
+        modes = list(access_modes)
+        spec: dict[str, Any] = {"accessModes": modes, "resources": {"requests": {"storage": capacity}}}
+        storage_class = self.name("fsx-sc") if storage_class is None else storage_class
+        spec["storageClassName"] = storage_class  # "" binds only to a PV without a class, as given
+        pvc = self._raw(self.core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": name},
+                                                                                        "spec": spec},
+                                                                            _preload_content=False))  # fmt: skip
+        self._made.append(("persistentvolumeclaims", namespace, name))
+        if phase != "Bound":
+            self.core.patch_namespaced_persistent_volume_claim_status(name, namespace, {"status": {"phase": phase}})
+            return pvc
+        volume = static_pv or f"pvc-{pvc['metadata']['uid']}"
+        annotations = {"pv.kubernetes.io/bind-completed": "yes", "pv.kubernetes.io/bound-by-controller": "yes"}
+        if not static_pv:
+            annotations["volume.kubernetes.io/storage-provisioner"] = FSX_DRIVER
+        pvc = self._raw(self.core.patch_namespaced_persistent_volume_claim(
+            name, namespace, {"metadata": {"annotations": annotations}, "spec": {"volumeName": volume}},
+            _preload_content=False))  # fmt: skip
+        self.core.patch_namespaced_persistent_volume_claim_status(
+            name, namespace, {"status": {"phase": "Bound", "accessModes": modes, "capacity": {"storage": capacity}}}
+        )
+        if pv:
+            self.add_pv(volume, capacity=capacity, storage_class=storage_class, access_modes=modes, claim=pvc,
+                        dynamic=not static_pv)  # fmt: skip
+        return pvc
+
+    def remove_pvc(self, namespace: str, name: str) -> None:
+        """A PVC and the PV bound to it, gone."""
+        pvc = self.core.read_namespaced_persistent_volume_claim(name, namespace)
+        self.delete("persistentvolumeclaims", namespace, name)
+        if pvc.spec.volume_name:
+            with contextlib.suppress(ApiException):
+                self.delete("persistentvolumes", "", pvc.spec.volume_name)
+
+    def add_pv(
+        self,
+        name: str,
+        *,
+        capacity: str = "1200Gi",
+        storage_class: str = "",
+        driver: str = FSX_DRIVER,
+        volume_handle: str = FILE_SYSTEM,
+        access_modes: Iterable[str] = ("ReadWriteMany",),
+        claim: dict[str, Any] | None = None,
+        dynamic: bool = True,
+    ) -> None:
+        """A CSI PersistentVolume bound to ``claim`` (a PVC as read back): its ``claimRef`` holds the PVC's uid."""
+        context = {"dnsname": f"{volume_handle}.fsx.us-east-1.amazonaws.com", "mountname": "abcdefgh"}
+        meta: dict[str, Any] = {"name": name}
+        if dynamic:
+            meta["annotations"] = {"pv.kubernetes.io/provisioned-by": driver}
+        spec: dict[str, Any] = {
+            "accessModes": list(access_modes), "capacity": {"storage": capacity},
+            "csi": {"driver": driver, "volumeHandle": volume_handle, "volumeAttributes": context},
+            "persistentVolumeReclaimPolicy": "Delete" if dynamic else "Retain", "storageClassName": storage_class,
+        }  # fmt: skip
+        if claim is not None:
+            m = claim["metadata"]
+            spec["claimRef"] = {"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": m["namespace"],
+                                "name": m["name"], "uid": m["uid"],
+                                "resourceVersion": m["resourceVersion"]}  # fmt: skip
+        self.core.create_persistent_volume({"metadata": meta, "spec": spec})
+        self._made.append(("persistentvolumes", "", name))
+        self.core.patch_persistent_volume_status(name, {"status": {"phase": "Bound" if claim else "Available"}})
+
+    # -- DaemonSets and Deployments ---------------------------------------------------------------------------
+
+    def add_daemonset(self, namespace: str, name: str, *, image: str, labels: dict[str, str] | None = None,
+                      container: str = "", desired: int = 0, ready: int | None = None,
+                      env: list[dict[str, str]] | None = None) -> None:  # fmt: skip
+        """A DaemonSet and the status its controller writes (``ready`` defaults to ``desired``)."""
+        self.plane.ensure_namespace(namespace)
+        labels = labels or {"name": name}
+        ready = desired if ready is None else ready
+        pod = {"containers": [{"name": container or name, "image": image, **({"env": env} if env else {})}],
+               "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]}  # fmt: skip
+        body = {"metadata": {"name": name, "labels": labels},
+                "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels},
+                                                                           "spec": pod}}}  # fmt: skip
+        self.apps.create_namespaced_daemon_set(namespace, body)
+        self._made.append(("daemonsets", namespace, name))
+        status = {"currentNumberScheduled": desired, "desiredNumberScheduled": desired, "numberMisscheduled": 0,
+                  "numberReady": ready, "numberAvailable": ready, "updatedNumberScheduled": desired,
+                  "numberUnavailable": desired - ready, "observedGeneration": 1}  # fmt: skip
+        self.apps.patch_namespaced_daemon_set_status(name, namespace, {"status": status})
+
+    def add_device_plugins(self, *, desired: int = 2, ready: int | None = None, efa: bool = True,
+                           nvidia: bool = True) -> None:  # fmt: skip
+        """The EFA and NVIDIA device plugins in kube-system, as HyperPod installs them."""
+        if efa:
+            self.add_daemonset("kube-system", EFA_PLUGIN, image=EFA_PLUGIN_IMAGE,
+                               labels={"name": "aws-efa-k8s-device-plugin"}, container="aws-efa-k8s-device-plugin",
+                               desired=desired, ready=ready)  # fmt: skip
+        if nvidia:
+            self.add_daemonset("kube-system", NVIDIA_PLUGIN, image=NVIDIA_PLUGIN_IMAGE,
+                               labels={"name": "nvidia-device-plugin-ds"}, container="nvidia-device-plugin-ctr",
+                               desired=desired, ready=ready)  # fmt: skip
+
+    def add_deployment(self, namespace: str, name: str, *, image: str, labels: dict[str, str] | None = None,
+                       container: str = "", env: list[dict[str, str]] | None = None) -> None:  # fmt: skip
+        """A Deployment of one ready replica, with the status its controller writes."""
+        self.plane.ensure_namespace(namespace)
+        labels = labels or {"app": name}
+        container_spec = {"name": container or name, "image": image, **({"env": env} if env else {})}
+        body = {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": {"containers": [container_spec]}},
+            },
+        }
+        self.apps.create_namespaced_deployment(namespace, body)
+        self._made.append(("deployments", namespace, name))
+        status = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
+                  "availableReplicas": 1, "conditions": [{
+                      "type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+                      "message": "Deployment has minimum availability.", "lastUpdateTime": now(),
+                      "lastTransitionTime": now()}]}  # fmt: skip
+        self.apps.patch_namespaced_deployment_status(name, namespace, {"status": status})
+
+    def add_operator(self, image: str, *, namespace: str = "kubeflow", name: str = "training-operator",
+                     labels: dict[str, str] | None = None) -> None:  # fmt: skip
+        """The Training Operator's Deployment, labelled as its manifests label it."""
+        self.add_deployment(namespace, name, image=image, labels={**OPERATOR_LABELS, **(labels or {})},
+                            container="training-operator")  # fmt: skip
+
+
+def unique_tag() -> str:
+    return uuid.uuid4().hex[:6]
