@@ -281,3 +281,46 @@ def test_the_module_imports_neither_kfp_nor_kubernetes() -> None:
             "('kfp', 'kubernetes')); print(bad); sys.exit(bool(bad))")  # fmt: skip
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _resume_from_the_copy(rank: int, store: str, uri: str, endpoint: str, run_dir: str, steps: list) -> None:
+    """One rank of a resume whose volume lost its checkpoints: rank 1 looks only after rank 0 has fetched the copy
+    (the worst case of ranks that start at different times), then both go on to the next collective."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from trainer.checkpoint import CheckpointManager
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))  # fmt: skip
+    try:
+        with CheckpointMirror(uri, settings(endpoint)) as mirror:
+            manager = CheckpointManager(Path(run_dir), mirror=mirror)
+            if rank == 1:
+                deadline = time.monotonic() + 30
+                while not (Path(run_dir) / "step_00000020" / COMMIT).exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            found = manager.newest()
+            dist.all_reduce(torch.ones(1))  # ranks out of step would meet here in different collectives
+            steps[rank] = found.step if found else None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_waits_for_the_fetch_of_a_durable_copy_whoever_looks_late(
+    s3_endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    import torch.multiprocessing as mp
+
+    uri = f"s3://{bucket}/ckpt/run-1"
+    with CheckpointMirror(uri, settings(s3_endpoint)) as mirror:
+        mirror.upload(committed(tmp_path / "elsewhere", 20))
+    run_dir = tmp_path / "run" / "checkpoints"
+    run_dir.mkdir(parents=True)
+    with mp.Manager() as manager:
+        steps = manager.list([None, None])
+        mp.start_processes(_resume_from_the_copy, args=(str(tmp_path / "store"), uri, s3_endpoint, str(run_dir), steps),
+                           nprocs=2, start_method="spawn")  # fmt: skip
+        assert list(steps) == [20, 20]

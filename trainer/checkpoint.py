@@ -330,9 +330,10 @@ class CheckpointManager:
 
     def newest(self) -> Checkpoint | None:
         """newest_checkpoint, or from the durable copy when the volume has none (collective with a mirror: rank 0
-        fetches, the others wait)."""
-        if self.mirror is not None and not committed_checkpoints(self.directory):
-            if self.rank == 0:
+        looks and fetches, the others wait). Only rank 0 looks: a rank that looked after the fetch would see the
+        checkpoint, skip the barrier and go on to the next collective while rank 0 waits in this one."""
+        if self.mirror is not None:
+            if self.rank == 0 and not committed_checkpoints(self.directory):
                 self._fetch_from_mirror()
             if dist.is_initialized():
                 dist.barrier(group=self.group)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -39,6 +40,11 @@ class Cluster:
         self._closed.set()
         self.operator.stop()
         self.kubelet.stop()
+        # Pods left on the nodes would stay Terminating with no kubelet to end them, and the namespace with them
+        # (the namespace controller retrying in the background for the rest of the session): ended at once.
+        core = kubernetes.client.CoreV1Api(self.admin)
+        with contextlib.suppress(ApiException):
+            core.delete_collection_namespaced_pod(self.namespace, grace_period_seconds=0)
         self.control_plane.delete_namespace(self.namespace)
         self.errors += self.operator.errors
 
