@@ -28,7 +28,6 @@ from typing import Any
 
 import kubernetes
 import pytest
-import yaml
 
 from components.errors import InputError, StepFailed
 from components.kube import KubeSettings
@@ -61,6 +60,7 @@ from tests.cluster.control_plane import (
     ControlPlane,
     audit_time,
     deploy_grants,
+    read_crd,
 )
 from tests.cluster.installed import EFA_PLUGIN, Installed, unique_tag
 from trainer.layout import META, DatasetPaths
@@ -182,10 +182,6 @@ def others_pass(result: PreflightResult, *names: str) -> None:
     assert {n: s for n, s in statuses(result).items() if n not in names} == {
         n: PASS for n in CHECK_NAMES if n not in names
     }
-
-
-def crd_document() -> dict[str, Any]:
-    return yaml.load(PYTORCHJOB_CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 # -- the whole cluster ---------------------------------------------------------------------------------------
@@ -391,7 +387,7 @@ def test_no_training_operator_and_no_right_to_read_crds(make_site: Callable[...,
 
 
 def test_a_crd_that_does_not_serve_v1_fails(spare: ControlPlane, make_site: Callable[..., Site]) -> None:
-    crd = crd_document()
+    crd = read_crd(PYTORCHJOB_CRD)
     for version in crd["spec"]["versions"]:
         version["served"] = False
     spare.install_crd(crd)

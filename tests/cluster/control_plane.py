@@ -54,8 +54,8 @@ RUNNER_NAMESPACE, RUNNER_ACCOUNT = "kubeflow", "pipeline-runner"  # the account 
 RUNNER_USER = f"system:serviceaccount:{RUNNER_NAMESPACE}:{RUNNER_ACCOUNT}"
 ADMIN_USER = "admin"
 ACCOUNTS = "system:serviceaccounts"  # the group of every service account
-LESS_GRANTED = "less-granted-runner"
-LAUNCHER_ROLE = "hyperpod-pretrain-launcher"  # the account a test of less granted runs as, in its own namespace
+LESS_GRANTED = "less-granted-runner"  # the account a test of less granted runs as, in its own namespace
+LAUNCHER_ROLE = "hyperpod-pretrain-launcher"  # deploy/rbac.yaml's Role for the jobs' namespace
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Only what a test needs of the controller manager: anything more overwrites what the players write (README, "Flags").
 CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller"
@@ -376,7 +376,7 @@ class ControlPlane:
     def install_crd(self, crd: Path | dict[str, Any]) -> None:
         """Install a CRD (a file, or a document) and wait until it is Established."""
         if isinstance(crd, Path):
-            crd = yaml.load(crd.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            crd = read_crd(crd)
         api = kubernetes.client.ApiextensionsV1Api(self.admin)
         api.create_custom_resource_definition(crd)
         deadline = time.monotonic() + 30
@@ -534,6 +534,11 @@ class ControlPlane:
                 key = labels.get("verb", ""), labels.get("code", "")
                 counts[key] = counts.get(key, 0.0) + float(value)
         return counts
+
+
+def read_crd(path: Path) -> dict[str, Any]:
+    """A CRD file's document (libyaml's loader where present: the PyTorchJob CRD is ~8,000 lines)."""
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def audit_time() -> str:
