@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import InputError, StepFailed
-from components.stage_data.core import prepare_storage_root
 from trainer.layout import RunPaths
 
 log = logging.getLogger(__name__)
@@ -46,6 +45,8 @@ class LocalRun:
 def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]) -> LocalRun:
     import kfp.local
     from kfp import components
+
+    from components.stage_data.core import prepare_storage_root  # torch: loaded only when a pipeline runs here
 
     if not pipeline_file.is_file():
         raise InputError(f"pipeline file {pipeline_file}: no such file (run 'hyperpod-pretrain compile')")

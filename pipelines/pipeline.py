@@ -7,7 +7,7 @@ timeouts, the images) comes from `PlatformOptions` at compile time and is baked 
 it. An exit step writes the run summary whatever happened (runs/<run_id>/summary.json) and deletes a PyTorchJob
 that a terminated run left running.
 
-The compiled YAML needs KFP backend 2.14.0 or newer (MIN_KFP_BACKEND): its exit step takes
+The compiled YAML needs KFP backend 2.14.0 or newer (pipelines.MIN_KFP_BACKEND): its exit step takes
 `dsl.PipelineTaskFinalStatus`, which the Argo compiler of older backends rejects ("task final status not supported
 yet", backend/src/v2/compiler/argocompiler/dag.go), and before 2.14 retry policies on the tasks inside the exit
 handler are silently dropped.
@@ -63,21 +63,6 @@ def in_image(component: PythonComponent, image: str) -> PythonComponent:
     return dsl.component(component.python_func, base_image=image, install_kfp_package=False)
 
 
-# The oldest KFP backend that runs the compiled pipeline as written (read from kubeflow/pipelines 2.0.0-2.17.0; there
-# are no 2.6-2.13 releases):
-# - the exit handler's summary step takes a dsl.PipelineTaskFinalStatus; up to 2.5.0 the upload works but creating a
-#   run fails with "task final status not supported yet" (backend/src/v2/compiler/argocompiler/dag.go,
-#   addImplicitDependencies; supported from 2.14.0, #11953);
-# - the retry policies of stage-data and verify-nccl, tasks inside the exit handler's sub-DAG, are silently ignored
-#   before 2.14.0 (argocompiler/container.go, getTaskRetryPolicySpec; #11861).
-# Staging's fan-out (a dsl.ParallelFor with a fan-in step after it) needs 2.4.1 (#11627), below that floor; but up to
-# 2.16 the exit step's final status stays RUNNING with a loop inside the exit handler (DAG states did not propagate up
-# from nested groups until 2.17.0, #13322): the run summary takes its state from the steps' records instead.
-MIN_KFP_BACKEND = "2.14.0"
-MIN_KFP_BACKEND_WHY = (
-    "older backends refuse to create a run whose exit handler takes dsl.PipelineTaskFinalStatus "
-    "('task final status not supported yet') and ignore retry policies inside the exit handler"
-)
 # train_timeout_s's default: a finite budget, so that a job whose launcher and exit step were both lost still ends
 # (runPolicy.activeDeadlineSeconds follows it). 0 at run time: none.
 TRAIN_TIMEOUT_S = 72 * 3600

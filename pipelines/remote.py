@@ -32,7 +32,7 @@ import urllib3
 import yaml
 
 from components.errors import InputError, StepFailed
-from pipelines.pipeline import MIN_KFP_BACKEND, MIN_KFP_BACKEND_WHY
+from pipelines import MIN_KFP_BACKEND, MIN_KFP_BACKEND_WHY
 
 log = logging.getLogger(__name__)
 
