@@ -278,7 +278,7 @@ def toleration(text: str) -> dict[str, str]:
 
 
 def job_option(text: str) -> tuple[str, Any]:
-    """KEY=VALUE, VALUE read as YAML: --job-option backoff_limit=5 --job-option 'node_selector={a: b}'."""
+    """KEY=VALUE, VALUE read as YAML: --job-option restart_budget=5 --job-option 'node_selector={a: b}'."""
     import yaml
 
     key, sep, value = text.partition("=")

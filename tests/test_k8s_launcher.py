@@ -36,6 +36,9 @@ from trainer.layout import RunPaths
 from trainer.train_ddp import LOG_FORMAT, write_status
 
 LINES = [f"step {i} loss {5 - i / 10:.2f}" for i in range(1, 13)]
+# A crash loop of 3 container restarts fails the job (backoffLimit 1 x 2 nodes + 1), and the launcher fails the step
+# at once instead of watching for HyperPod auto-resume.
+FAILS_AT_THIRD_RESTART = {"restart_budget": 1, "auto_resume_wait_s": 0}
 
 
 def cluster_config(staged_root: Path, run_id: str, namespace: str = "kubeflow", **overrides: Any) -> LaunchConfig:
@@ -195,11 +198,12 @@ def test_a_field_the_crd_does_not_list_is_pruned_by_the_api_server_and_the_launc
 
 def test_a_crash_loop_fails_at_the_backoff_limit_with_the_lines_kept_at_each_restart(staged_root: Path,
                                                                                      make_cluster) -> None:  # fmt: skip
-    """OnFailure: the kubelet restarts the container in place; at the backoff limit (3 restarts, job-wide) the
-    operator deletes every pod before it writes Failed. The lines read at each restart (the diagnosis looks more
-    often than the kubelet's back-off restarts) are the evidence."""
+    """OnFailure: the kubelet restarts the container in place; at the backoff limit (restart budget 1 on 2 nodes:
+    3 restarts, job-wide) the operator deletes every pod before it writes Failed. The lines read at each restart
+    (the diagnosis looks more often than the kubelet's back-off restarts) are the evidence."""
     cluster = make_cluster(timeline=Timeline.crash_loop(crashes=4, tick_s=0.3))
-    job = render_job(cluster_config(staged_root, "crash-loop", cluster.namespace).job_spec())
+    cfg = cluster_config(staged_root, "crash-loop", cluster.namespace, job_options=FAILS_AT_THIRD_RESTART)
+    job = render_job(cfg.job_spec())
     with pytest.raises(StepFailed) as failure:
         run_job(Kube(cluster.runner()), job, fast(logs="none"), threading.Event())
     message = str(failure.value)
@@ -241,6 +245,18 @@ def test_a_restarted_worker_is_reported_and_the_job_carries_on(staged_root: Path
     outcome = run_job(Kube(cluster.runner()), job, fast(), threading.Event())
     assert outcome.state == "Succeeded" and outcome.restarts >= 1
     assert "worker-1 restarted (exit code 1 (Error) at restart 1" in caplog.text
+
+
+def test_every_agent_restarting_at_once_is_one_restart_of_the_budget(staged_root: Path, make_cluster) -> None:
+    """worker-0 holds the c10d store: when it goes, every agent's container exits and restarts (OnFailure), and the
+    Training Operator counts each towards the job-wide backoffLimit (1.8.1 PastBackoffLimit). A 3-node job survives
+    it with the default budget; with a backoffLimit of 3 (the default before) it failed here."""
+    timeline = (Timeline.started(3) + Timeline.lines(LINES[:2], range(3)) + Timeline.exits(range(3), 1)
+                + Timeline.lines(LINES[2:4], range(3), tick_s=0.3) + Timeline.exits(range(3), 0))  # fmt: skip
+    cluster = make_cluster(timeline=timeline)
+    job = render_job(cluster_config(staged_root, "all-restart", cluster.namespace, nnodes=3).job_spec())
+    outcome = run_job(Kube(cluster.runner()), job, fast(logs="none"), threading.Event())
+    assert outcome.state == "Succeeded" and outcome.restarts >= 3
 
 
 def test_transient_faults_and_cut_streams_are_survived(staged_root: Path, make_cluster, fault_proxy,
@@ -410,13 +426,65 @@ def test_the_in_cluster_login_is_the_service_accounts(staged_root: Path, make_cl
 # -- as a real cluster runs it: retries, evidence, elasticity, queues, volumes -----------------------------------
 
 
+def back_after_auto_resume(comebacks: int) -> Timeline:
+    """Running; worker-1's container exits 1 and restarts: with restart budget 0 that is the backoff limit, and the
+    operator deletes the pods and fails the job. Each of the ``comebacks`` times the job is brought back (its pods
+    created again) they run, and fail the same way, except the last time: then they succeed."""
+    timeline = Timeline.started(2) + Timeline.lines(LINES[:1], [0, 1]) + Timeline.exits([1], 1)
+    for comeback in range(1, comebacks + 1):
+        timeline = timeline.then(0.1, lambda job: job.start_recreated(0, 1)) + Timeline.lines(LINES[1:2], [0, 1])
+        timeline += Timeline.exits([1], 1) if comeback < comebacks else Timeline.exits([0, 1], 0)
+    return timeline
+
+
+def test_a_failed_job_that_auto_resume_brings_back_runs_to_success(staged_root: Path, make_cluster, caplog) -> None:
+    """HyperPod's job auto-restart may update a PyTorchJob's status (its published grants); played as
+    tests/cluster/hyperpod.py assumes, it drops the Failed condition a second after the operator wrote it, and the
+    operator creates the pods again. The launcher watches a Failed auto-resume job before it fails the step (before:
+    it failed the step at once, while the job went on)."""
+    from tests.cluster.hyperpod import JobAutoRestart
+
+    caplog.set_level(logging.INFO)
+    cluster = make_cluster(timeline=back_after_auto_resume(comebacks=1))
+    restarter = JobAutoRestart(cluster.admin, cluster.namespace, delay_s=1.0)
+    try:
+        cfg = cluster_config(
+            staged_root,
+            "auto-resumed",
+            cluster.namespace,
+            job_options={"restart_budget": 0, "auto_resume_max_retries": 1, "auto_resume_wait_s": 30},
+        )
+        result = launch(cfg, cluster.runner())
+    finally:
+        restarter.stop()
+    assert result.state == "Succeeded" and restarter.retries == {cluster.job(cfg.job_name)["metadata"]["uid"]: 1}
+    assert "failed; HyperPod auto-resume is on and may restart it" in caplog.text
+    assert "is no longer Failed (Restarting): auto-resume brought it back" in caplog.text
+    assert deleted_jobs(cluster) == []
+
+
+def test_a_failed_job_that_auto_resume_leaves_failed_fails_the_step_after_the_wait(staged_root: Path,
+                                                                                   make_cluster) -> None:  # fmt: skip
+    cluster = make_cluster(timeline=back_after_auto_resume(comebacks=0))
+    cfg = cluster_config(
+        staged_root,
+        "not-resumed",
+        cluster.namespace,
+        job_options={"restart_budget": 0, "auto_resume_max_retries": 1, "auto_resume_wait_s": 1},
+    )
+    started = time.monotonic()
+    with pytest.raises(StepFailed, match=r"failed \(attempt 1\): PyTorchJobFailed: .* backoff limit"):
+        launch(cfg, cluster.runner())
+    assert time.monotonic() - started > 1 and deleted_jobs(cluster) == []
+
+
 def test_a_retried_run_after_a_failed_job_trains_again(staged_root: Path, make_cluster, garbage_collector,
                                                        caplog) -> None:  # fmt: skip
     """KFP's run-level Retry keeps the run id, so the job name: the failed job is replaced, not re-reported. The
     foreground deletion of the failed job ends only when the garbage collector has removed its pods."""
     caplog.set_level(logging.INFO)
     cluster = make_cluster(timeline=Timeline.crash_loop(crashes=4, tick_s=0.2))
-    cfg = cluster_config(staged_root, "retried", cluster.namespace)
+    cfg = cluster_config(staged_root, "retried", cluster.namespace, job_options=FAILS_AT_THIRD_RESTART)
     with pytest.raises(StepFailed, match=r"failed \(attempt 1\): PyTorchJobFailed: Job .* backoff limit"):
         launch(cfg, cluster.runner())
     cluster.timeline = Timeline.success(workers=2, log_lines=LINES[:3])
@@ -488,7 +556,7 @@ def test_a_failed_job_whose_pods_were_deleted_still_names_the_trainers_last_line
     """Training Operator 1.8.1 deletes every pod at the backoff limit before it writes Failed: the evidence comes
     from the trainer's own logs on the volume."""
     cluster = make_cluster(timeline=Timeline.crash_loop(crashes=4, log_lines=["boom"]))
-    cfg = cluster_config(staged_copy, "evidence", cluster.namespace)
+    cfg = cluster_config(staged_copy, "evidence", cluster.namespace, job_options=FAILS_AT_THIRD_RESTART)
     write_trainer_logs(cfg.run_paths, failing_rank=3)
     with pytest.raises(StepFailed) as failure:
         launch(cfg, cluster.runner())
@@ -674,6 +742,26 @@ def test_the_exit_step_leaves_a_finished_job_and_someone_elses_alone(staged_root
     assert "belongs to another pipeline run: left alone" in theirs and deleted_jobs(cluster) == []
 
 
+def test_a_delete_for_a_job_since_replaced_under_its_name_deletes_nothing(staged_root: Path, make_cluster) -> None:
+    """Every delete of the launcher and the exit step names the uid it knows (cancel.delete_job). When someone else's
+    job holds the name by then, the API server answers 409 (apiserver's registry Store.Delete, "Precondition failed:
+    UID in precondition") and the job stays."""
+    from components.launch_pytorchjob.cancel import delete_job
+
+    cluster = make_cluster()
+    job = render_job(cluster_config(staged_root, "replaced", cluster.namespace).job_spec())
+    name = job["metadata"]["name"]
+    stale_uid = cluster.create_job(job)["metadata"]["uid"]
+    api = kubernetes.client.CustomObjectsApi(cluster.admin)
+    api.delete_namespaced_custom_object("kubeflow.org", "v1", cluster.namespace, "pytorchjobs", name)
+    wait_for(lambda: cluster.job(name) is None, 30, "the first job is gone")
+    current_uid = cluster.create_job(job)["metadata"]["uid"]
+    delete_job(Kube(cluster.runner()), cluster.namespace, name, stale_uid)
+    assert (cluster.job(name) or {}).get("metadata", {}).get("uid") == current_uid
+    answers = [e["responseStatus"]["code"] for e in cluster.requests("delete", "pytorchjobs")]
+    assert answers == [409]
+
+
 def rank_logs(run: RunPaths, world: int, steps: tuple[int, ...]) -> None:
     """Each rank's log as the trainer writes it (its LOG_FORMAT), up to the last of `steps`."""
     run.logs.mkdir(parents=True, exist_ok=True)
@@ -709,7 +797,7 @@ def test_a_diverged_trainer_ends_its_job_instead_of_restarting_it(staged_root: P
     loop = Timeline.crash_loop(workers=2, exit_code=int(ExitCode.DIVERGED), crashes=40, tick_s=0.5,
                                log_lines=["diverged"])  # fmt: skip
     cluster = make_cluster(timeline=Timeline([*loop.steps[:1], (0.1, diverge), *loop.steps[1:]]))
-    cfg = cluster_config(root, "diverged", cluster.namespace, job_options={"backoff_limit": 100})
+    cfg = cluster_config(root, "diverged", cluster.namespace, job_options={"restart_budget": 50})
     with pytest.raises(StepFailed) as failure:
         launch(cfg, cluster.runner())
     message = str(failure.value)

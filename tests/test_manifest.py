@@ -126,7 +126,8 @@ def test_the_seed_parameters_reproduce_the_seed_field_for_field() -> None:
 def test_what_ours_adds_to_the_seed() -> None:
     job = render_job(seed_spec())
     spec = job["spec"]
-    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 3, "ttlSecondsAfterFinished": 604800}
+    # Three whole-job restarts of the seed's 2 nodes survive; the fourth fails the job (a job-wide count).
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 7, "ttlSecondsAfterFinished": 604800}
     assert spec["nprocPerNode"] == "8" and spec["elasticPolicy"]["maxRestarts"] == 3
     assert job["metadata"]["annotations"][AUTO_RESUME] == "true" and job["metadata"]["annotations"][MAX_RETRY] == "3"
     pod = spec["pytorchReplicaSpecs"]["Worker"]["template"]

@@ -66,7 +66,8 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
     ("nproc", {"nproc_per_node": 4096}, r"nproc-per-node 4096 is above the limit of 64"),
     ("batch", {"batch_size": 10**8}, r"batch-size 100000000 is above the limit"),
     ("timeout", {"timeout_s": 10**10}, r"timeout-s 10000000000 is above the limit"),
-    ("option size", {"job_options": {"backoff_limit": 10**9}}, r"'backoff_limit' must be an integer from 0 to 100"),
+    ("option size", {"job_options": {"restart_budget": 10**9}}, r"'restart_budget' must be an integer from 0 to 100"),
+    ("option renamed", {"job_options": {"backoff_limit": 5}}, r"'backoff_limit' is now 'restart_budget'"),
     ("option type", {"job_options": {"grace_period_s": "120; rm -rf /"}}, r"'grace_period_s' must be an integer"),
     ("option bool", {"job_options": {"auto_resume": "yes"}}, r"'auto_resume' must be true or false"),
     ("option string", {"job_options": {"memory": "9" * 100}}, r"'memory' must be a string of at most 64"),
@@ -119,14 +120,14 @@ def test_hostile_run_parameters_are_refused_before_any_api_call(
 
 def test_a_run_may_set_sizes_counts_timeouts_and_training_settings(staged_root: Path) -> None:
     options = {"cpu": "90", "memory": "1024Gi", "shm_size": "512Gi", "grace_period_s": 300, "shutdown_timeout_s": 240,
-               "max_restarts": 5, "backoff_limit": 6, "ttl_after_finished_s": 86400, "auto_resume": False,
-               "auto_resume_max_retries": 2, "restart_policy": "OnFailure", "clean_pod_policy": "All",
-               "rdzv_backend": "c10d", "gpus_per_node": 8, "efa_per_node": 32}  # fmt: skip
+               "max_restarts": 5, "restart_budget": 2, "ttl_after_finished_s": 86400, "auto_resume": False,
+               "auto_resume_max_retries": 2, "auto_resume_wait_s": 600, "restart_policy": "OnFailure",
+               "clean_pod_policy": "All", "rdzv_backend": "c10d", "gpus_per_node": 8, "efa_per_node": 32}  # fmt: skip
     assert set(options) == set(RUN_OPTIONS)
     job = render_job(config(staged_root, job_options=options).job_spec())
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["memory"] == "1024Gi"
-    assert pod["terminationGracePeriodSeconds"] == 300 and job["spec"]["runPolicy"]["backoffLimit"] == 6
+    assert pod["terminationGracePeriodSeconds"] == 300 and job["spec"]["runPolicy"]["backoffLimit"] == 2 * 2 + 1
 
 
 def test_the_trainer_pods_carry_the_platform_teams_settings_and_no_privilege(staged_root: Path) -> None:

@@ -52,6 +52,7 @@ from components.launch_pytorchjob.diagnosis import Diagnosis
 from components.launch_pytorchjob.evidence import TrainerEvidence, last_lines_of_every_rank, read_evidence
 from components.launch_pytorchjob.manifest import (
     ATTEMPT_ANNOTATION,
+    AUTO_RESUME,
     CONTAINER,
     GROUP,
     PLURAL,
@@ -86,6 +87,8 @@ class WatchSettings:
     recovery_timeout_s: float = 0
     queue_timeout_s: float = 0  # suspended (queued by Kueue) this long deletes it (0: wait as long as it takes)
     replace_timeout_s: float = 600  # a failed earlier attempt's job must be gone within this before a new one
+    # A Failed job with HyperPod auto-resume on is watched this long more, in case auto-resume brings it back (0: no).
+    auto_resume_wait_s: float = 0
     diagnose_every_s: float = DIAGNOSE_EVERY_S
     training_check_s: float = 5.0  # how often the trainer's status.json on the volume is read (progress.py)
 
@@ -583,6 +586,8 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
         streamer.start()
     last_seen, current = None, stored
     next_training_check = 0.0
+    auto_resumed = (job["metadata"].get("annotations") or {}).get(AUTO_RESUME) == "true"
+    failed_at: float | None = None  # Failed, and waiting for auto-resume to bring it back
 
     def give_up(why: str) -> None:
         phases, _ = pod_summary(kube, ns, name)
@@ -600,6 +605,10 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                 last = (latest_condition(current) or {}).get("type", "none")
                 give_up(f"did not finish within {settings.deadline_s:.0f}s (not counting time queued; last state: "
                         f"{last})")  # fmt: skip
+            if failed_at is not None and time.monotonic() - failed_at > settings.auto_resume_wait_s:
+                log.warning("PyTorchJob %s/%s stayed Failed for %.0fs: auto-resume did not bring it back", ns, name,
+                            settings.auto_resume_wait_s)  # fmt: skip
+                break
             diagnoser.tick()
             if diagnoser.pods is not None:
                 deadlines.pods_changed(diagnoser.pods, current)
@@ -638,6 +647,16 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                 phases, _ = pod_summary(kube, ns, name)
                 log.info("PyTorchJob %s: %s (%s) %s; pods: %s", name, condition["type"], condition.get("reason", ""),
                          condition.get("message", ""), phases)  # fmt: skip
+            if failed_at is not None and not true_condition(current, "Failed"):
+                log.warning("PyTorchJob %s/%s is no longer Failed (%s): auto-resume brought it back", ns, name,
+                            (condition or {}).get("type", "no condition"))  # fmt: skip
+                failed_at = None
+            if condition is not None and condition["type"] == "Failed" and auto_resumed and settings.auto_resume_wait_s:
+                if failed_at is None:
+                    failed_at = time.monotonic()
+                    log.warning("PyTorchJob %s/%s failed; HyperPod auto-resume is on and may restart it: watching it "
+                                "%.0fs more before the step fails", ns, name, settings.auto_resume_wait_s)  # fmt: skip
+                continue
             if condition is not None and condition["type"] in TERMINAL:
                 break
         # The last lines may come after the job's condition. After a failure, other workers may still be running
@@ -695,12 +714,14 @@ def last_memory_use(metrics: Path) -> str:
 
 
 def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
-    manifest = render_job(cfg.job_spec())
+    spec = cfg.job_spec()
+    manifest = render_job(spec)
     api_client = api_client or api_client_from_environment()
     kube = Kube(api_client)
     settings = WatchSettings(deadline_s=cfg.timeout_s, logs=cfg.stream_logs, pending_timeout_s=cfg.pending_timeout_s,
                              recovery_timeout_s=cfg.recovery_timeout_s, queue_timeout_s=cfg.queue_timeout_s,
-                             diagnose_every_s=DIAGNOSE_EVERY_S)  # fmt: skip
+                             diagnose_every_s=DIAGNOSE_EVERY_S,
+                             auto_resume_wait_s=spec.auto_resume_wait_s if spec.auto_resume else 0)  # fmt: skip
     ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     diagnosis = Diagnosis(name, last_lines=lambda pod: last_lines(kube, ns, pod),
                           memory_note=lambda: last_memory_use(cfg.run_paths.metrics))  # fmt: skip

@@ -91,11 +91,17 @@ class JobSpec:
     rdzv_backend: str = "c10d"
     max_restarts: int = 3  # torchrun's restarts of the worker group (elasticPolicy.maxRestarts)
     clean_pod_policy: str = "Running"  # finished pods stay for their logs; running ones go with the job
-    backoff_limit: int = 3
+    # Whole-job restarts the job survives: every node's container restarting once (as when worker-0, which holds
+    # the rendezvous store, is lost and every agent exits) is one. The API-neutral setting: the PyTorchJob's
+    # job-wide backoffLimit and HyperPod's max-retry annotation are derived from it (backoff_limit below).
+    restart_budget: int = 3
     active_deadline_s: int = 0  # 0: none
     ttl_after_finished_s: int = 7 * 24 * 3600
     auto_resume: bool = True
-    auto_resume_max_retries: int = 3
+    auto_resume_max_retries: int | None = None  # None: restart_budget
+    # Not in the manifest: how long the launcher watches a Failed job for auto-resume to bring it back before the
+    # step fails (HyperPod's restarter may update a PyTorchJob's status; what it does with a Failed one is unpublished).
+    auto_resume_wait_s: int = 300
     health_affinity: bool = True
     tolerations: list[dict[str, Any]] = field(default_factory=lambda: [GPU_TOLERATION])
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -126,6 +132,18 @@ class JobSpec:
         if self.shutdown_timeout_s is None:
             return max(0, self.grace_period_s - SHUTDOWN_MARGIN_S)
         return self.shutdown_timeout_s
+
+    @property
+    def backoff_limit(self) -> int:
+        """runPolicy.backoffLimit for `restart_budget` whole-job restarts. The Training Operator counts container
+        restarts over all the job's Running pods and fails the job when they reach the limit (1.8.1,
+        pkg/core/job.go PastBackoffLimit): each whole-job restart costs one per node."""
+        return self.restart_budget * self.max_nodes + 1
+
+    @property
+    def max_retries(self) -> int:
+        """HyperPod auto-resume's retries (its job-max-retry-count annotation): the restart budget unless set."""
+        return self.restart_budget if self.auto_resume_max_retries is None else self.auto_resume_max_retries
 
     @property
     def nproc(self) -> int:
@@ -164,7 +182,13 @@ class JobSpec:
         if self.shutdown_timeout_s and not self.shutdown_timeout_s < self.grace_period_s:
             raise InputError(f"shutdown timeout {self.shutdown_timeout_s}s must be shorter than the "
                              f"{self.grace_period_s}s grace period, or the kubelet kills torchrun first")  # fmt: skip
-        for name in ("max_restarts", "backoff_limit", "active_deadline_s", "ttl_after_finished_s"):
+        for name in (
+            "max_restarts",
+            "restart_budget",
+            "active_deadline_s",
+            "ttl_after_finished_s",
+            "auto_resume_wait_s",
+        ):
             if getattr(self, name) < 0:
                 raise InputError(f"{name.replace('_', '-')} cannot be negative")
         if self.auto_resume:
@@ -173,8 +197,11 @@ class JobSpec:
             if not (self.namespace == "kubeflow" or self.namespace.startswith("hyperpod")):
                 raise InputError(f"namespace {self.namespace!r}: HyperPod auto-resumes jobs only in 'kubeflow' or a "
                                  "namespace starting with 'hyperpod' (or turn auto-resume off)")  # fmt: skip
-            if self.auto_resume_max_retries < 1:
-                raise InputError("auto-resume max retries must be at least 1")
+            if self.max_retries < 1:
+                raise InputError(
+                    "auto-resume max retries must be at least 1 (with restart_budget 0, set "
+                    "auto_resume_max_retries or turn auto-resume off)"
+                )
         for name in ("queue_name", "priority_class"):
             value = getattr(self, name)
             if value and (len(value) > 63 or not _DNS_1123.match(value)):
@@ -292,7 +319,7 @@ def render_job(spec: JobSpec) -> dict[str, Any]:
     spec.validate()
     annotations = dict(spec.annotations)
     if spec.auto_resume:
-        annotations |= {AUTO_RESUME: "true", MAX_RETRY: str(spec.auto_resume_max_retries)}
+        annotations |= {AUTO_RESUME: "true", MAX_RETRY: str(spec.max_retries)}
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": spec.clean_pod_policy,
         "backoffLimit": spec.backoff_limit,

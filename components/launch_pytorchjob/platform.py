@@ -107,10 +107,11 @@ RUN_OPTIONS: dict[str, tuple[type, int, int]] = {
     "grace_period_s": (int, 1, 3600),
     "shutdown_timeout_s": (int, 0, 3600),
     "max_restarts": (int, 0, 100),
-    "backoff_limit": (int, 0, 100),
+    "restart_budget": (int, 0, 100),
     "ttl_after_finished_s": (int, 0, 90 * 24 * 3600),
     "auto_resume": (bool, 0, 0),
     "auto_resume_max_retries": (int, 1, 100),
+    "auto_resume_wait_s": (int, 0, 24 * 3600),
     "restart_policy": (str, 0, 0),
     "clean_pod_policy": (str, 0, 0),
     "rdzv_backend": (str, 0, 0),
@@ -121,6 +122,11 @@ MAX_OPTION_STRING = 64
 def run_options(options: dict[str, Any]) -> dict[str, Any]:
     """`job_options` as a run gave them, checked: only RUN_OPTIONS, of their type, within their bounds."""
     for key, value in options.items():
+        if key == "backoff_limit":
+            raise InputError(
+                "job option 'backoff_limit' is now 'restart_budget': whole-job restarts the job survives "
+                "(the PyTorchJob's job-wide backoffLimit is derived: restart_budget x nodes + 1)"
+            )
         if key not in RUN_OPTIONS:
             raise InputError(f"job option {key!r} is not a run option (the platform team's settings are compiled in); "
                              f"a run may set: {', '.join(sorted(RUN_OPTIONS))}")  # fmt: skip

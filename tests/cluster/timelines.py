@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -53,6 +54,17 @@ class JobPlay:
 
     def start(self, *indices: int) -> None:
         for index in indices:
+            self.cluster.kubelet.start(self.pod(index))
+
+    def start_recreated(self, *indices: int, timeout_s: float = 30) -> None:
+        """Once the operator has created these pods again (new, not yet bound), each scheduled and running."""
+        deadline = time.monotonic() + timeout_s
+        for index in indices:
+            while not ((pod := self.cluster.kubelet.pod(self.pod(index))) and not pod["spec"].get("nodeName")
+                       and not pod["metadata"].get("deletionTimestamp")):  # fmt: skip
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.pod(index)} not created again within {timeout_s:.0f}s")
+                time.sleep(0.05)
             self.cluster.kubelet.start(self.pod(index))
 
     def unschedulable(self, index: int, message: str) -> None:
