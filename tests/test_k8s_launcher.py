@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import kubernetes
 import pytest
@@ -109,6 +110,11 @@ def test_success_streams_worker_0_and_reports(staged_root: Path, make_cluster, c
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
     assert "successfully completed" in caplog.text and "worker-0 Succeeded, worker-1 Succeeded" in caplog.text
     assert forbidden(cluster) == [], "deploy/rbac.yaml grants every request the launcher makes"
+    # Events are read for the job's Pending pods only, each by name: never the namespace's (KFP's pods live there).
+    selectors = {unquote(e["requestURI"]).split("fieldSelector=")[1].split("&")[0]
+                 for e in cluster.requests("list", "events")}  # fmt: skip
+    pods = {f"{result.job_name}-worker-{i}" for i in range(2)}
+    assert selectors <= {f"involvedObject.kind=Pod,involvedObject.name={pod}" for pod in pods}, selectors
 
 
 def test_the_live_log_of_rank_0_is_read_once_across_a_container_restart(staged_root: Path, make_cluster,

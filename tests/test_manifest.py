@@ -16,6 +16,7 @@ from components.errors import InputError
 from components.launch_pytorchjob.manifest import (
     AUTO_RESUME,
     MAX_RETRY,
+    RDZV_STORE_OPT_OUT,
     SPEC_HASH_ANNOTATION,
     JobSpec,
     job_name,
@@ -159,6 +160,24 @@ def test_elastic_nodes_and_instance_types() -> None:
     overridden = render_job(seed_spec(instance_type="custom.large", gpus_per_node=4, efa_per_node=0, nproc_per_node=4))
     resources = overridden["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == 4 and "vpc.amazonaws.com/efa" not in resources["limits"]
+
+
+def test_elastic_replicas_with_and_without_a_queue() -> None:
+    """Without a queue an elastic job asks for max_nodes pods and starts on nnodes: the late ones join the running
+    job (experiments/elastic_membership.py: it works on the pinned torch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
+    and times out without it). Kueue counts Worker.replicas with no minimum, so a queued job is never elastic."""
+
+    def shape(job: dict[str, Any]) -> tuple[int, int, int, str | None]:
+        worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+        env = {e["name"]: e["value"] for e in worker["template"]["spec"]["containers"][0]["env"]}
+        elastic = job["spec"]["elasticPolicy"]
+        return worker["replicas"], elastic["minReplicas"], elastic["maxReplicas"], env.get(RDZV_STORE_OPT_OUT)
+
+    assert shape(render_job(seed_spec(min_nodes=2, max_nodes=4))) == (4, 2, 4, "1")
+    assert shape(render_job(seed_spec(min_nodes=2, max_nodes=2))) == (2, 2, 2, None)
+    assert shape(render_job(seed_spec(min_nodes=2, max_nodes=2, queue_name="team-a"))) == (2, 2, 2, None)
+    with pytest.raises(InputError, match="max_nodes 4 with Kueue queue 'team-a': Kueue admits the job only when all"):
+        render_job(seed_spec(min_nodes=2, max_nodes=4, queue_name="team-a"))
 
 
 @pytest.mark.parametrize(

@@ -118,7 +118,7 @@ class Diagnosis:
     # -- pods and events ----------------------------------------------------------------------------------------
 
     def observe(self, pods: Iterable[Any], events: Iterable[Any]) -> None:
-        """Pods are kubernetes V1Pod objects of the job; events those of the namespace (any object)."""
+        """Pods are kubernetes V1Pod objects of the job; events those read for them (any others are ignored)."""
         pods = list(pods)
         created = [_created(p, self.now()) for p in pods if p.status.phase == "Pending"]
         self.pending_since = min(created) if created else None

@@ -68,6 +68,7 @@ JOB_LABEL = "training.kubeflow.org/job-name"
 TAIL_LINES = 40
 LOG_DRAIN_S = 10.0  # after the job ends, how long its log streams may take to reach their end
 DIAGNOSE_EVERY_S = 10.0  # how often the job's pods and events are read for the diagnosis
+EVENT_READS_PER_TICK = 4  # Pending pods whose events are read each time
 
 
 @dataclass(frozen=True)
@@ -509,6 +510,7 @@ class Diagnoser:
         self.restart_tails: dict[str, str] = {}  # pod -> "exit code N; last lines: ..." of its last restart
         self._restarts_seen: dict[str, int] = {}
         self._restart_lines: dict[str, tuple[int, str]] = {}  # pod -> (restart, its last lines) last read
+        self._event_turn = 0  # where the next reading of Pending pods' events starts
 
     def tick(self, force: bool = False) -> None:
         if not force and time.monotonic() < self.next_at:
@@ -522,15 +524,31 @@ class Diagnoser:
             return
         self.pods = pods
         events: list[Any] = []
-        if self.events_readable:
+        for pod in self._events_to_read(pods):
             try:
-                events = self.kube.call("list events", self.kube.core.list_namespaced_event, self.ns,
-                                        field_selector="involvedObject.kind=Pod").items  # fmt: skip
+                events += self.kube.call(
+                    "list events",
+                    self.kube.core.list_namespaced_event,
+                    self.ns,
+                    field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod}",
+                ).items
             except (ApiException, StepFailed) as exc:
                 self.events_readable = False  # the pods' statuses still tell most of it
                 log.info("diagnosis: without events (%s)", describe(exc))
+                break
         self.diagnosis.observe(pods, events)
         self._keep_restart_tails(pods)
+
+    def _events_to_read(self, pods: list[Any]) -> list[str]:
+        """The Pending pods whose events to read this time: the scheduler's and the image puller's words are all the
+        diagnosis takes from events, and a Pending pod is where they are. Each pod's own (KFP's pods share the
+        namespace), a few a time, in turn; none while the job runs."""
+        waiting = sorted(p.metadata.name for p in pods if p.status.phase == "Pending")
+        if not (self.events_readable and waiting):
+            return []
+        start = self._event_turn % len(waiting)
+        self._event_turn += EVENT_READS_PER_TICK
+        return (waiting[start:] + waiting[:start])[:EVENT_READS_PER_TICK]
 
     def _keep_restart_tails(self, pods: list[Any]) -> None:
         for pod in pods:

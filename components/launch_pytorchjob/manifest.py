@@ -34,6 +34,7 @@ RUN_LABEL = "hyperpod-pretrain.io/run-id"
 PIPELINE_RUN_LABEL = "hyperpod-pretrain.io/pipeline-run-id"
 AUTO_RESUME = "sagemaker.amazonaws.com/enable-job-auto-resume"
 MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
+RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torchrun: a rendezvous store address per round
 SHUTDOWN_MARGIN_S = 20  # of the grace period, left to torchrun after its workers' shutdown timeout
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}  # the seed's
 HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
@@ -202,6 +203,12 @@ class JobSpec:
                     "auto-resume max retries must be at least 1 (with restart_budget 0, set "
                     "auto_resume_max_retries or turn auto-resume off)"
                 )
+        if self.queue_name and self.min_nodes < self.max_nodes:
+            # Kueue admits a PyTorchJob for all its Worker replicas or not at all (kubernetes-sigs/kueue v0.19.2,
+            # pkg/controller/jobs/kubeflow/kubeflowjob, KubeflowJob.PodSets: Count = replicas, no minimum).
+            raise InputError(f"max_nodes {self.max_nodes} with Kueue queue {self.queue_name!r}: Kueue admits the job "
+                             f"only when all {self.max_nodes} nodes fit, never on nnodes {self.min_nodes}; give "
+                             f"max_nodes 0 (or equal to nnodes) on a queued cluster")  # fmt: skip
         for name in ("queue_name", "priority_class"):
             value = getattr(self, name)
             if value and (len(value) > 63 or not _DNS_1123.match(value)):
@@ -230,6 +237,13 @@ def torchrun_command(spec: JobSpec) -> list[str]:
 
 def container_env(spec: JobSpec) -> list[dict[str, str]]:
     env = {"NCCL_DEBUG": "INFO", "TRAINER_GRACE_PERIOD_S": str(spec.grace_period_s)}
+    if spec.min_nodes < spec.max_nodes:
+        # A node that joins a running elastic job never gets in otherwise: by default the c10d rendezvous handler
+        # builds the workers' store address once, in the first round, and rank 0 does not publish it again, so a
+        # newcomer waits for MASTER_ADDR of the new round and both agents time out (torch 2.13,
+        # torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, DynamicRendezvousHandler.next_rendezvous;
+        # experiments/elastic_membership.py shows both).
+        env[RDZV_STORE_OPT_OUT] = "1"
     if spec.instance().efa:
         env |= {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
     if spec.shutdown_timeout:  # the pinned torch's torchrun reads it (torch/distributed/launcher/api.py)
