@@ -15,7 +15,10 @@ versions, runs and recurring runs, and it is strict about it, so that a test cat
   ``PlatformSpec``), both parsed with the real protobuf messages;
 - runs and recurring runs must reference an existing pipeline version (404 otherwise) or carry a pipeline spec, and
   (unless ``check_parameters=False``) their ``runtime_config.parameters`` must match the pipeline's declared inputs
-  by name and JSON type (a real cluster would fail such a run in its root driver instead of refusing it).
+  by name and JSON type, as the API server checks them when it creates the run or recurring run (kubeflow/pipelines,
+  ``backend/src/apiserver/template/v2_template.go``, ``V2Spec.validatePipelineJobInputs``, called from
+  ``RunWorkflow`` and ``ScheduledWorkflow``): any number passes for an integer input, and the first violation is
+  answered, in its words, with 400 "invalid pipeline job inputs".
 
 A rejected request gets the status a real server gives (400 INVALID_ARGUMENT, 404 NOT_FOUND, 409 ALREADY_EXISTS, ...)
 with a ``google.rpc.Status``-like JSON body ``{"error", "code", "message", "details"}``; every 400 and every request
@@ -129,7 +132,7 @@ TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"})
 # parameterType of a pipeline input -> the JSON types a runtime parameter value may have.
 PARAMETER_JSON_TYPES: dict[str, tuple[type, ...]] = {
     "STRING": (str,),
-    "NUMBER_INTEGER": (int, float),  # a google.protobuf.Value number; integral is checked separately
+    "NUMBER_INTEGER": (int, float),  # any google.protobuf.Value number: the server does not ask for an integral one
     "NUMBER_DOUBLE": (int, float),
     "BOOLEAN": (bool,),
     "LIST": (list,),
@@ -511,25 +514,24 @@ def _split_inline_spec(body_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[
 
 
 def _parameter_violations(spec: Mapping[str, Any], parameters: Mapping[str, Any]) -> list[str]:
+    """What validatePipelineJobInputs says of ``parameters``, in its words (it returns at the first)."""
     declared: dict[str, Any] = ((spec.get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {}
-    violations = []
-    for name, value in parameters.items():
-        if name not in declared:
-            violations.append(f"runtime parameter {name!r} is not an input of the pipeline ({', '.join(declared)})")
+    words = {"NUMBER_INTEGER": "double or integer", "NUMBER_DOUBLE": "double or integer", "STRING": "string",
+             "BOOLEAN": "bool", "LIST": "list", "STRUCT": "struct"}  # fmt: skip
+    for name, decl in declared.items():
+        if name not in parameters:
+            if "defaultValue" not in decl and not decl.get("isOptional"):
+                return [f"parameter {name} is not optional, yet has neither default value nor user provided value"]
             continue
-        kind = declared[name].get("parameterType")
+        kind, value = decl.get("parameterType"), parameters[name]
         json_types = PARAMETER_JSON_TYPES.get(kind)
         if json_types is None:
             continue
-        ok = isinstance(value, json_types) and not (isinstance(value, bool) and bool not in json_types)
-        if ok and kind == "NUMBER_INTEGER" and isinstance(value, float) and not value.is_integer():
-            ok = False
-        if not ok:
-            violations.append(f"runtime parameter {name!r}: {_kind(value)} {value!r} is not a {kind}")
-    for name, decl in declared.items():
-        if name not in parameters and "defaultValue" not in decl and not decl.get("isOptional"):
-            violations.append(f"runtime parameter {name!r} is required by the pipeline and not given")
-    return violations
+        if not isinstance(value, json_types) or (isinstance(value, bool) and bool not in json_types):
+            return [f"input parameter {name} requires type {words[kind]}, but the parameter value is not of "
+                    f"{'number' if kind.startswith('NUMBER') else words[kind]} value type"]  # fmt: skip
+    extra = [name for name in parameters if name not in declared]
+    return [f"parameter(s) provided are not required by pipeline: {', '.join(extra)}"] if extra else []
 
 
 def _parse_filter(text: str, model_name: str) -> list[tuple[str, str, Any]]:
@@ -1233,7 +1235,7 @@ class FakeKfp:
             return
         violations = _parameter_violations(spec, _spec_parameters(body))
         if violations:
-            raise KfpError(400, f"Invalid {what}: {'; '.join(violations)}")
+            raise KfpError(400, f"Invalid {what}: invalid pipeline job inputs: {'; '.join(violations)}")
 
     def _experiment_for(self, body: Mapping[str, Any], query: Mapping[str, str]) -> str:
         experiment_id = body.get("experiment_id") or query.get("experiment_id") or ""

@@ -7,6 +7,7 @@ real RBAC authorizer deciding). The Training Operator v1.8.1, its webhook, Kueue
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -700,6 +701,38 @@ def test_the_training_deadline_reaches_the_operator(staged_root: Path) -> None:
     assert policy["activeDeadlineSeconds"] == 3600 + OPERATOR_DEADLINE_MARGIN_S
     unbounded = render_job(cluster_config(staged_root, "deadline", timeout_s=0).job_spec())["spec"]["runPolicy"]
     assert "activeDeadlineSeconds" not in unbounded
+
+
+def test_after_a_kueue_resume_the_operators_deadline_waits_for_the_jobs_next_change(staged_root: Path,
+                                                                                    make_cluster) -> None:  # fmt: skip
+    """Why cancel layer 3 is not enough alone after a preemption (README, "Cancelling"): on resume 1.8.1 sets
+    startTime anew and queues no deadline timer (the one it queued at the first start fires, finds the new startTime
+    not yet past, and none follows), so the job runs past activeDeadlineSeconds until something about it changes."""
+    timeline = (
+        Timeline([(0.05, lambda job: job.admit())])
+        + Timeline.started(2)
+        + Timeline(
+            [(0.1, lambda job: job.preempt()), (0.3, lambda job: job.admit()), (0.3, lambda job: job.start(0, 1))]
+        )
+    )
+    cluster = make_cluster(timeline=timeline)
+    spec = cluster_config(staged_root, "resumed-deadline", cluster.namespace,
+                          platform=Platform(queue_name="team-a")).job_spec()  # fmt: skip
+    spec.active_deadline_s = 2
+    name = cluster.create_job(render_job(spec))["metadata"]["name"]
+
+    def resumed_and_running() -> bool:
+        conditions = {c["type"]: c for c in (cluster.job(name) or {}).get("status", {}).get("conditions", [])}
+        resumed = conditions.get("Suspended", {}).get("reason") == "PyTorchJobResumed"
+        return resumed and running(cluster.job(name)) and len(cluster.pods(name)) == 2
+
+    wait_for(resumed_and_running, 30, "preempted, admitted again and running")
+    time.sleep(4)  # twice the deadline after the resume, and past the first start's timer
+    assert running(cluster.job(name)), "no deadline without a change"
+    core = kubernetes.client.CoreV1Api(cluster.admin)
+    core.patch_namespaced_pod(f"{name}-worker-1", cluster.namespace, {"metadata": {"labels": {"touched": "1"}}})
+    wait_for(lambda: "active longer than specified deadline" in json.dumps(cluster.job(name)["status"]), 10,
+             "the next change reconciles the job past its deadline")  # fmt: skip
 
 
 def test_a_terminated_runs_job_is_deleted_by_the_exit_step(staged_root: Path, make_cluster, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,26 @@ class Kueue:
         response |= {"patchType": "JSONPatch", "patch": base64.b64encode(json.dumps(patch).encode()).decode()}
         return response
 
+    def _patch_job(self, namespace: str, name: str, patch_for: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """Read the job and patch it with its resourceVersion; on a conflict (the operator wrote its status in
+        between) read it again and retry, as a controller requeues."""
+        for _ in range(20):
+            job = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            patch = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, **patch_for(job)}
+            try:
+                self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        raise RuntimeError(f"PyTorchJob {namespace}/{name}: 20 conflicts in a row")
+
     def admit(self, namespace: str, name: str, cluster_queue: str = "hyperpod-ns-team-a-clusterqueue") -> None:
         """The workload fits its ClusterQueue: the job is started, its pod templates carrying the admission."""
-        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        self._patch_job(namespace, name, lambda job: self._admission(job, cluster_queue))
+
+    def _admission(self, job: dict[str, Any], cluster_queue: str) -> dict[str, Any]:
+        name = job["metadata"]["name"]
         workload = f"pytorchjob-{name}-{job['metadata']['uid'][:5]}"
         queue = job["metadata"]["labels"].get(QUEUE_LABEL, "")
         templates = {}
@@ -98,19 +116,18 @@ class Kueue:
             templates[rtype] = {
                 "template": {"metadata": {"labels": labels, "annotations": {WORKLOAD_ANNOTATION: workload}}}
             }
-        patch = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]},
-                 "spec": {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": templates}}  # fmt: skip
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+        return {"spec": {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": templates}}
 
     def preempt(self, namespace: str, name: str) -> None:
         """A higher-priority workload needs the quota: the job is stopped (suspended) and its templates restored."""
-        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        self._patch_job(namespace, name, self._preemption)
+
+    @staticmethod
+    def _preemption(job: dict[str, Any]) -> dict[str, Any]:
         templates = {}
         for rtype in job["spec"]["pytorchReplicaSpecs"]:
             labels = dict.fromkeys((PODSET_LABEL, LOCAL_QUEUE_LABEL, CLUSTER_QUEUE_LABEL))
             templates[rtype] = {
                 "template": {"metadata": {"labels": labels, "annotations": {WORKLOAD_ANNOTATION: None}}}
             }
-        patch = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]},
-                 "spec": {"runPolicy": {"suspend": True}, "pytorchReplicaSpecs": templates}}  # fmt: skip
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+        return {"spec": {"runPolicy": {"suspend": True}, "pytorchReplicaSpecs": templates}}

@@ -17,8 +17,11 @@ Sources, kubeflow/training-operator at tag v1.8.1 (each function below names its
 - ``pkg/webhooks/pytorch/pytorchjob_webhook.go`` ``validatePyTorchJob``: what is refused at create, served here as a
   ``ValidatingWebhookConfiguration`` named ``validator.pytorchjob.training-operator.kubeflow.org``.
 
-The controller reconciles on a short poll of the namespace's jobs and pods (what its informers would deliver), so it
-reacts within ~0.1 s to what the kubelet player or a test writes.
+The controller polls the namespace's jobs and pods every ~0.1 s and reconciles a job when it or one of its pods
+changed (what its informers would deliver), or when a queued timer is due: the one ``UpdateJobStatus`` queues with
+``WorkQueue.AddAfter`` for ``activeDeadlineSeconds`` when it first sets ``startTime``. After a suspend and resume
+``ReconcileJobs`` sets ``startTime`` anew and no timer is queued, so a resumed job passes its deadline only at its
+next change, as in 1.8.1.
 """
 
 from __future__ import annotations
@@ -210,6 +213,8 @@ class TrainingOperator:
         self.core = kubernetes.client.CoreV1Api(admin)
         self.namespace, self.on_created, self.poll_s = namespace, on_created, poll_s
         self.seen: set[str] = set()  # job uids
+        self._versions: dict[str, tuple[str, ...]] = {}  # job uid -> the job's and its pods' versions reconciled
+        self._deadline_timers: dict[str, float] = {}  # job uid -> when its activeDeadlineSeconds reconcile is due
         self._services: set[str] = set()  # job uids whose services exist
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -243,6 +248,19 @@ class TrainingOperator:
     # ReconcileJobs --------------------------------------------------------------------------------------------
 
     def reconcile(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        """Reconcile the job if it or its pods changed since the last time, or its deadline timer is due."""
+        uid = job["metadata"]["uid"]
+        versions = (job["metadata"]["resourceVersion"], *sorted(p["metadata"]["resourceVersion"] for p in pods))
+        due = self._deadline_timers.get(uid)
+        timer = due is not None and time.monotonic() >= due
+        if versions == self._versions.get(uid) and not timer:
+            return
+        if timer:
+            del self._deadline_timers[uid]
+        self._reconcile(job, pods)
+        self._versions[uid] = versions  # after success only: an API error is retried at the next pass
+
+    def _reconcile(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         meta = job["metadata"]
         if meta.get("deletionTimestamp"):
             return  # the garbage collector deletes its pods (ownerReferences)
@@ -285,7 +303,10 @@ class TrainingOperator:
         for rtype, rspec in replicas.items():
             self._reconcile_pods(job, status, rtype, rspec, pods)
             self._reconcile_services(job, rtype, rspec, pods)
-        status.setdefault("startTime", now())
+        if "startTime" not in status:
+            status["startTime"] = now()
+            if (deadline := run_policy.get("activeDeadlineSeconds")) is not None:
+                self._deadline_timers[meta["uid"]] = time.monotonic() + deadline
         self._update_job_status(job, status)
         self._write(job, status)
 
