@@ -19,6 +19,7 @@ from tests.helpers import write_single_file_checkpoint
 from trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,
+    SaveFailed,
     committed_checkpoints,
     newest_checkpoint,
     read_checkpoint,
@@ -65,6 +66,26 @@ def test_commits_links_latest_and_keeps_the_last_n(tmp_path: Path) -> None:
     assert torch.equal(restored.model.weight, torch.full((32, 32), 30.0))
     assert torch.equal(restored.optimizer.state_dict()["state"][0]["exp_avg"],
                        trained.optimizer.state_dict()["state"][0]["exp_avg"])  # fmt: skip
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "async"])
+def test_a_save_that_fails_is_one_error_of_ours_and_the_last_good_checkpoint_stands(tmp_path: Path,
+                                                                                   blocking: bool) -> None:  # fmt: skip
+    """DCP raises CheckpointException, a BaseException that no `except Exception` catches; the manager turns every
+    save failure into SaveFailed, naming the step and the cause, and whether a restart can help (ENOSPC: no)."""
+    manager, trained = CheckpointManager(tmp_path, async_save=True, fail_from_step=20), Trained()
+    trained.at(10).save(manager, 10)
+    with pytest.raises(SaveFailed) as failure:
+        trained.at(20).save(manager, 20, blocking=blocking)
+        manager.close()  # an asynchronous save's failure comes out here, or at the next save
+    if blocking:
+        manager.close()
+    assert isinstance(failure.value, Exception) and failure.value.step == 20 and failure.value.permanent
+    assert "the checkpoint of step 20 could not be written: OSError: [Errno 28] No space left" in str(failure.value)
+    assert "a restart will not help" in str(failure.value)
+    assert os.readlink(tmp_path / "checkpoint_latest") == "step_00000010"
+    assert [c.step for c in committed_checkpoints(tmp_path)] == [10]
+    assert read_checkpoint(tmp_path / "checkpoint_latest")["step"] == 10
 
 
 def test_no_checkpoint_is_none(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from components.errors import InputError, StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.local_backend import torchrun_command
 from components.launch_pytorchjob.manifest import JobSpec, render_job
+from components.launch_pytorchjob.progress import TrainingWatch
 from tests.helpers import snapshot_dir, tiny_launch, write_single_file_checkpoint
 from tests.test_schedule import legacy_lr_factor
 from trainer.checkpoint import SCHEMA, read_checkpoint
@@ -193,6 +194,38 @@ def test_workers_exit_with_the_preempted_code(staged_copy: Path) -> None:
         os.kill(pid, signal.SIGTERM)
     output, _ = proc.communicate(timeout=60)
     assert output.count(f"exitcode  : {int(ExitCode.PREEMPTED)}") == 2, output[-3000:]
+
+
+def test_a_background_save_that_fails_crashes_the_run_with_its_reason(staged_copy: Path) -> None:
+    """A full volume (--fault-save-at-step: DCP's writer fails with ENOSPC) under the step-20 background save: the
+    run ends as crashed, naming the step and the cause and that a restart will not help (the launcher stops the job
+    on that); the step-10 checkpoint stays the latest."""
+    cfg = tiny_launch(staged_copy, "full", max_steps=40, checkpoint_every=10,
+                      extra_env={"TRAINER_ASYNC_CHECKPOINT": "true", "TRAINER_FAULT_SAVE_AT_STEP": "20"})  # fmt: skip
+    with pytest.raises(StepFailed, match="the checkpoint of step 20 could not be written: OSError: .Errno 28"):
+        launch(cfg)
+    status = json.loads(cfg.run_paths.status.read_text())
+    assert (status["state"], status["exit_code"], status["permanent"]) == ("crashed", ExitCode.CRASHED, True)
+    assert read_checkpoint(cfg.run_paths.latest_checkpoint)["step"] == 10
+    assert TrainingWatch(cfg.run_paths, since=0).check() == status["error"], "the launcher stops the job on it"
+
+
+def test_a_preemption_save_that_fails_exits_76_and_leaves_the_last_checkpoint(staged_copy: Path) -> None:
+    """The SIGTERM save fails (a full volume from step 11 on, signalled at step 12, before the next periodic save at
+    step 20): every worker exits 76 as torchrun reports it, status.json says preempted-unsaved with the reason, and
+    the step-10 checkpoint stays the latest."""
+    cfg = tiny_launch(staged_copy, "unsaved", max_steps=100000, log_every=1, checkpoint_every=10,
+                      extra_env={"TRAINER_FAULT_SAVE_AT_STEP": "11"})  # fmt: skip
+    proc = start_torchrun(cfg)
+    wait_for_step(cfg.run_paths, 12, proc)
+    for pid in worker_pids(proc.pid):
+        os.kill(pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert output.count(f"exitcode  : {int(ExitCode.PREEMPTED_UNSAVED)}") == 2, output[-3000:]
+    status = json.loads(cfg.run_paths.status.read_text())
+    assert status["state"] == "preempted-unsaved" and status["exit_code"] == ExitCode.PREEMPTED_UNSAVED
+    assert "final checkpoint failed: the checkpoint of step" in status["error"] and "Errno 28" in status["error"]
+    assert read_checkpoint(cfg.run_paths.latest_checkpoint)["step"] == 10
 
 
 def worker_pids(torchrun_pid: int) -> list[int]:

@@ -25,6 +25,7 @@ Checkpoints of the trainer before DCP, single files `checkpoint_step_00000100.pt
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -156,14 +157,33 @@ class SaveReport:
         return self.total_bytes / max(self.largest_share, 1)
 
 
+# Errors a restart cannot fix: the next attempt meets the same full or read-only volume, or the same permissions.
+PERMANENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+class SaveFailed(Exception):
+    """A checkpoint could not be written or committed (DCP's CheckpointException, which is a BaseException, or an
+    OSError of our own files), as one error of the trainer's: the last committed checkpoint is untouched.
+    `permanent`: a restart would meet the same wall."""
+
+    def __init__(self, step: int, cause: BaseException):
+        causes = [cause, *_failures(cause)]
+        self.step = step
+        self.permanent = any(isinstance(c, OSError) and c.errno in PERMANENT_ERRNOS for c in causes)
+        advice = "; a restart will not help: free space on the volume or fix its permissions" if self.permanent else ""
+        super().__init__(f"the checkpoint of step {step} could not be written: {_first_failure(cause)}{advice}")
+
+
 class CheckpointManager:
     """Saves and finds the checkpoints of one run. Every rank makes one, with the same arguments; saving and
     restoring are collectives over `group` (a gloo group of its own: DCP's planning runs in a background thread
     for asynchronous saves and must not interleave with training's collectives)."""
 
     def __init__(self, directory: Path, keep: int = 3, async_save: bool = False, attempt: int = 0,
-                 group: dist.ProcessGroup | None = None, mirror: Mirror | None = None):  # fmt: skip
+                 group: dist.ProcessGroup | None = None, mirror: Mirror | None = None,
+                 fail_from_step: int = 0):  # fmt: skip
         self.directory = directory
+        self.fail_from_step = fail_from_step  # fault injection: saves of this step or later fail (ENOSPC)
         self.keep = keep
         self.async_save = async_save
         self.attempt = attempt
@@ -176,6 +196,7 @@ class CheckpointManager:
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-mirror",
                                            initializer=_lower_priority)  # fmt: skip
         self._pending: Future[SaveReport | None] | None = None
+        self._pending_step = 0
         self._staged: Future[Any] | None = None  # the pending save's copy of the live state
         self._upload: Future[None] | None = None
         self._stager: DefaultStager | None = None
@@ -197,9 +218,18 @@ class CheckpointManager:
         """
         started = time.perf_counter()
         self.wait()  # one save at a time, in order
+        try:
+            self._save(step, model, optimizer, trainer_state, rng, blocking, started)
+        except (CheckpointException, OSError) as exc:
+            raise SaveFailed(step, exc) from exc
+        return time.perf_counter() - started
+
+    def _save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              trainer_state: dict[str, Any], rng: dict[str, Any], blocking: bool, started: float) -> None:  # fmt: skip
         tmp = self.directory / f".{step_dir_name(step)}.attempt-{self.attempt}.tmp"
         self._sweep()
         tmp.mkdir(parents=True, exist_ok=True)
+        writer = dcp_io.writer(tmp, full=bool(self.fail_from_step) and step >= self.fail_from_step)
         tensors, optimizer_groups = dcp_io.split_state(model, optimizer)
         with atomic_open(tmp / rng_file_name(self.rank)) as f:
             torch.save(rng, f)
@@ -208,18 +238,16 @@ class CheckpointManager:
             with atomic_open(tmp / TRAINER_STATE) as f:
                 torch.save({**trainer_state, "optimizer_groups": optimizer_groups, "tied": tied}, f)
         if blocking or not self.async_save:
-            dcp.save(tensors, storage_writer=dcp_io.writer(tmp), process_group=self.group,
-                     no_dist=not dist.is_initialized())  # fmt: skip
+            dcp.save(tensors, storage_writer=writer, process_group=self.group, no_dist=not dist.is_initialized())
             self.last_save = self._commit(tmp, step, started)
         else:
             if torch.cuda.is_available():  # the side stream's copy must not start before this step's updates end
                 torch.cuda.current_stream().synchronize()
-            response = dcp.async_save(tensors, storage_writer=dcp_io.writer(tmp), process_group=self.group,
+            response = dcp.async_save(tensors, storage_writer=writer, process_group=self.group,
                                       async_stager=self._get_stager(), no_dist=not dist.is_initialized())  # fmt: skip
-            self._staged = response.staging_completion
+            self._staged, self._pending_step = response.staging_completion, step
             self._pending = self._background.submit(self._commit_when_written, response.upload_completion, tmp,
                                                     step, started)  # fmt: skip
-        return time.perf_counter() - started
 
     def _get_stager(self) -> DefaultStager:
         """One stager for the run: it keeps its host buffers (pinned on GPU) from one save to the next."""
@@ -236,26 +264,35 @@ class CheckpointManager:
             return 0.0
         started = time.perf_counter()
         staged, self._staged = self._staged, None
-        staged.result()
+        try:
+            staged.result()
+        except (CheckpointException, OSError) as exc:
+            raise SaveFailed(self._pending_step, exc) from exc
         return time.perf_counter() - started
 
     def wait(self) -> None:
-        """Block until the pending asynchronous save is committed; raise if it failed."""
+        """Block until the pending asynchronous save is committed; SaveFailed if it failed."""
         self.wait_until_staged()
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            if (report := pending.result()) is not None:
+            try:
+                report = pending.result()
+            except (CheckpointException, OSError) as exc:
+                raise SaveFailed(self._pending_step, exc) from exc
+            if report is not None:
                 self.last_save = report
 
     def close(self, wait_for_mirror: bool = True) -> None:
         """Finish the pending save; with `wait_for_mirror`, also its durable copy (a preempted run has no time)."""
-        self.wait()
-        if wait_for_mirror and self._upload is not None:
-            self._upload.result()
-        self._background.shutdown(wait=True)
-        self._uploads.shutdown(wait=wait_for_mirror, cancel_futures=not wait_for_mirror)
-        if self._stager is not None:
-            self._stager.close()
+        try:
+            self.wait()
+            if wait_for_mirror and self._upload is not None:
+                self._upload.result()
+        finally:
+            self._background.shutdown(wait=True)
+            self._uploads.shutdown(wait=wait_for_mirror, cancel_futures=not wait_for_mirror)
+            if self._stager is not None:
+                self._stager.close()
 
     def _commit_when_written(self, written: Future[Any], tmp: Path, step: int, started: float) -> SaveReport | None:
         written.result()
@@ -364,6 +401,12 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {checkpoint.path} cannot be read: {_first_failure(exc)}; move the "
                                   "directory aside to resume from the one before") from None  # fmt: skip
         dcp_io.apply_state(model, optimizer, tensors, state["optimizer_groups"])
+
+
+def _failures(exc: BaseException) -> list[BaseException]:
+    """The exceptions DCP gathered from the ranks (CheckpointException.failures: rank -> (exception, traceback))."""
+    failures = getattr(exc, "failures", None) or {}
+    return [f[0] if isinstance(f, tuple) else f for f in failures.values()]
 
 
 def _first_failure(exc: BaseException) -> str:

@@ -72,6 +72,8 @@ class TrainConfig:
                                        "stopped answering (the process group's timeout)", 1)  # fmt: skip
     fault_nan_at_step: int = _opt(0, "fault injection, for testing the divergence handling: from this step on "
                                   "the loss is NaN (0: off)", 0)  # fmt: skip
+    fault_save_at_step: int = _opt(0, "fault injection, for testing the save contract: every checkpoint of this "
+                                   "step or later fails as on a full file system, ENOSPC (0: off)", 0)  # fmt: skip
     # Observability.
     log_every: int = _opt(10, "steps between metrics rows and log lines", 1)
     peak_tflops: float = _opt(0.0, "peak bf16 TFLOP/s of one accelerator for MFU (0: detect the GPU)", 0)

@@ -14,6 +14,7 @@ The optimizer's hyperparameters are not tensors; they travel beside, in the trai
 
 from __future__ import annotations
 
+import errno
 import io
 import zipfile
 from pathlib import Path
@@ -74,9 +75,18 @@ def tied_aliases(state: dict[str, torch.Tensor]) -> dict[str, str]:
 # -- writing ----------------------------------------------------------------------------------------------
 
 
-def writer(path: Path) -> dcp.FileSystemWriter:
-    """One file per rank, fsynced before DCP reports it written (so before .metadata, and before our commit)."""
-    return dcp.FileSystemWriter(path, single_file_per_rank=True, sync_files=True, thread_count=1, overwrite=True)
+def writer(path: Path, full: bool = False) -> dcp.FileSystemWriter:
+    """One file per rank, fsynced before DCP reports it written (so before .metadata, and before our commit).
+    `full`: a writer that fails as on a full file system (fault injection, --fault-save-at-step)."""
+    kind = FullDiskWriter if full else dcp.FileSystemWriter
+    return kind(path, single_file_per_rank=True, sync_files=True, thread_count=1, overwrite=True)
+
+
+class FullDiskWriter(dcp.FileSystemWriter):
+    """Every write fails with ENOSPC, as DCP's writer does when the volume is full."""
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device (fault injection: --fault-save-at-step)")
 
 
 def written_bytes(path: Path) -> dict[int, int]:

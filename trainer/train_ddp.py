@@ -40,6 +40,7 @@ from trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,
     Mirror,
+    SaveFailed,
     SaveReport,
     check_schema,
     old_checkpoint_warning,
@@ -120,7 +121,8 @@ def train(cfg: TrainConfig) -> ExitCode:
     # (Checkpoints have their own gloo group: an asynchronous save plans in the background, beside training.)
     checkpoint_group = dist.new_group(backend="gloo", timeout=collective_timeout)
     checkpoints = CheckpointManager(run.checkpoints, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
-                                    attempt=attempt, group=checkpoint_group, mirror=durable_copy(cfg))  # fmt: skip
+                                    attempt=attempt, group=checkpoint_group, mirror=durable_copy(cfg),
+                                    fail_from_step=cfg.fault_save_at_step)  # fmt: skip
     checkpoint = checkpoints.newest()
     state = checkpoint.trainer_state() if checkpoint is not None else None
     data_dir = training_snapshot(Path(cfg.data_dir), state, cfg.on_new_snapshot)
@@ -330,7 +332,7 @@ def train(cfg: TrainConfig) -> ExitCode:
         code = ExitCode.PREEMPTED_UNSAVED if preempted else ExitCode.CRASHED
         write_status(run, rank, "preempted-unsaved" if preempted else "crashed", step=progress.step,
                      exit_code=code, reason=stop_reason, error=f"final checkpoint failed: {exc}",
-                     attempt=attempt)  # fmt: skip
+                     permanent=getattr(exc, "permanent", False), attempt=attempt)  # fmt: skip
         return code
     if preempted:
         log.warning("stopped by %s at step %d: checkpoint committed %.1fs after the signal (budget %.0fs)",
@@ -467,6 +469,12 @@ def main(argv: list[str] | None = None) -> int:
         errors.record_exception(exc)
         write_status(RunPaths(Path(cfg.run_dir)), rank, "bad-input", exit_code=ExitCode.BAD_INPUT, error=str(exc))
         return ExitCode.BAD_INPUT
+    except SaveFailed as exc:  # a periodic or background save: the last committed checkpoint stands
+        log.error("%s", exc)
+        errors.record_exception(exc)
+        write_status(RunPaths(Path(cfg.run_dir)), rank, "crashed", exit_code=ExitCode.CRASHED, step=exc.step,
+                     error=str(exc), permanent=exc.permanent)  # fmt: skip
+        return ExitCode.CRASHED
     except Exception as exc:
         log.exception("training crashed")  # into this rank's log on the volume, which outlives the pod
         errors.record_exception(exc)

@@ -62,7 +62,7 @@ def trainer_outcome(cfg: LaunchConfig) -> str:
                 f"{status['seconds_to_commit']}s after the signal: rerun to resume")  # fmt: skip
     if status["state"] == "preempted-unsaved":
         return f"the trainer could not commit its checkpoint of step {status['step']}: {status.get('error')}"
-    if status["state"] in (*PERMANENT, "hung") and status.get("error"):
+    if status["state"] in (*PERMANENT, "hung", "crashed") and status.get("error"):
         return status["error"]
     return f"the trainer's last status is {status['state']!r} at step {status.get('step')}"
 

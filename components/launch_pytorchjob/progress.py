@@ -44,7 +44,7 @@ class TrainingWatch:
         only a stall counts (where nothing restarts the trainer, its own exit says the rest)."""
         status = self._status()
         state = status.get("state")
-        if state in PERMANENT:
+        if state in PERMANENT or status.get("permanent"):  # diverged, bad input, a full or read-only volume
             return (status.get("error") or f"trainer {state} at step {status.get('step')}") if permanent else None
         if state != "running":
             self._progress = self._moved_at = None  # not training (yet, or any more): no stall clock until it is
