@@ -198,7 +198,10 @@ def train(cfg: TrainConfig) -> ExitCode:
                     "init_from": warm_started}  # fmt: skip
         write_json(run.config, resolved)
 
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
+    # Gradients are views into DDP's all-reduce buckets (no second copy of them); the only buffer, the rotary
+    # frequencies, is computed the same on every rank, so nothing is broadcast at each forward.
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None, gradient_as_bucket_view=True,
+                                  broadcast_buffers=False)  # fmt: skip
     step_fn = torch.compile(ddp) if cfg.compile else ddp
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda)
     flops_per_step = flops_per_token(model, cfg.seq_len) * cfg.tokens_per_step * world
@@ -232,7 +235,7 @@ def train(cfg: TrainConfig) -> ExitCode:
                     samples_log.write(f"{progress.step + 1} {micro} {' '.join(map(str, batches.last_windows))}\n")
                 last_micro = micro == cfg.grad_accum_steps - 1
                 with contextlib.nullcontext() if last_micro else ddp.no_sync(), autocast:
-                    logits = step_fn(input_ids=inputs).logits
+                    logits = step_fn(input_ids=inputs, use_cache=False).logits  # no KV cache to build in training
                     loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
                     if cfg.fault_nan_at_step and progress.step + 1 >= cfg.fault_nan_at_step:
                         loss = loss * float("nan")  # fault injection (--fault-nan-at-step): a diverged loss

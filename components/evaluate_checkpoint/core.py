@@ -291,7 +291,7 @@ def mean_loss(
         inputs = torch.from_numpy(split.windows(np.arange(start, min(windows, start + batch_size)), seq_len))
         batch = inputs.to(device, non_blocking=True)
         with autocast:
-            logits = model(input_ids=batch[:, :-1]).logits
+            logits = model(input_ids=batch[:, :-1], use_cache=False).logits
         flat = logits.float().reshape(-1, logits.size(-1))
         total += F.cross_entropy(flat, batch[:, 1:].reshape(-1), reduction="sum")
         targets = inputs[:, 1:].numpy()
