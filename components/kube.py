@@ -30,6 +30,7 @@ TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 @dataclass(frozen=True)
 class KubeSettings:
     request_timeout_s: float = 30.0  # connect and read, per call
+    people_read_timeout_s: float = 10.0  # a read only a person needs (read_for_people): short, it holds the loop
     attempts: int = 6
     backoff_s: float = 0.5  # doubled per attempt, capped at max_backoff_s, with jitter
     max_backoff_s: float = 8.0
@@ -78,7 +79,8 @@ class Kube:
 
     def read_for_people(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A read that only helps a person (a log's last lines, events): retried once at most, so an unreadable one
-        (no kubelet answers) costs a second, not the minute of `call`'s retries."""
+        (no kubelet answers) costs a second, not the minute of `call`'s retries; each try with a short timeout."""
+        kwargs.setdefault("_request_timeout", min(self.settings.request_timeout_s, self.settings.people_read_timeout_s))
         return self._call(min(2, self.settings.attempts), what, fn, *args, **kwargs)
 
     def _call(self, attempts: int, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
