@@ -465,6 +465,7 @@ def test_a_failed_job_that_auto_resume_brings_back_runs_to_success(staged_root: 
     finally:
         restarter.stop()
     assert result.state == "Succeeded" and restarter.retries == {cluster.job(cfg.job_name)["metadata"]["uid"]: 1}
+    assert restarter.errors == []
     assert "failed; HyperPod auto-resume is on and may restart it" in caplog.text
     assert "is no longer Failed (Restarting): auto-resume brought it back" in caplog.text
     assert deleted_jobs(cluster) == []
@@ -609,6 +610,22 @@ def test_a_lost_node_gets_the_recovery_deadline(staged_root: Path, make_cluster)
     with pytest.raises(StepFailed, match=r"fewer than its minimum of 2 pod\(s\) for \d+s .* recovery deadline"):
         run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=2, recovery_timeout_s=4), threading.Event())
     assert time.monotonic() - started > 4
+
+
+def test_a_pod_stuck_terminating_on_a_lost_node_counts_as_lost(staged_root: Path, make_cluster) -> None:
+    """A node that went away took its kubelet: its pod, once deleted, stays Terminating (and Running) for ever, and
+    the operator makes no new one until it is gone. That is a lost node: the recovery deadline runs."""
+
+    def lose_node(job: Any) -> None:
+        job.cluster.kubelet.lose_node(job.pod(1))
+        kubernetes.client.CoreV1Api(job.cluster.admin).delete_namespaced_pod(job.pod(1), job.cluster.namespace)
+
+    cluster = make_cluster(timeline=Timeline.running(2).then(0.5, lose_node))
+    job = render_job(cluster_config(staged_root, "stuck", cluster.namespace).job_spec())
+    with pytest.raises(StepFailed, match=r"fewer than its minimum of 2 pod\(s\) for \d+s .* recovery deadline"):
+        run_job(Kube(cluster.runner()), job, fast(recovery_timeout_s=2), threading.Event())
+    stuck = [p for p in cluster.pods(job["metadata"]["name"]) if p["metadata"]["name"].endswith("worker-1")]
+    assert stuck and stuck[0]["metadata"].get("deletionTimestamp"), "still Terminating"
 
 
 def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(staged_root: Path, make_cluster,

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from typing import Any
 
 import kubernetes
-from kubernetes.client.exceptions import ApiException
 
+from tests.cluster.controller import PolledController
 from tests.cluster.training_operator import GROUP, PLURAL, VERSION, is_true, now
 
 log = logging.getLogger(__name__)
@@ -37,32 +36,23 @@ AUTO_RESUME = "sagemaker.amazonaws.com/enable-job-auto-resume"
 MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
 
 
-class JobAutoRestart:
+class JobAutoRestart(PolledController):
     """Brings the namespace's Failed auto-resume jobs back, ``delay_s`` after they failed, up to their max retries."""
 
     def __init__(self, admin: kubernetes.client.ApiClient, namespace: str, delay_s: float = 1.0,
                  poll_s: float = 0.1):  # fmt: skip
+        super().__init__(f"hyperpod-{namespace}", poll_s)
         self.custom = kubernetes.client.CustomObjectsApi(admin)
-        self.namespace, self.delay_s, self.poll_s = namespace, delay_s, poll_s
+        self.namespace, self.delay_s = namespace, delay_s
         self.retries: dict[str, int] = {}  # job uid -> retries done
         self.failed_seen: dict[str, float] = {}  # job uid -> when its current failure was first seen
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"hyperpod-{namespace}")
-        self._thread.start()
+        self.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            try:
-                response = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                                     _preload_content=False)  # fmt: skip
-                for job in json.loads(response.data)["items"]:
-                    self._reconcile(job)
-            except ApiException as exc:  # a controller requeues on API errors
-                log.info("job auto-restart player: %s; next pass", exc)
+    def reconcile_all(self) -> None:
+        response = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
+                                                             _preload_content=False)  # fmt: skip
+        for job in json.loads(response.data)["items"]:
+            self._reconcile(job)
 
     def _reconcile(self, job: dict[str, Any]) -> None:
         meta = job["metadata"]

@@ -85,6 +85,7 @@ class Kubelet:
         self.node_resources = dict(node_resources or P5)
         self.termination_s = termination_s
         self.nodes: list[str] = []
+        self.lost_nodes: set[str] = set()  # gone with their kubelet: their pods' deletions never finish
         self._logs: dict[tuple[str, int], ContainerLog] = {}  # (pod uid, restart count)
         self._cond = threading.Condition()
         self._faults: list[StreamFault] = []
@@ -367,6 +368,13 @@ class Kubelet:
 
     # -- terminating pods -------------------------------------------------------------------------------------
 
+    def lose_node(self, pod_name: str) -> None:
+        """The pod's node goes away with its kubelet: nothing stops its containers or makes the final delete, so a
+        deleted pod there stays Terminating, in the phase it had, until someone force-deletes it (grace 0)."""
+        node = (self.pod(pod_name) or {}).get("spec", {}).get("nodeName")
+        if node:
+            self.lost_nodes.add(node)
+
     def _finish_deletions(self) -> None:
         """A bound pod being deleted: its containers stopped, then the kubelet's final delete (grace 0, UID)."""
         seen: set[str] = set()
@@ -378,6 +386,8 @@ class Kubelet:
             for pod in pods["items"]:
                 meta = pod["metadata"]
                 if not meta.get("deletionTimestamp") or meta["uid"] in seen or not pod["spec"].get("nodeName"):
+                    continue
+                if pod["spec"]["nodeName"] in self.lost_nodes:
                     continue
                 seen.add(meta["uid"])
                 self._stopped(pod)

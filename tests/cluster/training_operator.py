@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
-import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster.controller import PolledController
 from tests.cluster.tls import HttpsServer, admission_handler, loopback_cert
 
 log = logging.getLogger(__name__)
@@ -203,42 +203,28 @@ def set_condition(status: dict[str, Any], kind: str, state: str, reason: str, me
     status["conditions"] = [*kept, new]
 
 
-class TrainingOperator:
+class TrainingOperator(PolledController):
     """The PyTorchJob controller for one namespace. ``on_created(job)`` runs (in its own thread) when a job is first
     seen: the test's timeline for it."""
 
     def __init__(self, admin: kubernetes.client.ApiClient, namespace: str,
                  on_created: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.1):  # fmt: skip
+        super().__init__(f"operator-{namespace}", poll_s)
         self.custom = kubernetes.client.CustomObjectsApi(admin)
         self.core = kubernetes.client.CoreV1Api(admin)
-        self.namespace, self.on_created, self.poll_s = namespace, on_created, poll_s
+        self.namespace, self.on_created = namespace, on_created
         self.seen: set[str] = set()  # job uids
         self._versions: dict[str, tuple[str, ...]] = {}  # job uid -> the job's and its pods' versions reconciled
         self._deadline_timers: dict[str, float] = {}  # job uid -> when its activeDeadlineSeconds reconcile is due
         self._services: set[str] = set()  # job uids whose services exist
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"operator-{namespace}")
-        self._thread.start()
+        self.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            try:
-                jobs = self._list_jobs()
-                pods = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]
-                for job in jobs:
-                    mine = [p for p in pods if p["metadata"].get("labels", {}).get(JOB_NAME_LABEL) ==
-                            job["metadata"]["name"]]  # fmt: skip
-                    self.reconcile(job, mine)
-            except (ApiException, urllib3.exceptions.HTTPError) as exc:  # a controller requeues on any API error
-                log.info("training operator player: %s; next pass", exc)
-            except Exception as exc:  # a player that dies silently would leave a test waiting: say why
-                log.exception("training operator player: %s", exc)
-                self.errors.append(repr(exc))
+    def reconcile_all(self) -> None:
+        jobs = self._list_jobs()
+        pods = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]
+        for job in jobs:
+            mine = [p for p in pods if p["metadata"].get("labels", {}).get(JOB_NAME_LABEL) == job["metadata"]["name"]]
+            self.reconcile(job, mine)
 
     def _list_jobs(self) -> list[dict[str, Any]]:
         response = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
