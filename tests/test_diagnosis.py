@@ -64,7 +64,9 @@ def test_pods_pending_past_the_pending_deadline_fail_early_and_delete_the_job(st
 def test_missing_efa_devices_name_the_device_plugin(staged_root: Path, make_cluster, caplog) -> None:
     cluster = make_cluster(timeline=Timeline.stuck_pending(message=EFA_SHORT))
     with pytest.raises(StepFailed, match="EFA errors"):
-        launch(config(staged_root, "no-efa", cluster.namespace, pending_timeout_s=1), cluster.runner())
+        # 2 s: a pod's creationTimestamp has whole seconds, so 1 s could pass at the first look, before the timeline
+        # has marked the second pod
+        launch(config(staged_root, "no-efa", cluster.namespace, pending_timeout_s=2), cluster.runner())
     seen = findings(caplog)
     assert len(seen) == 2 and all(f.startswith("EFA errors (worker-") for f in seen)
     assert "the EFA device plugin may be missing" in seen[0] and "aws-efa-k8s-device-plugin" in seen[0]

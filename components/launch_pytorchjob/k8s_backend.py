@@ -608,6 +608,7 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     failed_at: float | None = None  # Failed, and waiting for auto-resume to bring it back
 
     def give_up(why: str) -> None:
+        diagnoser.tick(force=True)  # one more look before the job goes: the reason given is the latest
         phases, _ = pod_summary(kube, ns, name)
         describe_failure(kube, ns, name)  # a pod stuck in Pending says why in its events
         delete_job(kube, ns, name, uid)
