@@ -102,7 +102,8 @@ def written_bytes(path: Path) -> dict[int, int]:
 
 
 class VerifyingReader(dcp.FileSystemReader):
-    """DCP's file reader, with every item's CRC32 records checked on the bytes read for it."""
+    """DCP's file reader, with every item's CRC32 records checked on the bytes read for it (through its private
+    per-item hook: trainer/private_api.py READER_SLICE_HOOK)."""
 
     def _slice_file(self, file: IO[bytes], sinfo: Any) -> IO[bytes]:
         file.seek(sinfo.offset)

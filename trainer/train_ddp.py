@@ -55,6 +55,7 @@ from trainer.layout import RunPaths
 from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
 from trainer.model import architecture_differences, build_model, model_config
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
+from trainer.private_api import default_store, skip_update_if
 from trainer.schedule import LRSchedule, ScheduleSettings
 from trainer.snapshot import snapshot_record, training_snapshot
 from trainer.warm_start import warm_start_state
@@ -209,7 +210,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     samples_log = open(run.logs / f"samples_rank_{rank:05d}.txt", "a") if cfg.log_samples else None
     budget_s = save_budget_s(cfg.grace_period_s)
     divergence, spikes = Divergence(cfg.max_nonfinite_steps), SpikeWatch(cfg.spike_factor)
-    heartbeat = Heartbeat(dist.distributed_c10d._get_default_store(), rank, world, cfg.collective_timeout_s)
+    heartbeat = Heartbeat(default_store(), rank, world, cfg.collective_timeout_s)
 
     def save(blocking: bool) -> float:
         """Collective: every rank writes its share. Returns the seconds this rank was held up."""
@@ -247,7 +248,7 @@ def train(cfg: TrainConfig) -> ExitCode:
             for group in optimizer.param_groups:
                 group["lr"] = schedule.lr_at(progress.step)
             if use_cuda:  # the fused kernel skips the update on the device when found_inf is set: no host sync
-                optimizer.found_inf = nonfinite.float()
+                skip_update_if(optimizer, nonfinite)
                 optimizer.step()
             elif not nonfinite:  # on the CPU the flag is at hand
                 optimizer.step()
@@ -382,7 +383,7 @@ def agree_on_attempt(run: RunPaths, rank: int) -> int:
     changes, so neither tells two starts apart. The store is used, not a collective: with NCCL the first collective
     creates the communicator, which must already know its (per-attempt) NCCL_DEBUG_FILE.
     """
-    store = dist.distributed_c10d._get_default_store()
+    store = default_store()
     if rank == 0:
         attempt = max(run.attempts(), default=0) + 1
         (run.comms / run.attempt(attempt)).mkdir(parents=True, exist_ok=True)

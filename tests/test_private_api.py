@@ -1,0 +1,54 @@
+"""The private PyTorch APIs behind trainer/private_api.py, checked on the pinned stack: a torch upgrade that changes
+one fails here, not in a training run."""
+
+from __future__ import annotations
+
+import inspect
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from trainer.dcp_io import VerifyingReader
+from trainer.private_api import READER_SLICE_HOOK, default_store, skip_update_if
+
+
+def test_the_fused_adamw_kernel_skips_its_update_when_found_inf_is_set() -> None:
+    """The GPU path's assumption, checked on the CPU build of the same kernel: with `found_inf` set (GradScaler's
+    protocol, torch/optim/adamw.py -> _fused_adamw), the step leaves the weights, the moments and the step count as
+    they were; with it clear, it updates."""
+    weight = torch.nn.Parameter(torch.ones(8))
+    optimizer = torch.optim.AdamW([weight], lr=0.1, fused=True)
+    weight.grad = torch.ones(8)
+    optimizer.step()
+    before = (weight.detach().clone(), optimizer.state[weight]["exp_avg"].clone(), optimizer.state[weight]["step"])
+    weight.grad = torch.full((8,), float("nan"))
+    skip_update_if(optimizer, torch.ones((), dtype=torch.bool))
+    optimizer.step()
+    assert torch.equal(weight.detach(), before[0]) and torch.equal(optimizer.state[weight]["exp_avg"], before[1])
+    assert optimizer.state[weight]["step"].item() == 1
+    weight.grad = torch.ones(8)
+    skip_update_if(optimizer, torch.zeros((), dtype=torch.bool))
+    optimizer.step()
+    assert not torch.equal(weight.detach(), before[0]) and optimizer.state[weight]["step"].item() == 2
+
+
+def test_the_default_store_is_the_process_groups() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        store = default_store()
+        store.set("attempt", "7")
+        assert isinstance(store, dist.Store) and store.get("attempt") == b"7"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dcps_reader_still_calls_the_per_item_hook_the_verifying_reader_overrides() -> None:
+    hook = getattr(dcp.FileSystemReader, READER_SLICE_HOOK)
+    assert list(inspect.signature(hook).parameters) == ["self", "file", "sinfo"]
+    assert f"self.{READER_SLICE_HOOK}(" in inspect.getsource(dcp.FileSystemReader.read_data)
+    assert READER_SLICE_HOOK in VerifyingReader.__dict__
