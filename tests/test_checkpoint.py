@@ -88,6 +88,24 @@ def test_a_save_that_fails_is_one_error_of_ours_and_the_last_good_checkpoint_sta
     assert read_checkpoint(tmp_path / "checkpoint_latest")["step"] == 10
 
 
+def test_the_cuda_generator_saved_and_restored_is_this_devices_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU path's logic on the CPU build: only the current device's CUDA generator is read (reading every GPU's
+    opens a context on each from every rank), and a checkpoint written before, with every GPU's, restores this
+    device's entry."""
+    restored: list[torch.Tensor] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([11], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's generator read"))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))
+    state = rng_state()
+    assert torch.equal(state["cuda_device"], torch.tensor([11], dtype=torch.uint8)) and "cuda" not in state
+    set_rng_state(state)
+    older = {k: v for k, v in state.items() if k != "cuda_device"}
+    set_rng_state({**older, "cuda": [torch.tensor([0], dtype=torch.uint8), torch.tensor([22], dtype=torch.uint8)]})
+    assert [int(s[0]) for s in restored] == [11, 22]
+
+
 def test_no_checkpoint_is_none(tmp_path: Path) -> None:
     assert newest_checkpoint(tmp_path / "absent") is None
 

@@ -582,8 +582,8 @@ def rng_state() -> dict[str, Any]:
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():  # this process's device only: reading every GPU's would open a context on each
+        state["cuda_device"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -593,5 +593,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if not torch.cuda.is_available():
+        return
+    if "cuda_device" in state:
+        torch.cuda.set_rng_state(state["cuda_device"])
+    elif "cuda" in state and torch.cuda.current_device() < len(state["cuda"]):  # written before: every GPU's
+        torch.cuda.set_rng_state(state["cuda"][torch.cuda.current_device()])

@@ -327,8 +327,9 @@ def train(cfg: TrainConfig) -> ExitCode:
     preempted = stop_reason == "signal"
     try:
         save(blocking=True)
+        checkpoints.wait()
+        dist.barrier()  # every rank's share committed; then rank 0 alone waits for its durable copy, if any
         checkpoints.close(wait_for_mirror=not preempted)  # a preempted run has no time for the durable copy
-        dist.barrier()
         if not budget_checked and checkpoints.last_save is not None:
             check_save_budget(step_time_s, checkpoints.last_save, budget_s, rank)
     except Exception as exc:
