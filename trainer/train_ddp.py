@@ -326,8 +326,7 @@ def train(cfg: TrainConfig) -> ExitCode:
         samples_log.close()
     preempted = stop_reason == "signal"
     try:
-        save(blocking=True)
-        checkpoints.wait()
+        save(blocking=True)  # committed when it returns (it waited for any earlier background save first)
         dist.barrier()  # every rank's share committed; then rank 0 alone waits for its durable copy, if any
         checkpoints.close(wait_for_mirror=not preempted)  # a preempted run has no time for the durable copy
         if not budget_checked and checkpoints.last_save is not None:

@@ -117,16 +117,18 @@ RUN_OPTIONS: dict[str, tuple[type, int, int]] = {
     "rdzv_backend": (str, 0, 0),
 }
 MAX_OPTION_STRING = 64
+# Options that were renamed, with what replaced them: a run that still sets one is told in one line.
+RENAMED_OPTIONS = {
+    "backoff_limit": "'restart_budget': whole-job restarts the job survives (the PyTorchJob's job-wide backoffLimit "
+    "is derived: restart_budget x nodes + 1)",
+}
 
 
 def run_options(options: dict[str, Any]) -> dict[str, Any]:
     """`job_options` as a run gave them, checked: only RUN_OPTIONS, of their type, within their bounds."""
     for key, value in options.items():
-        if key == "backoff_limit":
-            raise InputError(
-                "job option 'backoff_limit' is now 'restart_budget': whole-job restarts the job survives "
-                "(the PyTorchJob's job-wide backoffLimit is derived: restart_budget x nodes + 1)"
-            )
+        if key in RENAMED_OPTIONS:
+            raise InputError(f"job option {key!r} is now {RENAMED_OPTIONS[key]}")
         if key not in RUN_OPTIONS:
             raise InputError(f"job option {key!r} is not a run option (the platform team's settings are compiled in); "
                              f"a run may set: {', '.join(sorted(RUN_OPTIONS))}")  # fmt: skip
