@@ -25,6 +25,7 @@ Checkpoints of the trainer before DCP, single files `checkpoint_step_00000100.pt
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -35,6 +36,7 @@ import shutil
 import threading
 import time
 import zipfile
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +176,15 @@ class SaveFailed(Exception):
         super().__init__(f"the checkpoint of step {step} could not be written: {_first_failure(cause)}{advice}")
 
 
+@contextlib.contextmanager
+def _save_failure(step: int) -> Iterator[None]:
+    """Whatever fails inside (DCP's CheckpointException, an OSError of our own files) comes out as SaveFailed."""
+    try:
+        yield
+    except (CheckpointException, OSError) as exc:
+        raise SaveFailed(step, exc) from exc
+
+
 class CheckpointManager:
     """Saves and finds the checkpoints of one run. Every rank makes one, with the same arguments; saving and
     restoring are collectives over `group` (a gloo group of its own: DCP's planning runs in a background thread
@@ -218,10 +229,8 @@ class CheckpointManager:
         """
         started = time.perf_counter()
         self.wait()  # one save at a time, in order
-        try:
+        with _save_failure(step):
             self._save(step, model, optimizer, trainer_state, rng, blocking, started)
-        except (CheckpointException, OSError) as exc:
-            raise SaveFailed(step, exc) from exc
         return time.perf_counter() - started
 
     def _save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -264,10 +273,8 @@ class CheckpointManager:
             return 0.0
         started = time.perf_counter()
         staged, self._staged = self._staged, None
-        try:
+        with _save_failure(self._pending_step):
             staged.result()
-        except (CheckpointException, OSError) as exc:
-            raise SaveFailed(self._pending_step, exc) from exc
         return time.perf_counter() - started
 
     def wait(self) -> None:
@@ -275,10 +282,8 @@ class CheckpointManager:
         self.wait_until_staged()
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            try:
+            with _save_failure(self._pending_step):
                 report = pending.result()
-            except (CheckpointException, OSError) as exc:
-                raise SaveFailed(self._pending_step, exc) from exc
             if report is not None:
                 self.last_save = report
 
@@ -411,10 +416,7 @@ def _failures(exc: BaseException) -> list[BaseException]:
 
 def _first_failure(exc: BaseException) -> str:
     """DCP gathers each rank's exception; the first says what was wrong."""
-    failures = getattr(exc, "failures", None)  # rank -> (exception, traceback)
-    if failures:
-        first = next(iter(failures.values()))
-        exc = first[0] if isinstance(first, tuple) else first
+    exc = next(iter(_failures(exc)), exc)
     return f"{exc}" if isinstance(exc, dcp_io.CorruptCheckpoint) else f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
