@@ -109,7 +109,9 @@ def test_success_streams_worker_0_and_reports(staged_root: Path, make_cluster, c
     assert pod_lines(caplog, f"{result.job_name}-worker-0") == LINES, "every line once, in order"
     assert not pod_lines(caplog, f"{result.job_name}-worker-1"), "only worker-0 by default"
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
-    assert "successfully completed" in caplog.text and "worker-0 Succeeded, worker-1 Succeeded" in caplog.text
+    # An elastic job (every job renders elasticPolicy) succeeds when one worker has (1.8.1 UpdateJobStatus,
+    # kubeflow/training-operator#1752): worker-1 may still be Running when the condition is logged.
+    assert "successfully completed" in caplog.text and "worker-0 Succeeded" in caplog.text
     assert forbidden(cluster) == [], "deploy/rbac.yaml grants every request the launcher makes"
     # Events are read for the job's Pending pods only, each by name: never the namespace's (KFP's pods live there).
     selectors = {unquote(e["requestURI"]).split("fieldSelector=")[1].split("&")[0]
