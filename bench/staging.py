@@ -61,8 +61,8 @@ from tokenizers import Tokenizer
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.s3_server: the test suite's S3 server, started the same way here
 
+from common.s3 import S3Settings, S3Source  # noqa: E402
 from components.stage_data.mirror import mirror  # noqa: E402
-from components.stage_data.s3 import S3Settings, S3Source  # noqa: E402
 from components.stage_data.sources import select  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
 from trainer.layout import TOKENIZER, DatasetPaths  # noqa: E402

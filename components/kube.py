@@ -19,7 +19,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 
 log = logging.getLogger(__name__)
 

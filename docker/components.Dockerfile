@@ -15,6 +15,7 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /opt/hyperpod-pretrain
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md ./
+COPY common ./common
 COPY trainer ./trainer
 COPY components ./components
 COPY pipelines ./pipelines

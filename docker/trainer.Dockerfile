@@ -87,14 +87,15 @@ RUN grep -qx "# python: ${PYTHON_VERSION}" /opt/hyperpod-pretrain/stack.txt \
     && pip install --no-cache-dir -r /opt/hyperpod-pretrain/stack.txt
 # The project without its dependencies: what the trainer imports is already the pin's, and the project's own
 # ranges (kfp, kubernetes, ... for the pipeline steps) are not the trainer's; boto3, which its durable checkpoint copies
-# use, is in the pin. tests/test_docker.py checks that every
-# third-party module trainer/ imports is in the pin.
+# use, is in the pin. Of the project, only what the trainer imports: trainer/ and common/ (the errors and the S3
+# client, below the pipeline's code), not components/ or pipelines/; so the `hyperpod-pretrain` command, whose
+# entry point is in pipelines/, is removed. tests/test_docker.py checks that trainer/ imports neither, that this
+# copies no other package, and that every third-party module trainer/ imports is in the pin.
 COPY pyproject.toml README.md /workspace/src/
+COPY common /workspace/src/common
 COPY trainer /workspace/src/trainer
-COPY components /workspace/src/components
-COPY pipelines /workspace/src/pipelines
 RUN pip install --no-cache-dir --no-deps /workspace/src \
-    && rm -rf /workspace/src \
+    && rm -rf /workspace/src /opt/venv/bin/hyperpod-pretrain \
     && ln -s "$(python -c 'import trainer.train_ddp as m; print(m.__file__)')" /workspace/train_ddp.py
 
 # No ENTRYPOINT: the PyTorchJob's command is `torchrun ... -m trainer.train_ddp` (the manifest sets it);

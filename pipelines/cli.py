@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from components.kfp_support import setup_logging
 from components.stage_data.sources import DEFAULT_EXCLUDE
 from components.stage_data.tokenization import SAMPLE_MB, SHARD_TOKENS

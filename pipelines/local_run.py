@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from trainer.layout import RunPaths
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from kfp import compiler, dsl
 from kfp import kubernetes as k8s
 from kfp.dsl.python_component import PythonComponent
 
-from components.errors import InputError
+from common.errors import InputError
 from components.evaluate_checkpoint.component import evaluate_checkpoint
 from components.kfp_support import COMPONENTS_IMAGE
 from components.launch_pytorchjob.component import launch_pytorchjob

@@ -31,7 +31,7 @@ import kfp_server_api
 import urllib3
 import yaml
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from pipelines import MIN_KFP_BACKEND, MIN_KFP_BACKEND_WHY
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from components.errors import StepFailed
+from common.errors import StepFailed
 from components.launch_pytorchjob import k8s_backend
 from components.launch_pytorchjob.core import LaunchConfig, launch
 from components.launch_pytorchjob.diagnosis import FIX, Diagnosis

@@ -84,8 +84,10 @@ def test_what_the_dockerfiles_copy_exists_and_is_the_package(dockerfile: Path) -
     sources = {source.rstrip("/") for sources in copies for source in sources}
     for source in sources:
         assert (REPO / source).exists(), f"{dockerfile.name} copies {source}, which is not in the repository"
-    # Every package pip installs from pyproject.toml is copied (a missing one installs an incomplete project).
-    assert {p.rstrip("*") for p in PACKAGES} <= sources
+    # The components image copies every package of pyproject.toml (a missing one installs an incomplete project); the
+    # trainer image only those the trainer imports (test_the_trainer_image_copies_only_what_the_trainer_imports).
+    if dockerfile.name == "components.Dockerfile":
+        assert {p.rstrip("*") for p in PACKAGES} <= sources
     assert {"pyproject.toml", "README.md"} <= sources  # the metadata names README.md as the readme
     # .dockerignore excludes everything and then lets in what the Dockerfiles copy, itself or a folder above it.
     ignored = (REPO / ".dockerignore").read_text().splitlines()
@@ -98,7 +100,7 @@ def test_what_the_dockerfiles_copy_exists_and_is_the_package(dockerfile: Path) -
 
 def imports_of(paths: list[Path]) -> set[str]:
     """The top-level modules these files import, following this project's own modules they import (trainer/durable.py
-    uses components.stage_data.s3) to the third-party ones those import."""
+    uses common.s3) to the third-party ones those import."""
     own = {p.rstrip("*") for p in PACKAGES}
     imported: set[str] = set()
     todo, seen = list(paths), set()
@@ -121,6 +123,50 @@ def imports_of(paths: list[Path]) -> set[str]:
                     base = REPO.joinpath(*parts[:i])
                     todo += [f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()]
     return imported
+
+
+def own_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level package) for each of this project's packages that a file imports, inside functions too."""
+    own = {p.rstrip("*") for p in PACKAGES}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        found += [(node.lineno, name.split(".")[0]) for name in names if name.split(".")[0] in own]
+    return found
+
+
+def test_the_trainer_depends_on_nothing_above_it() -> None:
+    """trainer/ imports only itself and common/, and common/ only itself: the pipeline's code (and with it kfp and
+    kubernetes) stays out of the trainer image, and a change there cannot break a training job."""
+    allowed = {"trainer": {"trainer", "common"}, "common": {"common"}}
+    wrong = [
+        f"{path.relative_to(REPO)}:{line} imports {package}"
+        for layer, others in allowed.items()
+        for path in sorted((REPO / layer).rglob("*.py"))
+        for line, package in own_imports(path)
+        if package not in others
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_trainer_image_copies_only_what_the_trainer_imports() -> None:
+    own = {p.rstrip("*") for p in PACKAGES}
+    steps = instructions(DOCKER / "trainer.Dockerfile")
+    copied = {source.rstrip("/") for op, args in steps if op == "COPY" for source in args.split()[:-1]} & own
+    imported = imports_of(sorted((REPO / "trainer").rglob("*.py"))) & own
+    assert copied == imported, (
+        f"docker/trainer.Dockerfile copies the packages {sorted(copied)}; the trainer imports {sorted(imported)}"
+    )
+    # A command of the project whose module the image leaves out would only fail there: the image removes it.
+    runs = " ".join(args for op, args in steps if op == "RUN")
+    for command, target in PYPROJECT["project"]["scripts"].items():
+        if target.split(".")[0] not in copied:
+            assert f"/opt/venv/bin/{command}" in runs, f"the trainer image installs {command}, but not {target}"
 
 
 def test_the_trainer_image_installs_what_the_trainer_imports() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from components.stage_data.s3 import S3Settings
+from common.s3 import S3Settings
 from tests.s3_server import S3Server, free_port
 from trainer.durable import COMMIT, CheckpointMirror, MirrorError
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from components.evaluate_checkpoint.core import Gate, evaluate_checkpoint
 from tests.helpers import snapshot_dir
 from trainer.layout import RunPaths

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.errors import StepFailed
+from common.errors import StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.progress import STALL_FLOOR_S, TrainingWatch
 from tests.helpers import tiny_launch

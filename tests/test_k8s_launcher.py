@@ -24,7 +24,7 @@ from urllib.parse import unquote
 import kubernetes
 import pytest
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from components.kube import Kube, KubeSettings, api_client_from_environment
 from components.launch_pytorchjob.core import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig, launch
 from components.launch_pytorchjob.k8s_backend import WatchSettings, create_or_attach, run_job

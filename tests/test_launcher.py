@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from components.launch_pytorchjob.core import launch
 from tests.helpers import tiny_launch
 from trainer.layout import RunPaths

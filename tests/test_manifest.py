@@ -12,7 +12,7 @@ import kubernetes
 import pytest
 import yaml
 
-from components.errors import InputError
+from common.errors import InputError
 from components.launch_pytorchjob.manifest import (
     AUTO_RESUME,
     MAX_RETRY,

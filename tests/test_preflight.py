@@ -29,7 +29,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from components.kube import KubeSettings
 from components.launch_pytorchjob.core import LaunchConfig
 from components.launch_pytorchjob.manifest import render_job

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from components.run_summary.core import STEPS, recorded_step, resolve_run_id, summarize_run
 from trainer.layout import RunPaths
 

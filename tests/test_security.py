@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from components.errors import InputError
+from common.errors import InputError
 from components.launch_pytorchjob.core import LaunchConfig, launch
 from components.launch_pytorchjob.manifest import render_job
 from components.launch_pytorchjob.platform import RUN_OPTIONS, Platform

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from components.evaluate_checkpoint.core import Gate, evaluate_checkpoint
 from components.launch_pytorchjob.core import launch
 from components.stage_data.core import stage_data

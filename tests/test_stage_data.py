@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from components.errors import InputError
+from common.errors import InputError
 from components.stage_data.core import stage_data
 from components.stage_data.mirror import ProgressLog
 from components.stage_data.tokenization import EOS, STALE_BUILD_S, val_keys

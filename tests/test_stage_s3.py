@@ -14,9 +14,9 @@ from pathlib import Path
 import boto3
 import pytest
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
+from common.objects import safe_key
 from components.stage_data.core import stage_data
-from components.stage_data.sources import safe_key
 from tests.helpers import snapshot_dir, write_corpus
 from tests.s3_server import S3Server
 from trainer.layout import META, DatasetPaths

@@ -109,7 +109,7 @@ def test_a_killed_group_carries_on_after_its_last_finished_file(
 
 @pytest.mark.parametrize("groups", [0, 65])
 def test_a_group_count_out_of_range_is_one_line(groups: int, corpus: Path, tmp_path: Path) -> None:
-    from components.errors import InputError
+    from common.errors import InputError
 
     with pytest.raises(InputError, match=f"tokenize groups {groups} is out of range"):
         stage_data(str(corpus), str(tmp_path), "d", tokenize_groups=groups)

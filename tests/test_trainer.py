@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.local_backend import torchrun_command
 from components.launch_pytorchjob.manifest import JobSpec, render_job

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from components.errors import InputError
+from common.errors import InputError
 from components.launch_pytorchjob.core import launch
 from components.verify_nccl.core import FAIL, NOT_APPLICABLE, PASS, WARN, Expectations, verify_logs, verify_nccl
 from components.verify_nccl.nccl_log import NcclLogs

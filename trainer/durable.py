@@ -7,11 +7,12 @@ size checked in a listing before `commit.json` goes up, so a copy in S3 is compl
 exists. Pruning deletes commit.json first, for the same reason. A download lands under a dot-name, is checked
 against the copy's commit.json, fsynced, and renamed into place whole.
 
-The S3 client is the staging step's (components.stage_data.s3): connect and read timeouts, botocore's standard
-retry mode (throttling, 5xx and connection errors, a bounded number of attempts, nothing else), s3transfer for
-multipart uploads and ranged downloads, and its download verification (size, and the MD5 of single-part objects
-against their ETag, every GET pinned to the listed ETag). botocore also sends a CRC32 checksum with every PUT
-and part, which S3 checks before it stores the bytes. No kfp or kubernetes import: the trainer image runs this.
+The S3 client is the one staging uses (common.s3): connect and read timeouts, botocore's standard retry mode
+(throttling, 5xx and connection errors, a bounded number of attempts, nothing else), s3transfer for multipart
+uploads and ranged downloads, and its download verification (size, and the MD5 of single-part objects against
+their ETag, every GET pinned to the listed ETag). botocore also sends a CRC32 checksum with every PUT and part,
+which S3 checks before it stores the bytes. Nothing from components/ or pipelines/ (no kfp or kubernetes): the
+trainer image has only trainer/ and common/.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from components.errors import InputError, StepFailed
-from components.stage_data.s3 import S3Settings, S3Source
-from components.stage_data.sources import SourceObject
+from common.errors import InputError, StepFailed
+from common.objects import SourceObject
+from common.s3 import S3Settings, S3Source
 from trainer.atomic import fsync_dir, replace_dir
 from trainer.layout import CHECKPOINT_COMMIT as COMMIT
 from trainer.layout import CHECKPOINT_STEP_DIR as STEP_DIR

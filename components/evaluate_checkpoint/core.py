@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from trainer.atomic import atomic_open, replace_dir, write_json
 from trainer.checkpoint import (
     Checkpoint,
@@ -221,7 +221,7 @@ def evaluate_checkpoint(
     if export:
         result.export_dir = str(export_model(model, snapshot_dir / TOKENIZER, run.root / "export"))
     if export_s3_uri:
-        from components.stage_data.s3 import S3Settings, upload_directory
+        from common.s3 import S3Settings, upload_directory
 
         upload_directory(Path(result.export_dir), export_s3_uri, S3Settings(endpoint_url=s3_endpoint_url))
         result.export_s3_uri = export_s3_uri

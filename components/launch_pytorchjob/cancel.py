@@ -21,7 +21,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from components.errors import StepFailed
+from common.errors import StepFailed
 from components.kube import Kube, describe
 from components.launch_pytorchjob.conditions import is_finished
 from components.launch_pytorchjob.manifest import GROUP, PIPELINE_RUN_LABEL, PLURAL, VERSION, label_value

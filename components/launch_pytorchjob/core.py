@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.errors import InputError
+from common.errors import InputError
 from components.launch_pytorchjob.manifest import (
     GPU_TOLERATION,
     PIPELINE_RUN_LABEL,

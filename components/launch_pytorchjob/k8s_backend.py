@@ -37,7 +37,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import Watch
 
-from components.errors import StepFailed
+from common.errors import StepFailed
 from components.kube import Kube, api_client_from_environment, describe, is_transient
 from components.launch_pytorchjob.cancel import Cancelled, ImmediateDelete, SigtermToEvent, delete_job
 from components.launch_pytorchjob.conditions import (

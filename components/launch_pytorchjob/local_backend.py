@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from components.errors import StepFailed
+from common.errors import StepFailed
 from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
 from components.launch_pytorchjob.evidence import last_lines_of_every_rank
 from components.launch_pytorchjob.progress import PERMANENT, TrainingWatch

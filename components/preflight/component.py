@@ -27,7 +27,7 @@ def preflight(
 ):
     """Check the cluster for the PyTorchJob the launcher would create (CRD, permissions, FSx PVC, checkpoint
     throughput, nodes, device plugins, image, memory); fails on any failed check unless `warn_only`."""
-    from components.errors import StepFailed
+    from common.errors import StepFailed
     from components.kfp_support import setup_logging
     from components.launch_pytorchjob.core import LaunchConfig
     from components.launch_pytorchjob.platform import Platform

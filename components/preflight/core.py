@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from components.errors import StepFailed
+from common.errors import StepFailed
 from components.kube import Kube, KubeSettings, api_client_from_environment, describe
 from components.launch_pytorchjob.core import LaunchConfig
 from components.launch_pytorchjob.manifest import (

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from components.errors import InputError
+from common.errors import InputError
 from trainer.atomic import atomic_open, write_json
 from trainer.layout import RunPaths
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from components.errors import InputError
+from common.errors import InputError
 from components.stage_data.mirror import MirrorResult, mirror
 from components.stage_data.snapshots import directory_bytes, resolve_init_run, run_tokenizer, unused_snapshots
 from components.stage_data.sources import DEFAULT_EXCLUDE, LocalSource, select
@@ -203,7 +203,7 @@ def staging_lock(paths: DatasetPaths) -> Iterator[None]:
 
 def open_source(source: str, endpoint_url: str, workers: int, chunk_size_mb: int):
     if source.startswith("s3://"):
-        from components.stage_data.s3 import S3Settings, S3Source
+        from common.s3 import S3Settings, S3Source
 
         return S3Source(source, S3Settings(endpoint_url=endpoint_url, workers=workers,
                                            chunk_size=chunk_size_mb * 2**20))  # fmt: skip

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.errors import InputError
+from common.errors import InputError
 from trainer.layout import TOKENIZER, DatasetPaths, RunPaths
 from trainer.snapshot import config_snapshot
 

@@ -3,7 +3,9 @@
 A source lists its objects with what the incremental check compares (size and ETag on S3; size, mtime and,
 on demand, sha256 locally) and fetches one object into an open temporary file, returning the checksum it
 verified on the way. Keys become paths under the mirror, so every key is checked before anything is
-written: a key that could escape the destination is refused by name.
+written: a key that could escape the destination is refused by name. The S3 source is common.s3's S3Source and
+the object and its key check are common.objects', shared with the trainer's checkpoint copies; here is the local
+source and the filters.
 """
 
 from __future__ import annotations
@@ -11,48 +13,16 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import logging
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from components.errors import InputError
+from common.errors import InputError
+from common.objects import READ_CHUNK, SourceObject, copy_hashing, safe_key
 
 log = logging.getLogger(__name__)
 
 DEFAULT_EXCLUDE = ("__pycache__/*", "*.pyc", ".*")
-READ_CHUNK = 1 * 2**20
-_MD5_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})"?$')  # a single-part upload's ETag is the MD5 of its bytes
-
-
-@dataclass(frozen=True)
-class SourceObject:
-    """One file to stage. `key` is its path under the mirror ('/'-separated); `etag` is S3's, `mtime_ns` local."""
-
-    key: str
-    size: int
-    etag: str = ""
-    mtime_ns: int = 0
-    location: str = ""  # the full S3 key, or the local path
-
-
-def safe_key(key: str, source: str) -> str:
-    """`key` as a relative path that stays under the destination, or an InputError naming it."""
-    problem = None
-    if "\x00" in key:
-        problem = "contains a NUL byte"
-    elif "\\" in key:
-        problem = "contains a backslash"
-    elif key.startswith("/"):
-        problem = "is an absolute path"
-    elif any(part in (".", "..") for part in key.split("/")):
-        problem = "has a '.' or '..' segment"
-    elif any(part == "" for part in key.split("/")):
-        problem = "has an empty path segment ('//')"
-    if problem:
-        raise InputError(f"source {source}: object key {key!r} {problem}; refusing to stage it (nothing was written)")
-    return key
 
 
 def matches(key: str, patterns: tuple[str, ...]) -> bool:
@@ -76,17 +46,6 @@ def select(
     if not any(o.size for o in chosen):
         raise InputError(f"source {source}: all {len(chosen)} files are empty")
     return chosen
-
-
-def copy_hashing(reader: BinaryIO, out: BinaryIO, digest: Any, on_bytes: Callable[[int], None]) -> int:
-    """Copy `reader` to `out`, feeding `digest` and reporting progress; returns the bytes copied."""
-    copied = 0
-    while chunk := reader.read(READ_CHUNK):
-        out.write(chunk)
-        digest.update(chunk)
-        copied += len(chunk)
-        on_bytes(len(chunk))
-    return copied
 
 
 def sha256_of(path: Path) -> str:
@@ -128,9 +87,3 @@ class LocalSource:
 
     def close(self) -> None:
         pass
-
-
-def md5_of_etag(etag: str) -> str | None:
-    """The MD5 an ETag stands for, or None (multipart uploads and SSE-KMS objects have other ETags)."""
-    match = _MD5_ETAG.match(etag)
-    return match.group(1).lower() if match else None

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from components.errors import InputError, StepFailed
+from common.errors import InputError, StepFailed
 from components.stage_data.mirror import checksum_field
 from trainer.atomic import atomic_open, fsync_dir, write_json
 from trainer.layout import META, TOKENIZER, DatasetPaths

@@ -25,7 +25,7 @@ def verify_nccl(
     import tempfile
     from pathlib import Path
 
-    from components.errors import StepFailed
+    from common.errors import StepFailed
     from components.kfp_support import log_numbers, setup_logging
     from components.run_summary.core import recorded_step
     from components.verify_nccl.core import Expectations, fetch_pod_logs

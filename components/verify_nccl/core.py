@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.errors import InputError
+from common.errors import InputError
 from components.verify_nccl.nccl_log import NcclLogs
 from trainer.atomic import atomic_open
 from trainer.layout import RunPaths

@@ -1,4 +1,5 @@
-"""An S3 (or S3-compatible) prefix as a staging source, through boto3 and s3transfer.
+"""An S3 (or S3-compatible) prefix as a staging source, through boto3 and s3transfer; the trainer's checkpoint
+copies (trainer/durable.py) use the same client.
 
 Credentials come from the standard AWS chain (IRSA on EKS, AWS_PROFILE, the AWS_* variables); the endpoint
 from --endpoint-url or AWS_ENDPOINT_URL. Every call has a connect and read timeout, and botocore's
@@ -33,8 +34,8 @@ from botocore.exceptions import (
 from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
 
-from components.errors import InputError, StepFailed
-from components.stage_data.sources import SourceObject, copy_hashing, md5_of_etag, safe_key
+from common.errors import InputError, StepFailed
+from common.objects import SourceObject, copy_hashing, md5_of_etag, safe_key
 
 log = logging.getLogger(__name__)
 
