@@ -17,7 +17,8 @@ def test_everything_from_the_environment() -> None:
            "TRAINER_GRAD_ACCUM_STEPS": "4"}  # fmt: skip
     cfg = parse_config([], env)
     assert (cfg.data_dir, cfg.async_checkpoint, cfg.grad_accum_steps) == ("d", True, 4)
-    assert parse_config([*REQUIRED, "--compile"], {}).compile is True
+    assert parse_config([*REQUIRED, "--compile", "on"], {"TRAINER_COMPILE": "off"}).compile == "on"
+    assert parse_config(REQUIRED, {"TRAINER_DDP_COMM_HOOK": "bf16"}).ddp_comm_hook == "bf16"
 
 
 @pytest.mark.parametrize(
@@ -27,7 +28,9 @@ def test_everything_from_the_environment() -> None:
         (["--batch-size", "many"], {}, "argument --batch-size: 'many' is not a valid int"),
         (["--preset", "gpt5"], {}, "argument --preset: 'gpt5' is unknown"),
         ([], {"TRAINER_SEED": "x"}, "TRAINER_SEED: 'x' is not a valid int"),
-        ([], {"TRAINER_COMPILE": "maybe"}, "TRAINER_COMPILE: 'maybe' is not a boolean"),
+        ([], {"TRAINER_ASYNC_CHECKPOINT": "maybe"}, "TRAINER_ASYNC_CHECKPOINT: 'maybe' is not a boolean"),
+        ([], {"TRAINER_COMPILE": "yes"}, "TRAINER_COMPILE: 'yes' is unknown: choose one of auto, on, off"),
+        (["--ddp-comm-hook", "fp8"], {}, "argument --ddp-comm-hook: 'fp8' is unknown: choose one of none, bf16"),
     ],
 )
 def test_bad_settings_are_one_line_naming_the_source(argv, env, message: str, capsys) -> None:

@@ -1,6 +1,7 @@
 """Training health (trainer/health.py, components/launch_pytorchjob/progress.py): a diverged run stops and is not
 restarted, a silent rank is named within the collective timeout, a stalled job is deleted."""
 
+import io
 import json
 import math
 import os
@@ -18,7 +19,7 @@ from components.launch_pytorchjob.progress import STALL_FLOOR_S, TrainingWatch
 from tests.helpers import tiny_launch
 from tests.test_trainer import read_metrics, start_torchrun, wait_for_step, worker_pids
 from trainer.checkpoint import newest_checkpoint, read_weights
-from trainer.health import Divergence, SpikeWatch
+from trainer.health import Divergence, SpikeWatch, collective_failed
 from trainer.layout import RunPaths
 from trainer.preemption import ExitCode
 from trainer.train_ddp import write_status
@@ -39,6 +40,36 @@ def test_a_spike_is_a_loss_above_k_times_the_recent_median() -> None:
     assert not any(spikes.is_spike(step, loss) for step, loss in enumerate([4.0, 3.5, 3.0, 2.9, 2.8, 2.7]))
     assert spikes.is_spike(7, 9.5) and not spikes.is_spike(8, 2.6)
     assert not SpikeWatch(factor=0).is_spike(1, 1e9)
+
+
+def test_a_resumed_run_counts_its_streak_and_judges_spikes_as_the_uninterrupted_one() -> None:
+    """The streak and the spike window ride in the checkpoint (TrainState): restored, they go on where they were."""
+    divergence, spikes = Divergence(limit=2), SpikeWatch(factor=3.0)
+    for step, loss in enumerate([4.0, 3.5, 3.0, 2.9, 2.8], start=1):
+        spikes.is_spike(step, loss)
+    divergence.record(6, finite=False), divergence.record(7, finite=False)
+    resumed_divergence, resumed_spikes = Divergence(limit=2), SpikeWatch(factor=3.0)
+    resumed_divergence.load_state_dict(torch_round_trip(divergence.state_dict()))
+    resumed_spikes.load_state_dict(torch_round_trip(spikes.state_dict()))
+    assert resumed_divergence.record(8, finite=False) and resumed_divergence.first_bad_step == 6
+    assert resumed_spikes.is_spike(9, 9.5) and spikes.is_spike(9, 9.5)
+
+
+def torch_round_trip(state: dict) -> dict:
+    """Through torch.save and a weights-only load, as a checkpoint's trainer state goes."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def test_an_out_of_memory_or_a_shape_error_is_not_taken_for_a_collectives_failure() -> None:
+    """Those are reported at once, not after three heartbeats spent looking for silent ranks."""
+    gloo_timeout = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                                "waiting 2000ms for recv operation to complete")  # fmt: skip
+    assert collective_failed(gloo_timeout) and collective_failed(torch.distributed.DistBackendError("NCCL error"))
+    assert not collective_failed(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not collective_failed(RuntimeError("mat1 and mat2 shapes cannot be multiplied (8x64 and 32x64)"))
 
 
 def test_a_run_that_diverges_stops_with_its_code_and_keeps_the_last_good_checkpoint(staged_copy: Path) -> None:
@@ -64,7 +95,7 @@ def test_a_run_that_diverges_stops_with_its_code_and_keeps_the_last_good_checkpo
 def test_a_stopped_worker_is_named_within_the_collective_timeout(staged_copy: Path) -> None:
     """Rank 1 is stopped with SIGSTOP mid-run: rank 0's next collective times out after 5 s and it names rank 1,
     from the heartbeat counters in the rendezvous store (rank 1's stopped moving); its heartbeat thread named it
-    already, before the timeout."""
+    already, before the timeout, in its log and in status.json."""
     cfg = tiny_launch(staged_copy, "silent", max_steps=100000, log_every=1,
                       extra_env={"TRAINER_COLLECTIVE_TIMEOUT_S": "5"})  # fmt: skip
     proc = start_torchrun(cfg)
@@ -73,9 +104,12 @@ def test_a_stopped_worker_is_named_within_the_collective_timeout(staged_copy: Pa
         rank_1 = next(pid for pid in worker_pids(proc.pid) if "RANK=1\0" in Path(f"/proc/{pid}/environ").read_text())
         os.kill(rank_1, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        deadline = stopped_at + 60
+        deadline, hung_before_the_collective_failed = stopped_at + 60, None
         while time.monotonic() < deadline and "a collective failed" not in cfg.run_paths.rank_log(0).read_text():
-            time.sleep(0.2)
+            status = json.loads(cfg.run_paths.status.read_text())
+            if status["state"] == "hung" and hung_before_the_collective_failed is None:
+                hung_before_the_collective_failed = status
+            time.sleep(0.1)
         failed_after = time.monotonic() - stopped_at
     finally:
         for pid in worker_pids(proc.pid):
@@ -89,6 +123,9 @@ def test_a_stopped_worker_is_named_within_the_collective_timeout(staged_copy: Pa
     assert 5 <= failed_after < 5 + 15, f"failed after {failed_after:.0f}s, the timeout is 5 s"
     status = json.loads(cfg.run_paths.status.read_text())
     assert status["state"] == "hung" and status["silent_ranks"] == [1]
+    # Written by the heartbeat thread already: on GPUs the process may not live to the collective's failure.
+    assert hung_before_the_collective_failed is not None and hung_before_the_collective_failed["silent_ranks"] == [1]
+    assert "no step completed after step" in hung_before_the_collective_failed["error"]
 
 
 def test_a_local_run_that_stalls_is_stopped_with_every_ranks_last_lines(staged_copy: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -52,3 +53,32 @@ def test_dcps_reader_still_calls_the_per_item_hook_the_verifying_reader_override
     assert list(inspect.signature(hook).parameters) == ["self", "file", "sinfo"]
     assert f"self.{READER_SLICE_HOOK}(" in inspect.getsource(dcp.FileSystemReader.read_data)
     assert READER_SLICE_HOOK in VerifyingReader.__dict__
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama-1b"])
+def test_the_unmasked_causal_attention_builds_no_mask_and_computes_what_sdpa_does(
+    preset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers builds no mask for an attention implementation without a mask function, and its SDPA function
+    then runs causal (trainer/model.py, without_attention_masks): the same logits as the "sdpa" implementation, and
+    no per-batch packed-sequence check (a host sync)."""
+    import transformers.masking_utils
+
+    from trainer.model import build_model, model_config, without_attention_masks
+
+    config = model_config(preset, 300, 32, 0)
+    if preset == "llama-1b":  # the family, at a size a test affords
+        config.update({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "intermediate_size": 128})  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    tokens = torch.randint(0, 300, (2, 32))
+    with torch.no_grad():
+        expected = model(input_ids=tokens, use_cache=False).logits
+        without_attention_masks(model)
+
+        def no_mask_please(*args, **kwargs):
+            raise AssertionError("a packed-sequence check ran")
+
+        monkeypatch.setattr(transformers.masking_utils, "find_packed_sequence_indices", no_mask_please)
+        assert torch.equal(model(input_ids=tokens, use_cache=False).logits, expected)

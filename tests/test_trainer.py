@@ -171,9 +171,18 @@ def test_the_sigterm_budget_is_the_shutdown_timeout_the_job_gives_torchrun(stage
 
 
 def test_async_checkpoints_hold_exactly_their_step(staged_copy: Path, uninterrupted: RunPaths) -> None:
-    """The background copy overlaps the next forward/backward; the weights it saves are still its step's own."""
+    """The background copy overlaps the next forward/backward; the weights it saves are still its step's own. Each
+    rank copies (stages) only the share it writes: at most the state over the world size plus its largest tensor."""
     cfg = tiny_launch(staged_copy, "async", **EXACT, extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})
     launch(cfg)
+    shares = []
+    for rank in (0, 1):
+        line = re.search(r"this rank writes ([\d.]+) MB of the ([\d.]+) MB state \(2 ranks; the largest tensor is "
+                         r"([\d.]+) MB\)", cfg.run_paths.rank_log(rank).read_text())  # fmt: skip
+        staged, state, largest = map(float, line.groups())
+        assert 0 < staged <= state / 2 + largest, line.group(0)
+        shares.append(staged)
+    assert abs(sum(shares) - state) <= 0.002, "the two shares make the state, once"
     losses = [r["loss"] for r in read_metrics(cfg.run_paths)]
     assert losses == [r["loss"] for r in read_metrics(uninterrupted)]
     for step in (20, 30):  # saved asynchronously, while training went on
@@ -305,7 +314,9 @@ def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path) -> N
     rows = read_metrics(run)
     assert rows[-1]["step"] == 20 and rows[-1]["tokens"] == 20 * 8 * 64 * 2  # the first step past 20000 tokens
     for row in rows:
-        assert row.keys() >= {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mfu"}
+        assert row.keys() >= {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mfu",
+                              "input_wait_s", "sync_wait_s"}  # fmt: skip
+        assert 0 <= row["input_wait_s"] < row["step_time_s"] and 0 <= row["sync_wait_s"] < row["step_time_s"]
         assert row["mfu"] is None and row["gpu_mem_gb"] is None  # CPU: no peak FLOP/s to compare with
         assert 0.1 < row["rss_gb"] < 64  # the largest worker process's resident memory
     assert json.loads(run.status.read_text())["reason"] == "max-tokens"
@@ -494,3 +505,35 @@ def test_a_checkpoint_copied_to_s3_resumes_a_run_whose_volume_lost_it(
         assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
             reference["loss"], reference["grad_norm"], reference["lr"]
         ), f"step {mine['step']} differs after a resume from S3"  # fmt: skip
+
+
+def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(staged_copy: Path) -> None:
+    """tests/sync_probe.py counts, per step, what makes the training thread wait for a value (Tensor.__bool__, item,
+    tolist, __float__, __int__, numpy, cpu; Work.wait) and the token rows' host-to-device copies. A step with nothing
+    to log or save, after one that had none either, waits for nothing of its own: its only read is the previous
+    step's stop/non-finite flags, which that step's all-reduce finished while this one ran. Each micro-batch is one
+    asynchronous copy of int32 rows. (With the bf16 compression hook on DDP's all-reduce: it adds no wait either.)"""
+    cfg = tiny_launch(staged_copy, "probed", max_steps=12, log_every=4, checkpoint_every=100,
+                      extra_env={"TRAINER_GRAD_ACCUM_STEPS": "2", "TRAINER_DDP_COMM_HOOK": "bf16"})  # fmt: skip
+    out = staged_copy / "probe"
+    command = ["tests.sync_probe" if part == "trainer.train_ddp" else part for part in torchrun_command(cfg)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SYNC_PROBE_OUT": str(out), **cfg.trainer_env()}
+    cfg.run_paths.logs.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
+                            cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sync_steps = {4, 8, 12}  # logged (log_every 4), and the last
+    quiet = [s for s in range(2, 13) if s not in sync_steps and s - 1 not in sync_steps]
+    for rank in (0, 1):
+        steps: dict[int, list[dict]] = {}
+        for event in json.loads((out / f"rank_{rank}.json").read_text()):
+            steps.setdefault(event["step"], []).append(event)
+        waits = {s: [e for e in events if e["kind"] not in ("h2d", "stepped")] for s, events in steps.items()}
+        for step in quiet:
+            assert [e for e in waits[step] if not e["earlier"]] == [], f"rank {rank} step {step}: {waits[step]}"
+            assert sorted(e["kind"] for e in waits[step]) == ["Work.wait", "tolist"], f"rank {rank} step {step}"
+        for step in sync_steps:  # the counters count: a logged step reads its values
+            assert any(not e["earlier"] for e in waits[step] + waits.get(step + 1, [])), f"rank {rank} step {step}"
+        for step in range(1, 13):
+            copies = [e for e in steps[step] if e["kind"] == "h2d"]
+            assert copies == [{"step": step, "kind": "h2d", "shape": [8, 65], "non_blocking": True}] * 2, copies

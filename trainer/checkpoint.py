@@ -15,9 +15,10 @@ checkpoint_latest. A save killed at any point leaves the previous checkpoint as 
 takes the newest committed directory whose files have the sizes commit.json lists (else the next older), reads the
 tensors once across the ranks with every record's CRC32 checked, and accepts a different world size.
 
-Asynchronous saves hand DCP's stager a view of the live state: it copies it to host memory (pinned, on a side
-stream, on GPU) while the next forward and backward run, and the trainer waits for that copy before the optimizer
-changes the weights (wait_until_staged); the write, the commit and the durable copy to S3 happen in the background.
+Asynchronous saves hand DCP's stager a view of this rank's share of the live state: it copies it to host memory
+(pinned, on a side stream, on GPU) while the next forward and backward run, and the trainer waits for that copy
+before the optimizer changes the weights (wait_until_staged); the write, the commit and the durable copy to S3
+happen in the background.
 
 Checkpoints of the trainer before DCP, single files `checkpoint_step_00000100.pt` with `checkpoint_latest.pt` and
 `index.json`, still load (the run goes on in the new format).
@@ -212,6 +213,7 @@ class CheckpointManager:
         self._upload: Future[None] | None = None
         self._stager: DefaultStager | None = None
         self._swept = False
+        self._share_logged = False
         self.last_save: SaveReport | None = None
 
     @property
@@ -240,6 +242,13 @@ class CheckpointManager:
         tmp.mkdir(parents=True, exist_ok=True)
         writer = dcp_io.writer(tmp, full=bool(self.fail_from_step) and step >= self.fail_from_step)
         tensors, optimizer_groups = dcp_io.split_state(model, optimizer)
+        mine = dcp_io.share(tensors, self.rank, dist.get_world_size(self.group) if dist.is_initialized() else 1)
+        if not self._share_logged:
+            self._share_logged = True
+            largest = max(t.nbytes for t in tensors.values())
+            log.info("this rank writes %.3f MB of the %.3f MB state (%d ranks; the largest tensor is %.3f MB)",
+                     sum(t.nbytes for t in mine.values()) / 1e6, sum(t.nbytes for t in tensors.values()) / 1e6,
+                     dist.get_world_size(self.group) if dist.is_initialized() else 1, largest / 1e6)  # fmt: skip
         with atomic_open(tmp / rng_file_name(self.rank)) as f:
             torch.save(rng, f)
         if self.rank == 0:
@@ -247,12 +256,12 @@ class CheckpointManager:
             with atomic_open(tmp / TRAINER_STATE) as f:
                 torch.save({**trainer_state, "optimizer_groups": optimizer_groups, "tied": tied}, f)
         if blocking or not self.async_save:
-            dcp.save(tensors, storage_writer=writer, process_group=self.group, no_dist=not dist.is_initialized())
+            dcp.save(mine, storage_writer=writer, process_group=self.group, no_dist=not dist.is_initialized())
             self.last_save = self._commit(tmp, step, started)
         else:
             if torch.cuda.is_available():  # the side stream's copy must not start before this step's updates end
                 torch.cuda.current_stream().synchronize()
-            response = dcp.async_save(tensors, storage_writer=writer, process_group=self.group,
+            response = dcp.async_save(mine, storage_writer=writer, process_group=self.group,
                                       async_stager=self._get_stager(), no_dist=not dist.is_initialized())  # fmt: skip
             self._staged, self._pending_step = response.staging_completion, step
             self._pending = self._background.submit(self._commit_when_written, response.upload_completion, tmp,
@@ -371,14 +380,26 @@ class CheckpointManager:
     # -- finding and loading ------------------------------------------------------------------------------
 
     def newest(self) -> Checkpoint | None:
-        """newest_checkpoint, or from the durable copy when the volume has none (collective with a mirror: rank 0
-        looks and fetches, the others wait). Only rank 0 looks: a rank that looked after the fetch would see the
-        checkpoint, skip the barrier and go on to the next collective while rank 0 waits in this one."""
-        if self.mirror is not None:
-            if self.rank == 0 and not committed_checkpoints(self.directory):
-                self._fetch_from_mirror()
-            if dist.is_initialized():
-                dist.barrier(group=self.group)
+        """The newest good checkpoint (newest_checkpoint), fetched from the durable copy when the volume has none, as
+        rank 0 finds it and tells every rank (collective): the ranks cannot disagree, however slow the file system
+        or whatever an old pod left, and one process, not every rank, reads the directory and checks the files."""
+        if not dist.is_initialized():
+            return self._find()
+        found: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                checkpoint = self._find()
+                found = [None if checkpoint is None else (str(checkpoint.path), checkpoint.step)]
+            except Exception as exc:  # every rank raises it, not only rank 0 while the others wait
+                found = [exc]
+        dist.broadcast_object_list(found, src=0, group=self.group)
+        if isinstance(found[0], Exception):
+            raise found[0]
+        return None if found[0] is None else Checkpoint(Path(found[0][0]), found[0][1])
+
+    def _find(self) -> Checkpoint | None:
+        if self.mirror is not None and not committed_checkpoints(self.directory):
+            self._fetch_from_mirror()
         return newest_checkpoint(self.directory)
 
     def _fetch_from_mirror(self) -> None:

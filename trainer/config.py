@@ -15,8 +15,9 @@ from dataclasses import MISSING, dataclass, field, fields
 ENV_PREFIX = "TRAINER_"
 
 
-def _opt(default, help: str, minimum: float | None = None, below: float | None = None):
-    return field(default=default, metadata={"help": help, "min": minimum, "below": below})
+def _opt(default, help: str, minimum: float | None = None, below: float | None = None,
+         choices: tuple[str, ...] | None = None):  # fmt: skip
+    return field(default=default, metadata={"help": help, "min": minimum, "below": below, "choices": choices})
 
 
 @dataclass
@@ -36,7 +37,7 @@ class TrainConfig:
         "optimizer, schedule or sample order); the snapshot's tokenizer must be that run's",
     )
     on_new_snapshot: str = _opt("keep", "on resume after the dataset was staged again: keep training on the "
-                                "checkpoint's snapshot, or refuse")  # fmt: skip
+                                "checkpoint's snapshot, or refuse", choices=("keep", "refuse"))  # fmt: skip
     # How long to train: the first limit reached ends the run.
     max_steps: int = _opt(200, "optimizer steps to train for; also the length of the LR schedule", 1)
     max_tokens: int = _opt(0, "stop after this many training tokens (0: no limit)", 0)
@@ -55,7 +56,12 @@ class TrainConfig:
     weight_decay: float = _opt(0.1, "AdamW weight decay of matrices", 0)
     grad_clip: float = _opt(1.0, "clip the gradient norm to this (0: no clipping)", 0)
     dropout: float = _opt(0.0, "dropout probability of the model's dropout layers (not an architecture setting)", 0, 1)
-    compile: bool = _opt(False, "torch.compile the model")
+    compile: str = _opt("auto", "torch.compile the model with its loss: on, off, or auto (on for the GPU presets "
+                        "on a GPU); the compiled code is cached in the run directory for the next start",
+                        choices=("auto", "on", "off"))  # fmt: skip
+    ddp_comm_hook: str = _opt("none", "DDP gradient all-reduce: none (in the gradients' dtype), or bf16 (compressed "
+                              "to bfloat16 on the wire: half the bytes, for multi-node runs)",
+                              choices=("none", "bf16"))  # fmt: skip
     # Checkpoints and preemption.
     checkpoint_every: int = _opt(50, "steps between checkpoints", 1)
     keep_checkpoints: int = _opt(3, "committed checkpoints kept (checkpoint_latest links the newest)", 1)
@@ -74,6 +80,8 @@ class TrainConfig:
                                   "the loss is NaN (0: off)", 0)  # fmt: skip
     fault_save_at_step: int = _opt(0, "fault injection, for testing the save contract: every checkpoint of this "
                                    "step or later fails as on a full file system, ENOSPC (0: off)", 0)  # fmt: skip
+    fault_read_latency_s: float = _opt(0.0, "fault injection, for benching a cold file system: each micro-batch's "
+                                       "read takes this many seconds longer (0: off)", 0)  # fmt: skip
     # Observability.
     log_every: int = _opt(10, "steps between metrics rows and log lines", 1)
     peak_tflops: float = _opt(0.0, "peak bf16 TFLOP/s of one accelerator for MFU (0: detect the GPU)", 0)
@@ -88,8 +96,11 @@ class TrainConfig:
 TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
 
 
-def convert(kind: type, minimum: float | None, text: str, below: float | None = None) -> bool | int | float | str:
+def convert(kind: type, minimum: float | None, text: str, below: float | None = None,
+            choices: tuple[str, ...] | None = None) -> bool | int | float | str:  # fmt: skip
     """One setting from its text; ValueError says what is wrong with it."""
+    if choices is not None and text not in choices:
+        raise ValueError(f"{text!r} is unknown: choose one of {', '.join(choices)}")
     if kind is bool:
         lowered = text.strip().lower()
         if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -106,10 +117,10 @@ def convert(kind: type, minimum: float | None, text: str, below: float | None = 
     return value
 
 
-def _flag_type(kind: type, minimum: float | None, below: float | None):
+def _flag_type(kind: type, minimum: float | None, below: float | None, choices: tuple[str, ...] | None):
     def parse(text: str):
         try:
-            return convert(kind, minimum, text, below)
+            return convert(kind, minimum, text, below, choices)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -130,7 +141,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         env = ENV_PREFIX + f.name.upper()
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
-            type=_flag_type(_KINDS[f.type], f.metadata.get("min"), f.metadata.get("below")),
+            type=_flag_type(_KINDS[f.type], f.metadata.get("min"), f.metadata.get("below"), f.metadata.get("choices")),
             required=f.default is MISSING and env not in environ,
             help=f"{f.metadata['help']} [env {env}]",
             **({"nargs": "?", "const": True} if f.type == "bool" else {}),
@@ -143,12 +154,11 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             values[f.name] = args[f.name]
         elif env in environ:
             try:
-                values[f.name] = convert(_KINDS[f.type], f.metadata.get("min"), environ[env], f.metadata.get("below"))
+                values[f.name] = convert(_KINDS[f.type], f.metadata.get("min"), environ[env], f.metadata.get("below"),
+                                         f.metadata.get("choices"))  # fmt: skip
             except ValueError as exc:
                 parser.error(f"{env}: {exc}")
     config = TrainConfig(**values)
-    if config.on_new_snapshot not in ("keep", "refuse"):
-        parser.error(f"argument --on-new-snapshot: {config.on_new_snapshot!r} is unknown: choose keep or refuse")
     if config.checkpoint_s3_uri and not config.checkpoint_s3_uri.startswith("s3://"):
         parser.error(f"argument --checkpoint-s3-uri: {config.checkpoint_s3_uri!r} is not an s3://bucket/prefix URI")
     if config.preset not in PRESETS:

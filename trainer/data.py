@@ -77,15 +77,15 @@ class TokenSplit:
     def num_windows(self, seq_len: int) -> int:
         return int(self.window_offsets(seq_len)[-1])
 
-    def windows(self, ids: np.ndarray, seq_len: int) -> np.ndarray:
-        """The windows numbered `ids`, as rows of seq_len + 1 tokens (int64)."""
+    def windows(self, ids: np.ndarray, seq_len: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The windows numbered `ids`, as rows of seq_len + 1 tokens (int64, or into `out`'s rows)."""
         offsets = self.window_offsets(seq_len)
         ids = np.asarray(ids, dtype=np.int64)
         if len(ids) and (ids.min() < 0 or ids.max() >= offsets[-1]):
             raise IndexError(f"window ids out of range: the {self.name} split has {offsets[-1]} windows of {seq_len}")
         shard = np.searchsorted(offsets, ids, side="right") - 1
         starts = (ids - offsets[shard]) * seq_len
-        rows = np.empty((len(ids), seq_len + 1), dtype=np.int64)
+        rows = np.empty((len(ids), seq_len + 1), dtype=np.int64) if out is None else out
         for row, (k, start) in enumerate(zip(shard.tolist(), starts.tolist(), strict=True)):
             rows[row] = self.shards[k][start : start + seq_len + 1]
         return rows
@@ -204,13 +204,17 @@ class TokenBatches:
             self._order, self._order_epoch = WindowOrder(self.num_windows, self.seed, epoch), epoch
         return self._order(np.arange(start, self.num_windows if stop is None else stop))
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = self.position
+    def take(self, pos: DataPosition) -> np.ndarray:
+        """The window ids of this rank's micro-batch at `pos`, advancing `pos` past the global batch."""
         if pos.offset + self.global_batch > self.num_windows:  # drop the ragged tail of an epoch
             pos.epoch, pos.offset = pos.epoch + 1, 0
         start = pos.offset + self.rank * self.batch_size
         windows = self.epoch_order(pos.epoch, start, start + self.batch_size)
         pos.offset += self.global_batch
-        self.last_windows = windows
-        rows_t = torch.from_numpy(self.tokens.windows(windows, self.seq_len))
+        return windows
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's next (inputs, targets), read here and now (the trainer reads ahead: trainer/prefetch.py)."""
+        self.last_windows = self.take(self.position)
+        rows_t = torch.from_numpy(self.tokens.windows(self.last_windows, self.seq_len))
         return rows_t[:, :-1], rows_t[:, 1:]

@@ -1,9 +1,10 @@
 """The tensors of a checkpoint through torch.distributed.checkpoint (DCP): written in parallel, read once.
 
-Saving: every rank offers the whole (replicated) model and optimizer state; DCP's global plan keeps each tensor
-on one rank only, the least loaded (`dedup_save_plans`), so the ranks write about equal shares side by side, one
-file each, fsynced. Loading: the tensors are dealt out to the ranks by size, each rank reads only its share, and
-the owners broadcast them, so the checkpoint is read once in all, not once per rank. Every tensor item is a small
+Saving: each rank offers DCP only its share of the (replicated) model and optimizer state, the tensors assigned to
+it by size (`share`), so the ranks write about equal shares side by side, one file each, fsynced, and an
+asynchronous save copies to host memory only what this rank writes. Loading: the tensors are dealt out to the
+ranks the same way, each rank reads only its share, and the owners broadcast them, so the checkpoint is read once
+in all, not once per rank. Every tensor item is a small
 torch.save archive whose records carry a CRC32; torch.load does not check it, so the reader here does, on the
 bytes it reads anyway.
 
@@ -126,10 +127,19 @@ def owners(tensors: dict[str, torch.Tensor], world: int) -> dict[str, int]:
     every rank."""
     load = [0] * world
     owner = {}
-    for key in sorted(tensors, key=lambda k: (-tensors[k].numel() * tensors[k].element_size(), k)):
+    for key in sorted(tensors, key=lambda k: (-tensors[k].nbytes, k)):
         owner[key] = min(range(world), key=lambda r: (load[r], r))
-        load[owner[key]] += tensors[key].numel() * tensors[key].element_size()
+        load[owner[key]] += tensors[key].nbytes
     return owner
+
+
+def share(tensors: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.Tensor]:
+    """The tensors this rank writes of a state every rank holds whole (DDP's): owners' assignment, so the ranks
+    write balanced shares and an asynchronous save stages (copies to host memory) only this rank's, at most
+    1/world of the state plus one tensor. DCP takes state dicts whose keys differ by rank and writes their union.
+    (A sharded tensor, FSDP's DTensor, is each rank's own piece and would be written by every rank.)"""
+    owner = owners(tensors, world)
+    return {key: tensor for key, tensor in tensors.items() if owner[key] == rank}
 
 
 def load_shared(path: Path, tensors: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> None:

@@ -3,9 +3,10 @@
 Divergence. A step whose gradient norm is not finite (a NaN or inf anywhere in any rank's loss or gradients reaches
 every rank through DDP's all-reduce, so every rank sees the same norm) skips its optimizer update, so the weights
 stay finite and every checkpoint stays good. Past `max_nonfinite_steps` such steps in a row the run stops as
-diverged. On GPU the skip happens on the device (the fused AdamW kernel's found_inf input, the protocol
-torch.amp.GradScaler uses) and the flag reaches the host in the all-reduce the trainer already makes at every step
-boundary (trainer/preemption.py), so no extra host synchronisation is added. Loss spikes, a logged loss above
+diverged. The skip happens on the device (the fused AdamW kernel's found_inf input, the protocol
+torch.amp.GradScaler uses, honoured by the CPU kernel too) and the flag reaches the host a step later, in the
+all-reduce the trainer already makes at every step boundary (trainer/preemption.py): no host synchronisation of its
+own. The streak and the spike window are saved in every checkpoint. Loss spikes, a logged loss above
 `spike_factor` times the median of the recent logged losses, are logged and marked in the metrics.
 
 Hangs. A rank that stops answering (a stopped process, a lost node) leaves the others in a collective until the
@@ -22,8 +23,10 @@ import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,13 @@ class Divergence:
             log.warning("step %d: the loss or gradient norm is not finite; its update was skipped", step)
         return self.streak > self.limit
 
+    def state_dict(self) -> dict[str, int | None]:
+        """Saved in every checkpoint: a run resumed mid-streak counts on from where it was."""
+        return {"streak": self.streak, "first_bad_step": self.first_bad_step, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, int | None]) -> None:
+        self.streak, self.first_bad_step, self.skipped = state["streak"], state["first_bad_step"], state["skipped"]
+
     def reason(self) -> str:
         """The one line a diverged run ends with (status.json's error; the launcher's failure message)."""
         return (f"diverged at step {self.first_bad_step}: the loss or gradient norm was not finite for {self.streak} "
@@ -75,6 +85,23 @@ class SpikeWatch:
         self.recent.append(loss)
         return spike
 
+    def state_dict(self) -> dict[str, list[float]]:
+        """Saved in every checkpoint: a resumed run judges spikes against the same recent losses."""
+        return {"recent": list(self.recent)}
+
+    def load_state_dict(self, state: dict[str, list[float]]) -> None:
+        self.recent.clear()
+        self.recent.extend(state["recent"])
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """Whether `exc` is a collective's failure (worth asking which ranks went silent) rather than this rank's own
+    error (an out-of-memory, a shape mismatch), which is reported at once. NCCL's failures are DistBackendError;
+    gloo's are RuntimeErrors that name their source file in gloo (`[.../gloo/transport/tcp/...] Timed out ...`)."""
+    return isinstance(exc, dist.DistError) or (
+        isinstance(exc, RuntimeError) and not isinstance(exc, torch.OutOfMemoryError) and "/gloo/" in str(exc)
+    )
+
 
 class Heartbeat:
     """Each rank's counter in the rendezvous store, bumped from a daemon thread while the process runs.
@@ -84,8 +111,10 @@ class Heartbeat:
     most of the collective timeout: on GPUs NCCL's watchdog ends the process at the timeout, before any Python
     handler could (TORCH_NCCL_ASYNC_ERROR_HANDLING's default)."""
 
-    def __init__(self, store: dist.Store, rank: int, world: int, timeout_s: float):
+    def __init__(self, store: dist.Store, rank: int, world: int, timeout_s: float,
+                 on_silent: Callable[[list[int], int], None] | None = None):  # fmt: skip
         self.store, self.rank, self.world = store, rank, world
+        self.on_silent = on_silent  # told (silent ranks, last step) when the thread names them
         self.interval_s = min(10.0, timeout_s / 10)  # a silent rank is told apart within 3 beats
         self.report_after_s = 0.8 * timeout_s
         self.step, self._stepped_at, self._reported = 0, time.monotonic(), False
@@ -112,6 +141,8 @@ class Heartbeat:
         if silent := self.silent_ranks():
             log.error("no step completed for %.0fs after step %d: rank(s) %s stopped answering (a stopped or hung "
                       "process, or a lost node)", waited, self.step, ", ".join(map(str, silent)))  # fmt: skip
+            if self.on_silent is not None:
+                self.on_silent(silent, self.step)
         else:
             log.warning("no step completed for %.0fs after step %d, and every rank still answers: a slow step, or "
                         "a collective stuck in the network", waited, self.step)  # fmt: skip

@@ -223,5 +223,10 @@ class RunPaths:
     def nccl_dir(self, attempt: int = 0) -> Path:
         return self.nccl / self.attempt(attempt) if attempt else self.nccl
 
+    @property
+    def compile_cache(self) -> Path:
+        """torch.compile's cache (TORCHINDUCTOR_CACHE_DIR): a restarted pod loads the compiled code from here."""
+        return self.root / "cache" / "inductor"
+
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank_{rank:05d}.log"

@@ -32,6 +32,9 @@ PRESETS: dict[str, tuple[str, dict[str, int]]] = {
     ),
 }
 
+# Presets for a laptop or the tests: not compiled by --compile auto (compiling takes longer than their runs).
+SMALL_PRESETS = frozenset({"tiny", "small"})
+
 # What each family calls its context length and its dropout probabilities, and its fixed settings.
 _FAMILY_SETTINGS: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {
     "gpt2": ("n_positions", ("resid_pdrop", "embd_pdrop", "attn_pdrop"), {}),
@@ -94,3 +97,23 @@ def config_from_dict(data: dict[str, Any]) -> PretrainedConfig:
 
     data = dict(data)
     return AutoConfig.for_model(data.pop("model_type"), **data)
+
+
+# Causal attention without a mask, for training: every batch is whole windows, never padded or packed.
+UNMASKED_CAUSAL_ATTENTION = "sdpa_unmasked_causal"
+
+
+def without_attention_masks(model: torch.nn.Module) -> torch.nn.Module:
+    """Train with SDPA's is_causal=True and no mask built per batch.
+
+    Given no attention mask, transformers 5 checks every batch's positions for packed sequences on the host
+    (masking_utils.find_packed_sequence_indices: `.all()` on a device tensor, a sync per forward). It builds no mask
+    at all for an attention implementation that has no mask function registered (masking_utils,
+    _preprocess_mask_arguments), and its SDPA function then runs causal: the kernel the "sdpa" implementation
+    picks for an unpadded batch, so the numbers are the same (tests/test_private_api.py)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(UNMASKED_CAUSAL_ATTENTION, sdpa_attention_forward)
+    model.set_attn_implementation(UNMASKED_CAUSAL_ATTENTION)
+    return model

@@ -3,8 +3,9 @@
 On HyperPod a sick node is cordoned and its pod gets SIGTERM; under torchrun the agent forwards it to
 every worker, then SIGKILLs them after its shutdown timeout (30 s unless TORCH_ELASTIC_SHUTDOWN_TIMEOUT
 or --shutdown-timeout says otherwise), whatever the pod's grace period. The handler only records the
-signal; at each step boundary the ranks agree (an all_reduce MAX of the flag), so a signal that reached
-one rank stops all of them after the same step, and rank 0 commits a checkpoint of exactly that step.
+signal; at each step boundary the ranks agree (an all_reduce MAX of the flag, read one step later, so the
+host does not wait for the device), so a signal that reached one rank stops all of them after the same step,
+and rank 0 commits a checkpoint of exactly that step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 
 import torch
 import torch.distributed as dist
@@ -43,12 +45,20 @@ def save_budget_s(grace_period_s: float, environ: dict[str, str] | os._Environ =
 
 
 class StopSignal:
-    """Records SIGTERM/SIGINT; `should_stop()` tells every rank, collectively, whether any rank got one."""
+    """Records SIGTERM/SIGINT; every rank learns, collectively and one step later, whether any rank got one.
+
+    At each step boundary `propose()` starts an all-reduce (MAX) of this rank's flags (the stop reason, the step's
+    non-finite flag) without waiting for it; `agree()` reads the flags of earlier steps, whose all-reduce finished
+    while the next step ran, so the host never waits for the device in between. A sync step (a logged step, a
+    checkpoint, the last step) reads its own flags too. Every rank reads the same flags at the same steps, so every
+    rank stops after the same step: the one after the signal's, or the signal's own when it is a sync step.
+    """
 
     def __init__(self, device: torch.device):
         self.signal: signal.Signals | None = None
         self.received_at: float | None = None  # time.monotonic() of the first signal
-        self._flag = torch.zeros(2, dtype=torch.int32, device=device)  # the stop reason, a non-finite step
+        self.device = device
+        self._pending: deque[_Flags] = deque()
         # Kept until the process exits: torchrun's own SIGTERM to the last workers, when the first of them
         # has exited, must not kill one that is still tearing down after its checkpoint.
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -59,20 +69,55 @@ class StopSignal:
             self.signal, self.received_at = signal.Signals(signum), time.monotonic()
             log.warning("received %s: stopping at the end of this step to checkpoint", self.signal.name)
 
-    def should_stop(self, time_up: bool = False, nonfinite: torch.Tensor | None = None) -> tuple[str | None, bool]:
-        """Collective, at every step boundary on every rank: "signal", "max-time" or None, the same everywhere; and
-        whether the step's `nonfinite` flag (a device tensor, trainer/health.py) was set on any rank.
+    def propose(self, step: int, time_up: bool, nonfinite: torch.Tensor) -> None:
+        """Collective, after every step on every rank: start agreeing on this step's flags. Any rank's signal stops
+        all of them; so does any rank's clock passing --max-time; `nonfinite` is a device tensor (trainer/health.py)."""
+        self._pending.append(_Flags(step, 2 if self.signal else 1 if time_up else 0, nonfinite, self.device))
 
-        Any rank's signal stops all of them; so does any rank's clock passing --max-time. The flag rides along in
-        the same all-reduce, so reading it costs no synchronisation of its own.
-        """
-        self._flag[0] = 2 if self.signal else 1 if time_up else 0
-        self._flag[1] = 0 if nonfinite is None else nonfinite.to(torch.int32)
-        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
-        agreed, bad = self._flag.tolist()
+    def agree(self, sync_step: bool) -> tuple[str | None, list[tuple[int, bool]]]:
+        """The agreed stop reason ("signal", "max-time" or None) and each read step's non-finite flag, in order: the
+        flags of every step before the latest, and with `sync_step` the latest's too."""
+        agreed, steps = 0, []
+        while self._pending and (sync_step or agreed or len(self._pending) > 1):  # a stop reads the latest too
+            flags = self._pending.popleft()
+            reason, bad = flags.read()
+            agreed = max(agreed, reason)
+            steps.append((flags.step, bad))
         if agreed == 2 and self.received_at is None:  # another rank got the signal: time it from now
             self.received_at = time.monotonic()
-        return {0: None, 1: "max-time", 2: "signal"}[agreed], bool(bad)
+        return {0: None, 1: "max-time", 2: "signal"}[agreed], steps
 
     def seconds_since(self) -> float:
         return time.monotonic() - self.received_at if self.received_at is not None else 0.0
+
+
+class _Flags:
+    """One step's flags on their way through an asynchronous all-reduce to a host buffer.
+
+    With NCCL, `wait()` only orders the current stream after the all-reduce and the copy to pinned memory is
+    queued behind it; `read()` then waits for an event recorded a step ago, long since passed. With gloo the
+    all-reduce runs on its own thread and `read()` waits for it, on the host where the flags already are."""
+
+    def __init__(self, step: int, reason: int, nonfinite: torch.Tensor, device: torch.device):
+        self.step = step
+        self.flags = torch.empty(2, dtype=torch.int32, device=device)
+        self.flags[0] = reason
+        self.flags[1] = nonfinite
+        self.work = dist.all_reduce(self.flags, op=dist.ReduceOp.MAX, async_op=True)
+        self.event: torch.cuda.Event | None = None
+        if device.type == "cuda":
+            self.work.wait()
+            self.host = torch.empty(2, dtype=torch.int32, pin_memory=True)
+            self.host.copy_(self.flags, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = self.flags
+
+    def read(self) -> tuple[int, bool]:
+        if self.event is not None:
+            self.event.synchronize()
+        else:
+            self.work.wait()
+        reason, bad = self.host.tolist()
+        return reason, bool(bad)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 from torch.nn.parallel import DistributedDataParallel
 
@@ -50,11 +50,13 @@ from trainer.checkpoint import (
 )
 from trainer.config import TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
-from trainer.health import Divergence, Heartbeat, SpikeWatch
+from trainer.health import Divergence, Heartbeat, SpikeWatch, collective_failed
 from trainer.layout import RunPaths
+from trainer.loss import CausalLMLoss
 from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
-from trainer.model import architecture_differences, build_model, model_config
+from trainer.model import SMALL_PRESETS, architecture_differences, build_model, model_config, without_attention_masks
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
+from trainer.prefetch import Prefetcher
 from trainer.private_api import default_store, skip_update_if
 from trainer.schedule import LRSchedule, ScheduleSettings
 from trainer.snapshot import snapshot_record, training_snapshot
@@ -85,13 +87,16 @@ class TrainState:
     schedule: LRSchedule
     progress: Progress
     data: DataPosition
+    divergence: Divergence
+    spikes: SpikeWatch
 
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name).state_dict() for name in self.__dataclass_fields__}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in self.__dataclass_fields__:
-            getattr(self, name).load_state_dict(state[name])
+            if name in state:  # the health state is in checkpoints from 2026-12 on; before, it starts afresh
+                getattr(self, name).load_state_dict(state[name])
 
 
 def train(cfg: TrainConfig) -> ExitCode:
@@ -133,16 +138,17 @@ def train(cfg: TrainConfig) -> ExitCode:
     batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
     mconfig = model_config(cfg.preset, meta["vocab_size"], cfg.seq_len, meta["eos_id"], cfg.dropout)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(mconfig).to(device)
+    model = without_attention_masks(build_model(mconfig)).to(device)
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     vectors = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": matrices, "weight_decay": cfg.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95), fused=use_cuda,
+        lr=cfg.lr, betas=(0.9, 0.95), fused=True,  # fused on the CPU too: it honours found_inf (trainer/health.py)
     )  # fmt: skip
     schedule = LRSchedule(ScheduleSettings.of(cfg))
     progress = Progress()
-    train_state = TrainState(schedule, progress, batches.position)
+    divergence, spikes = Divergence(cfg.max_nonfinite_steps), SpikeWatch(cfg.spike_factor)
+    train_state = TrainState(schedule, progress, batches.position, divergence, spikes)
     metrics = MetricsLog(run.metrics, enabled=rank == 0)
 
     # Resume from the checkpoint, if any; or a new run from another run's weights (a warm start).
@@ -199,18 +205,33 @@ def train(cfg: TrainConfig) -> ExitCode:
                     "init_from": warm_started}  # fmt: skip
         write_json(run.config, resolved)
 
-    # Gradients are views into DDP's all-reduce buckets (no second copy of them); the only buffer, the rotary
-    # frequencies, is computed the same on every rank, so nothing is broadcast at each forward.
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None, gradient_as_bucket_view=True,
-                                  broadcast_buffers=False)  # fmt: skip
-    step_fn = torch.compile(ddp) if cfg.compile else ddp
+    # The model with its loss, in DDP: gradients are views into DDP's all-reduce buckets (no second copy of them);
+    # the only buffer, the rotary frequencies, is computed the same on every rank, so nothing is broadcast at each
+    # forward. The loop calls `forward_loss` and does not know how the model is parallelised.
+    ddp = DistributedDataParallel(CausalLMLoss(model), device_ids=[local_rank] if use_cuda else None,
+                                  gradient_as_bucket_view=True, broadcast_buffers=False)  # fmt: skip
+    if cfg.ddp_comm_hook == "bf16":  # half the bytes on the wire; the gradients are averaged in bf16
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    if use_cuda:  # TF32 for the fp32 matmuls that autocast leaves (CPU: no such mode)
+        torch.set_float32_matmul_precision("high")
+    compiled = cfg.compile == "on" or (cfg.compile == "auto" and use_cuda and cfg.preset not in SMALL_PRESETS)
+    if compiled:  # the compiled code in the run directory: a restarted pod loads it instead of compiling again
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run.compile_cache))
+        log.info("torch.compile: model and loss (cache %s)", os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    forward_loss = torch.compile(ddp) if compiled else ddp
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda)
     flops_per_step = flops_per_token(model, cfg.seq_len) * cfg.tokens_per_step * world
     peak = peak_flops(device, cfg.peak_tflops)
     samples_log = open(run.logs / f"samples_rank_{rank:05d}.txt", "a") if cfg.log_samples else None
     budget_s = save_budget_s(cfg.grace_period_s)
-    divergence, spikes = Divergence(cfg.max_nonfinite_steps), SpikeWatch(cfg.spike_factor)
-    heartbeat = Heartbeat(default_store(), rank, world, cfg.collective_timeout_s)
+
+    def report_hang(silent: list[int], step: int) -> None:
+        """From the heartbeat thread, before NCCL's watchdog ends the process at the collective timeout."""
+        if rank == min(set(range(world)) - set(silent)):
+            write_hung_status(run, step, silent, f"no step completed after step {step}: rank(s) "
+                              f"{', '.join(map(str, silent))} stopped answering", attempt)  # fmt: skip
+
+    heartbeat = Heartbeat(default_store(), rank, world, cfg.collective_timeout_s, on_silent=report_hang)
 
     def save(blocking: bool) -> float:
         """Collective: every rank writes its share. Returns the seconds this rank was held up."""
@@ -219,49 +240,57 @@ def train(cfg: TrainConfig) -> ExitCode:
                  "data_snapshot": snapshot_record(data_dir, meta), "init_from": warm_started}  # fmt: skip
         return checkpoints.save(progress.step, model, optimizer, state, rng_state(), blocking=blocking)
 
-    # The loop: one optimizer step of grad_accum_steps micro-batches per iteration.
+    # The loop: one optimizer step of grad_accum_steps micro-batches per iteration. Nothing in it waits for the
+    # device except on a sync step (a logged step, a checkpoint, the last step): the next batches are read ahead
+    # (trainer/prefetch.py) and the ranks agree on stopping one step late (trainer/preemption.py).
     log.info("training from step %d to %d on %d ranks, %d tokens per step",
              progress.step, cfg.max_steps, world, cfg.tokens_per_step * world)  # fmt: skip
     started, throughput, budget_checked, resumed_at = time.monotonic(), Throughput(), False, progress.step
     stop_reason = "max-steps" if progress.step >= cfg.max_steps else None
     if stop_reason:
         log.info("nothing to do: the run already reached step %d", progress.step)
+    prefetch = Prefetcher(batches, device, depth=2 * cfg.grad_accum_steps, read_latency_s=cfg.fault_read_latency_s)
+    sync_wait_s, save_stall_s, steps_since_log = 0.0, 0.0, 0
     try:
         while stop_reason is None:
             step_started = time.perf_counter()
             loss_sum = torch.zeros((), device=device)
             for micro in range(cfg.grad_accum_steps):
-                inputs, targets = (t.to(device, non_blocking=True) for t in batches.next_batch())
+                inputs, targets = prefetch.next()
                 if samples_log:
                     samples_log.write(f"{progress.step + 1} {micro} {' '.join(map(str, batches.last_windows))}\n")
                 last_micro = micro == cfg.grad_accum_steps - 1
                 with contextlib.nullcontext() if last_micro else ddp.no_sync(), autocast:
-                    logits = step_fn(input_ids=inputs, use_cache=False).logits  # no KV cache to build in training
-                    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+                    loss = forward_loss(inputs, targets)
                     if cfg.fault_nan_at_step and progress.step + 1 >= cfg.fault_nan_at_step:
                         loss = loss * float("nan")  # fault injection (--fault-nan-at-step): a diverged loss
                     (loss / cfg.grad_accum_steps).backward()
                 loss_sum += loss.detach()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
             nonfinite = ~torch.isfinite(grad_norm)  # the same on every rank: DDP all-reduced the gradients
-            checkpoints.wait_until_staged()  # an async save copies the weights during forward/backward: not past here
+            save_stall_s += checkpoints.wait_until_staged()  # an async save copies the weights meanwhile: not past here
             for group in optimizer.param_groups:
                 group["lr"] = schedule.lr_at(progress.step)
-            if use_cuda:  # the fused kernel skips the update on the device when found_inf is set: no host sync
-                skip_update_if(optimizer, nonfinite)
-                optimizer.step()
-            elif not nonfinite:  # on the CPU the flag is at hand
-                optimizer.step()
+            skip_update_if(optimizer, nonfinite)  # the fused kernel skips a non-finite step itself: no host sync
+            optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             progress.step += 1
             progress.tokens_seen += cfg.tokens_per_step * world
             throughput.add(cfg.tokens_per_step * world)
+            steps_since_log += 1
 
             time_up = bool(cfg.max_time_s) and time.monotonic() - started > cfg.max_time_s
-            stop_reason, step_nonfinite = stop.should_stop(time_up, nonfinite)
+            stop.propose(progress.step, time_up, nonfinite)
+            sync_step = (progress.step % cfg.log_every == 0 or progress.step % cfg.checkpoint_every == 0
+                         or progress.step >= cfg.max_steps
+                         or bool(cfg.max_tokens) and progress.tokens_seen >= cfg.max_tokens)  # fmt: skip
+            waiting = time.perf_counter()
+            stop_reason, flagged = stop.agree(sync_step)
+            sync_wait_s += time.perf_counter() - waiting
             heartbeat.stepped(progress.step)
-            if divergence.record(progress.step, finite=not step_nonfinite):
-                stop_reason = "diverged"
+            for flagged_step, bad in flagged:
+                if divergence.record(flagged_step, finite=not bad):
+                    stop_reason = "diverged"
             if stop_reason is None and progress.step >= cfg.max_steps:
                 stop_reason = "max-steps"
             if stop_reason is None and cfg.max_tokens and progress.tokens_seen >= cfg.max_tokens:
@@ -269,21 +298,28 @@ def train(cfg: TrainConfig) -> ExitCode:
             step_time_s = time.perf_counter() - step_started
 
             if progress.step % cfg.log_every == 0 or stop_reason:
-                mean_loss = loss_sum / cfg.grad_accum_steps
-                dist.all_reduce(mean_loss)  # a sum: gloo has no average
-                rss = torch.tensor([rss_gib()], device=mean_loss.device)
-                dist.all_reduce(rss, op=dist.ReduceOp.MAX)  # the largest worker process's private memory
+                # One collective for the row: the loss summed over the ranks, each rank's private memory in its
+                # own slot (gloo has no average, and a sum of slots gives every rank's, for the maximum).
+                row_values = torch.zeros(1 + world, device=device)
+                row_values[0] = loss_sum / cfg.grad_accum_steps
+                row_values[1 + rank] = rss_gib()
+                dist.all_reduce(row_values)
+                loss_total, *rss_all, norm = torch.cat([row_values, grad_norm.reshape(1).float()]).tolist()
                 tokens_per_s, seconds_per_step = throughput.report()
                 # lr: the next step's (what LambdaLR's get_last_lr gave), so a finished run's last row shows the floor
                 row = {
-                    "step": progress.step, "loss": mean_loss.item() / world, "lr": schedule.lr_at(progress.step),
-                    "grad_norm": grad_norm.item(), "tokens": progress.tokens_seen,
+                    "step": progress.step, "loss": loss_total / world, "lr": schedule.lr_at(progress.step),
+                    "grad_norm": norm, "tokens": progress.tokens_seen,
                     "tokens_per_s": round(tokens_per_s, 1),
                     "step_time_s": round(seconds_per_step, 4),
+                    "input_wait_s": round(prefetch.take_waited() / steps_since_log, 4),
+                    "sync_wait_s": round(sync_wait_s / steps_since_log, 4),
+                    "checkpoint_stall_s": round(save_stall_s, 4),  # the saves' hold on training since the last row
                     "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak else None,
                     "gpu_mem_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if use_cuda else None,
-                    "rss_gb": round(rss.item(), 2), "skipped_steps": divergence.skipped, "time": time.time(),
+                    "rss_gb": round(max(rss_all), 2), "skipped_steps": divergence.skipped, "time": time.time(),
                 }  # fmt: skip
+                sync_wait_s, save_stall_s, steps_since_log = 0.0, 0.0, 0
                 if spikes.is_spike(progress.step, row["loss"]):
                     row["loss_spike"] = True
                 metrics.write(row)
@@ -296,17 +332,18 @@ def train(cfg: TrainConfig) -> ExitCode:
             if progress.step % cfg.checkpoint_every == 0 and stop_reason is None and divergence.streak:
                 log.warning("no checkpoint at step %d: its update was skipped (not finite)", progress.step)
             elif progress.step % cfg.checkpoint_every == 0 and stop_reason is None:
-                save(blocking=False)
+                save_stall_s += save(blocking=False)
                 if not budget_checked and checkpoints.last_save is not None:
                     check_save_budget(step_time_s, checkpoints.last_save, budget_s, rank)
                     budget_checked = True
 
-    except (RuntimeError, dist.DistError) as exc:  # a collective failed: a timeout, or a peer gone
-        if silent := heartbeat.silent_ranks():
+    except (RuntimeError, dist.DistError) as exc:  # a collective failed (a timeout, a peer gone), or anything else
+        if collective_failed(exc) and (silent := heartbeat.silent_ranks()):  # an OOM or a shape error: at once
             return report_silent_ranks(run, rank, world, silent, progress.step + 1, exc, attempt)
         raise
     finally:
         heartbeat.stop()
+        prefetch.close()
 
     if stop_reason == "diverged":  # no checkpoint over the last good one
         reason = divergence.reason()
@@ -360,9 +397,14 @@ def report_silent_ranks(run: RunPaths, rank: int, world: int, silent: list[int],
               "stopped answering (a stopped or hung process, or a lost node)")  # fmt: skip
     log.error("%s", reason)
     if rank == min(set(range(world)) - set(silent)):
-        status = {"state": "hung", "step": step - 1, "silent_ranks": silent, "error": reason, "attempt": attempt}
-        write_json(run.status, {**status, "exit_code": int(ExitCode.CRASHED), "time": time.time()})
+        write_hung_status(run, step - 1, silent, reason, attempt)
     return ExitCode.CRASHED
+
+
+def write_hung_status(run: RunPaths, step: int, silent: list[int], reason: str, attempt: int) -> None:
+    """Status `hung`, written by the lowest rank still answering (rank 0 may be the silent one)."""
+    status = {"state": "hung", "step": step, "silent_ranks": silent, "error": reason, "attempt": attempt}
+    write_json(run.status, {**status, "exit_code": int(ExitCode.CRASHED), "time": time.time()})
 
 
 def write_status(run: RunPaths, rank: int, state: str, durable: bool = True, **details: Any) -> None:
