@@ -33,13 +33,15 @@ PY
 run() {  # $1: run name, $2: preset, $3: batch, then extra trainer flags
   local name=$1 preset=$2 batch=$3; shift 3
   timeout 300 python3 -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=1 -m "${entry:-trainer.train_ddp}" \
-    --data-dir "$work/datasets/stdlib/tokenized" --run-dir "$work/runs/$name" --preset "$preset" \
+    --data-dir "$work/datasets/stdlib" --run-dir "$work/runs/$name" --preset "$preset" \
     --batch-size "$batch" --seq-len "$seq_len" --max-steps "$steps" --warmup-steps 50 --lr 6e-4 \
     --log-every 10 --checkpoint-every 100000 "$@"
 }
 first=${presets%% *}
 # No host sync on the steps between logged ones: a sync there raises (eager, so that compiling takes no time).
-entry=bench.sync_debug run sync-debug "${first%%:*}" "${first##*:}" --compile off --max-steps 30
+# With DDP's bf16 compression hook (NCCL only: none in a CPU dry run).
+hook=$(python3 -c 'import torch; print("bf16" if torch.cuda.is_available() else "none")')
+entry=bench.sync_debug run sync-debug "${first%%:*}" "${first##*:}" --compile off --max-steps 30 --ddp-comm-hook "$hook"
 names=()
 for preset_batch in $presets; do
   preset=${preset_batch%%:*} batch=${preset_batch##*:}
@@ -56,7 +58,8 @@ work, out, presets, seq_len, steps, *names = sys.argv[1:]
 device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (dry run)"
 lines = [f"GPU check on {device}, torch {torch.__version__}: presets (batch) {presets}, {seq_len}-token sequences, "
          f"bf16 autocast, {steps} steps; medians over the steps after the first third (warm-up and compilation). "
-         "30 steps under CUDA's sync debug mode 'error' between logged steps (bench/sync_debug.py) passed.", "",
+         "30 steps under CUDA's sync debug mode 'error' between logged steps (bench/sync_debug.py), with "
+         "--ddp-comm-hook bf16, passed.", "",
          "Mean tokens/s: tokens over wall time across that same span, checkpoint saves included. Input and sync "
          "waits: seconds per step the loop waited for the next batch and for the stop/non-finite flags or a logged "
          "row. Checkpoint stall: the largest a save held training up (the async copy to host memory).", "",

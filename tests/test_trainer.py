@@ -512,9 +512,9 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(sta
     tolist, __float__, __int__, numpy, cpu; Work.wait) and the token rows' host-to-device copies. A step with nothing
     to log or save, after one that had none either, waits for nothing of its own: its only read is the previous
     step's stop/non-finite flags, which that step's all-reduce finished while this one ran. Each micro-batch is one
-    asynchronous copy of int32 rows. (With the bf16 compression hook on DDP's all-reduce: it adds no wait either.)"""
+    asynchronous copy of int32 rows."""
     cfg = tiny_launch(staged_copy, "probed", max_steps=12, log_every=4, checkpoint_every=100,
-                      extra_env={"TRAINER_GRAD_ACCUM_STEPS": "2", "TRAINER_DDP_COMM_HOOK": "bf16"})  # fmt: skip
+                      extra_env={"TRAINER_GRAD_ACCUM_STEPS": "2"})  # fmt: skip
     out = staged_copy / "probe"
     command = ["tests.sync_probe" if part == "trainer.train_ddp" else part for part in torchrun_command(cfg)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SYNC_PROBE_OUT": str(out), **cfg.trainer_env()}
@@ -537,3 +537,18 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(sta
         for step in range(1, 13):
             copies = [e for e in steps[step] if e["kind"] == "h2d"]
             assert copies == [{"step": step, "kind": "h2d", "shape": [8, 65], "non_blocking": True}] * 2, copies
+
+
+def test_the_bf16_comm_hook_on_a_cpu_is_bad_input_in_one_line(tmp_path: Path) -> None:
+    """DDP accepts the bf16 compression hook only with NCCL: on a CPU the trainer says so before it starts (exit 2),
+    not with DDP's TypeError from every rank. (On GPUs bench/gpu_check.sh runs it.)"""
+    result = subprocess.run([sys.executable, "-m", "trainer.train_ddp", "--data-dir", str(tmp_path), "--run-dir",
+                             str(tmp_path / "run"), "--ddp-comm-hook", "bf16"], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "RANK": "0"})  # fmt: skip
+    assert result.returncode == ExitCode.BAD_INPUT
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--ddp-comm-hook bf16 compresses NCCL's gradient all-reduce and needs GPUs; on a CPU (gloo) use none")
+    )
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "bad-input"

@@ -20,6 +20,10 @@ def _opt(default, help: str, minimum: float | None = None, below: float | None =
     return field(default=default, metadata={"help": help, "min": minimum, "below": below, "choices": choices})
 
 
+class SettingError(Exception):
+    """A setting this machine cannot honour (found at start, where the device is known): bad input, exit 2."""
+
+
 @dataclass
 class TrainConfig:
     data_dir: str = field(

@@ -48,7 +48,7 @@ from trainer.checkpoint import (
     set_rng_state,
     unchecked_by_old_checkpoint,
 )
-from trainer.config import TrainConfig, parse_config
+from trainer.config import SettingError, TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
 from trainer.health import Divergence, Heartbeat, SpikeWatch, collective_failed
 from trainer.layout import RunPaths
@@ -101,6 +101,9 @@ class TrainState:
 
 def train(cfg: TrainConfig) -> ExitCode:
     use_cuda = torch.cuda.is_available()
+    if cfg.ddp_comm_hook == "bf16" and not use_cuda:  # DDP refuses the hook under gloo
+        raise SettingError("--ddp-comm-hook bf16 compresses NCCL's gradient all-reduce and needs GPUs; on a CPU "
+                           "(gloo) use none")  # fmt: skip
     run = RunPaths(Path(cfg.run_dir))
     collective_timeout = timedelta(seconds=cfg.collective_timeout_s)  # a silent rank fails the others after it
     init_distributed("nccl" if use_cuda else "gloo", collective_timeout)
@@ -464,21 +467,23 @@ def durable_copy(cfg: TrainConfig) -> Mirror | None:
 
 
 def check_save_budget(step_time_s: float, saved: SaveReport, budget_s: float, rank: int) -> None:
-    """After the first checkpoint: could a SIGTERM arriving mid-step still end in a committed checkpoint? And how
-    much did writing from every rank help (the save would take parallel_speedup times longer from one writer)?"""
+    """After the first checkpoint: could a SIGTERM arriving mid-step still end in a committed checkpoint? The ranks
+    agree on it a step later (trainer/preemption.py), so up to two steps pass before the save. And how much did
+    writing from every rank help (the save would take parallel_speedup times longer from one writer)?"""
     if rank != 0:
         return
-    save_s = saved.seconds
-    fits = "fits" if step_time_s + save_s <= budget_s else "does NOT fit"
+    save_s, needed_s = saved.seconds, 2 * step_time_s + saved.seconds
+    fits = "fits" if needed_s <= budget_s else "does NOT fit"
     log.info("checkpoint save: %.1f MB in %.1fs (%.0f MB/s), written by %d ranks in parallel, about %.1fx faster than "
-             "one writer at the same rate; one step (%.1fs) plus a save %s the %.0fs preemption budget",
+             "one writer at the same rate; two steps (%.1fs each) plus a save %s the %.0fs preemption budget",
              saved.total_bytes / 1e6, save_s, saved.total_bytes / 1e6 / max(save_s, 1e-9), saved.writers,
              saved.parallel_speedup, step_time_s, fits, budget_s)  # fmt: skip
-    if step_time_s + save_s > budget_s:
-        log.warning("!!! PREEMPTION WOULD LOSE WORK: one step (%.1fs) plus a checkpoint save (%.1fs) take longer "
-                    "than the %.0fs between SIGTERM and SIGKILL (the grace period, capped by torchrun's shutdown "
-                    "timeout); raise terminationGracePeriodSeconds and torchrun's --shutdown-timeout, or save "
-                    "faster (--async-checkpoint does not help here: the final save is always waited for)",
+    if needed_s > budget_s:
+        log.warning("!!! PREEMPTION WOULD LOSE WORK: two steps (%.1fs each: the one the signal lands in and the one "
+                    "in which the ranks agree to stop) plus a checkpoint save (%.1fs) take longer than the %.0fs "
+                    "between SIGTERM and SIGKILL (the grace period, capped by torchrun's shutdown timeout); raise "
+                    "terminationGracePeriodSeconds and torchrun's --shutdown-timeout, or save faster "
+                    "(--async-checkpoint does not help here: the final save is always waited for)",
                     step_time_s, save_s, budget_s)  # fmt: skip
 
 
@@ -510,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", 0))
     try:
         return train(cfg)
-    except (CheckpointError, DataError) as exc:
+    except (CheckpointError, DataError, SettingError) as exc:
         log.error("%s", exc)
         errors.record_exception(exc)
         write_status(RunPaths(Path(cfg.run_dir)), rank, "bad-input", exit_code=ExitCode.BAD_INPUT, error=str(exc))
