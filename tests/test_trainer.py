@@ -237,6 +237,32 @@ def test_a_preemption_save_that_fails_exits_76_and_leaves_the_last_checkpoint(st
     assert read_checkpoint(cfg.run_paths.latest_checkpoint)["step"] == 10
 
 
+def test_a_real_full_volume_under_a_periodic_save_crashes_the_run_and_keeps_the_last_checkpoint(
+    staged_copy: Path, trained_root: Path
+) -> None:
+    """No fault injection: a tmpfs with room for one and a half checkpoints is mounted over the run's checkpoints,
+    so the step-10 save fits and the step-20 save runs out of space part-way. The run ends as crashed with ENOSPC,
+    marked permanent, and the step-10 checkpoint stays the latest and reads back. (Mounting needs root: skipped
+    elsewhere.)"""
+    one_checkpoint = sum(f.stat().st_size for f in RunPaths.of(trained_root, "run-1").latest_checkpoint.iterdir())
+    cfg = tiny_launch(staged_copy, "full-volume", max_steps=40, checkpoint_every=10)
+    volume = cfg.run_paths.checkpoints
+    volume.mkdir(parents=True)
+    size = (one_checkpoint * 3 // 2 // 4096 + 4) * 4096  # whole pages: each of the ~6 files rounds up
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(volume)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        with pytest.raises(StepFailed, match=r"the checkpoint of step 20 could not be written: the volume is full"):
+            launch(cfg)
+        status = json.loads(cfg.run_paths.status.read_text())
+        assert (status["state"], status["exit_code"], status["permanent"]) == ("crashed", ExitCode.CRASHED, True)
+        assert read_checkpoint(cfg.run_paths.latest_checkpoint)["step"] == 10
+    finally:
+        subprocess.run(["umount", "--lazy", str(volume)], check=True)
+
+
 def worker_pids(torchrun_pid: int) -> list[int]:
     return [
         int(p.name) for p in Path("/proc").iterdir()

@@ -169,21 +169,28 @@ class SaveFailed(Exception):
     OSError of our own files), as one error of the trainer's: the last committed checkpoint is untouched.
     `permanent`: a restart would meet the same wall."""
 
-    def __init__(self, step: int, cause: BaseException):
+    def __init__(self, step: int, cause: BaseException, volume: Path | None = None, share_bytes: int = 0):
         causes = [cause, *_failures(cause)]
         self.step = step
         self.permanent = any(isinstance(c, OSError) and c.errno in PERMANENT_ERRNOS for c in causes)
+        # A full volume does not always say so: torch.save's zip writer reports a short write as "unexpected pos".
+        free = shutil.disk_usage(volume).free if volume is not None and volume.exists() else None
+        full = free is not None and free < share_bytes
+        if full:
+            self.permanent = True
+        what = (f"the volume is full ({free / 1e6:.1f} MB free, less than this rank's {share_bytes / 1e6:.1f} MB "
+                f"share; {_first_failure(cause)})" if full else _first_failure(cause))  # fmt: skip
         advice = "; a restart will not help: free space on the volume or fix its permissions" if self.permanent else ""
-        super().__init__(f"the checkpoint of step {step} could not be written: {_first_failure(cause)}{advice}")
+        super().__init__(f"the checkpoint of step {step} could not be written: {what}{advice}")
 
 
 @contextlib.contextmanager
-def _save_failure(step: int) -> Iterator[None]:
+def _save_failure(step: int, volume: Path | None = None, share_bytes: int = 0) -> Iterator[None]:
     """Whatever fails inside (DCP's CheckpointException, an OSError of our own files) comes out as SaveFailed."""
     try:
         yield
     except (CheckpointException, OSError) as exc:
-        raise SaveFailed(step, exc) from exc
+        raise SaveFailed(step, exc, volume, share_bytes) from exc
 
 
 class CheckpointManager:
@@ -214,6 +221,7 @@ class CheckpointManager:
         self._stager: DefaultStager | None = None
         self._swept = False
         self._share_logged = False
+        self._share_bytes = 0  # what this rank writes in a save: a volume with less free failed for want of space
         self.last_save: SaveReport | None = None
 
     @property
@@ -231,7 +239,7 @@ class CheckpointManager:
         """
         started = time.perf_counter()
         self.wait()  # one save at a time, in order
-        with _save_failure(step):
+        with _save_failure(step, self.directory, self._share_bytes):
             self._save(step, model, optimizer, trainer_state, rng, blocking, started)
         return time.perf_counter() - started
 
@@ -243,6 +251,7 @@ class CheckpointManager:
         writer = dcp_io.writer(tmp, full=bool(self.fail_from_step) and step >= self.fail_from_step)
         tensors, optimizer_groups = dcp_io.split_state(model, optimizer)
         mine = dcp_io.share(tensors, self.rank, dist.get_world_size(self.group) if dist.is_initialized() else 1)
+        self._share_bytes = sum(t.nbytes for t in mine.values())
         if not self._share_logged:
             self._share_logged = True
             largest = max(t.nbytes for t in tensors.values())
@@ -282,7 +291,7 @@ class CheckpointManager:
             return 0.0
         started = time.perf_counter()
         staged, self._staged = self._staged, None
-        with _save_failure(self._pending_step):
+        with _save_failure(self._pending_step, self.directory, self._share_bytes):
             staged.result()
         return time.perf_counter() - started
 
@@ -291,7 +300,7 @@ class CheckpointManager:
         self.wait_until_staged()
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            with _save_failure(self._pending_step):
+            with _save_failure(self._pending_step, self.directory, self._share_bytes):
                 report = pending.result()
             if report is not None:
                 self.last_save = report
@@ -436,8 +445,9 @@ def _failures(exc: BaseException) -> list[BaseException]:
 
 
 def _first_failure(exc: BaseException) -> str:
-    """DCP gathers each rank's exception; the first says what was wrong."""
-    exc = next(iter(_failures(exc)), exc)
+    """DCP gathers each rank's exception; the first says what was wrong (an OSError, if any: it names the cause)."""
+    failures = _failures(exc)
+    exc = next((f for f in failures if isinstance(f, OSError)), next(iter(failures), exc))
     return f"{exc}" if isinstance(exc, dcp_io.CorruptCheckpoint) else f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
