@@ -470,22 +470,31 @@ def test_a_schema_1_single_file_checkpoint_resumes_exactly_with_one_warning(
 
 
 def test_resume_is_bit_identical_with_dropout(staged_copy: Path, uninterrupted: RunPaths) -> None:
-    """With dropout the masks draw from each rank's torch RNG: a resume that restored it wrongly would diverge.
-    Stopped after 8 steps (by --max-tokens, a deterministic stop), then resumed to 20."""
-    settings = dict(max_steps=20, log_every=1, checkpoint_every=10, dropout=0.1)
+    """With dropout the masks draw from each rank's torch RNG: a resume that restored it wrongly would diverge. With
+    asynchronous periodic saves (every 5 steps) and a SIGTERM at a random step: the run stops after the step the
+    ranks agree on, commits it (after the pending background save), and resumed to 20 repeats every loss, gradient
+    norm and learning rate of the uninterrupted run."""
+    settings = dict(max_steps=20, log_every=1, checkpoint_every=5, dropout=0.1,
+                    extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})  # fmt: skip
     launch(tiny_launch(staged_copy, "dropout-straight", **settings))
-    stopped = tiny_launch(staged_copy, "dropout-resumed", **settings, extra_env={"TRAINER_MAX_TOKENS": str(8 * 1024)})
+    stopped = tiny_launch(staged_copy, "dropout-resumed", **settings)
+    at = random.Random().randint(3, 16)
+    proc = start_torchrun(stopped)
+    wait_for_step(stopped.run_paths, at, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    status = json.loads(stopped.run_paths.status.read_text())
+    assert status["state"] == "preempted", output[-2000:]
+    assert at <= status["step"] < 20 and read_checkpoint(stopped.run_paths.latest_checkpoint)["step"] == status["step"]
     launch(stopped)
-    assert read_checkpoint(stopped.run_paths.latest_checkpoint)["step"] == 8
-    launch(tiny_launch(staged_copy, "dropout-resumed", **settings))
-    assert "resumed at step 8" in stopped.run_paths.rank_log(0).read_text()
+    assert f"resumed at step {status['step']}" in stopped.run_paths.rank_log(0).read_text()
 
     straight, resumed = read_metrics(RunPaths.of(staged_copy, "dropout-straight")), read_metrics(stopped.run_paths)
     assert [r["step"] for r in resumed] == list(range(1, 21))
     for mine, reference in zip(resumed, straight, strict=True):
         assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
             reference["loss"], reference["grad_norm"], reference["lr"]
-        ), f"step {mine['step']} differs after a resume at step 8"  # fmt: skip
+        ), f"step {mine['step']} differs after a SIGTERM at step {status['step']}"  # fmt: skip
     model = json.loads(stopped.run_paths.config.read_text())["model"]
     assert (model["resid_pdrop"], model["embd_pdrop"], model["attn_pdrop"]) == (0.1, 0.1, 0.1)
     assert straight[0]["loss"] != read_metrics(uninterrupted)[0]["loss"], "dropout changes the first step's loss"
