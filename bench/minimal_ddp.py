@@ -13,6 +13,7 @@ and prints one JSON line (also the median step time). gloo on CPU, fp32 (the tra
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import statistics
@@ -32,6 +33,7 @@ if __package__ in (None, ""):  # run as a script, as torchrun does: make the tra
 from trainer.config import TRAIN_DEFAULTS as D
 from trainer.data import TokenBatches  # the sampler: which windows each rank trains on
 from trainer.model import build_model, model_config
+from trainer.parallel import initialize
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,8 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     tokens = shards[0] if len(shards) == 1 else np.concatenate(shards)
     batches = TokenBatches(tokens, args.seq_len, args.batch_size, rank, world, args.seed)
 
-    torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = build_model(model_config(args.preset, meta["vocab_size"], args.seq_len, meta["eos_id"]))
+    # The trainer's initial weights (trainer/parallel.py draws them unit by unit from the seed, the same on every rank).
+    with torch.device("meta"):
+        model = build_model(model_config(args.preset, meta["vocab_size"], args.seq_len, meta["eos_id"]))
+    template = copy.deepcopy(model)
+    model.to_empty(device="cpu")
+    model.tie_weights()
+    initialize(model, template, args.seed)
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     vectors = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(

@@ -11,8 +11,9 @@ import pytest
 
 from components.launch_pytorchjob.core import launch
 from components.stage_data.core import stage_data
-from tests.helpers import tiny_launch, write_corpus
+from tests.helpers import EXACT, tiny_launch, write_corpus
 from tests.s3_server import S3Server
+from trainer.layout import RunPaths
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -129,6 +130,16 @@ def trained_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) ->
     shutil.copytree(staged_root, root, dirs_exist_ok=True)
     launch(tiny_launch(root, "run-1"))
     return root
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
+    """40 steps of the tiny preset under DDP, every step logged, a checkpoint every 10: what the exact-resume tests
+    (test_trainer.py, test_parallel.py) compare against."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    shutil.copytree(staged_root, root, dirs_exist_ok=True)
+    launch(tiny_launch(root, "straight", **EXACT))
+    return RunPaths.of(root, "straight")
 
 
 @pytest.fixture

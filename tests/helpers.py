@@ -27,6 +27,10 @@ def write_corpus(directory: Path, files: int = 12, sentences: int = 120, seed: i
     return directory
 
 
+# A run every step of which is logged: the runs that compare losses step by step.
+EXACT = dict(max_steps=40, log_every=1, checkpoint_every=10)
+
+
 def tiny_launch(root: Path, run_id: str, **overrides) -> LaunchConfig:
     settings = dict(
         storage_root=str(root),

@@ -22,7 +22,7 @@ from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.local_backend import torchrun_command
 from components.launch_pytorchjob.manifest import JobSpec, render_job
 from components.launch_pytorchjob.progress import TrainingWatch
-from tests.helpers import snapshot_dir, tiny_launch, write_single_file_checkpoint
+from tests.helpers import EXACT, snapshot_dir, tiny_launch, write_single_file_checkpoint
 from tests.test_schedule import legacy_lr_factor
 from trainer.checkpoint import SCHEMA, read_checkpoint
 from trainer.config import parse_config
@@ -101,8 +101,6 @@ def test_sample_order_does_not_depend_on_world_size() -> None:
 
 # -- preemption, exact resume, elasticity -------------------------------------------------------------
 
-EXACT = dict(max_steps=40, log_every=1, checkpoint_every=10)
-
 
 def start_torchrun(cfg) -> subprocess.Popen:
     """The trainer under torchrun exactly as the local launcher starts it, but left for the test to signal."""
@@ -119,14 +117,6 @@ def wait_for_step(run: RunPaths, step: int, proc: subprocess.Popen, timeout: flo
             return
         time.sleep(0.05)
     raise AssertionError(f"training never reached step {step}")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
-    root = tmp_path_factory.mktemp("uninterrupted")
-    shutil.copytree(staged_root, root, dirs_exist_ok=True)
-    launch(tiny_launch(root, "straight", **EXACT))
-    return RunPaths.of(root, "straight")
 
 
 def test_sigterm_checkpoints_and_resume_is_bit_identical(staged_copy: Path, uninterrupted: RunPaths) -> None:

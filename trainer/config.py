@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 
 ENV_PREFIX = "TRAINER_"
+PARALLELISMS = ("ddp", "fsdp", "hsdp")  # trainer/parallel.py
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 
 
 def _opt(default, help: str, minimum: float | None = None, below: float | None = None,
@@ -63,6 +65,13 @@ class TrainConfig:
     compile: str = _opt("auto", "torch.compile the model with its loss: on, off, or auto (on for the GPU presets "
                         "on a GPU); the compiled code is cached in the run directory for the next start",
                         choices=("auto", "on", "off"))  # fmt: skip
+    parallelism: str = _opt("ddp", "how the model is spread over the ranks: ddp (a whole copy on every GPU), fsdp "
+                            "(parameters, gradients and optimizer state sharded; hsdp on several nodes), or hsdp "
+                            "(sharded within a node, replicated across nodes)",
+                            choices=PARALLELISMS)  # fmt: skip
+    activation_checkpointing: str = _opt("none", "recompute each block's activations in backward instead of keeping "
+                                         "them: full (keep only its input), selective (keep the matmuls' outputs "
+                                         "too), or none", choices=ACTIVATION_CHECKPOINTING)  # fmt: skip
     ddp_comm_hook: str = _opt("none", "DDP gradient all-reduce: none (in the gradients' dtype), or bf16 (compressed "
                               "to bfloat16 on the wire: half the bytes, for multi-node runs)",
                               choices=("none", "bf16"))  # fmt: skip

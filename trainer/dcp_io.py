@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 MODEL, OPTIM = "model.", "optim."
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -65,7 +66,8 @@ def tied_aliases(state: dict[str, torch.Tensor]) -> dict[str, str]:
     first: dict[tuple, str] = {}
     aliases = {}
     for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor  # a shard's storage is this rank's piece
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(tensor.shape), tensor.dtype)
         if key in first:
             aliases[name] = first[key]
         else:
@@ -137,16 +139,22 @@ def share(tensors: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, 
     """The tensors this rank writes of a state every rank holds whole (DDP's): owners' assignment, so the ranks
     write balanced shares and an asynchronous save stages (copies to host memory) only this rank's, at most
     1/world of the state plus one tensor. DCP takes state dicts whose keys differ by rank and writes their union.
-    (A sharded tensor, FSDP's DTensor, is each rank's own piece and would be written by every rank.)"""
-    owner = owners(tensors, world)
-    return {key: tensor for key, tensor in tensors.items() if owner[key] == rank}
+    A sharded tensor (FSDP's DTensor) is offered by every rank: each holds, stages and writes its own piece."""
+    whole = {key: tensor for key, tensor in tensors.items() if not isinstance(tensor, DTensor)}
+    owner = owners(whole, world)
+    return {key: tensor for key, tensor in tensors.items() if owner.get(key, rank) == rank}
 
 
 def load_shared(path: Path, tensors: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> None:
     """Fill `tensors` (every rank's full, replicated state) from the checkpoint at `path`, collectively: each rank
     reads its share (DCP over `group`), then each tensor is broadcast from the rank that read it.
 
-    Tensors that the default process group cannot carry (CPU scalars under NCCL) are read by every rank."""
+    Tensors that the default process group cannot carry (CPU scalars under NCCL) are read by every rank. Sharded
+    tensors (FSDP's DTensors) are read by DCP alone: each rank reads the pieces it holds, whatever the sharding the
+    checkpoint was written with."""
+    if any(isinstance(t, DTensor) for t in tensors.values()):
+        dcp.load(tensors, storage_reader=VerifyingReader(path), process_group=group)
+        return
     rank, world = dist.get_rank(), dist.get_world_size()
     backend_device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     shareable = {k: t for k, t in tensors.items() if t.device.type == backend_device}

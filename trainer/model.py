@@ -14,8 +14,10 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-# name -> (transformers model_type, its size settings)
-PRESETS: dict[str, tuple[str, dict[str, int]]] = {
+# name -> (transformers model_type, its size settings). The llama presets have the layer shapes of Llama 3.2 1B and
+# 3B and Llama 3.1 8B (whose output layer is its own, not the embedding's); the vocabulary is always the staged
+# tokenizer's, so their parameter counts are the run's (the preflight says them).
+PRESETS: dict[str, tuple[str, dict[str, int | bool]]] = {
     "tiny": ("gpt2", {"n_layer": 2, "n_embd": 64, "n_head": 4}),  # tests
     "small": ("gpt2", {"n_layer": 4, "n_embd": 128, "n_head": 4}),  # the laptop demo
     "gpt2-124m": ("gpt2", {"n_layer": 12, "n_embd": 768, "n_head": 12}),
@@ -28,6 +30,29 @@ PRESETS: dict[str, tuple[str, dict[str, int]]] = {
             "num_attention_heads": 32,
             "num_key_value_heads": 8,
             "intermediate_size": 8192,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "llama-3b": (
+        "llama",
+        {
+            "num_hidden_layers": 28,
+            "hidden_size": 3072,
+            "num_attention_heads": 24,
+            "num_key_value_heads": 8,
+            "intermediate_size": 8192,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "llama-8b": (
+        "llama",
+        {
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 14336,
+            "tie_word_embeddings": False,
         },
     ),
 }
@@ -38,7 +63,7 @@ SMALL_PRESETS = frozenset({"tiny", "small"})
 # What each family calls its context length and its dropout probabilities, and its fixed settings.
 _FAMILY_SETTINGS: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {
     "gpt2": ("n_positions", ("resid_pdrop", "embd_pdrop", "attn_pdrop"), {}),
-    "llama": ("max_position_embeddings", ("attention_dropout",), {"tie_word_embeddings": True}),
+    "llama": ("max_position_embeddings", ("attention_dropout",), {}),
 }
 
 

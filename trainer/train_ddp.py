@@ -12,7 +12,6 @@ commits a checkpoint, and the processes exit with a code from trainer.preemption
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -27,8 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-from torch.nn.parallel import DistributedDataParallel
 
 if __package__ in (None, ""):  # run as a script (trainer/train_ddp.py), as torchrun does in the seed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,9 +51,9 @@ from trainer.config import SettingError, TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
 from trainer.health import Divergence, Heartbeat, SpikeWatch, collective_failed
 from trainer.layout import RunPaths
-from trainer.loss import CausalLMLoss
 from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
-from trainer.model import SMALL_PRESETS, architecture_differences, build_model, model_config, without_attention_masks
+from trainer.model import SMALL_PRESETS, architecture_differences, model_config
+from trainer.parallel import parallelize
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
 from trainer.prefetch import Prefetcher
 from trainer.private_api import default_store, skip_update_if
@@ -140,8 +139,21 @@ def train(cfg: TrainConfig) -> ExitCode:
     meta = load_meta(data_dir)
     batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
     mconfig = model_config(cfg.preset, meta["vocab_size"], cfg.seq_len, meta["eos_id"], cfg.dropout)
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = without_attention_masks(build_model(mconfig)).to(device)
+    # The model, spread over the ranks as --parallelism says (trainer/parallel.py), with the same initial weights
+    # whatever the parallelism and world size.
+    if use_cuda:  # TF32 for the fp32 matmuls that autocast leaves (CPU: no such mode)
+        torch.set_float32_matmul_precision("high")
+    compiled = cfg.compile == "on" or (cfg.compile == "auto" and use_cuda and cfg.preset not in SMALL_PRESETS)
+    if compiled:  # the compiled code in the run directory: a restarted pod loads it instead of compiling again
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run.compile_cache))
+        log.info("torch.compile: model and loss (cache %s)", os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    hook = default_hooks.bf16_compress_hook if cfg.ddp_comm_hook == "bf16" else None  # half the bytes on the wire
+    parallel = parallelize(mconfig, cfg.parallelism, device, cfg.seed, int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                           comm_hook=hook, compile_model=compiled,
+                           activation_checkpointing=cfg.activation_checkpointing)  # fmt: skip
+    model = parallel.model
+    if parallel.kind != "ddp":
+        log.info("parallelism %s over %s", parallel.kind, parallel.mesh)
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     vectors = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -159,7 +171,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     if state is None and cfg.init_from:
         weights, warm_started = warm_start_state(Path(cfg.init_from), meta.get("tokenizer_sha256", ""),
                                                  mconfig.to_dict())  # fmt: skip
-        model.load_state_dict(weights)
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
         del weights
         log.info("warm start from run %s at step %d (%d tokens seen there): its weights, with this run's data, "
                  "schedule and sample order", warm_started["run"], warm_started["step"],
@@ -208,20 +220,6 @@ def train(cfg: TrainConfig) -> ExitCode:
                     "init_from": warm_started}  # fmt: skip
         write_json(run.config, resolved)
 
-    # The model with its loss, in DDP: gradients are views into DDP's all-reduce buckets (no second copy of them);
-    # the only buffer, the rotary frequencies, is computed the same on every rank, so nothing is broadcast at each
-    # forward. The loop calls `forward_loss` and does not know how the model is parallelised.
-    ddp = DistributedDataParallel(CausalLMLoss(model), device_ids=[local_rank] if use_cuda else None,
-                                  gradient_as_bucket_view=True, broadcast_buffers=False)  # fmt: skip
-    if cfg.ddp_comm_hook == "bf16":  # half the bytes on the wire; the gradients are averaged in bf16
-        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    if use_cuda:  # TF32 for the fp32 matmuls that autocast leaves (CPU: no such mode)
-        torch.set_float32_matmul_precision("high")
-    compiled = cfg.compile == "on" or (cfg.compile == "auto" and use_cuda and cfg.preset not in SMALL_PRESETS)
-    if compiled:  # the compiled code in the run directory: a restarted pod loads it instead of compiling again
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run.compile_cache))
-        log.info("torch.compile: model and loss (cache %s)", os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    forward_loss = torch.compile(ddp) if compiled else ddp
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda)
     flops_per_step = flops_per_token(model, cfg.seq_len) * cfg.tokens_per_step * world
     peak = peak_flops(device, cfg.peak_tflops)
@@ -263,13 +261,13 @@ def train(cfg: TrainConfig) -> ExitCode:
                 if samples_log:
                     samples_log.write(f"{progress.step + 1} {micro} {' '.join(map(str, batches.last_windows))}\n")
                 last_micro = micro == cfg.grad_accum_steps - 1
-                with contextlib.nullcontext() if last_micro else ddp.no_sync(), autocast:
-                    loss = forward_loss(inputs, targets)
+                with parallel.accumulating(last_micro), autocast:
+                    loss = parallel.forward_loss(inputs, targets)
                     if cfg.fault_nan_at_step and progress.step + 1 >= cfg.fault_nan_at_step:
                         loss = loss * float("nan")  # fault injection (--fault-nan-at-step): a diverged loss
                     (loss / cfg.grad_accum_steps).backward()
                 loss_sum += loss.detach()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+            grad_norm = parallel.clip_grad_norm(cfg.grad_clip or float("inf"))
             nonfinite = ~torch.isfinite(grad_norm)  # the same on every rank: DDP all-reduced the gradients
             save_stall_s += checkpoints.wait_until_staged()  # an async save copies the weights meanwhile: not past here
             for group in optimizer.param_groups:

@@ -1,0 +1,151 @@
+"""FSDP2 and HSDP (trainer/parallel.py) under a real torchrun with 2 processes (gloo, CPU): the same initial model as
+DDP trained to the same loss, an exact resume after SIGTERM, and checkpoints that resume under another parallelism
+and another world size."""
+
+import json
+import os
+import random
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from components.launch_pytorchjob.core import launch
+from tests.helpers import EXACT, tiny_launch
+from tests.test_trainer import read_metrics, start_torchrun, wait_for_step
+from trainer.checkpoint import LATEST, read_checkpoint, step_dir_name
+from trainer.config import ACTIVATION_CHECKPOINTING
+from trainer.layout import RunPaths
+from trainer.model import model_config
+from trainer.parallel import blocks, parallelize
+
+FSDP = {"TRAINER_PARALLELISM": "fsdp"}
+# FSDP reduce-scatters each gradient where DDP all-reduces buckets of them: the same sums in another order, so
+# fp32 rounding differs in the last bits (about 1e-7 relative per step) and compounds through AdamW's updates. Over
+# 40 steps of the tiny model the losses differed by 1.5e-6 relative at most (measured); 1e-4 leaves room for other
+# machines' kernels, and is still far below what a wrong gradient or a missed update would do (1e-2 and more).
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def fsdp_straight(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
+    root = tmp_path_factory.mktemp("fsdp")
+    shutil.copytree(staged_root, root, dirs_exist_ok=True)
+    launch(tiny_launch(root, "fsdp-straight", **EXACT, extra_env=FSDP))
+    return RunPaths.of(root, "fsdp-straight")
+
+
+def assert_close_losses(rows: list[dict], reference: list[dict], rtol: float = RTOL) -> None:
+    assert [r["step"] for r in rows] == [r["step"] for r in reference]
+    for mine, theirs in zip(rows, reference, strict=True):
+        assert abs(mine["loss"] - theirs["loss"]) <= rtol * abs(theirs["loss"]), (
+            f"step {mine['step']}: loss {mine['loss']!r} against {theirs['loss']!r}"
+        )
+
+
+def test_fsdp_trains_the_model_ddp_trains_to_the_same_loss(fsdp_straight: RunPaths, uninterrupted: RunPaths) -> None:
+    """The same initial weights (drawn unit by unit, then sharded) and data: the first step's loss is the same to
+    the bit (one forward of the same weights), the rest within fp32's reduction-order tolerance."""
+    fsdp, ddp = read_metrics(fsdp_straight), read_metrics(uninterrupted)
+    assert fsdp[0]["loss"] == ddp[0]["loss"]
+    assert_close_losses(fsdp, ddp)
+    config = json.loads(fsdp_straight.config.read_text())
+    assert config["trainer"]["parallelism"] == "fsdp"
+    assert "parallelism fsdp over DeviceMesh" in fsdp_straight.rank_log(0).read_text()
+
+
+def test_an_fsdp_run_stopped_by_sigterm_resumes_bit_identically(staged_copy: Path, fsdp_straight: RunPaths) -> None:
+    cfg = tiny_launch(staged_copy, "fsdp-preempted", **EXACT, extra_env=FSDP)
+    at = random.Random().randint(3, 30)
+    proc = start_torchrun(cfg)
+    wait_for_step(cfg.run_paths, at, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    status = json.loads(cfg.run_paths.status.read_text())
+    assert status["state"] == "preempted", output[-2000:]
+    launch(cfg)
+    resumed = read_metrics(cfg.run_paths)
+    assert [r["step"] for r in resumed] == list(range(1, 41))
+    for mine, reference in zip(resumed, read_metrics(fsdp_straight), strict=True):
+        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
+            reference["loss"], reference["grad_norm"], reference["lr"]
+        ), f"step {mine['step']} differs after a SIGTERM at step {status['step']}"  # fmt: skip
+
+
+def rewound_copy(run: RunPaths, root: Path, name: str, step: int) -> RunPaths:
+    """A copy of `run` as it was when `step` was its newest checkpoint."""
+    copy = RunPaths.of(root, name)
+    shutil.copytree(run.root, copy.root, symlinks=True)
+    for later in copy.checkpoints.glob("step_*"):
+        if int(later.name.removeprefix("step_")) > step:
+            shutil.rmtree(later)
+    (copy.checkpoints / LATEST).unlink()
+    (copy.checkpoints / LATEST).symlink_to(step_dir_name(step))
+    return copy
+
+
+def test_checkpoints_resume_under_another_parallelism_and_world_size(
+    staged_copy: Path, uninterrupted: RunPaths, fsdp_straight: RunPaths
+) -> None:
+    """DDP's step-20 checkpoint goes on under HSDP (a 2-D mesh: 1 replica x 2 shards), FSDP's under DDP, both to
+    the losses of the uninterrupted run; FSDP's also goes on in one process (the data re-partitioned)."""
+    for source, name, settings in [
+        (uninterrupted, "ddp-to-hsdp", {"TRAINER_PARALLELISM": "hsdp"}),
+        (fsdp_straight, "fsdp-to-ddp", {}),
+    ]:
+        run = rewound_copy(source, staged_copy, name, 20)
+        launch(tiny_launch(staged_copy, name, **EXACT, extra_env=settings))
+        assert "resumed at step 20" in run.rank_log(0).read_text()
+        assert_close_losses(read_metrics(run)[20:], read_metrics(uninterrupted)[20:])
+    alone = rewound_copy(fsdp_straight, staged_copy, "fsdp-to-one", 20)
+    launch(tiny_launch(staged_copy, "fsdp-to-one", **EXACT, nproc_per_node=1))
+    assert "resumed at step 20 (20480 tokens seen) from a checkpoint of 2 ranks" in alone.rank_log(0).read_text()
+    assert read_checkpoint(alone.latest_checkpoint)["step"] == 40
+
+
+@pytest.fixture
+def one_process_group(tmp_path: Path) -> Iterator[None]:
+    """A process group of this test process alone (gloo, a file store), destroyed after the test."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_every_parallelism_and_activation_checkpointing_computes_the_same_loss_and_gradients() -> None:
+    """The same initial weights under ddp and fsdp; full and selective activation checkpointing recompute each block's
+    forward in backward (counted) and change no number."""
+    tokens = torch.randint(0, 300, (2, 33), generator=torch.Generator().manual_seed(0))
+    results = {}
+    for recompute in ACTIVATION_CHECKPOINTING:
+        for kind in ("ddp", "fsdp"):
+            parallel = parallelize(model_config("tiny", 300, 32, 0), kind, torch.device("cpu"), seed=1, local_world=1,
+                                   activation_checkpointing=recompute)  # fmt: skip
+            forwards = count_block_forwards(parallel.model)
+            loss = parallel.forward_loss(tokens[:, :-1], tokens[:, 1:])
+            loss.backward()
+            gradients = [
+                p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in parallel.model.parameters()
+            ]
+            results[recompute, kind] = (loss.item(), torch.cat([g.flatten() for g in gradients]))
+            assert forwards == ([1, 1] if recompute == "none" else [2, 2]), (recompute, kind, forwards)
+    loss, gradients = results["none", "ddp"]
+    for key, (other_loss, other_gradients) in results.items():
+        assert other_loss == loss and torch.equal(other_gradients, gradients), key
+
+
+def count_block_forwards(model: torch.nn.Module) -> list[int]:
+    """A list, filled as the blocks run, of how many times each block's forward ran (counted at its first layer: a
+    recomputation calls the block's layers again, not the block's own hooks)."""
+    counts = [0] * len(blocks(model))
+    for index, block in enumerate(blocks(model).values()):
+        first_layer = next(module for module in block.children() if any(True for _ in module.parameters()))
+        first_layer.register_forward_pre_hook(lambda *_, i=index: counts.__setitem__(i, counts[i] + 1))
+    return counts
