@@ -44,7 +44,9 @@ from components.preflight.core import (
     PASS,
     WARN,
     Check,
+    Context,
     PreflightResult,
+    check_gpu_memory,
     check_manifest,
     failure_message,
     fsx_size_gib,
@@ -1260,3 +1262,38 @@ def test_a_plain_text_secret_in_another_namespaces_pod_reaches_neither_report_no
     assert json.loads(cli.stdout)["checks"] == result.to_json()["checks"]
     for text in (result.markdown(), json.dumps(result.to_json()), caplog.text, cli.stdout, cli.stderr):
         assert SECRET not in text and "AKIAIOSFODNN7EXAMPLE" not in text
+
+
+# -- gpu-memory (reads the manifest only: no cluster) --------------------------------------------------------------
+
+
+def gpu_memory(**overrides: Any) -> Any:
+    cfg = config(**overrides)
+    return check_gpu_memory(Context(render_job(cfg.job_spec()), None, None, 2048, cfg.instance_type))
+
+
+def test_gpu_memory_refuses_llama_8b_under_ddp_on_p5_naming_what_fits_and_passes_it_under_hsdp() -> None:
+    """16 bytes a parameter on every GPU (weights, gradients, AdamW) is 113 GB at 7.05B before an activation: no p5
+    GPU holds it. Sharded over a node's 8 GPUs under hsdp, with two nodes, it fits."""
+    refused = gpu_memory(preset="llama-8b", nnodes=1, batch_size=2, seq_len=4096)
+    assert refused.status == FAIL
+    assert refused.reason.startswith(
+        "llama-8b (7.05B parameters at vocabulary 8,192, assumed) under ddp on 1 node(s) x 8 GPUs, micro-batch 2 x "
+        "4096 tokens, activation checkpointing none: 171.3 GB per GPU (weights 28.2, gradients 28.2, optimizer 56.4"
+    )
+    assert refused.reason.endswith("more than the 80 GB of a ml.p5.48xlarge GPU can hold (72 GB usable)")
+    assert refused.fix.startswith("it would fit with job option parallelism=fsdp (60.3 GB); or parallelism=fsdp and "
+                                  "activation_checkpointing=selective")  # fmt: skip
+    fits = gpu_memory(preset="llama-8b", nnodes=2, batch_size=2, seq_len=4096, job_options={"parallelism": "hsdp"})
+    assert fits.status == PASS and "under hsdp on 2 node(s)" in fits.reason and "60.3 GB per GPU" in fits.reason
+    roomy = gpu_memory(preset="llama-8b", nnodes=1, batch_size=2, seq_len=4096, instance_type="p5en.48xlarge",
+                       job_options={"parallelism": "fsdp"})  # fmt: skip
+    assert roomy.status == PASS and roomy.reason.endswith("of the 141 GB of a p5en.48xlarge GPU")
+
+
+def test_gpu_memory_warns_when_tight_and_says_when_the_gpu_is_unknown() -> None:
+    tight = gpu_memory(preset="llama-8b", nnodes=2, batch_size=9, seq_len=1024, job_options={"parallelism": "hsdp"})
+    assert tight.status == WARN and tight.fix.startswith("if it runs out of memory: it would fit with")
+    unknown = gpu_memory(preset="llama-1b", instance_type="trn1.32xlarge", job_options={"gpus_per_node": 8,
+                                                                                       "efa_per_node": 8})  # fmt: skip
+    assert unknown.status == NOT_APPLICABLE and "the GPU memory of trn1.32xlarge is unknown" in unknown.reason

@@ -16,7 +16,7 @@ import pytest
 from common.errors import InputError
 from components.launch_pytorchjob.core import LaunchConfig, launch
 from components.launch_pytorchjob.manifest import render_job
-from components.launch_pytorchjob.platform import RUN_OPTIONS, Platform
+from components.launch_pytorchjob.platform import RUN_OPTIONS, TRAINER_OPTIONS, Platform
 from components.preflight.core import preflight
 from tests.cluster.control_plane import RUNNER_USER, audit_time
 
@@ -122,11 +122,17 @@ def test_a_run_may_set_sizes_counts_timeouts_and_training_settings(staged_root: 
     options = {"cpu": "90", "memory": "1024Gi", "shm_size": "512Gi", "grace_period_s": 300, "shutdown_timeout_s": 240,
                "max_restarts": 5, "restart_budget": 2, "ttl_after_finished_s": 86400, "auto_resume": False,
                "auto_resume_max_retries": 2, "auto_resume_wait_s": 600, "restart_policy": "OnFailure",
-               "clean_pod_policy": "All", "rdzv_backend": "c10d", "gpus_per_node": 8, "efa_per_node": 32}  # fmt: skip
-    assert set(options) == set(RUN_OPTIONS)
+               "clean_pod_policy": "All", "rdzv_backend": "c10d", "gpus_per_node": 8, "efa_per_node": 32,
+               "parallelism": "hsdp", "activation_checkpointing": "selective", "grad_accum_steps": 4,
+               "compile": "off", "ddp_comm_hook": "none"}  # fmt: skip
+    assert set(options) == {*RUN_OPTIONS, *TRAINER_OPTIONS}
     job = render_job(config(staged_root, job_options=options).job_spec())
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["memory"] == "1024Gi"
+    command = " ".join(pod["containers"][0]["command"] + pod["containers"][0].get("args", []))
+    assert "--parallelism hsdp --activation-checkpointing selective --grad-accum-steps 4 --compile off" in command
+    with pytest.raises(InputError, match="job option 'parallelism': 'zero3' is unknown: choose one of ddp, fsdp, hsdp"):
+        config(staged_root, job_options={"parallelism": "zero3"}).job_spec()
     assert pod["terminationGracePeriodSeconds"] == 300 and job["spec"]["runPolicy"]["backoffLimit"] == 2 * 2 + 1
 
 

@@ -130,6 +130,17 @@ def convert(kind: type, minimum: float | None, text: str, below: float | None = 
     return value
 
 
+def check_setting(name: str, value: object) -> str:
+    """One setting as a flag's text, checked as the flag would be (for settings given elsewhere: a run's
+    job_options); ValueError says what is wrong."""
+    spec = next((f for f in fields(TrainConfig) if f.name == name), None)
+    if spec is None:
+        raise ValueError(f"{name!r} is not a trainer setting")
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    convert(_KINDS[spec.type], spec.metadata.get("min"), text, spec.metadata.get("below"), spec.metadata.get("choices"))
+    return text
+
+
 def _flag_type(kind: type, minimum: float | None, below: float | None, choices: tuple[str, ...] | None):
     def parse(text: str):
         try:

@@ -51,6 +51,7 @@ from trainer.config import SettingError, TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
 from trainer.health import Divergence, Heartbeat, SpikeWatch, collective_failed
 from trainer.layout import RunPaths
+from trainer.memory import estimate, model_shape
 from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
 from trainer.model import SMALL_PRESETS, architecture_differences, model_config
 from trainer.parallel import parallelize
@@ -154,6 +155,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     model = parallel.model
     if parallel.kind != "ddp":
         log.info("parallelism %s over %s", parallel.kind, parallel.mesh)
+    log_memory_estimate(mconfig, cfg, parallel.kind, world, device, rank)
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     vectors = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -462,6 +464,22 @@ def durable_copy(cfg: TrainConfig) -> Mirror | None:
     from trainer.durable import CheckpointMirror  # boto3: only when asked for
 
     return CheckpointMirror(cfg.checkpoint_s3_uri)
+
+
+def log_memory_estimate(mconfig: Any, cfg: TrainConfig, kind: str, world: int, device: torch.device,
+                        rank: int) -> None:  # fmt: skip
+    """The preflight's estimate of this run's memory per GPU (trainer/memory.py), beside what the device has free:
+    the metrics' gpu_mem_gb then shows the real peak to compare with."""
+    if rank != 0:
+        return
+    shape = model_shape(mconfig)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    need = estimate(shape, kind, world, local_world, cfg.batch_size, cfg.seq_len, cfg.activation_checkpointing)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        log.info("memory estimate: %s; the GPU has %.1f GB free of %.1f", need.describe(), free / 1e9, total / 1e9)
+    else:
+        log.info("memory estimate (as on a GPU): %s", need.describe())
 
 
 def check_save_budget(step_time_s: float, saved: SaveReport, budget_s: float, rank: int) -> None:

@@ -23,8 +23,8 @@ from components.launch_pytorchjob.manifest import (
     job_name,
     label_value,
 )
-from components.launch_pytorchjob.platform import Platform, run_options
-from trainer.config import TRAIN_DEFAULTS
+from components.launch_pytorchjob.platform import TRAINER_OPTIONS, Platform, run_options
+from trainer.config import TRAIN_DEFAULTS, check_setting
 from trainer.durable import MirrorError, parse_mirror_uri
 from trainer.layout import META, DatasetPaths, RunPaths
 from trainer.model import PRESETS
@@ -243,7 +243,9 @@ class LaunchConfig:
             str(self.checkpoint_every),
             "--log-every",
             str(self.log_every),
-        ]
+            *(arg for key, value in self.job_options.items() if key in TRAINER_OPTIONS
+              for arg in ("--" + key.replace("_", "-"), check_setting(key, value))),
+        ]  # fmt: skip
 
     def trainer_env(self) -> dict[str, str]:
         """NCCL logs at INFO; the trainer writes the lines per process and attempt onto the volume, where
@@ -286,7 +288,7 @@ class LaunchConfig:
             labels={k: v for k, v in run_labels.items() if v},
             active_deadline_s=self.timeout_s + OPERATOR_DEADLINE_MARGIN_S if self.timeout_s else 0,
             owner=self.owner() if self.owner_reference else None,
-            **options,
+            **{key: value for key, value in options.items() if key not in TRAINER_OPTIONS},  # those: trainer_args
         )
 
     def owner(self) -> tuple[str, str] | None:

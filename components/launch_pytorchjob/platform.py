@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import InputError
+from trainer.config import check_setting
 
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -116,6 +117,8 @@ RUN_OPTIONS: dict[str, tuple[type, int, int]] = {
     "clean_pod_policy": (str, 0, 0),
     "rdzv_backend": (str, 0, 0),
 }
+# Training settings a run may set in `job_options`: handed to the trainer as its flags, checked as it checks them.
+TRAINER_OPTIONS = ("parallelism", "activation_checkpointing", "grad_accum_steps", "compile", "ddp_comm_hook")
 MAX_OPTION_STRING = 64
 # Options that were renamed, with what replaced them: a run that still sets one is told in one line.
 RENAMED_OPTIONS = {
@@ -129,9 +132,15 @@ def run_options(options: dict[str, Any]) -> dict[str, Any]:
     for key, value in options.items():
         if key in RENAMED_OPTIONS:
             raise InputError(f"job option {key!r} is now {RENAMED_OPTIONS[key]}")
+        if key in TRAINER_OPTIONS:
+            try:
+                check_setting(key, value)
+            except ValueError as exc:
+                raise InputError(f"job option {key!r}: {exc}") from None
+            continue
         if key not in RUN_OPTIONS:
             raise InputError(f"job option {key!r} is not a run option (the platform team's settings are compiled in); "
-                             f"a run may set: {', '.join(sorted(RUN_OPTIONS))}")  # fmt: skip
+                             f"a run may set: {', '.join(sorted([*RUN_OPTIONS, *TRAINER_OPTIONS]))}")  # fmt: skip
         kind, low, high = RUN_OPTIONS[key]
         if kind is int and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
             raise InputError(f"job option {key!r} must be an integer from {low} to {high}, got {value!r}")

@@ -190,7 +190,7 @@ def check_manifest(
     """Check the cluster for a rendered PyTorchJob manifest (`render_job`'s dict); `memory_gib`: the instance's."""
     api_client = api_client or api_client_from_environment()
     kube = Kube(api_client, settings or KubeSettings())
-    ctx = Context(job, kube, api_client, memory_gib)
+    ctx = Context(job, kube, api_client, memory_gib, instance_type)
     checks = [_guarded(name, fn, ctx) for name, fn in CHECKS]
     for c in checks:  # the log is all a failed step shows in the KFP UI (no artifact is uploaded): the fix goes too
         level = {FAIL: logging.ERROR, WARN: logging.WARNING}.get(c.status, logging.INFO)
@@ -226,8 +226,8 @@ UNREACHABLE_FIX = "rerun when the API server answers; check the step's network, 
 class Context:
     """The manifest's facts the checks need, and the API groups to read the cluster with."""
 
-    def __init__(self, job: dict[str, Any], kube: Kube, api_client: Any, memory_gib: int):
-        self.job, self.kube, self.memory_gib = job, kube, memory_gib
+    def __init__(self, job: dict[str, Any], kube: Kube, api_client: Any, memory_gib: int, instance_type: str = ""):
+        self.job, self.kube, self.memory_gib, self.instance_type = job, kube, memory_gib, instance_type
         self.namespace: str = job["metadata"]["namespace"]
         self.name: str = job["metadata"]["name"]
         self.apps = client.AppsV1Api(api_client)
@@ -245,6 +245,11 @@ class Context:
         self.annotations: dict[str, str] = job["metadata"].get("annotations") or {}
         self.unreachable = ""  # set once the API server could not be reached: later cluster reads are skipped
         self.pvc: Any = None  # the job's claim as check_pvc read it (V1PersistentVolumeClaim), for its volume
+
+    def trainer_flag(self, name: str, default: Any) -> str:
+        """A trainer flag's value on the container's command line (the launcher passes every one it sets)."""
+        argv = [*(self.container.get("command") or []), *(self.container.get("args") or [])]
+        return argv[argv.index(name) + 1] if name in argv[:-1] else str(default)
 
     @property
     def auto_resume(self) -> bool:
@@ -554,11 +559,7 @@ def checkpoint_need(ctx: Context) -> CheckpointNeed:
     from trainer.model import build_model, model_config
     from trainer.preemption import TORCHRUN_DEFAULT_SHUTDOWN_S
 
-    argv = [*(ctx.container.get("command") or []), *(ctx.container.get("args") or [])]
-
-    def flag(name: str, default: Any) -> str:
-        return argv[argv.index(name) + 1] if name in argv[:-1] else str(default)
-
+    flag = ctx.trainer_flag
     preset, seq_len = flag("--preset", TRAIN_DEFAULTS["preset"]), int(flag("--seq-len", TRAIN_DEFAULTS["seq_len"]))
     vocab, assumed = dataset_vocab(flag("--data-dir", ""))
     with torch.device("meta"):
@@ -1177,6 +1178,94 @@ def check_memory(ctx: Context) -> Check:
                  f"(at most 95%)" + (f"; {notes[0]}" if notes else ""))  # fmt: skip
 
 
+# -- GPU memory ------------------------------------------------------------------------------------------------
+
+# Each GPU's memory, GB, by instance type (HyperPod's ml.<type> too), from AWS's accelerated-computing instance pages
+# and NVIDIA's data sheets: g5 A10G 24 GB, g6e L40S 48 GB, p4d A100 40 GB, p4de A100 80 GB, p5 H100 80 GB, p5e and
+# p5en H200 141 GB, p6-b200 B200 (1,440 GB of HBM3e over 8 GPUs) 180 GB.
+GPU_MEMORY_GB: dict[str, int] = {
+    "g5.48xlarge": 24,
+    "g6e.48xlarge": 48,
+    "p4d.24xlarge": 40,
+    "p4de.24xlarge": 80,
+    "p5.48xlarge": 80,
+    "p5e.48xlarge": 141,
+    "p5en.48xlarge": 141,
+    "p6-b200.48xlarge": 180,
+}
+GPU_MEMORY_USABLE = Decimal("0.90")  # the rest for the allocator's fragmentation, NCCL's buffers, the CUDA context
+GPU_MEMORY_TIGHT = Decimal("0.80")  # above this share of the GPU a run fits, but with little room
+
+
+def check_gpu_memory(ctx: Context) -> Check:
+    """The run's estimated memory per GPU (trainer/memory.py) against the instance type's GPU; when it does not fit,
+    what would."""
+    from trainer.config import TRAIN_DEFAULTS
+    from trainer.memory import GB, estimate, model_shape
+    from trainer.model import model_config
+
+    name = "gpu-memory"
+    gpu_gb = GPU_MEMORY_GB.get(ctx.instance_type.removeprefix("ml."))
+    gpus = int(ctx.request.get(GPU, 0))
+    if not gpus:
+        return Check(name, NOT_APPLICABLE, "the job requests no GPUs")
+    flag = ctx.trainer_flag
+    preset, seq_len = flag("--preset", TRAIN_DEFAULTS["preset"]), int(flag("--seq-len", TRAIN_DEFAULTS["seq_len"]))
+    batch = int(flag("--batch-size", TRAIN_DEFAULTS["batch_size"]))
+    parallelism = flag("--parallelism", TRAIN_DEFAULTS["parallelism"])
+    recompute = flag("--activation-checkpointing", TRAIN_DEFAULTS["activation_checkpointing"])
+    vocab, assumed = dataset_vocab(flag("--data-dir", ""))
+    shape = model_shape(model_config(preset, vocab, seq_len, eos_token_id=0))
+
+    def per_gpu(parallelism: str, nodes: int, batch: int, recompute: str) -> int:
+        return estimate(shape, parallelism, nodes * gpus, gpus, batch, seq_len, recompute).total
+
+    need = estimate(shape, parallelism, ctx.max_nodes * gpus, gpus, batch, seq_len, recompute)
+    size = f"{shape.parameters / 1e9:.2f}B" if shape.parameters >= 10**9 else f"{shape.parameters / 1e6:.1f}M"
+    run = (f"{preset} ({size} parameters at vocabulary {vocab:,}"
+           f"{', assumed' if assumed else ''}) under {parallelism} on {ctx.max_nodes} node(s) x {gpus} GPUs, "
+           f"micro-batch {batch} x {seq_len} tokens, activation checkpointing {recompute}: "
+           f"{need.describe()}")  # fmt: skip
+    if gpu_gb is None:
+        return Check(name, NOT_APPLICABLE, f"{run}; the GPU memory of {ctx.instance_type or 'this instance type'} is "
+                     f"unknown (known: {', '.join(GPU_MEMORY_GB)})")  # fmt: skip
+    usable = Decimal(gpu_gb) * GPU_MEMORY_USABLE * GB
+    if need.total <= Decimal(gpu_gb) * GPU_MEMORY_TIGHT * GB:
+        return Check(name, PASS, f"{run}, of the {gpu_gb} GB of a {ctx.instance_type} GPU")
+    if need.total <= usable:
+        return Check(name, WARN, f"{run}: tight in the {gpu_gb} GB of a {ctx.instance_type} GPU (over "
+                     f"{GPU_MEMORY_TIGHT:.0%})", "if it runs out of memory: " + memory_fixes(per_gpu, parallelism,
+                     ctx.max_nodes, batch, recompute, usable))  # fmt: skip
+    return Check(name, FAIL, f"{run}: more than the {gpu_gb} GB of a {ctx.instance_type} GPU can hold "
+                 f"({usable / GB:.0f} GB usable)",
+                 memory_fixes(per_gpu, parallelism, ctx.max_nodes, batch, recompute, usable))  # fmt: skip
+
+
+def memory_fixes(per_gpu: Callable[[str, int, int, str], int], parallelism: str, nodes: int, batch: int,
+                 recompute: str, usable: Decimal) -> str:  # fmt: skip
+    """The first few changes (job options) after which the run would fit, each with its estimate."""
+    from trainer.memory import GB
+
+    sharded = "hsdp" if nodes > 1 else "fsdp"
+    candidates = [
+        (f"job option parallelism={sharded}", sharded, nodes, batch, recompute),
+        (f"parallelism={sharded} and activation_checkpointing=selective", sharded, nodes, batch, "selective"),
+        (f"parallelism={sharded} and activation_checkpointing=full", sharded, nodes, batch, "full"),
+        (f"parallelism=hsdp on {max(2, nodes * 2)} nodes", "hsdp", max(2, nodes * 2), batch, recompute),
+        (f"batch_size {max(1, batch // 2)} (raise grad_accum_steps to keep the global batch)", parallelism, nodes,
+         max(1, batch // 2), recompute),
+        (f"batch_size {max(1, batch // 4)} with parallelism={sharded} and activation_checkpointing=full", sharded,
+         nodes, max(1, batch // 4), "full"),
+    ]  # fmt: skip
+    changed = [(text, settings) for text, *settings in candidates
+               if tuple(settings) != (parallelism, nodes, batch, recompute)]  # fmt: skip
+    fits = [f"{text} ({per_gpu(*settings) / GB:.1f} GB)" for text, settings in changed
+            if per_gpu(*settings) <= usable][:3]  # fmt: skip
+    if not fits:
+        return "no single change fits: a larger GPU (p5e/p5en: 141 GB), more nodes under hsdp with full checkpointing"
+    return "it would fit with " + "; or ".join(fits)
+
+
 CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("crd", check_crd),
     ("permissions", check_permissions),
@@ -1186,6 +1275,7 @@ CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("device-plugins", check_device_plugins),
     ("image", check_image),
     ("memory", check_memory),
+    ("gpu-memory", check_gpu_memory),
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
 # The checks that read the cluster; the others read the manifest.
