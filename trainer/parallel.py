@@ -80,16 +80,7 @@ def parallelize(config: Any, kind: str, device: torch.device, seed: int, local_w
         model = without_attention_masks(build_model(config))
     template = copy.deepcopy(model)  # unsharded, still without storage: the shapes to draw the initial weights in
     recompute_activations(model, activation_checkpointing)
-    world = dist.get_world_size()
-    mesh = None
-    if kind != "ddp":
-        kind = "hsdp" if kind == "hsdp" or world > local_world else "fsdp"
-        mesh = fsdp_mesh(device, kind, world, local_world)
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
-            else MixedPrecisionPolicy()  # fmt: skip
-        for block in blocks(model).values():
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+    kind, mesh = shard(model, kind, device, local_world)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each module's entry its own storage, untying GPT-2's output layer
     initialize(model, template, seed)
@@ -130,6 +121,22 @@ def recompute_activations(model: torch.nn.Module, mode: str) -> None:
     if mode == "selective":
         kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def shard(model: torch.nn.Module, kind: str, device: torch.device, local_world: int) -> tuple[str, DeviceMesh | None]:
+    """fully_shard every block and the root, for fsdp and hsdp (still on the meta device: nothing is allocated);
+    the parallelism it became (fsdp on several nodes is hsdp) and its mesh."""
+    if kind == "ddp":
+        return kind, None
+    world = dist.get_world_size()
+    kind = "hsdp" if kind == "hsdp" or world > local_world else "fsdp"
+    mesh = fsdp_mesh(device, kind, world, local_world)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
+        else MixedPrecisionPolicy()  # fmt: skip
+    for block in blocks(model).values():
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return kind, mesh
 
 
 def fsdp_mesh(device: torch.device, kind: str, world: int, local_world: int) -> DeviceMesh:
@@ -187,5 +194,8 @@ def initialize(model: torch.nn.Module, template: torch.nn.Module, seed: int) -> 
             if isinstance(target, DTensor):  # this rank's shard of the full draw, cut where FSDP cut it
                 shard = distribute_tensor(value, target.device_mesh, target.placements, src_data_rank=None)
                 target.to_local().copy_(shard.to_local())
+                del shard
             else:
                 target.copy_(value)
+            del value
+        del full  # before the next unit is drawn: one unit whole at a time
