@@ -7,7 +7,9 @@ What is counted: the calls that make the host wait for a tensor's value (`Tensor
 `__float__`, `__int__`, `numpy`, `cpu`) and waits on a collective (`Work.wait`); which step each happened in (the
 trainer calls Heartbeat.stepped once per step); and the host-to-device copies of token rows (`Tensor.to` of an int32
 [batch, seq_len + 1] tensor). A read of a flag tensor that an earlier step's all-reduce produced, and a wait on an
-earlier step's all-reduce, are marked `earlier`: a value the device finished while the host went on.
+earlier step's all-reduce, are marked `earlier`: a value the device finished while the host went on. A wait that a
+collective called without async_op makes for itself inside c10d is marked `collective_itself`: under NCCL it orders
+the stream and the host goes on (FSDP's all-gathers and reduce-scatters are such calls).
 """
 
 from __future__ import annotations
@@ -59,7 +61,11 @@ class Probe:
 
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             began = self.reduced_in.get(id(work))
-            self.record("Work.wait", earlier=began is not None and began < self.segment)
+            # A collective called without async_op waits for itself inside c10d (FSDP's all-gathers and
+            # reduce-scatters): the host waits under gloo; under NCCL only the stream does.
+            collective_itself = sys._getframe(1).f_code.co_filename.endswith("distributed_c10d.py")
+            self.record("Work.wait", earlier=began is not None and began < self.segment,
+                        collective_itself=collective_itself)  # fmt: skip
             return original_wait(work, *args, **kwargs)
 
         dist.Work.wait = wait

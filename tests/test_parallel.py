@@ -65,7 +65,8 @@ def test_fsdp_trains_the_model_ddp_trains_to_the_same_loss(fsdp_straight: RunPat
 
 
 def test_an_fsdp_run_stopped_by_sigterm_resumes_bit_identically(staged_copy: Path, fsdp_straight: RunPaths) -> None:
-    cfg = tiny_launch(staged_copy, "fsdp-preempted", **EXACT, extra_env=FSDP)
+    """With asynchronous periodic saves (each rank stages and writes its own shards)."""
+    cfg = tiny_launch(staged_copy, "fsdp-preempted", **EXACT, extra_env={**FSDP, "TRAINER_ASYNC_CHECKPOINT": "true"})
     at = random.Random().randint(3, 30)
     proc = start_torchrun(cfg)
     wait_for_step(cfg.run_paths, at, proc)
