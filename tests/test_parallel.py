@@ -28,6 +28,7 @@ from trainer.layout import RunPaths
 from trainer.memory import model_shape
 from trainer.model import build_model, model_config
 from trainer.parallel import blocks, parallelize, shard
+from trainer.private_api import skip_update_if
 
 FSDP = {"TRAINER_PARALLELISM": "fsdp"}
 # FSDP reduce-scatters each gradient where DDP all-reduces buckets of them: the same sums in another order, so
@@ -206,3 +207,24 @@ def test_llama_8b_builds_and_shards_without_storage_and_feeds_the_estimate() -> 
     shape = model_shape(config)
     assert (round(shape.parameters / 1e9, 2), shape.layers, shape.hidden, shape.inner) == (8.03, 32, 4096, 14336)
     assert not config.tie_word_embeddings  # Llama 3.1 8B's output layer is its own
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_under_fsdp_a_non_finite_step_leaves_the_sharded_weights_as_they_were() -> None:
+    """The fused AdamW kernel honours found_inf with DTensor parameters too (trainer/private_api.py), and the gradient
+    norm over the sharded gradients is one plain number."""
+    parallel = parallelize(model_config("tiny", 300, 32, 0), "fsdp", torch.device("cpu"), seed=1, local_world=1)
+    optimizer = torch.optim.AdamW(parallel.model.parameters(), lr=0.1, fused=True)
+    tokens = torch.randint(0, 300, (2, 33), generator=torch.Generator().manual_seed(0))
+    for nonfinite in (True, False):
+        parallel.forward_loss(tokens[:, :-1], tokens[:, 1:]).backward()
+        norm = parallel.clip_grad_norm(1.0)
+        assert not isinstance(norm, DTensor) and torch.isfinite(norm)
+        before = [p.full_tensor().clone() for p in parallel.model.parameters()]
+        skip_update_if(optimizer, torch.tensor(nonfinite))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        unchanged = all(
+            torch.equal(p.full_tensor(), b) for p, b in zip(parallel.model.parameters(), before, strict=True)
+        )
+        assert unchanged == nonfinite
