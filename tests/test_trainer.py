@@ -436,13 +436,15 @@ def save_as_schema_1(state: dict, directory: Path, settings: ScheduleSettings) -
     write_single_file_checkpoint(directory, legacy)
 
 
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_a_schema_1_single_file_checkpoint_resumes_exactly_with_one_warning(
-    staged_copy: Path, uninterrupted: RunPaths
+    staged_copy: Path, uninterrupted: RunPaths, parallelism: str
 ) -> None:
     """The uninterrupted run's step-20 checkpoint, saved again as the trainer before schema 2 did, resumes to the
-    same losses; its schedule comes from the flags, and rank 0 warns once that it could not be checked."""
+    same losses; its schedule comes from the flags, and rank 0 warns once that it could not be checked. Under fsdp
+    too, each rank keeping its shard of the whole state (to the same losses within fp32 rounding: test_parallel.py)."""
     state = read_checkpoint(uninterrupted.checkpoints / "step_00000020")
-    cfg = tiny_launch(staged_copy, "legacy", **EXACT)
+    cfg = tiny_launch(staged_copy, "legacy", **EXACT, extra_env={"TRAINER_PARALLELISM": parallelism})
     save_as_schema_1(state, cfg.run_paths.checkpoints, ScheduleSettings(cfg.lr, cfg.warmup_steps, cfg.max_steps, 0.1))
     old = read_checkpoint(cfg.run_paths.latest_checkpoint)
     assert "schema" not in old and old["scheduler"]["last_epoch"] == 20
@@ -450,9 +452,12 @@ def test_a_schema_1_single_file_checkpoint_resumes_exactly_with_one_warning(
     resumed = read_metrics(cfg.run_paths)
     assert [r["step"] for r in resumed] == list(range(21, 41))
     for mine, reference in zip(resumed, read_metrics(uninterrupted)[20:], strict=True):
-        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
-            reference["loss"], reference["grad_norm"], reference["lr"]
-        ), mine["step"]  # fmt: skip
+        if parallelism == "ddp":
+            assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
+                reference["loss"], reference["grad_norm"], reference["lr"]
+            ), mine["step"]  # fmt: skip
+        else:
+            assert abs(mine["loss"] - reference["loss"]) <= 1e-4 * reference["loss"], mine["step"]
     warning = "WARNING trainer: the checkpoint predates schema 2: its learning-rate schedule"
     assert cfg.run_paths.rank_log(0).read_text().count(warning) == 1
     assert warning not in cfg.run_paths.rank_log(1).read_text()

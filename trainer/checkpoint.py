@@ -423,8 +423,7 @@ class CheckpointManager:
         """Load the model and optimizer state of `checkpoint` into `model` and `optimizer` (collective for DCP)."""
         state = checkpoint.trainer_state()
         if not checkpoint.sharded:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+            dcp_io.apply_whole_state(model, optimizer, state["model"], state["optimizer"])
             return
         tensors, _ = dcp_io.split_state(model, optimizer)
         try:
