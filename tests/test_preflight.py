@@ -228,7 +228,7 @@ def test_a_cluster_where_everything_fits_passes(site: Site) -> None:
         result.target
     )
     payload = json.loads(json.dumps(result.to_json()))
-    assert payload["passed"] is True and payload["failed"] == [] and len(payload["checks"]) == 8
+    assert payload["passed"] is True and payload["failed"] == [] and len(payload["checks"]) == len(CHECK_NAMES)
     # Only reads and access reviews, as the API server's audit log has them: nothing is created.
     requests = site.runner_requests(since)
     assert {e["verb"] for e in requests} == {"get", "list", "create"}
@@ -861,7 +861,7 @@ def test_without_the_cluster_read_file_the_preflight_warns_that_it_could_not_loo
     result = site.run()
     assert result.passed and statuses(result) == {"crd": PASS, "permissions": PASS, "fsx-pvc": PASS,
                                                   "checkpoint-throughput": WARN, "nodes": WARN, "device-plugins": WARN,
-                                                  "image": PASS, "memory": PASS}  # fmt: skip
+                                                  "image": PASS, "memory": PASS, "gpu-memory": PASS}  # fmt: skip
     for got in result.warnings:
         assert got.reason.startswith("cannot list") or "; cannot read PersistentVolume pvc-" in got.reason, got
         assert "kubectl apply -f deploy/rbac-cluster-read.yaml" in got.fix, got
