@@ -4,7 +4,8 @@ It does the math trainer/train_ddp.py does, on the same model, data and batch (t
 weights, AdamW with the same two parameter groups, the same warm-up + cosine schedule, clipping at 1.0, the
 same cross-entropy, the same per-rank sequences in the same order), and nothing else: no checkpoints, no
 metrics file, no stop-signal agreement, no per-step logging. It times steps [warmup, max_steps) on rank 0
-and prints one JSON line (also the median step time). gloo on CPU, fp32 (the trainer's CPU path). Run it under torchrun:
+and prints one JSON line (also the median step time). gloo on CPU, fp32 (the trainer's CPU path).
+bench/minimal_fsdp.py runs the same loop on an FSDP2 model. Run it under torchrun:
 
     python -m torch.distributed.run --standalone --nproc-per-node=2 bench/minimal_ddp.py \\
         --data-dir <root>/datasets/<name>/tokenized --preset small --max-steps 120 --warmup 20
@@ -19,6 +20,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -55,31 +57,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-
+def token_batches(args: argparse.Namespace, rank: int, world: int) -> tuple[TokenBatches, dict]:
+    """This rank's batches of the training split, in the trainer's order, and the dataset's meta.json."""
     data_dir = Path(args.data_dir)
     meta = json.loads((data_dir / "meta.json").read_text())
     shards = [np.memmap(data_dir / s["file"], dtype=meta["dtype"], mode="r") for s in meta["shards"]["train"]]
     tokens = shards[0] if len(shards) == 1 else np.concatenate(shards)
-    batches = TokenBatches(tokens, args.seq_len, args.batch_size, rank, world, args.seed)
+    return TokenBatches(tokens, args.seq_len, args.batch_size, rank, world, args.seed), meta
 
-    # The trainer's initial weights (trainer/parallel.py draws them unit by unit from the seed, the same on every rank).
-    with torch.device("meta"):
-        model = build_model(model_config(args.preset, meta["vocab_size"], args.seq_len, meta["eos_id"]))
-    template = copy.deepcopy(model)
-    model.to_empty(device="cpu")
-    model.tie_weights()
-    initialize(model, template, args.seed)
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """The trainer's two AdamW groups: weight decay on the matrices, none on the vectors (norms, biases)."""
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     vectors = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": matrices, "weight_decay": args.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-    )
+    return [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
+
+
+def train(forward: Callable[[torch.Tensor], torch.Tensor], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+          batches: TokenBatches, args: argparse.Namespace) -> None:  # fmt: skip
+    """The loop: `forward` (inputs -> logits), the cross-entropy, backward, clipping at 1.0, the optimizer step at the
+    schedule's learning rate. Times steps [warmup, max_steps); rank 0 prints the result line."""
+    rank, world = dist.get_rank(), dist.get_world_size()
 
     def lr_factor(step: int) -> float:  # the fresh shape of trainer.schedule.LRSchedule
         if step < args.warmup_steps:
@@ -88,8 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         return args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    ddp = DistributedDataParallel(model)
-
     started = last = 0.0
     step_seconds = []  # each timed step's wall time on this rank, for a median robust to other processes
     for step in range(args.max_steps):
@@ -97,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             dist.barrier()
             started = last = time.perf_counter()
         inputs, targets = batches.next_batch()
-        logits = ddp(input_ids=inputs).logits
+        logits = forward(inputs)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -126,6 +122,23 @@ def main(argv: list[str] | None = None) -> int:
             "world_size": world,
         }
         print(json.dumps(result), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dist.init_process_group("gloo")
+    batches, meta = token_batches(args, dist.get_rank(), dist.get_world_size())
+
+    # The trainer's initial weights (trainer/parallel.py draws them unit by unit from the seed, the same on every rank).
+    with torch.device("meta"):
+        model = build_model(model_config(args.preset, meta["vocab_size"], args.seq_len, meta["eos_id"]))
+    template = copy.deepcopy(model)
+    model.to_empty(device="cpu")
+    model.tie_weights()
+    initialize(model, template, args.seed)
+    optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    ddp = DistributedDataParallel(model)
+    train(lambda inputs: ddp(input_ids=inputs).logits, model, optimizer, batches, args)
     dist.destroy_process_group()
     return 0
 

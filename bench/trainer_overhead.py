@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,16 +113,12 @@ class Side:
 
 
 @dataclass
-class Repeat:
+class Pair:
+    """One repeat of the trainer and its minimal loop (bench/fsdp.py measures such pairs too)."""
+
     first: str  # "trainer" or "minimal"
     trainer: Side
     minimal: Side
-    delayed: Side  # the trainer with a read latency injected before every batch
-
-    @property
-    def latency_ratio(self) -> float:
-        """Tokens/s with the injected read latency over without: 1 when the input is fully off the critical path."""
-        return self.delayed.tokens_per_s / self.trainer.tokens_per_s
 
     @property
     def ratio(self) -> float:
@@ -138,21 +135,31 @@ class Repeat:
         return max(both) if both else None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+@dataclass
+class Repeat(Pair):
+    delayed: Side  # the trainer with a read latency injected before every batch
+
+    @property
+    def latency_ratio(self) -> float:
+        """Tokens/s with the injected read latency over without: 1 when the input is fully off the critical path."""
+        return self.delayed.tokens_per_s / self.trainer.tokens_per_s
+
+
+def timing_parser(description: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that times the trainer against a minimal loop (bench/fsdp.py's too)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--preset", default="small", help="model preset (see trainer.model.PRESETS)")
     p.add_argument("--steps", type=int, default=120, help="optimizer steps per run (the trainer's --max-steps)")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps at the start of each run")
     p.add_argument("--repeats", type=int, default=8, help="run every side this many times; report medians")
-    p.add_argument(
-        "--read-latency-s",
-        type=float,
-        default=0.0,
-        help="latency injected before each batch's read (default: half the first trainer run's step)",
-    )
     p.add_argument("--nproc", type=int, default=2, help="processes per run (torchrun --nproc-per-node)")
     p.add_argument("--keep", action="store_true", help="keep the temporary storage root instead of removing it")
     p.add_argument("--write-results", action="store_true", help=f"append a dated section to {RESULTS.name}")
+    return p
+
+
+def parse_timing(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse, and refuse a timed window whose ends are not logged steps."""
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -161,6 +168,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 1 <= args.warmup < args.steps or args.warmup % LOG_EVERY or args.steps % LOG_EVERY:
         p.error(f"--warmup and --steps must be multiples of {LOG_EVERY} (logged steps), warmup below steps")
     return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = timing_parser(__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--read-latency-s",
+        type=float,
+        default=0.0,
+        help="latency injected before each batch's read (default: half the first trainer run's step)",
+    )
+    return parse_timing(p, argv)
 
 
 def tail(output: str, lines: int = TAIL_LINES) -> str:
@@ -249,56 +267,76 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_trainer(root: Path, data_dir: Path, n: int, args: argparse.Namespace, read_latency_s: float = 0.0) -> Side:
-    """The real trainer, a fresh run directory, a metrics row every LOG_EVERY steps, one checkpoint at the very end;
-    with `read_latency_s`, that much injected before every batch's read."""
+def trainer_rows(root: Path, data_dir: Path, name: str, args: argparse.Namespace, steps: int, log_every: int,
+                 flags: list[str]) -> tuple[dict[int, dict], float | None]:  # fmt: skip
+    """The real trainer in a fresh run directory `name`, with the benchmark's model and batch, a metrics row every
+    `log_every` steps and one checkpoint at the very end, and `flags`: its rows by step, once it finished all `steps`,
+    and the CPUs busy elsewhere meanwhile."""
     from trainer.layout import RunPaths
 
-    run = RunPaths.of(root, f"trainer-{n}{'-delayed' if read_latency_s else ''}")
+    run = RunPaths.of(root, name)
     if run.root.exists():
         raise BenchFailed(f"{run.root} exists (training would resume from it)")
     _, busy = torchrun(
         ["-m", "trainer.train_ddp", "--data-dir", str(data_dir), "--run-dir", str(run.root)]
         + ["--preset", args.preset, "--batch-size", str(BATCH_SIZE), "--seq-len", str(SEQ_LEN)]
-        + ["--max-steps", str(args.steps), "--log-every", str(LOG_EVERY), "--checkpoint-every", str(args.steps)]
-        + ["--fault-read-latency-s", str(read_latency_s)],
+        + ["--max-steps", str(steps), "--log-every", str(log_every), "--checkpoint-every", str(steps), *flags],
         run.logs / "torchrun",
         args.nproc,
     )
     try:
         status = json.loads(run.status.read_text())
         rows = {row["step"]: row for row in map(json.loads, filter(str.strip, run.metrics.read_text().splitlines()))}
-        first, last = rows[args.warmup], rows[args.steps]
-        step_seconds = [rows[step]["step_time_s"] for step in range(args.warmup + LOG_EVERY, args.steps + 1, LOG_EVERY)]
     except (OSError, ValueError, KeyError) as exc:
         raise BenchFailed(f"cannot read the trainer's records in {run.root}: {exc!r}") from None
-    if status.get("state") != "done" or status.get("step") != args.steps:
-        raise BenchFailed(f"the trainer did not finish its {args.steps} steps: status {status}")
+    if status.get("state") != "done" or status.get("step") != steps:
+        raise BenchFailed(f"the trainer did not finish its {steps} steps: status {status}")
+    return rows, busy
+
+
+def run_trainer(root: Path, data_dir: Path, n: int, args: argparse.Namespace, read_latency_s: float = 0.0,
+                parallelism: str = "ddp") -> Side:  # fmt: skip
+    """The trainer over the timed window, a metrics row every LOG_EVERY steps; with `read_latency_s`, that much
+    injected before every batch's read."""
+    name = f"trainer-{n}{'-delayed' if read_latency_s else ''}{'' if parallelism == 'ddp' else '-' + parallelism}"
+    flags = ["--fault-read-latency-s", str(read_latency_s), "--parallelism", parallelism]
+    rows, busy = trainer_rows(root, data_dir, name, args, args.steps, LOG_EVERY, flags)
+    try:
+        first, last = rows[args.warmup], rows[args.steps]
+        step_seconds = [rows[step]["step_time_s"] for step in range(args.warmup + LOG_EVERY, args.steps + 1, LOG_EVERY)]
+    except KeyError as exc:
+        raise BenchFailed(f"the trainer's run {name} has no metrics row for step {exc}") from None
     tokens, seconds = last["tokens"] - first["tokens"], last["time"] - first["time"]
     side = Side(tokens, seconds, last["loss"], statistics.median(step_seconds), busy)
-    log.info("  train_ddp.py%s: %.0f tokens/s over steps %d-%d",
+    log.info("  train_ddp.py --parallelism %s%s: %.0f tokens/s over steps %d-%d", parallelism,
              f" (read latency {read_latency_s:.3f}s)" if read_latency_s else "", side.tokens_per_s, args.warmup,
              args.steps)  # fmt: skip
     return side
 
 
-RESULT_LINE = re.compile(r'(\{.*"tokens_per_s".*\})\s*$')
+RESULT_LINE = re.compile(r"(\{.*\})\s*$")
 
 
-def run_minimal(root: Path, data_dir: Path, n: int, args: argparse.Namespace) -> Side:
+def result_line(output: str, key: str) -> dict:
+    """The one JSON line holding `key` that a torchrun entry printed (torchrun's --tee prefixes each line)."""
+    found = [m[1] for line in output.splitlines() if (m := RESULT_LINE.search(line)) and f'"{key}"' in m[1]]
+    if len(found) != 1:
+        raise BenchFailed(f"expected one result line with {key!r}, found {len(found)}\n{tail(output)}")
+    return json.loads(found[0])
+
+
+def run_minimal(root: Path, data_dir: Path, n: int, args: argparse.Namespace, script: Path = MINIMAL) -> Side:
+    """A minimal loop (`script`) over the same steps, timed by its own clock."""
     output, busy = torchrun(
-        [str(MINIMAL), "--data-dir", str(data_dir), "--preset", args.preset]
+        [str(script), "--data-dir", str(data_dir), "--preset", args.preset]
         + ["--batch-size", str(BATCH_SIZE), "--seq-len", str(SEQ_LEN)]
         + ["--max-steps", str(args.steps), "--warmup", str(args.warmup)],
-        root / "minimal" / f"minimal-{n}",
+        root / script.stem / f"{script.stem}-{n}",
         args.nproc,
     )
-    found = [m[1] for line in output.splitlines() if (m := RESULT_LINE.search(line))]
-    if len(found) != 1:
-        raise BenchFailed(f"expected one result line from the minimal loop, found {len(found)}\n{tail(output)}")
-    result = json.loads(found[0])
+    result = result_line(output, "tokens_per_s")
     side = Side(result["tokens"], result["seconds"], result["final_loss"], result["median_step_s"], busy)
-    log.info("  minimal loop: %.0f tokens/s over steps %d-%d", side.tokens_per_s, args.warmup, args.steps)
+    log.info("  %s: %.0f tokens/s over steps %d-%d", script.name, side.tokens_per_s, args.warmup, args.steps)
     return side
 
 
@@ -316,6 +354,7 @@ def check_same_work(trainer: Side, minimal: Side) -> None:
 
 def measure_once(root: Path, data_dir: Path, n: int, args: argparse.Namespace) -> Repeat:
     """One repeat of every side; the order is reversed every other repeat so drift on a shared box evens out."""
+    log.info("repeat %d/%d", n + 1, args.repeats)
     if n % 2 == 0:
         trainer = run_trainer(root, data_dir, n, args)
         if not args.read_latency_s:  # half a step, from the first run
@@ -353,15 +392,31 @@ def table(repeats: list[Repeat]) -> str:
         [r.latency_ratio for r in repeats],
     ]  # fmt: skip
     formats = ["{:.0f}", "{:.0f}", "{:.3f}", "{:.3f}", "{:.0f}", "{:.3f}"]
+    return "\n".join(lines + summary_rows(columns, formats))
+
+
+def summary_rows(columns: list[list[float]], formats: list[str]) -> list[str]:
+    """The last rows of a table of repeats (| repeat | first | columns... | CPUs |): each column's median, then its
+    spread (min-max)."""
     medians = [f.format(statistics.median(c)) for f, c in zip(formats, columns, strict=True)]
     spreads = [f"{f.format(min(c))}-{f.format(max(c))}" for f, c in zip(formats, columns, strict=True)]
-    lines.append(f"| median | | {' | '.join(medians)} | |")
-    lines.append(f"| spread (min-max) | | {' | '.join(spreads)} | |")
-    return "\n".join(lines)
+    return [f"| median | | {' | '.join(medians)} | |", f"| spread (min-max) | | {' | '.join(spreads)} | |"]
 
 
 def cpus(value: float | None) -> str:
     return "unknown" if value is None else f"{value:.2f}"
+
+
+def noise_note(pairs: list[Pair]) -> str:
+    """A caption's warning when other processes kept the CPUs busy during the runs; empty when they did not."""
+    busy = [r.busy_elsewhere for r in pairs if r.busy_elsewhere is not None]
+    if not busy or max(busy) <= BUSY_ELSEWHERE:
+        return ""
+    return (
+        f" Other processes shared the CPUs during the measurement (up to {max(busy):.2f} of {os.cpu_count()} CPUs "
+        "busy outside the benchmark): the absolute figures are noisy, and so is each ratio, though its two runs "
+        "were made back to back."
+    )
 
 
 def caption(repeats: list[Repeat], args: argparse.Namespace) -> str:
@@ -371,14 +426,7 @@ def caption(repeats: list[Repeat], args: argparse.Namespace) -> str:
     verdict = "met" if ratio >= TARGET else "not met"
     latency_verdict = "met" if latency_ratio >= TARGET else "not met"
     threads = max(1, (os.cpu_count() or 1) // args.nproc)
-    busy = [r.busy_elsewhere for r in repeats if r.busy_elsewhere is not None]
-    noise = (
-        f" Other processes shared the CPUs during the measurement (up to {max(busy):.2f} of {os.cpu_count()} CPUs "
-        "busy outside the benchmark): the absolute figures are noisy, and so is each ratio, though its two runs "
-        "were made back to back."
-        if busy and max(busy) > BUSY_ELSEWHERE
-        else ""
-    )
+    noise = noise_note(repeats)
     return (
         f"Trainer overhead (`bench/trainer_overhead.py`): tokens/s of `trainer/train_ddp.py` against "
         f"`bench/minimal_ddp.py`, a plain DDP loop doing the same math (same model, initial weights, data order, "
@@ -406,33 +454,32 @@ def loadavg() -> tuple[float, float, float] | None:
     return os.getloadavg() if hasattr(os, "getloadavg") else None
 
 
-def write_results(
-    repeats: list[Repeat], args: argparse.Namespace, load_before: tuple[float, float, float] | None
-) -> None:
+def write_results(title: str, body: list[str], load_before: tuple[float, float, float] | None) -> None:
+    """Append a dated section to RESULTS.md: `body`, then the machine and its load before the first run and now."""
+
     def loads(x: tuple[float, float, float] | None) -> str:
         return " ".join(f"{v:.2f}" for v in x) if x else "unknown"
 
     machine = machine_lines("torch", "transformers")
     machine.append(f"load average before the first run: {loads(load_before)}; at the end: {loads(loadavg())}")
-    append_section("trainer overhead", [caption(repeats, args), "", table(repeats)], machine)
+    append_section(title, body, machine)
     log.info("appended results to %s", RESULTS)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_bench(name: str, title: str, args: argparse.Namespace, measure: Callable[[Path, Path], list[str]]) -> int:
+    """Stage the corpus in a temporary root under /work (kept with --keep), run `measure(root, data_dir)`, which
+    returns the section's text, print it and, with --write-results, append it to RESULTS.md as `title`. 1 when a run
+    failed or did other work than its baseline (BenchFailed)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     sys.path.insert(0, str(REPO))
-    root = Path(tempfile.mkdtemp(prefix="bench-trainer-overhead-", dir="/work")).resolve()
+    root = Path(tempfile.mkdtemp(prefix=f"bench-{name.replace('_', '-')}-", dir="/work")).resolve()
     log.info("storage root %s", root)
     try:
         data_dir = stage(root)
         load_before = loadavg()
-        repeats = []
-        for n in range(args.repeats):
-            log.info("repeat %d/%d", n + 1, args.repeats)
-            repeats.append(measure_once(root, data_dir, n, args))
+        body = measure(root, data_dir)
     except BenchFailed as exc:
-        print(f"trainer_overhead: failed: {exc}", file=sys.stderr)
+        print(f"{name}: failed: {exc}", file=sys.stderr)
         return 1
     finally:
         if args.keep:
@@ -440,9 +487,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(root, ignore_errors=True)
     if args.write_results:
-        write_results(repeats, args, load_before)
-    print(table(repeats))
+        write_results(title, body, load_before)
+    print("\n".join(body))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def measure(root: Path, data_dir: Path) -> list[str]:
+        repeats = [measure_once(root, data_dir, n, args) for n in range(args.repeats)]
+        return [caption(repeats, args), "", table(repeats)]
+
+    return run_bench("trainer_overhead", "trainer overhead", args, measure)
 
 
 if __name__ == "__main__":
