@@ -1,7 +1,7 @@
 """The smallest honest DDP training loop: the baseline that bench/trainer_overhead.py holds the trainer to.
 
 It does the math trainer/train_ddp.py does, on the same model, data and batch (the same preset and initial
-weights, AdamW with the same two parameter groups, the same warm-up + cosine schedule, clipping at 1.0, the
+weights, fused AdamW with the same two parameter groups, the same warm-up + cosine schedule, clipping at 1.0, the
 same cross-entropy, the same per-rank sequences in the same order), and nothing else: no checkpoints, no
 metrics file, no stop-signal agreement, no per-step logging. It times steps [warmup, max_steps) on rank 0
 and prints one JSON line (also the median step time). gloo on CPU, fp32 (the trainer's CPU path).
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     model.to_empty(device="cpu")
     model.tie_weights()
     initialize(model, template, args.seed)
-    optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), fused=True)
     ddp = DistributedDataParallel(model)
     train(lambda inputs: ddp(input_ids=inputs).logits, model, optimizer, batches, args)
     dist.destroy_process_group()
