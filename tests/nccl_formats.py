@@ -16,7 +16,9 @@ release's tag; files and functions):
 - "Connected all rings/trees": src/init.cc initTransportsRank (2.18-2.21), src/transport/generic.cc
   ncclTransportRingConnect/ncclTransportTreeConnect (2.22+, connected when first used: lazy, NCCL_RUNTIME_CONNECT).
 - "Init COMPLETE": src/init.cc, ncclCommInitRankFunc (2.23+: "%s" is the API function, ncclCommInitRankConfig
-  under PyTorch).
+  under PyTorch). ncclCommSplit's communicators (PyTorch splits its groups when the default group is bound to a
+  device) print the same line in 2.18 (their commId hashed from the parent's and the color), a line of their own
+  from 2.21 ("parent %p ... color %d key %d", "%s" being ncclCommSplit from 2.23: its __func__).
 - aws-ofi-nccl (repository aws/aws-ofi-nccl): src/nccl_ofi_net.c(pp), "Selected Provider is %s" (before 1.8),
   "... (found %d nics)" (1.8-1.10), "Selected provider is %s, fabric is %s (found %d nics)" (1.11+); the network
   name "AWS Libfabric" up to 1.11.0 and "Libfabric" after (PR #530, src/nccl_ofi_interface_nvidia.c); its WARNs
@@ -25,6 +27,7 @@ release's tag; files and functions):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -47,6 +50,7 @@ class NcclFormats:
     nvls: str
     init_complete: str
     init_function: str  # what "%s" of Init COMPLETE names (2.23+; "" before)
+    split_complete: str  # ncclCommSplit's Init COMPLETE ("": the line of init_complete)
     lazy: bool  # 2.22+: connections are made when an algorithm is first used, after Init COMPLETE
 
     @property
@@ -57,7 +61,7 @@ class NcclFormats:
         """The literals that must be in this version's libnccl.so, byte for byte."""
         pieces = [self.info_prefix, self.warn_prefix, self.warn_prefix_func, self.host_prefix, self.timestamp,
                   self.version_line, self.bootstrap, self.network, self.send, self.receive, self.rings, self.trees,
-                  self.nvls, self.init_complete]  # fmt: skip
+                  self.nvls, self.init_complete, self.split_complete]  # fmt: skip
         return [p.encode() for p in pieces if p]
 
 
@@ -68,6 +72,7 @@ OLD_CHANNELS = dict(send="Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%
 NEW_CHANNELS = dict(send="Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s%s",
                     receive="Channel %02d/%d : %d[%d] -> %d[%d] [receive] via NET/%s/%d%s%s%s")  # fmt: skip
 INIT_SUFFIX = "comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx commId 0x%llx - Init COMPLETE"
+SPLIT = "%s comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx {}parent %p {}color %d key %d - Init COMPLETE"
 CONNECTED = dict(trees="Connected all trees", nvls="Connected NVLS tree", network="Using network %s")
 
 NCCL_VERSIONS: dict[str, NcclFormats] = {
@@ -75,23 +80,26 @@ NCCL_VERSIONS: dict[str, NcclFormats] = {
     for f in (
         NcclFormats("2.18.3", "12.1", **OLD_PREFIX, bootstrap="Bootstrap : Using%s", **OLD_CHANNELS,
                     rings="Connected all rings", **CONNECTED, init_complete=INIT_SUFFIX, init_function="",
-                    lazy=False),
+                    split_complete="", lazy=False),
         NcclFormats("2.21.5", "12.4", **OLD_PREFIX, bootstrap="Bootstrap : Using%s", **OLD_CHANNELS,
                     rings="Connected all rings", **CONNECTED, init_complete="ncclCommInitRank " + INIT_SUFFIX,
-                    init_function="", lazy=False),
+                    init_function="", split_complete="ncclCommSplit comm %p rank %d nranks %d cudaDev %d nvmlDev %d "
+                    "busId %lx parent %p color %d key %d commId 0x%llx - Init COMPLETE", lazy=False),
         NcclFormats("2.23.4", "12.6", **OLD_PREFIX, bootstrap="Bootstrap : Using%s", **OLD_CHANNELS,
                     rings="Connected all rings", **CONNECTED, init_complete="%s " + INIT_SUFFIX,
-                    init_function="ncclCommInitRankConfig", lazy=True),
+                    init_function="ncclCommInitRankConfig", split_complete=SPLIT.format("", ""), lazy=True),
         NcclFormats("2.27.7", "12.9", info_prefix="[%d] NCCL INFO ", warn_prefix="[%d] %s:%d NCCL WARN ",
                     warn_prefix_func="", host_prefix="%s:%d:%d ", timestamp="[%F %T] ",
                     bootstrap="Bootstrap: Using%s", **NEW_CHANNELS, rings="Connected all rings, use ring PXN %d GDR %d",
-                    **CONNECTED, init_complete="%s " + INIT_SUFFIX, init_function="ncclCommInitRankConfig", lazy=True),
+                    **CONNECTED, init_complete="%s " + INIT_SUFFIX, init_function="ncclCommInitRankConfig",
+                    split_complete=SPLIT.format("", "splitCount %d "), lazy=True),
         NcclFormats("2.32.3", "12.9", info_prefix="[%d] NCCL INFO %s", warn_prefix="[%d] %s:%d NCCL WARN %s",
                     warn_prefix_func="[%d] %s:%d (%s) NCCL WARN %s", host_prefix="%s:%d:%d ", timestamp="[%F %T] ",
                     bootstrap="Bootstrap: Using%s", send=NEW_CHANNELS["send"],
                     receive="Channel %02d/%d : %d[%d] -> %d[%d] [receive] via NET/%s/%d%s%s%s%s%s",
                     rings="Connected all rings, use ring PXN %d GDR %d", **CONNECTED,
-                    init_complete="%s " + INIT_SUFFIX, init_function="ncclCommInitRankConfig", lazy=True),
+                    init_complete="%s " + INIT_SUFFIX, init_function="ncclCommInitRankConfig",
+                    split_complete=SPLIT.format("commId 0x%lx ", "childCount %d "), lazy=True),
     )
 }  # fmt: skip
 SUPPORTED = tuple(NCCL_VERSIONS)
@@ -123,3 +131,10 @@ def c_format(fmt: str, *args: object) -> str:
     """A C printf format applied as C would, for the conversions NCCL's lines use (%p, %lx, %llx, %02d, ...)."""
     python = fmt.replace("%llx", "%x").replace("%lx", "%x").replace("%p", "%s")
     return python % args
+
+
+def c_format_named(fmt: str, **values: object) -> str:
+    """A format whose every conversion follows the word that names it (`rank %d`, `commId 0x%llx`; a leading `%s` is
+    the API function), applied by those names: the order of each release's arguments needs no list of its own."""
+    names = re.findall(r"(?:(\w+) (?:0x)?)?%(?:l{0,2}[dx]|[sp])", fmt)
+    return c_format(fmt, *(values[name or "function"] for name in names))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
-from components.verify_nccl.nccl_log import NcclLogs
+from components.verify_nccl.nccl_log import Comm, NcclLogs
 from trainer.atomic import atomic_open
 from trainer.layout import RunPaths
 
@@ -49,6 +49,12 @@ def process_transport(process: Any) -> str:
 
 def channel_transport(name: str) -> str:
     return "ofi" if name.lower() in OFI_NAMES else NETWORK_TRANSPORT.get(name.lower(), name)
+
+
+def line_transport(process: Any, name: str) -> str:
+    """A channel line's transport: the network it names; for aws-ofi-nccl's, the provider its process selected."""
+    kind = channel_transport(name)
+    return process_transport(process) if kind == "ofi" and process.network.lower() in OFI_NAMES else kind
 
 
 # Bus bandwidth floors (GB/s) for the trainer's 8 MiB start-up all_reduce across nodes: far below what the
@@ -176,7 +182,7 @@ class Verification:
         rows = []
         for host in self.nccl.hosts():
             procs = [p for (h, _), p in self.nccl.processes.items() if h == host]
-            ranks = sorted(r for p in procs for r in p.ranks)
+            ranks = sorted(r for p in procs if (r := self.nccl.global_rank(p.host, p.pid)) is not None)
             span = f"{ranks[0]}-{ranks[-1]} ({len(ranks)})" if ranks else "none initialised"
 
             def joined(values: Iterable[str]) -> str:
@@ -342,6 +348,7 @@ def nccl_checks(nccl: NcclLogs, world: int, expect: Expectations, reports: list[
         initialised(nccl, world),
         one_version(nccl, reports),
         *network_checks(nccl, transport, expect),
+        communicators_across_nodes(nccl, transport),
         connected(nccl),
         no_problems(nccl),
         *bandwidth(reports, expect, nccl),
@@ -349,13 +356,27 @@ def nccl_checks(nccl: NcclLogs, world: int, expect: Expectations, reports: list[
 
 
 def initialised(nccl: NcclLogs, world: int) -> Check:
+    """Every rank of the world communicator, then every rank of each other one (HSDP's shard and replica groups): a
+    group with a rank missing would look like one within a node, and need no network."""
     comm = nccl.world_comm()
     done = set(comm.ranks) if comm and comm.nranks == world else set()
     missing = [r for r in range(world) if r not in done]
     if missing:
         return Check("all ranks initialised", FAIL, f"{len(done)} of {world} ranks reached Init COMPLETE; never: "
                      f"{', '.join(f'rank {r}' for r in missing[:8])}{' ...' if len(missing) > 8 else ''}")  # fmt: skip
-    return Check("all ranks initialised", PASS, f"{world} of {world} ranks reached Init COMPLETE")
+    partial = [c for c in nccl.comms.values() if len(c.ranks) < c.nranks]
+    if partial:
+        return Check("all ranks initialised", FAIL, first_of(partial, lambda c: f"{describe_comm(nccl, c)}: "
+                     f"{len(c.ranks)} of its {c.nranks} ranks reached Init COMPLETE"))  # fmt: skip
+    others = f", and all of {len(nccl.comms) - 1} other communicator(s)" if len(nccl.comms) > 1 else ""
+    return Check("all ranks initialised", PASS, f"{world} of {world} ranks reached Init COMPLETE{others}")
+
+
+def describe_comm(nccl: NcclLogs, comm: Comm) -> str:
+    """A communicator by its id and its members' global ranks and hosts (the first four)."""
+    members = [f"{nccl.rank_of(*key)} on {key[0]}" for _, key in sorted(comm.ranks.items())[:4]]
+    more = " ..." if len(comm.ranks) > 4 else ""
+    return f"communicator {comm.id} of {comm.nranks} ranks ({', '.join(members)}{more})"
 
 
 def one_version(nccl: NcclLogs, reports: list[dict[str, Any]]) -> Check:
@@ -382,7 +403,7 @@ def one_version(nccl: NcclLogs, reports: list[dict[str, Any]]) -> Check:
 
 def network_checks(nccl: NcclLogs, transport: str, expect: Expectations) -> list[Check]:
     inter = Counter()  # inter-node channels by transport ("ofi": aws-ofi-nccl, whichever provider)
-    for t in nccl.transports.values():
+    for t in (t for p in nccl.processes.values() for t in p.net.values()):
         inter.update({channel_transport(name): n for name, n in t.net.items()})
     announced = {key: process_transport(p) for key, p in nccl.processes.items() if p.network}
     if not inter and len(nccl.hosts()) <= 1:
@@ -424,18 +445,72 @@ def network_checks(nccl: NcclLogs, transport: str, expect: Expectations) -> list
         checks.append(Check("no TCP fallback", PASS, "no process uses Socket or a TCP provider"))
     want_gdr = expect.gdr if expect.gdr is not None else transport == "efa"
     net_channels = sum(inter.values())
-    gdr = sum(t.gdr for t in nccl.transports.values())
+    gdr = sum(t.gdr for p in nccl.processes.values() for t in p.net.values())
     if not want_gdr:
         checks.append(Check("GPUDirect RDMA", NOT_APPLICABLE, f"not expected over {transport}"))
     elif not net_channels:
         checks.append(Check("GPUDirect RDMA", FAIL, "no inter-node channel lines: cannot tell"))
     elif gdr < net_channels:
-        without = sorted(r for r, t in nccl.transports.items() if sum(t.net.values()) > t.gdr)
+        without = [key for key, p in nccl.processes.items() if any(sum(t.net.values()) > t.gdr for t in p.net.values())]
+        first = min(without, key=lambda key: (nccl.global_rank(*key) is None, nccl.global_rank(*key) or 0))
         checks.append(Check("GPUDirect RDMA", FAIL, f"{net_channels - gdr} of {net_channels} inter-node channels "
-                            f"without GDRDMA (rank {without[0]} first)"))  # fmt: skip
+                            f"without GDRDMA ({nccl.rank_of(*first)} on {first[0]} first)"))  # fmt: skip
     else:
         checks.append(Check("GPUDirect RDMA", PASS, f"all {net_channels} inter-node channels"))
     return checks
+
+
+def communicators_across_nodes(nccl: NcclLogs, transport: str) -> Check:
+    """Every communicator with ranks on several nodes shows inter-node channels on each of them, over the network
+    expected; one within a node needs none.
+
+    Run-wide counts hide a broken group: under HSDP every rank holds the world communicator, its node's shard group
+    (within the node: NVLink, P2P or SHM, never the network) and its replica group (one rank per node: nothing but
+    network channels), and the world's channels would fill in for a replica group that never connected across the
+    nodes. A process's "Connected all rings" does not say which communicator connected either. From NCCL 2.22 a
+    communicator connects when a collective first uses an algorithm, after Init COMPLETE (NVIDIA/nccl v2.23.4-1,
+    src/group.cc ncclCollPreconnectFunc, src/transport/generic.cc ncclTransportRingConnect), and PyTorch makes a
+    group's communicator at its first collective unless the default group is bound to a device (torch 2.13,
+    torch/distributed/distributed_c10d.py, init_process_group's device_id): one across nodes with no channel line
+    never got its connections. Before 2.22 the channels are made before Init COMPLETE.
+    """
+    name = "communicators across nodes"
+    if len(nccl.hosts()) <= 1:
+        return Check(name, NOT_APPLICABLE, "one node: no inter-node traffic")
+    accepted = {transport, "ofi"} if transport == "efa" else {transport}  # ofi: its process's provider was unknown
+    channels = nccl.comm_channels()
+    across, within, failures = Counter(), 0, []
+    for comm in nccl.comms.values():
+        hosts = {host for host, _ in comm.ranks.values()}
+        if len(hosts) <= 1:
+            within += 1
+            continue
+        across[comm.nranks] += 1
+        lines = channels.get(comm.id, [])
+        used = Counter()
+        for process, t in lines:
+            used.update({line_transport(process, network): n for network, n in t.net.items()})
+        silent = sorted(hosts - {process.host for process, _ in lines})
+        wrong = sorted(kind for kind in used if kind not in accepted and transport != "any")
+        if not lines:
+            failures.append(f"{describe_comm(nccl, comm)} spans {len(hosts)} nodes but has no inter-node channel: "
+                            "it never connected across them; look for a WARN or a watchdog timeout")  # fmt: skip
+        elif silent:
+            failures.append(f"{describe_comm(nccl, comm)} spans {len(hosts)} nodes but has no inter-node channel "
+                            f"on {', '.join(silent)}")  # fmt: skip
+        elif wrong:
+            failures.append(f"{describe_comm(nccl, comm)}: {sum(used[k] for k in wrong)} inter-node channel(s) over "
+                            f"{', '.join(wrong)}, expected {transport}")  # fmt: skip
+    if failures:
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        return Check(name, FAIL, failures[0] + more)
+    if not across:
+        return Check(name, FAIL, "no communicator initialised across the nodes")
+    sizes = ", ".join(f"{n} of {size} ranks" for size, n in sorted(across.items(), reverse=True))
+    over = "" if transport == "any" else f" over {transport}"
+    inside = f"; {within} within a node, which need none" if within else ""
+    return Check(name, PASS, f"{sum(across.values())} across nodes ({sizes}), each with inter-node channels{over} on "
+                 f"every node{inside}")  # fmt: skip
 
 
 def connected(nccl: NcclLogs) -> Check:
@@ -446,13 +521,13 @@ def connected(nccl: NcclLogs) -> Check:
     NVLS tree" (src/transport/generic.cc, src/transport/nvls.cc). The trainer's start-up all_reduce runs on every
     rank, so each must have connected at least one; a multi-node run must show inter-node channels.
     """
-    initialised = [(k, p) for k, p in nccl.processes.items() if p.ranks]
+    initialised = [(k, p) for k, p in nccl.processes.items() if p.comm_ranks]
     never = [k for k, p in initialised if not (p.rings or p.trees or p.nvls)]
     if never:
         return Check("channels connected", FAIL, f"{nccl.rank_of(*never[0])} on {never[0][0]} initialised but never "
                      f"connected a ring, tree or NVLS tree ({len(never)} process(es)): its first collective never "
                      "got its connections; look for a WARN or a watchdog timeout")  # fmt: skip
-    if len(nccl.hosts()) > 1 and not nccl.transports:
+    if len(nccl.hosts()) > 1 and not any(p.net for p in nccl.processes.values()):
         return Check("channels connected", FAIL, "no inter-node channel was ever connected between the nodes")
     kinds = [name for name, count in (("rings", sum(p.rings for _, p in initialised)), ("trees", sum(
         p.trees for _, p in initialised)), ("NVLS trees", sum(p.nvls for _, p in initialised))) if count]  # fmt: skip

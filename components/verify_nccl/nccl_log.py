@@ -11,6 +11,11 @@ The wording is that of NCCL 2.18 to 2.32 and aws-ofi-nccl 1.7 to the newest, eac
 source it follows (repository NVIDIA/nccl or aws/aws-ofi-nccl, the release, file and function); the tests render
 their fixtures from those releases' format strings (tests/nccl_formats.py) and check the strings against the
 compiled libnccl.so of each release.
+
+A process may hold several communicators (FSDP2's HSDP: the world's, its node's shard group, its replica group), and
+NCCL names ranks within a communicator, never globally: a channel line says neither which communicator it belongs to
+nor the global ranks. So each process keeps its rank in every communicator it initialised, and its inter-node channel
+lines by the (its rank, peer rank) pair they name; `comm_channels` then gives each line to its communicator.
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ MAX_PROBLEMS = 200  # WARN and error lines kept (all are counted)
 
 _ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 # src/transport/net.cc sendSetup/recvSetup, 2.18-2.32: "Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s"
-# (2.26+: one more "%s"; the "[%d]" after a rank is its nvmlDev; "%d(%d)" names a PXN proxy rank).
-_CHANNEL = re.compile(rb"Channel (\d+)/\d+ ?: (\d+)\[\d+\] -> (\d+)\[\d+\](?: \[(\w+)\])? via ([^\r\n]+)")
+# (2.26+: one more "%s"; the "[%d]" after a rank is its nvmlDev; "%d(%d)" names a PXN proxy rank). The ranks are
+# myInfo->rank and peerInfo->rank: ranks within the communicator. Matched with the process's prefix, "%s:%d:%d [%d]
+# NCCL INFO " in every release (src/debug.cc ncclDebugLog), as one search: these are the many of the rare lines.
+_NET_CHANNEL = re.compile(rb"([^\s:\[\]]+):(\d+):\d+ \[(\d+)\] NCCL INFO Channel \d+/\d+ ?: (\d+)\[\d+\] -> "
+                          rb"(\d+)\[\d+\](?: \[(\w+)\])? via NET/([^/\r\n]+)([^\r\n]*)")  # fmt: skip
 # src/debug.cc ncclDebugLog: "%s:%d:%d [%d] NCCL INFO " and "\n%s:%d:%d [%d] %s:%d NCCL WARN " (2.18-2.25: host,
 # pid, tid, cudaDev, then a WARN's __FILE__:__LINE__); 2.26+ the same from pieces, "[%F %T] " first on WARN lines
 # (NCCL_DEBUG_TIMESTAMP_LEVELS); 2.32+ "%s:%d (%s) NCCL WARN" with the function. aws-ofi-nccl's WARNs put
@@ -48,12 +56,16 @@ _NETWORK = re.compile(r"Using network (.+?)\s*$", re.I)  # src/init.cc: "Using n
 # aws-ofi-nccl src/nccl_ofi_net.c(pp): "Selected Provider is %s" (1.7), "... (found %d nics)" (1.8-1.10),
 # "Selected provider is %s, fabric is %s (found %d nics)" (1.11+; a tcp fabric is a subnet, e.g. 10.1.0.0/16).
 _PROVIDER = re.compile(r"Selected provider is ([\w;-]+)(?:, fabric is ([^\s(]+))?(?: \(found (\d+) nics\))?", re.I)
-# src/init.cc: "comm %p rank %d nranks %d ... busId %lx commId 0x%llx - Init COMPLETE" (2.18); prefixed by
-# "ncclCommInitRank " (2.21) or "%s " (2.23+, the API function); a split communicator's line has "parent %p ..."
-# and, before 2.32, no commId.
-_INIT = re.compile(r"comm (0x[0-9a-f]+|\(nil\)) rank (\d+) nranks (\d+) cudaDev \d+ nvmlDev \d+ busId [0-9a-f]+"
-                   r"(?: commId (0x[0-9a-f]+))?(?: parent (\S+)(?: \w+ -?\d+)? color (-?\d+) key -?\d+)? ?"
-                   r"- Init COMPLETE", re.I)  # fmt: skip
+# src/init.cc ncclCommInitRankFunc: "comm %p rank %d nranks %d ... busId %lx commId 0x%llx - Init COMPLETE" (2.18,
+# where ncclCommSplit prints the same line, its commId hashed from the parent's commHash and the color); prefixed by
+# "ncclCommInitRank " (2.21) or "%s " (2.23+, the API function). ncclCommSplit's own line (PyTorch splits its groups
+# when the default group is bound to a device) has "parent %p color %d key %d": v2.21.5-1 with "commId 0x%llx" after
+# the key, v2.23.4-1 to v2.30.7-1 with no commId ("splitCount %d" before the color from 2.27, "childCount %d" from
+# 2.29), 2.32.3 with "commId 0x%lx" before the parent (its libnccl.so's string). The rank is the one in that
+# communicator.
+_INIT = re.compile(r"comm (?:0x[0-9a-f]+|\(nil\)) rank (\d+) nranks (\d+) cudaDev \d+ nvmlDev \d+ busId [0-9a-f]+"
+                   r"(?: commId (0x[0-9a-f]+))?(?: parent \S+(?: \w+ -?\d+)? color (-?\d+) key -?\d+"
+                   r"(?: commId (0x[0-9a-f]+))?)? ?- Init COMPLETE", re.I)  # fmt: skip
 
 # Lines worth a full parse, found by substring search (as NCCL prints them; a shared part where wording changed).
 MARKERS = (
@@ -86,22 +98,28 @@ class Process:
     rings: int = 0
     trees: int = 0
     nvls: int = 0  # "Connected NVLS tree" (NVLS-capable nodes, instead of or beside the trees)
-    ranks: set[int] = field(default_factory=set)  # global ranks it initialised (one per communicator)
+    comm_ranks: dict[str, int] = field(default_factory=dict)  # communicator -> its rank there, at Init COMPLETE
+    # Its inter-node channel lines, by the (its rank, peer rank) they name: ranks within an unnamed communicator.
+    net: dict[tuple[int, int], Transport] = field(default_factory=dict)
 
 
 @dataclass
 class Comm:
+    id: str  # its commId (a split's with its color), or for a split without one (2.23-2.31) its color and size
     nranks: int
     ranks: dict[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (host, pid), at Init COMPLETE
 
 
 @dataclass
 class Transport:
-    """The inter-node connections a global rank's channel lines show."""
+    """Inter-node channel lines: by network name, and how many with GPUDirect RDMA."""
 
-    net: Counter[str] = field(default_factory=Counter)  # inter-node channels by network name
-    gdr: int = 0  # inter-node channels with GPUDirect RDMA
-    channels: int = 0
+    net: Counter[str] = field(default_factory=Counter)
+    gdr: int = 0
+
+    def add(self, other: Transport) -> None:
+        self.net.update(other.net)
+        self.gdr += other.gdr
 
 
 @dataclass
@@ -118,7 +136,6 @@ class NcclLogs:
     truncated: list[str] = field(default_factory=list)  # files that ended mid-line or mid-stream
     processes: dict[tuple[str, int], Process] = field(default_factory=dict)
     comms: dict[str, Comm] = field(default_factory=dict)
-    transports: dict[int, Transport] = field(default_factory=dict)  # inter-node channels, by printing rank
     intra: dict[str, set[str]] = field(default_factory=dict)  # intra-node transports, by source file
     channels: dict[str, int] = field(default_factory=dict)  # channels, by source file
     problems: list[Problem] = field(default_factory=list)
@@ -159,14 +176,11 @@ class NcclLogs:
                 mine.rings += theirs.rings
                 mine.trees += theirs.trees
                 mine.nvls += theirs.nvls
-                mine.ranks |= theirs.ranks
+                mine.comm_ranks.update(theirs.comm_ranks)
+                for pair, transport in theirs.net.items():
+                    mine.net.setdefault(pair, Transport()).add(transport)
         for comm_id, comm in other.comms.items():
-            self.comms.setdefault(comm_id, Comm(comm.nranks)).ranks.update(comm.ranks)
-        for rank, theirs in other.transports.items():
-            mine = self.transports.setdefault(rank, Transport())
-            mine.net.update(theirs.net)
-            mine.gdr += theirs.gdr
-            mine.channels = max(mine.channels, theirs.channels)
+            self.comms.setdefault(comm_id, Comm(comm_id, comm.nranks)).ranks.update(comm.ranks)
         for source, kinds in other.intra.items():
             self.intra.setdefault(source, set()).update(kinds)
         for source, channels in other.channels.items():
@@ -223,17 +237,18 @@ class NcclLogs:
         self.channels[source] = channels
 
     def _net_channel(self, line: bytes) -> None:
-        """An inter-node channel: the network, GPUDirect RDMA, and the rank that printed it."""
-        match = _CHANNEL.search(line)
+        """An inter-node channel line: its network and GPUDirect RDMA, by its process and the ranks it names."""
+        match = _NET_CHANNEL.search(line)
         if match is None:
             return
-        channel, src, dst, direction, via = match.groups()
-        via_text = via.decode(errors="replace").strip()
-        # The rank that printed the line: the receiver of a [receive] line, else the sender.
-        transport = self.transports.setdefault(int(dst if direction == b"receive" else src), Transport())
-        transport.channels = max(transport.channels, int(channel) + 1)
-        transport.net[via_text.split("/")[1]] += 1
-        transport.gdr += "/GDRDMA" in via_text
+        host, pid, local, src, dst, direction, network, rest = match.groups()
+        key = (host.decode(errors="replace"), int(pid))
+        process = self.processes.get(key) or self.processes.setdefault(key, Process(*key, int(local)))
+        # The process printed it as the receiver of a [receive] line, else as the sender.
+        pair = (int(dst), int(src)) if direction == b"receive" else (int(src), int(dst))
+        transport = process.net.get(pair) or process.net.setdefault(pair, Transport())
+        transport.net[network.decode(errors="replace").strip()] += 1
+        transport.gdr += b"/GDRDMA" in rest
 
     def _line(self, line: bytes) -> None:
         if b" via NET/" in line:
@@ -261,11 +276,13 @@ class NcclLogs:
             process.provider, process.fabric = m.group(1).lower(), m.group(2) or ""
             process.nics = int(m.group(3) or 0)
         elif m := _INIT.search(message):
-            rank, nranks = int(m.group(2)), int(m.group(3))
-            # A split communicator without a commId (2.23-2.31) is told apart by its color and size.
-            comm_id = m.group(4) or f"split color {m.group(6)} of {nranks}"
-            self.comms.setdefault(comm_id, Comm(nranks)).ranks[rank] = key
-            process.ranks.add(rank)
+            rank, nranks, comm_id, color, split_id = int(m.group(1)), int(m.group(2)), *m.group(3, 4, 5)
+            if color is not None:  # a split: its color sets it apart from its siblings (2.21's commId hashes the
+                # parent's and the color; of 2.32's only the format string was at hand, not the source)
+                named = comm_id or split_id
+                comm_id = f"{named} color {color}" if named else f"split color {color} of {nranks}"
+            self.comms.setdefault(comm_id, Comm(comm_id, nranks)).ranks[rank] = key
+            process.comm_ranks[comm_id] = rank
         elif "Connected all rings" in message:
             process.rings += 1
         elif "Connected all trees" in message:
@@ -282,14 +299,38 @@ class NcclLogs:
 
     # -- what it adds up to -------------------------------------------------------------------------------
 
-    def rank_of(self, host: str, pid: int) -> str:
+    def global_rank(self, host: str, pid: int) -> int | None:
+        """Its rank in the world communicator: its ranks in the others are within a group (a shard, a replica)."""
+        world = self.world_comm()
         process = self.processes.get((host, pid))
-        ranks = sorted(process.ranks) if process else []
-        return f"rank {ranks[0]}" if ranks else f"{host}:{pid}"
+        return process.comm_ranks.get(world.id) if world and process else None
+
+    def rank_of(self, host: str, pid: int) -> str:
+        rank = self.global_rank(host, pid)
+        return f"rank {rank}" if rank is not None else f"{host}:{pid}"
 
     def world_comm(self) -> Comm | None:
         """The communicator with the most ranks: the default process group's."""
         return max(self.comms.values(), key=lambda c: (c.nranks, len(c.ranks)), default=None)
+
+    def comm_channels(self) -> dict[str, list[tuple[Process, Transport]]]:
+        """Each communicator's inter-node channel lines, with the process that printed them.
+
+        A line's communicator is the one of its process in which the process has the rank the line names and the
+        peer rank sits on another host (or never initialised): under HSDP exactly one (rank 0 is rank 0 of the
+        world, its shard group and its replica group, but only in the replica group is its peer 1 on another node).
+        A line that fits several counts for each; one that fits none (its process never reached Init COMPLETE)
+        for none.
+        """
+        out: dict[str, list[tuple[Process, Transport]]] = {}
+        for process in self.processes.values():
+            for (mine, peer), transport in process.net.items():
+                for comm_id, rank in process.comm_ranks.items():
+                    comm = self.comms[comm_id]
+                    where = comm.ranks.get(peer)
+                    if rank == mine and peer < comm.nranks and (where is None or where[0] != process.host):
+                        out.setdefault(comm_id, []).append((process, transport))
+        return out
 
     def hosts(self) -> list[str]:
         return sorted({host for host, _ in self.processes})
