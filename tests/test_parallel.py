@@ -5,9 +5,7 @@ and another world size."""
 import json
 import math
 import os
-import random
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ from torch.distributed.tensor import DTensor
 from components.evaluate_checkpoint.core import evaluate_checkpoint
 from components.launch_pytorchjob.core import launch
 from tests.helpers import EXACT, tiny_launch
-from tests.test_trainer import read_metrics, start_torchrun, wait_for_step
+from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics
 from trainer.checkpoint import LATEST, read_checkpoint, step_dir_name
 from trainer.config import ACTIVATION_CHECKPOINTING
 from trainer.layout import RunPaths
@@ -68,20 +66,9 @@ def test_fsdp_trains_the_model_ddp_trains_to_the_same_loss(fsdp_straight: RunPat
 def test_an_fsdp_run_stopped_by_sigterm_resumes_bit_identically(staged_copy: Path, fsdp_straight: RunPaths) -> None:
     """With asynchronous periodic saves (each rank stages and writes its own shards)."""
     cfg = tiny_launch(staged_copy, "fsdp-preempted", **EXACT, extra_env={**FSDP, "TRAINER_ASYNC_CHECKPOINT": "true"})
-    at = random.Random().randint(3, 30)
-    proc = start_torchrun(cfg)
-    wait_for_step(cfg.run_paths, at, proc)
-    os.kill(proc.pid, signal.SIGTERM)
-    output, _ = proc.communicate(timeout=60)
-    status = json.loads(cfg.run_paths.status.read_text())
-    assert status["state"] == "preempted", output[-2000:]
+    status = preempt_at_random_step(cfg, 3, 30)
     launch(cfg)
-    resumed = read_metrics(cfg.run_paths)
-    assert [r["step"] for r in resumed] == list(range(1, 41))
-    for mine, reference in zip(resumed, read_metrics(fsdp_straight), strict=True):
-        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
-            reference["loss"], reference["grad_norm"], reference["lr"]
-        ), f"step {mine['step']} differs after a SIGTERM at step {status['step']}"  # fmt: skip
+    assert_same_rows(read_metrics(cfg.run_paths), read_metrics(fsdp_straight), f"after a SIGTERM at {status['step']}")
 
 
 def rewound_copy(run: RunPaths, root: Path, name: str, step: int) -> RunPaths:

@@ -110,6 +110,31 @@ def start_torchrun(cfg) -> subprocess.Popen:
                             text=True, start_new_session=True)  # fmt: skip
 
 
+def preempt_at_random_step(cfg, low: int, high: int) -> dict:
+    """Start the trainer under torchrun, SIGTERM torchrun once a random step in [low, high] is logged, as the kubelet
+    does to the container; the run's status, which must say preempted."""
+    at = random.Random().randint(low, high)
+    proc = start_torchrun(cfg)
+    wait_for_step(cfg.run_paths, at, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    status = json.loads(cfg.run_paths.status.read_text())
+    assert status["state"] == "preempted" and status["exit_code"] == ExitCode.PREEMPTED, output[-2000:]
+    assert at <= status["step"], f"signalled at step >= {at}, stopped at {status['step']}"
+    assert read_checkpoint(cfg.run_paths.latest_checkpoint)["step"] == status["step"]
+    status["output"] = output
+    return status
+
+
+def assert_same_rows(rows: list[dict], reference: list[dict], context: str) -> None:
+    """Every step's loss, gradient norm and learning rate, to the bit."""
+    assert [r["step"] for r in rows] == [r["step"] for r in reference]
+    for mine, theirs in zip(rows, reference, strict=True):
+        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (theirs["loss"], theirs["grad_norm"], theirs["lr"]), (
+            f"step {mine['step']} differs {context}"
+        )
+
+
 def wait_for_step(run: RunPaths, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
@@ -121,27 +146,11 @@ def wait_for_step(run: RunPaths, step: int, proc: subprocess.Popen, timeout: flo
 
 def test_sigterm_checkpoints_and_resume_is_bit_identical(staged_copy: Path, uninterrupted: RunPaths) -> None:
     cfg = tiny_launch(staged_copy, "preempted", **EXACT)
-    run = cfg.run_paths
-    at = random.Random().randint(3, 30)
-    proc = start_torchrun(cfg)
-    wait_for_step(run, at, proc)
-    os.kill(proc.pid, signal.SIGTERM)  # as the kubelet does to the container's torchrun
-    output, _ = proc.communicate(timeout=60)
-
-    status = json.loads(run.status.read_text())
-    assert status["state"] == "preempted" and status["exit_code"] == ExitCode.PREEMPTED, output[-2000:]
-    stopped = status["step"]
-    assert at <= stopped < 40, f"signalled at step >= {at}, stopped at {stopped}"
-    assert read_checkpoint(run.latest_checkpoint)["step"] == stopped
-    assert f"stopped by SIGTERM at step {stopped}: checkpoint committed" in output
-
+    status = preempt_at_random_step(cfg, 3, 30)
+    assert status["step"] < 40
+    assert f"stopped by SIGTERM at step {status['step']}: checkpoint committed" in status["output"]
     launch(cfg)  # resume to the end
-    resumed = read_metrics(run)
-    assert [r["step"] for r in resumed] == list(range(1, 41))
-    for mine, reference in zip(resumed, read_metrics(uninterrupted), strict=True):
-        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
-            reference["loss"], reference["grad_norm"], reference["lr"]
-        ), f"step {mine['step']} differs after a SIGTERM at step {stopped}"  # fmt: skip
+    assert_same_rows(read_metrics(cfg.run_paths), read_metrics(uninterrupted), f"after a SIGTERM at {status['step']}")
 
 
 def test_the_sigterm_budget_is_the_shutdown_timeout_the_job_gives_torchrun(staged_copy: Path) -> None:
@@ -473,23 +482,12 @@ def test_resume_is_bit_identical_with_dropout(staged_copy: Path, uninterrupted: 
                     extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})  # fmt: skip
     launch(tiny_launch(staged_copy, "dropout-straight", **settings))
     stopped = tiny_launch(staged_copy, "dropout-resumed", **settings)
-    at = random.Random().randint(3, 16)
-    proc = start_torchrun(stopped)
-    wait_for_step(stopped.run_paths, at, proc)
-    os.kill(proc.pid, signal.SIGTERM)
-    output, _ = proc.communicate(timeout=60)
-    status = json.loads(stopped.run_paths.status.read_text())
-    assert status["state"] == "preempted", output[-2000:]
-    assert at <= status["step"] < 20 and read_checkpoint(stopped.run_paths.latest_checkpoint)["step"] == status["step"]
+    status = preempt_at_random_step(stopped, 3, 16)
+    assert status["step"] < 20
     launch(stopped)
     assert f"resumed at step {status['step']}" in stopped.run_paths.rank_log(0).read_text()
-
-    straight, resumed = read_metrics(RunPaths.of(staged_copy, "dropout-straight")), read_metrics(stopped.run_paths)
-    assert [r["step"] for r in resumed] == list(range(1, 21))
-    for mine, reference in zip(resumed, straight, strict=True):
-        assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
-            reference["loss"], reference["grad_norm"], reference["lr"]
-        ), f"step {mine['step']} differs after a SIGTERM at step {status['step']}"  # fmt: skip
+    straight = read_metrics(RunPaths.of(staged_copy, "dropout-straight"))
+    assert_same_rows(read_metrics(stopped.run_paths), straight, f"after a SIGTERM at step {status['step']}")
     model = json.loads(stopped.run_paths.config.read_text())["model"]
     assert (model["resid_pdrop"], model["embd_pdrop"], model["attn_pdrop"]) == (0.1, 0.1, 0.1)
     assert straight[0]["loss"] != read_metrics(uninterrupted)[0]["loss"], "dropout changes the first step's loss"
