@@ -112,15 +112,15 @@ def _keep_matmuls(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> Checkpoint
 
 
 def recompute_activations(model: torch.nn.Module, mode: str) -> None:
-    """Activation checkpointing per block (transformers' gradient checkpointing, non-reentrant): `full` keeps only
-    each block's input and runs its forward again in backward; `selective` keeps the matmuls' outputs too and
-    recomputes only the cheap elementwise work; `none` keeps everything."""
+    """Activation checkpointing per block (transformers' activation_checkpointing_enable, non-reentrant): `full`
+    keeps only each block's input and runs its forward again in backward; `selective` keeps the matmuls' outputs too
+    and recomputes only the cheap elementwise work; `none` keeps everything."""
     if mode == "none":
         return
     kwargs: dict[str, Any] = {"use_reentrant": False}
     if mode == "selective":
         kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
 
 
 def shard(model: torch.nn.Module, kind: str, device: torch.device, local_world: int) -> tuple[str, DeviceMesh | None]:
