@@ -17,6 +17,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -139,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), fused=True)
     ddp = DistributedDataParallel(model)
     train(lambda inputs: ddp(input_ids=inputs).logits, model, optimizer, batches, args)
-    dist.destroy_process_group()
+    dist.barrier()  # every rank past its last collective; then out without the process group's teardown
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # gloo's teardown once hung rank 0 after rank 1 had exited (destroy_process_group, futex waits)

@@ -14,6 +14,7 @@ times steps [warmup, max_steps) and prints one JSON line. gloo on CPU, fp32. Run
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from pathlib import Path
 
@@ -50,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     initialize(model, template, args.seed)
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), fused=True)
     train(lambda inputs: model(input_ids=inputs, use_cache=False).logits, model, optimizer, batches, args)
-    dist.destroy_process_group()
+    dist.barrier()  # every rank past its last collective; then out without the process group's teardown
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # gloo's teardown once hung rank 0 after rank 1 had exited (destroy_process_group, futex waits)
