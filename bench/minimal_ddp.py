@@ -123,6 +123,14 @@ def train(forward: Callable[[torch.Tensor], torch.Tensor], model: torch.nn.Modul
             "world_size": world,
         }
         print(json.dumps(result), flush=True)
+    dist.barrier()  # every rank past its last collective before any leaves (see leave())
+
+
+def leave(code: int) -> None:
+    """Exit without the process group's teardown: gloo's once hung rank 0 after rank 1 had exited
+    (destroy_process_group, threads in futex waits), stalling the benchmark for its timeout."""
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,11 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), fused=True)
     ddp = DistributedDataParallel(model)
     train(lambda inputs: ddp(input_ids=inputs).logits, model, optimizer, batches, args)
-    dist.barrier()  # every rank past its last collective; then out without the process group's teardown
     return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # gloo's teardown once hung rank 0 after rank 1 had exited (destroy_process_group, futex waits)
+    leave(main())

@@ -14,7 +14,6 @@ times steps [warmup, max_steps) and prints one JSON line. gloo on CPU, fp32. Run
 from __future__ import annotations
 
 import copy
-import os
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from torch.distributed.fsdp import fully_shard
 if __package__ in (None, ""):  # run as a script, as torchrun does: make the trainer package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from minimal_ddp import param_groups, parse_args, token_batches, train
+from minimal_ddp import leave, param_groups, parse_args, token_batches, train
 
 from trainer.model import build_model, model_config, without_attention_masks
 from trainer.parallel import blocks, initialize
@@ -51,11 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     initialize(model, template, args.seed)
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), fused=True)
     train(lambda inputs: model(input_ids=inputs, use_cache=False).logits, model, optimizer, batches, args)
-    dist.barrier()  # every rank past its last collective; then out without the process group's teardown
     return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # gloo's teardown once hung rank 0 after rank 1 had exited (destroy_process_group, futex waits)
+    leave(main())
