@@ -185,8 +185,9 @@ def initialize(model: torch.nn.Module, template: torch.nn.Module, seed: int) -> 
         torch.manual_seed(unit_seed(seed, name))
         full.apply(template._init_weights)
         live = model.get_submodule(name)
+        targets = {**dict(live.named_parameters()), **dict(live.named_buffers())}
         for key, value in [*full.named_parameters(), *full.named_buffers()]:
-            target = live.get_parameter(key) if key in dict(live.named_parameters()) else live.get_buffer(key)
+            target = targets[key]
             if id(target) in drawn:
                 continue
             drawn.add(id(target))
