@@ -47,20 +47,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real control plane for the session (tests/cluster/control_plane.py), with the Training Operator's
-    validating webhook and Kueue's mutating webhook registered."""
-    from tests.cluster.control_plane import PYTORCHJOB_CRD, ControlPlane, locate_binaries, skip_reason
+    validating webhook and Kueue's mutating webhook registered; where the Trainer v2.3.0 and JobSet v0.12.0 CRDs are
+    at hand, those too, with JobSet's defaulting webhook and Trainer's TrainJob webhooks."""
+    from tests.cluster.control_plane import PYTORCHJOB_CRD, ControlPlane, locate_binaries, skip_reason, trainer_crds
+    from tests.cluster.jobset import JobSetWebhook
     from tests.cluster.kueue import Kueue
+    from tests.cluster.trainer import TrainerWebhooks
     from tests.cluster.training_operator import ValidatingWebhook
 
     if reason := skip_reason():
         pytest.skip(reason)
     binaries, _ = locate_binaries()
     workdir = tmp_path_factory.mktemp("control-plane")
-    plane = ControlPlane(binaries, workdir, [PYTORCHJOB_CRD])
+    extra = trainer_crds()
+    plane = ControlPlane(binaries, workdir, [PYTORCHJOB_CRD, *extra])
     try:
         plane.start()
         plane.webhook = ValidatingWebhook(plane.admin, workdir / "certs")
-        plane.kueue = Kueue(plane.admin, workdir / "certs")
+        plane.kueue = Kueue(plane.admin, workdir / "certs", trainjob=bool(extra))
+        if extra:
+            plane.jobset_webhook = JobSetWebhook(plane.admin, workdir / "certs")
+            plane.trainer_webhooks = TrainerWebhooks(plane.admin, workdir / "certs")
         yield plane
     finally:
         plane.stop()

@@ -48,6 +48,14 @@ SHARED = REPO.parent / "shared"
 SHARED_K8S = SHARED / "k8s"
 PYTORCHJOB_CRD = Path(os.environ.get("PYTORCHJOB_CRD")
                       or SHARED / "reference/crds/kubeflow.org_pytorchjobs.v1.8.1.yaml")  # fmt: skip
+# Kubeflow Trainer v2.3.0's CRDs and the JobSet v0.12.0 CRD it runs through (reference/crds/SOURCES.md), and the
+# default torch-distributed ClusterTrainingRuntime; a directory of its own with TRAINER_CRDS.
+TRAINER_CRDS_DIR = Path(os.environ.get("TRAINER_CRDS") or SHARED / "reference/crds")
+TRAINER_CRDS = tuple(TRAINER_CRDS_DIR / name for name in (
+    "trainer.kubeflow.org_trainjobs.v2.3.0.yaml", "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml",
+    "trainer.kubeflow.org_trainingruntimes.v2.3.0.yaml", "jobset.x-k8s.io_jobsets.v0.12.0.yaml",
+))  # fmt: skip
+TORCH_RUNTIME = TRAINER_CRDS_DIR / "torch_distributed.runtime.v2.3.0.yaml"
 RBAC_FILES = (REPO / "deploy/rbac.yaml", REPO / "deploy/rbac-cluster-read.yaml")
 
 RUNNER_NAMESPACE, RUNNER_ACCOUNT = "kubeflow", "pipeline-runner"  # the account deploy/rbac*.yaml bind
@@ -58,7 +66,9 @@ LESS_GRANTED = "less-granted-runner"  # the account a test of less granted runs 
 LAUNCHER_ROLE = "hyperpod-pretrain-launcher"  # deploy/rbac.yaml's Role for the jobs' namespace
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Only what a test needs of the controller manager: anything more overwrites what the players write (README, "Flags").
-CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller"
+# The Job controller is the real one: it makes the pods of the batch Jobs the JobSet player creates (indexed
+# completion, backoffLimit, deleting the pods of a failed or suspended Job); nothing else here makes batch Jobs.
+CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller,job-controller"
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,22 @@ def skip_reason() -> str:
     return ""
 
 
+def trainer_crds() -> list[Path]:
+    """The Trainer and JobSet CRDs to install beside the PyTorchJob CRD: all four, or none where any is missing."""
+    return list(TRAINER_CRDS) if not trainer_skip_reason() else []
+
+
+def trainer_skip_reason() -> str:
+    """Why the TrainJob tests cannot run here ('' when they can): the control plane's reason, or a missing CRD."""
+    if reason := skip_reason():
+        return reason
+    missing = [p.name for p in (*TRAINER_CRDS, TORCH_RUNTIME) if not p.is_file()]
+    if missing:
+        return f"the Trainer v2.3.0 / JobSet v0.12.0 files are not here ({TRAINER_CRDS_DIR}: {', '.join(missing)}; " \
+               f"set TRAINER_CRDS)"  # fmt: skip
+    return ""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -169,6 +195,8 @@ class ControlPlane:
         # Players that serve the whole control plane (admission webhooks), registered by the test fixture.
         self.webhook: Any = None
         self.kueue: Any = None
+        self.jobset_webhook: Any = None  # JobSet v0.12.0's defaulting webhook, where the Trainer CRDs are installed
+        self.trainer_webhooks: Any = None  # Trainer v2.3.0's TrainJob defaulting and validating webhooks
 
     @property
     def has_controller_manager(self) -> bool:

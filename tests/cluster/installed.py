@@ -53,6 +53,24 @@ EFA_PLUGIN_IMAGE = "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s
 NVIDIA_PLUGIN = "nvidia-device-plugin-daemonset"
 NVIDIA_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.16.2"
 OPERATOR_LABELS = {"control-plane": "kubeflow-training-operator"}
+# Kubeflow Trainer v2.3.0 as its manifests install it (kubeflow/trainer
+# manifests/overlays/manager/kustomization.yaml: namespace kubeflow-system, image tag v2.3.0, the ConfigMap
+# kubeflow-trainer-public; manifests/base/manager/manager.yaml: the Deployment, its labels and its container
+# "manager"), with the JobSet v0.12.0 it pulls in
+# (manifests/third-party/jobset: the JobSet release manifests, namespace removed so that the overlay's applies;
+# kubernetes-sigs/jobset config/default/kustomization.yaml namePrefix "jobset-" and commonLabels over
+# config/components/manager/manager.yaml).
+TRAINER_NAMESPACE = "kubeflow-system"
+TRAINER_DEPLOYMENT = "kubeflow-trainer-controller-manager"
+TRAINER_IMAGE = "ghcr.io/kubeflow/trainer/trainer-controller-manager"
+TRAINER_LABELS = {"app.kubernetes.io/name": "trainer", "app.kubernetes.io/component": "manager",
+                  "app.kubernetes.io/part-of": "kubeflow"}  # fmt: skip
+TRAINER_PUBLIC_CONFIGMAP, TRAINER_VERSION_KEY = "kubeflow-trainer-public", "kubeflow_trainer_version"
+JOBSET_DEPLOYMENT, JOBSET_IMAGE = "jobset-controller-manager", "registry.k8s.io/jobset/jobset"
+JOBSET_LABELS = {"control-plane": "controller-manager", "app.kubernetes.io/name": "jobset",
+                 "app.kubernetes.io/instance": "jobset", "app.kubernetes.io/component": "manager",
+                 "app.kubernetes.io/created-by": "jobset", "app.kubernetes.io/part-of": "jobset",
+                 "app.kubernetes.io/managed-by": "kustomize"}  # fmt: skip
 FSX_DRIVER = "fsx.csi.aws.com"
 FILE_SYSTEM = "fs-0123456789abcdef0"
 
@@ -111,6 +129,7 @@ class Installed:
             "storageclasses": lambda: self.storage.delete_storage_class(name),
             "daemonsets": lambda: self.apps.delete_namespaced_daemon_set(name, namespace),
             "deployments": lambda: self.apps.delete_namespaced_deployment(name, namespace),
+            "configmaps": lambda: self.core.delete_namespaced_config_map(name, namespace),
         }[kind]()
 
     def _raw(self, response: Any) -> dict[str, Any]:
@@ -352,8 +371,10 @@ class Installed:
                                desired=desired, ready=ready)  # fmt: skip
 
     def add_deployment(self, namespace: str, name: str, *, image: str, labels: dict[str, str] | None = None,
-                       container: str = "", env: list[dict[str, str]] | None = None) -> None:  # fmt: skip
-        """A Deployment of one ready replica, with the status its controller writes."""
+                       container: str = "", env: list[dict[str, str]] | None = None,
+                       selector: dict[str, str] | None = None) -> None:  # fmt: skip
+        """A Deployment of one ready replica, with the status its controller writes (``selector``: its matchLabels,
+        the labels by default)."""
         self.plane.ensure_namespace(namespace)
         labels = labels or {"app": name}
         container_spec = {"name": container or name, "image": image, **({"env": env} if env else {})}
@@ -361,7 +382,7 @@ class Installed:
             "metadata": {"name": name, "labels": labels},
             "spec": {
                 "replicas": 1,
-                "selector": {"matchLabels": labels},
+                "selector": {"matchLabels": selector or labels},
                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container_spec]}},
             },
         }
@@ -379,6 +400,25 @@ class Installed:
         """The Training Operator's Deployment, labelled as its manifests label it."""
         self.add_deployment(namespace, name, image=image, labels={**OPERATOR_LABELS, **(labels or {})},
                             container="training-operator")  # fmt: skip
+
+    def add_trainer(self, version: str = "v2.3.0", *, jobset_version: str | None = "v0.12.0",
+                    namespace: str = TRAINER_NAMESPACE) -> None:  # fmt: skip
+        """Kubeflow Trainer's controller manager as ``manifests/overlays/manager`` installs it, as a client sees it:
+        the Deployment ``kubeflow-trainer-controller-manager`` (image ``ghcr.io/kubeflow/trainer/trainer-controller-
+        manager:<version>``, container ``manager``) and the ConfigMap ``kubeflow-trainer-public`` whose
+        ``kubeflow_trainer_version`` names the release; with ``jobset_version``, JobSet's
+        ``jobset-controller-manager`` beside it (``manifests/third-party/jobset``). The CRDs are the control
+        plane's."""
+        self.add_deployment(namespace, TRAINER_DEPLOYMENT, image=f"{TRAINER_IMAGE}:{version}", labels=TRAINER_LABELS,
+                            container="manager")  # fmt: skip
+        self.core.create_namespaced_config_map(namespace, {"metadata": {"name": TRAINER_PUBLIC_CONFIGMAP},
+                                                           "data": {TRAINER_VERSION_KEY: version}})  # fmt: skip
+        self._made.append(("configmaps", namespace, TRAINER_PUBLIC_CONFIGMAP))
+        if jobset_version:
+            selector = {k: v for k, v in JOBSET_LABELS.items() if k in ("control-plane", "app.kubernetes.io/name",
+                        "app.kubernetes.io/instance", "app.kubernetes.io/managed-by")}  # fmt: skip
+            self.add_deployment(namespace, JOBSET_DEPLOYMENT, image=f"{JOBSET_IMAGE}:{jobset_version}",
+                                labels=JOBSET_LABELS, container="manager", selector=selector)  # fmt: skip
 
 
 def unique_tag() -> str:

@@ -10,14 +10,25 @@ Sources, kubernetes-sigs/kueue (the release is named in :data:`RELEASE`):
   labels ``kueue.x-k8s.io/podset``, ``local-queue-name``, ``cluster-queue-name``, the annotation
   ``kueue.x-k8s.io/workload`` and the flavor's node labels (none here). Preemption (``pkg/scheduler/preemption``,
   then ``stopJob``): suspend true and the templates restored as they were; nothing is added to the job.
+- ``pkg/controller/jobs/trainjob`` (alpha since v0.14.0), for a Kubeflow Trainer ``TrainJob``: its webhook
+  (``TrainJobWebhook.Default``, ``mtrainjob.kb.io``, CREATE) suspends a TrainJob carrying the queue label and appends
+  to *every* TrainJob an empty runtime patch of manager ``kueue.x-k8s.io/manager``. Admission
+  (``RunWithPodSetsInfo`` inside ``startJob``'s ``clientutil.Patch``) is two writes: an update that fills that patch's
+  ``replicatedJobs`` with each podset's pod template labels and annotations (and nodeSelector, tolerations,
+  schedulingGates: none here) while the TrainJob is still suspended, as Trainer's webhook requires, then a patch of
+  ``suspend: false``. Preemption (``Stop``): an update to ``suspend: true``; once no Job of it is active
+  (``IsActive`` on ``status.jobsStatus``), a patch emptying the patch's ``replicatedJobs``
+  (``RestorePodSetsInfo``).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +36,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster import trainer as trainer_player
 from tests.cluster.tls import HttpsServer, admission_handler, loopback_cert
 from tests.cluster.training_operator import GROUP, PLURAL, VERSION
 
@@ -42,17 +54,23 @@ WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
 WEBHOOK_NAME = "mpytorchjob.kb.io"
 WEBHOOK_PATH = "/mutate-kubeflow-org-v1-pytorchjob"
 CONFIGURATION = "kueue-mutating-webhook-configuration"
+TRAINJOB_WEBHOOK_NAME = "mtrainjob.kb.io"
+TRAINJOB_WEBHOOK_PATH = "/mutate-trainer-kubeflow-org-v1alpha1-trainjob"
+RUNTIME_PATCH_MANAGER = "kueue.x-k8s.io/manager"  # pkg/controller/jobs/trainjob: runtimePatchManagerName
 
 
 class Kueue:
     """The mutating webhook (registered for the whole control plane) and the admission decisions a test makes."""
 
-    def __init__(self, admin: kubernetes.client.ApiClient, workdir: Path):
+    def __init__(self, admin: kubernetes.client.ApiClient, workdir: Path, *, trainjob: bool = False):
+        """``trainjob``: the TrainJob integration enabled too (its CRD installed)."""
         self.admin = admin
         self.custom = kubernetes.client.CustomObjectsApi(admin)
         self.suspended_at_create: list[str] = []
         cert = loopback_cert(workdir, "kueue-webhook")
         self.server = HttpsServer(admission_handler(self.mutate), cert).start()
+        selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                          "values": ["kube-system", "kueue-system"]}]}  # fmt: skip
         registration = {
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": CONFIGURATION},
@@ -63,10 +81,19 @@ class Kueue:
                                  "caBundle": base64.b64encode(cert.pem).decode()},
                 "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE"],
                            "resources": [PLURAL]}],
-                "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                                                            "values": ["kube-system", "kueue-system"]}]},
+                "namespaceSelector": selector,
             }],
         }  # fmt: skip
+        if trainjob:
+            registration["webhooks"].append({
+                "name": TRAINJOB_WEBHOOK_NAME, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "failurePolicy": "Fail", "timeoutSeconds": 10, "reinvocationPolicy": "Never",
+                "clientConfig": {"url": f"https://127.0.0.1:{self.server.port}{TRAINJOB_WEBHOOK_PATH}",
+                                 "caBundle": base64.b64encode(cert.pem).decode()},
+                "rules": [{"apiGroups": [trainer_player.GROUP], "apiVersions": [trainer_player.VERSION],
+                           "operations": ["CREATE"], "resources": [trainer_player.PLURAL]}],
+                "namespaceSelector": selector,
+            })  # fmt: skip
         kubernetes.client.AdmissionregistrationV1Api(admin).create_mutating_webhook_configuration(registration)
 
     def stop(self) -> None:
@@ -77,6 +104,8 @@ class Kueue:
         self.server.stop()
 
     def mutate(self, request: dict[str, Any]) -> dict[str, Any]:
+        if (request.get("resource") or {}).get("resource") == trainer_player.PLURAL:
+            return self._mutate_trainjob(request)
         job = request.get("object") or {}
         response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
         if not ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL):
@@ -87,6 +116,119 @@ class Kueue:
         self.suspended_at_create.append(f"{request.get('namespace')}/{(job.get('metadata') or {}).get('name')}")
         response |= {"patchType": "JSONPatch", "patch": base64.b64encode(json.dumps(patch).encode()).decode()}
         return response
+
+    def _mutate_trainjob(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``TrainJobWebhook.Default``: suspended when it carries the queue label (``WorkloadShouldBeSuspended`` with
+        ``manageJobsWithoutQueueName`` off); an empty Kueue runtime patch appended whatever the label."""
+        trainjob = request.get("object") or {}
+        spec = trainjob.get("spec") or {}
+        patches = [*(spec.get("runtimePatches") or []),
+                   {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {}}}}]  # fmt: skip
+        ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/runtimePatches", "value": patches}]
+        if ((trainjob.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL):
+            ops.append({"op": "add", "path": "/spec/suspend", "value": True})
+            name = (trainjob.get("metadata") or {}).get("name")
+            self.suspended_at_create.append(f"{request.get('namespace')}/{name}")
+        return {"uid": request["uid"], "allowed": True, "patchType": "JSONPatch",
+                "patch": base64.b64encode(json.dumps(ops).encode()).decode()}  # fmt: skip
+
+    def _kind(self, namespace: str, name: str) -> str:
+        """ "PyTorchJob" or "TrainJob": which of them ``name`` is in ``namespace``."""
+        try:
+            self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            return "PyTorchJob"
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        return "TrainJob"
+
+    def _trainjob(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(trainer_player.GROUP, trainer_player.VERSION, namespace,
+                                                        trainer_player.PLURAL, name)  # fmt: skip
+
+    def _write_trainjob(self, trainjob: dict[str, Any], patch: dict[str, Any] | None = None) -> None:
+        """An update of the whole TrainJob (``c.Update``), or with ``patch`` a merge patch carrying its
+        resourceVersion (``clientutil.Patch``, strict)."""
+        meta = trainjob["metadata"]
+        args = (trainer_player.GROUP, trainer_player.VERSION, meta["namespace"], trainer_player.PLURAL, meta["name"])
+        if patch is None:
+            self.custom.replace_namespaced_custom_object(*args, trainjob)
+        else:
+            self.custom.patch_namespaced_custom_object(
+                *args, {"metadata": {"resourceVersion": meta["resourceVersion"]}, **patch})  # fmt: skip
+
+    def _retry(self, what: str, step: Callable[[], bool], timeout_s: float = 30) -> None:
+        """``step`` until it says done, again on a conflict (the controllers write in between), as Kueue requeues."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if step():
+                    return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            time.sleep(0.05)
+        raise TimeoutError(f"Kueue: {what} not done within {timeout_s:.0f}s")
+
+    def _admit_trainjob(self, namespace: str, name: str, cluster_queue: str) -> None:
+        """``startJob`` with ``TrainJob.RunWithPodSetsInfo``: the Kueue runtime patch filled with one entry per podset
+        (each replicatedJob of the runtime) while suspended, then ``suspend: false``."""
+
+        def fill() -> bool:
+            trainjob = self._trainjob(namespace, name)
+            runtime = trainer_player._read_runtime(self.custom, trainjob)
+            rjobs = (runtime["spec"].get("template") or {}).get("spec", {}).get("replicatedJobs") or []
+            queue = (trainjob["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
+            workload = f"trainjob-{name}-{trainjob['metadata']['uid'][:5]}"
+            patches = copy.deepcopy(trainjob["spec"].get("runtimePatches") or [])
+            mine = next((p for p in patches if p.get("manager") == RUNTIME_PATCH_MANAGER), None)
+            if mine is None:
+                raise RuntimeError(f"TrainJob {namespace}/{name}: kueue runtime patch not found")
+            mine.setdefault("trainingRuntimeSpec", {}).setdefault("template", {}).setdefault("spec", {})
+            mine["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"] = [{
+                "name": rjob["name"],
+                "template": {"spec": {"template": {
+                    "metadata": {"labels": {PODSET_LABEL: rjob["name"], LOCAL_QUEUE_LABEL: queue,
+                                            CLUSTER_QUEUE_LABEL: cluster_queue},
+                                 "annotations": {WORKLOAD_ANNOTATION: workload}},
+                    "spec": {}}}},
+            } for rjob in rjobs]  # fmt: skip
+            self._write_trainjob({**trainjob, "spec": {**trainjob["spec"], "runtimePatches": patches}})
+            return True
+
+        self._retry(f"admission of TrainJob {namespace}/{name}", fill)
+        self._retry(f"start of TrainJob {namespace}/{name}", lambda: self._write_trainjob(
+            self._trainjob(namespace, name), {"spec": {"suspend": False}}) or True)  # fmt: skip
+
+    def _preempt_trainjob(self, namespace: str, name: str) -> None:
+        """``TrainJob.Stop``: suspended (an update); once none of its Jobs is active, the Kueue runtime patch's
+        ``replicatedJobs`` removed (``RestorePodSetsInfo``, a patch)."""
+
+        def suspend() -> bool:
+            trainjob = self._trainjob(namespace, name)
+            if not trainjob["spec"].get("suspend"):
+                self._write_trainjob({**trainjob, "spec": {**trainjob["spec"], "suspend": True}})
+            return True
+
+        def restore() -> bool:
+            trainjob = self._trainjob(namespace, name)
+            if any(s.get("active", 0) > 0 for s in (trainjob.get("status") or {}).get("jobsStatus") or []):
+                return False  # "jobs are still active": requeued
+            patches = copy.deepcopy(trainjob["spec"].get("runtimePatches") or [])
+            for patch in patches:
+                if patch.get("manager") == RUNTIME_PATCH_MANAGER:
+                    ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec", {}).pop(
+                        "replicatedJobs", None)  # fmt: skip
+            try:
+                self._write_trainjob(trainjob, {"spec": {"runtimePatches": patches}})
+            except ApiException as exc:
+                if exc.status != 403:  # Trainer's webhook: the JobSet's status still counts an active Job
+                    raise
+                return False  # an error there too: requeued
+            return True
+
+        self._retry(f"suspension of TrainJob {namespace}/{name}", suspend)
+        self._retry(f"restoring TrainJob {namespace}/{name}", restore)
 
     def _patch_job(self, namespace: str, name: str, patch_for: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         """Read the job and patch it with its resourceVersion; on a conflict (the operator wrote its status in
@@ -102,8 +244,12 @@ class Kueue:
                     raise
         raise RuntimeError(f"PyTorchJob {namespace}/{name}: 20 conflicts in a row")
 
-    def admit(self, namespace: str, name: str, cluster_queue: str = "hyperpod-ns-team-a-clusterqueue") -> None:
-        """The workload fits its ClusterQueue: the job is started, its pod templates carrying the admission."""
+    def admit(self, namespace: str, name: str, cluster_queue: str = "hyperpod-ns-team-a-clusterqueue",
+              kind: str = "") -> None:  # fmt: skip
+        """The workload fits its ClusterQueue: the job is started, its pod templates carrying the admission. ``kind``:
+        "PyTorchJob" or "TrainJob" ("": whichever ``name`` is)."""
+        if (kind or self._kind(namespace, name)) == "TrainJob":
+            return self._admit_trainjob(namespace, name, cluster_queue)
         self._patch_job(namespace, name, lambda job: self._admission(job, cluster_queue))
 
     def _admission(self, job: dict[str, Any], cluster_queue: str) -> dict[str, Any]:
@@ -118,8 +264,11 @@ class Kueue:
             }
         return {"spec": {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": templates}}
 
-    def preempt(self, namespace: str, name: str) -> None:
-        """A higher-priority workload needs the quota: the job is stopped (suspended) and its templates restored."""
+    def preempt(self, namespace: str, name: str, kind: str = "") -> None:
+        """A higher-priority workload needs the quota: the job is stopped (suspended) and its templates restored. For a
+        TrainJob this returns once its Jobs are no longer active and the restore is written."""
+        if (kind or self._kind(namespace, name)) == "TrainJob":
+            return self._preempt_trainjob(namespace, name)
         self._patch_job(namespace, name, self._preemption)
 
     @staticmethod
