@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from common.errors import InputError, StepFailed
 from components.kfp_support import setup_logging
+from components.launch_pytorchjob.job_api import DEFAULT_JOB_API, JOB_APIS
+from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, GPU_TOLERATION
 from components.stage_data.sources import DEFAULT_EXCLUDE
 from components.stage_data.tokenization import SAMPLE_MB, SHARD_TOKENS
 from pipelines import COMPILED_PIPELINE
@@ -258,6 +260,29 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_render_runtime(args: argparse.Namespace) -> int:
+    """Our ClusterTrainingRuntime for the platform's settings, as the platform team applies it once (a cluster
+    admin: ClusterTrainingRuntimes are cluster-scoped)."""
+    import yaml
+
+    from components.launch_pytorchjob.manifest import JobSpec
+    from components.launch_pytorchjob.trainjob import render_runtime
+
+    platform = platform_from_args(args, namespaces=[], registries=[])
+    if args.image:
+        platform.check_image(args.image)
+    spec = JobSpec(name=platform.runtime_name, image=args.image, trainer_args=[], job_api="trainjob",
+                   runtime_name=platform.runtime_name, instance_type=args.instance_type, mount_path=platform.mount_path,
+                   pvc_name=platform.pvc_name, grace_period_s=args.grace_period_s, restart_budget=args.restart_budget,
+                   service_account=platform.service_account,
+                   automount_service_account_token=platform.automount_service_account_token,
+                   tolerations=[GPU_TOLERATION, *platform.tolerations], health_affinity=platform.health_affinity,
+                   node_selector=dict(platform.node_selector), image_pull_secrets=list(platform.image_pull_secrets),
+                   env=dict(platform.env))  # fmt: skip
+    print(yaml.safe_dump(render_runtime(spec), sort_keys=False), end="")
+    return 0
+
+
 def key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -330,13 +355,20 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_platform_args(p: argparse.ArgumentParser, mount_path: str, mount_help: str) -> None:
-    """The platform team's settings of the PyTorchJob (components/launch_pytorchjob/platform.py), compiled into the
-    pipeline: no run can change them."""
-    p.add_argument("--fsx-pvc", default="fsx-lustre-pvc", help="the FSx PVC every step and the PyTorchJob mount")
+    """The platform team's settings of the training job (components/launch_pytorchjob/platform.py), compiled into
+    the pipeline: no run can change them."""
+    p.add_argument("--job-api", choices=JOB_APIS, default=DEFAULT_JOB_API,
+                   help="pytorchjob: a kubeflow.org/v1 PyTorchJob (Training Operator v1, what HyperPod runs and "
+                   "auto-resumes); trainjob: a trainer.kubeflow.org/v1alpha1 TrainJob (Kubeflow Trainer v2, what the "
+                   "Kubeflow distribution installs since July 2026). Default: %(default)s")  # fmt: skip
+    p.add_argument("--runtime-name", default=DEFAULT_RUNTIME,
+                   help="trainjob: the ClusterTrainingRuntime every TrainJob names (render-runtime prints it; "
+                   "default: %(default)s)")  # fmt: skip
+    p.add_argument("--fsx-pvc", default="fsx-lustre-pvc", help="the FSx PVC every step and the training job mount")
     p.add_argument("--mount-path", default=mount_path,
                    help=f"where they mount it; a storage root must lie under it ({mount_help})")  # fmt: skip
-    p.add_argument("--queue-name", default="", help="Kueue LocalQueue of the PyTorchJob (HyperPod task governance)")
-    p.add_argument("--priority-class", default="", help="Kueue WorkloadPriorityClass of the PyTorchJob")
+    p.add_argument("--queue-name", default="", help="Kueue LocalQueue of the job (HyperPod task governance)")
+    p.add_argument("--priority-class", default="", help="Kueue WorkloadPriorityClass of the job")
     p.add_argument(
         "--job-namespace",
         action="append",
@@ -397,7 +429,8 @@ def platform_from_args(args: argparse.Namespace, namespaces: list[str], registri
     from components.launch_pytorchjob.platform import Platform
 
     return Platform(
-        pvc_name=args.fsx_pvc, mount_path=args.mount_path, queue_name=args.queue_name,
+        job_api=args.job_api, runtime_name=args.runtime_name, pvc_name=args.fsx_pvc, mount_path=args.mount_path,
+        queue_name=args.queue_name,
         priority_class=args.priority_class, namespaces=tuple(args.job_namespace or namespaces),
         registries=tuple(args.allowed_registry or registries), service_account=args.trainer_service_account,
         automount_service_account_token=args.automount_service_account_token,
@@ -591,8 +624,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prune_snapshots)
 
     for name, func, backend, helptext in (
-        ("launch", cmd_launch, "local", "train: torchrun locally, or a PyTorchJob on the cluster"),
-        ("render-job", cmd_render_job, "kubernetes", "print the PyTorchJob manifest the kubernetes backend creates"),
+        ("launch", cmd_launch, "local", "train: torchrun locally, or a PyTorchJob or TrainJob on the cluster"),
+        (
+            "render-job",
+            cmd_render_job,
+            "kubernetes",
+            "print the job (PyTorchJob or TrainJob) the kubernetes backend creates",
+        ),
         ("preflight", cmd_preflight, "kubernetes", "check that the cluster can run the job: exit 1 on a failed check"),
     ):
         p = sub.add_parser(name, help=helptext)
@@ -608,6 +646,21 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "preflight":
             p.add_argument("--warn-only", action="store_true", help="report failed checks, but exit 0")
             p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown report")
+
+    p = sub.add_parser(
+        "render-runtime",
+        help="print the ClusterTrainingRuntime a --job-api trainjob pipeline needs (apply it once, as a cluster admin)",
+    )
+    add_platform_args(p, mount_path="/fsx", mount_help="default: %(default)s")
+    p.add_argument("--instance-type", default="p5.48xlarge", help="sets GPUs, EFA devices and memory per node")
+    p.add_argument("--restart-budget", type=int, default=3,
+                   help="whole-group restarts a TrainJob survives (JobSet failurePolicy.maxRestarts; default: "
+                   "%(default)s)")  # fmt: skip
+    p.add_argument("--grace-period-s", type=positive_int, default=120,
+                   help="the pods' default termination grace period, the SIGTERM checkpoint's time (a run may change "
+                   "it: job option grace_period_s; default: %(default)s)")  # fmt: skip
+    p.add_argument("--image", default="", help="a default trainer image (each TrainJob names its own)")
+    p.set_defaults(func=cmd_render_runtime)
 
     p = sub.add_parser("submit", help="upload the compiled pipeline (once per content) and start a run on KFP")
     add_kfp_args(p)

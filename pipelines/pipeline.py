@@ -91,10 +91,10 @@ class StepSettings:
 
 @dataclass
 class PlatformOptions:
-    """What the platform team compiles in: the PyTorchJob's settings (`job`: the FSx PVC and its mount path, which
-    every step mounts too, the queue, the trainer pods' service account, tolerations, node selector, pull secrets
-    and environment, the namespaces and registries a run may use), and what kfp-kubernetes and the task settings put
-    on each step."""
+    """What the platform team compiles in: the training job's settings (`job`: the job API and, for a TrainJob, its
+    runtime, the FSx PVC and its mount path, which every step mounts too, the queue, the trainer pods' service account,
+    tolerations, node selector, pull secrets and environment, the namespaces and registries a run may use), and what
+    kfp-kubernetes and the task settings put on each step."""
 
     job: Platform = field(default_factory=lambda: Platform(mount_path="/fsx", namespaces=("kubeflow",)))
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -213,6 +213,7 @@ def build_pipeline(platform: PlatformOptions):
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             backend=backend,
             namespace=namespace,
+            job_api=platform.job.job_api,
         )
         platform.apply(summary, "summarize-run")
         with dsl.ExitHandler(summary):
@@ -327,6 +328,7 @@ def build_pipeline(platform: PlatformOptions):
                 bandwidth_fails=bandwidth_fails,
                 job_name=trained.outputs["job_name"],
                 namespace=trained.outputs["namespace"],
+                job_api=platform.job.job_api,
             )
             platform.apply(verified, "verify-nccl")
             evaluated = evaluate(

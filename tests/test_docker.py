@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.launch_pytorchjob.manifest import torchrun_command
+from components.launch_pytorchjob.pytorchjob import torchrun_command
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"

@@ -779,10 +779,12 @@ def test_a_terminated_runs_job_is_deleted_by_the_exit_step(staged_root: Path, ma
     launcher.kill()  # outright: no handler runs
     launcher.wait(timeout=10)
     assert deleted_jobs(cluster) == [] and running(cluster.job(name))
-    cleanup = job_cleanup("kubernetes", cluster.namespace, "killed-run", pipeline_run, cluster.runner())
+    cleanup = job_cleanup("kubernetes", cluster.namespace, "killed-run", pipeline_run, api_client=cluster.runner())
     summary = summarize_run(str(root), "killed-run", pipeline_run, "RUNNING", cleanup=cleanup)
     deletions = deleted_jobs(cluster)
-    other = job_cleanup("kubernetes", cluster.namespace, "killed-run", "another-pipeline-run", cluster.runner())()
+    other = job_cleanup(
+        "kubernetes", cluster.namespace, "killed-run", "another-pipeline-run", api_client=cluster.runner()
+    )()
     assert summary.state == "TERMINATED" and summary.cleanup.endswith("was still running after the run ended: deleted")
     assert deletions == [(name, "Foreground")]
     assert other.startswith("no PyTorchJob") or "another pipeline run" in other or "being deleted" in other
@@ -792,10 +794,10 @@ def test_the_exit_step_leaves_a_finished_job_and_someone_elses_alone(staged_root
     cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:2]))
     cfg = cluster_config(staged_root, "finished", cluster.namespace)
     launch(cfg, cluster.runner())
-    done = job_cleanup("kubernetes", cluster.namespace, cfg.run_id, cfg.pipeline_run_id, cluster.runner())()
+    done = job_cleanup("kubernetes", cluster.namespace, cfg.run_id, cfg.pipeline_run_id, api_client=cluster.runner())()
     cluster.create_job(render_job(cluster_config(staged_root, "theirs", cluster.namespace,
                                                  pipeline_run_id="").job_spec()))  # fmt: skip
-    theirs = job_cleanup("kubernetes", cluster.namespace, "theirs", "", cluster.runner())()
+    theirs = job_cleanup("kubernetes", cluster.namespace, "theirs", "", api_client=cluster.runner())()
     assert "had already finished: left for its logs" in done
     assert "belongs to another pipeline run: left alone" in theirs and deleted_jobs(cluster) == []
 
@@ -805,6 +807,7 @@ def test_a_delete_for_a_job_since_replaced_under_its_name_deletes_nothing(staged
     job holds the name by then, the API server answers 409 (apiserver's registry Store.Delete, "Precondition failed:
     UID in precondition") and the job stays."""
     from components.launch_pytorchjob.cancel import delete_job
+    from components.launch_pytorchjob.pytorchjob import PYTORCHJOB
 
     cluster = make_cluster()
     job = render_job(cluster_config(staged_root, "replaced", cluster.namespace).job_spec())
@@ -814,7 +817,7 @@ def test_a_delete_for_a_job_since_replaced_under_its_name_deletes_nothing(staged
     api.delete_namespaced_custom_object("kubeflow.org", "v1", cluster.namespace, "pytorchjobs", name)
     wait_for(lambda: cluster.job(name) is None, 30, "the first job is gone")
     current_uid = cluster.create_job(job)["metadata"]["uid"]
-    delete_job(Kube(cluster.runner()), cluster.namespace, name, stale_uid)
+    delete_job(Kube(cluster.runner()), PYTORCHJOB, cluster.namespace, name, stale_uid)
     assert (cluster.job(name) or {}).get("metadata", {}).get("uid") == current_uid
     answers = [e["responseStatus"]["code"] for e in cluster.requests("delete", "pytorchjobs")]
     assert answers == [409]

@@ -1,4 +1,4 @@
-"""deploy/rbac.yaml and deploy/rbac-cluster-read.yaml grant exactly what the code asks for, measured on the real server.
+"""deploy/rbac*.yaml grant exactly what the code asks for, measured on the real server.
 
 The control plane's audit log records every request the pipeline runner made across the session's launcher and
 preflight tests (ResponseComplete events: verb, resource, subresource, name, namespace, code; tests that run with less
@@ -18,8 +18,10 @@ from typing import Any
 import kubernetes
 import pytest
 
-from components.preflight.core import LAUNCHER_ACCESS
+from components.launch_pytorchjob.job_api import JOB_APIS, job_api
+from components.preflight.core import launcher_access
 from tests.cluster.control_plane import (
+    JOB_ROLES,
     LAUNCHER_ROLE,
     RBAC_FILES,
     RUNNER_ACCOUNT,
@@ -29,7 +31,8 @@ from tests.cluster.control_plane import (
     deploy_grants,
 )
 
-RBAC, CLUSTER_READ = RBAC_FILES
+RBAC, CLUSTER_READ, *JOB_API_FILES = RBAC_FILES  # the common file, the optional one, one per job API
+REQUIRED = (RBAC, *JOB_API_FILES)
 JOBS = "<the jobs' namespace>"  # every test namespace holds the launcher's Role, as the jobs' namespace does
 MEASURED_FROM = ("test_k8s_launcher.py", "test_preflight.py")
 
@@ -131,7 +134,7 @@ def permissions(path: Path) -> list[Permission]:
         meta = doc["metadata"]
         if "rules" not in doc or (doc["kind"], meta["name"], meta.get("namespace", "")) not in bound:
             continue
-        scope = JOBS if meta["name"] == LAUNCHER_ROLE else meta.get("namespace", "")
+        scope = JOBS if meta["name"] in (LAUNCHER_ROLE, *JOB_ROLES) else meta.get("namespace", "")
         for rule in doc["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
@@ -189,7 +192,7 @@ def test_the_runner_met_no_403(measured: list[Measured]) -> None:
 
 
 def test_every_request_is_granted_by_the_deploy_files(measured: list[Measured], control_plane: ControlPlane) -> None:
-    grants = permissions(RBAC) + permissions(CLUSTER_READ)
+    grants = [p for path in RBAC_FILES for p in permissions(path)]
     own = cluster_grants(control_plane)
     needed = [m.request for m in measured
               if not granted(m.request, grants) and not any(rule_allows(rule, m.request) for rule in own)]  # fmt: skip
@@ -197,10 +200,10 @@ def test_every_request_is_granted_by_the_deploy_files(measured: list[Measured], 
 
 
 def test_every_rule_is_used_by_a_request(measured: list[Measured]) -> None:
-    """Each verb x resource x resourceName of deploy/rbac.yaml is used by a request; each of
-    deploy/rbac-cluster-read.yaml by a request that deploy/rbac.yaml alone would refuse (nothing granted twice)."""
+    """Each verb x resource x resourceName of deploy/rbac.yaml and of each job API's file is used by a request; each of
+    deploy/rbac-cluster-read.yaml by a request that those alone would refuse (nothing granted twice)."""
     requests = {m.request for m in measured}
-    base = permissions(RBAC)
+    base = [p for path in REQUIRED for p in permissions(path)]
     unused = [p for p in base if not any(p.allows(r) for r in requests)]
     unused += [p for p in permissions(CLUSTER_READ) if not any(p.allows(r) and not granted(r, base) for r in requests)]
     assert not unused, "rules no request uses:\n" + "\n".join(map(str, unused))
@@ -209,16 +212,22 @@ def test_every_rule_is_used_by_a_request(measured: list[Measured]) -> None:
 # -- the files themselves -------------------------------------------------------------------------------------------
 
 
-def test_the_launchers_access_check_asks_for_what_the_role_grants() -> None:
-    """The preflight's SelfSubjectAccessReviews (LAUNCHER_ACCESS) ask about the launcher Role's grants for the
-    launcher and the exit step's clean-up: all of them, and nothing else. The Role's PVC read is the preflight's own."""
+@pytest.mark.parametrize("api_name", JOB_APIS)
+def test_the_launchers_access_check_asks_for_what_the_roles_grant(api_name: str) -> None:
+    """The preflight's SelfSubjectAccessReviews (launcher_access) ask, for each job API, about the launcher Role's
+    grants and that API's Role's, for the launcher and the exit step's clean-up: all of them, and nothing else. The
+    launcher Role's PVC read is the preflight's own."""
+    api = job_api(api_name)
+    path = next(p for p in JOB_API_FILES if p.name == f"rbac-{api_name}.yaml")
     role = {(p.verb, p.group, *p.resource.partition("/")[::2]) for p in permissions(RBAC) if p.role == LAUNCHER_ROLE}
-    asked = {(verb, group, resource, subresource) for verb, group, resource, subresource, _ in LAUNCHER_ACCESS}
+    role |= {(p.verb, p.group, p.resource, "") for p in permissions(path) if p.role in JOB_ROLES}
+    access = launcher_access(api)
+    asked = {(verb, group, resource, subresource) for verb, group, resource, subresource, _ in access}
     assert role - asked == {("get", "", "persistentvolumeclaims", "")}
-    assert asked <= role and len(asked) == len(LAUNCHER_ACCESS)
+    assert asked <= role and len(asked) == len(access)
 
 
-def test_the_grants_hold_no_wildcard_no_secret_and_write_only_pytorchjobs() -> None:
+def test_the_grants_hold_no_wildcard_no_secret_and_write_only_the_jobs() -> None:
     for path in RBAC_FILES:
         for doc in deploy_grants((path,)):
             if doc["kind"].endswith("Binding"):
@@ -227,7 +236,9 @@ def test_the_grants_hold_no_wildcard_no_secret_and_write_only_pytorchjobs() -> N
         for permission in permissions(path):
             assert "*" not in (permission.group, permission.resource, permission.verb), permission
             assert permission.resource != "secrets", permission
-            assert permission.verb in ("get", "list", "watch") or permission.resource == "pytorchjobs", permission
+            assert permission.verb in ("get", "list", "watch") or permission.resource in ("pytorchjobs", "trainjobs"), (
+                permission
+            )
 
 
 def test_the_matcher_reads_rules_as_rbac_does() -> None:

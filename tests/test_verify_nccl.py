@@ -464,7 +464,7 @@ def test_reads_the_jobs_pod_logs_through_the_kubernetes_api(tmp_path: Path, make
                                   instance_type="p5.48xlarge", gpus_per_node=2, nproc_per_node=2))  # fmt: skip
     cluster.create_job(manifest)
     assert printed.wait(30), "the pods ran and printed"
-    paths = fetch_pod_logs("nccl-check", cluster.namespace, tmp_path, cluster.runner())
+    paths = fetch_pod_logs("nccl-check", cluster.namespace, tmp_path, api_client=cluster.runner())
     assert [p.name for p in paths] == ["nccl-check-worker-0.log", "nccl-check-worker-1.log"]
     result = verify_logs([str(tmp_path)], P5)
     assert result.passed and result.ranks_initialized() == 4, result.markdown()

@@ -1,4 +1,4 @@
-"""Stopping a run's PyTorchJob when the run stops, in the layers that survive KFP's terminate.
+"""Stopping a run's job (a PyTorchJob or a TrainJob) when the run stops, in the layers that survive KFP's terminate.
 
 KFP terminates a run by signalling the step's whole process group: its Go launcher has no handler and dies, the
 container ends, and the Python step is killed moments later (kubeflow/pipelines, apiserver GetTerminatePatch ->
@@ -8,7 +8,8 @@ Argo's `argoexec kill 15 1`, the emissary forwarding to the process group). So:
    deletes again with retries (`delete_job`) if it lives long enough;
 2. the pipeline's exit step, which KFP runs after a terminate, deletes the run's job if it is still running
    (`delete_unfinished_job`);
-3. `runPolicy.activeDeadlineSeconds` (manifest.py) lets the Training Operator stop it whatever happened.
+3. the job's own deadline (a PyTorchJob's runPolicy.activeDeadlineSeconds, a TrainJob's spec.activeDeadlineSeconds)
+   lets its operator stop it whatever happened.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from kubernetes.client.exceptions import ApiException
 
 from common.errors import StepFailed
 from components.kube import Kube, describe
-from components.launch_pytorchjob.conditions import is_finished
-from components.launch_pytorchjob.manifest import GROUP, PIPELINE_RUN_LABEL, PLURAL, VERSION, label_value
+from components.launch_pytorchjob.job_api import JobApi
+from components.launch_pytorchjob.manifest import PIPELINE_RUN_LABEL, label_value
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +34,15 @@ class Cancelled(StepFailed):
     """SIGTERM: the job was deleted."""
 
 
-def delete_job(kube: Kube, ns: str, name: str, uid: str | None = None) -> None:
+def delete_job(kube: Kube, api: JobApi, ns: str, name: str, uid: str | None = None) -> None:
     """Foreground propagation: the job goes when its pods have gone. Not waited for. `uid`: only that object."""
     body: dict[str, Any] = {"propagationPolicy": "Foreground"}
     if uid:
         body["preconditions"] = {"uid": uid}
     try:
-        kube.call("delete PyTorchJob", kube.custom.delete_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name,
-                  body=body)  # fmt: skip
-        log.info("deleted PyTorchJob %s/%s (foreground: its pods go first)", ns, name)
+        kube.call(f"delete {api.kind}", kube.custom.delete_namespaced_custom_object, api.group, api.version, ns,
+                  api.plural, name, body=body)  # fmt: skip
+        log.info("deleted %s %s/%s (foreground: its pods go first)", api.kind, ns, name)
     except ApiException as exc:
         if exc.status not in (404, 409):  # 409: the precondition failed, another object holds the name now
             raise
@@ -77,11 +78,11 @@ class ImmediateDelete:
     """The delete a SIGTERM sends from its handler: its own connection pool (the handler may interrupt a request of
     the main pool, whose lock it would wait on for ever), one try, a short timeout. Armed once the job is ours."""
 
-    def __init__(self, api_client: Any, ns: str, name: str, timeout_s: float = 3.0):
+    def __init__(self, api_client: Any, api: JobApi, ns: str, name: str, timeout_s: float = 3.0):
         from kubernetes import client
 
         self.custom = client.CustomObjectsApi(client.ApiClient(api_client.configuration))
-        self.ns, self.name, self.timeout_s = ns, name, timeout_s
+        self.api, self.ns, self.name, self.timeout_s = api, ns, name, timeout_s
         self.uid: str | None = None
 
     def __call__(self) -> None:
@@ -89,34 +90,38 @@ class ImmediateDelete:
             return  # not created (or not ours) yet: the launch loop deletes it as soon as it is
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.ns, PLURAL, self.name,
+                self.api.group, self.api.version, self.ns, self.api.plural, self.name,
                 body={"propagationPolicy": "Foreground", "preconditions": {"uid": self.uid}},
                 _request_timeout=(self.timeout_s, self.timeout_s),
             )  # fmt: skip
-            log.warning("SIGTERM: deleted PyTorchJob %s/%s", self.ns, self.name)
+            log.warning("SIGTERM: deleted %s %s/%s", self.api.kind, self.ns, self.name)
         except Exception as exc:  # the loop tries again, with retries, if it lives long enough
-            log.warning("SIGTERM: deleting PyTorchJob %s/%s failed at once: %s", self.ns, self.name, describe(exc))
+            log.warning(
+                "SIGTERM: deleting %s %s/%s failed at once: %s", self.api.kind, self.ns, self.name, describe(exc)
+            )
 
 
-def delete_unfinished_job(kube: Kube, ns: str, name: str, pipeline_run_id: str) -> str:
+def delete_unfinished_job(kube: Kube, api: JobApi, ns: str, name: str, pipeline_run_id: str) -> str:
     """The pipeline's exit step, after a run that did not succeed: a job of this pipeline run still running (its
     launcher was killed before it could delete it) is deleted. Returns what was done, in words.
 
     A finished job is left for its logs (ttlSecondsAfterFinished removes it); a job of the name that another
     pipeline run made is not touched.
     """
+    kind = api.kind
     try:
-        job = kube.call("get PyTorchJob", kube.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
+        job = kube.call(f"get {kind}", kube.custom.get_namespaced_custom_object, api.group, api.version, ns,
+                        api.plural, name)  # fmt: skip
     except ApiException as exc:
         if exc.status == 404:
-            return f"no PyTorchJob {ns}/{name} to clean up"
+            return f"no {kind} {ns}/{name} to clean up"
         raise
     labels = job["metadata"].get("labels") or {}
     if labels.get(PIPELINE_RUN_LABEL) != label_value(pipeline_run_id):
-        return f"PyTorchJob {ns}/{name} belongs to another pipeline run: left alone"
-    if is_finished(job):
-        return f"PyTorchJob {ns}/{name} had already finished: left for its logs"
+        return f"{kind} {ns}/{name} belongs to another pipeline run: left alone"
+    if api.is_finished(job):
+        return f"{kind} {ns}/{name} had already finished: left for its logs"
     if job["metadata"].get("deletionTimestamp"):
-        return f"PyTorchJob {ns}/{name} was already being deleted"
-    delete_job(kube, ns, name, job["metadata"]["uid"])
-    return f"PyTorchJob {ns}/{name} was still running after the run ended: deleted"
+        return f"{kind} {ns}/{name} was already being deleted"
+    delete_job(kube, api, ns, name, job["metadata"]["uid"])
+    return f"{kind} {ns}/{name} was still running after the run ended: deleted"

@@ -1,7 +1,8 @@
 """Launch the trainer: what the job runs is decided here, where it runs is the backend's business.
 
 backend="local" runs torchrun as a subprocess on this machine (CPU and gloo, or local GPUs);
-backend="kubernetes" creates a kubeflow.org/v1 PyTorchJob (manifest.py) and follows it (k8s_backend.py).
+backend="kubernetes" creates a job in the API the platform compiled in (a kubeflow.org/v1 PyTorchJob or a
+trainer.kubeflow.org/v1alpha1 TrainJob; manifest.py) and follows it (k8s_backend.py).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class LaunchConfig:
 
     @property
     def job_name(self) -> str:
-        """The PyTorchJob's name: the same for every retry of the pipeline run's step, so a retry re-attaches."""
+        """The job's name: the same for every retry of the pipeline run's step, so a retry re-attaches."""
         return job_name(self.pipeline_run_id or self.run_id, self.run_id)
 
     @property
@@ -197,7 +198,7 @@ class LaunchConfig:
         if self.image:
             self.platform.check_image(self.image)
         self.platform.check_namespace(self.namespace)
-        return run_options(self.job_options)
+        return run_options(self.job_options, self.platform.job_api)
 
     @property
     def mount_path(self) -> str:
@@ -209,7 +210,7 @@ class LaunchConfig:
         root, mount = posixpath.normpath(self.storage_root), posixpath.normpath(self.mount_path)
         if not posixpath.isabs(root) or (root != mount and not root.startswith(mount.rstrip("/") + "/")):
             raise InputError(f"storage_root {self.storage_root!r} is outside the FSx mount path {mount!r}: every step "
-                             f"and the PyTorchJob see PVC {self.platform.pvc_name!r} there, so the storage root must "
+                             f"and the training job see PVC {self.platform.pvc_name!r} there, so the storage root must "
                              f"be {mount} or a directory under it")  # fmt: skip
 
     def trainer_args(self) -> list[str]:
@@ -258,8 +259,8 @@ class LaunchConfig:
         }
 
     def job_spec(self) -> JobSpec:
-        """The PyTorchJob's parameters: the trainer's command and environment, the run's options (RUN_OPTIONS
-        only) and the platform team's settings."""
+        """The job's parameters: the trainer's command and environment, the run's options (RUN_OPTIONS only) and
+        the platform team's settings."""
         if not self.image:
             raise InputError("image is empty: the kubernetes backend needs the trainer image (docker/build.sh)")
         options = self.check_cluster_inputs()  # also for a spec rendered without validate() (render-job)
@@ -269,6 +270,8 @@ class LaunchConfig:
             name=self.job_name,
             image=self.image,
             trainer_args=self.trainer_args(),
+            job_api=platform.job_api,
+            runtime_name=platform.runtime_name,
             namespace=self.namespace,
             instance_type=self.instance_type,
             min_nodes=self.nnodes,
@@ -318,6 +321,7 @@ class LaunchResult:
     world_size: int
     seconds: float
     job_name: str = ""
+    job_kind: str = ""  # PyTorchJob or TrainJob
     namespace: str = ""
     state: str = ""
     reattached: bool = False
@@ -363,7 +367,7 @@ def summary_markdown(result: LaunchResult) -> str:
     rows = [("run", f"`{result.run_id}` ({result.run_dir})"), ("backend", result.backend),
             ("world size", str(result.world_size)), ("wall time", seconds(result.seconds))]  # fmt: skip
     if result.backend == "kubernetes":
-        rows += [("PyTorchJob", f"`{result.namespace}/{result.job_name}`" + (" (re-attached)" if result.reattached
+        rows += [(result.job_kind, f"`{result.namespace}/{result.job_name}`" + (" (re-attached)" if result.reattached
                   else "")), ("attempt", f"{result.attempt} (trainer's attempt {result.trainer_attempt})"),
                  ("final state", result.state),
                  ("queued", seconds(result.queued_s)),

@@ -1,4 +1,4 @@
-"""Which of the launcher's clocks runs for a PyTorchJob, from its conditions and its pods."""
+"""Which of the launcher's clocks runs for a job, from its status (as its API reads it) and its pods."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from components.launch_pytorchjob.conditions import true_condition
+from components.launch_pytorchjob.job_api import JobApi
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,8 @@ class Deadlines:
     The launcher (k8s_backend.run_job) feeds it the job and its pods and compares these clocks with its settings.
     """
 
-    def __init__(self, min_pods: int, now: Callable[[], float] = time.monotonic):
-        self.min_pods, self.now = min_pods, now
+    def __init__(self, min_pods: int, api: JobApi, now: Callable[[], float] = time.monotonic):
+        self.min_pods, self.api, self.now = min_pods, api, now
         self.started = False
         self.queued_since: float | None = None
         self.queued_total = 0.0
@@ -34,30 +34,30 @@ class Deadlines:
         self.reported_waiting: set[str] = set()
 
     def job_changed(self, job: dict[str, Any]) -> None:
-        suspended = true_condition(job, "Suspended") or bool(job.get("spec", {}).get("runPolicy", {}).get("suspend"))
+        suspended = self.api.is_suspended(job)
         if suspended and self.queued_since is None:
             # Queued, or preempted by Kueue (pods deleted, the job suspended): when it is admitted again its pods
             # are created and scheduled anew, so it starts again, under the Pending deadline; the time it waits in
             # the queue is not a lost node's.
             self.started, self.degraded_since = False, None
             self.queued_since = self.now()
-            log.info("PyTorchJob %s is queued: suspended until the cluster's queue (Kueue) admits it",
+            log.info("%s %s is queued: suspended until the cluster's queue (Kueue) admits it", self.api.kind,
                      job["metadata"]["name"])  # fmt: skip
         elif not suspended and self.queued_since is not None:
             waited = self.now() - self.queued_since
             self.queued_total += waited
             self.queued_since = None
-            log.info("PyTorchJob %s was admitted after %.0fs in the queue", job["metadata"]["name"], waited)
+            log.info("%s %s was admitted after %.0fs in the queue", self.api.kind, job["metadata"]["name"], waited)
 
     def pods_changed(self, pods: list[Any], job: dict[str, Any]) -> None:
         if self.queued:
             return
         live = [p for p in pods if not p.metadata.deletion_timestamp]
         running = [p for p in live if p.status.phase == "Running"]
-        if not self.started and len(running) >= self.min_pods and true_condition(job, "Running"):
+        if not self.started and len(running) >= self.min_pods and self.api.is_running(job):
             self.started = True
-            log.info("PyTorchJob %s runs with %d of its pods (minimum %d)", job["metadata"]["name"], len(running),
-                     self.min_pods)  # fmt: skip
+            log.info("%s %s runs with %d of its pods (minimum %d)", self.api.kind, job["metadata"]["name"],
+                     len(running), self.min_pods)  # fmt: skip
         if not self.started:
             return
         self.degraded_since = (self.degraded_since or self.now()) if len(running) < self.min_pods else None

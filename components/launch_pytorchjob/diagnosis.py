@@ -29,8 +29,9 @@ FIX = {
     PENDING: "check `kubectl describe node` for allocatable GPUs; free nodes, or ask for fewer (nnodes)",
     EFA: "ensure the aws-efa-k8s-device-plugin DaemonSet is running on the GPU nodes, and that the trainer image "
     "carries libfabric's EFA provider and aws-ofi-nccl (docker/trainer.Dockerfile)",
-    NO_PEERS: "verify the Training Operator created the job's headless services "
-    "(`kubectl get svc -l training.kubeflow.org/job-name=<job>`) and that cluster DNS resolves them",
+    NO_PEERS: "verify the operator created the job's headless services (a PyTorchJob's: `kubectl get svc -l "
+    "training.kubeflow.org/job-name=<job>`; a TrainJob's: `kubectl get svc <job>`, JobSet's subdomain) and that "
+    "cluster DNS resolves them",
     OOM: "increase memory in resources (job_options memory=..., within the instance's), or lower batch_size",
     IMAGE_PULL: "ECR auth expired or missing: re-run `aws ecr get-login-password` for an image pull secret, or "
     "let the nodes pull with their instance role / IRSA; check the image name and tag",

@@ -1,12 +1,16 @@
-"""The Kubernetes backend: create (or re-attach to) the PyTorchJob, watch it to the end, stream its logs.
+"""The Kubernetes backend: create (or re-attach to) the job, watch it to the end, stream its logs.
+
+Written once for both job APIs (a PyTorchJob or a TrainJob): what differs between them is asked of the job's
+`JobApi` (job_api.py), never tested for here.
 
 - Create: the name comes from the KFP run id, so a retried step or run finds its own job. A running or
   succeeded job with our spec digest is re-attached to; a failed one is deleted, waited for, and created again
   as the next attempt; one with another digest is refused and never touched.
 - Watch: a watch on the one job, resumed after dropped streams and 410 Gone (by reading the job again),
   falling back to polling when watching is refused; conditions and pod phases are logged as they change.
-- Logs: worker-0's (or every worker's) log is streamed into this step's log, prefixed by pod, waiting
-  through Pending and reconnecting without repeating lines (timestamps mark where it stopped), also when a
+- Logs: node 0's (or every node's) log is streamed into this step's log, prefixed by pod, waiting
+  through Pending, following the node's pod when it is replaced (a TrainJob's restart names it anew), and
+  reconnecting without repeating lines (timestamps mark where it stopped), also when a
   stream falls silent (a read timeout); a container that restarted between two reads has its previous
   instance's rest read first. Logs are for people: an unreadable one (no kubelet answers) is retried with a
   growing pause and never fails the launch.
@@ -40,31 +44,16 @@ from kubernetes.watch import Watch
 from common.errors import StepFailed
 from components.kube import Kube, api_client_from_environment, describe, is_transient
 from components.launch_pytorchjob.cancel import Cancelled, ImmediateDelete, SigtermToEvent, delete_job
-from components.launch_pytorchjob.conditions import (
-    TERMINAL,
-    condition_times,
-    latest_condition,
-    true_condition,
-)
 from components.launch_pytorchjob.core import LaunchConfig, LaunchResult
 from components.launch_pytorchjob.deadlines import Deadlines
 from components.launch_pytorchjob.diagnosis import Diagnosis
 from components.launch_pytorchjob.evidence import TrainerEvidence, last_lines_of_every_rank, read_evidence
-from components.launch_pytorchjob.manifest import (
-    ATTEMPT_ANNOTATION,
-    AUTO_RESUME,
-    CONTAINER,
-    GROUP,
-    PLURAL,
-    SPEC_HASH_ANNOTATION,
-    VERSION,
-    render_job,
-)
+from components.launch_pytorchjob.job_api import JobApi, api_of
+from components.launch_pytorchjob.manifest import ATTEMPT_ANNOTATION, AUTO_RESUME, SPEC_HASH_ANNOTATION, render_job
 from components.launch_pytorchjob.progress import TrainingWatch
 
 log = logging.getLogger(__name__)
 
-JOB_LABEL = "training.kubeflow.org/job-name"
 TAIL_LINES = 40
 LOG_DRAIN_S = 10.0  # after the job ends, how long its log streams may take to reach their end
 DIAGNOSE_EVERY_S = 10.0  # how often the job's pods and events are read for the diagnosis
@@ -121,39 +110,44 @@ def create_or_attach(kube: Kube, job: dict[str, Any], replace_timeout_s: float =
     (the trainer resumes from the run's checkpoint). A job of the same name with another spec digest is not ours to
     touch: refused, never deleted.
     """
+    api = api_of(job)
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    created = _create(kube, job, attempt=1)
+    created = _create(kube, api, job, attempt=1)
     if created is not None:
         return created, False, 1
-    existing = kube.call("get PyTorchJob", kube.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
+    existing = get_job(kube, api, ns, name)
     ours = job["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     theirs = existing.get("metadata", {}).get("annotations", {}).get(SPEC_HASH_ANNOTATION)
     if theirs != ours:
-        raise StepFailed(f"PyTorchJob {ns}/{name} already exists with a different spec (spec digest {theirs} here, "
+        raise StepFailed(f"{api.kind} {ns}/{name} already exists with a different spec (spec digest {theirs} here, "
                          f"{ours} asked for): delete it, or run with another run id")  # fmt: skip
     attempt = _attempt(existing)
     uid = existing["metadata"]["uid"]
     if existing["metadata"].get("deletionTimestamp"):
-        log.warning("PyTorchJob %s/%s of attempt %d is being deleted: waiting for it to go, then starting attempt %d",
-                    ns, name, attempt, attempt + 1)  # fmt: skip
-    elif true_condition(existing, "Failed"):
-        condition = latest_condition(existing) or {}
-        log.warning("PyTorchJob %s/%s of attempt %d failed (%s: %s): deleting it to train again as attempt %d",
-                    ns, name, attempt, condition.get("reason", ""), condition.get("message", ""),
-                    attempt + 1)  # fmt: skip
-        delete_job(kube, ns, name, uid)
+        log.warning("%s %s/%s of attempt %d is being deleted: waiting for it to go, then starting attempt %d",
+                    api.kind, ns, name, attempt, attempt + 1)  # fmt: skip
+    elif api.is_failed(existing):
+        condition = api.latest_condition(existing) or {}
+        log.warning("%s %s/%s of attempt %d failed (%s: %s): deleting it to train again as attempt %d", api.kind, ns,
+                    name, attempt, condition.get("reason", ""), condition.get("message", ""), attempt + 1)  # fmt: skip
+        delete_job(kube, api, ns, name, uid)
     else:
-        state = (latest_condition(existing) or {}).get("type", "Created")
-        log.info("PyTorchJob %s/%s of attempt %d already exists with this spec (%s): re-attaching", ns, name, attempt,
+        state = (api.latest_condition(existing) or {}).get("type", "Created")
+        log.info("%s %s/%s of attempt %d already exists with this spec (%s): re-attaching", api.kind, ns, name, attempt,
                  state)  # fmt: skip
         return existing, True, attempt
-    wait_until_gone(kube, ns, name, uid, replace_timeout_s, cancel)
-    created = _create(kube, job, attempt=attempt + 1)
+    wait_until_gone(kube, api, ns, name, uid, replace_timeout_s, cancel)
+    created = _create(kube, api, job, attempt=attempt + 1)
     if created is None:
-        raise StepFailed(f"PyTorchJob {ns}/{name} was created again by someone else while attempt {attempt}'s was "
+        raise StepFailed(f"{api.kind} {ns}/{name} was created again by someone else while attempt {attempt}'s was "
                          "being deleted")  # fmt: skip
-    log.info("attempt %d: created PyTorchJob %s/%s again", attempt + 1, ns, name)
+    log.info("attempt %d: created %s %s/%s again", attempt + 1, api.kind, ns, name)
     return created, False, attempt + 1
+
+
+def get_job(kube: Kube, api: JobApi, ns: str, name: str) -> dict[str, Any]:
+    return kube.call(f"get {api.kind}", kube.custom.get_namespaced_custom_object, api.group, api.version, ns,
+                     api.plural, name)  # fmt: skip
 
 
 def _attempt(job: dict[str, Any]) -> int:
@@ -163,31 +157,30 @@ def _attempt(job: dict[str, Any]) -> int:
         return 1
 
 
-def _create(kube: Kube, job: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+def _create(kube: Kube, api: JobApi, job: dict[str, Any], attempt: int) -> dict[str, Any] | None:
     """The created job, or None when one of that name exists (409)."""
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
     annotations = {**job["metadata"]["annotations"], ATTEMPT_ANNOTATION: str(attempt)}
     body = {**job, "metadata": {**job["metadata"], "annotations": annotations}}
     try:
-        created = kube.call("create PyTorchJob", kube.custom.create_namespaced_custom_object, GROUP, VERSION, ns,
-                            PLURAL, body)  # fmt: skip
+        created = kube.call(f"create {api.kind}", kube.custom.create_namespaced_custom_object, api.group,
+                            api.version, ns, api.plural, body)  # fmt: skip
     except ApiException as exc:
         if exc.status == 409:
             return None
-        raise StepFailed(f"creating PyTorchJob {ns}/{name}: {describe(exc)}") from None
-    check_nothing_pruned(body, created)
-    log.info("created PyTorchJob %s/%s (attempt %d)", ns, name, attempt)
+        raise StepFailed(f"creating {api.kind} {ns}/{name}: {describe(exc)}") from None
+    check_nothing_pruned(api, body, created)
+    log.info("created %s %s/%s (attempt %d)", api.kind, ns, name, attempt)
     return created
 
 
-def wait_until_gone(kube: Kube, ns: str, name: str, uid: str, timeout_s: float,
+def wait_until_gone(kube: Kube, api: JobApi, ns: str, name: str, uid: str, timeout_s: float,
                     cancel: threading.Event | None = None, poll_s: float = 1.0) -> None:  # fmt: skip
     """A foreground-deleted job stays, with its finalizer, until its pods have terminated (their grace period)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            current = kube.call("get PyTorchJob", kube.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL,
-                                name)  # fmt: skip
+            current = get_job(kube, api, ns, name)
         except ApiException as exc:
             if exc.status == 404:
                 return
@@ -195,12 +188,11 @@ def wait_until_gone(kube: Kube, ns: str, name: str, uid: str, timeout_s: float,
         if current["metadata"]["uid"] != uid:
             return  # ours is gone; whoever made the new one, creating ours will tell
         if time.monotonic() > deadline:
-            raise StepFailed(f"PyTorchJob {ns}/{name} of an earlier attempt is still there {timeout_s:.0f}s after its "
+            raise StepFailed(f"{api.kind} {ns}/{name} of an earlier attempt is still there {timeout_s:.0f}s after its "
                              f"deletion (finalizers {current['metadata'].get('finalizers', [])}): its pods may be "
-                             "stuck Terminating; check `kubectl get pods -l training.kubeflow.org/job-name="
-                             f"{name}`")  # fmt: skip
+                             f"stuck Terminating; check `kubectl get pods -l {api.pod_selector(name)}`")  # fmt: skip
         if cancel is not None and cancel.is_set():
-            raise Cancelled(f"cancelled while PyTorchJob {ns}/{name} of an earlier attempt was being deleted")
+            raise Cancelled(f"cancelled while {api.kind} {ns}/{name} of an earlier attempt was being deleted")
         time.sleep(poll_s)
 
 
@@ -215,13 +207,13 @@ def leaf_paths(obj: Any, prefix: str = "") -> Iterator[str]:
         yield prefix
 
 
-def check_nothing_pruned(sent: dict[str, Any], stored: dict[str, Any]) -> None:
+def check_nothing_pruned(api: JobApi, sent: dict[str, Any], stored: dict[str, Any]) -> None:
     """The API server drops fields its CRD schema does not know, silently: fail loudly instead."""
     kept = set(leaf_paths(stored.get("spec", {})))
     lost = [p for p in leaf_paths(sent["spec"]) if p not in kept]
     if lost:
-        raise StepFailed(f"the API server dropped {', '.join('spec.' + p for p in lost[:5])} from the PyTorchJob: "
-                         "the installed Training Operator CRD is older than v1.8.1; upgrade it")  # fmt: skip
+        raise StepFailed(f"the API server dropped {', '.join('spec.' + p for p in lost[:5])} from the {api.kind}: "
+                         f"{api.crd}")  # fmt: skip
 
 
 # -- watching ---------------------------------------------------------------------------------------------
@@ -233,6 +225,7 @@ class JobWatcher(threading.Thread):
     def __init__(self, kube: Kube, job: dict[str, Any], settings: WatchSettings, stop: threading.Event):
         super().__init__(name="job-watch", daemon=True)
         self.kube, self.settings, self.stop = kube, settings, stop
+        self.api = api_of(job)
         self.ns, self.name = job["metadata"]["namespace"], job["metadata"]["name"]
         self.resource_version = job["metadata"].get("resourceVersion")
         self.updates: queue.Queue[dict[str, Any] | BaseException] = queue.Queue()
@@ -259,7 +252,7 @@ class JobWatcher(threading.Thread):
                     log.info("watch expired (410 Gone); reading the job and watching again")
                     self._relist()
                 elif exc.status in (403, 405):
-                    log.warning("cannot watch PyTorchJobs (%s): polling every %gs instead", describe(exc),
+                    log.warning("cannot watch %ss (%s): polling every %gs instead", self.api.kind, describe(exc),
                                 self.settings.poll_interval_s)  # fmt: skip
                     self.polling = True
                 elif is_transient(exc):
@@ -285,8 +278,7 @@ class JobWatcher(threading.Thread):
         self.stop.wait(delay)
 
     def _get(self) -> dict[str, Any]:
-        return self.kube.call("get PyTorchJob", self.kube.custom.get_namespaced_custom_object, GROUP, VERSION,
-                              self.ns, PLURAL, self.name)  # fmt: skip
+        return get_job(self.kube, self.api, self.ns, self.name)
 
     def _relist(self) -> None:
         job = self._get()
@@ -296,7 +288,7 @@ class JobWatcher(threading.Thread):
     def _watch_once(self) -> None:
         watch = Watch()
         stream = watch.stream(
-            self.kube.custom.list_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL,
+            self.kube.custom.list_namespaced_custom_object, self.api.group, self.api.version, self.ns, self.api.plural,
             field_selector=f"metadata.name={self.name}", resource_version=self.resource_version,
             timeout_seconds=self.settings.watch_timeout_s,
             _request_timeout=(self.kube.settings.request_timeout_s, self.settings.watch_timeout_s + 15),
@@ -306,7 +298,7 @@ class JobWatcher(threading.Thread):
                 obj = event["raw_object"]
                 self.resource_version = obj["metadata"]["resourceVersion"]
                 if event["type"] == "DELETED":
-                    self.updates.put(StepFailed(f"PyTorchJob {self.ns}/{self.name} was deleted by someone else"))
+                    self.updates.put(StepFailed(f"{self.api.kind} {self.ns}/{self.name} was deleted by someone else"))
                     self.stop.set()
                     return
                 self.updates.put(obj)
@@ -327,19 +319,25 @@ def stamp_key(stamp: str) -> tuple[str, int]:
 
 
 class LogStreamer(threading.Thread):
-    """Follows one pod's log into ours, prefixed by pod; reconnects where it stopped, never repeating a line."""
+    """Follows one node's log into ours, prefixed by pod; reconnects where it stopped, never repeating a line.
 
-    def __init__(self, kube: Kube, namespace: str, pod: str, settings: WatchSettings, stop: threading.Event,
-                 on_line: Callable[[str, str], None] = lambda pod, text: None):  # fmt: skip
-        super().__init__(name=f"log-{pod}", daemon=True)
-        self.kube, self.ns, self.pod, self.settings, self.stop = kube, namespace, pod, settings, stop
+    The node's pod is looked up by label at each connection: a PyTorchJob's is recreated under its name, a TrainJob's
+    restarted group brings pods of new names; lines are kept in order by their timestamps either way.
+    """
+
+    def __init__(self, kube: Kube, api: JobApi, namespace: str, job_name: str, node: int, settings: WatchSettings,
+                 stop: threading.Event, on_line: Callable[[str, str], None] = lambda pod, text: None):  # fmt: skip
+        super().__init__(name=f"log-{job_name}-{node}", daemon=True)
+        self.kube, self.api, self.ns, self.settings, self.stop = kube, api, namespace, settings, stop
+        self.selector = api.node_selector(job_name, node)
+        self.pod = ""  # the node's pod at the last connection
         self.on_line = on_line
         self.job_done = threading.Event()  # set when the job ended: the next complete read is the last
         self.last: tuple[str, int] = ("", 0)  # timestamp of the last line printed
         self.printed_at_last = 0  # lines printed with exactly that timestamp
         self.restarts_read = 0  # the container's restart count at the last read
         self.lines = 0
-        self.out = logging.getLogger(f"pod.{pod}")
+        self.out = logging.getLogger("pod")
 
     def run(self) -> None:
         """Logs are for people: a log that cannot be read (no kubelet answers: the API server's 500) is retried with
@@ -386,16 +384,18 @@ class LogStreamer(threading.Thread):
         self._read(previous=False, follow=not done)
 
     def restarted_since_last_read(self) -> bool:
-        """Whether the container's restart count moved since the last read (always, before the first read)."""
-        try:
-            pods = self.kube.core.list_namespaced_pod(
-                self.ns,
-                field_selector=f"metadata.name={self.pod}",
-                _request_timeout=self.kube.settings.request_timeout_s,
-            ).items
-        except ApiException:
-            return True
-        statuses = [s for p in pods for s in p.status.container_statuses or [] if s.name == CONTAINER]
+        """Find the node's pod (the newest, unless it is being deleted and an older one is not); whether its
+        container's restart count moved since the last read (always, before the first read of a pod). No pod yet:
+        the 404 a missing pod's log would answer."""
+        timeout = self.kube.settings.request_timeout_s
+        pods = self.kube.core.list_namespaced_pod(self.ns, label_selector=self.selector, _request_timeout=timeout).items
+        if not pods:
+            raise ApiException(status=404, reason=f"no pod matches {self.selector} yet")
+        pod = max(pods, key=lambda p: (p.metadata.deletion_timestamp is None, p.metadata.creation_timestamp))
+        if pod.metadata.name != self.pod:
+            self.pod, self.restarts_read = pod.metadata.name, 0
+            self.out = logging.getLogger(f"pod.{self.pod}")
+        statuses = [s for s in pod.status.container_statuses or [] if s.name == self.api.container]
         count = statuses[0].restart_count or 0 if statuses else 0
         moved, self.restarts_read = count != self.restarts_read, count
         return moved and count > 0
@@ -406,7 +406,7 @@ class LogStreamer(threading.Thread):
             last = datetime.fromisoformat(self.last[0] + "+00:00").timestamp()
             kwargs["since_seconds"] = max(1, math.ceil(time.time() - last) + 1)
         response = self.kube.core.read_namespaced_pod_log(
-            self.pod, self.ns, container=CONTAINER, timestamps=True, _preload_content=False,
+            self.pod, self.ns, container=self.api.container, timestamps=True, _preload_content=False,
             _request_timeout=(self.kube.settings.request_timeout_s, self.settings.log_read_timeout_s), **kwargs,
         )  # fmt: skip
         skip = self.printed_at_last
@@ -438,20 +438,21 @@ class LogStreamer(threading.Thread):
 # -- the run ----------------------------------------------------------------------------------------------
 
 
-def pod_summary(kube: Kube, ns: str, name: str) -> tuple[str, int]:
-    """'worker-0 Running, worker-1 Pending' and the containers' restarts, from the job's pods."""
-    pods = kube.call("list pods", kube.core.list_namespaced_pod, ns, label_selector=f"{JOB_LABEL}={name}").items
-    phases, restarts = [], 0
-    for pod in sorted(pods, key=lambda p: p.metadata.name):
-        phases.append(f"{pod.metadata.name.removeprefix(name + '-')} {pod.status.phase}")
-        restarts += sum(c.restart_count or 0 for c in pod.status.container_statuses or [])
-    return ", ".join(phases) or "no pods yet", restarts
+def job_pods(kube: Kube, api: JobApi, ns: str, name: str) -> list[Any]:
+    return kube.call("list pods", kube.core.list_namespaced_pod, ns, label_selector=api.pod_selector(name)).items
 
 
-def describe_failure(kube: Kube, ns: str, name: str) -> dict[str, str]:
+def pod_summary(api: JobApi, name: str, pods: list[Any]) -> str:
+    """'worker-0 Running, worker-1 Pending', from the job's pods."""
+    phases = [f"{api.pod_label(pod.metadata.name, name)} {pod.status.phase}"
+              for pod in sorted(pods, key=lambda p: p.metadata.name)]  # fmt: skip
+    return ", ".join(phases) or "no pods yet"
+
+
+def describe_failure(kube: Kube, api: JobApi, ns: str, name: str) -> dict[str, str]:
     """Log the failing pod's last lines and its events, so the step's log says why without kubectl; returns the
     last lines read, by pod (none when the pods are gone)."""
-    pods = kube.call("list pods", kube.core.list_namespaced_pod, ns, label_selector=f"{JOB_LABEL}={name}").items
+    pods = job_pods(kube, api, ns, name)
 
     def failed(pod: Any) -> bool:
         for status in pod.status.container_statuses or []:
@@ -466,7 +467,7 @@ def describe_failure(kube: Kube, ns: str, name: str) -> dict[str, str]:
         pod_name = pod.metadata.name
         try:
             text = kube.read_for_people("read log", kube.core.read_namespaced_pod_log, pod_name, ns,
-                                        container=CONTAINER, tail_lines=TAIL_LINES)  # fmt: skip
+                                        container=api.container, tail_lines=TAIL_LINES)  # fmt: skip
             log.error("last %d lines of %s:\n%s", TAIL_LINES, pod_name, text.rstrip() or "(empty)")
             if failed(pod) and text.strip():
                 tails[pod_name] = "last lines: " + " | ".join(text.strip().splitlines()[-8:])
@@ -486,10 +487,19 @@ def describe_failure(kube: Kube, ns: str, name: str) -> dict[str, str]:
     return tails
 
 
-def last_lines(kube: Kube, ns: str, pod: str) -> str:
+def current_lines(kube: Kube, api: JobApi, ns: str, pod: str) -> str:
+    """The last lines of the container as it is (a failed pod's, before it is deleted)."""
+    try:
+        return kube.read_for_people("read log", kube.core.read_namespaced_pod_log, pod, ns, container=api.container,
+                                    tail_lines=TAIL_LINES)  # fmt: skip
+    except (ApiException, StepFailed):  # logs are for people
+        return ""
+
+
+def last_lines(kube: Kube, api: JobApi, ns: str, pod: str) -> str:
     """The last lines of the container's previous run (a crash-looping container's own is about to restart)."""
     try:
-        return kube.read_for_people("read log", kube.core.read_namespaced_pod_log, pod, ns, container=CONTAINER,
+        return kube.read_for_people("read log", kube.core.read_namespaced_pod_log, pod, ns, container=api.container,
                                     tail_lines=TAIL_LINES, previous=True)  # fmt: skip
     except (ApiException, StepFailed):  # logs are for people: an unreadable one never ends the launch
         return ""
@@ -498,12 +508,14 @@ def last_lines(kube: Kube, ns: str, pod: str) -> str:
 class Diagnoser:
     """Reads the job's pods and their events for the diagnosis, at most every `every_s`.
 
-    Also keeps what will be gone when the job fails: with restartPolicy OnFailure the operator deletes every pod at
-    the backoff limit, so the last lines of each container that exited are read at its restart, while they exist.
+    Also keeps what will be gone when the job fails: with restartPolicy OnFailure the Training Operator deletes every
+    pod at the backoff limit, so the last lines of each container that exited are read at its restart; a TrainJob's
+    failed pod (restartPolicy Never) goes when JobSet restarts the group, so its last lines are read once it failed.
     """
 
-    def __init__(self, kube: Kube, ns: str, name: str, diagnosis: Diagnosis, every_s: float):
-        self.kube, self.ns, self.name, self.diagnosis, self.every_s = kube, ns, name, diagnosis, every_s
+    def __init__(self, kube: Kube, api: JobApi, ns: str, name: str, diagnosis: Diagnosis, every_s: float):
+        self.kube, self.api, self.ns, self.name = kube, api, ns, name
+        self.diagnosis, self.every_s = diagnosis, every_s
         self.next_at = 0.0
         self.events_readable = True
         self.pods: list[Any] | None = None  # the last list read; None until one was
@@ -517,8 +529,7 @@ class Diagnoser:
             return
         self.next_at = time.monotonic() + self.every_s
         try:  # the diagnosis helps; it never stops the launch
-            pods = self.kube.call("list pods", self.kube.core.list_namespaced_pod, self.ns,
-                                  label_selector=f"{JOB_LABEL}={self.name}").items  # fmt: skip
+            pods = job_pods(self.kube, self.api, self.ns, self.name)
         except (ApiException, StepFailed) as exc:
             log.warning("diagnosis: cannot list the job's pods: %s", describe(exc))
             return
@@ -553,13 +564,19 @@ class Diagnoser:
     def _keep_restart_tails(self, pods: list[Any]) -> None:
         for pod in pods:
             for status in pod.status.container_statuses or []:
+                name = pod.metadata.name
+                ended = status.state.terminated if status.state else None
+                if pod.status.phase == "Failed" and ended is not None and name not in self.restart_tails:
+                    tail = current_lines(self.kube, self.api, self.ns, name).strip().splitlines()[-8:]
+                    lines = f"; last lines: {' | '.join(tail)}" if tail else ""
+                    self.restart_tails[name] = f"exit code {ended.exit_code} ({ended.reason}){lines}"
+                    log.warning("%s failed (%s)", name, self.restart_tails[name])
                 count = status.restart_count or 0
                 last = status.last_state.terminated if status.last_state else None
-                name = pod.metadata.name
                 if count <= self._restarts_seen.get(name, 0) or last is None:
                     continue
                 self._restarts_seen[name] = count
-                tail = last_lines(self.kube, self.ns, name).strip().splitlines()[-8:]
+                tail = last_lines(self.kube, self.api, self.ns, name).strip().splitlines()[-8:]
                 lines = f"; last lines: {' | '.join(tail)}" if tail else ""
                 if not tail and name in self._restart_lines:  # unreadable now (the pod going): the earlier ones
                     lines = (
@@ -581,13 +598,13 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     the job once it is known to be ours (created, or re-attached with our spec digest); `training` reads the
     trainer's progress: a permanent failure or a stall deletes the job (restarts would not help).
     """
+    api = api_of(job)
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    diagnosis = diagnosis or Diagnosis(name, last_lines=lambda pod: last_lines(kube, ns, pod))
-    diagnoser = Diagnoser(kube, ns, name, diagnosis, settings.diagnose_every_s)
-    min_pods = int(job["spec"].get("elasticPolicy", {}).get("minReplicas")
-                   or job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])  # fmt: skip
-    deadlines = Deadlines(min_pods)
-    if min_pods < job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]:
+    diagnosis = diagnosis or Diagnosis(name, last_lines=lambda pod: last_lines(kube, api, ns, pod))
+    diagnoser = Diagnoser(kube, api, ns, name, diagnosis, settings.diagnose_every_s)
+    min_pods, workers = api.nodes(job)
+    deadlines = Deadlines(min_pods, api)
+    if min_pods < workers:
         diagnosis.min_pods = min_pods  # elastic: pods beyond the minimum may wait for room
     stored, reattached, attempt = create_or_attach(kube, job, settings.replace_timeout_s, cancel)
     uid = stored["metadata"]["uid"]
@@ -597,9 +614,8 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     watcher = JobWatcher(kube, stored, settings, stop)
     watcher.updates.put(stored)
     watcher.start()
-    workers = job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
-    pods = {"none": [], "all": [f"{name}-worker-{i}" for i in range(workers)]}.get(settings.logs, [f"{name}-worker-0"])
-    streamers = [LogStreamer(kube, ns, pod, settings, stop, diagnosis.observe_line) for pod in pods]
+    nodes = {"none": [], "all": list(range(workers))}.get(settings.logs, [0])
+    streamers = [LogStreamer(kube, api, ns, name, node, settings, stop, diagnosis.observe_line) for node in nodes]
     for streamer in streamers:
         streamer.start()
     last_seen, current = None, stored
@@ -609,23 +625,23 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
 
     def give_up(why: str) -> None:
         diagnoser.tick(force=True)  # one more look before the job goes: the reason given is the latest
-        phases, _ = pod_summary(kube, ns, name)
-        describe_failure(kube, ns, name)  # a pod stuck in Pending says why in its events
-        delete_job(kube, ns, name, uid)
-        raise StepFailed(f"PyTorchJob {ns}/{name} {why} (pods: {phases}){_why(diagnosis)}; it was deleted")
+        phases = pod_summary(api, name, job_pods(kube, api, ns, name))
+        describe_failure(kube, api, ns, name)  # a pod stuck in Pending says why in its events
+        delete_job(kube, api, ns, name, uid)
+        raise StepFailed(f"{api.kind} {ns}/{name} {why} (pods: {phases}){_why(diagnosis)}; it was deleted")
 
     try:
         while True:
             if cancel.is_set():
-                log.warning("SIGTERM: the run is being terminated; deleting PyTorchJob %s/%s", ns, name)
-                delete_job(kube, ns, name, uid)
-                raise Cancelled(f"cancelled: PyTorchJob {ns}/{name} deleted on SIGTERM")
+                log.warning("SIGTERM: the run is being terminated; deleting %s %s/%s", api.kind, ns, name)
+                delete_job(kube, api, ns, name, uid)
+                raise Cancelled(f"cancelled: {api.kind} {ns}/{name} deleted on SIGTERM")
             if settings.deadline_s and deadlines.active_time(started) > settings.deadline_s:
-                last = (latest_condition(current) or {}).get("type", "none")
+                last = (api.latest_condition(current) or {}).get("type", "none")
                 give_up(f"did not finish within {settings.deadline_s:.0f}s (not counting time queued; last state: "
                         f"{last})")  # fmt: skip
             if failed_at is not None and time.monotonic() - failed_at > settings.auto_resume_wait_s:
-                log.warning("PyTorchJob %s/%s stayed Failed for %.0fs: auto-resume did not bring it back", ns, name,
+                log.warning("%s %s/%s stayed Failed for %.0fs: auto-resume did not bring it back", api.kind, ns, name,
                             settings.auto_resume_wait_s)  # fmt: skip
                 break
             diagnoser.tick()
@@ -653,54 +669,55 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                 update = watcher.updates.get(timeout=0.2)
             except queue.Empty:
                 if not watcher.is_alive() and watcher.updates.empty():
-                    raise StepFailed(f"lost track of PyTorchJob {ns}/{name}: the watch stopped") from None
+                    raise StepFailed(f"lost track of {api.kind} {ns}/{name}: the watch stopped") from None
                 continue
             if isinstance(update, BaseException):
                 raise update
             current = update
             deadlines.job_changed(current)
-            condition = latest_condition(current)
+            condition = api.latest_condition(current)
             key = (condition or {}).get("type"), (condition or {}).get("reason")
             if key != last_seen and condition is not None:
                 last_seen = key
-                phases, _ = pod_summary(kube, ns, name)
-                log.info("PyTorchJob %s: %s (%s) %s; pods: %s", name, condition["type"], condition.get("reason", ""),
+                phases = pod_summary(api, name, job_pods(kube, api, ns, name))
+                log.info("%s %s: %s (%s) %s; pods: %s", api.kind, name, condition["type"], condition.get("reason", ""),
                          condition.get("message", ""), phases)  # fmt: skip
-            if failed_at is not None and not true_condition(current, "Failed"):
-                log.warning("PyTorchJob %s/%s is no longer Failed (%s): auto-resume brought it back", ns, name,
+            if failed_at is not None and not api.is_failed(current):
+                log.warning("%s %s/%s is no longer Failed (%s): auto-resume brought it back", api.kind, ns, name,
                             (condition or {}).get("type", "no condition"))  # fmt: skip
                 failed_at = None
-            if condition is not None and condition["type"] == "Failed" and auto_resumed and settings.auto_resume_wait_s:
+            if api.is_failed(current) and auto_resumed and settings.auto_resume_wait_s:
                 if failed_at is None:
                     failed_at = time.monotonic()
-                    log.warning("PyTorchJob %s/%s failed; HyperPod auto-resume is on and may restart it: watching it "
-                                "%.0fs more before the step fails", ns, name, settings.auto_resume_wait_s)  # fmt: skip
+                    log.warning("%s %s/%s failed; HyperPod auto-resume is on and may restart it: watching it %.0fs "
+                                "more before the step fails", api.kind, ns, name,
+                                settings.auto_resume_wait_s)  # fmt: skip
                 continue
-            if condition is not None and condition["type"] in TERMINAL:
+            if api.is_finished(current):
                 break
         # The last lines may come after the job's condition. After a failure, other workers may still be running
         # (until cleanPodPolicy removes them): their streams are not waited for long.
-        drain_until = time.monotonic() + (LOG_DRAIN_S if condition["type"] == "Succeeded" else 2.0)
+        drain_until = time.monotonic() + (LOG_DRAIN_S if api.is_succeeded(current) else 2.0)
         for streamer in streamers:
             streamer.job_done.set()
         for streamer in streamers:
             streamer.join(timeout=max(0.0, drain_until - time.monotonic()))
     finally:
         stop.set()
-    queued, running = condition_times(current)
-    _, restarts = pod_summary(kube, ns, name)
-    restarts += sum(1 for c in current.get("status", {}).get("conditions", []) if c["type"] == "Restarting")
-    conditions = current.get("status", {}).get("conditions", [])
+    queued, running = api.times(current)
+    restarts = api.restarts(current, job_pods(kube, api, ns, name))
     findings = [f.line() for f in diagnosis.findings]
-    outcome = JobOutcome(name, ns, condition["type"], reattached, attempt, queued, running, restarts, conditions,
+    state = "Succeeded" if api.is_succeeded(current) else "Failed"
+    outcome = JobOutcome(name, ns, state, reattached, attempt, queued, running, restarts, api.conditions(current),
                          findings)  # fmt: skip
-    if condition["type"] == "Failed":
+    if state == "Failed":
+        condition = api.latest_condition(current) or {}
         diagnoser.tick(force=True)  # the pods' last word, if they still exist: an OOMKilled, a crash loop
-        pod_tails = {**diagnoser.restart_tails, **describe_failure(kube, ns, name)}
+        pod_tails = {**diagnoser.restart_tails, **describe_failure(kube, api, ns, name)}
         reason = f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
-        raise StepFailed(f"PyTorchJob {ns}/{name} failed (attempt {attempt}): {reason}"
+        raise StepFailed(f"{api.kind} {ns}/{name} failed (attempt {attempt}): {reason}"
                          f"{_evidence(evidence(), pod_tails)}{_why(diagnosis)}")  # fmt: skip
-    log.info("PyTorchJob %s/%s succeeded (attempt %d; queued %s, running %s, %d restarts)", ns, name, attempt,
+    log.info("%s %s/%s succeeded (attempt %d; queued %s, running %s, %d restarts)", api.kind, ns, name, attempt,
              f"{queued:.0f}s" if queued is not None else "?", f"{running:.0f}s" if running is not None else "?",
              restarts)  # fmt: skip
     return outcome
@@ -740,13 +757,14 @@ def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchRes
     settings = WatchSettings(deadline_s=cfg.timeout_s, logs=cfg.stream_logs, pending_timeout_s=cfg.pending_timeout_s,
                              recovery_timeout_s=cfg.recovery_timeout_s, queue_timeout_s=cfg.queue_timeout_s,
                              diagnose_every_s=DIAGNOSE_EVERY_S,
-                             auto_resume_wait_s=spec.auto_resume_wait_s if spec.auto_resume else 0)  # fmt: skip
+                             auto_resume_wait_s=spec.auto_resume_wait_s if spec.auto_resumed else 0)  # fmt: skip
     ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    diagnosis = Diagnosis(name, last_lines=lambda pod: last_lines(kube, ns, pod),
+    api = spec.api
+    diagnosis = Diagnosis(name, last_lines=lambda pod: last_lines(kube, api, ns, pod),
                           memory_note=lambda: last_memory_use(cfg.run_paths.metrics))  # fmt: skip
     started = time.perf_counter()
     cancel = threading.Event()
-    delete_now = ImmediateDelete(api_client, ns, name)
+    delete_now = ImmediateDelete(api_client, api, ns, name)
 
     def owned(uid: str) -> None:
         delete_now.uid = uid
@@ -761,6 +779,7 @@ def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchRes
         world_size=cfg.world_size,
         seconds=round(time.perf_counter() - started, 3),
         job_name=outcome.name,
+        job_kind=api.kind,
         namespace=outcome.namespace,
         state=outcome.state,
         reattached=outcome.reattached,

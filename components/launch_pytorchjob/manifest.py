@@ -1,15 +1,14 @@
-"""The PyTorchJob manifest: a pure function of typed parameters, validated before anything is sent.
+"""The job's manifest: a pure function of typed parameters, validated before anything is sent.
 
-It reproduces the seed's manifest (elastic Worker replicas under c10d, 8 GPUs and the EFA devices of the
-instance type, Guaranteed CPU/memory, NCCL/EFA environment, /dev/shm in memory, the FSx PVC at /fsx, the
-GPU toleration, a 120 s grace period, restartPolicy OnFailure) and adds what the seed leaves out:
-spec.runPolicy, spec.nprocPerNode, HyperPod auto-resume annotations, the node-health affinity, the Istio
-opt-out, the trainer's flags, and labels that tie the job to its pipeline run.
+`JobSpec` holds what a job is made of, whatever API runs it; the pod's parts (resources, environment, volumes,
+tolerations, the node-health affinity) are built here once. Each job API renders its own object from them
+(pytorchjob.py: a kubeflow.org/v1 PyTorchJob; trainjob.py: a trainer.kubeflow.org/v1alpha1 TrainJob and the
+ClusterTrainingRuntime it refers to); `render_job` picks the spec's.
 
-Where the seed is wrong the manifest differs on purpose (tests/test_manifest.py lists each difference):
-a Worker-only elastic job gets no MASTER_ADDR/MASTER_PORT from the Training Operator, which sets
-PET_RDZV_ENDPOINT (<job>-worker-0:<port>) instead; and torchrun's --nnodes must be MIN:MAX when the
-elastic policy lets the node count vary.
+It reproduces the seed's pod (8 GPUs and the EFA devices of the instance type, Guaranteed CPU/memory, NCCL/EFA
+environment, /dev/shm in memory, the FSx PVC at /fsx, the GPU toleration, a 120 s grace period) and adds what the
+seed leaves out: the node-health affinity, the Istio opt-out, torchrun's shutdown timeout, the trainer's flags, and
+labels that tie the job to its pipeline run.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import InputError
+from components.launch_pytorchjob.job_api import DEFAULT_JOB_API, JobApi, job_api
 
-GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
-CONTAINER = "pytorch"  # the Training Operator requires this container name
 SPEC_HASH_ANNOTATION = "hyperpod-pretrain.io/spec-sha256"
 ATTEMPT_ANNOTATION = "hyperpod-pretrain.io/attempt"  # 1, then +1 each time a failed job of the run is replaced
 # Kueue (HyperPod task governance) queues a job labelled with its LocalQueue and priority class
@@ -37,9 +35,11 @@ MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
 RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torchrun: a rendezvous store address per round
 SHUTDOWN_MARGIN_S = 20  # of the grace period, left to torchrun after its workers' shutdown timeout
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}  # the seed's
+DEFAULT_RUNTIME = "hyperpod-pretrain"  # our ClusterTrainingRuntime (deploy/trainjob-runtime.yaml)
 HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
 DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
-# Pods are named <job>-worker-<index> and carry the job name as a label value (63 characters at most).
+# PyTorchJob pods are named <job>-worker-<index>, and carry the job name as a label value (63 characters at most);
+# a TrainJob's Jobs are <job>-node-<index> and its pods' hostnames <job>-node-0-<index> (a DNS label, 63 at most).
 MAX_NAME = 63 - len("-worker-999")
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
@@ -71,6 +71,8 @@ class JobSpec:
     name: str
     image: str
     trainer_args: list[str]
+    job_api: str = DEFAULT_JOB_API  # the platform team's choice (Platform.job_api)
+    runtime_name: str = DEFAULT_RUNTIME  # trainjob: the ClusterTrainingRuntime the TrainJob names
     namespace: str = "kubeflow"
     instance_type: str = "p5.48xlarge"
     min_nodes: int = 2
@@ -98,7 +100,7 @@ class JobSpec:
     restart_budget: int = 3
     active_deadline_s: int = 0  # 0: none
     ttl_after_finished_s: int = 7 * 24 * 3600
-    auto_resume: bool = True
+    auto_resume: bool | None = None  # None: on for a PyTorchJob; HyperPod auto-resume does not cover TrainJobs
     auto_resume_max_retries: int | None = None  # None: restart_budget
     # Not in the manifest: how long the launcher watches a Failed job for auto-resume to bring it back before the
     # step fails (HyperPod's restarter may update a PyTorchJob's status; what it does with a Failed one is unpublished).
@@ -147,6 +149,15 @@ class JobSpec:
         return self.restart_budget if self.auto_resume_max_retries is None else self.auto_resume_max_retries
 
     @property
+    def api(self) -> JobApi:
+        return job_api(self.job_api)
+
+    @property
+    def auto_resumed(self) -> bool:
+        """Whether HyperPod auto-resume is asked for (its annotations on the job)."""
+        return self.job_api == "pytorchjob" if self.auto_resume is None else self.auto_resume
+
+    @property
     def nproc(self) -> int:
         return self.instance().gpus if self.nproc_per_node is None else self.nproc_per_node
 
@@ -159,14 +170,46 @@ class JobSpec:
             raise InputError(f"namespace {self.namespace!r} is not a DNS-1123 label")
         if not self.image or any(c.isspace() for c in self.image):
             raise InputError(f"image {self.image!r} is not an image reference")
-        instance = self.instance()
         if not 1 <= self.min_nodes <= self.max_nodes:
             raise InputError(f"min nodes {self.min_nodes} and max nodes {self.max_nodes}: need 1 <= min <= max")
+        self.api.validate(self)
+        instance = self.instance()
         if instance.gpus and self.nproc != instance.gpus:
             raise InputError(f"nproc-per-node {self.nproc} differs from the {instance.gpus} GPUs requested per node: "
                              "each process drives one GPU")  # fmt: skip
-        if self.nproc < 1 or instance.gpus < 0 or instance.efa < 0:
-            raise InputError("nproc-per-node must be positive; GPUs and EFA devices per node cannot be negative")
+        if self.nproc < 1:
+            raise InputError("nproc-per-node must be positive")
+        self.validate_pod()
+        if self.auto_resumed:
+            if self.restart_policy != "OnFailure":
+                raise InputError(f"HyperPod auto-resume needs restartPolicy OnFailure, not {self.restart_policy}")
+            if not (self.namespace == "kubeflow" or self.namespace.startswith("hyperpod")):
+                raise InputError(f"namespace {self.namespace!r}: HyperPod auto-resumes jobs only in 'kubeflow' or a "
+                                 "namespace starting with 'hyperpod' (or turn auto-resume off)")  # fmt: skip
+            if self.max_retries < 1:
+                raise InputError(
+                    "auto-resume max retries must be at least 1 (with restart_budget 0, set "
+                    "auto_resume_max_retries or turn auto-resume off)"
+                )
+        if self.queue_name and self.min_nodes < self.max_nodes:
+            # Kueue admits a PyTorchJob for all its Worker replicas or not at all (kubernetes-sigs/kueue v0.19.2,
+            # pkg/controller/jobs/kubeflow/kubeflowjob, KubeflowJob.PodSets: Count = replicas, no minimum).
+            raise InputError(f"max_nodes {self.max_nodes} with Kueue queue {self.queue_name!r}: Kueue admits the job "
+                             f"only when all {self.max_nodes} nodes fit, never on nnodes {self.min_nodes}; give "
+                             f"max_nodes 0 (or equal to nnodes) on a queued cluster")  # fmt: skip
+        for name in ("queue_name", "priority_class"):
+            value = getattr(self, name)
+            if value and (len(value) > 63 or not _DNS_1123.match(value)):
+                raise InputError(f"{name.replace('_', '-')} {value!r} is not a DNS-1123 label")
+        for key in (AUTO_RESUME, MAX_RETRY):
+            if key in self.annotations:
+                raise InputError(f"annotation {key} is set by the auto-resume option, not by hand (both or neither)")
+
+    def validate_pod(self) -> None:
+        """The pod's settings, for a job and for a runtime alike."""
+        instance = self.instance()
+        if instance.gpus < 0 or instance.efa < 0:
+            raise InputError("GPUs and EFA devices per node cannot be negative")
         for name in ("cpu", "memory", "shm_size"):
             if not _QUANTITY.match(getattr(self, name)):
                 raise InputError(f"{name.replace('_', '-')} {getattr(self, name)!r} is not a Kubernetes quantity")
@@ -192,47 +235,6 @@ class JobSpec:
         ):
             if getattr(self, name) < 0:
                 raise InputError(f"{name.replace('_', '-')} cannot be negative")
-        if self.auto_resume:
-            if self.restart_policy != "OnFailure":
-                raise InputError(f"HyperPod auto-resume needs restartPolicy OnFailure, not {self.restart_policy}")
-            if not (self.namespace == "kubeflow" or self.namespace.startswith("hyperpod")):
-                raise InputError(f"namespace {self.namespace!r}: HyperPod auto-resumes jobs only in 'kubeflow' or a "
-                                 "namespace starting with 'hyperpod' (or turn auto-resume off)")  # fmt: skip
-            if self.max_retries < 1:
-                raise InputError(
-                    "auto-resume max retries must be at least 1 (with restart_budget 0, set "
-                    "auto_resume_max_retries or turn auto-resume off)"
-                )
-        if self.queue_name and self.min_nodes < self.max_nodes:
-            # Kueue admits a PyTorchJob for all its Worker replicas or not at all (kubernetes-sigs/kueue v0.19.2,
-            # pkg/controller/jobs/kubeflow/kubeflowjob, KubeflowJob.PodSets: Count = replicas, no minimum).
-            raise InputError(f"max_nodes {self.max_nodes} with Kueue queue {self.queue_name!r}: Kueue admits the job "
-                             f"only when all {self.max_nodes} nodes fit, never on nnodes {self.min_nodes}; give "
-                             f"max_nodes 0 (or equal to nnodes) on a queued cluster")  # fmt: skip
-        for name in ("queue_name", "priority_class"):
-            value = getattr(self, name)
-            if value and (len(value) > 63 or not _DNS_1123.match(value)):
-                raise InputError(f"{name.replace('_', '-')} {value!r} is not a DNS-1123 label")
-        for key in (AUTO_RESUME, MAX_RETRY):
-            if key in self.annotations:
-                raise InputError(f"annotation {key} is set by the auto-resume option, not by hand (both or neither)")
-
-
-def torchrun_command(spec: JobSpec) -> list[str]:
-    nnodes = str(spec.min_nodes) if spec.min_nodes == spec.max_nodes else f"{spec.min_nodes}:{spec.max_nodes}"
-    return [
-        "torchrun",
-        f"--nnodes={nnodes}",
-        f"--nproc-per-node={spec.nproc}",
-        f"--rdzv-backend={spec.rdzv_backend}",
-        # The operator sets PET_RDZV_ENDPOINT=<job>-worker-0:<port> for a Worker-only elastic job (no MASTER_ADDR).
-        "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)",
-        f"--rdzv-id={spec.name}",
-        f"--max-restarts={spec.max_restarts}",
-        "-m",
-        "trainer.train_ddp",
-        *spec.trainer_args,
-    ]
 
 
 def container_env(spec: JobSpec) -> list[dict[str, str]]:
@@ -284,16 +286,17 @@ def affinity() -> dict[str, Any]:
     }
 
 
-def pod_template(spec: JobSpec) -> dict[str, Any]:
+def pod_template(spec: JobSpec, container: str, command: list[str]) -> dict[str, Any]:
+    """The trainer's pod: `container` named as the API wants it, running `command`."""
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": spec.grace_period_s,  # time for the SIGTERM checkpoint
         # The trainer calls no Kubernetes API: no token in its pods unless the platform team compiles one in.
         "automountServiceAccountToken": spec.automount_service_account_token,
         "containers": [
             {
-                "name": CONTAINER,
+                "name": container,
                 "image": spec.image,
-                "command": torchrun_command(spec),
+                "command": command,
                 "resources": resources(spec),
                 "env": container_env(spec),
                 # GPUs and EFA devices come from the device plugins: nothing here needs privilege or a way to it.
@@ -329,48 +332,27 @@ def pod_template(spec: JobSpec) -> dict[str, Any]:
 
 
 def render_job(spec: JobSpec) -> dict[str, Any]:
-    """The PyTorchJob as a dict (dump it with yaml.safe_dump); raises InputError on inconsistent inputs."""
+    """The job as a dict, in the spec's API (dump it with yaml.safe_dump); raises InputError on inconsistent
+    inputs."""
     spec.validate()
+    return spec.api.render(spec)
+
+
+def run_annotations(spec: JobSpec) -> dict[str, str]:
     annotations = dict(spec.annotations)
-    if spec.auto_resume:
+    if spec.auto_resumed:
         annotations |= {AUTO_RESUME: "true", MAX_RETRY: str(spec.max_retries)}
-    run_policy: dict[str, Any] = {
-        "cleanPodPolicy": spec.clean_pod_policy,
-        "backoffLimit": spec.backoff_limit,
-        "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
-    }
-    if spec.active_deadline_s:
-        run_policy["activeDeadlineSeconds"] = spec.active_deadline_s
+    return annotations
+
+
+def job_labels(spec: JobSpec) -> dict[str, str]:
+    """The job's own labels: ours, the run's, and Kueue's queue and priority class when the platform has a queue."""
     queue = {QUEUE_LABEL: spec.queue_name, PRIORITY_CLASS_LABEL: spec.priority_class}
-    job: dict[str, Any] = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "metadata": {
-            "name": spec.name,
-            "namespace": spec.namespace,
-            "labels": {"app.kubernetes.io/managed-by": "hyperpod-pretrain"}
-            | spec.labels
-            | {k: v for k, v in queue.items() if v},
-            "annotations": annotations,
-        },
-        "spec": {
-            "elasticPolicy": {
-                "rdzvBackend": spec.rdzv_backend,
-                "minReplicas": spec.min_nodes,
-                "maxReplicas": spec.max_nodes,
-                "maxRestarts": spec.max_restarts,
-            },
-            "nprocPerNode": str(spec.nproc),
-            "runPolicy": run_policy,
-            "pytorchReplicaSpecs": {
-                "Worker": {
-                    "replicas": spec.max_nodes,
-                    "restartPolicy": spec.restart_policy,
-                    "template": pod_template(spec),
-                }
-            },
-        },
-    }
+    return {"app.kubernetes.io/managed-by": "hyperpod-pretrain"} | spec.labels | {k: v for k, v in queue.items() if v}
+
+
+def owned_by_launcher(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
+    """The job with the launcher's pod as its owner (garbage-collected with it) and our spec digest."""
     if spec.owner is not None:
         name, uid = spec.owner
         job["metadata"]["ownerReferences"] = [

@@ -1,11 +1,12 @@
-"""Who owns which knob of the PyTorchJob: the platform team's settings, compiled in, and what a run may choose.
+"""Who owns which knob of the job: the platform team's settings, compiled in, and what a run may choose.
 
-A platform team uploads the pipeline once and lets many people run it. Whatever touches privileges (the trainer
-pods' service account and its token, tolerations, node selector, image pull secrets, extra environment, where
-images may come from, which namespaces jobs may go to, the FSx volume, the Kueue queue) is `Platform`: `compile`
-flags, baked into the YAML as a constant. A run chooses sizes, counts, timeouts and training settings only: its
-parameters, and in `job_options` the names in RUN_OPTIONS, each with its type and bounds. Anything else is
-refused, with one line naming it, before any API call.
+A platform team uploads the pipeline once and lets many people run it. Whatever touches privileges (which job API
+runs the trainer and, for a TrainJob, which runtime, the trainer pods' service account and its token, tolerations,
+node selector, image pull secrets, extra environment, where images may come from, which namespaces jobs may go to,
+the FSx volume, the Kueue queue) is `Platform`: `compile` flags, baked into the YAML as a constant. A run chooses
+sizes, counts, timeouts and training settings only: its parameters, and in `job_options` the names in RUN_OPTIONS,
+each with its type and bounds (and only those its job API has a place for). Anything else is refused, with one line
+naming it, before any API call.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import InputError
+from components.launch_pytorchjob.job_api import DEFAULT_JOB_API, JOB_APIS, job_api
 from trainer.config import check_setting
 
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -29,6 +31,8 @@ TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSe
 class Platform:
     """The platform team's settings (compile time). Empty `namespaces`/`registries`: any (the CLI, tests)."""
 
+    job_api: str = DEFAULT_JOB_API  # pytorchjob (Training Operator v1) or trainjob (Kubeflow Trainer v2)
+    runtime_name: str = "hyperpod-pretrain"  # trainjob: the ClusterTrainingRuntime (deploy/trainjob-runtime.yaml)
     pvc_name: str = "fsx-lustre-pvc"
     # One volume, one path: the PVC is mounted here in every step and in the job's pods, so a storage root under it
     # names the same directory everywhere. Empty (the CLI, tests): at the storage root itself.
@@ -46,7 +50,9 @@ class Platform:
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the trainer (NCCL/EFA tuning, proxies)
 
     def __post_init__(self) -> None:
-        names = [self.queue_name, self.priority_class, *self.namespaces, *self.image_pull_secrets]
+        if self.job_api not in JOB_APIS:
+            raise InputError(f"job API {self.job_api!r} is unknown: choose one of {', '.join(JOB_APIS)}")
+        names = [self.runtime_name, self.queue_name, self.priority_class, *self.namespaces, *self.image_pull_secrets]
         for value in [n for n in names if n]:
             if len(value) > 63 or not _DNS_1123.match(value):
                 raise InputError(f"platform setting {value!r} is not a DNS-1123 label")
@@ -127,8 +133,9 @@ RENAMED_OPTIONS = {
 }
 
 
-def run_options(options: dict[str, Any]) -> dict[str, Any]:
-    """`job_options` as a run gave them, checked: only RUN_OPTIONS, of their type, within their bounds."""
+def run_options(options: dict[str, Any], api_name: str = DEFAULT_JOB_API) -> dict[str, Any]:
+    """`job_options` as a run gave them, checked: only RUN_OPTIONS, of their type, within their bounds, and only
+    those the compiled job API has a place for."""
     for key, value in options.items():
         if key in RENAMED_OPTIONS:
             raise InputError(f"job option {key!r} is now {RENAMED_OPTIONS[key]}")
@@ -149,4 +156,5 @@ def run_options(options: dict[str, Any]) -> dict[str, Any]:
         if kind is str and (not isinstance(value, str) or len(value) > MAX_OPTION_STRING):
             raise InputError(f"job option {key!r} must be a string of at most {MAX_OPTION_STRING} characters, got "
                              f"{str(value)[:80]!r}")  # fmt: skip
+    job_api(api_name).refuse_options(options)
     return dict(options)

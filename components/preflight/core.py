@@ -1,13 +1,14 @@
-"""Preflight: check the cluster against the exact PyTorchJob the launcher would create, before it creates it.
+"""Preflight: check the cluster against the exact job the launcher would create, before it creates it.
 
-The manifest is rendered with the launcher's own `render_job(cfg.job_spec())` and everything checked comes from
-it: namespace, the worker's resources, nodeSelector, node affinity, tolerations, the PVC, /dev/shm, the image,
-the node counts, the auto-resume annotation, and the trainer's preset, grace period and torchrun shutdown timeout
-(what a SIGTERM's checkpoint must write, and in how long). Each check is pass, warn, fail or n/a with a one-line
-reason and a one-line fix (the seed's troubleshooting table where it has one). Every call goes through `Kube.call`
-(timeouts, retries of transient errors); any other API error fails only its own check, and a 403 on reading
-cluster state warns (the step's service account may not be allowed to look), so the other checks still run.
-"""
+The manifest is rendered with the launcher's own `render_job(cfg.job_spec())` (a PyTorchJob, or a TrainJob with the
+pod its runtime makes) and everything checked comes from it: the job API and its operator (and a TrainJob's
+runtime), the Kueue queue, namespace, the worker's resources, nodeSelector, node affinity, tolerations, the PVC,
+/dev/shm, the image, the node counts, the auto-resume annotation, and the trainer's preset, grace period and torchrun
+shutdown timeout (what a SIGTERM's checkpoint must write, and in how long). Each check is pass, warn, fail or n/a
+with a one-line reason and a one-line fix (the seed's troubleshooting table where it has one). Every call goes
+through `Kube.call` (timeouts, retries of transient errors); any other API error fails only its own check, and a 403
+on reading cluster state warns (the step's service account may not be allowed to look), so the other checks still
+run."""
 
 from __future__ import annotations
 
@@ -28,20 +29,15 @@ from kubernetes.client.exceptions import ApiException
 from common.errors import StepFailed
 from components.kube import Kube, KubeSettings, api_client_from_environment, describe
 from components.launch_pytorchjob.core import LaunchConfig
-from components.launch_pytorchjob.manifest import (
-    AUTO_RESUME,
-    CONTAINER,
-    GROUP,
-    HEALTH_LABEL,
-    PLURAL,
-    render_job,
-)
+from components.launch_pytorchjob.job_api import JobApi, api_of
+from components.launch_pytorchjob.manifest import AUTO_RESUME, HEALTH_LABEL, QUEUE_LABEL, render_job
+from components.launch_pytorchjob.pytorchjob import PYTORCHJOB
+from components.launch_pytorchjob.trainjob import TRAINJOB, render_runtime, trainjob_pod
 
 log = logging.getLogger(__name__)
 
 PASS, WARN, FAIL, NOT_APPLICABLE = "pass", "warn", "fail", "n/a"
 
-CRD_NAME = f"{PLURAL}.{GROUP}"
 # The Training Operator is found by its label, whatever its Deployment is called: the release manifests name it
 # training-operator, HyperPod's dependency chart after the Helm release (aws/sagemaker-hyperpod-cli,
 # helm_chart/HyperPodHelmChart/charts/training-operators); both put it in kubeflow with this label.
@@ -66,7 +62,6 @@ OPERATOR_MANIFEST = "github.com/kubeflow/training-operator/blob/v1.8.1/manifests
 HOW_TO_CHECK = ("check by hand: kubectl -n {ns} get deploy {name} -o jsonpath='{{.spec.template.spec.containers[0]"
                 ".image}}' and compare its tag with newTag in the release's manifests/overlays/standalone/"
                 f"kustomization.yaml ({OPERATOR_MANIFEST})")  # fmt: skip
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
 FIT_RESOURCES = (GPU, EFA, "cpu", "memory")
 HEALTHY = "Schedulable"
@@ -174,8 +169,10 @@ def preflight(
     cfg.validate(check_storage=False)  # the dataset may not be staged yet when preflight runs
     spec = cfg.job_spec()
     job = render_job(spec)
+    trainjob = spec.job_api == TRAINJOB.name
     return check_manifest(job, api_client, memory_gib=spec.instance().memory_gib, instance_type=spec.instance_type,
-                          warn_only=warn_only, settings=settings)  # fmt: skip
+                          warn_only=warn_only, settings=settings, pod=trainjob_pod(spec) if trainjob else None,
+                          runtime=render_runtime(spec) if trainjob else None)  # fmt: skip
 
 
 def check_manifest(
@@ -186,17 +183,20 @@ def check_manifest(
     instance_type: str = "",
     warn_only: bool = False,
     settings: KubeSettings | None = None,
+    pod: dict[str, Any] | None = None,
+    runtime: dict[str, Any] | None = None,
 ) -> PreflightResult:
-    """Check the cluster for a rendered PyTorchJob manifest (`render_job`'s dict); `memory_gib`: the instance's."""
+    """Check the cluster for a rendered job (`render_job`'s dict); `memory_gib`: the instance's. A TrainJob comes
+    with the pod template its runtime makes of it (`pod`) and the runtime it expects (`runtime`)."""
     api_client = api_client or api_client_from_environment()
     kube = Kube(api_client, settings or KubeSettings())
-    ctx = Context(job, kube, api_client, memory_gib, instance_type)
+    ctx = Context(job, kube, api_client, memory_gib, instance_type, pod, runtime)
     checks = [_guarded(name, fn, ctx) for name, fn in CHECKS]
     for c in checks:  # the log is all a failed step shows in the KFP UI (no artifact is uploaded): the fix goes too
         level = {FAIL: logging.ERROR, WARN: logging.WARNING}.get(c.status, logging.INFO)
         log.log(level, "preflight %s: %s (%s)%s", c.name, c.status, c.reason, f" Fix: {c.fix}" if c.fix else "")
     nodes = str(ctx.min_nodes) if ctx.min_nodes == ctx.max_nodes else f"{ctx.min_nodes} to {ctx.max_nodes}"
-    target = f"PyTorchJob `{ctx.namespace}/{job['metadata']['name']}`: {nodes} node(s)" + (
+    target = f"{ctx.api.kind} `{ctx.namespace}/{job['metadata']['name']}`: {nodes} node(s)" + (
         f" of {instance_type}" if instance_type else ""
     )
     return PreflightResult(checks, warn_only, target)
@@ -226,21 +226,26 @@ UNREACHABLE_FIX = "rerun when the API server answers; check the step's network, 
 class Context:
     """The manifest's facts the checks need, and the API groups to read the cluster with."""
 
-    def __init__(self, job: dict[str, Any], kube: Kube, api_client: Any, memory_gib: int, instance_type: str = ""):
+    def __init__(self, job: dict[str, Any], kube: Kube, api_client: Any, memory_gib: int, instance_type: str = "",
+                 pod: dict[str, Any] | None = None, runtime: dict[str, Any] | None = None):  # fmt: skip
         self.job, self.kube, self.memory_gib, self.instance_type = job, kube, memory_gib, instance_type
+        self.api: JobApi = api_of(job)
+        self.runtime = runtime  # a TrainJob's: the ClusterTrainingRuntime the compiled pipeline expects
         self.namespace: str = job["metadata"]["namespace"]
         self.name: str = job["metadata"]["name"]
         self.apps = client.AppsV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.apiext = client.ApiextensionsV1Api(api_client)
         self.authz = client.AuthorizationV1Api(api_client)
         self.storage = client.StorageV1Api(api_client)
-        worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
-        elastic = job["spec"].get("elasticPolicy") or {}
-        self.max_nodes: int = int(elastic.get("maxReplicas") or worker.get("replicas") or 1)
-        self.min_nodes: int = int(elastic.get("minReplicas") or self.max_nodes)
-        self.pod: dict[str, Any] = worker["template"].get("spec") or {}
+        self.min_nodes, self.max_nodes = self.api.nodes(job)
+        if pod is None:  # a PyTorchJob carries its pod
+            pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+        self.pod: dict[str, Any] = pod.get("spec") or {}
         containers = self.pod.get("containers") or []
-        self.container: dict[str, Any] = next((c for c in containers if c.get("name") == CONTAINER), containers[0])
+        self.container: dict[str, Any] = next((c for c in containers if c.get("name") == self.api.container),
+                                              containers[0])  # fmt: skip
         self.request: dict[str, Decimal] = pod_requests(self.pod)
         self.annotations: dict[str, str] = job["metadata"].get("annotations") or {}
         self.unreachable = ""  # set once the API server could not be reached: later cluster reads are skipped
@@ -259,6 +264,12 @@ class Context:
         return next((v for v in self.pod.get("volumes") or [] if predicate(v)), None)
 
 
+def pod_of_job(ctx: Context, pod: dict[str, Any]) -> bool:
+    """Whether a pod (raw JSON) is one of the job's (its API's label)."""
+    key, _, value = ctx.api.pod_selector(ctx.name).partition("=")
+    return (pod["metadata"].get("labels") or {}).get(key) == value
+
+
 def forbidden(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 403
 
@@ -267,20 +278,66 @@ def not_found(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 404
 
 
-# -- 1. the PyTorchJob CRD and the Training Operator --------------------------------------------------------
+# -- 1. the job API: its CRD, its operator and (a TrainJob's) runtime ----------------------------------------
+
+# Kubeflow Trainer publishes its version to every authenticated user (kubeflow/trainer v2.3.0,
+# manifests/overlays/manager/kustomization.yaml: configMapGenerator kubeflow-trainer-public, literal
+# kubeflow_trainer_version; manifests/base/rbac/public_configmap_role*.yaml: get for system:authenticated).
+TRAINER_NAMESPACE, TRAINER_PUBLIC = "kubeflow-system", "kubeflow-trainer-public"
+TRAINER_VERSION_KEY = "kubeflow_trainer_version"
+TRAINER_DEPLOYMENT = "kubeflow-trainer-controller-manager"  # manifests/base/manager/manager.yaml, image tagged vX.Y.Z
+TRAINER_INSTALL = ("install Kubeflow Trainer v2.3 (kubectl apply --server-side -k github.com/kubeflow/trainer.git/"
+                   "manifests/overlays/manager?ref=v2.3.0)")  # fmt: skip
+OPERATOR_INSTALL = ("install the Kubeflow Training Operator 1.8.x (kubectl apply --server-side -k github.com/"
+                    "kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1)")  # fmt: skip
+
+
+def crd_name(api: JobApi) -> str:
+    return f"{api.plural}.{api.group}"
+
+
+def read_crd(ctx: Context, api: JobApi) -> dict[str, Any] | None:
+    """The API's CRD (raw JSON: the typed model would deserialize its schema, thousands of lines, for nothing);
+    None when it is not installed. Raises a 403."""
+    try:
+        answer = ctx.kube.call("read CRD", ctx.apiext.read_custom_resource_definition, crd_name(api),
+                               _preload_content=False)  # fmt: skip
+    except ApiException as exc:
+        if not_found(exc):
+            return None
+        raise
+    return json.loads(answer.data)
+
+
+def other_api_line(ctx: Context) -> str:
+    """When the compiled API's CRD is missing: what the cluster has instead, and the one thing to do."""
+    other = TRAINJOB if ctx.api.name == PYTORCHJOB.name else PYTORCHJOB
+    try:
+        found = read_crd(ctx, other) is not None
+    except ApiException:
+        found = False
+    if not found:
+        return ""
+    if other is TRAINJOB:
+        version = trainer_version(ctx).version
+        return (f"this cluster has Kubeflow Trainer {version or '(version unknown)'} and no PyTorchJob CRD: compile "
+                "with --job-api trainjob and apply deploy/trainjob-runtime.yaml")  # fmt: skip
+    return ("this cluster has the Kubeflow Training Operator (PyTorchJob) and no TrainJob CRD: compile with --job-api "
+            "pytorchjob")  # fmt: skip
 
 
 def check_crd(ctx: Context) -> Check:
-    kube = ctx.kube
+    """The compiled job API is served (its CRD installed, v-served and Established) and its operator's version."""
+    api = ctx.api
+    name = crd_name(api)
+    install = TRAINER_INSTALL if api is TRAINJOB else OPERATOR_INSTALL
     try:
-        # Raw JSON: the typed model would deserialize the CRD's schema (thousands of lines) for nothing.
-        answer = kube.call("read CRD", ctx.apiext.read_custom_resource_definition, CRD_NAME, _preload_content=False)
-        crd: dict[str, Any] | None = json.loads(answer.data)
+        crd = read_crd(ctx, api)
+        if crd is None:
+            instead = other_api_line(ctx)
+            return Check("crd", FAIL, instead or f"the {api.kind} CRD {name} is not installed: no job can be created",
+                         "" if instead else install)  # fmt: skip
     except ApiException as exc:
-        if not_found(exc):
-            return Check("crd", FAIL, f"the PyTorchJob CRD {CRD_NAME} is not installed: no job can be created",
-                         "install the Kubeflow Training Operator 1.8.x (kubectl apply --server-side -k github.com/"
-                         "kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1)")  # fmt: skip
         if not forbidden(exc):
             raise
         crd = None
@@ -293,14 +350,17 @@ def check_crd(ctx: Context) -> Check:
         served = [v["name"] for v in (crd.get("spec") or {}).get("versions") or [] if v.get("served")]
         conditions = (crd.get("status") or {}).get("conditions") or []
         established = next((c for c in conditions if c.get("type") == "Established"), None)
-        if "v1" not in served:
-            return Check("crd", FAIL, f"{CRD_NAME} serves {', '.join(served) or 'no version'}, not v1",
-                         "install the Kubeflow Training Operator 1.8.x")  # fmt: skip
+        if api.version not in served:
+            return Check("crd", FAIL, f"{name} serves {', '.join(served) or 'no version'}, not {api.version}", install)
         if established is None or established.get("status") != "True":
             why = f": {established['message']}" if established is not None and established.get("message") else ""
-            return Check("crd", FAIL, f"{CRD_NAME} is not Established{why}",
-                         "kubectl describe crd pytorchjobs.kubeflow.org; reinstall the Training Operator")  # fmt: skip
-        reasons.append(f"{CRD_NAME} v1 installed")
+            return Check("crd", FAIL, f"{name} is not Established{why}",
+                         f"kubectl describe crd {name}; reinstall {api.operator}")  # fmt: skip
+        reasons.append(f"{name} {api.version} installed")
+    if api is TRAINJOB:
+        found = trainer_version(ctx)
+        reasons.append(f"Kubeflow Trainer {found.version or 'version unknown'} ({found.where})")
+        return Check("crd", status, "; ".join(reasons), "; ".join(fixes))
     operator = operator_version(ctx)
     shown = f"Training Operator {operator.version or 'version unknown'} ({operator.where})"
     if ctx.auto_resume and operator.version.removeprefix("v") not in AUTO_RESUME_OPERATOR_VERSIONS:
@@ -313,6 +373,110 @@ def check_crd(ctx: Context) -> Check:
     else:
         reasons.append(shown)
     return Check("crd", status, "; ".join(reasons), "; ".join(fixes))
+
+
+@dataclass
+class TrainerVersion:
+    version: str  # "v2.3.0", "" when unknown
+    where: str
+
+
+def trainer_version(ctx: Context) -> TrainerVersion:
+    """Kubeflow Trainer's version: its public ConfigMap (readable by everyone), else its controller's image tag."""
+    where = f"{TRAINER_NAMESPACE}/{TRAINER_PUBLIC}"
+    try:
+        config = ctx.kube.call("get ConfigMap", ctx.core.read_namespaced_config_map, TRAINER_PUBLIC, TRAINER_NAMESPACE)
+        version = (config.data or {}).get(TRAINER_VERSION_KEY, "")
+        if version:
+            return TrainerVersion(version, where)
+        missing = f"{where} has no {TRAINER_VERSION_KEY}"
+    except ApiException as exc:
+        if not (forbidden(exc) or not_found(exc)):
+            raise
+        missing = f"{where} not {'readable' if forbidden(exc) else 'found'}"
+    try:  # listed by name: deploy/rbac-cluster-read.yaml grants list on Deployments, not get
+        deployments = raw_items(ctx.kube.call("list Deployments", ctx.apps.list_namespaced_deployment,
+                                              TRAINER_NAMESPACE, field_selector=f"metadata.name={TRAINER_DEPLOYMENT}",
+                                              _preload_content=False))  # fmt: skip
+    except ApiException as exc:
+        if not forbidden(exc):
+            raise
+        deployments = []
+    if not deployments:
+        return TrainerVersion("", f"{missing}; its controller {TRAINER_NAMESPACE}/{TRAINER_DEPLOYMENT} not found or "
+                              "not readable")  # fmt: skip
+    containers = deployments[0]["spec"]["template"]["spec"].get("containers") or []
+    tag = image_tag(next((c.get("image", "") for c in containers), ""))
+    where = f"{TRAINER_NAMESPACE}/{TRAINER_DEPLOYMENT}, image tag {tag or 'none'}"
+    return TrainerVersion(tag if _SEMVER.fullmatch(tag) else "", f"{missing}; {where}")
+
+
+# What our ClusterTrainingRuntime must hold for the compiled pipeline's TrainJobs: the paths compared, each with what
+# it is for. The rest (extra tolerations, labels) is the platform team's to change.
+RUNTIME_CONTRACT = (
+    ("mlPolicy.torch", "the torch policy (PET_* rendezvous environment)"),
+    ("template.spec.failurePolicy.maxRestarts", "the restart budget"),
+    ("template.spec.replicatedJobs[node].template.metadata.labels", "the trainer's ancestor label"),
+    ("template.spec.replicatedJobs[node].template.spec.backoffLimit", "a failed pod fails its Job"),
+    ("pod.restartPolicy", "no restarts in place"),
+    ("pod.containers[node].command", "torchrun's settings"),
+    ("pod.containers[node].volumeMounts", "the FSx and /dev/shm mounts"),
+    ("pod.volumes", "the FSx claim"),
+    ("pod.serviceAccountName", "the trainer pods' service account"),
+    ("pod.automountServiceAccountToken", "no API token in the trainer pods"),
+)
+
+
+def runtime_field(runtime: dict[str, Any], path: str) -> Any:
+    """A field of a ClusterTrainingRuntime by a contract path (`[node]`: the list entry of that name; `pod.`: the
+    node job's pod spec)."""
+    node = None
+    for job in (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
+        if job.get("name") == "node":
+            node = job
+    if path.startswith("pod."):
+        value: Any = (((node or {}).get("template") or {}).get("spec") or {}).get("template", {}).get("spec") or {}
+        path = path.removeprefix("pod.")
+    else:
+        value = runtime.get("spec") or {}
+    for part in path.replace("[", ".[").split("."):
+        if part.startswith("["):
+            value = next((item for item in value or [] if item.get("name") == part[1:-1]), None)
+        elif part == "replicatedJobs":
+            value = (value or {}).get(part)
+        else:
+            value = (value or {}).get(part) if isinstance(value, dict) else None
+    return value
+
+
+def check_runtime(ctx: Context) -> Check:
+    """A TrainJob's ClusterTrainingRuntime exists and holds what the compiled pipeline relies on."""
+    if ctx.runtime is None:
+        return Check("runtime", NOT_APPLICABLE, f"a {ctx.api.kind} carries its own pods: no runtime")
+    name = ctx.runtime["metadata"]["name"]
+    apply = ("apply deploy/trainjob-runtime.yaml, or what `hyperpod-pretrain render-runtime` prints for this "
+             "pipeline's settings (a cluster admin: ClusterTrainingRuntimes are cluster-scoped)")  # fmt: skip
+    try:
+        found = ctx.kube.call("get ClusterTrainingRuntime", ctx.custom.get_cluster_custom_object, TRAINJOB.group,
+                              TRAINJOB.version, "clustertrainingruntimes", name)  # fmt: skip
+    except ApiException as exc:
+        if not_found(exc):
+            return Check("runtime", FAIL, f"ClusterTrainingRuntime {name} is not installed: every TrainJob of this "
+                         "pipeline names it", apply)  # fmt: skip
+        if not forbidden(exc):
+            raise
+        return Check("runtime", WARN, f"cannot read ClusterTrainingRuntime {name}: the service account may not get "
+                     "clustertrainingruntimes", READ_FIX.format(what="get on clustertrainingruntimes."
+                     "trainer.kubeflow.org"))  # fmt: skip
+    differs = [f"{path} ({why}) is {json.dumps(runtime_field(found, path))}, not "
+               f"{json.dumps(runtime_field(ctx.runtime, path))}" for path, why in RUNTIME_CONTRACT
+               if runtime_field(found, path) != runtime_field(ctx.runtime, path)]  # fmt: skip
+    if differs:
+        return Check("runtime", FAIL, f"ClusterTrainingRuntime {name} differs from this pipeline's: "
+                     f"{'; '.join(differs[:3])}" + (f"; and {len(differs) - 3} more" if len(differs) > 3 else ""),
+                     apply)  # fmt: skip
+    budget = runtime_field(found, "template.spec.failurePolicy.maxRestarts")
+    return Check("runtime", PASS, f"ClusterTrainingRuntime {name} matches this pipeline's (restart budget {budget})")
 
 
 _SEMVER = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+][0-9A-Za-z.+-]+)?")
@@ -383,21 +547,27 @@ def image_tag(image: str) -> str:
 
 # -- 2. the launcher's permissions --------------------------------------------------------------------------
 
-# (verb, group, resource, subresource, needed): what the launcher and the exit step's clean-up do in the job's
-# namespace, as deploy/rbac.yaml's Role grants it (tests/test_rbac.py holds the two equal).
-LAUNCHER_ACCESS = (
-    *(("create", GROUP, PLURAL, "", True), ("get", GROUP, PLURAL, "", True)),
-    *(("watch", GROUP, PLURAL, "", True), ("delete", GROUP, PLURAL, "", True)),
-    ("list", "", "pods", "", True),
-    ("get", "", "pods", "log", True),
-    ("list", "", "events", "", False),  # without it the launcher runs, but cannot show the pods' events
-)
+
+def launcher_access(api: JobApi) -> tuple[tuple[str, str, str, str, bool], ...]:
+    """(verb, group, resource, subresource, needed): what the launcher and the exit step's clean-up do in the job's
+    namespace, as deploy/rbac.yaml's Role (a PyTorchJob's) or deploy/rbac-trainjob.yaml's (a TrainJob's) grants it
+    (tests/test_rbac.py holds them equal)."""
+    return (
+        *((verb, api.group, api.plural, "", True) for verb in ("create", "get", "watch", "delete")),
+        ("list", "", "pods", "", True),
+        ("get", "", "pods", "log", True),
+        ("list", "", "events", "", False),  # without it the launcher runs, but cannot show the pods' events
+    )
+
+
+LAUNCHER_ACCESS = launcher_access(PYTORCHJOB)
 
 
 def check_permissions(ctx: Context) -> Check:
     ns = ctx.namespace
     missing: list[tuple[str, str, bool]] = []
-    for verb, group, resource, subresource, needed in LAUNCHER_ACCESS:
+    access = launcher_access(ctx.api)
+    for verb, group, resource, subresource, needed in access:
         attrs = client.V1ResourceAttributes(namespace=ns, verb=verb, group=group, resource=resource,
                                             subresource=subresource or None)  # fmt: skip
         review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs))
@@ -420,7 +590,7 @@ def check_permissions(ctx: Context) -> Check:
     if optional:
         return Check("permissions", WARN, f"may not {', '.join(optional)} in {ns}: the launcher runs but cannot show "
                      "the pods' events", RBAC_FIX.format(ns=ns))  # fmt: skip
-    return Check("permissions", PASS, f"all {len(LAUNCHER_ACCESS)} permissions the launcher uses, in namespace {ns}")
+    return Check("permissions", PASS, f"all {len(access)} permissions the launcher uses, in namespace {ns}")
 
 
 # -- 3. the FSx PVC -----------------------------------------------------------------------------------------
@@ -765,7 +935,7 @@ def check_nodes(ctx: Context) -> Check:
         pods = []
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
-        if not node or (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == ctx.name:  # unscheduled, ours
+        if not node or pod_of_job(ctx, pod):  # unscheduled, or ours
             continue
         add_to(used.setdefault(node, {}), pod_requests(pod["spec"]))
     fits = sorted((node_fit(ctx, node, used.get(node["metadata"]["name"], {})) for node in nodes),
@@ -1266,8 +1436,68 @@ def memory_fixes(per_gpu: Callable[[str, int, int, str], int], parallelism: str,
     return "it would fit with " + "; or ".join(fits)
 
 
+# -- Kueue --------------------------------------------------------------------------------------------------------
+
+# Kueue as its release manifests install it (kubernetes-sigs/kueue v0.19.2, config/default/kustomization.yaml:
+# namespace kueue-system, namePrefix kueue-, labels app.kubernetes.io/name=kueue): the controller's Deployment and
+# its configuration, whose integrations.frameworks lists the job kinds it manages (controller_manager_config.yaml).
+KUEUE_NAMESPACE, KUEUE_SELECTOR, KUEUE_CONFIG = "kueue-system", "app.kubernetes.io/name=kueue", "kueue-manager-config"
+KUEUE_FRAMEWORK = {"pytorchjob": "kubeflow.org/pytorchjob", "trainjob": "trainer.kubeflow.org/trainjob"}
+KUEUE_TRAINJOB_SINCE = (0, 14, 0)  # Kueue's trainjob integration (alpha) is in v0.14.0 and later (kueue#6597)
+
+
+def check_queue(ctx: Context) -> Check:
+    """With a Kueue queue compiled in: Kueue is there, new enough for the job's kind, and manages that kind."""
+    queue = (ctx.job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
+    if not queue:
+        return Check("queue", NOT_APPLICABLE, "no Kueue queue compiled in: the job starts when its pods fit")
+    framework = KUEUE_FRAMEWORK[ctx.api.name]
+    fix = (f"install Kueue v0.14 or later with {framework} in its integrations.frameworks "
+           f"({KUEUE_NAMESPACE}/{KUEUE_CONFIG}), or compile without --queue-name")  # fmt: skip
+    try:
+        deployments = raw_items(ctx.kube.call("list Deployments", ctx.apps.list_namespaced_deployment, KUEUE_NAMESPACE,
+                                              label_selector=KUEUE_SELECTOR, _preload_content=False))  # fmt: skip
+    except ApiException as exc:
+        if not forbidden(exc):
+            raise
+        deployments = None
+    reasons: list[str] = []
+    if deployments == []:
+        return Check("queue", FAIL, f"queue {queue!r} is compiled in, but no Kueue runs in {KUEUE_NAMESPACE} (no "
+                     f"Deployment labelled {KUEUE_SELECTOR}): the job would never be admitted", fix)  # fmt: skip
+    version = ""
+    if deployments:
+        containers = deployments[0]["spec"]["template"]["spec"].get("containers") or []
+        version = image_tag(next((c.get("image", "") for c in containers if "kueue" in c.get("image", "")), ""))
+        match = _SEMVER.fullmatch(version)
+        if ctx.api is TRAINJOB and match and tuple(int(g) for g in match.groups()) < KUEUE_TRAINJOB_SINCE:
+            return Check("queue", FAIL, f"Kueue {version} admits no TrainJobs (its trainjob integration came in "
+                         "v0.14.0): the job would wait suspended for ever", fix)  # fmt: skip
+        reasons.append(f"Kueue {version or 'version unknown'}")
+    else:
+        reasons.append("Kueue's Deployment not readable (its version unknown)")
+    try:
+        config = ctx.kube.call("get ConfigMap", ctx.core.read_namespaced_config_map, KUEUE_CONFIG, KUEUE_NAMESPACE)
+        text = "".join((config.data or {}).values())
+        frameworks = re.findall(r"^\s*-\s*\"?([\w./-]+)\"?\s*$", text, re.M)
+        if framework not in frameworks:
+            return Check("queue", FAIL, f"{', '.join(reasons)} does not manage {framework} (not in "
+                         f"integrations.frameworks of {KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored "
+                         "and the job runs unqueued", fix)  # fmt: skip
+        reasons.append(f"manages {framework}")
+    except ApiException as exc:
+        if not (forbidden(exc) or not_found(exc)):
+            raise
+        return Check("queue", WARN, f"queue {queue!r}; {', '.join(reasons)}; whether it manages {framework} is "
+                     f"unknown ({KUEUE_NAMESPACE}/{KUEUE_CONFIG} not readable)", READ_FIX.format(
+                     what=f"get on configmaps {KUEUE_CONFIG} in {KUEUE_NAMESPACE}"))  # fmt: skip
+    return Check("queue", PASS, f"queue {queue!r}: {', '.join(reasons)}")
+
+
 CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("crd", check_crd),
+    ("runtime", check_runtime),
+    ("queue", check_queue),
     ("permissions", check_permissions),
     ("fsx-pvc", check_pvc),
     ("checkpoint-throughput", check_checkpoint_throughput),
@@ -1279,4 +1509,5 @@ CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
 # The checks that read the cluster; the others read the manifest.
-API_CHECKS = frozenset({"crd", "permissions", "fsx-pvc", "checkpoint-throughput", "nodes", "device-plugins"})
+API_CHECKS = frozenset({"crd", "runtime", "queue", "permissions", "fsx-pvc", "checkpoint-throughput", "nodes",
+                        "device-plugins"})  # fmt: skip

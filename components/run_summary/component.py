@@ -13,11 +13,13 @@ def summarize_run(
     pipeline_run_id: str,
     backend: str,
     namespace: str,
+    job_api: str,
     status: dsl.PipelineTaskFinalStatus,
     summary: dsl.Output[dsl.Markdown],
 ) -> str:
     """Every step's outcome, the job's name and the reports' links, in <root>/runs/<run_id>/summary.json; after a
-    run that did not succeed, its PyTorchJob is deleted if it still runs (a terminated run's launcher may be dead)."""
+    run that did not succeed, its job (`job_api`: the compiled one) is deleted if it still runs (a terminated run's
+    launcher may be dead)."""
     import shutil
 
     from components.kfp_support import setup_logging
@@ -28,6 +30,6 @@ def summarize_run(
     setup_logging()
     run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
     result = run(storage_root, run_id, pipeline_run_id, state=status.state, error=status.error_message or "",
-                 cleanup=job_cleanup(backend, namespace, run_id, pipeline_run_id))  # fmt: skip
+                 cleanup=job_cleanup(backend, namespace, run_id, pipeline_run_id, job_api))  # fmt: skip
     shutil.copyfile(RunPaths.of(storage_root, run_id).summary_report, summary.path)
     return result.state

@@ -176,18 +176,21 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
     return summary
 
 
-def job_cleanup(backend: str, namespace: str, run_id: str, pipeline_run_id: str,
+def job_cleanup(backend: str, namespace: str, run_id: str, pipeline_run_id: str, job_api: str = "pytorchjob",
                 api_client: Any = None) -> Callable[[], str] | None:  # fmt: skip
-    """The exit step's clean-up of the run's PyTorchJob (kubernetes backend only): named as the launcher names it."""
+    """The exit step's clean-up of the run's job (kubernetes backend only), in the compiled job API: named as the
+    launcher names it."""
     if backend != "kubernetes":
         return None
 
     def cleanup() -> str:
         from components.kube import Kube, api_client_from_environment
         from components.launch_pytorchjob.cancel import delete_unfinished_job
+        from components.launch_pytorchjob.job_api import job_api as api_named
         from components.launch_pytorchjob.manifest import job_name
 
         kube = Kube(api_client or api_client_from_environment())
-        return delete_unfinished_job(kube, namespace, job_name(pipeline_run_id or run_id, run_id), pipeline_run_id)
+        name = job_name(pipeline_run_id or run_id, run_id)
+        return delete_unfinished_job(kube, api_named(job_api), namespace, name, pipeline_run_id)
 
     return cleanup

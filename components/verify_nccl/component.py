@@ -17,6 +17,7 @@ def verify_nccl(
     bandwidth_fails: bool,
     job_name: str,
     namespace: str,
+    job_api: str,
     report: dsl.Output[dsl.Markdown],
     metrics: dsl.Output[dsl.Metrics],
 ):
@@ -39,7 +40,7 @@ def verify_nccl(
                               max_world_size=max(max_nodes, nnodes) * nproc_per_node, transport=expect_transport,
                               instance_type=instance_type, bandwidth_fails=bandwidth_fails)  # fmt: skip
         with tempfile.TemporaryDirectory() as pod_logs:
-            logs = [str(p) for p in fetch_pod_logs(job_name, namespace, Path(pod_logs))] if job_name else []
+            logs = [str(p) for p in fetch_pod_logs(job_name, namespace, Path(pod_logs), job_api)] if job_name else []
             result = run(storage_root=storage_root, run_id=run_id, extra_logs=logs, expect=expect)
         with open(report.path, "w") as f:
             f.write(result.markdown())

@@ -272,24 +272,28 @@ def verify_attempt(run: RunPaths, attempt: int, expect: Expectations, extra_logs
     return result
 
 
-def fetch_pod_logs(job_name: str, namespace: str, directory: Path, api_client: Any = None) -> list[Path]:
+def fetch_pod_logs(job_name: str, namespace: str, directory: Path, job_api: str = "pytorchjob",
+                   api_client: Any = None) -> list[Path]:  # fmt: skip
     """The job's pods' logs (kubectl logs --timestamps), written to `directory`; [] when the pods are gone."""
     from kubernetes.client.exceptions import ApiException
 
     from components.kube import Kube, api_client_from_environment, describe
+    from components.launch_pytorchjob.job_api import job_api as api_named
 
+    api = api_named(job_api)
     kube = Kube(api_client or api_client_from_environment())
-    label = f"training.kubeflow.org/job-name={job_name}"
-    pods = kube.call("list pods", kube.core.list_namespaced_pod, namespace, label_selector=label).items
+    pods = kube.call(
+        "list pods", kube.core.list_namespaced_pod, namespace, label_selector=api.pod_selector(job_name)
+    ).items
     if not pods:
-        log.warning("no pods of PyTorchJob %s/%s (cleaned up?): only the NCCL_DEBUG_FILE output on the volume is read",
-                    namespace, job_name)  # fmt: skip
+        log.warning("no pods of %s %s/%s (cleaned up?): only the NCCL_DEBUG_FILE output on the volume is read",
+                    api.kind, namespace, job_name)  # fmt: skip
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for pod in pods:
         name = pod.metadata.name
         try:
-            text = kube.call("read log", kube.core.read_namespaced_pod_log, name, namespace, container="pytorch",
+            text = kube.call("read log", kube.core.read_namespaced_pod_log, name, namespace, container=api.container,
                              timestamps=True)  # fmt: skip
         except ApiException as exc:
             log.warning("cannot read %s's log: %s", name, describe(exc))
@@ -297,7 +301,7 @@ def fetch_pod_logs(job_name: str, namespace: str, directory: Path, api_client: A
         path = directory / f"{name}.log"
         path.write_text(text)
         paths.append(path)
-    log.info("read the logs of %d pod(s) of PyTorchJob %s/%s", len(paths), namespace, job_name)
+    log.info("read the logs of %d pod(s) of %s %s/%s", len(paths), api.kind, namespace, job_name)
     return paths
 
 

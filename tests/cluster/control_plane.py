@@ -56,7 +56,9 @@ TRAINER_CRDS = tuple(TRAINER_CRDS_DIR / name for name in (
     "trainer.kubeflow.org_trainingruntimes.v2.3.0.yaml", "jobset.x-k8s.io_jobsets.v0.12.0.yaml",
 ))  # fmt: skip
 TORCH_RUNTIME = TRAINER_CRDS_DIR / "torch_distributed.runtime.v2.3.0.yaml"
-RBAC_FILES = (REPO / "deploy/rbac.yaml", REPO / "deploy/rbac-cluster-read.yaml")
+RBAC_FILES = (REPO / "deploy/rbac.yaml", REPO / "deploy/rbac-cluster-read.yaml", REPO / "deploy/rbac-pytorchjob.yaml",
+              REPO / "deploy/rbac-trainjob.yaml")  # fmt: skip
+WITHOUT_CLUSTER_READ = tuple(path for path in RBAC_FILES if path.name != "rbac-cluster-read.yaml")
 
 RUNNER_NAMESPACE, RUNNER_ACCOUNT = "kubeflow", "pipeline-runner"  # the account deploy/rbac*.yaml bind
 RUNNER_USER = f"system:serviceaccount:{RUNNER_NAMESPACE}:{RUNNER_ACCOUNT}"
@@ -64,6 +66,8 @@ ADMIN_USER = "admin"
 ACCOUNTS = "system:serviceaccounts"  # the group of every service account
 LESS_GRANTED = "less-granted-runner"  # the account a test of less granted runs as, in its own namespace
 LAUNCHER_ROLE = "hyperpod-pretrain-launcher"  # deploy/rbac.yaml's Role for the jobs' namespace
+# deploy/rbac-pytorchjob.yaml's and deploy/rbac-trainjob.yaml's, for the jobs' namespace too
+JOB_ROLES = ("hyperpod-pretrain-pytorchjob", "hyperpod-pretrain-trainjob")
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Only what a test needs of the controller manager: anything more overwrites what the players write (README, "Flags").
 # The Job controller is the real one: it makes the pods of the batch Jobs the JobSet player creates (indexed
@@ -600,8 +604,9 @@ def deploy_grants(files: tuple[Path, ...] = RBAC_FILES, without: tuple[str, ...]
 
 
 def _for_the_jobs_namespace(doc: dict[str, Any]) -> bool:
-    """deploy/rbac.yaml's launcher Role and its binding: written for namespace kubeflow, applied in the job's."""
-    return doc["kind"] in ("Role", "RoleBinding") and doc["metadata"]["name"] == LAUNCHER_ROLE
+    """The launcher's Roles and their bindings (deploy/rbac.yaml's, and each job API's): written for namespace
+    kubeflow, applied in the job's."""
+    return doc["kind"] in ("Role", "RoleBinding") and doc["metadata"]["name"] in (LAUNCHER_ROLE, *JOB_ROLES)
 
 
 def _split_labels(text: str) -> Iterator[str]:

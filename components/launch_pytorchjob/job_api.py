@@ -1,0 +1,133 @@
+"""What the launcher needs to know of a job API, and nothing more: the one seam between what it guarantees (create
+or re-attach, watch, deadlines, logs, diagnosis, cancel; k8s_backend.py, cancel.py, deadlines.py) and the two APIs
+it can drive. Each API is one small module: pytorchjob.py (Kubeflow Training Operator v1) and trainjob.py (Kubeflow
+Trainer v2). The platform team picks one at compile time (Platform.job_api).
+
+Conditions are read in the API's own words (the step's log shows them as the operator wrote them); the launcher's
+decisions go through the questions below, which each API answers from its own status.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from common.errors import InputError
+
+if TYPE_CHECKING:
+    from components.launch_pytorchjob.manifest import JobSpec
+
+JOB_APIS = ("pytorchjob", "trainjob")
+DEFAULT_JOB_API = "pytorchjob"  # what HyperPod clusters run (and the only API HyperPod auto-resume covers)
+
+
+def true_condition(job: dict[str, Any], type_: str) -> bool:
+    conditions = job.get("status", {}).get("conditions") or []
+    return any(c.get("type") == type_ and c.get("status") == "True" for c in conditions)
+
+
+def seconds(stamp: str | None) -> float | None:
+    """A Kubernetes timestamp (RFC 3339, whole seconds) as epoch seconds."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+
+
+class JobApi:
+    """One job API. Subclasses set the names and answer the questions; nothing here knows either operator."""
+
+    name = ""  # as --job-api spells it
+    kind = ""
+    group = ""
+    version = ""
+    plural = ""
+    container = ""  # the trainer's container in every pod
+    succeeded = ""  # the condition type of a finished, successful job
+    failed = "Failed"
+    operator = ""  # who runs the jobs, for messages
+    crd = ""  # the CRD file a pruned field means is out of date, for messages
+    # Run options (platform.RUN_OPTIONS) this API has no place for, with why and where the setting lives instead.
+    refused_options: dict[str, str] = {}
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    def render(self, spec: JobSpec) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def validate(self, spec: JobSpec) -> None:
+        """What this API cannot do, refused in one line before anything is sent."""
+
+    def pod_selector(self, name: str) -> str:
+        """A label selector for every pod of job `name`, of every restart."""
+        raise NotImplementedError
+
+    def node_selector(self, name: str, index: int) -> str:
+        """A label selector for the pods of node `index` (rank `index` of the node group), of every restart."""
+        raise NotImplementedError
+
+    def pod_label(self, pod_name: str, job_name: str) -> str:
+        """A pod's name without the job's, for one-line summaries ("worker-1", "node-0-1-x7k2p")."""
+        return pod_name.removeprefix(job_name + "-")
+
+    def nodes(self, job: dict[str, Any]) -> tuple[int, int]:
+        """The job's minimum and maximum number of pods (nodes), from its manifest."""
+        raise NotImplementedError
+
+    def conditions(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        return job.get("status", {}).get("conditions") or []
+
+    def latest_condition(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The condition that says where the job is: a terminal one if any, else the last true one."""
+        true = [c for c in self.conditions(job) if c.get("status") == "True"]
+        terminal = [c for c in true if c["type"] in (self.succeeded, self.failed)]
+        return (terminal or true or [None])[-1]
+
+    def is_succeeded(self, job: dict[str, Any]) -> bool:
+        return true_condition(job, self.succeeded)
+
+    def is_failed(self, job: dict[str, Any]) -> bool:
+        return true_condition(job, self.failed)
+
+    def is_finished(self, job: dict[str, Any]) -> bool:
+        return self.is_succeeded(job) or self.is_failed(job)
+
+    def is_suspended(self, job: dict[str, Any]) -> bool:
+        """Queued by Kueue (created suspended) or preempted by it: no pods, and none coming until admitted."""
+        raise NotImplementedError
+
+    def is_running(self, job: dict[str, Any]) -> bool:
+        """The operator counts the job as running (with its pods also Running, the job has started)."""
+        raise NotImplementedError
+
+    def restarts(self, job: dict[str, Any], pods: list[Any]) -> int:
+        """Restarts so far: of containers, and of the whole group where the API restarts it."""
+        raise NotImplementedError
+
+    def times(self, job: dict[str, Any]) -> tuple[float | None, float | None]:
+        """(queued, running) seconds from the job's own timestamps: creation to start, start to end."""
+        raise NotImplementedError
+
+    def refuse_options(self, options: dict[str, Any]) -> None:
+        for key in options:
+            if key in self.refused_options:
+                raise InputError(f"job option {key!r} does not apply to a {self.kind}: {self.refused_options[key]}")
+
+
+def job_api(name: str) -> JobApi:
+    """The API named as --job-api spells it."""
+    from components.launch_pytorchjob.pytorchjob import PYTORCHJOB
+    from components.launch_pytorchjob.trainjob import TRAINJOB
+
+    apis = {api.name: api for api in (PYTORCHJOB, TRAINJOB)}
+    if name not in apis:
+        raise InputError(f"job API {name!r} is unknown: choose one of {', '.join(JOB_APIS)}")
+    return apis[name]
+
+
+def api_of(job: dict[str, Any]) -> JobApi:
+    """The API of a rendered or stored job, from its apiVersion and kind."""
+    for name in JOB_APIS:
+        api = job_api(name)
+        if job.get("apiVersion") == api.api_version and job.get("kind") == api.kind:
+            return api
+    raise InputError(f"{job.get('apiVersion')} {job.get('kind')} is not a job API the launcher drives")
