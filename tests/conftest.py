@@ -100,6 +100,11 @@ def make_cluster(control_plane: Any, tmp_path: Path) -> Iterator[Callable[..., A
     made: list[Cluster] = []
 
     def make(**settings: Any) -> Cluster:
+        """``api="trainjob"``: Kubeflow Trainer and JobSet played; skipped with a reason where their CRDs are not."""
+        from tests.cluster.control_plane import trainer_skip_reason
+
+        if settings.get("api") == "trainjob" and (reason := trainer_skip_reason()):
+            pytest.skip(reason)
         made.append(Cluster(control_plane, control_plane.kueue, tmp_path / f"kubelet-{len(made)}", **settings))
         return made[-1]
 

@@ -1,8 +1,13 @@
 """The kubernetes backend against the real kube-apiserver and controller manager (tests/cluster/control_plane.py).
 
-The launcher is the pipeline runner (its service-account token; deploy/rbac.yaml's Role in the test's namespace, the
-real RBAC authorizer deciding). The Training Operator v1.8.1, its webhook, Kueue and the kubelet are played on top
-(tests/cluster/); what the tests assert of requests comes from the API server's audit log and metrics.
+The launcher is the pipeline runner (its service-account token; deploy/rbac*.yaml's Roles in the test's namespace,
+the real RBAC authorizer deciding). The Training Operator v1.8.1 and its webhook, Kubeflow Trainer v2.3.0 and JobSet
+v0.12.0 with their webhooks (over the real Job controller), Kueue and the kubelet are played on top (tests/cluster/);
+what the tests assert of requests comes from the API server's audit log and metrics.
+
+The launcher's lifecycle (success, failure with evidence, a new attempt after a failure, re-attach, SIGTERM, the exit
+step's clean-up, deadlines, Kueue's queueing and preemption, stall, divergence) runs against both job APIs: those
+tests take `api` (BOTH_APIS) and say what differs between the two where their timelines must.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import pytest
 from common.errors import InputError, StepFailed
 from components.kube import Kube, KubeSettings, api_client_from_environment
 from components.launch_pytorchjob.core import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig, launch
+from components.launch_pytorchjob.job_api import JOB_APIS
 from components.launch_pytorchjob.k8s_backend import WatchSettings, create_or_attach, run_job
-from components.launch_pytorchjob.manifest import job_name, render_job
+from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, job_name, render_job
 from components.launch_pytorchjob.platform import Platform
 from components.run_summary.core import job_cleanup, summarize_run
 from tests.cluster.control_plane import deploy_grants
@@ -41,6 +47,48 @@ LINES = [f"step {i} loss {5 - i / 10:.2f}" for i in range(1, 13)]
 # A crash loop of 3 container restarts fails the job (backoffLimit 1 x 2 nodes + 1), and the launcher fails the step
 # at once instead of watching for HyperPod auto-resume.
 FAILS_AT_THIRD_RESTART = {"restart_budget": 1, "auto_resume_wait_s": 0}
+BOTH_APIS = pytest.mark.parametrize("api", JOB_APIS)
+
+
+def on(cluster: Any, **platform: Any) -> dict[str, Any]:
+    """The settings that put a run on `cluster`: its namespace, and its job API (and runtime) as compiled in."""
+    runtime = cluster.runtime_name or DEFAULT_RUNTIME
+    return {"namespace": cluster.namespace,
+            "platform": Platform(job_api=cluster.api.name, runtime_name=runtime, **platform)}  # fmt: skip
+
+
+def restart_budget(api: str, budget: int) -> dict[str, Any]:
+    """What a run on `api` gives for a restart budget: a PyTorchJob's is a job option (its backoffLimit); a
+    TrainJob's is its runtime's JobSet maxRestarts (make_cluster(restart_budget=...)), so nothing."""
+    return {"restart_budget": budget, "auto_resume_wait_s": 0} if api == "pytorchjob" else {}
+
+
+def crash_until_failed(api: str, log_lines: Any = None, tick_s: float = 0.3) -> Timeline:
+    """Worker 1 crashes until the job fails, with a restart budget of 1 (FAILS_AT_THIRD_RESTART; a TrainJob's
+    runtime with maxRestarts 1). A PyTorchJob: OnFailure restarts the container in place; at the backoff limit (3
+    restarts, job-wide) the Training Operator deletes every pod and writes Failed (1.8.1 ReconcileJobs). A TrainJob:
+    the pod fails (restartPolicy Never), its Job fails (backoffLimit 0: the real Job controller), JobSet deletes and
+    recreates the group once (failure_policy.go, restartJobSetActionApplier), and the second failure exhausts
+    maxRestarts: Failed, ReachedMaxRestarts."""
+    lines = list(log_lines) if log_lines is not None else None
+    if api == "pytorchjob":
+        return Timeline.crash_loop(crashes=4, tick_s=tick_s, **({"log_lines": lines} if lines else {}))
+    crash = Timeline.failure(**({"log_lines": lines} if lines else {}), tick_s=tick_s)
+    again = Timeline([(tick_s, lambda job: job.start_recreated(0, 1))])
+    return (
+        crash
+        + again
+        + Timeline.lines(lines or ["Traceback (most recent call last):"], [1], tick_s)
+        + Timeline.exits([1], 1, tick_s)
+    )
+
+
+def node_lines(caplog: pytest.LogCaptureFixture, api: str, job: str, node: int) -> list[str]:
+    """The lines streamed from node `node`'s pods (a TrainJob's are named <job>-node-0-<node>-<suffix>)."""
+    if api == "pytorchjob":
+        return pod_lines(caplog, f"{job}-worker-{node}")
+    prefix = f"pod.{job}-node-0-{node}-"
+    return [r.getMessage() for r in caplog.records if r.name.startswith(prefix)]
 
 
 def cluster_config(staged_root: Path, run_id: str, namespace: str = "kubeflow", **overrides: Any) -> LaunchConfig:
@@ -77,8 +125,12 @@ def forbidden(cluster: Any) -> list[str]:
 
 
 def running(job: dict[str, Any] | None) -> bool:
-    conditions = (job or {}).get("status", {}).get("conditions", [])
-    return any(c["type"] == "Running" and c["status"] == "True" for c in conditions)
+    """A PyTorchJob's Running condition; a TrainJob has none: its node group ready (status.jobsStatus, JobSet's
+    replicatedJobsStatus: a Job counts ready when its ready pods reach its parallelism)."""
+    status = (job or {}).get("status", {})
+    if (job or {}).get("kind") == "TrainJob":
+        return any(entry.get("ready") for entry in status.get("jobsStatus") or [])
+    return any(c["type"] == "Running" and c["status"] == "True" for c in status.get("conditions", []))
 
 
 def wait_for(predicate: Any, timeout_s: float = 30, what: str = "") -> None:
@@ -91,33 +143,41 @@ def wait_for(predicate: Any, timeout_s: float = 30, what: str = "") -> None:
 
 
 def deleted_jobs(cluster: Any) -> list[tuple[str, str]]:
-    """(name, propagationPolicy) of every PyTorchJob the runner deleted (audit log; the policy from the body)."""
+    """(name, propagationPolicy) of every job the runner deleted (audit log; the policy from the body)."""
     return [(e["objectRef"]["name"], e.get("requestObject", {}).get("propagationPolicy", ""))
-            for e in cluster.requests("delete", "pytorchjobs")]  # fmt: skip
+            for e in cluster.requests("delete", cluster.api.plural)]  # fmt: skip
 
 
 # -- a launch from start to end ---------------------------------------------------------------------------------
 
 
-def test_success_streams_worker_0_and_reports(staged_root: Path, make_cluster, caplog) -> None:
+@BOTH_APIS
+def test_success_streams_worker_0_and_reports(api: str, staged_root: Path, make_cluster, caplog) -> None:
     caplog.set_level(logging.INFO)
-    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES))
-    result = launch(cluster_config(staged_root, "ok", cluster.namespace), cluster.runner())
+    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES), api=api)
+    result = launch(cluster_config(staged_root, "ok", **on(cluster)), cluster.runner())
     job = cluster.job(result.job_name)
     assert (result.state, result.reattached, result.namespace) == ("Succeeded", False, cluster.namespace)
     assert result.queued_s is not None and result.running_s is not None and result.restarts == 0
-    assert pod_lines(caplog, f"{result.job_name}-worker-0") == LINES, "every line once, in order"
-    assert not pod_lines(caplog, f"{result.job_name}-worker-1"), "only worker-0 by default"
-    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
-    # An elastic job (every job renders elasticPolicy) succeeds when one worker has (1.8.1 UpdateJobStatus,
-    # kubeflow/training-operator#1752): worker-1 may still be Running when the condition is logged.
-    assert "successfully completed" in caplog.text and "worker-0 Succeeded" in caplog.text
-    assert forbidden(cluster) == [], "deploy/rbac.yaml grants every request the launcher makes"
+    assert node_lines(caplog, api, result.job_name, 0) == LINES, "every line once, in order"
+    assert not node_lines(caplog, api, result.job_name, 1), "only node 0 by default"
+    assert forbidden(cluster) == [], "deploy/rbac*.yaml grant every request the launcher makes"
     # Events are read for the job's Pending pods only, each by name: never the namespace's (KFP's pods live there).
     selectors = {unquote(e["requestURI"]).split("fieldSelector=")[1].split("&")[0]
                  for e in cluster.requests("list", "events")}  # fmt: skip
-    pods = {f"{result.job_name}-worker-{i}" for i in range(2)}
-    assert selectors <= {f"involvedObject.kind=Pod,involvedObject.name={pod}" for pod in pods}, selectors
+    names = {p["metadata"]["name"] for p in cluster.pods(result.job_name)}
+    assert selectors <= {f"involvedObject.kind=Pod,involvedObject.name={pod}" for pod in names}, selectors
+    if api == "pytorchjob":
+        assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+        # An elastic job (every job renders elasticPolicy) succeeds when one worker has (1.8.1 UpdateJobStatus,
+        # kubeflow/training-operator#1752): worker-1 may still be Running when the condition is logged.
+        assert "successfully completed" in caplog.text and "worker-0 Succeeded" in caplog.text
+    else:
+        # v2.3.0 copies JobSet's Completed as Complete (plugins/jobset/jobset.go Status), with the child jobs' counts.
+        assert job["spec"]["trainer"]["numNodes"] == 2 and result.job_kind == "TrainJob"
+        assert "TrainJob " + result.job_name + ": Complete (AllJobsCompleted)" in caplog.text
+        assert job["status"]["jobsStatus"] == [{"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0,
+                                                "suspended": 0}]  # fmt: skip
 
 
 def test_the_live_log_of_rank_0_is_read_once_across_a_container_restart(staged_root: Path, make_cluster,
@@ -340,12 +400,13 @@ def test_an_api_server_that_goes_away_fails_the_step_instead_of_hanging(staged_r
     assert isinstance(outcome[0], StepFailed) and "failed 2 times" in str(outcome[0])
 
 
-def test_a_retried_step_reattaches_to_its_job(staged_root: Path, make_cluster, caplog) -> None:
-    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:3]))
-    cfg = cluster_config(staged_root, "retry", cluster.namespace)
+@BOTH_APIS
+def test_a_retried_step_reattaches_to_its_job(api: str, staged_root: Path, make_cluster, caplog) -> None:
+    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:3]), api=api)
+    cfg = cluster_config(staged_root, "retry", **on(cluster))
     first = launch(cfg, cluster.runner())
     second = launch(cfg, cluster.runner())  # the step again, as KFP retries it: the job is still there
-    creates = [e["responseStatus"]["code"] for e in cluster.requests("create", "pytorchjobs")]
+    creates = [e["responseStatus"]["code"] for e in cluster.requests("create", cluster.api.plural)]
     assert second.job_name == first.job_name and second.reattached and second.state == "Succeeded"
     assert creates == [201, 409] and "re-attaching" in caplog.text
 
@@ -358,10 +419,12 @@ def test_a_different_job_under_the_same_name_is_refused(staged_root: Path, make_
     assert deleted_jobs(cluster) == [], "someone else's job is left alone"
 
 
-def test_the_deadline_deletes_the_job_and_the_garbage_collector_its_pods(staged_root: Path, make_cluster,
+@BOTH_APIS
+def test_the_deadline_deletes_the_job_and_the_garbage_collector_its_pods(api: str, staged_root: Path, make_cluster,
                                                                           garbage_collector) -> None:  # fmt: skip
-    cluster = make_cluster(timeline=Timeline.stuck_pending())
-    cfg = cluster_config(staged_root, "stuck", cluster.namespace, timeout_s=2)
+    """Foreground: the job goes once its pods have gone (a TrainJob's JobSet and Jobs between them)."""
+    cluster = make_cluster(timeline=Timeline.stuck_pending(), api=api)
+    cfg = cluster_config(staged_root, "stuck", **on(cluster), timeout_s=2)
     with pytest.raises(StepFailed, match=r"did not finish within 2s .*Pending.*it was deleted"):
         launch(cfg, cluster.runner())
     assert [name for name, _ in deleted_jobs(cluster)] == [cfg.job_name]
@@ -369,18 +432,22 @@ def test_the_deadline_deletes_the_job_and_the_garbage_collector_its_pods(staged_
              "the foreground deletion finished: pods first, then the job")  # fmt: skip
 
 
-def launcher_command(staged_root: Path, run_id: str, namespace: str) -> list[str]:
+def launcher_command(staged_root: Path, run_id: str, namespace: str, cluster: Any = None) -> list[str]:
+    """The launch subcommand on the cluster (its job API and runtime as the compile flags give them)."""
+    api = ["--job-api", cluster.api.name, "--runtime-name", cluster.runtime_name or DEFAULT_RUNTIME] if cluster else []
     return [sys.executable, "-m", "pipelines.cli", "launch", "--backend", "kubernetes", "--storage-root",
             str(staged_root), "--dataset", "synthetic", "--run-id", run_id, "--nnodes", "2", "--nproc-per-node", "8",
-            "--image", "img:1", "--no-owner-reference", "--namespace", namespace]  # fmt: skip
+            "--image", "img:1", "--no-owner-reference", "--namespace", namespace, *api]  # fmt: skip
 
 
-def test_sigterm_deletes_the_job_and_exits_within_5_s(staged_root: Path, make_cluster, tmp_path: Path) -> None:
+@BOTH_APIS
+def test_sigterm_deletes_the_job_and_exits_within_5_s(api: str, staged_root: Path, make_cluster,
+                                                      tmp_path: Path) -> None:  # fmt: skip
     """KFP terminates a run by signalling the step's process: the job must not outlive it."""
-    cluster = make_cluster(timeline=Timeline.running(2))
+    cluster = make_cluster(timeline=Timeline.running(2), api=api)
     kubeconfig = cluster.control_plane.write_kubeconfig(tmp_path / "kubeconfig")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    launcher = subprocess.Popen(launcher_command(staged_root, "cancel", cluster.namespace), env=env,
+    launcher = subprocess.Popen(launcher_command(staged_root, "cancel", cluster.namespace, cluster), env=env,
                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
     name = job_name("cancel", "cancel")
     wait_for(lambda: running(cluster.job(name)), 60, "the job runs")
@@ -390,7 +457,7 @@ def test_sigterm_deletes_the_job_and_exits_within_5_s(staged_root: Path, make_cl
     exited = time.monotonic() - signalled
     assert exited < 5, f"the launcher took {exited:.1f}s to exit after SIGTERM"
     assert launcher.returncode == 1 and "deleted on SIGTERM" in stderr.strip().splitlines()[-1]
-    assert "SIGTERM: deleted PyTorchJob" in stderr, "the signal handler itself sent the delete"
+    assert f"SIGTERM: deleted {cluster.api.kind}" in stderr, "the signal handler itself sent the delete"
     assert {policy for _, policy in deleted_jobs(cluster)} == {"Foreground"}
 
 
@@ -488,19 +555,21 @@ def test_a_failed_job_that_auto_resume_leaves_failed_fails_the_step_after_the_wa
     assert time.monotonic() - started > 1 and deleted_jobs(cluster) == []
 
 
-def test_a_retried_run_after_a_failed_job_trains_again(staged_root: Path, make_cluster, garbage_collector,
+@BOTH_APIS
+def test_a_retried_run_after_a_failed_job_trains_again(api: str, staged_root: Path, make_cluster, garbage_collector,
                                                        caplog) -> None:  # fmt: skip
     """KFP's run-level Retry keeps the run id, so the job name: the failed job is replaced, not re-reported. The
     foreground deletion of the failed job ends only when the garbage collector has removed its pods."""
     caplog.set_level(logging.INFO)
-    cluster = make_cluster(timeline=Timeline.crash_loop(crashes=4, tick_s=0.2))
-    cfg = cluster_config(staged_root, "retried", cluster.namespace, job_options=FAILS_AT_THIRD_RESTART)
-    with pytest.raises(StepFailed, match=r"failed \(attempt 1\): PyTorchJobFailed: Job .* backoff limit"):
+    cluster = make_cluster(timeline=crash_until_failed(api, tick_s=0.2), api=api, restart_budget=1)
+    cfg = cluster_config(staged_root, "retried", **on(cluster), job_options=restart_budget(api, 1))
+    reason = "PyTorchJobFailed: Job .* backoff limit" if api == "pytorchjob" else "ReachedMaxRestarts"
+    with pytest.raises(StepFailed, match=rf"failed \(attempt 1\): {reason}"):
         launch(cfg, cluster.runner())
     cluster.timeline = Timeline.success(workers=2, log_lines=LINES[:3])
     second = launch(cfg, cluster.runner())
     job = cluster.job(second.job_name)
-    creates = [e["responseStatus"]["code"] for e in cluster.requests("create", "pytorchjobs")]
+    creates = [e["responseStatus"]["code"] for e in cluster.requests("create", cluster.api.plural)]
     assert (second.state, second.attempt, second.reattached) == ("Succeeded", 2, False)
     assert job["metadata"]["annotations"]["hyperpod-pretrain.io/attempt"] == "2"
     assert deleted_jobs(cluster) == [(second.job_name, "Foreground")], "the failed job, once"
@@ -508,9 +577,12 @@ def test_a_retried_run_after_a_failed_job_trains_again(staged_root: Path, make_c
     assert "deleting it to train again as attempt 2" in caplog.text
 
 
-def test_a_job_of_a_run_that_is_still_running_is_reattached_not_replaced(staged_root: Path, make_cluster) -> None:
-    cluster = make_cluster(timeline=Timeline.running(2).then(1.5, lambda job: [job.exit(i, 0) for i in (0, 1)]))
-    cfg = cluster_config(staged_root, "still-running", cluster.namespace)
+@BOTH_APIS
+def test_a_job_of_a_run_that_is_still_running_is_reattached_not_replaced(api: str, staged_root: Path,
+                                                                         make_cluster) -> None:  # fmt: skip
+    cluster = make_cluster(timeline=Timeline.running(2).then(1.5, lambda job: [job.exit(i, 0) for i in (0, 1)]),
+                           api=api)  # fmt: skip
+    cfg = cluster_config(staged_root, "still-running", **on(cluster))
     cluster.create_job(render_job(cfg.job_spec()))
     wait_for(lambda: running(cluster.job(cfg.job_name)), 30, "the job runs")
     result = launch(cfg, cluster.runner())
@@ -561,17 +633,21 @@ def write_trainer_logs(run: RunPaths, failing_rank: int, world: int = 4) -> None
     write_status(run, 0, "crashed", exit_code=1, step=30, error="RuntimeError('Connection reset by peer')")
 
 
-def test_a_failed_job_whose_pods_were_deleted_still_names_the_trainers_last_lines(staged_copy: Path,
+@BOTH_APIS
+def test_a_failed_job_whose_pods_were_deleted_still_names_the_trainers_last_lines(api: str, staged_copy: Path,
                                                                                    make_cluster) -> None:  # fmt: skip
-    """Training Operator 1.8.1 deletes every pod at the backoff limit before it writes Failed: the evidence comes
-    from the trainer's own logs on the volume."""
-    cluster = make_cluster(timeline=Timeline.crash_loop(crashes=4, log_lines=["boom"]))
-    cfg = cluster_config(staged_copy, "evidence", cluster.namespace, job_options=FAILS_AT_THIRD_RESTART)
+    """Training Operator 1.8.1 deletes every pod at the backoff limit before it writes Failed; JobSet deletes a
+    failed group's Jobs, and with them their pods, at each restart: the evidence comes from the trainer's own logs on
+    the volume."""
+    cluster = make_cluster(timeline=crash_until_failed(api, log_lines=["boom"], tick_s=0.05), api=api,
+                           restart_budget=1)  # fmt: skip
+    cfg = cluster_config(staged_copy, "evidence", **on(cluster), job_options=restart_budget(api, 1))
     write_trainer_logs(cfg.run_paths, failing_rank=3)
     with pytest.raises(StepFailed) as failure:
         launch(cfg, cluster.runner())
     message = str(failure.value)
-    assert "backoff limit" in message and "trainer crashed at step 30" in message
+    limit = "backoff limit" if api == "pytorchjob" else "ReachedMaxRestarts: jobset failed due to reaching max number"
+    assert limit in message and "trainer crashed at step 30" in message
     assert "rank 3, the first to log an error" in message
     assert "RuntimeError: CUDA error: an illegal memory access was encountered" in message
 
@@ -590,24 +666,28 @@ def test_an_elastic_job_running_on_its_minimum_with_pods_pending_succeeds(staged
     assert not [f for f in outcome.diagnosis if f.startswith("Pod stuck in Pending")], outcome.diagnosis
 
 
-def test_a_job_that_never_starts_is_deleted_at_the_pending_deadline(staged_root: Path, make_cluster) -> None:
-    cluster = make_cluster(timeline=Timeline.stuck_pending())
-    job = render_job(cluster_config(staged_root, "never", cluster.namespace).job_spec())
+@BOTH_APIS
+def test_a_job_that_never_starts_is_deleted_at_the_pending_deadline(api: str, staged_root: Path,
+                                                                    make_cluster) -> None:  # fmt: skip
+    cluster = make_cluster(timeline=Timeline.stuck_pending(), api=api)
+    job = render_job(cluster_config(staged_root, "never", **on(cluster)).job_spec())
     with pytest.raises(StepFailed, match=r"never started: pods Pending .* Insufficient nvidia.com/gpu"):
         run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=1), threading.Event())
     assert [policy for _, policy in deleted_jobs(cluster)] == ["Foreground"]
 
 
-def test_a_lost_node_gets_the_recovery_deadline(staged_root: Path, make_cluster) -> None:
-    """After the job ran, its pod on a lost node is deleted and the operator creates it again, Pending (no node yet):
-    held to the recovery deadline, not the (shorter) Pending one."""
+@BOTH_APIS
+def test_a_lost_node_gets_the_recovery_deadline(api: str, staged_root: Path, make_cluster) -> None:
+    """After the job ran, its pod on a lost node is deleted and its operator makes it again, Pending (no node yet):
+    held to the recovery deadline, not the (shorter) Pending one. A PyTorchJob's operator recreates the one pod; a
+    TrainJob's Job counts the deleted pod as failed (backoffLimit 0), and JobSet recreates the whole group."""
 
     def lose_node(job: Any) -> None:
         kubernetes.client.CoreV1Api(job.cluster.admin).delete_namespaced_pod(job.pod(1), job.cluster.namespace)
 
     timeline = Timeline.running(2).then(0.5, lose_node).then(0.5, lambda job: job.unschedulable(1, "no node"))
-    cluster = make_cluster(timeline=timeline)
-    job = render_job(cluster_config(staged_root, "lost-node", cluster.namespace).job_spec())
+    cluster = make_cluster(timeline=timeline, api=api)
+    job = render_job(cluster_config(staged_root, "lost-node", **on(cluster)).job_spec())
     started = time.monotonic()
     with pytest.raises(StepFailed, match=r"fewer than its minimum of 2 pod\(s\) for \d+s .* recovery deadline"):
         run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=2, recovery_timeout_s=4), threading.Event())
@@ -630,15 +710,15 @@ def test_a_pod_stuck_terminating_on_a_lost_node_counts_as_lost(staged_root: Path
     assert stuck and stuck[0]["metadata"].get("deletionTimestamp"), "still Terminating"
 
 
-def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(staged_root: Path, make_cluster,
+@BOTH_APIS
+def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(api: str, staged_root: Path, make_cluster,
                                                                           caplog) -> None:  # fmt: skip
     """HyperPod task governance (Kueue) creates the job suspended and admits it later: waiting in the queue is not
     being stuck in Pending."""
     caplog.set_level(logging.INFO)
-    cluster = make_cluster(timeline=Timeline.queued(admit_after_s=3.5, log_lines=LINES[:2]))
-    cfg = cluster_config(staged_root, "queued", cluster.namespace,
-                         platform=Platform(queue_name="hyperpod-ns-team-a-localqueue",
-                                           priority_class="training-priority"))  # fmt: skip
+    cluster = make_cluster(timeline=Timeline.queued(admit_after_s=3.5, log_lines=LINES[:2]), api=api)
+    cfg = cluster_config(staged_root, "queued", **on(cluster, queue_name="hyperpod-ns-team-a-localqueue",
+                                                     priority_class="training-priority"))  # fmt: skip
     job = render_job(cfg.job_spec())
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-team-a-localqueue"
     assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training-priority"
@@ -648,34 +728,41 @@ def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(staged
     assert f"{cluster.namespace}/{cfg.job_name}" in cluster.kueue.suspended_at_create, "Kueue's webhook held it"
     assert "is queued: suspended until the cluster's queue (Kueue) admits it" in caplog.text
     assert re.search(r"was admitted after \d+s in the queue", caplog.text)
-    assert stored["spec"]["runPolicy"]["suspend"] is False
-    assert (
-        stored["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/podset"]
-        == "worker"
-    ), "admission carries Kueue's pod-set labels into the template"
+    if api == "pytorchjob":
+        assert stored["spec"]["runPolicy"]["suspend"] is False
+        template = stored["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+        assert template["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "worker", "Kueue's pod-set labels"
+    else:  # Kueue's trainjob integration writes its admission as a runtime patch of its own (kueue.x-k8s.io/manager)
+        assert stored["spec"]["suspend"] is False
+        patch = next(p for p in stored["spec"]["runtimePatches"] if p["manager"] == "kueue.x-k8s.io/manager")
+        (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        assert node["template"]["spec"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "node"
 
 
-def test_a_job_preempted_by_kueue_and_admitted_again_is_not_taken_for_a_lost_node(staged_root: Path, make_cluster,
-                                                                                 caplog) -> None:  # fmt: skip
+@BOTH_APIS
+def test_a_job_preempted_by_kueue_and_admitted_again_is_not_taken_for_a_lost_node(
+    api: str, staged_root: Path, make_cluster, caplog
+) -> None:
     """HyperPod task governance preempts the running job for a higher-priority team (suspend: the operator deletes
     its pods, Suspended True, Running False) and admits it again later; its new pods wait for the scheduler. Queue
     time is not time below the minimum of pods: the recovery deadline (shorter than the queue wait) must not fire."""
     caplog.set_level(logging.INFO)
-    cluster = make_cluster(timeline=Timeline.preempted(queued_s=3.0, pending_s=2.0, log_lines=LINES[:3]))
-    cfg = cluster_config(staged_root, "preempted", cluster.namespace, platform=Platform(queue_name="team-a"))
+    cluster = make_cluster(timeline=Timeline.preempted(queued_s=3.0, pending_s=2.0, log_lines=LINES[:3]), api=api)
+    cfg = cluster_config(staged_root, "preempted", **on(cluster, queue_name="team-a"))
     job = render_job(cfg.job_spec())
     outcome = run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=6, recovery_timeout_s=1.5),
                       threading.Event())  # fmt: skip
     conditions = {c["type"]: c for c in outcome.conditions}
     assert outcome.state == "Succeeded" and deleted_jobs(cluster) == []
-    assert conditions["Suspended"]["status"] == "False" and conditions["Suspended"]["reason"] == "PyTorchJobResumed"
+    resumed = "PyTorchJobResumed" if api == "pytorchjob" else "Resumed"  # TrainJobResumedReason (v2.3.0)
+    assert conditions["Suspended"]["status"] == "False" and conditions["Suspended"]["reason"] == resumed
     assert len(re.findall(r"was admitted after \d+s in the queue", caplog.text)) == 2, "admitted, then re-admitted"
 
 
-def test_the_queue_deadline_is_its_own(staged_root: Path, make_cluster) -> None:
-    cluster = make_cluster()
-    job = render_job(cluster_config(staged_root, "queued-long", cluster.namespace,
-                                    platform=Platform(queue_name="q")).job_spec())  # fmt: skip
+@BOTH_APIS
+def test_the_queue_deadline_is_its_own(api: str, staged_root: Path, make_cluster) -> None:
+    cluster = make_cluster(api=api)
+    job = render_job(cluster_config(staged_root, "queued-long", **on(cluster, queue_name="q")).job_spec())
     with pytest.raises(StepFailed, match=r"queued \(suspended, not admitted\) for \d+s, past the queue deadline"):
         run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=1.2, queue_timeout_s=1), threading.Event())
     assert len(deleted_jobs(cluster)) == 1
@@ -754,11 +841,13 @@ def test_after_a_kueue_resume_the_operators_deadline_waits_for_the_jobs_next_cha
              "the next change reconciles the job past its deadline")  # fmt: skip
 
 
-def test_a_terminated_runs_job_is_deleted_by_the_exit_step(staged_root: Path, make_cluster, tmp_path: Path) -> None:
+@BOTH_APIS
+def test_a_terminated_runs_job_is_deleted_by_the_exit_step(api: str, staged_root: Path, make_cluster,
+                                                           tmp_path: Path) -> None:  # fmt: skip
     """KFP runs the exit step after a terminate; the launcher may have died (SIGKILL) before it deleted anything.
     The exit step sees the launcher's record still "running" and deletes the job; the owner reference would wait for
     the launcher's pod object, which KFP keeps for a day."""
-    cluster = make_cluster(timeline=Timeline.running(2))
+    cluster = make_cluster(timeline=Timeline.running(2), api=api)
     root = tmp_path / "fsx"
     shutil.copytree(staged_root, root)
     pipeline_run = "6d1c2b3a-0000-4000-8000-00000000abcd"
@@ -770,7 +859,7 @@ def test_a_terminated_runs_job_is_deleted_by_the_exit_step(staged_root: Path, ma
         f"with recorded_step({str(root)!r}, 'killed-run', 'launch-pytorchjob', {{}}):\n"
         "    main(sys.argv[1:])\n"
     )
-    command = [sys.executable, "-c", script, *launcher_command(root, "killed-run", cluster.namespace)[3:],
+    command = [sys.executable, "-c", script, *launcher_command(root, "killed-run", cluster.namespace, cluster)[3:],
                "--pipeline-run-id", pipeline_run]  # fmt: skip
     env = {**os.environ, "KUBECONFIG": str(cluster.control_plane.write_kubeconfig(tmp_path / "kubeconfig"))}
     launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
@@ -779,25 +868,24 @@ def test_a_terminated_runs_job_is_deleted_by_the_exit_step(staged_root: Path, ma
     launcher.kill()  # outright: no handler runs
     launcher.wait(timeout=10)
     assert deleted_jobs(cluster) == [] and running(cluster.job(name))
-    cleanup = job_cleanup("kubernetes", cluster.namespace, "killed-run", pipeline_run, api_client=cluster.runner())
+    cleanup = job_cleanup("kubernetes", cluster.namespace, "killed-run", pipeline_run, api, cluster.runner())
     summary = summarize_run(str(root), "killed-run", pipeline_run, "RUNNING", cleanup=cleanup)
     deletions = deleted_jobs(cluster)
-    other = job_cleanup(
-        "kubernetes", cluster.namespace, "killed-run", "another-pipeline-run", api_client=cluster.runner()
-    )()
+    other = job_cleanup("kubernetes", cluster.namespace, "killed-run", "another-pipeline-run", api, cluster.runner())()
     assert summary.state == "TERMINATED" and summary.cleanup.endswith("was still running after the run ended: deleted")
     assert deletions == [(name, "Foreground")]
-    assert other.startswith("no PyTorchJob") or "another pipeline run" in other or "being deleted" in other
+    assert other.startswith(f"no {cluster.api.kind}") or "another pipeline run" in other or "being deleted" in other
 
 
-def test_the_exit_step_leaves_a_finished_job_and_someone_elses_alone(staged_root: Path, make_cluster) -> None:
-    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:2]))
-    cfg = cluster_config(staged_root, "finished", cluster.namespace)
+@BOTH_APIS
+def test_the_exit_step_leaves_a_finished_job_and_someone_elses_alone(api: str, staged_root: Path,
+                                                                     make_cluster) -> None:  # fmt: skip
+    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:2]), api=api)
+    cfg = cluster_config(staged_root, "finished", **on(cluster))
     launch(cfg, cluster.runner())
-    done = job_cleanup("kubernetes", cluster.namespace, cfg.run_id, cfg.pipeline_run_id, api_client=cluster.runner())()
-    cluster.create_job(render_job(cluster_config(staged_root, "theirs", cluster.namespace,
-                                                 pipeline_run_id="").job_spec()))  # fmt: skip
-    theirs = job_cleanup("kubernetes", cluster.namespace, "theirs", "", api_client=cluster.runner())()
+    done = job_cleanup("kubernetes", cluster.namespace, cfg.run_id, cfg.pipeline_run_id, api, cluster.runner())()
+    cluster.create_job(render_job(cluster_config(staged_root, "theirs", **on(cluster), pipeline_run_id="").job_spec()))
+    theirs = job_cleanup("kubernetes", cluster.namespace, "theirs", "", api, cluster.runner())()
     assert "had already finished: left for its logs" in done
     assert "belongs to another pipeline run: left alone" in theirs and deleted_jobs(cluster) == []
 
@@ -837,14 +925,28 @@ def rank_logs(run: RunPaths, world: int, steps: tuple[int, ...]) -> None:
                 f.write(logging.Formatter(LOG_FORMAT.replace("{rank}", str(rank))).format(record) + "\n")
 
 
-def test_a_diverged_trainer_ends_its_job_instead_of_restarting_it(staged_root: Path, make_cluster) -> None:
-    """The trainer writes status.json "diverged" (trainer/health.py's line) and exits 3; with restartPolicy
-    OnFailure the kubelet restarts it, again and again. The launcher reads the status on the volume and deletes
-    the job before the operator's backoff limit (or HyperPod auto-resume) gets a say."""
+def restarted_again_and_again(api: str, exit_code: int, times: int, tick_s: float, log_lines: list[str]) -> Timeline:
+    """Worker 1 exits `exit_code` each time it starts, `times` times: a PyTorchJob's container restarts in place
+    (OnFailure, crash_loop); a TrainJob's group is recreated by JobSet each time (its runtime's maxRestarts)."""
+    if api == "pytorchjob":
+        return Timeline.crash_loop(workers=2, exit_code=exit_code, crashes=times, tick_s=tick_s, log_lines=log_lines)
+    timeline = Timeline.started(2, tick_s)
+    for _ in range(times):
+        timeline += Timeline.lines(log_lines, [1], tick_s) + Timeline.exits([1], exit_code, tick_s)
+        timeline = timeline.then(tick_s, lambda job: job.start_recreated(0, 1))
+    return timeline
+
+
+@BOTH_APIS
+def test_a_diverged_trainer_ends_its_job_instead_of_restarting_it(api: str, staged_root: Path, make_cluster) -> None:
+    """The trainer writes status.json "diverged" (trainer/health.py's line) and exits 3; a PyTorchJob's container is
+    restarted in place (OnFailure), a TrainJob's group recreated by JobSet, again and again. The launcher reads the
+    status on the volume and deletes the job before the operator's restart budget (or HyperPod auto-resume) gets a
+    say."""
     from trainer.health import Divergence
     from trainer.preemption import ExitCode
 
-    root = staged_root.parent / "diverged-k8s"
+    root = staged_root.parent / f"diverged-k8s-{api}"
     shutil.copytree(staged_root, root, symlinks=True, dirs_exist_ok=True)
     divergence = Divergence(limit=3)
     for step in range(25, 29):
@@ -855,21 +957,22 @@ def test_a_diverged_trainer_ends_its_job_instead_of_restarting_it(staged_root: P
         rank_logs(run, 2, (10, 20))
         write_status(run, 0, "diverged", step=25, exit_code=ExitCode.DIVERGED, error=divergence.reason())
 
-    loop = Timeline.crash_loop(workers=2, exit_code=int(ExitCode.DIVERGED), crashes=40, tick_s=0.5,
-                               log_lines=["diverged"])  # fmt: skip
-    cluster = make_cluster(timeline=Timeline([*loop.steps[:1], (0.1, diverge), *loop.steps[1:]]))
-    cfg = cluster_config(root, "diverged", cluster.namespace, job_options={"restart_budget": 50})
+    loop = restarted_again_and_again(api, int(ExitCode.DIVERGED), 40, 0.5, ["diverged"])
+    cluster = make_cluster(timeline=Timeline([*loop.steps[:1], (0.1, diverge), *loop.steps[1:]]), api=api,
+                           restart_budget=50)  # fmt: skip
+    cfg = cluster_config(root, "diverged", **on(cluster), job_options=restart_budget(api, 50))
     with pytest.raises(StepFailed) as failure:
         launch(cfg, cluster.runner())
     message = str(failure.value)
     assert "was stopped, not restarted: diverged at step 25: the loss or gradient norm" in message
-    assert "it was deleted" in message and "backoff" not in message
+    assert "it was deleted" in message and "backoff" not in message and "MaxRestarts" not in message
     assert deleted_jobs(cluster)
 
 
-def test_a_job_whose_step_stops_advancing_is_deleted_with_every_ranks_last_lines(staged_root: Path,
+@BOTH_APIS
+def test_a_job_whose_step_stops_advancing_is_deleted_with_every_ranks_last_lines(api: str, staged_root: Path,
                                                                                   make_cluster) -> None:  # fmt: skip
-    root = staged_root.parent / "stalled-k8s"
+    root = staged_root.parent / f"stalled-k8s-{api}"
     shutil.copytree(staged_root, root, symlinks=True, dirs_exist_ok=True)
     run = cluster_config(root, "stalled").run_paths
 
@@ -879,9 +982,9 @@ def test_a_job_whose_step_stops_advancing_is_deleted_with_every_ranks_last_lines
 
     timeline = Timeline.started(2).then(0.1, three_steps_then_nothing) + Timeline.lines(
         [f"line {i}" for i in range(60)], [0, 1], tick_s=0.5)  # fmt: skip
-    cluster = make_cluster(timeline=timeline)
+    cluster = make_cluster(timeline=timeline, api=api)
     with pytest.raises(StepFailed) as failure:
-        launch(cluster_config(root, "stalled", cluster.namespace, stall_timeout_s=2), cluster.runner())
+        launch(cluster_config(root, "stalled", **on(cluster), stall_timeout_s=2), cluster.runner())
     message = str(failure.value)
     assert "stalled: no training step completed for" in message and "after step 3" in message
     assert "[rank 0] INFO trainer: step 3 loss" in message and "[rank 1] INFO trainer: step 3 loss" in message

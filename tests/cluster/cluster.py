@@ -1,4 +1,6 @@
-"""One test's part of the shared control plane: a namespace with deploy/rbac.yaml in it, and the players in it."""
+"""One test's part of the shared control plane: a namespace with deploy/rbac*.yaml in it, and the players in it: the
+Training Operator for a PyTorchJob test, Kubeflow Trainer and JobSet (with the real Job controller) for a TrainJob
+test, and the kubelet for both."""
 
 from __future__ import annotations
 
@@ -12,41 +14,75 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from components.launch_pytorchjob.job_api import JobApi, job_api
+from components.launch_pytorchjob.manifest import GPU_TOLERATION, JobSpec
+from components.launch_pytorchjob.trainjob import TRAINJOB, render_runtime
 from tests.cluster.control_plane import ControlPlane
+from tests.cluster.jobset import JobSetController
 from tests.cluster.kubelet import Kubelet
 from tests.cluster.kueue import Kueue
 from tests.cluster.timelines import JobPlay, Timeline
-from tests.cluster.training_operator import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, TrainingOperator
+from tests.cluster.trainer import TrainJobController
+from tests.cluster.training_operator import TrainingOperator
+
+RUNTIMES = "clustertrainingruntimes"
 
 log = logging.getLogger(__name__)
 
 
 class Cluster:
-    """The Training Operator and the kubelet played in a fresh namespace; ``timeline`` is played for each job created
-    there. What went wrong inside a player is in :attr:`errors`."""
+    """The job API's operator (``api``: pytorchjob or trainjob) and the kubelet played in a fresh namespace;
+    ``timeline`` is played for each job created there. What went wrong inside a player is in :attr:`errors`.
+
+    A TrainJob test gets its own ClusterTrainingRuntime (cluster-scoped, so named after the namespace), rendered by
+    the launcher's own `render_runtime` with ``restart_budget`` as JobSet's maxRestarts: the real API server
+    validates it against the v2.3.0 CRD when it is created."""
 
     def __init__(self, control_plane: ControlPlane, kueue: Kueue, workdir: Path, *, timeline: Timeline | None = None,
-                 serve_logs: bool = True, grants: list[dict[str, Any]] | None = None):  # fmt: skip
+                 serve_logs: bool = True, grants: list[dict[str, Any]] | None = None, api: str = "pytorchjob",
+                 restart_budget: int = 3) -> None:  # fmt: skip
         self.control_plane, self.kueue = control_plane, kueue
         self.admin = control_plane.admin
+        self.api: JobApi = job_api(api)
         self.namespace = control_plane.test_namespace(grants)
         self.timeline = timeline
         self.errors: list[str] = []
         self._closed = threading.Event()
         self.kubelet = Kubelet(self.admin, self.namespace, workdir, serve_logs=serve_logs)
-        self.operator = TrainingOperator(self.admin, self.namespace, on_created=self._play)
+        self.custom = kubernetes.client.CustomObjectsApi(self.admin)
+        self.controllers: list[Any] = []
+        self.runtime_name = ""
+        if self.api is TRAINJOB:
+            self.runtime_name = f"hpp-{self.namespace}"
+            self.custom.create_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES,
+                                                     self.runtime(restart_budget))  # fmt: skip
+            self.controllers = [JobSetController(self.admin, self.namespace),
+                                TrainJobController(self.admin, self.namespace, on_created=self._play)]  # fmt: skip
+        else:
+            self.controllers = [TrainingOperator(self.admin, self.namespace, on_created=self._play)]
+
+    def runtime(self, restart_budget: int) -> dict[str, Any]:
+        """Our ClusterTrainingRuntime as `hyperpod-pretrain render-runtime` makes it, named for this test."""
+        spec = JobSpec(name=self.runtime_name, image="", trainer_args=[], job_api=TRAINJOB.name,
+                       runtime_name=self.runtime_name, restart_budget=restart_budget,
+                       tolerations=[GPU_TOLERATION])  # fmt: skip
+        return render_runtime(spec)
 
     def close(self) -> None:
         self._closed.set()
-        self.operator.stop()
+        for controller in self.controllers:
+            controller.stop()
         self.kubelet.stop()
+        if self.runtime_name:
+            with contextlib.suppress(ApiException):
+                self.custom.delete_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES, self.runtime_name)
         # Pods left on the nodes would stay Terminating with no kubelet to end them, and the namespace with them
         # (the namespace controller retrying in the background for the rest of the session): ended at once.
         core = kubernetes.client.CoreV1Api(self.admin)
         with contextlib.suppress(ApiException):
             core.delete_collection_namespaced_pod(self.namespace, grace_period_seconds=0)
         self.control_plane.delete_namespace(self.namespace)
-        self.errors += self.operator.errors
+        self.errors += [e for controller in self.controllers for e in controller.errors]
 
     def _play(self, job: dict[str, Any]) -> None:
         name, uid = job["metadata"]["name"], job["metadata"]["uid"]
@@ -73,10 +109,11 @@ class Cluster:
         return self.control_plane.runner_client(host, self.namespace)
 
     def job(self, name: str) -> dict[str, Any] | None:
-        api = kubernetes.client.CustomObjectsApi(self.admin)
+        api = self.api
         try:
-            return json.loads(api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
-                                                               _preload_content=False).data)  # fmt: skip
+            return json.loads(self.custom.get_namespaced_custom_object(api.group, api.version, self.namespace,
+                                                                       api.plural, name,
+                                                                       _preload_content=False).data)  # fmt: skip
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -84,13 +121,13 @@ class Cluster:
 
     def create_job(self, job: dict[str, Any]) -> dict[str, Any]:
         """A job created by someone else (as the admin)."""
-        api = kubernetes.client.CustomObjectsApi(self.admin)
         body = {**job, "metadata": {**job["metadata"], "namespace": self.namespace}}
-        return api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+        return self.custom.create_namespaced_custom_object(self.api.group, self.api.version, self.namespace,
+                                                           self.api.plural, body)  # fmt: skip
 
     def pods(self, job_name: str) -> list[dict[str, Any]]:
         core = kubernetes.client.CoreV1Api(self.admin)
-        response = core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_NAME_LABEL}={job_name}",
+        response = core.list_namespaced_pod(self.namespace, label_selector=self.api.pod_selector(job_name),
                                             _preload_content=False)  # fmt: skip
         return json.loads(response.data)["items"]
 

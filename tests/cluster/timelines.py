@@ -1,17 +1,20 @@
 """What happens to a job after it is created, as the tests script it: the kubelet's and Kueue's parts on a timeline.
 
-The Training Operator player reacts to what these write (pods Running, containers exiting, suspend flipped) as the
-real one does: a timeline never writes a job condition itself.
+The operator players (the Training Operator; Kubeflow Trainer, JobSet and the real Job controller) react to what these
+write (pods Running, containers exiting, suspend flipped) as the real ones do: a timeline never writes a job condition
+itself. A timeline speaks of nodes by index; the pod of a node is found by the job API's label, whatever its name (a
+PyTorchJob's <job>-worker-<i>; a TrainJob's <job>-node-0-<i>-<suffix>, a new one after each restart of the group).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tests.cluster.cluster import Cluster
@@ -49,23 +52,45 @@ class JobPlay:
     cluster: Cluster
     name: str
 
-    def pod(self, index: int) -> str:
-        return f"{self.name}-worker-{index}"
+    def pods(self, index: int) -> list[dict[str, Any]]:
+        """Node `index`'s pods, newest first, those being deleted last."""
+        core = self.cluster.kubelet.core
+        selector = self.cluster.api.node_selector(self.name, index)
+        pods = json.loads(core.list_namespaced_pod(self.cluster.namespace, label_selector=selector,
+                                                   _preload_content=False).data)["items"]  # fmt: skip
+        return sorted(
+            pods,
+            key=lambda p: (
+                not p["metadata"].get("deletionTimestamp"),
+                p["metadata"]["creationTimestamp"],
+                p["metadata"]["name"],
+            ),
+            reverse=True,
+        )
+
+    def pod(self, index: int, timeout_s: float = 30) -> str:
+        """The name of node `index`'s pod (its newest live one), once its operator has created it."""
+        deadline = time.monotonic() + timeout_s
+        while not (pods := [p for p in self.pods(index) if not p["metadata"].get("deletionTimestamp")]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no pod of node {index} of {self.name} within {timeout_s:.0f}s")
+            time.sleep(0.05)
+        return pods[0]["metadata"]["name"]
 
     def start(self, *indices: int) -> None:
         for index in indices:
             self.cluster.kubelet.start(self.pod(index))
 
     def start_recreated(self, *indices: int, timeout_s: float = 30) -> None:
-        """Once the operator has created these pods again (new, not yet bound), each scheduled and running."""
+        """Once the operator has created these nodes' pods again (new, not yet bound), each scheduled and running."""
         deadline = time.monotonic() + timeout_s
         for index in indices:
-            while not ((pod := self.cluster.kubelet.pod(self.pod(index))) and not pod["spec"].get("nodeName")
-                       and not pod["metadata"].get("deletionTimestamp")):  # fmt: skip
+            while not (fresh := [p for p in self.pods(index) if not p["spec"].get("nodeName")
+                                 and not p["metadata"].get("deletionTimestamp")]):  # fmt: skip
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.pod(index)} not created again within {timeout_s:.0f}s")
+                    raise TimeoutError(f"node {index} of {self.name} not created again within {timeout_s:.0f}s")
                 time.sleep(0.05)
-            self.cluster.kubelet.start(self.pod(index))
+            self.cluster.kubelet.start(fresh[0]["metadata"]["name"])
 
     def unschedulable(self, index: int, message: str) -> None:
         self.cluster.kubelet.wait_for_pod(self.pod(index))
@@ -78,10 +103,10 @@ class JobPlay:
         self.cluster.kubelet.exit(self.pod(index), code, reason)
 
     def admit(self) -> None:
-        self.cluster.kueue.admit(self.cluster.namespace, self.name)
+        self.cluster.kueue.admit(self.cluster.namespace, self.name, kind=self.cluster.api.kind)
 
     def preempt(self) -> None:
-        self.cluster.kueue.preempt(self.cluster.namespace, self.name)
+        self.cluster.kueue.preempt(self.cluster.namespace, self.name, kind=self.cluster.api.kind)
 
 
 Action = Callable[[JobPlay], None]
