@@ -27,7 +27,7 @@ def test_records_and_summary_of_a_failed_run(tmp_path: Path) -> None:
     with recorded_step(root, "r1", "stage-data", {"report": "minio://a/report"}) as record:
         record.state, record.details = "skipped", {"train_tokens": 10}
     with recorded_step(root, "r1", "launch-pytorchjob", {"report": "minio://b/report"}) as record:
-        record.details = {"job_name": "hpp-r1-train-0123456789", "namespace": "kubeflow"}
+        record.details = {"job_name": "hpp-r1-train-0123456789", "namespace": "kubeflow", "job_kind": "TrainJob"}
     with pytest.raises(StepFailed), recorded_step(root, "r1", "verify-nccl", {}):
         raise StepFailed("transport: rank 3 | used Socket")
 
@@ -35,7 +35,7 @@ def test_records_and_summary_of_a_failed_run(tmp_path: Path) -> None:
     paths = RunPaths.of(root, "r1")
     saved = json.loads(paths.summary.read_text())
     assert saved["state"] == "FAILED" and saved["error"] == "verify-nccl failed"
-    assert saved["job"] == {"name": "hpp-r1-train-0123456789", "namespace": "kubeflow"}
+    assert saved["job"] == {"name": "hpp-r1-train-0123456789", "namespace": "kubeflow", "kind": "TrainJob"}
     outcomes = {s["step"]: s["state"] for s in saved["steps"]}
     assert outcomes == {"preflight": "no record", "stage-data": "skipped", "finalize-data": "no record",
                         "launch-pytorchjob": "succeeded", "verify-nccl": "failed",
@@ -119,7 +119,7 @@ def test_a_failed_cleanup_is_reported_in_the_summary(tmp_path: Path) -> None:
         raise StepFailed("Kubernetes API: delete PyTorchJob failed 6 times")
 
     summary = summarize_run(str(tmp_path), "r1", "kfp-uuid", "RUNNING", cleanup=cleanup)
-    assert summary.cleanup == "could not clean up the PyTorchJob: Kubernetes API: delete PyTorchJob failed 6 times"
+    assert summary.cleanup == "could not clean up the job: Kubernetes API: delete PyTorchJob failed 6 times"
     assert "Clean-up: could not clean up" in RunPaths.of(tmp_path, "r1").summary_report.read_text()
 
 

@@ -48,15 +48,16 @@ def launch_pytorchjob(
     metrics: dsl.Output[dsl.Metrics],
     report: dsl.Output[dsl.Markdown],
 ) -> NamedTuple("Outputs", run_id=str, job_name=str, namespace=str, state=str, attempt=int):  # noqa: UP014
-    """Train with torchrun (locally, or as a PyTorchJob that a retried step re-attaches to, or replaces when it
-    failed); returns the run id. With `resume_run_id`, training continues in that run's directory from its newest
-    checkpoint; `extend_schedule` lets that resume continue to other lr/warmup_steps/max_steps settings. With
+    """Train with torchrun (locally, or as a PyTorchJob or TrainJob that a retried step re-attaches to, or replaces
+    when it failed); returns the run id. With `resume_run_id`, training continues in that run's directory from its
+    newest checkpoint; `extend_schedule` lets that resume continue to other lr/warmup_steps/max_steps settings. With
     `checkpoint_s3_uri`, the trainer copies each committed checkpoint to <checkpoint_s3_uri>/<run_id>/ in S3.
-    `platform` is compiled in (the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
+    `platform` is compiled in (the job API, the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
     from collections import namedtuple
 
     from components.kfp_support import log_numbers, setup_logging
     from components.launch_pytorchjob.core import LaunchConfig, launch, summary_markdown
+    from components.launch_pytorchjob.job_api import job_api
     from components.launch_pytorchjob.platform import Platform
     from components.run_summary.core import recorded_step, resolve_run_id
 
@@ -102,7 +103,8 @@ def launch_pytorchjob(
     )
     with recorded_step(storage_root, run_id, "launch-pytorchjob", {"report": report.uri}) as record:
         if backend == "kubernetes":
-            record.details = {"job_name": config.job_name, "namespace": namespace}
+            kind = job_api(config.platform.job_api).kind
+            record.details = {"job_name": config.job_name, "namespace": namespace, "job_kind": kind}
         result = launch(config)
         if result.state:
             record.details |= {"state": result.state, "attempt": result.attempt}

@@ -25,8 +25,8 @@ def preflight(
     warn_only: bool,
     report: dsl.Output[dsl.Markdown],
 ):
-    """Check the cluster for the PyTorchJob the launcher would create (CRD, permissions, FSx PVC, checkpoint
-    throughput, nodes, device plugins, image, memory); fails on any failed check unless `warn_only`."""
+    """Check the cluster for the job the launcher would create (job API, runtime, queue, permissions, FSx PVC,
+    checkpoint throughput, nodes, device plugins, image, memory); fails on any failed check unless `warn_only`."""
     from common.errors import StepFailed
     from components.kfp_support import setup_logging
     from components.launch_pytorchjob.core import LaunchConfig

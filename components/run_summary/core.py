@@ -9,7 +9,7 @@ could publish; backend/src/v2/driver/resolve.go) with an empty error, kfp.local 
 step whose record still says "running" was stopped from outside: the run was terminated, or its pod was killed
 (deadline, eviction, OOM). KFP's own word is kept beside it as `kfp_state`.
 
-After a run that did not succeed, the exit step also deletes the run's PyTorchJob if it is still running: KFP
+After a run that did not succeed, the exit step also deletes the run's job if it is still running: KFP
 runs the exit step after a terminate, when the launcher may have been killed before it could delete the job.
 """
 
@@ -94,7 +94,7 @@ class RunSummary:
     state: str  # from the steps' records: SUCCEEDED, FAILED, TERMINATED (a step stopped from outside), INCOMPLETE
     error: str
     finished_at: str
-    job: dict[str, str]  # the PyTorchJob's name and namespace, when one was launched
+    job: dict[str, str]  # the job's name, namespace and kind (PyTorchJob, TrainJob), when one was launched
     steps: list[dict[str, Any]]
     kfp_state: str = ""  # what KFP said: COMPLETE/FAILED/RUNNING (KFP 2.14+), SUCCEEDED/FAILED (kfp.local)
     cleanup: str = ""  # what the exit step did about a job still running
@@ -107,7 +107,7 @@ class RunSummary:
             f"(KFP's final state: {self.kfp_state or '-'}).",
         ]
         if self.job:
-            lines.append(f"PyTorchJob `{self.job['namespace']}/{self.job['name']}`.")
+            lines.append(f"{self.job.get('kind', 'PyTorchJob')} `{self.job['namespace']}/{self.job['name']}`.")
         if self.error:
             lines += ["", f"Error: {self.error}"]
         if self.cleanup:
@@ -153,13 +153,14 @@ def read_step(paths: RunPaths, step: str) -> dict[str, Any]:
 def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: str, error: str = "",
                   cleanup: Callable[[], str] | None = None) -> RunSummary:  # fmt: skip
     """Gather the steps' records into summary.json and summary.md under the run's directory. `state` and `error`
-    are KFP's final status; `cleanup` (the PyTorchJob's) is called when the run did not succeed."""
+    are KFP's final status; `cleanup` (the job's) is called when the run did not succeed."""
     paths = RunPaths.of(storage_root, run_id)
     groups = [read_step(paths, record.stem) for record in sorted(paths.steps.glob(f"{GROUP_STEPS}.json"))]
     steps = [read_step(paths, step) for step in STEPS]
     steps[STEPS.index("finalize-data") : STEPS.index("finalize-data")] = groups
     launched = next(s for s in steps if s["step"] == "launch-pytorchjob")["details"]
-    job = {"name": launched["job_name"], "namespace": launched["namespace"]} if launched.get("job_name") else {}
+    job = ({"name": launched["job_name"], "namespace": launched["namespace"],
+            "kind": launched.get("job_kind", "PyTorchJob")} if launched.get("job_name") else {})  # fmt: skip
     derived, why = run_state(steps, error)
     cleaned = ""
     if derived != SUCCEEDED and cleanup is not None:
@@ -167,7 +168,7 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
             cleaned = cleanup()
             log.info("clean-up: %s", cleaned)
         except Exception as exc:  # the summary is still written; the log says what is left running
-            cleaned = f"could not clean up the PyTorchJob: {exc}"
+            cleaned = f"could not clean up the job: {exc}"
             log.error("%s", cleaned)
     summary = RunSummary(run_id, pipeline_run_id, derived, why, _now(), job, steps, kfp_state=state, cleanup=cleaned)
     write_json(paths.summary, dataclasses.asdict(summary))
