@@ -351,6 +351,12 @@ def job_labels(spec: JobSpec) -> dict[str, str]:
     return {"app.kubernetes.io/managed-by": "hyperpod-pretrain"} | spec.labels | {k: v for k, v in queue.items() if v}
 
 
+def job_metadata(spec: JobSpec) -> dict[str, Any]:
+    """The job's metadata, whatever its API: name, namespace, our labels and annotations."""
+    return {"name": spec.name, "namespace": spec.namespace, "labels": job_labels(spec),
+            "annotations": run_annotations(spec)}  # fmt: skip
+
+
 def owned_by_launcher(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
     """The job with the launcher's pod as its owner (garbage-collected with it) and our spec digest."""
     if spec.owner is not None:

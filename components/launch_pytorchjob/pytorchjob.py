@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from components.launch_pytorchjob.job_api import JobApi, seconds, true_condition
-from components.launch_pytorchjob.manifest import job_labels, owned_by_launcher, pod_template, run_annotations
+from components.launch_pytorchjob.manifest import job_metadata, owned_by_launcher, pod_template
 
 if TYPE_CHECKING:
     from components.launch_pytorchjob.manifest import JobSpec
@@ -46,12 +46,7 @@ class PyTorchJobApi(JobApi):
         job: dict[str, Any] = {
             "apiVersion": self.api_version,
             "kind": self.kind,
-            "metadata": {
-                "name": spec.name,
-                "namespace": spec.namespace,
-                "labels": job_labels(spec),
-                "annotations": run_annotations(spec),
-            },  # fmt: skip
+            "metadata": job_metadata(spec),
             "spec": {
                 "elasticPolicy": {
                     "rdzvBackend": spec.rdzv_backend,

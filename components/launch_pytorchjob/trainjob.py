@@ -29,11 +29,10 @@ from common.errors import InputError
 from components.launch_pytorchjob.job_api import JobApi, seconds, true_condition
 from components.launch_pytorchjob.manifest import (
     container_env,
-    job_labels,
+    job_metadata,
     owned_by_launcher,
     pod_template,
     resources,
-    run_annotations,
 )
 
 if TYPE_CHECKING:
@@ -113,12 +112,7 @@ class TrainJobApi(JobApi):
         job = {
             "apiVersion": self.api_version,
             "kind": self.kind,
-            "metadata": {
-                "name": spec.name,
-                "namespace": spec.namespace,
-                "labels": job_labels(spec),
-                "annotations": run_annotations(spec),
-            },  # fmt: skip
+            "metadata": job_metadata(spec),
             "spec": job_spec,
         }
         return owned_by_launcher(job, spec)

@@ -386,22 +386,27 @@ class TrainerWebhooks:
         rules = [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
                   "resources": [PLURAL]}]  # fmt: skip
         api = kubernetes.client.AdmissionregistrationV1Api(admin)
-        api.create_mutating_webhook_configuration({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": MUTATING_CONFIGURATION},
-            "webhooks": [{"name": DEFAULTER_WEBHOOK, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                          "failurePolicy": "Fail", "timeoutSeconds": 10, "rules": rules,
-                          "clientConfig": {"url": f"https://127.0.0.1:{self.defaulter.port}{DEFAULTER_PATH}",
-                                           "caBundle": ca}}],
-        })  # fmt: skip
-        api.create_validating_webhook_configuration({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": VALIDATING_CONFIGURATION},
-            "webhooks": [{"name": VALIDATOR_WEBHOOK, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                          "failurePolicy": "Fail", "timeoutSeconds": 10, "rules": rules,
-                          "clientConfig": {"url": f"https://127.0.0.1:{self.validator.port}{VALIDATOR_PATH}",
-                                           "caBundle": ca}}],
-        })  # fmt: skip
+
+        def configuration(kind: str, name: str, webhook: str, server: HttpsServer, path: str) -> dict[str, Any]:
+            return {
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": name},
+                "webhooks": [{"name": webhook, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                              "failurePolicy": "Fail", "timeoutSeconds": 10, "rules": rules,
+                              "clientConfig": {"url": f"https://127.0.0.1:{server.port}{path}", "caBundle": ca}}],
+            }  # fmt: skip
+
+        api.create_mutating_webhook_configuration(
+            configuration(
+                "MutatingWebhookConfiguration",
+                MUTATING_CONFIGURATION,
+                DEFAULTER_WEBHOOK,
+                self.defaulter,
+                DEFAULTER_PATH,
+            )
+        )
+        api.create_validating_webhook_configuration(configuration(
+            "ValidatingWebhookConfiguration", VALIDATING_CONFIGURATION, VALIDATOR_WEBHOOK, self.validator,
+            VALIDATOR_PATH))  # fmt: skip
 
     def stop(self) -> None:
         api = kubernetes.client.AdmissionregistrationV1Api(self.admin)
