@@ -4,11 +4,14 @@ Each test writes the cluster it reads (tests/cluster/installed.py: nodes, other 
 Training Operator's Deployment, the FSx PVC with its PV and StorageClass) and removes it; cluster-scoped names carry the
 test's tag. The runner is the pipeline runner (deploy/rbac*.yaml), or, in a test of less granted, an account of the
 test's own bound to those files less the rules cut. Tests that need the CRD absent or changed run on a spare API server
-over the same etcd (ControlPlane.spare).
+over the same etcd (ControlPlane.spare). A pipeline compiled for TrainJobs (Kubeflow Trainer v2) is checked against
+Kubeflow Trainer's install, our ClusterTrainingRuntime (named hyperpod-pretrain, as deploy/rbac-trainjob.yaml lets the
+runner read only that one: cluster-scoped, so each test that makes it deletes it) and, with a queue, Kueue's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -28,12 +31,14 @@ from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
 from common.errors import InputError, StepFailed
 from components.kube import KubeSettings
 from components.launch_pytorchjob.core import LaunchConfig
 from components.launch_pytorchjob.manifest import render_job
 from components.launch_pytorchjob.platform import Platform
+from components.launch_pytorchjob.trainjob import TRAINJOB, render_runtime
 from components.preflight.core import (
     ASSUMED_VOCAB,
     CHECK_NAMES,
@@ -50,6 +55,7 @@ from components.preflight.core import (
     check_manifest,
     failure_message,
     fsx_size_gib,
+    launcher_access,
     parse_reference,
     pod_requests,
     preflight,
@@ -57,14 +63,24 @@ from components.preflight.core import (
 )
 from tests.cluster.control_plane import (
     PYTORCHJOB_CRD,
+    REPO,
     RUNNER_USER,
+    TRAINER_CRDS,
     WITHOUT_CLUSTER_READ,
     ControlPlane,
     audit_time,
     deploy_grants,
     read_crd,
+    trainer_skip_reason,
 )
-from tests.cluster.installed import EFA_PLUGIN, Installed, unique_tag
+from tests.cluster.installed import (
+    EFA_PLUGIN,
+    KUEUE_CONFIG,
+    KUEUE_DEFAULT_FRAMEWORKS,
+    KUEUE_NAMESPACE,
+    Installed,
+    unique_tag,
+)
 from trainer.layout import META, DatasetPaths
 
 IMAGE = "registry.example.com/ml/hyperpod-pretrain-trainer:1.0"
@@ -182,17 +198,23 @@ def statuses(result: PreflightResult) -> dict[str, str]:
 
 # A PyTorchJob without a Kueue queue (the default site): no runtime to check, no queue.
 NOT_FOR_A_PYTORCHJOB = {"runtime": NOT_APPLICABLE, "queue": NOT_APPLICABLE}
+# A TrainJob (compiled with --job-api trainjob) without a queue: its runtime is checked, the queue is n/a.
+NOT_FOR_A_TRAINJOB = {"queue": NOT_APPLICABLE}
 
 
-def all_pass(names: Iterable[str] = CHECK_NAMES) -> dict[str, str]:
-    """What a passing PyTorchJob site's checks say: pass, but n/a for a runtime and a queue it has none of."""
-    return {n: NOT_FOR_A_PYTORCHJOB.get(n, PASS) for n in names}
+def all_pass(names: Iterable[str] = CHECK_NAMES, api: str = "pytorchjob") -> dict[str, str]:
+    """What a passing site's checks say: pass, but n/a for what the job has none of (a PyTorchJob: a runtime and a
+    queue; a TrainJob: a queue)."""
+    not_applicable = NOT_FOR_A_TRAINJOB if api == TRAINJOB.name else NOT_FOR_A_PYTORCHJOB
+    return {n: not_applicable.get(n, PASS) for n in names}
 
 
 def others_pass(result: PreflightResult, *names: str) -> None:
+    """The checks but ``names`` say what a passing site's do, for the job API the result checked (its target)."""
+    api = TRAINJOB.name if result.target.startswith(f"{TRAINJOB.kind} ") else "pytorchjob"
     assert {n: s for n, s in statuses(result).items() if n not in names} == all_pass(
-        n for n in CHECK_NAMES if n not in names
-    )
+        (n for n in CHECK_NAMES if n not in names), api
+    ), result.markdown()
 
 
 # -- the whole cluster ---------------------------------------------------------------------------------------
@@ -413,6 +435,300 @@ def test_bad_input_fails_before_any_request(site: Site) -> None:
     with pytest.raises(InputError, match="nproc-per-node 4 differs from the 8 GPUs requested per node"):
         site.run(nproc_per_node=4)
     assert site.runner_requests(since) == []
+
+
+# -- the job API: TrainJob -----------------------------------------------------------------------------------------
+
+# Compiled with --job-api trainjob: Kubeflow Trainer v2.3's TrainJob naming our ClusterTrainingRuntime, which must be
+# named hyperpod-pretrain here: deploy/rbac-trainjob.yaml lets the runner get that one only.
+TRAINJOB_PLATFORM = Platform(job_api=TRAINJOB.name, runtime_name="hyperpod-pretrain")
+RUNTIMES = "clustertrainingruntimes"
+DEPLOY_RUNTIME = REPO / "deploy/trainjob-runtime.yaml"
+QUEUE = "hyperpod-ns-team-a-localqueue"  # HyperPod task governance's LocalQueue of a team
+TRAINER_CRD_REASON = ("trainjobs.trainer.kubeflow.org v1alpha1 installed; Kubeflow Trainer v2.3.0 "
+                      "(kubeflow-system/kubeflow-trainer-public)")  # fmt: skip
+# kubernetes-sigs/kueue v0.13.9, config/components/manager/controller_manager_config.yaml: integrations.frameworks
+# (no trainjob integration yet: it came in v0.14.0).
+KUEUE_0_13_FRAMEWORKS = ("batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster",
+                         "jobset.x-k8s.io/jobset", "kubeflow.org/paddlejob", "kubeflow.org/pytorchjob",
+                         "kubeflow.org/tfjob", "kubeflow.org/xgboostjob", "kubeflow.org/jaxjob",
+                         "workload.codeflare.dev/appwrapper")  # fmt: skip
+
+
+def trainjob_runtime(site: Site, **overrides: Any) -> dict[str, Any]:
+    """Our ClusterTrainingRuntime for the LaunchConfig `site.run(platform=TRAINJOB_PLATFORM, **overrides)` checks:
+    `render_runtime` of its job_spec(), what `hyperpod-pretrain render-runtime` prints for the same settings."""
+    settings = {"namespace": site.namespace, "platform": TRAINJOB_PLATFORM, **overrides}
+    return render_runtime(config(**settings).job_spec())
+
+
+@contextlib.contextmanager
+def runtime_applied(plane: ControlPlane, runtime: dict[str, Any]) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """``runtime`` made as the admin (cluster-scoped: deleted however the test ends); yields a function that replaces
+    it with another, deleted and made again (its failurePolicy is immutable: the CRD's validation rule)."""
+    custom = kubernetes.client.CustomObjectsApi(plane.admin)
+    name = runtime["metadata"]["name"]
+    custom.create_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES, runtime)
+
+    def replace(other: dict[str, Any]) -> None:
+        custom.delete_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES, name)
+        custom.create_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES, other)
+
+    try:
+        yield replace
+    finally:
+        custom.delete_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES, name)
+
+
+def needs_trainer() -> None:
+    if reason := trainer_skip_reason():
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def trainer_spare(control_plane: ControlPlane, tmp_path: Path) -> Iterator[ControlPlane]:
+    """A spare API server with Kubeflow Trainer v2.3.0's and JobSet v0.12.0's CRDs and no PyTorchJob CRD: a cluster
+    that has Kubeflow Trainer v2 alone."""
+    needs_trainer()
+    with control_plane.spare(tmp_path / "spare", list(TRAINER_CRDS)) as plane:
+        yield plane
+
+
+@pytest.fixture
+def trainer_site(make_site: Callable[..., Site]) -> Site:
+    """The healthy cluster on the shared control plane (both job APIs' CRDs), Kubeflow Trainer v2.3.0 installed
+    beside the Training Operator."""
+    needs_trainer()
+    site = make_site()
+    site.hp.add_trainer()
+    return site
+
+
+def runner_reads(site: Site, since: str) -> set[tuple[str, str, str, str, int]]:
+    """The runner's requests since ``since``: (verb, resource, namespace, name, HTTP code)."""
+    return {(e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace", ""),
+             e["objectRef"].get("name", ""), e["responseStatus"]["code"])
+            for e in site.runner_requests(since)}  # fmt: skip
+
+
+def test_a_cluster_with_kubeflow_trainer_alone_names_the_fix_in_one_line(
+    trainer_spare: ControlPlane, make_site: Callable[..., Site]
+) -> None:
+    """Compiled for PyTorchJobs on a cluster with Kubeflow Trainer v2 alone: the crd check fails with the one line that
+    says what to do, the version read from Trainer's public ConfigMap. Compiled for TrainJobs: the crd check passes,
+    and the runtime check with our ClusterTrainingRuntime applied (without it: fails, naming how to apply it)."""
+    site = make_site(plane=trainer_spare, operator=None)
+    site.hp.add_trainer()
+    since = audit_time()
+    pytorchjob = site.run()
+    crd = check(pytorchjob, "crd")
+    assert (crd.status, crd.reason, crd.fix) == (FAIL, "this cluster has Kubeflow Trainer v2.3.0 and no PyTorchJob "
+                                                 "CRD: compile with --job-api trainjob and apply "
+                                                 "deploy/trainjob-runtime.yaml", "")  # fmt: skip
+    assert failure_message(pytorchjob) == f"preflight failed: crd: {crd.reason}."
+    others_pass(pytorchjob, "crd")
+
+    trainjob = site.run(platform=TRAINJOB_PLATFORM)
+    crd, runtime = check(trainjob, "crd"), check(trainjob, "runtime")
+    assert (crd.status, crd.reason, crd.fix) == (PASS, TRAINER_CRD_REASON, "")
+    assert (runtime.status, runtime.reason) == (FAIL, "ClusterTrainingRuntime hyperpod-pretrain is not installed: "
+                                                "every TrainJob of this pipeline names it")  # fmt: skip
+    assert runtime.fix == ("apply deploy/trainjob-runtime.yaml, or what `hyperpod-pretrain render-runtime` prints for "
+                           "this pipeline's settings (a cluster admin: ClusterTrainingRuntimes are "
+                           "cluster-scoped)")  # fmt: skip
+    others_pass(trainjob, "runtime")
+    assert trainjob.target.startswith(f"TrainJob `{site.namespace}/hpp-pf-1-train-")
+
+    with runtime_applied(trainer_spare, trainjob_runtime(site)):
+        applied = site.run(platform=TRAINJOB_PLATFORM)
+    assert statuses(applied) == all_pass(api=TRAINJOB.name), applied.markdown()
+    assert check(applied, "runtime").reason == "ClusterTrainingRuntime hyperpod-pretrain matches this pipeline's " \
+                                               "(restart budget 3)"  # fmt: skip
+    reads = runner_reads(site, since)
+    # The version from the ConfigMap Trainer lets every authenticated user read (manifests/base/rbac/
+    # public_configmap_role*.yaml), not from its Deployment; nothing the runner asked was refused.
+    assert ("get", "configmaps", "kubeflow-system", "kubeflow-trainer-public", 200) in reads
+    assert not {r for r in reads if r[1] == "deployments" and r[2] == "kubeflow-system"}
+    assert ("get", "customresourcedefinitions", "", "trainjobs.trainer.kubeflow.org", 200) in reads
+    assert ("get", RUNTIMES, "", "hyperpod-pretrain", 404) in reads and ("get", RUNTIMES, "", "hyperpod-pretrain",
+                                                                         200) in reads  # fmt: skip
+    assert not [r for r in reads if r[4] == 403], reads
+
+
+def test_a_cluster_with_the_training_operator_alone_names_pytorchjob(
+    spare: ControlPlane, make_site: Callable[..., Site]
+) -> None:
+    spare.install_crd(PYTORCHJOB_CRD)
+    result = make_site(plane=spare).run(platform=TRAINJOB_PLATFORM)
+    crd = check(result, "crd")
+    assert (crd.status, crd.reason, crd.fix) == (FAIL, "this cluster has the Kubeflow Training Operator (PyTorchJob) "
+                                                 "and no TrainJob CRD: compile with --job-api pytorchjob",
+                                                 "")  # fmt: skip
+    assert check(result, "runtime").status == FAIL, "no ClusterTrainingRuntime API either"
+
+
+def test_with_both_job_apis_each_compiled_choice_passes_with_its_own(trainer_site: Site) -> None:
+    """The shared control plane has both CRDs, the Training Operator and Kubeflow Trainer: a pipeline compiled for
+    either passes, each crd check naming its own API; the TrainJob's runtime is deploy/trainjob-runtime.yaml."""
+    site, ns = trainer_site, trainer_site.namespace
+    pytorchjob = site.run()
+    assert statuses(pytorchjob) == all_pass(), pytorchjob.markdown()
+    assert check(pytorchjob, "crd").reason == (
+        "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 (kubeflow/training-operator, image tag "
+        "v1-04f9f13)"
+    )
+    with runtime_applied(site.plane, yaml.safe_load(DEPLOY_RUNTIME.read_text())):
+        trainjob = site.run(platform=TRAINJOB_PLATFORM)
+    assert statuses(trainjob) == all_pass(api=TRAINJOB.name), trainjob.markdown()
+    assert trainjob.passed and trainjob.verdict() == "passed"
+    assert check(trainjob, "crd").reason == TRAINER_CRD_REASON
+    assert check(trainjob, "runtime").reason == "ClusterTrainingRuntime hyperpod-pretrain matches this pipeline's " \
+                                                "(restart budget 3)"  # fmt: skip
+    assert check(trainjob, "queue").reason == "no Kueue queue compiled in: the job starts when its pods fit"
+    # The pod the runtime and the TrainJob make together, checked as a PyTorchJob's worker is.
+    assert check(trainjob, "nodes").reason == check(pytorchjob, "nodes").reason
+    assert check(trainjob, "memory").reason == check(pytorchjob, "memory").reason
+    assert check(trainjob, "fsx-pvc").reason == f"fsx-lustre-pvc in {ns}: Bound, ReadWriteMany, 1200Gi"
+    assert trainjob.target.startswith(f"TrainJob `{ns}/hpp-pf-1-train-") and "2 node(s) of ml.p5.48xlarge" in (
+        trainjob.target
+    )
+
+
+def test_a_runtime_that_differs_from_the_pipelines_fails_naming_the_field(trainer_site: Site) -> None:
+    """Our runtime as applied must hold what the compiled pipeline relies on (RUNTIME_CONTRACT): a field changed by
+    hand, or a runtime rendered for other platform settings, fails naming each field; what a run sets itself (its
+    /dev/shm size, a TrainJob runtime patch) does not count."""
+    site = trainer_site
+    ours = trainjob_runtime(site)
+    with runtime_applied(site.plane, ours) as replace:
+        edited = copy.deepcopy(ours)
+        edited["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] = 5
+        replace(edited)
+        result = site.run(platform=TRAINJOB_PLATFORM)
+        runtime = check(result, "runtime")
+        assert (runtime.status, runtime.reason) == (FAIL, "ClusterTrainingRuntime hyperpod-pretrain differs from this "
+                                                    "pipeline's: template.spec.failurePolicy.maxRestarts (the restart "
+                                                    "budget) is 5, not 3")  # fmt: skip
+        assert runtime.fix.startswith("apply deploy/trainjob-runtime.yaml, or what `hyperpod-pretrain render-runtime`")
+        others_pass(result, "runtime")
+
+        replace(trainjob_runtime(site, platform=Platform(job_api=TRAINJOB.name, pvc_name="team-fsx")))
+        runtime = check(site.run(platform=TRAINJOB_PLATFORM), "runtime")
+        # The runtime as the server keeps it (its keys sorted), against the one this pipeline renders.
+        assert runtime.status == FAIL and runtime.reason.startswith(
+            "ClusterTrainingRuntime hyperpod-pretrain differs from this pipeline's: pod.volumes (the FSx claim) is "
+            '[{"name": "fsx-pvc", "persistentVolumeClaim": {"claimName": "team-fsx"}}, '
+        ), runtime.reason
+        assert "; " not in runtime.reason, "the one field that differs"
+        ours_claim = '], not [{"name": "fsx-pvc", "persistentVolumeClaim": {"claimName": "fsx-lustre-pvc"}}, '
+        assert ours_claim in runtime.reason
+
+        elsewhere = Platform(job_api=TRAINJOB.name, pvc_name="team-fsx", mount_path="/lustre",
+                             service_account="trainer", automount_service_account_token=True)  # fmt: skip
+        replace(trainjob_runtime(site, storage_root="/lustre", platform=elsewhere))
+        runtime = check(site.run(platform=TRAINJOB_PLATFORM), "runtime")
+        assert runtime.status == FAIL and runtime.reason.startswith(
+            "ClusterTrainingRuntime hyperpod-pretrain differs from this pipeline's: pod.containers[node].volumeMounts "
+            '(the FSx and /dev/shm mounts) is [{"mountPath": "/lustre", "name": "fsx-pvc"}'
+        ), runtime.reason
+        assert '; pod.volumes (the FSx claim) is [{"name": "fsx-pvc", "persistentVolumeClaim": {"claimName": ' \
+               '"team-fsx"}}' in runtime.reason  # fmt: skip
+        assert '; pod.serviceAccountName (the trainer pods\' service account) is "trainer", not null' in runtime.reason
+        assert runtime.reason.endswith("; and 1 more"), "three fields named, the fourth counted"
+
+        replace(ours)
+        # A run's /dev/shm is its own (the TrainJob patches the runtime's): it does not make the runtime differ.
+        result = site.run(platform=TRAINJOB_PLATFORM, job_options={"shm_size": "128Gi"})
+        assert check(result, "runtime").status == PASS, check(result, "runtime")
+
+
+@pytest.mark.parametrize(
+    ("api", "version", "frameworks", "status", "reason"),
+    [
+        (TRAINJOB.name, "v0.19.2", KUEUE_DEFAULT_FRAMEWORKS, PASS,
+         f"queue {QUEUE!r}: Kueue v0.19.2, manages trainer.kubeflow.org/trainjob"),
+        (TRAINJOB.name, "v0.14.0", KUEUE_DEFAULT_FRAMEWORKS, PASS,
+         f"queue {QUEUE!r}: Kueue v0.14.0, manages trainer.kubeflow.org/trainjob"),
+        (TRAINJOB.name, "v0.13.9", KUEUE_0_13_FRAMEWORKS, FAIL,
+         "Kueue v0.13.9 admits no TrainJobs (its trainjob integration came in v0.14.0): the job would wait suspended "
+         "for ever"),
+        (TRAINJOB.name, "v0.19.2", tuple(f for f in KUEUE_DEFAULT_FRAMEWORKS if f != "trainer.kubeflow.org/trainjob"),
+         FAIL, f"Kueue v0.19.2 does not manage trainer.kubeflow.org/trainjob (not in integrations.frameworks of "
+         f"{KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored and the job runs unqueued"),
+        (TRAINJOB.name, None, (), FAIL,
+         f"queue {QUEUE!r} is compiled in, but no Kueue runs in kueue-system (no Deployment labelled "
+         "app.kubernetes.io/name=kueue): the job would never be admitted"),
+        # The release's own configuration leaves kubeflow.org/pytorchjob commented out; v0.13's listed it.
+        ("pytorchjob", "v0.19.2", KUEUE_DEFAULT_FRAMEWORKS, FAIL,
+         "Kueue v0.19.2 does not manage kubeflow.org/pytorchjob (not in integrations.frameworks of "
+         f"{KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored and the job runs unqueued"),
+        ("pytorchjob", "v0.13.9", KUEUE_0_13_FRAMEWORKS, PASS,
+         f"queue {QUEUE!r}: Kueue v0.13.9, manages kubeflow.org/pytorchjob"),
+    ],
+    ids=["trainjob-v0.19.2", "trainjob-v0.14.0", "trainjob-v0.13.9", "trainjob-not-listed", "trainjob-no-kueue",
+         "pytorchjob-v0.19.2-default-config", "pytorchjob-v0.13.9"],
+)  # fmt: skip
+def test_the_queue_check_reads_kueues_version_and_frameworks(
+    make_site: Callable[..., Site], api: str, version: str | None, frameworks: tuple[str, ...], status: str,
+    reason: str
+) -> None:  # fmt: skip
+    """With a Kueue queue compiled in: Kueue's controller in kueue-system (by its label), its image tag's version
+    (v0.14.0 or later for a TrainJob) and its configuration's integrations.frameworks naming the job's kind."""
+    if api == TRAINJOB.name:
+        needs_trainer()
+    site = make_site()
+    if version is not None:
+        site.hp.add_kueue(version, frameworks)
+    platform = Platform(job_api=api, queue_name=QUEUE)
+    since = audit_time()
+    with contextlib.ExitStack() as stack:
+        if api == TRAINJOB.name:
+            site.hp.add_trainer()
+            stack.enter_context(runtime_applied(site.plane, trainjob_runtime(site, platform=platform)))
+        result = site.run(platform=platform)
+    queue = check(result, "queue")
+    assert (queue.status, queue.reason) == (status, reason), queue
+    if status == FAIL:
+        framework = "trainer.kubeflow.org/trainjob" if api == TRAINJOB.name else "kubeflow.org/pytorchjob"
+        assert queue.fix == (f"install Kueue v0.14 or later with {framework} in its integrations.frameworks "
+                             "(kueue-system/kueue-manager-config), or compile without --queue-name")  # fmt: skip
+    assert {n: s for n, s in statuses(result).items() if n != "queue"} == {
+        n: s for n, s in all_pass(api=api).items() if n != "queue"
+    }, result.markdown()
+    reads = runner_reads(site, since)
+    assert ("list", "deployments", KUEUE_NAMESPACE, "", 200) in reads
+    if version is not None and not reason.startswith("Kueue v0.13.9 admits"):
+        assert ("get", "configmaps", KUEUE_NAMESPACE, KUEUE_CONFIG, 200) in reads
+    assert not [r for r in reads if r[4] == 403], reads
+
+
+def test_without_a_queue_the_queue_check_is_not_applicable(trainer_site: Site) -> None:
+    trainer_site.hp.add_kueue()  # there, but the pipeline names no queue: nothing of Kueue's is read
+    since = audit_time()
+    queue = check(trainer_site.run(platform=TRAINJOB_PLATFORM), "queue")
+    assert (queue.status, queue.reason) == (NOT_APPLICABLE, "no Kueue queue compiled in: the job starts when its pods "
+                                            "fit")  # fmt: skip
+    assert not {r for r in runner_reads(trainer_site, since) if r[2] == KUEUE_NAMESPACE}
+
+
+def test_a_trainjob_preflight_asks_for_the_trainjob_verbs(trainer_site: Site) -> None:
+    """launcher_access(TRAINJOB): the launcher's TrainJob verbs (deploy/rbac-trainjob.yaml's Role) and the pods', not
+    the PyTorchJob's: granted by the deploy files, and the ones named when cut."""
+    site = trainer_site
+    permissions = check(site.run(platform=TRAINJOB_PLATFORM), "permissions")
+    assert len(launcher_access(TRAINJOB)) == 7 and {a[1:3] for a in launcher_access(TRAINJOB)} == {
+        ("trainer.kubeflow.org", "trainjobs"), ("", "pods"), ("", "events")}  # fmt: skip
+    assert (permissions.status, permissions.reason) == (PASS, "all 7 permissions the launcher uses, in namespace "
+                                                        f"{site.namespace}")  # fmt: skip
+    pytorchjobs_cut = site.with_grants(deploy_grants(without=("create pytorchjobs", "delete pytorchjobs")))
+    assert check(pytorchjobs_cut.run(platform=TRAINJOB_PLATFORM), "permissions").status == PASS
+    trainjobs_cut = site.with_grants(deploy_grants(without=("create trainjobs", "watch trainjobs")))
+    permissions = check(trainjobs_cut.run(platform=TRAINJOB_PLATFORM), "permissions")
+    assert (permissions.status, permissions.reason) == (FAIL, "the service account may not, in namespace "
+                                                        f"{trainjobs_cut.namespace}: create "
+                                                        "trainjobs.trainer.kubeflow.org, watch "
+                                                        "trainjobs.trainer.kubeflow.org")  # fmt: skip
+    assert check(trainjobs_cut.run(), "permissions").status == PASS, "a PyTorchJob's verbs are all there"
 
 
 # -- 2. permissions ------------------------------------------------------------------------------------------

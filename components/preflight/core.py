@@ -32,7 +32,7 @@ from components.launch_pytorchjob.core import LaunchConfig
 from components.launch_pytorchjob.job_api import JobApi, api_of
 from components.launch_pytorchjob.manifest import AUTO_RESUME, HEALTH_LABEL, QUEUE_LABEL, render_job
 from components.launch_pytorchjob.pytorchjob import PYTORCHJOB
-from components.launch_pytorchjob.trainjob import TRAINJOB, render_runtime, trainjob_pod
+from components.launch_pytorchjob.trainjob import DSHM, TRAINJOB, render_runtime, trainjob_pod
 
 log = logging.getLogger(__name__)
 
@@ -449,6 +449,16 @@ def runtime_field(runtime: dict[str, Any], path: str) -> Any:
     return value
 
 
+def contract_field(runtime: dict[str, Any], path: str) -> Any:
+    """A contract field as compared: less what each TrainJob patches in itself (TrainJobApi.render's
+    spec.runtimePatches), the size of /dev/shm, a run's choice (job option shm_size)."""
+    value = runtime_field(runtime, path)
+    if path == "pod.volumes" and isinstance(value, list):
+        value = [{**v, "emptyDir": {k: x for k, x in v["emptyDir"].items() if k != "sizeLimit"}}
+                 if v.get("name") == DSHM and isinstance(v.get("emptyDir"), dict) else v for v in value]  # fmt: skip
+    return value
+
+
 def check_runtime(ctx: Context) -> Check:
     """A TrainJob's ClusterTrainingRuntime exists and holds what the compiled pipeline relies on."""
     if ctx.runtime is None:
@@ -468,9 +478,9 @@ def check_runtime(ctx: Context) -> Check:
         return Check("runtime", WARN, f"cannot read ClusterTrainingRuntime {name}: the service account may not get "
                      "clustertrainingruntimes", READ_FIX.format(what="get on clustertrainingruntimes."
                      "trainer.kubeflow.org"))  # fmt: skip
-    differs = [f"{path} ({why}) is {json.dumps(runtime_field(found, path))}, not "
-               f"{json.dumps(runtime_field(ctx.runtime, path))}" for path, why in RUNTIME_CONTRACT
-               if runtime_field(found, path) != runtime_field(ctx.runtime, path)]  # fmt: skip
+    differs = [f"{path} ({why}) is {json.dumps(contract_field(found, path))}, not "
+               f"{json.dumps(contract_field(ctx.runtime, path))}" for path, why in RUNTIME_CONTRACT
+               if contract_field(found, path) != contract_field(ctx.runtime, path)]  # fmt: skip
     if differs:
         return Check("runtime", FAIL, f"ClusterTrainingRuntime {name} differs from this pipeline's: "
                      f"{'; '.join(differs[:3])}" + (f"; and {len(differs) - 3} more" if len(differs) > 3 else ""),

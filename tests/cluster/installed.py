@@ -71,6 +71,44 @@ JOBSET_LABELS = {"control-plane": "controller-manager", "app.kubernetes.io/name"
                  "app.kubernetes.io/instance": "jobset", "app.kubernetes.io/component": "manager",
                  "app.kubernetes.io/created-by": "jobset", "app.kubernetes.io/part-of": "jobset",
                  "app.kubernetes.io/managed-by": "kustomize"}  # fmt: skip
+# Kubeflow Trainer's grant of its public ConfigMap to every authenticated user (manifests/base/rbac/
+# public_configmap_role.yaml and public_configmap_role_binding.yaml, in the overlay's namespace): the Trainer SDK, and
+# the preflight, read the release there.
+TRAINER_PUBLIC_ROLE = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                       "metadata": {"name": TRAINER_PUBLIC_CONFIGMAP},
+                       "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                                  "resourceNames": [TRAINER_PUBLIC_CONFIGMAP],
+                                  "verbs": ["get", "list", "watch"]}]}  # fmt: skip
+TRAINER_PUBLIC_BINDING = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                          "metadata": {"name": TRAINER_PUBLIC_CONFIGMAP},
+                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": TRAINER_PUBLIC_CONFIGMAP},
+                          "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                                        "name": "system:authenticated"}]}  # fmt: skip
+# What the components installed here grant every authenticated user, by namespace (for tests/test_rbac.py, which counts
+# them as the cluster's own grants: they are gone from the server by the time it reads the session's requests).
+PUBLIC_ROLES: tuple[tuple[str, dict[str, Any]], ...] = ((TRAINER_NAMESPACE, TRAINER_PUBLIC_ROLE),)
+# Kueue as its release manifests install it (kubernetes-sigs/kueue v0.19.2, the release's manifests.yaml:
+# `make release-artifacts IMAGE_REGISTRY=registry.k8s.io/kueue` in .github/workflows/release-utils.yml builds
+# config/default): config/default/kustomization.yaml puts everything in kueue-system with namePrefix kueue-, labels
+# metadata and pod templates app.kubernetes.io/name=kueue and metadata, selectors and templates
+# control-plane=controller-manager; config/components/manager/manager.yaml is the Deployment controller-manager
+# (container manager) and its kustomization.yaml's configMapGenerator the ConfigMap manager-config (no hash suffix)
+# from controller_manager_config.yaml, whose integrations.frameworks lists the job kinds Kueue manages.
+KUEUE_NAMESPACE, KUEUE_DEPLOYMENT, KUEUE_CONFIG = "kueue-system", "kueue-controller-manager", "kueue-manager-config"
+KUEUE_IMAGE = "registry.k8s.io/kueue/kueue"
+KUEUE_LABELS = {"app.kubernetes.io/name": "kueue", "control-plane": "controller-manager"}
+KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
+# v0.19.2's controller_manager_config.yaml: its integrations.frameworks in order, each enabled or commented out.
+KUEUE_FRAMEWORKS: tuple[tuple[str, bool], ...] = (
+    ("batch/job", True), ("kubeflow.org/mpijob", True), ("ray.io/rayjob", True), ("ray.io/raycluster", True),
+    ("ray.io/rayservice", True), ("jobset.x-k8s.io/jobset", True), ("kubeflow.org/paddlejob", False),
+    ("kubeflow.org/pytorchjob", False), ("kubeflow.org/tfjob", False), ("kubeflow.org/xgboostjob", False),
+    ("kubeflow.org/jaxjob", False), ("workload.codeflare.dev/appwrapper", True),
+    ("trainer.kubeflow.org/trainjob", True), ("sparkoperator.k8s.io/sparkapplication", False), ("pod", True),
+    ("deployment", True), ("statefulset", True), ("leaderworkerset.x-k8s.io/leaderworkerset", True),
+)  # fmt: skip
+KUEUE_DEFAULT_FRAMEWORKS = tuple(name for name, enabled in KUEUE_FRAMEWORKS if enabled)
 FSX_DRIVER = "fsx.csi.aws.com"
 FILE_SYSTEM = "fs-0123456789abcdef0"
 
@@ -94,6 +132,7 @@ class Installed:
         self.core = kubernetes.client.CoreV1Api(plane.admin)
         self.apps = kubernetes.client.AppsV1Api(plane.admin)
         self.storage = kubernetes.client.StorageV1Api(plane.admin)
+        self.rbac = kubernetes.client.RbacAuthorizationV1Api(plane.admin)
         self._made: list[tuple[str, str, str]] = []  # (kind, namespace, name), in order
         self._namespaces: list[str] = []
 
@@ -130,6 +169,8 @@ class Installed:
             "daemonsets": lambda: self.apps.delete_namespaced_daemon_set(name, namespace),
             "deployments": lambda: self.apps.delete_namespaced_deployment(name, namespace),
             "configmaps": lambda: self.core.delete_namespaced_config_map(name, namespace),
+            "roles": lambda: self.rbac.delete_namespaced_role(name, namespace),
+            "rolebindings": lambda: self.rbac.delete_namespaced_role_binding(name, namespace),
         }[kind]()
 
     def _raw(self, response: Any) -> dict[str, Any]:
@@ -406,19 +447,45 @@ class Installed:
         """Kubeflow Trainer's controller manager as ``manifests/overlays/manager`` installs it, as a client sees it:
         the Deployment ``kubeflow-trainer-controller-manager`` (image ``ghcr.io/kubeflow/trainer/trainer-controller-
         manager:<version>``, container ``manager``) and the ConfigMap ``kubeflow-trainer-public`` whose
-        ``kubeflow_trainer_version`` names the release; with ``jobset_version``, JobSet's
-        ``jobset-controller-manager`` beside it (``manifests/third-party/jobset``). The CRDs are the control
-        plane's."""
+        ``kubeflow_trainer_version`` names the release, with the Role and RoleBinding that let every authenticated
+        user read it; with ``jobset_version``, JobSet's ``jobset-controller-manager`` beside it
+        (``manifests/third-party/jobset``). The CRDs are the control plane's."""
         self.add_deployment(namespace, TRAINER_DEPLOYMENT, image=f"{TRAINER_IMAGE}:{version}", labels=TRAINER_LABELS,
                             container="manager")  # fmt: skip
         self.core.create_namespaced_config_map(namespace, {"metadata": {"name": TRAINER_PUBLIC_CONFIGMAP},
                                                            "data": {TRAINER_VERSION_KEY: version}})  # fmt: skip
         self._made.append(("configmaps", namespace, TRAINER_PUBLIC_CONFIGMAP))
+        self.rbac.create_namespaced_role(namespace, TRAINER_PUBLIC_ROLE)
+        self._made.append(("roles", namespace, TRAINER_PUBLIC_CONFIGMAP))
+        self.rbac.create_namespaced_role_binding(namespace, TRAINER_PUBLIC_BINDING)
+        self._made.append(("rolebindings", namespace, TRAINER_PUBLIC_CONFIGMAP))
         if jobset_version:
             selector = {k: v for k, v in JOBSET_LABELS.items() if k in ("control-plane", "app.kubernetes.io/name",
                         "app.kubernetes.io/instance", "app.kubernetes.io/managed-by")}  # fmt: skip
             self.add_deployment(namespace, JOBSET_DEPLOYMENT, image=f"{JOBSET_IMAGE}:{jobset_version}",
                                 labels=JOBSET_LABELS, container="manager", selector=selector)  # fmt: skip
+
+    def add_kueue(self, version: str = "v0.19.2", frameworks: Iterable[str] = KUEUE_DEFAULT_FRAMEWORKS) -> None:
+        """What Kueue's release manifests install that the preflight reads: in kueue-system, the Deployment
+        ``kueue-controller-manager`` (image ``registry.k8s.io/kueue/kueue:<version>``, container ``manager``) and the
+        ConfigMap ``kueue-manager-config`` whose ``controller_manager_config.yaml`` is v0.19.2's with
+        ``frameworks`` in its integrations.frameworks (v0.19.2's list, the others commented out as there, then any
+        it does not name). The namespace stays, as kubeflow-system does (a namespace deleted takes seconds to go)."""
+        self.add_deployment(KUEUE_NAMESPACE, KUEUE_DEPLOYMENT, image=f"{KUEUE_IMAGE}:{version}", labels=KUEUE_LABELS,
+                            container="manager", selector={"control-plane": "controller-manager"})  # fmt: skip
+        enabled = list(frameworks)
+        known = [name for name, _ in KUEUE_FRAMEWORKS]
+        lines = [f'  - "{name}"' if name in enabled else f'  # - "{name}"' for name in known]
+        lines += [f'  - "{name}"' for name in enabled if name not in known]
+        config = "\n".join([
+            "apiVersion: config.kueue.x-k8s.io/v1beta2", "kind: Configuration", "health:",
+            "  healthProbeBindAddress: :8081", "metrics:", "  bindAddress: :8443", "webhook:", "  port: 9443",
+            "leaderElection:", "  leaderElect: true", "  resourceName: c1f6bfd2.kueue.x-k8s.io", "integrations:",
+            "  frameworks:", *lines, "",
+        ])  # fmt: skip
+        self.core.create_namespaced_config_map(KUEUE_NAMESPACE, {"metadata": {"name": KUEUE_CONFIG},
+                                                                 "data": {KUEUE_CONFIG_KEY: config}})  # fmt: skip
+        self._made.append(("configmaps", KUEUE_NAMESPACE, KUEUE_CONFIG))
 
 
 def unique_tag() -> str:
