@@ -601,14 +601,23 @@ def test_a_runtime_that_differs_from_the_pipelines_fails_naming_the_field(traine
     site = trainer_site
     ours = trainjob_runtime(site)
     with runtime_applied(site.plane, ours) as replace:
+        # The restart budget is the runtime's own (render-runtime --restart-budget): another one is no difference.
+        budget = copy.deepcopy(ours)
+        budget["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] = 5
+        replace(budget)
+        runtime = check(site.run(platform=TRAINJOB_PLATFORM), "runtime")
+        assert (runtime.status, runtime.reason) == (PASS, "ClusterTrainingRuntime hyperpod-pretrain matches this "
+                                                    "pipeline's (restart budget 5)")  # fmt: skip
         edited = copy.deepcopy(ours)
-        edited["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] = 5
+        del edited["spec"]["template"]["spec"]["failurePolicy"]
         replace(edited)
         result = site.run(platform=TRAINJOB_PLATFORM)
         runtime = check(result, "runtime")
         assert (runtime.status, runtime.reason) == (FAIL, "ClusterTrainingRuntime hyperpod-pretrain differs from this "
-                                                    "pipeline's: template.spec.failurePolicy.maxRestarts (the restart "
-                                                    "budget) is 5, not 3")  # fmt: skip
+                                                    "pipeline's: template.spec.failurePolicy (JobSet restarts the "
+                                                    "group (its maxRestarts, the restart budget, is the runtime's own: "
+                                                    "render-runtime --restart-budget)) is \"missing\", not "
+                                                    "\"set\"")  # fmt: skip
         assert runtime.fix.startswith("apply deploy/trainjob-runtime.yaml, or what `hyperpod-pretrain render-runtime`")
         others_pass(result, "runtime")
 

@@ -23,6 +23,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -415,7 +416,11 @@ def trainer_version(ctx: Context) -> TrainerVersion:
 # it is for. The rest (extra tolerations, labels) is the platform team's to change.
 RUNTIME_CONTRACT = (
     ("mlPolicy.torch", "the torch policy (PET_* rendezvous environment)"),
-    ("template.spec.failurePolicy.maxRestarts", "the restart budget"),
+    (
+        "template.spec.failurePolicy",
+        "JobSet restarts the group (its maxRestarts, the restart budget, is the runtime's "
+        "own: render-runtime --restart-budget)",
+    ),
     ("template.spec.replicatedJobs[node].template.metadata.labels", "the trainer's ancestor label"),
     ("template.spec.replicatedJobs[node].template.spec.backoffLimit", "a failed pod fails its Job"),
     ("pod.restartPolicy", "no restarts in place"),
@@ -453,6 +458,8 @@ def contract_field(runtime: dict[str, Any], path: str) -> Any:
     """A contract field as compared: less what each TrainJob patches in itself (TrainJobApi.render's
     spec.runtimePatches), the size of /dev/shm, a run's choice (job option shm_size)."""
     value = runtime_field(runtime, path)
+    if path == "template.spec.failurePolicy":  # present, whatever its budget
+        return "set" if isinstance(value, dict) and value.get("maxRestarts") is not None else "missing"
     if path == "pod.volumes" and isinstance(value, list):
         value = [{**v, "emptyDir": {k: x for k, x in v["emptyDir"].items() if k != "sizeLimit"}}
                  if v.get("name") == DSHM and isinstance(v.get("emptyDir"), dict) else v for v in value]  # fmt: skip
@@ -1488,8 +1495,10 @@ def check_queue(ctx: Context) -> Check:
         reasons.append("Kueue's Deployment not readable (its version unknown)")
     try:
         config = ctx.kube.call("get ConfigMap", ctx.core.read_namespaced_config_map, KUEUE_CONFIG, KUEUE_NAMESPACE)
-        text = "".join((config.data or {}).values())
-        frameworks = re.findall(r"^\s*-\s*\"?([\w./-]+)\"?\s*$", text, re.M)
+        # controller_manager_config.yaml: a Configuration whose integrations.frameworks lists the managed kinds
+        settings = [yaml.safe_load(text) for text in (config.data or {}).values()]
+        frameworks = [name for doc in settings if isinstance(doc, dict)
+                      for name in ((doc.get("integrations") or {}).get("frameworks") or [])]  # fmt: skip
         if framework not in frameworks:
             return Check("queue", FAIL, f"{', '.join(reasons)} does not manage {framework} (not in "
                          f"integrations.frameworks of {KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored "
