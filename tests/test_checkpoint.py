@@ -278,3 +278,32 @@ def test_tied_weights_are_written_once_and_come_back_tied(tmp_path: Path) -> Non
     manager.restore(newest_checkpoint(tmp_path), restored, torch.optim.AdamW(restored.parameters()))
     assert restored.lm_head.weight is restored.transformer.wte.weight
     assert torch.equal(restored.lm_head.weight, model.lm_head.weight)
+
+
+def test_files_written_whole_honour_the_umask(tmp_path: Path) -> None:
+    """mkstemp makes its file 0600 whatever the umask; on a shared FSx volume a teammate's uid could not read
+    config.json, status.json, a summary or a checkpoint's commit.json. The rename keeps the mode open() would give."""
+    from trainer.atomic import atomic_open, write_json
+
+    previous = os.umask(0o027)
+    try:
+        write_json(tmp_path / "a.json", {"x": 1})
+        with atomic_open(tmp_path / "b.bin") as f:
+            f.write(b"x")
+        os.umask(0o002)
+        write_json(tmp_path / "c.json", {})
+    finally:
+        os.umask(previous)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes == {"a.json": 0o640, "b.bin": 0o640, "c.json": 0o664}
+
+
+def test_every_file_of_a_trained_run_is_readable_by_the_team(trained_root: Path) -> None:
+    """What staging, the trainer (its checkpoints, status, metrics, logs) and the launcher wrote for a run, under this
+    process's umask (0644 under the usual 022): the mode open() gives, for every file."""
+    from trainer.atomic import file_mode
+
+    files = [p for p in trained_root.rglob("*") if p.is_file() and not p.is_symlink()]
+    wrong = {str(p.relative_to(trained_root)): oct(p.stat().st_mode & 0o777) for p in files
+             if p.stat().st_mode & 0o777 != file_mode()}  # fmt: skip
+    assert len(files) > 20 and not wrong, wrong

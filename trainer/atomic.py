@@ -12,6 +12,25 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc/self/status, 4.7+): setting it to
+    read it back would race with threads creating files meanwhile."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode open() would give a new file: 0666 less the umask (0644 under the usual 022)."""
+    return 0o666 & ~current_umask()
+
+
 def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -29,7 +48,10 @@ def atomic_path(path: str | Path, fsync: bool = True) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, file_mode())  # mkstemp makes it 0600 whatever the umask: teammates on the volume read it too
+    finally:
+        os.close(fd)
     try:
         yield Path(tmp)
         if fsync:
