@@ -18,3 +18,37 @@ MIN_KFP_BACKEND_WHY = (
     "older backends refuse to create a run whose exit handler takes dsl.PipelineTaskFinalStatus "
     "('task final status not supported yet') and ignore retry policies inside the exit handler"
 )
+
+# What a cluster run of the compiled pipeline uses unless a run says otherwise: the pipeline's parameter defaults
+# (pipelines/pipeline.py takes them from here) and so `render-job`'s and `preflight`'s, which show and check the job
+# a submission would create. The local commands keep the trainer's small CPU defaults (trainer/config.py).
+CLUSTER_DEFAULTS: dict[str, int | float | str] = {
+    "storage_root": "/fsx",
+    "dataset": "corpus",
+    "nnodes": 2,
+    "max_nodes": 0,
+    "nproc_per_node": 8,
+    "preset": "gpt2-124m",
+    "max_steps": 5000,
+    "seed": 1234,
+    "batch_size": 16,
+    "seq_len": 1024,
+    "lr": 6e-4,
+    "warmup_steps": 200,
+    "dropout": 0.0,
+    "checkpoint_every": 500,
+    "log_every": 10,
+    # a finite budget, so that a job whose launcher and exit step were both lost still ends (its operator's deadline
+    # follows it); 0 at run time: none
+    "timeout_s": 72 * 3600,
+    "pending_timeout_s": 1800,
+    "recovery_timeout_s": 3600,
+    "queue_timeout_s": 0,
+    "stall_timeout_s": 0,
+    "namespace": "kubeflow",
+    "instance_type": "p5.48xlarge",
+    # render-job's and preflight's only: the run that names the job, and the trainer image docker/build.sh pushes (a
+    # compiled pipeline's trainer_image names its registry and tag)
+    "run_id": "example",
+    "image": "hyperpod-pretrain-trainer:latest",
+}

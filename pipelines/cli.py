@@ -19,7 +19,7 @@ from components.launch_pytorchjob.job_api import DEFAULT_JOB_API, JOB_APIS
 from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, GPU_TOLERATION
 from components.stage_data.sources import DEFAULT_EXCLUDE
 from components.stage_data.tokenization import SAMPLE_MB, SHARD_TOKENS
-from pipelines import COMPILED_PIPELINE
+from pipelines import CLUSTER_DEFAULTS, COMPILED_PIPELINE
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import RunPaths
 from trainer.model import PRESETS
@@ -49,6 +49,14 @@ def dropout(text: str) -> float:
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {value}")
     return value
+
+
+def use_defaults(p: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
+    """Give `p`'s flags these defaults (required ones become optional), and say so in their help."""
+    for action in p._actions:  # argparse has no public way to change an added argument
+        if action.dest in defaults:
+            action.default, action.required = defaults[action.dest], False
+            action.help = f"{action.help or ''} (default: {defaults[action.dest]})".strip()
 
 
 def add_storage_args(
@@ -480,7 +488,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from components.evaluate_checkpoint.core import Gate, evaluate_checkpoint
 
     gate = Gate(max_val_loss=args.max_val_loss, baseline_run_id=args.baseline_run_id,
-                baseline_margin=args.baseline_margin, warn_only=args.gate_warn_only)  # fmt: skip
+                baseline_margin=args.baseline_margin, baseline_step=args.baseline_step,
+                warn_only=args.gate_warn_only)  # fmt: skip
     result = evaluate_checkpoint(args.storage_root, args.dataset, args.run_id, max_tokens=args.max_tokens,
                                  checkpoint=args.checkpoint, gate=gate, export=not args.no_export,
                                  export_s3_uri=args.export_s3_uri, s3_endpoint_url=args.endpoint_url)  # fmt: skip
@@ -623,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     p.set_defaults(func=cmd_prune_snapshots)
 
-    for name, func, backend, helptext in (
+    for name, func, backend, helptext in (  # the cluster commands default to what a cluster run of the pipeline uses
         ("launch", cmd_launch, "local", "train: torchrun locally, or a PyTorchJob or TrainJob on the cluster"),
         (
             "render-job",
@@ -643,6 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_checkpoint_s3_args(p)
         add_cluster_args(p)
         p.set_defaults(func=func)
+        if backend == "kubernetes":
+            use_defaults(p, {**CLUSTER_DEFAULTS, "backend": "kubernetes"})
         if name == "preflight":
             p.add_argument("--warn-only", action="store_true", help="report failed checks, but exit 0")
             p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown report")
@@ -715,6 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-val-loss", type=float, default=0.0, help="gate: fail above this val loss (0: none)")
     p.add_argument("--baseline-run-id", default="", help="gate: a run id, or 'previous', to be no worse than")
     p.add_argument("--baseline-margin", type=float, default=0.0, help="gate: nats/token allowed above the baseline")
+    p.add_argument("--baseline-step", type=int, default=0,
+                   help="gate: the baseline's evaluation of this step (0: its newest evaluated)")  # fmt: skip
     p.add_argument("--gate-warn-only", action="store_true", help="a failed gate warns instead of failing")
     p.add_argument("--no-export", action="store_true", help="skip the Hugging Face export to <run>/export/")
     p.add_argument("--export-s3-uri", default="", help="also upload the export to s3://bucket/prefix")

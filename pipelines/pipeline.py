@@ -31,6 +31,7 @@ from components.preflight.component import preflight
 from components.run_summary.component import summarize_run
 from components.stage_data.component import finalize_snapshot, stage_data, tokenize_group
 from components.verify_nccl.component import verify_nccl
+from pipelines import CLUSTER_DEFAULTS
 
 PIPELINE_NAME = "hyperpod-pretrain"
 COMPONENTS_REPOSITORY = "hyperpod-pretrain-components"
@@ -63,9 +64,7 @@ def in_image(component: PythonComponent, image: str) -> PythonComponent:
     return dsl.component(component.python_func, base_image=image, install_kfp_package=False)
 
 
-# train_timeout_s's default: a finite budget, so that a job whose launcher and exit step were both lost still ends
-# (runPolicy.activeDeadlineSeconds follows it). 0 at run time: none.
-TRAIN_TIMEOUT_S = 72 * 3600
+TRAIN_TIMEOUT_S = int(CLUSTER_DEFAULTS["timeout_s"])  # pipelines/__init__.py says why it is finite
 RETRY_BACKOFF_S = 10  # KFP waits this long before a step's first retry, doubling each time
 # Every step reruns: a cache hit of stage-data (its inputs name the source, not its content) would skip a changed
 # corpus, and the others' inputs (the run id, on a resume) do not say what they read either.
@@ -153,7 +152,7 @@ def build_pipeline(platform: PlatformOptions):
     def pretrain_pipeline(
         source: str,
         storage_root: str = platform.job.mount_path,
-        dataset: str = "corpus",
+        dataset: str = str(CLUSTER_DEFAULTS["dataset"]),
         include: list = ["*"],  # noqa: B006 - KFP reads the default from the signature
         exclude: list = ["__pycache__/*", "*.pyc", ".*"],  # noqa: B006
         vocab_size: int = 8192,
@@ -170,30 +169,30 @@ def build_pipeline(platform: PlatformOptions):
         run_id: str = "",
         resume_run_id: str = "",
         backend: str = "kubernetes",
-        nnodes: int = 2,
-        max_nodes: int = 0,
-        nproc_per_node: int = 8,
-        preset: str = "gpt2-124m",
-        max_steps: int = 5000,
-        seed: int = 1234,
-        batch_size: int = 16,
-        seq_len: int = 1024,
-        lr: float = 6e-4,
-        warmup_steps: int = 200,
+        nnodes: int = int(CLUSTER_DEFAULTS["nnodes"]),
+        max_nodes: int = int(CLUSTER_DEFAULTS["max_nodes"]),
+        nproc_per_node: int = int(CLUSTER_DEFAULTS["nproc_per_node"]),
+        preset: str = str(CLUSTER_DEFAULTS["preset"]),
+        max_steps: int = int(CLUSTER_DEFAULTS["max_steps"]),
+        seed: int = int(CLUSTER_DEFAULTS["seed"]),
+        batch_size: int = int(CLUSTER_DEFAULTS["batch_size"]),
+        seq_len: int = int(CLUSTER_DEFAULTS["seq_len"]),
+        lr: float = float(CLUSTER_DEFAULTS["lr"]),
+        warmup_steps: int = int(CLUSTER_DEFAULTS["warmup_steps"]),
         extend_schedule: bool = False,
-        dropout: float = 0.0,
-        checkpoint_every: int = 500,
-        log_every: int = 10,
+        dropout: float = float(CLUSTER_DEFAULTS["dropout"]),
+        checkpoint_every: int = int(CLUSTER_DEFAULTS["checkpoint_every"]),
+        log_every: int = int(CLUSTER_DEFAULTS["log_every"]),
         checkpoint_s3_uri: str = "",
         train_timeout_s: int = TRAIN_TIMEOUT_S,
-        pending_timeout_s: int = 1800,
-        recovery_timeout_s: int = 3600,
-        queue_timeout_s: int = 0,
-        stall_timeout_s: int = 0,
+        pending_timeout_s: int = int(CLUSTER_DEFAULTS["pending_timeout_s"]),
+        recovery_timeout_s: int = int(CLUSTER_DEFAULTS["recovery_timeout_s"]),
+        queue_timeout_s: int = int(CLUSTER_DEFAULTS["queue_timeout_s"]),
+        stall_timeout_s: int = int(CLUSTER_DEFAULTS["stall_timeout_s"]),
         preflight_warn_only: bool = False,
         trainer_image: str = platform.images.trainer,
         namespace: str = (platform.job.namespaces or ("kubeflow",))[0],
-        instance_type: str = "p5.48xlarge",
+        instance_type: str = str(CLUSTER_DEFAULTS["instance_type"]),
         job_options: dict = {},  # noqa: B006 - any other manifest setting (components/launch_pytorchjob/manifest.py)
         stream_logs: str = "worker-0",
         owner_reference: bool = True,

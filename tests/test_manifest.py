@@ -283,3 +283,30 @@ def test_render_job_gives_the_trainer_its_runs_checkpoint_copies_prefix_and_endp
     assert bad.stderr.strip().splitlines()[-1] == (
         "hyperpod-pretrain render-job: error: checkpoint_s3_uri 'bucket/ckpts': not an S3 URI (expected s3://bucket/prefix)"
     )
+
+
+def test_render_job_with_no_settings_renders_what_the_compiled_pipeline_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The cluster commands default to the pipeline's own parameter defaults (pipelines.CLUSTER_DEFAULTS), read here
+    from the checked-in compiled YAML: not the trainer's small CPU defaults of the local commands."""
+    from pipelines import COMPILED_PIPELINE
+    from pipelines.cli import main
+
+    compiled = next(yaml.safe_load_all(COMPILED_PIPELINE.read_text()))  # the pipeline spec, then platform specs
+    defaults = {k: v.get("defaultValue") for k, v in compiled["root"]["inputDefinitions"]["parameters"].items()}
+    assert main(["render-job"]) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+    command = worker["template"]["spec"]["containers"][0]["command"]
+
+    def flag(name: str) -> str:
+        return command[command.index(name) + 1]
+
+    # KFP writes integer defaults as numbers of its NUMBER_INTEGER type (8.0 in the YAML): compared as numbers
+    assert worker["replicas"] == defaults["nnodes"] and int(job["spec"]["nprocPerNode"]) == defaults["nproc_per_node"]
+    assert flag("--preset") == defaults["preset"] and int(flag("--max-steps")) == defaults["max_steps"]
+    assert int(flag("--seq-len")) == defaults["seq_len"] and float(flag("--lr")) == defaults["lr"]
+    assert int(flag("--batch-size")) == defaults["batch_size"]
+    assert flag("--data-dir") == f"{defaults['storage_root']}/datasets/{defaults['dataset']}"
+    assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == defaults["train_timeout_s"] + 300
