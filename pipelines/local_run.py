@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sysconfig
 import time
 import warnings
@@ -50,6 +51,7 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
 
     if not pipeline_file.is_file():
         raise InputError(f"pipeline file {pipeline_file}: no such file (run 'hyperpod-pretrain compile')")
+    check_before_start(storage_root, arguments)
     prepare_storage_root(str(storage_root))
     storage_root = storage_root.resolve()
     if KFP_LOCAL_REWRITES in str(storage_root):
@@ -69,8 +71,55 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
         try:
             pipeline(**arguments, storage_root=str(storage_root))
         except RuntimeError as exc:
-            raise StepFailed(f"local pipeline run {run_id} failed: {exc}".splitlines()[0]) from None
+            reason = (
+                failed_step_reason(RunPaths.of(storage_root, run_id)) or ANSI_ESCAPE.sub("", str(exc)).splitlines()[0]
+            )
+            raise StepFailed(f"local pipeline run {run_id} failed: {reason}") from None
     return LocalRun(RunPaths.of(storage_root, run_id).root, pipeline_root, time.monotonic() - started)
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failed_step_reason(run: RunPaths) -> str:
+    """The failed step's own reason, from the summary the exit step wrote, rather than kfp.local's "Inner task failed:
+    'launch-pytorchjob' inside 'exit-handler-1'" (coloured, even into a file)."""
+    import json
+
+    try:
+        steps = json.loads(run.summary.read_text()).get("steps") or []
+    except (OSError, ValueError, AttributeError):
+        return ""
+    failed = [s for s in steps if isinstance(s, dict) and s.get("state") == "failed" and s.get("error")]
+    if not failed:
+        return ""
+    error = ANSI_ESCAPE.sub("", str(failed[0]["error"])).strip().splitlines()  # its first line is its summary
+    return f"step {failed[0].get('step', '?')} failed: {error[0] if error else ''}"
+
+
+def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
+    """What can be checked before anything is staged or written, each failing with one line (exit 2): the training
+    settings as the launcher will check them, the source, the resumed run's checkpoint, a dataset to skip staging of."""
+    from components.launch_pytorchjob.core import LaunchConfig
+    from trainer.layout import DatasetPaths
+
+    settings = ("nproc_per_node", "preset", "max_steps", "seed", "batch_size", "seq_len", "lr", "warmup_steps",
+                "extend_schedule", "dropout", "checkpoint_every", "log_every", "checkpoint_s3_uri")  # fmt: skip
+    run_id = arguments["resume_run_id"] or arguments["run_id"]
+    config = LaunchConfig(storage_root=str(storage_root), dataset=arguments["dataset"], run_id=run_id,
+                          init_from_run_id=arguments.get("init_from_run_id", ""),
+                          resume=bool(arguments["resume_run_id"]), s3_endpoint_url=arguments.get("s3_endpoint_url", ""),
+                          **{k: arguments[k] for k in settings if k in arguments})  # fmt: skip
+    config.validate(check_storage=False)
+    source = str(arguments["source"])
+    if not arguments.get("skip_staging") and not source.startswith("s3://"):
+        if not Path(source.removeprefix("file://")).exists():
+            raise InputError(f"source {source}: no such file or directory")
+    if arguments.get("skip_staging") and not DatasetPaths.of(storage_root, arguments["dataset"]).current.is_file():
+        raise InputError(f"skip_staging: dataset {arguments['dataset']!r} was never staged under {storage_root}")
+    if config.resume and not config.run_paths.has_checkpoint() and not config.checkpoint_s3_uri:
+        raise InputError(f"resume_run_id {run_id!r}: {config.run_paths.checkpoints} holds no checkpoint to continue "
+                         "from")  # fmt: skip
 
 
 # kfp.local's SubprocessRunner replaces this string in every argument of a task's command (it means

@@ -109,3 +109,26 @@ def test_bad_training_arguments(command: str, args: list[str], message: str, tmp
     assert result.returncode == 2
     assert message in result.stderr.splitlines()[-1]
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lr", "-1"], "lr must be positive, got -1.0"),
+        (["--dropout", "0.5", "--warmup-steps", "3", "--source", "/nonexistent/corpus"],
+         "source /nonexistent/corpus: no such file or directory"),
+        (["--resume-run-id", "never-ran"], "resume_run_id 'never-ran': {root}/runs/never-ran/checkpoints holds no "
+         "checkpoint to continue from"),
+        (["--skip-staging", "--dataset", "never"], "skip_staging: dataset 'never' was never staged under {root}"),
+    ],
+)  # fmt: skip
+def test_run_local_refuses_bad_input_before_anything_runs(args: list[str], message: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Checked before the pipeline starts (before a minute of staging and tokenizing): one line, exit 2, nothing
+    written. In process: the pipeline would be the first thing to load kfp.local."""
+    from pipelines.cli import main
+
+    root = tmp_path / "fsx"
+    assert main(["run-local", "--storage-root", str(root), *args]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"hyperpod-pretrain run-local: error: {message.format(root=root)}"]
+    assert not root.exists()

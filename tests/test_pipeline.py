@@ -145,23 +145,28 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
 
 
 def test_run_local_fails_when_a_step_fails(staged_copy: Path) -> None:
-    """A step that fails inside the exit handler (the launcher, on a resume of a run that never trained): the run
-    fails naming the step, and the exit step still writes the summary with which step failed and why. (The launcher
-    has no KFP retry: a failing stage-data would spend 30 s in KFP's retry backoff first.)"""
+    """A step that fails inside the exit handler (the launcher, on a resume whose only checkpoint is damaged: what
+    can be checked before the pipeline starts passes, a checkpoint is there): the run fails with the failed step's own
+    reason as its last line, without colour codes, and the exit step still writes the summary with which step failed
+    and why. (The launcher has no KFP retry: a failing stage-data would spend 30 s in KFP's retry backoff first.)"""
+    checkpoints = RunPaths.of(staged_copy, "damaged").checkpoints
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "checkpoint_step_5.pt").write_text("not a checkpoint")
     result = subprocess.run(
         [CLI, "run-local", "--storage-root", str(staged_copy), "--dataset", "synthetic", "--skip-staging",
-         "--resume-run-id", "never-trained", "--preset", "tiny", "--max-steps", "2"],
+         "--resume-run-id", "damaged", "--preset", "tiny", "--max-steps", "2"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+    last = result.stderr.splitlines()[-1]
     assert result.returncode == 1
-    assert "launch-pytorchjob" in result.stderr.splitlines()[-1]
-    assert "resume_run_id 'never-trained'" in result.stdout + result.stderr
-    assert "holds no checkpoint to continue from" in result.stdout + result.stderr
-    summary = json.loads(RunPaths.of(staged_copy, "never-trained").summary.read_text())
+    assert last.startswith("hyperpod-pretrain run-local: failed: local pipeline run damaged failed: step "
+                           "launch-pytorchjob failed: training of run damaged failed"), last  # fmt: skip
+    assert "no usable checkpoint" in last and "\x1b[" not in last
+    summary = json.loads(RunPaths.of(staged_copy, "damaged").summary.read_text())
     assert summary["state"] == "FAILED"
     outcomes = {s["step"]: s for s in summary["steps"]}
     assert outcomes["launch-pytorchjob"]["state"] == "failed"
-    assert "holds no checkpoint to continue from" in outcomes["launch-pytorchjob"]["error"]
+    assert "no usable checkpoint" in outcomes["launch-pytorchjob"]["error"]
     assert outcomes["stage-data"]["state"] == "skipped" and outcomes["verify-nccl"]["state"] == "no record"
 
 
