@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from common.errors import InputError, StepFailed
-from components.run_summary.core import STEPS, recorded_step, resolve_run_id, summarize_run
+from components.run_summary.core import (
+    STEPS,
+    kfp_words,
+    recorded_step,
+    resolve_run_id,
+    shorten,
+    summarize_run,
+)
 from trainer.layout import RunPaths
 
 
@@ -31,10 +38,10 @@ def test_records_and_summary_of_a_failed_run(tmp_path: Path) -> None:
     with pytest.raises(StepFailed), recorded_step(root, "r1", "verify-nccl", {}):
         raise StepFailed("transport: rank 3 | used Socket")
 
-    summary = summarize_run(root, "r1", "kfp-uuid", "FAILED", "verify-nccl failed")
+    summary = summarize_run(root, "r1", "kfp-uuid", "FAILED", "")
     paths = RunPaths.of(root, "r1")
     saved = json.loads(paths.summary.read_text())
-    assert saved["state"] == "FAILED" and saved["error"] == "verify-nccl failed"
+    assert saved["state"] == "FAILED" and saved["error"] == "verify-nccl failed: transport: rank 3 | used Socket"
     assert saved["job"] == {"name": "hpp-r1-train-0123456789", "namespace": "kubeflow", "kind": "TrainJob"}
     outcomes = {s["step"]: s["state"] for s in saved["steps"]}
     assert outcomes == {"preflight": "no record", "stage-data": "skipped", "finalize-data": "no record",
@@ -66,12 +73,12 @@ def test_an_unreadable_record_is_reported_not_fatal(tmp_path: Path) -> None:
     assert summary.job == {}
 
 
-def steps_ending(root: str, run_id: str, last: str, how: str) -> None:
+def steps_ending(root: str, run_id: str, last: str, how: str, pipeline_run_id: str = "") -> None:
     """Records of the steps up to `last`, which ends as `how`: succeeded, failed, or killed (its record stays at
-    "running", as when its pod is killed outright)."""
+    "running", as when its pod is killed outright). The first names `pipeline_run_id`, as the preflight does."""
     for step in STEPS[: STEPS.index(last) + 1]:
         if step != last or how == "succeeded":
-            with recorded_step(root, run_id, step, {}):
+            with recorded_step(root, run_id, step, {}, pipeline_run_id if step == STEPS[0] else ""):
                 pass
         elif how == "failed":
             with pytest.raises(StepFailed), recorded_step(root, run_id, step, {}):
@@ -137,3 +144,153 @@ def test_the_tokenization_groups_records_sit_between_staging_and_its_fan_in(tmp_
     assert [s["step"] for s in summary.steps][1:5] == ["stage-data", "tokenize-data-g000", "tokenize-data-g001",
                                                        "finalize-data"]  # fmt: skip
     assert summary.state == "TERMINATED" and summary.error.startswith("tokenize-data-g001 was stopped while running")
+
+
+# -- true summaries: one pipeline run's own records, every summary kept, only reports that exist, our words ------
+
+
+def test_a_failed_resumes_summary_lists_no_step_of_the_earlier_pipeline_run(tmp_path: Path) -> None:
+    """A resume trains in the earlier pipeline run's directory: its summary reads only its own records (the first
+    step names the pipeline run; the others take it from the directory's mark), and the earlier summary is kept."""
+    root, paths = str(tmp_path), RunPaths.of(tmp_path, "r1")
+    for step in STEPS:  # the first pipeline run: every step ends well, staging in two groups
+        with recorded_step(root, "r1", step, {}, "kfp-1" if step == "preflight" else "") as record:
+            record.details = {"val_loss": 6.3576} if step == "evaluate-checkpoint" else {}
+        if step == "stage-data":
+            for group in ("tokenize-data-g000", "tokenize-data-g001"):
+                with recorded_step(root, "r1", group, {}):
+                    pass
+    first = summarize_run(root, "r1", "kfp-1", "SUCCEEDED")
+    assert first.state == "SUCCEEDED" and {s["pipeline_run_id"] for s in first.steps} == {"kfp-1"}
+
+    with recorded_step(root, "r1", "preflight", {}, "kfp-2"):  # the resume: marks the run directory as its own
+        pass
+    with recorded_step(root, "r1", "stage-data", {}) as record:
+        record.state = "skipped"
+    with recorded_step(root, "r1", "tokenize-data-g000", {}):
+        pass
+    with pytest.raises(InputError), recorded_step(root, "r1", "finalize-data", {}):
+        raise InputError("dataset 'corpus' is not staged")
+    summary = summarize_run(root, "r1", "kfp-2", "FAILED", "Task exit-handler-1 failed.")  # kfp.local's words
+
+    outcomes = {s["step"]: s["state"] for s in summary.steps}
+    assert outcomes == {"preflight": "succeeded", "stage-data": "skipped", "tokenize-data-g000": "succeeded",
+                        "finalize-data": "failed", "launch-pytorchjob": "no record", "verify-nccl": "no record",
+                        "evaluate-checkpoint": "no record"}  # fmt: skip
+    assert {s.get("pipeline_run_id") for s in summary.steps if s["state"] != "no record"} == {"kfp-2"}
+    assert summary.error == "finalize-data failed: dataset 'corpus' is not staged"
+    assert summary.kfp_error == "Task exit-handler-1 failed."  # kept in summary.json, as KFP said it
+    markdown = paths.summary_report.read_text()
+    assert "6.3576" not in markdown and "exit-handler" not in markdown
+    kept = paths.root / "summaries"
+    assert sorted(p.name for p in kept.iterdir()) == ["kfp-1.json", "kfp-1.md", "kfp-2.json", "kfp-2.md"]
+    assert "val_loss 6.3576" in (kept / "kfp-1.md").read_text() and first.markdown() == (kept / "kfp-1.md").read_text()
+    assert (kept / "kfp-2.md").read_text() == markdown and (
+        kept / "kfp-2.json"
+    ).read_text() == paths.summary.read_text()
+    assert summary.earlier == {"kfp-1": str(kept / "kfp-1.md")} and f"[kfp-1]({kept / 'kfp-1.md'})" in markdown
+
+
+def test_a_retried_step_updates_its_record_and_an_older_summary_is_kept(tmp_path: Path) -> None:
+    """KFP's retry runs a step again in the same pipeline run: its last outcome is the one summarized. A summary
+    written before summaries were kept per pipeline run is kept before the new one replaces it."""
+    root, paths = str(tmp_path), RunPaths.of(tmp_path, "r1")
+    paths.root.mkdir(parents=True)
+    paths.summary.write_text(json.dumps({"pipeline_run_id": "kfp-0", "state": "FAILED"}))
+    paths.summary_report.write_text("# Run r1: FAILED\n")
+    steps_ending(root, "r1", "launch-pytorchjob", "succeeded", "kfp-1")
+    with pytest.raises(StepFailed), recorded_step(root, "r1", "verify-nccl", {}):
+        raise StepFailed("rank 3: NCCL WARN")
+    with recorded_step(root, "r1", "verify-nccl", {}):  # the retry
+        pass
+    with recorded_step(root, "r1", "evaluate-checkpoint", {}):
+        pass
+    summary = summarize_run(root, "r1", "kfp-1", "COMPLETE")
+    assert summary.state == "SUCCEEDED" and summary.steps[STEPS.index("verify-nccl")]["error"] == ""
+    assert (paths.root / "summaries" / "kfp-0.md").read_text() == "# Run r1: FAILED\n"
+    assert list(summary.earlier) == ["kfp-0"]
+
+
+def test_only_reports_that_exist_are_linked(tmp_path: Path) -> None:
+    """KFP uploads a step's artifacts only when it exits 0: a failed step's artifact URI leads nowhere, and a path
+    on the volume is linked only when the file is there."""
+    root = str(tmp_path)
+    there = tmp_path / "comms.md"
+    there.write_text("ok")
+    with recorded_step(root, "r1", "preflight", {"report": "minio://mlpipeline/preflight/report"}, "kfp-1"):
+        pass
+    reports = {"report": "minio://mlpipeline/verify/report", "volume": str(there), "log": str(tmp_path / "none.md"),
+               "local": f"file://{there}"}  # fmt: skip
+    with pytest.raises(StepFailed), recorded_step(root, "r1", "verify-nccl", reports):
+        raise StepFailed("transport: used Socket")
+    summary = summarize_run(root, "r1", "kfp-1", "FAILED")
+    verify = summary.steps[STEPS.index("verify-nccl")]
+    assert verify["reports"] == {"volume": str(there), "local": f"file://{there}"}
+    assert verify["missing_reports"] == {"report": "minio://mlpipeline/verify/report", "log": str(tmp_path / "none.md")}
+    markdown = summary.markdown()
+    assert "minio://mlpipeline/verify/report" not in markdown and "none.md" not in markdown
+    assert "[report](minio://mlpipeline/preflight/report)" in markdown and f"[volume]({there})" in markdown
+
+
+def test_a_long_detail_is_cut_at_a_word(tmp_path: Path) -> None:
+    words = " ".join(f"word{i:03d}" for i in range(100))  # 799 characters, every word 7 long
+    assert shorten(words, 40) == "word000 word001 word002 word003 word004…"
+    assert shorten("short | text\nhere", 40) == "short | text here"
+    assert shorten("x" * 50, 40) == "x" * 39 + "…"  # one word longer than the cell: cut inside it, marked
+    with pytest.raises(StepFailed), recorded_step(str(tmp_path), "r1", "verify-nccl", {}):
+        raise StepFailed(words)
+    summary = summarize_run(str(tmp_path), "r1", "kfp-1", "FAILED")
+    row = next(line for line in summary.markdown().splitlines() if line.startswith("| verify-nccl |"))
+    detail = row.split(" | ")[3]
+    assert detail.endswith("…") and detail[:-1].split()[-1] in words.split() and len(detail) <= 300
+    assert summary.steps[STEPS.index("verify-nccl")]["error"] == words  # summary.json keeps it whole
+
+
+def test_kfps_exit_handler_wording_becomes_ours(tmp_path: Path) -> None:
+    """kfp.local hands the exit step "Task exit-handler-1 failed." (a real KFP, an empty error): the summary says
+    which step failed and why, from its record, or what KFP said in our words when no record says."""
+    assert kfp_words("Task exit-handler-1 failed.") == "" and kfp_words("") == ""
+    assert kfp_words("Task stage-data failed.") == "KFP: step stage-data failed"
+    assert kfp_words("pod deleted") == "KFP: pod deleted"
+    root = str(tmp_path)
+    steps_ending(root, "r1", "evaluate-checkpoint", "succeeded", "kfp-1")
+    summary = summarize_run(root, "r1", "kfp-1", "FAILED", "Task exit-handler-1 failed.")
+    assert summary.state == "FAILED" and "exit-handler" not in summary.markdown()
+    assert summary.error.startswith("every step recorded its success, but KFP failed the run (it gave no reason)")
+    steps_ending(root, "r2", "stage-data", "succeeded", "kfp-2")
+    summary = summarize_run(root, "r2", "kfp-2", "FAILED", "Task finalize-data failed.")
+    assert summary.state == "INCOMPLETE"
+    assert summary.error == ("finalize-data, launch-pytorchjob, verify-nccl, evaluate-checkpoint never ran "
+                             "(KFP: step finalize-data failed)")  # fmt: skip
+
+
+def test_records_outside_a_pipeline_run_count_until_one_marks_the_run(tmp_path: Path) -> None:
+    """A step recorded outside a pipeline run (a test, the CLI) names none: it counts while no pipeline run has
+    marked the directory; once one has, a record naming none is an earlier one's."""
+    root = str(tmp_path)
+    with recorded_step(root, "r1", "stage-data", {}):
+        pass
+    assert summarize_run(root, "r1", "kfp-1", "RUNNING").steps[1]["state"] == "succeeded"
+    with recorded_step(root, "r1", "preflight", {}, "kfp-1"):
+        pass
+    assert summarize_run(root, "r1", "kfp-1", "RUNNING").steps[1]["state"] == "no record"
+
+
+def test_a_local_preflight_is_skipped_without_a_verdict(tmp_path: Path) -> None:
+    """With the local backend there is no cluster: every check is n/a, so the step is skipped, with its reason."""
+    from kfp import dsl
+
+    from components.preflight.component import preflight
+
+    report = dsl.Markdown(uri=str(tmp_path / "report.md"))
+    preflight.python_func(storage_root=str(tmp_path), dataset="corpus", run_id="r1", resume_run_id="",
+                          pipeline_run_id="kfp-1", backend="local", nnodes=1, max_nodes=0, nproc_per_node=2,
+                          preset="tiny", image="", namespace="kubeflow", instance_type="ml.p5.48xlarge",
+                          job_options={}, platform={}, warn_only=False, report=report)  # fmt: skip
+    record = json.loads(RunPaths.of(tmp_path, "r1").step_record("preflight").read_text())
+    assert (record["state"], record["details"], record["pipeline_run_id"]) == (
+        "skipped", {"reason": "backend local: no cluster to check"}, "kfp-1")  # fmt: skip
+    markdown = summarize_run(str(tmp_path), "r1", "kfp-1", "RUNNING").markdown()
+    row = next(line for line in markdown.splitlines() if line.startswith("| preflight |"))
+    assert row.startswith("| preflight | skipped |") and "backend local: no cluster to check" in row
+    assert "verdict" not in row and f"[report]({tmp_path / 'report.md'})" in row

@@ -37,29 +37,33 @@ def preflight(
 
     setup_logging()
     run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
-    config = LaunchConfig(
-        storage_root=storage_root,
-        dataset=dataset,
-        run_id=run_id,
-        backend=backend,
-        nnodes=nnodes,
-        max_nodes=max_nodes,
-        nproc_per_node=nproc_per_node,
-        preset=preset,
-        pipeline_run_id=pipeline_run_id,
-        image=image,
-        namespace=namespace,
-        instance_type=instance_type,
-        job_options=job_options,
-        owner_reference=False,  # the job is not created here: whose pod owns it does not matter
-        platform=Platform.from_dict(platform),
-    )
-    with recorded_step(storage_root, run_id, "preflight", {"report": report.uri}) as record:
+    # The first step of every pipeline run: naming the pipeline run marks the run directory as this run's, so that
+    # a resume's summary reads its own steps' records, not the earlier pipeline run's (components/run_summary).
+    with recorded_step(storage_root, run_id, "preflight", {"report": report.uri}, pipeline_run_id) as record:
+        config = LaunchConfig(
+            storage_root=storage_root,
+            dataset=dataset,
+            run_id=run_id,
+            backend=backend,
+            nnodes=nnodes,
+            max_nodes=max_nodes,
+            nproc_per_node=nproc_per_node,
+            preset=preset,
+            pipeline_run_id=pipeline_run_id,
+            image=image,
+            namespace=namespace,
+            instance_type=instance_type,
+            job_options=job_options,
+            owner_reference=False,  # the job is not created here: whose pod owns it does not matter
+            platform=Platform.from_dict(platform),
+        )
         result = run(config, warn_only=warn_only)  # validates the config first (not the storage: not staged yet)
         with open(report.path, "w") as f:
             f.write(result.markdown())
-        record.details = {"verdict": result.verdict()}
-        if backend == "local":
-            record.state = "skipped"  # no cluster to check
+        if backend == "local":  # every check is n/a: nothing was checked, so there is no verdict to record
+            record.state = "skipped"
+            record.details = {"reason": "backend local: no cluster to check"}
+        else:
+            record.details = {"verdict": result.verdict()}
         if not result.passed:  # KFP uploads no report for a failed step: the message carries each fix
             raise StepFailed(failure_message(result))

@@ -9,6 +9,13 @@ could publish; backend/src/v2/driver/resolve.go) with an empty error, kfp.local 
 step whose record still says "running" was stopped from outside: the run was terminated, or its pod was killed
 (deadline, eviction, OOM). KFP's own word is kept beside it as `kfp_state`.
 
+A run id outlives its pipeline runs: a resume (`resume_run_id`) trains in the same directory, so the steps' records
+carry the pipeline run that wrote them, and a summary reads only its own pipeline run's. A step that knows its
+pipeline run (the preflight, always the first) names it and so marks the run directory's current pipeline run
+(steps/_pipeline_run.json); the steps that are not given it (the verify and evaluate steps) take it from there. A
+step retried within one pipeline run rewrites its own record. Each summary is kept (summaries/<pipeline run>.json
+and .md); summary.json and summary.md are the newest, and list the earlier ones.
+
 After a run that did not succeed, the exit step also deletes the run's job if it is still running: KFP
 runs the exit step after a terminate, when the launcher may have been killed before it could delete the job.
 """
@@ -18,11 +25,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
@@ -33,6 +43,9 @@ log = logging.getLogger(__name__)
 
 STEPS = ("preflight", "stage-data", "finalize-data", "launch-pytorchjob", "verify-nccl", "evaluate-checkpoint")
 GROUP_STEPS = "tokenize-data-g*"  # one record per group of staging's fan-out, between stage-data and finalize-data
+PIPELINE_RUN_MARKER = "_pipeline_run.json"  # in steps/: the pipeline run now using the run directory (no step's name)
+SUMMARIES = "summaries"  # <run>/summaries/<pipeline run>.json and .md: every pipeline run's summary, kept
+DETAIL_CHARS = 300  # a step's detail in summary.md's table; summary.json keeps it whole
 
 
 def resolve_run_id(run_id: str, resume_run_id: str, pipeline_run_id: str) -> str:
@@ -56,12 +69,19 @@ class StepRecord:
     error: str = ""
     reports: dict[str, str] = field(default_factory=dict)  # what -> a path on the volume or a KFP artifact URI
     details: dict[str, Any] = field(default_factory=dict)  # the job's name, the gate's verdict, ...
+    pipeline_run_id: str = ""  # the pipeline run that ran the step: a resume's summary leaves an earlier run's out
 
 
 @contextmanager
-def recorded_step(storage_root: str, run_id: str, step: str, reports: dict[str, str]) -> Iterator[StepRecord]:
-    """Record the step's outcome as it ends, success or not; recording never hides the step's own error."""
-    record = StepRecord(step, reports=dict(reports))
+def recorded_step(storage_root: str, run_id: str, step: str, reports: dict[str, str],
+                  pipeline_run_id: str = "") -> Iterator[StepRecord]:  # fmt: skip
+    """Record the step's outcome as it ends, success or not; recording never hides the step's own error.
+
+    `pipeline_run_id` (KFP's run id) marks the run directory as this pipeline run's; a step not given it is
+    recorded under the pipeline run the directory was last marked with (the first step of every pipeline run
+    marks it)."""
+    record = StepRecord(step, reports=dict(reports), pipeline_run_id=_pipeline_run(storage_root, run_id,
+                                                                                    pipeline_run_id))  # fmt: skip
     started = time.monotonic()
     _write_record(storage_root, run_id, record)  # "running": if the step is killed outright, this stays
     try:
@@ -77,6 +97,33 @@ def recorded_step(storage_root: str, run_id: str, step: str, reports: dict[str, 
         _write_record(storage_root, run_id, record)
 
 
+def _pipeline_run(storage_root: str, run_id: str, pipeline_run_id: str) -> str:
+    """The pipeline run a step's record belongs to: the one given (marked as the run directory's current one), or
+    the one marked. Recording only warns: a step is never failed by its record."""
+    try:
+        marker = RunPaths.of(storage_root, run_id).steps / PIPELINE_RUN_MARKER
+        if not pipeline_run_id:
+            marked = current_pipeline_run(marker)
+            if not marked:
+                log.warning("run %s: no pipeline run has marked it (steps/%s): this record names none", run_id,
+                            PIPELINE_RUN_MARKER)  # fmt: skip
+            return marked
+        if current_pipeline_run(marker) != pipeline_run_id:
+            write_json(marker, {"pipeline_run_id": pipeline_run_id, "since": _now()})
+            log.info("run %s: its steps now record pipeline run %s", run_id, pipeline_run_id)
+    except (OSError, ValueError) as exc:
+        log.warning("run %s: could not mark its pipeline run: %s", run_id, exc)
+    return pipeline_run_id
+
+
+def current_pipeline_run(marker: Path) -> str:
+    """The pipeline run the marker names; empty when there is none or it cannot be read."""
+    try:
+        return str(json.loads(marker.read_text()).get("pipeline_run_id", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 def _write_record(storage_root: str, run_id: str, record: StepRecord) -> None:
     try:
         write_json(RunPaths.of(storage_root, run_id).step_record(record.step), dataclasses.asdict(record))
@@ -85,6 +132,12 @@ def _write_record(storage_root: str, run_id: str, record: StepRecord) -> None:
 
 
 SUCCEEDED, FAILED, TERMINATED, INCOMPLETE = "SUCCEEDED", "FAILED", "TERMINATED", "INCOMPLETE"
+NO_RECORD = "no record"  # the step did not start in this pipeline run (an earlier run's record does not count)
+UPLOADED_WHEN = ("succeeded", "skipped")  # KFP's launcher uploads a step's output artifacts only when it exits 0
+_REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # minio://, s3://, gs://: a KFP artifact, not on the volume
+# The error kfp.local hands the exit step ("Task exit-handler-1 failed."): its own name for the group that failed
+_KFP_TASK_FAILED = re.compile(r"^Task (?P<task>\S+) failed\.?$")
+_KFP_GROUPS = re.compile(r"^(exit-handler|condition|for-loop|condition-branches)-\d+$")
 
 
 @dataclass
@@ -92,12 +145,14 @@ class RunSummary:
     run_id: str
     pipeline_run_id: str
     state: str  # from the steps' records: SUCCEEDED, FAILED, TERMINATED (a step stopped from outside), INCOMPLETE
-    error: str
+    error: str  # in our words, from the records: the failed step and its own reason
     finished_at: str
     job: dict[str, str]  # the job's name, namespace and kind (PyTorchJob, TrainJob), when one was launched
-    steps: list[dict[str, Any]]
+    steps: list[dict[str, Any]]  # this pipeline run's records; `reports` only those there, `missing_reports` not
     kfp_state: str = ""  # what KFP said: COMPLETE/FAILED/RUNNING (KFP 2.14+), SUCCEEDED/FAILED (kfp.local)
     cleanup: str = ""  # what the exit step did about a job still running
+    kfp_error: str = ""  # KFP's error as given: empty from a real KFP, "Task exit-handler-1 failed." from kfp.local
+    earlier: dict[str, str] = field(default_factory=dict)  # the run id's earlier pipeline runs -> their summary.md
 
     def markdown(self) -> str:
         lines = [
@@ -114,54 +169,140 @@ class RunSummary:
             lines += ["", f"Clean-up: {self.cleanup}"]
         lines += ["", "| step | outcome | seconds | detail | reports |", "|---|---|---|---|---|"]
         for step in self.steps:
-            detail = step.get("error") or ", ".join(f"{k} {v}" for k, v in sorted(step.get("details", {}).items()))
             reports = " ".join(f"[{name}]({where})" for name, where in sorted(step.get("reports", {}).items()))
             seconds = step.get("seconds", "")
-            lines.append(f"| {step['step']} | {step['state']} | {seconds} | {_cell(detail)} | {reports} |")
+            lines.append(f"| {step['step']} | {step['state']} | {seconds} | {_cell(_detail(step))} | {reports} |")
+        if self.earlier:
+            runs = ", ".join(f"[{run}]({where})" for run, where in self.earlier.items())
+            lines += ["", f"Earlier pipeline runs of this run, newest first: {runs}."]
         return "\n".join(lines) + "\n"
 
 
-def run_state(steps: list[dict[str, Any]], kfp_error: str = "") -> tuple[str, str]:
-    """The run's state and error from its steps' records (in pipeline order)."""
+def _detail(step: dict[str, Any]) -> str:
+    """A failed step's error, else its details; a `reason` (why a step was skipped) reads as itself."""
+    if step.get("error"):
+        return str(step["error"])
+    details = dict(step.get("details", {}))
+    reason = [str(details.pop("reason"))] if "reason" in details else []
+    return ", ".join(reason + [f"{k} {v}" for k, v in sorted(details.items())])
+
+
+def run_state(steps: list[dict[str, Any]], kfp_state: str = "", kfp_error: str = "") -> tuple[str, str]:
+    """The run's state and error from its steps' records (in pipeline order), in our words: KFP's error names at
+    most a task of its own ("Task exit-handler-1 failed."), the failed step's record says why."""
     failed = [s for s in steps if s["state"] == "failed"]
+    kfp = kfp_words(kfp_error)
     if failed:
-        return FAILED, kfp_error or f"{failed[0]['step']} failed: {failed[0].get('error', '')}"
-    if all(s["state"] in ("succeeded", "skipped") for s in steps):
-        return SUCCEEDED, kfp_error
+        return FAILED, f"{failed[0]['step']} failed: {failed[0].get('error') or 'it recorded no reason'}"
+    if all(s["state"] in UPLOADED_WHEN for s in steps):
+        if kfp_state == FAILED:  # e.g. a step's outputs could not be saved after its work succeeded
+            return FAILED, (f"every step recorded its success, but KFP failed the run ({kfp or 'it gave no reason'}): "
+                            "see the failed step's log in KFP")  # fmt: skip
+        return SUCCEEDED, ""
+    also = f" ({kfp})" if kfp else ""
     stopped = [s for s in steps if s["state"] in ("running", "unreadable")]
     if stopped:
         why = "the run was terminated, or the step's pod was killed (its deadline, an eviction, out of memory)"
-        return TERMINATED, kfp_error or f"{stopped[0]['step']} was stopped while running: {why}"
-    missing = [s["step"] for s in steps if s["state"] == "no record"]
-    return INCOMPLETE, kfp_error or f"{', '.join(missing)} never ran"
+        return TERMINATED, f"{stopped[0]['step']} was stopped while running: {why}{also}"
+    missing = [s["step"] for s in steps if s["state"] == NO_RECORD]
+    return INCOMPLETE, f"{', '.join(missing)} never ran{also}"
+
+
+def kfp_words(kfp_error: str) -> str:
+    """KFP's error for the exit step, said in ours: empty when it only names a group of KFP's own (the failed step
+    itself is in the records), "KFP: step X failed" when it names a step, else KFP's text."""
+    error = " ".join(kfp_error.split())
+    named = _KFP_TASK_FAILED.match(error)
+    if named and _KFP_GROUPS.match(named["task"]):
+        return ""
+    if named:
+        return f"KFP: step {named['task']} failed"
+    return f"KFP: {error}" if error else ""
+
+
+def shorten(text: str, limit: int = DETAIL_CHARS) -> str:
+    """`text` on one line, at most `limit` characters: cut at a word with an ellipsis, as a word cut in half reads as
+    another word (a path, a number); only a single word longer than half the limit is cut inside."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    if text[limit - 1] != " ":  # the cut falls inside a word: end at the word before it
+        space = cut.rfind(" ")
+        if space > limit // 2:
+            cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")[:300]
+    return shorten(text).replace("|", "\\|")
+
+
+def _no_record(step: str) -> dict[str, Any]:
+    return {"step": step, "state": NO_RECORD, "error": "", "reports": {}, "details": {}}
 
 
 def read_step(paths: RunPaths, step: str) -> dict[str, Any]:
     try:
         return json.loads(paths.step_record(step).read_text())
     except FileNotFoundError:
-        return {"step": step, "state": "no record", "error": "", "reports": {}, "details": {}}
+        return _no_record(step)
     except (OSError, ValueError) as exc:
         return {"step": step, "state": "unreadable", "error": f"{paths.step_record(step)}: {exc}", "reports": {},
                 "details": {}}  # fmt: skip
 
 
+def _ours(record: dict[str, Any], pipeline_run_id: str, marked: str) -> bool:
+    """Whether a record belongs to this pipeline run. An earlier pipeline run's (a resume's run directory holds them)
+    does not. One that names none was written outside a pipeline run (a test, the CLI) or before records named
+    theirs: it counts only while no pipeline run has marked the directory (`marked`), as then it cannot be told
+    apart. An unreadable one counts: it names nothing, and the summary says it could not be read."""
+    if not pipeline_run_id or record["state"] in (NO_RECORD, "unreadable"):
+        return True
+    named = record.get("pipeline_run_id", "")
+    return named == pipeline_run_id or (not named and not marked)
+
+
+def _with_existing_reports(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with only the reports that are there: a file on the volume (or kfp.local's artifacts) that
+    exists, a KFP artifact of a step that ended well (KFP uploads none for a failed or killed step)."""
+    there: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    for name, where in record.get("reports", {}).items():
+        (there if _exists(str(where), record["state"]) else missing)[name] = where
+    return {**record, "reports": there, **({"missing_reports": missing} if missing else {})}
+
+
+def _exists(where: str, state: str) -> bool:
+    if where.startswith("file://"):
+        where = where.removeprefix("file://")
+    elif _REMOTE.match(where):
+        return state in UPLOADED_WHEN
+    try:
+        return bool(where) and Path(where).exists()
+    except OSError:
+        return False
+
+
 def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: str, error: str = "",
                   cleanup: Callable[[], str] | None = None) -> RunSummary:  # fmt: skip
-    """Gather the steps' records into summary.json and summary.md under the run's directory. `state` and `error`
-    are KFP's final status; `cleanup` (the job's) is called when the run did not succeed."""
+    """Gather this pipeline run's step records into summary.json and summary.md under the run's directory, and keep
+    them as summaries/<pipeline run>.json and .md. `state` and `error` are KFP's final status; `cleanup` (the
+    job's) is called when the run did not succeed."""
     paths = RunPaths.of(storage_root, run_id)
-    groups = [read_step(paths, record.stem) for record in sorted(paths.steps.glob(f"{GROUP_STEPS}.json"))]
-    steps = [read_step(paths, step) for step in STEPS]
+    fanned = [read_step(paths, record.stem) for record in sorted(paths.steps.glob(f"{GROUP_STEPS}.json"))]
+    marked = current_pipeline_run(paths.steps / PIPELINE_RUN_MARKER)
+    groups = [
+        g for g in fanned if _ours(g, pipeline_run_id, marked)
+    ]  # an earlier run's fan-out may have had more groups
+    records = {name: read_step(paths, name) for name in STEPS}
+    steps = [r if _ours(r, pipeline_run_id, marked) else _no_record(name) for name, r in records.items()]
     steps[STEPS.index("finalize-data") : STEPS.index("finalize-data")] = groups
+    steps = [_with_existing_reports(s) for s in steps]
     launched = next(s for s in steps if s["step"] == "launch-pytorchjob")["details"]
     job = ({"name": launched["job_name"], "namespace": launched["namespace"],
             "kind": launched.get("job_kind", "PyTorchJob")} if launched.get("job_name") else {})  # fmt: skip
-    derived, why = run_state(steps, error)
+    derived, why = run_state(steps, state, error)
     cleaned = ""
     if derived != SUCCEEDED and cleanup is not None:
         try:
@@ -170,11 +311,48 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
         except Exception as exc:  # the summary is still written; the log says what is left running
             cleaned = f"could not clean up the job: {exc}"
             log.error("%s", cleaned)
-    summary = RunSummary(run_id, pipeline_run_id, derived, why, _now(), job, steps, kfp_state=state, cleanup=cleaned)
-    write_json(paths.summary, dataclasses.asdict(summary))
-    with atomic_open(paths.summary_report, "w") as f:
-        f.write(summary.markdown())
+    own = _summary_name(pipeline_run_id)
+    _keep_previous_summary(paths)
+    summary = RunSummary(run_id, pipeline_run_id, derived, why, _now(), job, steps, kfp_state=state, cleanup=cleaned,
+                         kfp_error=error, earlier=_earlier_summaries(paths, own))  # fmt: skip
+    kept = paths.root / SUMMARIES
+    for path in (kept / f"{own}.json", paths.summary):
+        write_json(path, dataclasses.asdict(summary))
+    for path in (kept / f"{own}.md", paths.summary_report):
+        with atomic_open(path, "w") as f:
+            f.write(summary.markdown())
     return summary
+
+
+def _summary_name(pipeline_run_id: str) -> str:
+    """A file name for the pipeline run's summary: KFP's run id is a UUID, kfp.local's a number; anything else is
+    made safe, and a summary of no pipeline run is named by its time."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", pipeline_run_id).lstrip(".")
+    return name or f"unknown-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
+
+
+def _keep_previous_summary(paths: RunPaths) -> None:
+    """A summary written before summaries were kept per pipeline run (only summary.json and .md) is kept under
+    summaries/ before the new one replaces it."""
+    try:
+        previous = json.loads(paths.summary.read_text())
+        kept = paths.root / SUMMARIES / _summary_name(str(previous["pipeline_run_id"]))
+        if not Path(f"{kept}.json").exists():
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(paths.summary, f"{kept}.json")
+            if paths.summary_report.exists():
+                shutil.copyfile(paths.summary_report, f"{kept}.md")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("could not keep the previous summary %s: %s", paths.summary, exc)
+
+
+def _earlier_summaries(paths: RunPaths, own: str) -> dict[str, str]:
+    """The run id's other pipeline runs' summaries, newest first: pipeline run -> its summary.md."""
+    found = [p for p in (paths.root / SUMMARIES).glob("*.md") if p.name != f"{own}.md"]
+    found.sort(key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+    return {p.stem: str(p) for p in found}
 
 
 def job_cleanup(backend: str, namespace: str, run_id: str, pipeline_run_id: str, job_api: str = "pytorchjob",
