@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import InputError, StepFailed
+from common.version import tool_version
 from components.kfp_support import setup_logging
 from components.launch_pytorchjob.job_api import DEFAULT_JOB_API, JOB_APIS
 from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, GPU_TOLERATION
@@ -571,6 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pipelines.local_run import default_corpus
 
     parser = argparse.ArgumentParser(prog="hyperpod-pretrain", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"hyperpod-pretrain {tool_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("compile", help="compile the pipeline to YAML")

@@ -132,3 +132,13 @@ def test_run_local_refuses_bad_input_before_anything_runs(args: list[str], messa
     assert main(["run-local", "--storage-root", str(root), *args]) == 2
     assert capsys.readouterr().err.splitlines() == [f"hyperpod-pretrain run-local: error: {message.format(root=root)}"]
     assert not root.exists()
+
+
+def test_the_version_is_shown_and_written_into_each_runs_config(trained_root: Path) -> None:
+    from common.version import tool_version
+
+    shown = cli("--version")
+    assert shown.returncode == 0 and shown.stdout.strip() == f"hyperpod-pretrain {tool_version()}"
+    assert tool_version() != "unknown", "the project is installed (make setup)"
+    config = json.loads(RunPaths.of(trained_root, "run-1").config.read_text())
+    assert config["hyperpod_pretrain"] == tool_version()

@@ -32,6 +32,7 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 if __package__ in (None, ""):  # run as a script (trainer/train_ddp.py), as torchrun does in the seed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.version import tool_version
 from trainer import comms
 from trainer.atomic import write_json
 from trainer.checkpoint import (
@@ -219,7 +220,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     if rank == 0:
         dataset = {**snapshot_record(data_dir, meta), "tokenized_dir": str(data_dir), "vocab_size": meta["vocab_size"]}
         resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset,
-                    "init_from": warm_started}  # fmt: skip
+                    "init_from": warm_started, "hyperpod_pretrain": tool_version()}  # fmt: skip
         write_json(run.config, resolved)
 
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda)
