@@ -44,7 +44,7 @@ fi
 for image in "${images[@]}"; do
   repository="hyperpod-pretrain-$image"
   echo "building $repository:$tag ($platform)"
-  docker build --platform "$platform" -f "docker/$image.Dockerfile" -t "$repository:$tag" .
+  docker build --platform "$platform" -f "docker/$image.Dockerfile" --build-arg "COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo "$tag")" -t "$repository:$tag" .
   docker tag "$repository:$tag" "$registry/$repository:$tag"
   if [ "$push" = 1 ]; then
     aws ecr describe-repositories --region "$region" --repository-names "$repository" >/dev/null 2>&1 \

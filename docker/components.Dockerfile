@@ -21,5 +21,10 @@ COPY components ./components
 COPY pipelines ./pipelines
 RUN pip install . && rm -rf build ./*.egg-info
 
+# The commit the image was built from (docker/build.sh passes it): common/version.py adds it to --version and to each
+# run's config.json.
+ARG COMMIT=""
+ENV HYPERPOD_PRETRAIN_COMMIT=${COMMIT}
+
 # KFP sets the command of each step; this default only shows what is inside.
 CMD ["hyperpod-pretrain", "--help"]

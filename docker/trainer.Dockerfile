@@ -100,3 +100,8 @@ RUN pip install --no-cache-dir --no-deps /workspace/src \
 
 # No ENTRYPOINT: the PyTorchJob's command is `torchrun ... -m trainer.train_ddp` (the manifest sets it);
 # `torchrun ... /workspace/train_ddp.py`, the seed's path, runs the same program.
+
+# The commit the image was built from (docker/build.sh passes it): common/version.py adds it to --version and to each
+# run's config.json.
+ARG COMMIT=""
+ENV HYPERPOD_PRETRAIN_COMMIT=${COMMIT}

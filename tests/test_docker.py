@@ -287,9 +287,12 @@ def test_build_sh_logs_in_builds_tags_and_pushes_both_then_prints_the_compile_co
         f"docker login --username AWS --password-stdin {registry}",
     }  # a pipe: either first
     assert Path(stand_ins["CALLS"] + ".stdin").read_text() == "secret-password\n"
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=DOCKER.parent)
+    commit = head.stdout.strip() if head.returncode == 0 else "v3"  # the image says what it was built from
     for image in ("trainer", "components"):
         repository = f"hyperpod-pretrain-{image}"
-        i = calls.index(f"docker build --platform linux/amd64 -f docker/{image}.Dockerfile -t {repository}:v3 .")
+        i = calls.index(f"docker build --platform linux/amd64 -f docker/{image}.Dockerfile --build-arg COMMIT={commit} "
+                        f"-t {repository}:v3 .")  # fmt: skip
         assert calls[i + 1] == f"docker tag {repository}:v3 {registry}/{repository}:v3"
         assert calls[i + 2].startswith(
             f"aws ecr describe-repositories --region eu-west-1 --repository-names {repository}"
