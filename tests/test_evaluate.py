@@ -5,6 +5,7 @@ import shutil
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -121,6 +122,18 @@ def test_a_named_step_and_the_samples(trained_copy: Path) -> None:
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint="41")
 
 
+# Small evaluations, for tests of what is kept and compared rather than of the numbers: few val tokens, no export.
+QUICK: dict[str, Any] = {"export": False, "max_tokens": 128}
+
+
+@pytest.fixture
+def short_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2-token greedy samples: the samples (128 forward passes of the whole window) are most of a small
+    evaluation's time on a CPU, and the gate and history tests do not read them."""
+    monkeypatch.setattr("components.evaluate_checkpoint.core.SAMPLE_TOKENS", 2)
+
+
+@pytest.mark.usefixtures("short_samples")
 def test_the_gate_against_a_ceiling(trained_copy: Path) -> None:
     passed = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(max_val_loss=100.0), export=False)
     assert passed.gate_passed and "<= ceiling 100.0000" in passed.gate_reasons[0]
@@ -134,20 +147,93 @@ def test_the_gate_against_a_ceiling(trained_copy: Path) -> None:
     assert json.loads(RunPaths.of(trained_copy, "run-1").eval_result.read_text())["gate_passed"] is False
 
 
+@pytest.mark.usefixtures("short_samples")
 def test_the_gate_against_a_baseline_run(trained_copy: Path) -> None:
     runs = trained_copy / "runs"
     shutil.copytree(runs / "run-1", runs / "run-0")
     baseline = evaluate_checkpoint(str(trained_copy), "synthetic", "run-0", checkpoint="20", export=False)
     better = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="previous"),
                                  export=False)  # fmt: skip
-    assert better.gate_passed and better.baseline_run_id == "run-0"
+    assert better.gate_passed and better.baseline_run_id == "run-0" and better.baseline_step == 20
     assert better.baseline_val_loss == baseline.val_loss > better.val_loss
+    # the verdict names the baseline's run and step, and says it is the baseline's newest evaluation, not its newest
+    # checkpoint (step 60, never evaluated)
+    assert better.gate_reasons[0].startswith(
+        "baseline run run-0 at step 20 (its newest evaluation; its checkpoint of step 60 is not evaluated): val "
+        "bits/byte "
+    ), better.gate_reasons
     # run-0 at step 20 against run-1 at 60 as its baseline: worse, even with a small margin
-    with pytest.raises(StepFailed, match=r"> baseline run-1 .* \+ margin 0.0100"):
+    with pytest.raises(StepFailed, match=r"at step 20: baseline run run-1 at step 60 \(its newest evaluation\): val "
+                       r"bits/byte \d+\.\d+ > \d+\.\d+ \+ margin 0.0100"):  # fmt: skip
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-0", checkpoint="20", export=False,
                             gate=Gate(baseline_run_id="run-1", baseline_margin=0.01))  # fmt: skip
     with pytest.raises(InputError, match="baseline run 'run-9': no evaluation"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="run-9"))
+
+
+@pytest.mark.usefixtures("short_samples")
+def test_the_gate_names_the_baseline_step_it_compared_with(trained_copy: Path) -> None:
+    """A baseline evaluated at two steps: the gate takes its newest by default, or the step asked for, and names
+    it in the verdict, the step's error and the JSON."""
+    runs = trained_copy / "runs"
+    shutil.copytree(runs / "run-1", runs / "run-0")
+    for step in ("20", "40"):
+        evaluate_checkpoint(str(trained_copy), "synthetic", "run-0", checkpoint=step, **QUICK)
+    newest = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="run-0"), **QUICK)
+    assert (newest.baseline_run_id, newest.baseline_step) == ("run-0", 40)
+    assert "baseline run run-0 at step 40 (its newest evaluation; its checkpoint of step 60 is not evaluated)" in (
+        newest.gate_line()
+    )
+    asked = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="run-0",
+                                baseline_step=20, baseline_margin=-10.0, warn_only=True), **QUICK)  # fmt: skip
+    assert not asked.gate_passed and asked.baseline_step == 20
+    assert asked.gate_reasons[0].startswith("baseline run run-0 at step 20 (as asked): val bits/byte ")
+    saved = json.loads(RunPaths.of(trained_copy, "run-1").eval_result.read_text())
+    assert (saved["baseline_run_id"], saved["baseline_step"]) == ("run-0", 20)
+    missing = Gate(baseline_run_id="run-0", baseline_step=30)
+    with pytest.raises(InputError, match=r"baseline run 'run-0': no evaluation of step 30 .* \(evaluated steps: 20, "
+                       r"40\)"):  # fmt: skip
+        evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=missing)
+
+
+@pytest.mark.usefixtures("short_samples")
+def test_two_evaluations_of_a_run_keep_both(trained_copy: Path) -> None:
+    """Evaluations of steps 40, 60 and then 20: each keeps its own directory and a history line; the run's
+    eval/eval.json and reports are the newest step's (60), whatever order they ran in."""
+    run = RunPaths.of(trained_copy, "run-1")
+    results = {s: evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint=str(s), **QUICK)
+               for s in (40, 60, 20)}  # fmt: skip
+    assert run.eval_steps() == [20, 40, 60]
+    for step, result in results.items():
+        kept = json.loads((run.eval_step(step) / "eval.json").read_text())
+        assert kept["step"] == step and kept["val_loss"] == result.val_loss and kept["report_dir"] == result.report_dir
+        assert f"at step {step} " in (run.eval_step(step) / "report.md").read_text()
+        assert f"at step {step} " in (run.eval_step(step) / "report.html").read_text()
+    history = [json.loads(line) for line in run.eval_history.read_text().splitlines()]
+    assert [(h["step"], h["val_loss"], h["report_dir"]) for h in history] == [
+        (s, results[s].val_loss, f"step_{s:08d}") for s in (40, 60, 20)
+    ]
+    assert all(h["evaluated_at"] and h["gate_passed"] is True and "val_bits_per_byte" in h for h in history)
+    latest = json.loads(run.eval_result.read_text())
+    assert latest == json.loads((run.eval_step(60) / "eval.json").read_text())
+    assert run.eval_html.read_text() == (run.eval_step(60) / "report.html").read_text()
+    assert run.eval_report.read_text() == (run.eval_step(60) / "report.md").read_text()
+
+
+@pytest.mark.usefixtures("short_samples")
+def test_an_evaluation_from_before_steps_were_kept_is_kept(trained_copy: Path) -> None:
+    """A run evaluated before per-step directories has only eval/eval.json (step 60): evaluating step 40 moves
+    that one into its step's directory and the history first, and leaves it as the newest."""
+    run = RunPaths.of(trained_copy, "run-1")
+    run.eval.mkdir()
+    old = {"step": 60, "val_loss": 1.5, "val_bits_per_byte": 0.5, "gate_passed": True, "dataset": "synthetic"}
+    run.eval_result.write_text(json.dumps(old))
+    run.eval_report.write_text("# the step-60 report\n")
+    evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint="40", **QUICK)
+    assert json.loads(run.eval_result.read_text()) == old
+    assert json.loads((run.eval_step(60) / "eval.json").read_text()) == old
+    assert (run.eval_step(60) / "report.md").read_text() == "# the step-60 report\n"
+    assert [json.loads(line)["step"] for line in run.eval_history.read_text().splitlines()] == [60, 40]
 
 
 def test_export_loads_with_from_pretrained_and_gives_the_same_loss(trained_copy: Path) -> None:

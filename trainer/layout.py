@@ -12,8 +12,11 @@ Every step, the trainer included, finds its files through these two classes and 
     <root>/runs/<run_id>/checkpoints/step_<N>/       a committed checkpoint; checkpoint_latest links the newest
     <root>/runs/<run_id>/metrics.jsonl               one JSON object per logged step
     <root>/runs/<run_id>/status.json                 the trainer's state: running, done, preempted, crashed
-    <root>/runs/<run_id>/logs/ nccl/ comms/ eval/    per-rank logs, NCCL_DEBUG_FILE output and comms self-test (per
-                                                     attempt: attempt-NNNN/), evaluation
+    <root>/runs/<run_id>/logs/ nccl/ comms/          per-rank logs, NCCL_DEBUG_FILE output and comms self-test (per
+                                                     attempt: attempt-NNNN/)
+    <root>/runs/<run_id>/eval/step_<N>/              one checkpoint's evaluation: eval.json, report.md, report.html
+    <root>/runs/<run_id>/eval/history.jsonl          one line per evaluation, in the order they ran
+    <root>/runs/<run_id>/eval/eval.json report.*     the newest step's evaluation, copied: where readers look first
     <root>/runs/<run_id>/steps/<step>.json           each pipeline step's outcome, written as it ends
     <root>/runs/<run_id>/summary.json summary.md     the run summary, written by the pipeline's exit step
 
@@ -34,6 +37,7 @@ TOKENIZER = "tokenizer.json"
 CHECKPOINT_STEP_DIR = re.compile(r"^step_(\d{8})$")
 CHECKPOINT_COMMIT = "commit.json"
 CHECKPOINT_LATEST = "checkpoint_latest"
+EVAL_STEP_DIR = CHECKPOINT_STEP_DIR  # eval/step_<N>/: named as the checkpoint it measured
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -184,11 +188,40 @@ class RunPaths:
 
     @property
     def eval_result(self) -> Path:
+        """The evaluation of the newest evaluated step (a copy of its eval/step_<N>/eval.json): evaluating an older
+        checkpoint afterwards leaves it be, so readers of this one path always see the run's furthest result."""
         return self.eval / "eval.json"
 
     @property
     def eval_report(self) -> Path:
+        """The newest evaluated step's Markdown report, beside eval_result."""
         return self.eval / "report.md"
+
+    @property
+    def eval_html(self) -> Path:
+        """The newest evaluated step's HTML report, beside eval_result."""
+        return self.eval / "report.html"
+
+    def eval_step(self, step: int) -> Path:
+        """One checkpoint's evaluation (eval.json, report.md, report.html): evaluations of other steps never touch
+        it; evaluating the same step again replaces it."""
+        return self.eval / f"step_{step:08d}"
+
+    def eval_steps(self) -> list[int]:
+        """The steps evaluated (each with its eval.json under eval/step_<N>/), oldest first."""
+        found = (EVAL_STEP_DIR.match(p.parent.name) for p in self.eval.glob("step_*/eval.json"))
+        return sorted(int(m.group(1)) for m in found if m)
+
+    @property
+    def eval_history(self) -> Path:
+        """One JSON line per evaluation, in the order they ran: step, time, val loss, bits per byte, gate verdict."""
+        return self.eval / "history.jsonl"
+
+    @property
+    def eval_lock(self) -> Path:
+        """Held (flock) while an evaluation writes its files, the history and the newest-step copies: two
+        evaluations of one run never interleave them."""
+        return self.eval / ".lock"
 
     @property
     def steps(self) -> Path:

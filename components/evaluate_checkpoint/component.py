@@ -26,6 +26,7 @@ def evaluate_checkpoint(
     """Val loss, perplexity and bits/byte of the checkpoint against the untrained model; the quality gate; the
     Hugging Face export."""
     import shutil
+    from pathlib import Path
 
     from components.evaluate_checkpoint.core import Gate
     from components.evaluate_checkpoint.core import evaluate_checkpoint as run
@@ -36,7 +37,7 @@ def evaluate_checkpoint(
     setup_logging()
     run_paths = RunPaths.of(storage_root, run_id)
     with recorded_step(storage_root, run_id, "evaluate-checkpoint", {"report": report.uri, "html": html_report.uri,
-                       "volume": str(run_paths.eval / "report.html")}) as record:  # fmt: skip
+                       "volume": str(run_paths.eval_html)}) as record:  # fmt: skip
         gate = Gate(max_val_loss=max_val_loss, baseline_run_id=baseline_run_id, baseline_margin=baseline_margin,
                     warn_only=gate_warn_only)  # fmt: skip
         result = run(storage_root=storage_root, dataset=dataset, run_id=run_id, max_tokens=max_tokens,
@@ -44,10 +45,12 @@ def evaluate_checkpoint(
                      s3_endpoint_url=s3_endpoint_url)  # fmt: skip
         with open(report.path, "w") as f:
             f.write(result.markdown())
-        shutil.copyfile(run_paths.eval / "report.html", html_report.path)
+        # this evaluation's own report: eval/report.html holds the newest evaluated step's, which may be another
+        shutil.copyfile(Path(result.report_dir) / "report.html", html_report.path)
+        record.reports["volume"] = str(Path(result.report_dir) / "report.html")
         log_numbers(metrics, result.metrics())
         model.metadata.update({"path": result.export_dir, "format": "huggingface-safetensors", "step": result.step,
                                "s3_uri": result.export_s3_uri})  # fmt: skip
         with open(model.path, "w") as f:  # the export stays on the volume; the artifact says where
             f.write(result.export_dir + "\n")
-        record.details = {"val_loss": round(result.val_loss, 4), "gate_passed": result.gate_passed}
+        record.details = {"step": result.step, "val_loss": round(result.val_loss, 4), "gate_passed": result.gate_passed}

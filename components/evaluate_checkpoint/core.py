@@ -5,23 +5,29 @@
   prompts for a person to read. bf16 on a GPU, fp32 on the CPU.
 - Gate: an absolute ceiling on the val loss and/or no worse than a baseline run's evaluation plus a
   margin in bits per byte (which survive a change of tokenizer); the baseline is a run id or "previous" (the
-  newest other run of the same dataset evaluated on the same fixed val set; any other is refused). A failed
-  gate fails the step with the numbers, or only warns.
-- Reports: eval/eval.json, eval/report.md and eval/report.html (training curves as an embedded PNG, the
-  eval table, the samples) under the run.
+  newest other run of the same dataset evaluated on the same fixed val set; any other is refused), at its newest
+  evaluated step unless a step is named; the verdict names the baseline's run and step. A failed gate fails the
+  step with the numbers, or only warns.
+- Reports: every evaluation is kept, per checkpoint: eval/step_<N>/{eval.json,report.md,report.html} (training
+  curves as an embedded PNG, the eval table, the samples), a line in eval/history.jsonl, and a copy of the newest
+  step's files at eval/eval.json, report.md and report.html, where readers looked before evaluations were kept.
 - Export: the model in Hugging Face format (safetensors) with its tokenizer under <run>/export/.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import html
 import io
 import json
 import logging
 import math
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +37,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from common.errors import InputError, StepFailed
-from trainer.atomic import atomic_open, replace_dir, write_json
+from trainer.atomic import atomic_open, atomic_path, replace_dir, write_json
 from trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -56,7 +62,18 @@ class Gate:
     max_val_loss: float = 0.0  # 0: no ceiling
     baseline_run_id: str = ""  # a run id, "previous", or "" for none
     baseline_margin: float = 0.0  # bits per byte the run may exceed the baseline's by
+    baseline_step: int = 0  # the baseline's evaluation of this step; 0: its newest evaluated step
     warn_only: bool = False
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The evaluation a run is gated against: whose, of which step, and why that step (for the verdict's words)."""
+
+    run_id: str
+    step: int
+    evaluation: dict[str, Any]
+    which: str  # "its newest evaluation" (and of a newer checkpoint not evaluated, if so) or "as asked"
 
 
 @dataclass
@@ -76,6 +93,7 @@ class EvalResult:
     gate_passed: bool = True
     gate_reasons: list[str] = field(default_factory=list)
     baseline_run_id: str = ""
+    baseline_step: int | None = None  # the step of the baseline's evaluation the gate compared with
     baseline_val_loss: float | None = None
     baseline_bits_per_byte: float | None = None
     dataset: str = ""
@@ -87,6 +105,8 @@ class EvalResult:
     loss_spikes: list[dict[str, float]] = field(default_factory=list)  # logged steps marked as spikes (step, loss)
     export_dir: str = ""
     export_s3_uri: str = ""
+    evaluated_at: str = ""  # UTC, ISO 8601: orders the history's evaluations of the same step
+    report_dir: str = ""  # eval/step_<N>/: this evaluation's own files, whatever is evaluated after
 
     def metrics(self) -> dict[str, float]:
         values = {"val_loss": self.val_loss, "val_perplexity": self.val_perplexity,
@@ -164,7 +184,7 @@ def evaluate_checkpoint(
     snapshot_dir = run_snapshot(storage_root, config, run_id, dataset)
     meta = load_meta(snapshot_dir)
     val_set = meta.get("val_set_sha256", "")
-    baseline = find_baseline(storage_root, dataset, run_id, gate.baseline_run_id, val_set)
+    baseline = find_baseline(storage_root, dataset, run_id, gate.baseline_run_id, val_set, gate.baseline_step)
     try:
         found = find_checkpoint(run, checkpoint)
         state = found.trainer_state()
@@ -216,6 +236,8 @@ def evaluate_checkpoint(
         snapshot=snapshot_dir.name,
         val_set_sha256=val_set,
         tokenizer_sha256=meta.get("tokenizer_sha256", ""),
+        evaluated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        report_dir=str(run.eval_step(int(state["step"]))),
     )
     apply_gate(result, gate, baseline)
     if export:
@@ -225,12 +247,7 @@ def evaluate_checkpoint(
 
         upload_directory(Path(result.export_dir), export_s3_uri, S3Settings(endpoint_url=s3_endpoint_url))
         result.export_s3_uri = export_s3_uri
-    run.eval.mkdir(parents=True, exist_ok=True)
-    write_json(run.eval_result, asdict(result))
-    with atomic_open(run.eval_report, "w") as f:
-        f.write(result.markdown())
-    with atomic_open(run.eval / "report.html", "w") as f:
-        f.write(html_report(result, run))
+    save_evaluation(run, result, html_report(result, run))
     log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), untrained %.4f; %s", run_id,
              result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, untrained,
              result.gate_line())  # fmt: skip
@@ -348,50 +365,192 @@ def read_metrics(run: RunPaths) -> list[dict[str, Any]]:
         return []
 
 
+# -- keeping every evaluation -----------------------------------------------------------------------------
+
+
+@contextmanager
+def eval_lock(run: RunPaths) -> Iterator[None]:
+    """Two evaluations of one run (a pipeline's and a person's) never interleave the history or the newest-step
+    copies: each writes its files under an exclusive flock."""
+    run.eval.mkdir(parents=True, exist_ok=True)
+    with open(run.eval_lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save_evaluation(run: RunPaths, result: EvalResult, report_html: str) -> None:
+    """Write the evaluation to its step's directory, add it to the history, and copy it to the run's eval/ top
+    when its step is the newest evaluated (ties: the newer evaluation wins), so evaluating an older checkpoint
+    never hides the run's furthest result from the readers of eval/eval.json. Every file is written whole
+    (trainer/atomic.py); eval.json last in each place, so a reader of it never finds reports older than it."""
+    with eval_lock(run):
+        adopt_unkept_evaluation(run)
+        write_evaluation_files(run.eval_step(result.step), result, report_html)
+        append_history(run, history_entry(result))
+        newest = evaluated_step(run.eval_result)
+        if newest is None or result.step >= newest:
+            write_evaluation_files(run.eval, result, report_html)
+        else:
+            log.info("run %s: step %d evaluated; eval/eval.json keeps step %d, the newest evaluated", run.root.name,
+                     result.step, newest)  # fmt: skip
+
+
+def write_evaluation_files(directory: Path, result: EvalResult, report_html: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_open(directory / "report.md", "w") as f:
+        f.write(result.markdown())
+    with atomic_open(directory / "report.html", "w") as f:
+        f.write(report_html)
+    write_json(directory / "eval.json", asdict(result))
+
+
+def history_entry(result: EvalResult) -> dict[str, Any]:
+    return {"step": result.step, "evaluated_at": result.evaluated_at, "checkpoint": result.checkpoint,
+            "val_tokens": result.val_tokens, "val_loss": result.val_loss,
+            "val_bits_per_byte": result.val_bits_per_byte, "gate_passed": result.gate_passed,
+            "gate_reasons": result.gate_reasons, "baseline_run_id": result.baseline_run_id,
+            "baseline_step": result.baseline_step, "report_dir": Path(result.report_dir).name}  # fmt: skip
+
+
+def append_history(run: RunPaths, entry: dict[str, Any]) -> None:
+    """Add one line to eval/history.jsonl. The file is rewritten whole under the run's eval lock rather than
+    appended to, so a crash mid-write leaves the old history, never a torn last line."""
+    try:
+        old = run.eval_history.read_text()
+    except FileNotFoundError:
+        old = ""
+    if old and not old.endswith("\n"):
+        old += "\n"
+    with atomic_open(run.eval_history, "w") as f:
+        f.write(old + json.dumps(entry, sort_keys=True) + "\n")
+
+
+def read_history(run: RunPaths) -> list[dict[str, Any]]:
+    """The run's evaluations in the order they ran (eval/history.jsonl); unreadable lines are skipped."""
+    try:
+        lines = run.eval_history.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue
+    return entries
+
+
+def evaluated_step(eval_json: Path) -> int | None:
+    try:
+        return int(json.loads(eval_json.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def adopt_unkept_evaluation(run: RunPaths) -> None:
+    """A run evaluated before evaluations were kept per step has only eval/eval.json and its reports: copy them to
+    their step's directory and the history first, so the next evaluation (of another step) does not lose them."""
+    step = evaluated_step(run.eval_result)
+    if step is None or run.eval_step(step).exists():
+        return
+    for name in ("report.md", "report.html", "eval.json"):
+        if (run.eval / name).is_file():
+            with atomic_path(run.eval_step(step) / name) as tmp:
+                shutil.copyfile(run.eval / name, tmp)
+    evaluation = json.loads(run.eval_result.read_text())
+    when = evaluation.get("evaluated_at") or datetime.fromtimestamp(run.eval_result.stat().st_mtime, UTC).isoformat(
+        timespec="seconds")  # fmt: skip
+    append_history(run, {"step": step, "evaluated_at": when, "checkpoint": evaluation.get("checkpoint", ""),
+                         "val_tokens": evaluation.get("val_tokens"), "val_loss": evaluation.get("val_loss"),
+                         "val_bits_per_byte": evaluation.get("val_bits_per_byte"),
+                         "gate_passed": evaluation.get("gate_passed"), "gate_reasons": evaluation.get("gate_reasons"),
+                         "baseline_run_id": evaluation.get("baseline_run_id", ""),
+                         "baseline_step": evaluation.get("baseline_step"),
+                         "report_dir": run.eval_step(step).name})  # fmt: skip
+    log.info("run %s: its earlier evaluation (step %d) kept in %s", run.root.name, step, run.eval_step(step))
+
+
+def evaluation_of(run: RunPaths, step: int = 0) -> Path | None:
+    """The eval.json of a run's evaluation of `step` (0: its newest evaluated step), or None. A run evaluated
+    before evaluations were kept per step has only eval/eval.json, which serves for its own step."""
+    if not step:
+        return run.eval_result if run.eval_result.is_file() else None
+    kept = run.eval_step(step) / "eval.json"
+    if kept.is_file():
+        return kept
+    return run.eval_result if evaluated_step(run.eval_result) == step else None
+
+
 # -- the gate ---------------------------------------------------------------------------------------------
 
 
 def find_baseline(
-    storage_root: str, dataset: str, run_id: str, baseline: str, val_set: str
-) -> tuple[str, dict[str, Any]] | None:
-    """The baseline's evaluation: a named run's, or the newest other run evaluated on the same val set.
+    storage_root: str, dataset: str, run_id: str, baseline: str, val_set: str, step: int = 0
+) -> Baseline | None:
+    """The baseline's evaluation: a named run's, or the newest other run evaluated on the same val set; of `step`,
+    or by default of the baseline's newest evaluated step (its latest checkpoint, when that was evaluated).
 
     Evaluations compare only on the same held-out text (the dataset's fixed val set), in bits per byte, which a
     change of tokenizer does not move; one on another val set, or from before val sets were recorded, is refused.
     """
     if not baseline:
         return None
+    if step < 0:
+        raise InputError(f"baseline step {step}: give a step number, or 0 for the baseline's newest evaluation")
+    at = f"step {step}" if step else "any step"
     if baseline != PREVIOUS:
         try:
-            path = RunPaths.of(storage_root, baseline).eval_result
+            other = RunPaths.of(storage_root, baseline)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        if not path.is_file():
-            raise InputError(f"baseline run {baseline!r}: no evaluation at {path}")
+        path = evaluation_of(other, step)
+        if path is None:
+            evaluated = set(other.eval_steps()) | {evaluated_step(other.eval_result)}
+            steps = ", ".join(str(s) for s in sorted(s for s in evaluated if s is not None))
+            raise InputError(f"baseline run {baseline!r}: no evaluation of {at} under {other.eval} (evaluated steps: "
+                             f"{steps or 'none'})")  # fmt: skip
         theirs = json.loads(path.read_text())
         if theirs.get("val_set_sha256") != val_set or theirs.get("dataset") != dataset:
             recorded = f"dataset {theirs.get('dataset')!r}, val set {theirs.get('val_set_sha256')}"
             raise InputError(f"baseline run {baseline!r} was evaluated on another val set ({recorded}) than run "
                              f"{run_id!r} (dataset {dataset!r}, val set {val_set}): their losses do not compare; "
                              "choose a baseline of the same dataset and val set, or evaluate it again")  # fmt: skip
-        return baseline, theirs
+        return baseline_of(other, theirs, step)
     candidates = []
-    for result in Path(storage_root, "runs").glob("*/eval/eval.json"):
-        other = result.parent.parent.name
+    for latest in Path(storage_root, "runs").glob("*/eval/eval.json"):
+        other = RunPaths(latest.parent.parent)
+        path = evaluation_of(other, step)
+        if other.root.name == run_id or path is None:
+            continue
         try:
-            theirs = json.loads(result.read_text())
+            theirs = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if other != run_id and theirs.get("dataset") == dataset and theirs.get("val_set_sha256") == val_set:
-            candidates.append((result.stat().st_mtime, other, theirs))
+        if theirs.get("dataset") == dataset and theirs.get("val_set_sha256") == val_set:
+            candidates.append((path.stat().st_mtime, other.root.name, other, theirs))
     if not candidates:
         raise InputError(f"baseline 'previous': no other run of dataset {dataset!r} evaluated on the same val set "
-                         f"({val_set}) under {storage_root}")  # fmt: skip
-    _, other, theirs = max(candidates, key=lambda c: c[:2])
-    return other, theirs
+                         f"({val_set}){f' at step {step}' if step else ''} under {storage_root}")  # fmt: skip
+    _, _, other, theirs = max(candidates, key=lambda c: c[:2])
+    return baseline_of(other, theirs, step)
 
 
-def apply_gate(result: EvalResult, gate: Gate, baseline: tuple[str, dict[str, Any]] | None) -> None:
+def baseline_of(run: RunPaths, evaluation: dict[str, Any], asked: int) -> Baseline:
+    """Say which of the baseline's evaluations the gate uses: the one asked for, or its newest, and whether the
+    baseline has a newer committed checkpoint that nobody evaluated (then the comparison is with an older state)."""
+    step = int(evaluation["step"])
+    if asked:
+        return Baseline(run.root.name, step, evaluation, "as asked")
+    committed = committed_checkpoints(run.checkpoints)
+    newer = committed[0].step if committed and committed[0].step > step else None
+    which = "its newest evaluation" + (f"; its checkpoint of step {newer} is not evaluated" if newer else "")
+    return Baseline(run.root.name, step, evaluation, which)
+
+
+def apply_gate(result: EvalResult, gate: Gate, baseline: Baseline | None) -> None:
     if gate.max_val_loss:
         ok = result.val_loss <= gate.max_val_loss
         result.gate_reasons.append(
@@ -399,19 +558,20 @@ def apply_gate(result: EvalResult, gate: Gate, baseline: tuple[str, dict[str, An
         )
         result.gate_passed &= ok
     if baseline is not None:
-        name, theirs = baseline
+        theirs = baseline.evaluation
         limit = theirs["val_bits_per_byte"] + gate.baseline_margin
         ok = result.val_bits_per_byte <= limit
-        result.baseline_run_id, result.baseline_val_loss = name, theirs["val_loss"]
-        result.baseline_bits_per_byte = theirs["val_bits_per_byte"]
+        result.baseline_run_id, result.baseline_step = baseline.run_id, baseline.step
+        result.baseline_val_loss, result.baseline_bits_per_byte = theirs["val_loss"], theirs["val_bits_per_byte"]
         other_data = (theirs.get("snapshot"), theirs.get("tokenizer_sha256")) != (
             result.snapshot,
             result.tokenizer_sha256,
         )
         note = f"; snapshot {theirs.get('snapshot')} vs {result.snapshot}, same val set" if other_data else ""
-        result.gate_reasons.append(f"val bits/byte {result.val_bits_per_byte:.4f} {'<=' if ok else '>'} baseline "
-                                   f"{name} {theirs['val_bits_per_byte']:.4f} + margin {gate.baseline_margin:.4f} "
-                                   f"(bits per byte compare across tokenizers{note})")  # fmt: skip
+        result.gate_reasons.append(f"baseline run {baseline.run_id} at step {baseline.step} ({baseline.which}): val "
+                                   f"bits/byte {result.val_bits_per_byte:.4f} {'<=' if ok else '>'} "
+                                   f"{theirs['val_bits_per_byte']:.4f} + margin {gate.baseline_margin:.4f} (bits per "
+                                   f"byte compare across tokenizers{note})")  # fmt: skip
         result.gate_passed &= ok
 
 
