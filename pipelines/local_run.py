@@ -68,6 +68,10 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
     with warnings.catch_warnings():
         # kfp.local warns that our components image is not a python image: locally it runs in this venv.
         warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
+        # ...and, once per step, that the step's CPU and memory limits, timeout and retries mean nothing here
+        # (kfp/local/orchestrator/task_executor.py, _warn_local_only_noops): true of every step, said once here.
+        warnings.filterwarnings("ignore", message=r"Task '.*': settings \[.*", category=UserWarning)
+        log.info("kfp.local ignores each step's CPU and memory limits, timeout and retries")
         try:
             pipeline(**arguments, storage_root=str(storage_root))
         except RuntimeError as exc:
