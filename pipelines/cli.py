@@ -164,7 +164,7 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "s3_endpoint_url": args.endpoint_url,
         "eval_max_tokens": 65536,
     }
-    result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments)
+    result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments, verbose=args.verbose)
     evaluation = json.loads(RunPaths(result.run_dir).eval_result.read_text())
     lines = [
         f"local pipeline run {arguments['run_id']} succeeded in {result.seconds:.0f}s: val loss "
@@ -592,6 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run-local", help="run the compiled pipeline end to end on this machine (kfp.local)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show all kfp.local prints: each step's inputs and outputs, every rank's lines")  # fmt: skip
     add_storage_args(p, dataset=False, run_id=False, root_default="local-runs")
     p.add_argument("--source", default=default_corpus(), help="corpus to stage (default: the stdlib's email package)")
     p.add_argument("--include", nargs="+", default=["*.py"], help="glob patterns of files to stage")

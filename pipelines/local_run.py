@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import re
+import sys
 import sysconfig
 import time
 import warnings
@@ -43,7 +46,7 @@ class LocalRun:
         return found
 
 
-def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]) -> LocalRun:
+def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any], verbose: bool = False) -> LocalRun:
     import kfp.local
     from kfp import components
 
@@ -73,7 +76,8 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
         warnings.filterwarnings("ignore", message=r"Task '.*': settings \[.*", category=UserWarning)
         log.info("kfp.local ignores each step's CPU and memory limits, timeout and retries")
         try:
-            pipeline(**arguments, storage_root=str(storage_root))
+            with quiet_console(verbose):
+                pipeline(**arguments, storage_root=str(storage_root))
         except RuntimeError as exc:
             reason = (
                 failed_step_reason(RunPaths.of(storage_root, run_id)) or ANSI_ESCAPE.sub("", str(exc)).splitlines()[0]
@@ -83,6 +87,91 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+# What a person follows a local run by (the rest is behind --verbose): kfp.local's line at each step's end and the
+# pipeline's; the steps' own log lines at WARNING and above, and at INFO those of staging and of the trainer's rank 0
+# (relayed by the local backend); a traceback's lines.
+KFP_PROGRESS = re.compile(r" - (INFO - (Task .* finished with status|Pipeline .* finished with status|Running "
+                          r"pipeline)|WARNING - |ERROR - )")  # fmt: skip
+STEP_LOG = re.compile(r"^\s*\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<name>[\w.]+): (?P<text>.*)$")
+KEPT_LOGGERS = ("components.stage_data", "pipelines.")
+TRAINER_RANK_0 = re.compile(r"\[default0\]:.* \[rank 0\] (INFO|WARNING|ERROR) trainer")
+RELAYED = re.compile(r"^\[default\d+\]:\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+ \[rank \d+\] (?P<level>[A-Z]+) "
+                     r"[\w.]+: (?P<text>.*)$")  # fmt: skip
+
+
+def shown(line: str) -> str:
+    """A kept line as the quiet console shows it: one time (a step's log line carries its logger's and the trainer's
+    relayed one its own too), the level only when it is not INFO, no logger names."""
+    step = STEP_LOG.match(line)
+    if step is None:
+        return line
+    time, text, level = step.group(0).split()[1][:8], step.group("text"), step.group("level")
+    if relayed := RELAYED.match(text):
+        time, text, level = relayed.group("time"), relayed.group("text"), relayed.group("level")
+    return f"    {time} {'' if level == 'INFO' else level + ' '}{text}"
+
+
+def keep_line(line: str) -> bool:
+    """Whether a line of kfp.local's output is one a person follows the run by (quiet_console)."""
+    if KFP_PROGRESS.search(line):
+        return True
+    step = STEP_LOG.match(line)
+    if step is None:  # kfp.local's separators and dumps of inputs and outputs; a traceback's lines are kept
+        return line.lstrip().startswith(("Traceback", 'File "')) or bool(re.match(r"\s*\w+(Error|Exception)\b", line))
+    level, name, text = step.group("level", "name", "text")
+    if level in ("WARNING", "ERROR", "CRITICAL"):
+        return True
+    if name.startswith("components.launch_pytorchjob.local_backend"):
+        return bool(TRAINER_RANK_0.search(text)) or text.startswith("launching")
+    return name.startswith(KEPT_LOGGERS)
+
+
+class LineFilter(io.TextIOBase):
+    """A stdout that writes whole lines `keep` accepts, with terminal colours removed when it is not a terminal."""
+
+    def __init__(self, out: Any, keep: Any, show: Any = lambda line: line) -> None:
+        self.out, self.keep, self.show, self.pending = out, keep, show, ""
+        self.colour = bool(getattr(out, "isatty", lambda: False)())
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            plain = ANSI_ESCAPE.sub("", line)
+            if self.keep(plain):
+                self.out.write(self.show(line if self.colour else plain) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def quiet_console(verbose: bool) -> Any:
+    """kfp.local prints each step's whole executor input and outputs (hundreds of lines for a short run): only what
+    `keep_line` accepts reaches the console, unless `verbose`. Installed before kfp.local's logger takes sys.stdout."""
+    real = sys.stdout
+    sys.stdout = LineFilter(real, lambda line: True) if verbose else LineFilter(real, keep_line, shown)
+    # kfp.local swaps the root logger's handlers per task; with parallel tasks one may log through ours meanwhile
+    plain = StripColours() if not getattr(real, "isatty", lambda: False)() else None
+    if plain is not None:
+        logging.getLogger().addFilter(plain)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = real
+        if plain is not None:
+            logging.getLogger().removeFilter(plain)
+
+
+class StripColours(logging.Filter):
+    """kfp.local's colour codes out of log records, for a console that is not a terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = ANSI_ESCAPE.sub("", record.getMessage())
+        record.args = ()
+        return True
 
 
 def failed_step_reason(run: RunPaths) -> str:

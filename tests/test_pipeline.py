@@ -99,6 +99,13 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "local pipeline run e2e succeeded" in result.stdout
+    # A quiet console (pipelines/local_run.py quiet_console): each step's end, the staging and rank 0's training lines
+    # with one time each, the reports; not kfp.local's dumps of every step's inputs and outputs, nor its colours.
+    console = (result.stdout + result.stderr).splitlines()
+    assert len(console) <= 60, "\n".join(console)
+    assert "Task 'launch-pytorchjob' finished with status SUCCESS" in result.stdout and "\x1b[" not in result.stdout
+    assert not [line for line in console if "outputs:" in line or '"outputFile"' in line or "[default1]" in line]
+    assert any(line.strip().split(" ", 1)[1].startswith("step 40 loss") for line in console if " step 40 " in line)
     run = RunPaths.of(root, "e2e")
     evaluation = json.loads(run.eval_result.read_text())
     assert evaluation["step"] == 40

@@ -81,6 +81,7 @@ from tests.cluster.installed import (
     Installed,
     unique_tag,
 )
+from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import META, DatasetPaths
 
 IMAGE = "registry.example.com/ml/hyperpod-pretrain-trainer:1.0"
@@ -1584,6 +1585,9 @@ def test_a_plain_text_secret_in_another_namespaces_pod_reaches_neither_report_no
     command = [sys.executable, "-m", "pipelines.cli", "preflight", "--json", "--storage-root", "/fsx", "--dataset",
                "synthetic", "--run-id", "pf-1", "--nnodes", "2", "--nproc-per-node", "8", "--image", IMAGE,
                "--instance-type", "ml.p5.48xlarge", "--no-owner-reference", "--namespace", site.namespace]  # fmt: skip
+    # config()'s training settings are LaunchConfig's (the trainer's); the command defaults to the pipeline's
+    command += [arg for key in ("preset", "max_steps", "batch_size", "seq_len", "lr", "warmup_steps")
+                for arg in (f"--{key.replace('_', '-')}", str(TRAIN_DEFAULTS[key]))]  # fmt: skip
     env = {**os.environ, "KUBECONFIG": str(site.plane.write_kubeconfig(tmp_path / "kubeconfig"))}
     cli = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     listed = {(e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace", ""))
