@@ -153,24 +153,32 @@ def quiet_console(verbose: bool) -> Any:
     real = sys.stdout
     sys.stdout = LineFilter(real, lambda line: True) if verbose else LineFilter(real, keep_line, shown)
     # kfp.local swaps the root logger's handlers per task; with parallel tasks one may log through ours meanwhile
-    plain = StripColours() if not getattr(real, "isatty", lambda: False)() else None
-    if plain is not None:
-        logging.getLogger().addFilter(plain)
+    plain = KfpRecords(colour=bool(getattr(real, "isatty", lambda: False)()), quiet=not verbose)
+    logging.getLogger().addFilter(plain)
     try:
         yield
     finally:
         sys.stdout.flush()
         sys.stdout = real
-        if plain is not None:
-            logging.getLogger().removeFilter(plain)
+        logging.getLogger().removeFilter(plain)
 
 
-class StripColours(logging.Filter):
-    """kfp.local's colour codes out of log records, for a console that is not a terminal."""
+class KfpRecords(logging.Filter):
+    """kfp.local's own log records, whichever handler they reach: without colour codes for a console that is not a
+    terminal, and when quiet only those keep_line keeps (its step-end and pipeline lines)."""
+
+    def __init__(self, colour: bool, quiet: bool) -> None:
+        super().__init__()
+        self.colour, self.quiet = colour, quiet
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = ANSI_ESCAPE.sub("", record.getMessage())
-        record.args = ()
+        if record.name != "root":  # ours, and the components': kfp.local logs on the root logger
+            return True
+        message = ANSI_ESCAPE.sub("", record.getMessage())
+        if self.quiet and not KFP_PROGRESS.search(f" - {record.levelname} - {message}"):
+            return False
+        if not self.colour:
+            record.msg, record.args = message, ()
         return True
 
 

@@ -91,8 +91,11 @@ class Cluster:
             return
 
         def gone() -> bool:
+            """Closed, or the job deleted, replaced, or being deleted (its pods going: the timeline's writes to them
+            may fail, as the real kubelet's would)."""
             current = self.job(name)
-            return self._closed.is_set() or current is None or current["metadata"]["uid"] != uid
+            return (self._closed.is_set() or current is None or current["metadata"]["uid"] != uid
+                    or bool(current["metadata"].get("deletionTimestamp")))  # fmt: skip
 
         try:
             timeline.play(JobPlay(self, name), self._closed, gone)
