@@ -432,25 +432,19 @@ RUNTIME_CONTRACT = (
 )
 
 
+NODE_POD = "template.spec.replicatedJobs[node].template.spec.template.spec"  # the trainer's pod in a runtime
+
+
 def runtime_field(runtime: dict[str, Any], path: str) -> Any:
-    """A field of a ClusterTrainingRuntime by a contract path (`[node]`: the list entry of that name; `pod.`: the
-    node job's pod spec)."""
-    node = None
-    for job in (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
-        if job.get("name") == "node":
-            node = job
-    if path.startswith("pod."):
-        value: Any = (((node or {}).get("template") or {}).get("spec") or {}).get("template", {}).get("spec") or {}
-        path = path.removeprefix("pod.")
-    else:
-        value = runtime.get("spec") or {}
-    for part in path.replace("[", ".[").split("."):
+    """A field of a ClusterTrainingRuntime's spec by a contract path (`[node]`: the list entry of that name; `pod.`:
+    the node job's pod spec); None where it is missing."""
+    value: Any = runtime.get("spec")
+    full = f"{NODE_POD}.{path.removeprefix('pod.')}" if path.startswith("pod.") else path
+    for part in full.replace("[", ".[").split("."):
         if part.startswith("["):
-            value = next((item for item in value or [] if item.get("name") == part[1:-1]), None)
-        elif part == "replicatedJobs":
-            value = (value or {}).get(part)
+            value = next((i for i in value or [] if isinstance(i, dict) and i.get("name") == part[1:-1]), None)
         else:
-            value = (value or {}).get(part) if isinstance(value, dict) else None
+            value = value.get(part) if isinstance(value, dict) else None
     return value
 
 
