@@ -498,6 +498,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from pipelines.runs import list_runs, render_table
+
+    rows = list_runs(args.storage_root)
+    print(json.dumps([asdict(r) for r in rows], indent=2) if args.json else render_table(rows))
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from pipelines import remote
 
@@ -722,6 +730,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown report")
     p.add_argument("logs", nargs="*", metavar="PATH", help="NCCL logs: files or directories (gzip is fine)")
     p.set_defaults(func=cmd_verify_nccl)
+
+    p = sub.add_parser("runs", help="list the runs on a storage root: state, step, val loss, training time")
+    add_storage_args(p, dataset=False, run_id=False, root_default="local-runs")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
+    p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("evaluate", help="evaluate a run's latest checkpoint on the val split")
     add_storage_args(p)

@@ -1,0 +1,141 @@
+"""`hyperpod-pretrain runs`: one line per run under a storage root, like `kubectl get`.
+
+Everything is read from the run directories (trainer/layout.py), never from KFP or the cluster, so the listing
+works on a laptop's local-runs/ and on the FSx volume mounted anywhere. It imports no torch: it answers at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import InputError
+from components.run_summary.core import PIPELINE_RUN_MARKER, current_pipeline_run
+from trainer.layout import RunPaths
+
+COLUMNS = ("RUN", "STATE", "STEP", "VAL LOSS", "TRAINED", "UPDATED")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    state: str  # the newest of the pipeline's summary and the trainer's status
+    step: int | None
+    max_steps: int | None
+    val_loss: float | None  # the newest evaluation's
+    val_step: int | None  # the step that evaluation was of
+    trained_s: float  # time in training steps (the metrics rows' step times): no start-ups, no gaps between resumes
+    updated: float | None  # when the run's state last changed (epoch seconds)
+
+    def cells(self, now: float) -> tuple[str, ...]:
+        step = "-" if self.step is None else f"{self.step}/{self.max_steps}" if self.max_steps else str(self.step)
+        val = "-" if self.val_loss is None else f"{self.val_loss:.3f}@{self.val_step}"
+        updated = "-" if self.updated is None else f"{duration(now - self.updated)} ago"
+        return self.run_id, self.state, step, val, duration(self.trained_s) if self.trained_s else "-", updated
+
+
+def duration(seconds: float) -> str:
+    """kubectl's AGE style: 45s, 12m, 3h20m, 2d4h."""
+    s = max(int(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def list_runs(storage_root: str | Path) -> list[RunRow]:
+    """Every run under `storage_root`/runs, the most recently updated first."""
+    runs_dir = Path(storage_root) / "runs"
+    if not runs_dir.is_dir():
+        raise InputError(f"--storage-root {storage_root}: no runs/ directory there (is it the volume's root?)")
+    rows = [read_run(RunPaths(d)) for d in runs_dir.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    return sorted(rows, key=lambda r: (r.updated or 0, r.run_id), reverse=True)
+
+
+def read_run(run: RunPaths) -> RunRow:
+    status = _read_json(run.status)
+    config = _read_json(run.config)
+    state, updated = str(status.get("state", "")), _float(status.get("time"))
+    pipeline = _pipeline_state(run)
+    if pipeline and (updated is None or pipeline["time"] >= updated):
+        state, updated = pipeline["state"], pipeline["time"]
+    evaluations = [e for e in _read_json_lines(run.eval_history) if isinstance(e.get("val_loss"), int | float)]
+    newest = evaluations[-1] if evaluations else {}
+    step, max_steps = status.get("step"), config.get("trainer", {}).get("max_steps")
+    return RunRow(
+        run_id=run.root.name,
+        state=(state or "no status").lower(),
+        step=step if isinstance(step, int) else None,
+        max_steps=max_steps if isinstance(max_steps, int) else None,
+        val_loss=newest.get("val_loss"),
+        val_step=newest.get("step"),
+        trained_s=training_seconds(_read_json_lines(run.metrics)),
+        updated=updated,
+    )
+
+
+def training_seconds(rows: list[dict[str, Any]]) -> float:
+    """Time spent in training steps: each row's mean step time times the steps since the row before it."""
+    total, previous = 0.0, 0
+    for row in sorted(rows, key=lambda r: r.get("step", 0)):
+        step, step_time = row.get("step"), row.get("step_time_s")
+        if isinstance(step, int) and isinstance(step_time, int | float):
+            total += step_time * max(step - previous, 0)
+            previous = step
+    return total
+
+
+def _pipeline_state(run: RunPaths) -> dict[str, Any]:
+    """What the pipeline run now marked on the run directory says, and when: its summary's state once it ended,
+    'started' while its steps before the trainer run (an older pipeline run's summary describes that run only)."""
+    marker = run.steps / PIPELINE_RUN_MARKER
+    marked, summary = current_pipeline_run(marker), _read_json(run.summary)
+    try:
+        if summary and (not marked or summary.get("pipeline_run_id") == marked):
+            return {"state": str(summary["state"]), "time": run.summary.stat().st_mtime}
+        if marked:
+            return {"state": "started", "time": marker.stat().st_mtime}
+    except (KeyError, OSError):
+        pass
+    return {}
+
+
+def render_table(rows: list[RunRow], now: float | None = None) -> str:
+    """Columns padded to their widest cell, as kubectl prints them."""
+    now = time.time() if now is None else now
+    table = [COLUMNS, *(row.cells(now) for row in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in table)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A run file as a dict; {} when it is missing or half-readable (a listing never fails on one run)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a line being appended as we read
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None

@@ -1,0 +1,73 @@
+"""`hyperpod-pretrain runs`: the listing of a storage root's runs, from files the real writers wrote."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from components.evaluate_checkpoint.core import evaluate_checkpoint
+from components.run_summary.core import recorded_step
+from pipelines.cli import main
+from pipelines.runs import duration, list_runs, render_table, training_seconds
+from trainer.layout import RunPaths
+from trainer.train_ddp import write_status
+
+
+def test_runs_lists_each_run_with_its_state_step_val_loss_and_time(
+    trained_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    finished = RunPaths.of(trained_copy, "run-1")
+    evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
+    # A second run, mid-training: the trainer's status at step 30 (its rows cut there).
+    running = RunPaths.of(trained_copy, "run-2")
+    shutil.copytree(finished.root, running.root, ignore=shutil.ignore_patterns("eval", "steps", "summar*"))
+    rows = [json.loads(line) for line in running.metrics.read_text().splitlines()]
+    running.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 30))
+    write_status(running, 0, "running", step=30, world_size=2)
+    # A third: a pipeline run that has started its steps (preflight ran) but not its trainer.
+    started = RunPaths.of(trained_copy, "run-3")
+    started.root.mkdir(parents=True)
+    with recorded_step(str(trained_copy), "run-3", "preflight", {}, pipeline_run_id="kfp-run-3"):
+        pass
+
+    assert main(["runs", "--storage-root", str(trained_copy)]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split() == ["RUN", "STATE", "STEP", "VAL", "LOSS", "TRAINED", "UPDATED"]
+    table = {line.split()[0]: line.split() for line in lines}
+    assert [line.split()[0] for line in lines] == ["run-3", "run-2", "run-1"]  # newest change first
+    evaluation = json.loads(finished.eval_result.read_text())
+    assert table["run-1"][1:4] == ["done", "60/60", f"{evaluation['val_loss']:.3f}@60"]
+    assert table["run-2"][1:4] == ["running", "30/60", "-"]
+    assert table["run-3"][1:5] == ["started", "-", "-", "-"]
+    assert table["run-2"][5].endswith("s") and table["run-2"][6] == "ago"
+
+    assert main(["runs", "--storage-root", str(trained_copy), "--json"]) == 0
+    listed = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    full = training_seconds([json.loads(line) for line in finished.metrics.read_text().splitlines()])
+    assert listed["run-1"]["trained_s"] == pytest.approx(full) and 0 < listed["run-2"]["trained_s"] < full
+
+
+def test_a_half_written_or_foreign_run_directory_does_not_break_the_listing(tmp_path: Path) -> None:
+    broken = RunPaths.of(tmp_path, "broken")
+    broken.root.mkdir(parents=True)
+    broken.status.write_text('{"state": "runn')  # a reader racing a writer on a volume without rename
+    broken.metrics.write_text('{"step": 10, "step_time_s": 0.5}\n{"step": 2')
+    (tmp_path / "runs" / "notes.txt").write_text("not a run")
+    [row] = list_runs(tmp_path)
+    assert (row.run_id, row.state, row.step, row.trained_s) == ("broken", "no status", None, 5.0)
+    assert render_table([row], now=time.time()).splitlines()[1].split()[:3] == ["broken", "no", "status"]
+
+
+def test_durations_read_like_kubectl_ages() -> None:
+    assert [duration(s) for s in (0, 59, 61, 3599, 3600 + 125, 2 * 86400 + 4 * 3600)] == [
+        "0s", "59s", "1m", "59m", "1h02m", "2d4h"
+    ]  # fmt: skip
+
+
+def test_runs_on_a_root_without_runs_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["runs", "--storage-root", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
