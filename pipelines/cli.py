@@ -18,8 +18,8 @@ from common.version import tool_version
 from components.kfp_support import setup_logging
 from components.launch_pytorchjob.job_api import DEFAULT_JOB_API, JOB_APIS
 from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, GPU_TOLERATION
+from components.stage_data import SAMPLE_MB, SHARD_TOKENS
 from components.stage_data.sources import DEFAULT_EXCLUDE
-from components.stage_data.tokenization import SAMPLE_MB, SHARD_TOKENS
 from pipelines import CLUSTER_DEFAULTS, COMPILED_PIPELINE
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import RunPaths
@@ -52,12 +52,25 @@ def dropout(text: str) -> float:
     return value
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every flag's help ends with its default, unless the help already says it or there is nothing to say (an
+    off switch, an empty list); examples (the epilog) keep their lines."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:  # the hook ArgumentDefaultsHelpFormatter uses
+        text = action.help or ""
+        quiet = action.default is None or action.default is False or action.default in ([], "", argparse.SUPPRESS)
+        quiet = quiet or not action.option_strings
+        if quiet or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+
 def use_defaults(p: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
     """Give `p`'s flags these defaults (required ones become optional), and say so in their help."""
     for action in p._actions:  # argparse has no public way to change an added argument
         if action.dest in defaults:
             action.default, action.required = defaults[action.dest], False
-            action.help = f"{action.help or ''} (default: {defaults[action.dest]})".strip()
+            action.help = f"{action.help or ''} (default: {defaults[action.dest]})".strip().replace("%", "%%")
 
 
 def add_storage_args(
@@ -80,19 +93,22 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     d = TRAIN_DEFAULTS
     p.add_argument("--nproc-per-node", type=positive_int, default=2, help="processes (GPUs) per node")
     p.add_argument("--preset", default=d["preset"], choices=sorted(PRESETS), help="model preset")
-    p.add_argument("--max-steps", type=positive_int, default=d["max_steps"])
-    p.add_argument("--seed", type=int, default=d["seed"])
+    p.add_argument("--max-steps", type=positive_int, default=d["max_steps"], help="optimizer steps to train to")
+    p.add_argument("--seed", type=int, default=d["seed"], help="seeds the initial weights, data order and dropout")
     p.add_argument("--batch-size", type=positive_int, default=d["batch_size"], help="sequences per process per step")
-    p.add_argument("--seq-len", type=positive_int, default=d["seq_len"])
+    p.add_argument("--seq-len", type=positive_int, default=d["seq_len"], help="tokens per sequence")
     p.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate")
-    p.add_argument("--warmup-steps", type=positive_int, default=d["warmup_steps"])
+    p.add_argument("--warmup-steps", type=positive_int, default=d["warmup_steps"],
+                   help="steps of linear warm-up to --lr, before the cosine decay")  # fmt: skip
     p.add_argument("--extend-schedule", action="store_true",
                    help="a resume continues from the current learning rate to new --lr/--warmup-steps/--max-steps: "
                    "linear to --lr over --warmup-steps, then cosine to the end (without it, other settings are "
                    "refused)")  # fmt: skip
     p.add_argument("--dropout", type=dropout, default=d["dropout"], help="dropout probability (0: none)")
-    p.add_argument("--checkpoint-every", type=positive_int, default=d["checkpoint_every"])
-    p.add_argument("--log-every", type=positive_int, default=d["log_every"])
+    p.add_argument("--checkpoint-every", type=positive_int, default=d["checkpoint_every"],
+                   help="save a checkpoint every this many steps (and at the end, and on SIGTERM)")  # fmt: skip
+    p.add_argument("--log-every", type=positive_int, default=d["log_every"],
+                   help="a metrics row and a training line every this many steps")  # fmt: skip
 
 
 def add_checkpoint_s3_args(p: argparse.ArgumentParser) -> None:
@@ -327,13 +343,20 @@ def job_option(text: str) -> tuple[str, Any]:
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     """Where the kubernetes backend runs the job (the local backend ignores these)."""
     p.add_argument("--image", default="", help="the trainer image (docker/build.sh builds and pushes it)")
-    p.add_argument("--namespace", default="kubeflow")
+    p.add_argument("--namespace", default="kubeflow", help="where the job is created")
     p.add_argument("--instance-type", default="p5.48xlarge", help="sets GPUs and EFA devices per node")
     p.add_argument("--max-nodes", type=int, default=0, help="elastic: up to this many nodes (0: --nnodes)")
     p.add_argument("--pipeline-run-id", default="", help="names the job, so that a retry re-attaches (default: run id)")
     p.add_argument("--job-option", type=job_option, action="append", default=[], metavar="KEY=VALUE",
                    help="any other JobSpec setting, e.g. memory=512Gi or auto_resume=false")  # fmt: skip
-    p.add_argument("--stream-logs", choices=["worker-0", "all", "none"], default="worker-0")
+    p.add_argument("--stream-logs", choices=["worker-0", "all", "none"], default="worker-0",
+                   help="whose log the launcher prints as the job runs: node 0's pod, every pod's or none")  # fmt: skip
+    p.add_argument("--no-owner-reference", action="store_true", help="do not tie the job's life to the launcher pod")
+
+
+def add_deadline_args(p: argparse.ArgumentParser) -> None:
+    """How long each phase of a job may take before the launcher deletes it and fails the step."""
+    p.add_argument("--timeout-s", type=int, default=0, help="deadline for training in seconds (0: none)")
     p.add_argument(
         "--pending-timeout-s",
         type=int,
@@ -359,8 +382,6 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         help="no training step completed this long deletes the job and fails it (0: derived from the step time, "
         "at least 900 s)",
     )
-    add_platform_args(p, mount_path="", mount_help="default: the storage root")
-    p.add_argument("--no-owner-reference", action="store_true", help="do not tie the job's life to the launcher pod")
 
 
 def add_platform_args(p: argparse.ArgumentParser, mount_path: str, mount_help: str) -> None:
@@ -572,8 +593,36 @@ def add_kfp_args(p: argparse.ArgumentParser) -> None:
                    "KF_PIPELINES_ENDPOINT, else in-cluster or the current kubeconfig context)")  # fmt: skip
     p.add_argument("--namespace", default="", help="the profile namespace of a multi-user KFP")
     p.add_argument("--experiment", default="hyperpod-pretrain", help="created when missing")
-    p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE))
+    p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE), help="the compiled pipeline to upload")
     p.add_argument("--pipeline-name", default="hyperpod-pretrain", help="the pipeline's name in KFP")
+
+
+EXAMPLES = {
+    "compile": "compile --image-registry 123456789012.dkr.ecr.us-west-2.amazonaws.com --tag v0.2.0 "
+    "--fsx-pvc fsx-claim --job-namespace ml-team",
+    "run-local": "run-local --max-steps 50",
+    "stage-data": "stage-data --source s3://my-bucket/corpus/ --storage-root /fsx --dataset web-2026-11",
+    "prune-snapshots": "prune-snapshots --storage-root /fsx --dataset web-2026-11 --dry-run",
+    "launch": "launch --storage-root local-runs --dataset stdlib-email --run-id try-1 --max-steps 50",
+    "render-job": "render-job --image 123456789012.dkr.ecr.us-west-2.amazonaws.com/hyperpod-pretrain-trainer:v0.2.0 "
+    "--nnodes 4",
+    "preflight": "preflight --image 123456789012.dkr.ecr.us-west-2.amazonaws.com/hyperpod-pretrain-trainer:v0.2.0 "
+    "--nnodes 4 --namespace ml-team",
+    "render-runtime": "render-runtime --fsx-pvc fsx-claim --restart-budget 5",
+    "submit": "submit --host http://localhost:8080 --param source=s3://my-bucket/corpus/ --param nnodes=4 --wait",
+    "schedule": "schedule --host http://localhost:8080 --name nightly --cron '0 0 2 * * *' "
+    "--param source=s3://my-bucket/corpus/",
+    "verify-nccl": "verify-nccl --storage-root /fsx --run-id nightly-20261202",
+    "runs": "runs --storage-root /fsx",
+    "evaluate": "evaluate --storage-root local-runs --dataset stdlib-email --run-id try-1 --baseline-run-id previous",
+}
+
+
+def command(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help ends with an example of its use (EXAMPLES, which a test parses)."""
+    usage = f"%(prog)s [options]{' [PATH ...]' if name == 'verify-nccl' else ''}"  # the flags are listed below
+    return sub.add_parser(name, help=helptext, description=helptext, usage=usage, formatter_class=HelpFormatter,
+                          epilog=f"example:\n  hyperpod-pretrain {EXAMPLES[name]}")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -583,10 +632,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hyperpod-pretrain {tool_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("compile", help="compile the pipeline to YAML")
-    p.add_argument("--output", default=str(COMPILED_PIPELINE))
+    p = command(sub, "compile", "compile the pipeline to YAML")
+    p.add_argument("--output", default=str(COMPILED_PIPELINE), help="where to write the pipeline YAML")
     p.add_argument("--check", action="store_true", help="exit non-zero if --output differs from a fresh compile")
-    add_platform_args(p, mount_path="/fsx", mount_help="also storage_root's default")
+    add_platform_args(p.add_argument_group("platform", "the training job's platform settings: no run can change them"),
+                      mount_path="/fsx", mount_help="also storage_root's default")  # fmt: skip
     p.add_argument("--node-selector", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="schedule the steps on nodes with this label (repeatable)")  # fmt: skip
     p.add_argument("--toleration", type=toleration, action="append", default=[], metavar="KEY[=VALUE]:EFFECT",
@@ -599,32 +649,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", default="", help="the images' tag (default: the project's version)")
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("run-local", help="run the compiled pipeline end to end on this machine (kfp.local)")
+    p = command(sub, "run-local", "run the compiled pipeline end to end on this machine (kfp.local)")
     p.add_argument("--verbose", action="store_true",
                    help="show all kfp.local prints: each step's inputs and outputs, every rank's lines")  # fmt: skip
     add_storage_args(p, dataset=False, run_id=False, root_default="local-runs")
     p.add_argument("--source", default=default_corpus(), help="corpus to stage (default: the stdlib's email package)")
     p.add_argument("--include", nargs="+", default=["*.py"], help="glob patterns of files to stage")
-    p.add_argument("--dataset", default="stdlib-email")
+    p.add_argument("--dataset", default="stdlib-email", help="the dataset's name under <root>/datasets/")
     p.add_argument("--run-id", default="", help="default: local-<UTC time>")
     p.add_argument("--resume-run-id", default="", help="continue this run's training from its newest checkpoint")
     p.add_argument("--skip-staging", action="store_true", help="train on the dataset as staged before")
     p.add_argument("--init-from-run-id", default="",
                    help="start from this run's weights ('previous': the dataset's newest finished run)")  # fmt: skip
-    p.add_argument("--vocab-size", type=positive_int, default=2048)
+    p.add_argument("--vocab-size", type=positive_int, default=2048, help="the BPE tokenizer's vocabulary size")
     p.add_argument("--tokenize-workers", type=positive_int, default=2,
                    help="groups of files tokenized by parallel steps (the pipeline's fan-out)")  # fmt: skip
-    p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE))
-    add_train_args(p)
-    add_checkpoint_s3_args(p)
+    p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE), help="the compiled pipeline to run")
+    add_train_args(p.add_argument_group("training", "the trainer's settings"))
+    add_checkpoint_s3_args(p.add_argument_group("checkpoint copies"))
     p.set_defaults(func=cmd_run_local)
 
-    p = sub.add_parser("stage-data", help="stage a corpus onto the volume and tokenize it")
+    p = command(sub, "stage-data", "stage a corpus onto the volume and tokenize it")
     p.add_argument("--source", required=True, help="s3://bucket/prefix, file:// URI or local path")
     add_storage_args(p, run_id=False)
     p.add_argument("--include", nargs="+", default=["*"], help="glob patterns of files to stage")
     p.add_argument("--exclude", nargs="*", default=list(DEFAULT_EXCLUDE), help="glob patterns of files to leave out")
-    p.add_argument("--vocab-size", type=positive_int, default=4096)
+    p.add_argument("--vocab-size", type=positive_int, default=4096, help="the BPE tokenizer's vocabulary size")
     p.add_argument("--val-fraction", type=float, default=0.05, help="share of files held out for the val split")
     p.add_argument("--tokenizer-path", default="", help="use this tokenizer.json instead of training one")
     p.add_argument("--endpoint-url", default="", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS)")
@@ -639,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train the tokenizer on this much of the train text (a deterministic sample)")  # fmt: skip
     p.set_defaults(func=cmd_stage_data)
 
-    p = sub.add_parser("prune-snapshots", help="remove a dataset's snapshots that are not current and no run uses")
+    p = command(sub, "prune-snapshots", "remove a dataset's snapshots that are not current and no run uses")
     add_storage_args(p, run_id=False)
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     p.set_defaults(func=cmd_prune_snapshots)
@@ -654,15 +704,19 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("preflight", cmd_preflight, "kubernetes", "check that the cluster can run the job: exit 1 on a failed check"),
     ):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--backend", choices=["local", "kubernetes"], default=backend)
-        add_storage_args(p)
-        p.add_argument("--nnodes", type=positive_int, default=1, help="nodes (the minimum, when elastic)")
-        p.add_argument("--snapshot", default="", help="the dataset snapshot to train on (default: the current one)")
-        p.add_argument("--timeout-s", type=int, default=0, help="deadline for training in seconds (0: none)")
-        add_train_args(p)
-        add_checkpoint_s3_args(p)
-        add_cluster_args(p)
+        p = command(sub, name, helptext)
+        run = p.add_argument_group("run", "which run, on which data, on what")
+        run.add_argument("--backend", choices=["local", "kubernetes"], default=backend,
+                         help="local: torchrun on this machine; kubernetes: a job on the cluster")  # fmt: skip
+        add_storage_args(run)
+        run.add_argument("--nnodes", type=positive_int, default=1, help="nodes (the minimum, when elastic)")
+        run.add_argument("--snapshot", default="", help="the dataset snapshot to train on (default: the current one)")
+        add_train_args(p.add_argument_group("training", "the trainer's settings"))
+        add_checkpoint_s3_args(p.add_argument_group("checkpoint copies"))
+        add_cluster_args(p.add_argument_group("cluster", "where the kubernetes backend runs the job"))
+        add_deadline_args(p.add_argument_group("deadlines", "how long each phase may take before the step fails"))
+        add_platform_args(p.add_argument_group("platform", "the platform team's settings, compiled into the pipeline"),
+                          mount_path="", mount_help="default: the storage root")  # fmt: skip
         p.set_defaults(func=func)
         if backend == "kubernetes":
             use_defaults(p, {**CLUSTER_DEFAULTS, "backend": "kubernetes"})
@@ -670,9 +724,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--warn-only", action="store_true", help="report failed checks, but exit 0")
             p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown report")
 
-    p = sub.add_parser(
+    p = command(
+        sub,
         "render-runtime",
-        help="print the ClusterTrainingRuntime a --job-api trainjob pipeline needs (apply it once, as a cluster admin)",
+        "print the ClusterTrainingRuntime a --job-api trainjob pipeline needs (apply it once, as a cluster admin)",
     )
     add_platform_args(p, mount_path="/fsx", mount_help="default: %(default)s")
     p.add_argument("--instance-type", default="p5.48xlarge", help="sets GPUs, EFA devices and memory per node")
@@ -685,17 +740,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", default="", help="a default trainer image (each TrainJob names its own)")
     p.set_defaults(func=cmd_render_runtime)
 
-    p = sub.add_parser("submit", help="upload the compiled pipeline (once per content) and start a run on KFP")
+    p = command(sub, "submit", "upload the compiled pipeline (once per content) and start a run on KFP")
     add_kfp_args(p)
     p.add_argument("--run-name", default="", help="default: the pipeline's name and the UTC time")
     p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="a pipeline parameter, typed by the pipeline (lists, dicts as JSON; repeatable)")  # fmt: skip
     p.add_argument("--wait", action="store_true", help="wait for the run to finish: exit 0 only if it succeeded")
-    p.add_argument("--wait-timeout-s", type=positive_int, default=7 * 24 * 3600)
+    p.add_argument("--wait-timeout-s", type=positive_int, default=7 * 24 * 3600, help="with --wait: give up after this")
     p.add_argument("--poll-s", type=float, default=15.0, help="seconds between checks of the run's state")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("schedule", help="create a recurring run on KFP, or disable, enable or delete one")
+    p = command(sub, "schedule", "create a recurring run on KFP, or disable, enable or delete one")
     add_kfp_args(p)
     p.add_argument("--name", required=True, help="the recurring run's name")
     p.add_argument("--cron", default="", help="6 fields, seconds first: '0 0 2 * * *' is 02:00 every day")
@@ -707,9 +762,9 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--delete", action="store_true", help="delete the recurring run --name")
     p.set_defaults(func=cmd_schedule)
 
-    p = sub.add_parser("verify-nccl", help="check NCCL logs (and a run's comms self-test reports): exit 1 on a failure")
+    p = command(sub, "verify-nccl", "check NCCL logs (and a run's comms self-test reports): exit 1 on a failure")
     p.add_argument("--storage-root", default="", help="with --run-id: read the run's self-test reports and nccl/")
-    p.add_argument("--run-id", default="")
+    p.add_argument("--run-id", default="", help="with --storage-root: the run whose reports and nccl/ to read")
     p.add_argument("--expect-world-size", "--world-size", type=int, default=0,
                    help="expected ranks (default: what the logs and reports claim)")  # fmt: skip
     p.add_argument(
@@ -731,18 +786,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("logs", nargs="*", metavar="PATH", help="NCCL logs: files or directories (gzip is fine)")
     p.set_defaults(func=cmd_verify_nccl)
 
-    p = sub.add_parser("runs", help="list the runs on a storage root: state, step, val loss, training time")
+    p = command(sub, "runs", "list the runs on a storage root: state, step, val loss, training time")
     add_storage_args(p, dataset=False, run_id=False, root_default="local-runs")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     p.set_defaults(func=cmd_runs)
 
-    p = sub.add_parser("evaluate", help="evaluate a run's latest checkpoint on the val split")
+    p = command(sub, "evaluate", "evaluate a run's latest checkpoint on the val split")
     add_storage_args(p)
     p.add_argument("--max-tokens", type=positive_int, default=65536, help="val tokens to evaluate at most")
     p.add_argument("--checkpoint", default="latest", help="'latest' or a step number")
     p.add_argument("--max-val-loss", type=float, default=0.0, help="gate: fail above this val loss (0: none)")
     p.add_argument("--baseline-run-id", default="", help="gate: a run id, or 'previous', to be no worse than")
-    p.add_argument("--baseline-margin", type=float, default=0.0, help="gate: nats/token allowed above the baseline")
+    p.add_argument(
+        "--baseline-margin", type=float, default=0.0, help="gate: val bits per byte allowed above the baseline's"
+    )
     p.add_argument("--baseline-step", type=int, default=0,
                    help="gate: the baseline's evaluation of this step (0: its newest evaluated)")  # fmt: skip
     p.add_argument("--gate-warn-only", action="store_true", help="a failed gate warns instead of failing")

@@ -34,6 +34,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from common.errors import InputError, StepFailed
+from components.stage_data import SAMPLE_MB, SHARD_TOKENS
 from components.stage_data.mirror import checksum_field
 from trainer.atomic import atomic_open, fsync_dir, write_json
 from trainer.layout import META, TOKENIZER, DatasetPaths
@@ -42,8 +43,6 @@ log = logging.getLogger(__name__)
 
 EOS = "<|endoftext|>"
 FORMAT = 3  # of the shards and meta.json; a change re-tokenizes everything
-SHARD_TOKENS = 64 * 2**20  # tokens per shard file by default (about 250 MB of text)
-SAMPLE_MB = 1024  # text the tokenizer is trained on by default: enough for a vocabulary, bounded in time
 BLOCK_BYTES = 64 * 2**10  # text is read and encoded in blocks of about this size, cut at a line end
 BATCH_BYTES = 16 * 2**20  # blocks per encode_batch call: enough work for every core, bounded memory
 JOURNAL_EVERY_S = 5.0  # a killed group re-encodes at most this much work
