@@ -1,6 +1,9 @@
+import dataclasses
+import html
 import io
 import json
 import math
+import re
 import shutil
 import struct
 import zipfile
@@ -11,7 +14,7 @@ import pytest
 import torch
 
 from common.errors import InputError, StepFailed
-from components.evaluate_checkpoint.core import Gate, evaluate_checkpoint
+from components.evaluate_checkpoint.core import EvalResult, Gate, evaluate_checkpoint
 from tests.helpers import snapshot_dir
 from trainer.layout import RunPaths
 
@@ -256,13 +259,6 @@ def test_export_loads_with_from_pretrained_and_gives_the_same_loss(trained_copy:
     assert (Path(result.export_dir) / "model.safetensors").is_file()
 
 
-def test_html_report_has_the_curves_the_table_and_the_samples(trained_copy: Path) -> None:
-    evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
-    page = (RunPaths.of(trained_copy, "run-1").eval / "report.html").read_text()
-    assert '<img id="curves" alt="training curves" src="data:image/png;base64,iVBORw0KGgo' in page
-    assert '<table id="eval">' in page and "val bits per byte" in page and '<ul id="samples">' in page
-
-
 def test_an_empty_val_split_is_one_clear_error(trained_copy: Path) -> None:
     from trainer.layout import META
 
@@ -272,31 +268,6 @@ def test_an_empty_val_split_is_one_clear_error(trained_copy: Path) -> None:
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(InputError, match="the val split has no shards"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
-
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (make test installs Debian's where it runs as root)")
-def test_the_html_report_renders_in_headless_chromium(trained_copy: Path, tmp_path: Path) -> None:
-    """The browser decodes the embedded plot and lays out the table; a script added to a copy reports both."""
-    import subprocess
-
-    evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
-    page = (RunPaths.of(trained_copy, "run-1").eval / "report.html").read_text()
-    probe = """<script>window.addEventListener("load", () => {
-      const img = document.getElementById("curves");
-      document.body.dataset.curves = img.complete ? img.naturalWidth + "x" + img.naturalHeight : "broken";
-      document.body.dataset.rows = document.getElementById("eval").rows.length;
-    });</script>"""
-    copy = tmp_path / "report.html"
-    copy.write_text(page.replace("</body>", probe + "</body>"))
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom"]  # fmt: skip
-    dom = subprocess.run([CHROMIUM, *flags, copy.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    assert 'data-curves="1200x320"' in dom, dom[:500]
-    assert 'data-rows="4"' in dom
 
 
 @pytest.mark.usefixtures("aws_env")
@@ -334,3 +305,194 @@ def test_mean_loss_reads_the_windows_of_each_shard_without_joining_them() -> Non
     assert mean_loss(model, TokenSplit([a, b], "val"), 16, 7 * 16, 4, cpu, ones)[1] == 7 * 16  # max_tokens
     with pytest.raises(InputError, match="shard"):  # 2 x 10 tokens: no window of 17 inside one shard
         mean_loss(model, TokenSplit([a[:10], b[:10]], "val"), 16, 10**6, 4, cpu, ones)
+
+
+# -- the HTML report ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def report_run(trained_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, EvalResult, EvalResult]:
+    """Run-1 evaluated once for the module's report tests, gated against run-0 (a copy of it) evaluated at step 20:
+    (storage root, run-1's result, run-0's). run-0's samples are 2 tokens (its report is not read)."""
+    root = tmp_path_factory.mktemp("report")
+    shutil.copytree(trained_root, root, symlinks=True, dirs_exist_ok=True)
+    shutil.copytree(root / "runs" / "run-1", root / "runs" / "run-0", symlinks=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("components.evaluate_checkpoint.core.SAMPLE_TOKENS", 2)
+        baseline = evaluate_checkpoint(str(root), "synthetic", "run-0", checkpoint="20", **QUICK)
+    result = evaluate_checkpoint(str(root), "synthetic", "run-1", export=False,
+                                 gate=Gate(baseline_run_id="run-0", warn_only=True))  # fmt: skip
+    return root, result, baseline
+
+
+def table(page: str, table_id: str) -> list[list[str]]:
+    """A table of the report as rows of cell texts (header row first)."""
+    body = re.search(f'<table id="{table_id}">(.*?)</table>', page, re.S)
+    assert body, f"no table {table_id}"
+    return [[html.unescape(c) for c in re.findall(r"<t[dh]>(.*?)</t[dh]>", row, re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body.group(1), re.S)]  # fmt: skip
+
+
+def test_the_report_has_the_plots_the_tables_and_the_samples(report_run: tuple[Path, EvalResult, EvalResult]) -> None:
+    root, result, baseline = report_run
+    run = RunPaths.of(root, "run-1")
+    page = run.eval_html.read_text()
+    assert page == (run.eval_step(60) / "report.html").read_text()
+    for name in ("curve-loss", "curve-lr", "curve-grad-norm", "curve-tokens-per-s"):
+        assert f'<img id="{name}" ' in page and 'src="data:image/png;base64,iVBORw0KGgo' in page
+    evaluation = table(page, "eval")
+    assert evaluation[0] == ["metric", "trained", "untrained", "baseline run-0 at step 20"]
+    assert evaluation[3] == ["val bits per byte", f"{result.val_bits_per_byte:.4f}",
+                             f"{result.untrained_bits_per_byte:.4f}", f"{baseline.val_bits_per_byte:.4f}"]  # fmt: skip
+    # the untrained model's bits per byte come from the same tokens and bytes as the trained one's
+    assert result.untrained_bits_per_byte / result.val_bits_per_byte == pytest.approx(
+        result.untrained_val_loss / result.val_loss, rel=1e-4)  # fmt: skip
+    assert "| metric | trained | untrained | baseline run-0 at step 20 |" in run.eval_report.read_text()
+    settings = dict(table(page, "settings")[1:])
+    config = json.loads(run.config.read_text())
+    train_tokens = json.loads((snapshot_dir(root, "synthetic") / "meta.json").read_text())["tokens"]["train"]
+    assert result.train_tokens_seen == 60 * 8 * 64 * 2 and result.train_split_tokens == train_tokens
+    assert settings["epochs over the train split"] == (f"{result.train_tokens_seen / train_tokens:.2f} "
+                                                       f"({result.train_tokens_seen:,} tokens trained / "
+                                                       f"{train_tokens:,} train tokens)")  # fmt: skip
+    assert settings["world size"] == "2 (1 node(s) x 2 process(es) per node)"
+    assert settings["tokens per step"] == "1,024" and settings["preset"] == "tiny"
+    assert settings["parameters"] == f"{result.parameters:,}" and result.parameters > 10_000
+    assert settings["hyperpod-pretrain"].startswith(f"{config['hyperpod_pretrain']} (training, config.json); ")
+    assert settings["torch"].startswith(f"{torch.__version__} (training")
+    assert all(row and all(cell.strip() for cell in row) for row in [*evaluation, *settings.items()])
+    assert page.count('<pre class="sample">') == 4
+
+
+def test_the_curves_are_what_the_run_recorded(report_run: tuple[Path, EvalResult, EvalResult]) -> None:
+    """The plots' data: the run's rows, its checkpoints (all three kept), its evaluation, the baseline's rows and
+    evaluation; no resume (one start). Loss keeps its range; every other axis starts at zero."""
+    from components.evaluate_checkpoint.core import Curves, curve_figures, read_metrics
+
+    root, result, baseline = report_run
+    run = RunPaths.of(root, "run-1")
+    curves = Curves.of(run, result, json.loads(run.config.read_text()))
+    assert [r["step"] for r in curves.rows] == [10, 20, 30, 40, 50, 60]
+    assert curves.checkpoints == [20, 40, 60] and curves.resumes == [] and curves.grad_clip == 1.0
+    assert curves.evaluations == [(60, result.val_loss)]
+    assert curves.baseline_rows == read_metrics(RunPaths.of(root, "run-0"))
+    assert curves.baseline_evaluations == [(20, baseline.val_loss)]
+    figures = {name: figure.axes[0] for name, _, figure in curve_figures(curves)}
+    assert list(figures) == ["curve-loss", "curve-lr", "curve-grad-norm", "curve-tokens-per-s"]
+    labels = [t.get_text() for t in figures["curve-loss"].get_legend().get_texts()]
+    assert labels == ["baseline run-0: train", "baseline run-0: val", "train (run-1)", "val (evaluations)",
+                      "checkpoint"]  # fmt: skip
+    assert figures["curve-loss"].get_ylim()[0] > 0.5
+    assert all(figures[name].get_ylim()[0] == 0 for name in ("curve-lr", "curve-grad-norm", "curve-tokens-per-s"))
+
+
+def test_resumes_are_found_from_the_attempts_and_the_rows(trained_root: Path, tmp_path: Path) -> None:
+    """run-1's records, then as the trainer leaves them when a second start resumes from step 40's checkpoint (its
+    rows past 40 dropped, then logged again, with val_loss rows from --eval-every) and a third starts from scratch
+    (no checkpoint: its rows start again at 10)."""
+    from components.evaluate_checkpoint.core import Curves, Resume, curve_figures, resumes
+    from trainer.metrics import MetricsLog
+
+    run = RunPaths(tmp_path / "runs" / "run-1")
+    original = RunPaths.of(trained_root, "run-1")
+    shutil.copytree(original.comms, run.comms)
+    shutil.copyfile(original.metrics, run.metrics)
+    rows = [json.loads(line) for line in run.metrics.read_text().splitlines()]
+    assert resumes(run, rows) == []
+    MetricsLog(run.metrics, enabled=True).truncate_after(40)
+    start = json.loads(original.comms_report(0, 1).read_text())
+    restarted = rows[-1]["time"] + 10
+    for attempt, when in ((2, restarted), (3, restarted + 100)):
+        run.comms_report(0, attempt).parent.mkdir(parents=True)
+        run.comms_report(0, attempt).write_text(json.dumps(start | {"attempt": attempt, "time": when}))
+    log = MetricsLog(run.metrics, enabled=True)
+    for step, when in ((50, restarted + 1), (60, restarted + 2), (10, restarted + 101)):
+        log.write(rows[step // 10 - 1] | {"time": when, "val_loss": 1.5 + step / 100})
+    rows = [json.loads(line) for line in run.metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [10, 20, 30, 40, 50, 60, 10]
+    assert resumes(run, rows) == [Resume(2, 40), Resume(3, 0)]
+    curves = Curves(run_id="run-1", rows=rows, evaluations=[], checkpoints=[], resumes=resumes(run, rows),
+                    grad_clip=0.0)  # fmt: skip
+    assert Curves.points(rows, "val_loss") == ([50, 60, 10], [2.0, 2.1, 1.6])
+    loss = curve_figures(curves)[0][2].axes[0]
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == ["train (run-1)", "val (training)", "resume"]
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Reports, from the loaded page, what the tests check: images decoded, nothing wider than the window outside a
+# scrolling box, samples within their height cap, no empty cell in the eval and settings tables.
+PROBE = """<script>window.addEventListener("load", () => {
+  const width = window.innerWidth;
+  const scrolled = (el) => {
+    for (let up = el.parentElement; up; up = up.parentElement) {
+      const style = getComputedStyle(up);
+      if (/auto|scroll|hidden/.test(style.overflowX + " " + style.overflowY)) return true;
+    }
+    return false;
+  };
+  const probe = {
+    innerWidth: width,
+    scrollWidth: document.documentElement.scrollWidth,
+    images: [...document.images].map((i) => ({id: i.id, decoded: i.complete && i.naturalWidth > 0})),
+    wide: [...document.body.querySelectorAll("*")]
+      .filter((el) => el.getBoundingClientRect().right > width + 1 && !scrolled(el))
+      .map((el) => el.tagName + "#" + el.id + " " + el.getBoundingClientRect().right),
+    samples: [...document.querySelectorAll("pre.sample")].map((p) => ({
+      height: p.getBoundingClientRect().height, cap: parseFloat(getComputedStyle(p).maxHeight) || 0,
+      content: p.scrollHeight, wrapped: p.scrollWidth <= p.clientWidth})),
+    cells: [...document.querySelectorAll("#eval td, #eval th, #settings td, #settings th")]
+      .map((c) => c.textContent.trim()),
+  };
+  const out = document.createElement("script");
+  out.type = "application/json";
+  out.id = "probe";
+  out.textContent = JSON.stringify(probe);
+  document.body.appendChild(out);
+});</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (make test installs Debian's where it runs as root)")
+@pytest.mark.parametrize("width,height", [(1280, 900), (1920, 1080)])
+def test_the_html_report_renders_in_headless_chromium(
+    report_run: tuple[Path, EvalResult, EvalResult], tmp_path: Path, width: int, height: int
+) -> None:
+    """The report of the module's evaluation, with one more sample of 30 newlines and a 2000-character line, at a
+    window's size: a screenshot of that size, and a probe script's findings: every plot decoded, nothing wider than
+    the window, the samples within their height cap, no empty table cell."""
+    import subprocess
+
+    from components.evaluate_checkpoint.core import html_report
+
+    root, result, _ = report_run
+    long = {"prompt": "The", "text": "The" + "\n" * 30 + "x" * 2000}
+    page = html_report(dataclasses.replace(result, samples=[*result.samples, long]), RunPaths.of(root, "run-1"))
+    report = tmp_path / "report.html"
+    report.write_text(page)
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("</body>", PROBE + "</body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--window-size={width},{height}", "--virtual-time-budget=5000"]  # fmt: skip
+
+    def chromium(name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CHROMIUM, *flags, f"--user-data-dir={tmp_path / name}", *extra], capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+
+    shot = tmp_path / "shot.png"
+    done = chromium("profile-shot", f"--screenshot={shot}", report.as_uri())
+    assert shot.is_file(), done.stderr[-2000:]
+    header = shot.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (width, height)
+    dom = chromium("profile-probe", "--dump-dom", probed.as_uri()).stdout
+    found = re.search(r'<script type="application/json" id="probe">(.*?)</script>', dom, re.S)
+    assert found, dom[-2000:]
+    probe = json.loads(found.group(1))
+    assert probe["innerWidth"] == width
+    assert probe["scrollWidth"] <= width and probe["wide"] == [], probe
+    assert [i["id"] for i in probe["images"]] == ["curve-loss", "curve-lr", "curve-grad-norm", "curve-tokens-per-s"]
+    assert all(i["decoded"] for i in probe["images"]), probe["images"]
+    samples = probe["samples"]
+    assert len(samples) == 5 and all(s["cap"] > 0 and s["height"] <= s["cap"] + 0.5 for s in samples), samples
+    assert all(s["wrapped"] for s in samples), samples  # long lines wrap: no sideways scrolling in a sample
+    assert samples[-1]["content"] > samples[-1]["cap"], "the long sample should need its scroll box"
+    assert len(probe["cells"]) == 4 * 4 + 2 * len(table(page, "settings")) and all(probe["cells"]), probe["cells"]

@@ -8,9 +8,11 @@
   newest other run of the same dataset evaluated on the same fixed val set; any other is refused), at its newest
   evaluated step unless a step is named; the verdict names the baseline's run and step. A failed gate fails the
   step with the numbers, or only warns.
-- Reports: every evaluation is kept, per checkpoint: eval/step_<N>/{eval.json,report.md,report.html} (training
-  curves as an embedded PNG, the eval table, the samples), a line in eval/history.jsonl, and a copy of the newest
-  step's files at eval/eval.json, report.md and report.html, where readers looked before evaluations were kept.
+- Reports: every evaluation is kept, per checkpoint: eval/step_<N>/{eval.json,report.md,report.html} (the eval
+  table beside the untrained model and the baseline; plots of loss with checkpoints, resumes and the baseline's
+  curves, learning rate, gradient norm and throughput as embedded PNGs; the run's settings; the samples), a line
+  in eval/history.jsonl, and a copy of the newest step's files at eval/eval.json, report.md and report.html, where
+  readers looked before evaluations were kept.
 - Export: the model in Hugging Face format (safetensors) with its tokenizer under <run>/export/.
 """
 
@@ -24,6 +26,7 @@ import json
 import logging
 import math
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -46,7 +49,7 @@ from trainer.checkpoint import (
     read_weights,
 )
 from trainer.data import DataError, TokenSplit, load_meta, load_split
-from trainer.layout import META, TOKENIZER, DatasetPaths, RunPaths
+from trainer.layout import CHECKPOINT_COMMIT, META, TOKENIZER, DatasetPaths, RunPaths
 from trainer.model import build_model, config_from_dict
 from trainer.snapshot import config_snapshot
 
@@ -87,6 +90,7 @@ class EvalResult:
     val_perplexity: float
     val_bits_per_byte: float
     untrained_val_loss: float
+    untrained_bits_per_byte: float | None  # the same windows' bytes: None in evaluations from before it was kept
     loss_reduction: float  # untrained loss minus trained loss, in nats per token
     train_tokens_per_s: float | None
     train_mfu: float | None
@@ -107,6 +111,8 @@ class EvalResult:
     export_s3_uri: str = ""
     evaluated_at: str = ""  # UTC, ISO 8601: orders the history's evaluations of the same step
     report_dir: str = ""  # eval/step_<N>/: this evaluation's own files, whatever is evaluated after
+    parameters: int = 0  # the model's weights (tied ones once)
+    train_split_tokens: int = 0  # the snapshot's train split: tokens trained over it give the epochs
 
     def metrics(self) -> dict[str, float]:
         values = {"val_loss": self.val_loss, "val_perplexity": self.val_perplexity,
@@ -116,12 +122,27 @@ class EvalResult:
                   "gate_passed": float(self.gate_passed)}  # fmt: skip
         return {k: float(v) for k, v in values.items() if v is not None}
 
-    def table_rows(self) -> list[tuple[str, str, str]]:
-        return [
+    def table_columns(self) -> list[str]:
+        baseline = [f"baseline {self.baseline_run_id} at step {self.baseline_step}"] if self.has_baseline() else []
+        return ["metric", "trained", "untrained", *baseline]
+
+    def has_baseline(self) -> bool:
+        return self.baseline_val_loss is not None and self.baseline_bits_per_byte is not None
+
+    def table_rows(self) -> list[tuple[str, ...]]:
+        """Loss, perplexity and bits per byte of the trained model, the untrained one and the baseline (if any)."""
+        bpb = self.untrained_bits_per_byte
+        untrained_bpb = f"{bpb:.4f}" if bpb is not None else NOT_RECORDED
+        rows: list[tuple[str, ...]] = [
             ("val loss (nats/token)", f"{self.val_loss:.4f}", f"{self.untrained_val_loss:.4f}"),
             ("val perplexity", f"{self.val_perplexity:.2f}", f"{math.exp(self.untrained_val_loss):.2f}"),
-            ("val bits per byte", f"{self.val_bits_per_byte:.4f}", ""),
+            ("val bits per byte", f"{self.val_bits_per_byte:.4f}", untrained_bpb),
         ]
+        if not self.has_baseline():
+            return rows
+        theirs = (f"{self.baseline_val_loss:.4f}", f"{math.exp(self.baseline_val_loss):.2f}",
+                  f"{self.baseline_bits_per_byte:.4f}")  # fmt: skip
+        return [(*row, value) for row, value in zip(rows, theirs, strict=True)]
 
     def gate_line(self) -> str:
         if not self.gate_reasons:
@@ -134,9 +155,9 @@ class EvalResult:
             "",
             f"Checkpoint `{self.checkpoint}` at step {self.step} ({self.train_tokens_seen:,} training tokens).",
             "",
-            "| metric | trained | untrained |",
-            "| --- | --- | --- |",
-            *(f"| {name} | {a} | {b} |" for name, a, b in self.table_rows()),
+            "| " + " | ".join(self.table_columns()) + " |",
+            "|" + " --- |" * len(self.table_columns()),
+            *("| " + " | ".join(row) + " |" for row in self.table_rows()),
             "",
             f"Evaluated on {self.val_tokens:,} held-out tokens; training lowered the loss by "
             f"{self.loss_reduction:.4f} nats/token. {self.gate_line()}",
@@ -216,6 +237,11 @@ def evaluate_checkpoint(
     torch.manual_seed(config["trainer"]["seed"])
     untrained, _, _ = mean_loss(build_model(model_config).to(device), val, seq_len, max_tokens, batch_size, device,
                                 byte_lengths)  # fmt: skip
+
+    def bits_per_byte(loss: float) -> float:
+        """Nats per token to bits per byte of the same windows: both models read the same tokens and bytes."""
+        return round(loss * n_tokens / (n_bytes * math.log(2)), 6) if n_bytes else float("nan")
+
     throughput = training_throughput(run)
     result = EvalResult(
         run_id=run_id,
@@ -225,8 +251,9 @@ def evaluate_checkpoint(
         val_tokens=n_tokens,
         val_loss=round(val_loss, 6),
         val_perplexity=round(math.exp(val_loss), 4),
-        val_bits_per_byte=round(val_loss * n_tokens / (n_bytes * math.log(2)), 6) if n_bytes else float("nan"),
+        val_bits_per_byte=bits_per_byte(val_loss),
         untrained_val_loss=round(untrained, 6),
+        untrained_bits_per_byte=bits_per_byte(untrained),
         loss_reduction=round(untrained - val_loss, 6),
         train_tokens_per_s=throughput[0],
         train_mfu=throughput[1],
@@ -238,6 +265,8 @@ def evaluate_checkpoint(
         tokenizer_sha256=meta.get("tokenizer_sha256", ""),
         evaluated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         report_dir=str(run.eval_step(int(state["step"]))),
+        parameters=sum(p.numel() for p in model.parameters()),
+        train_split_tokens=int(meta.get("tokens", {}).get("train", 0)),
     )
     apply_gate(result, gate, baseline)
     if export:
@@ -578,48 +607,283 @@ def apply_gate(result: EvalResult, gate: Gate, baseline: Baseline | None) -> Non
 # -- reports and export -----------------------------------------------------------------------------------
 
 
-def curves_png(rows: list[dict[str, Any]]) -> bytes:
-    """Loss, learning rate and tokens/s against step, as one PNG."""
-    import matplotlib
+FIGURE_INCHES = (6.4, 3.6)  # 960 x 540 px at FIGURE_DPI; the page scales each plot to its column's width
+FIGURE_DPI = 150
+SAMPLE_MAX_HEIGHT = "16em"  # a greedy sample taller than this (one of newlines, say) scrolls inside its box
+NOT_RECORDED = "not recorded"
 
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
 
-    figure, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-    steps = [r["step"] for r in rows]
-    for axis, key, title in zip(axes, ("loss", "lr", "tokens_per_s"), ("train loss", "learning rate", "tokens/s"),
-                                strict=True):  # fmt: skip
-        axis.plot(steps, [r.get(key) for r in rows])
+@dataclass(frozen=True)
+class Resume:
+    """A start of the trainer after the run's first (an attempt), and the step it went on from."""
+
+    attempt: int
+    step: int
+
+
+@dataclass
+class Curves:
+    """What the report's plots draw, read from the run directory and the baseline's: gathered apart from the
+    drawing, so a test checks what is plotted without reading pixels."""
+
+    run_id: str
+    rows: list[dict[str, Any]]  # metrics.jsonl
+    evaluations: list[tuple[int, float]]  # (step, val loss) of each evaluated checkpoint, this evaluation included
+    checkpoints: list[int]  # the steps of the checkpoints kept on the volume, and of those evaluated
+    resumes: list[Resume]
+    grad_clip: float  # the clipping threshold (0: none), drawn on the gradient norm's plot
+    baseline_run_id: str = ""
+    baseline_rows: list[dict[str, Any]] = field(default_factory=list)
+    baseline_evaluations: list[tuple[int, float]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, run: RunPaths, result: EvalResult, config: dict[str, Any]) -> Curves:
+        rows = read_metrics(run)
+        evaluations = evaluated_losses(run, result)
+        curves = cls(result.run_id, rows, evaluations, sorted(set(checkpoint_times(run)) | {s for s, _ in evaluations}),
+                     resumes(run, rows), float(config.get("trainer", {}).get("grad_clip", 0.0)))  # fmt: skip
+        if result.baseline_run_id:
+            baseline = RunPaths(run.root.parent / result.baseline_run_id)
+            curves.baseline_run_id = result.baseline_run_id
+            curves.baseline_rows = read_metrics(baseline)
+            curves.baseline_evaluations = evaluated_losses(baseline)
+        return curves
+
+    @staticmethod
+    def points(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of the rows with a finite `key`: a skipped step's NaN loss or infinite gradient norm would
+        break the axis' scaling, and rows from before a column existed (val_loss: --eval-every) lack it."""
+        found = [(r["step"], float(r[key])) for r in rows if isinstance(r.get(key), int | float) and
+                 math.isfinite(r[key])]  # fmt: skip
+        return [s for s, _ in found], [v for _, v in found]
+
+
+def evaluated_losses(run: RunPaths, result: EvalResult | None = None) -> list[tuple[int, float]]:
+    """(step, val loss) per evaluated step, from eval/history.jsonl and eval/eval.json (a run evaluated before the
+    history was kept has only that), plus `result`, this evaluation, not yet written; a step evaluated again: its
+    latest evaluation."""
+    losses: dict[int, float] = {}
+    try:
+        newest = json.loads(run.eval_result.read_text())
+        entries = [newest, *read_history(run)]
+    except (OSError, ValueError):
+        entries = read_history(run)
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("step"), int) and isinstance(entry.get("val_loss"), float):
+            losses[entry["step"]] = entry["val_loss"]
+    if result is not None:
+        losses[result.step] = result.val_loss
+    return sorted(losses.items())
+
+
+def checkpoint_times(run: RunPaths) -> dict[int, float]:
+    """The committed checkpoints kept on the volume: step -> commit time (commit.json's; 0 when unreadable). Older
+    ones were deleted as newer ones came (--keep-checkpoints): the evaluated ones are in the eval history."""
+    times = {}
+    for checkpoint in committed_checkpoints(run.checkpoints):
+        try:
+            times[checkpoint.step] = float(json.loads((checkpoint.path / CHECKPOINT_COMMIT).read_text())["time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            times[checkpoint.step] = 0.0
+    return times
+
+
+def resumes(run: RunPaths, rows: list[dict[str, Any]]) -> list[Resume]:
+    """Each start of the trainer after the first, at the step it went on from.
+
+    The starts are recorded: every start is an attempt (comms/attempt-NNNN/, numbered by rank 0), whose rank 0
+    self-test report has the start's time. The step it went on from is not recorded, so it is derived: a start
+    resumes from its newest checkpoint and drops the metrics rows logged past it (MetricsLog.truncate_after); the
+    step is then the furthest of the rows logged and the checkpoints committed before the start's time that lie
+    below the first step logged after it (0: a start from scratch). That is the checkpoint's step when a row at it
+    or the checkpoint itself is still there, else (its rows not on a logged step, the checkpoint deleted since) up to
+    log_every steps short of it."""
+    timed = [r for r in rows if isinstance(r.get("time"), int | float) and isinstance(r.get("step"), int)]
+    commits = checkpoint_times(run)
+    found = []
+    for attempt in run.attempts()[1:]:
+        try:
+            started = float(json.loads(run.comms_report(0, attempt).read_text())["time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        first = next((r["step"] for r in timed if r["time"] >= started), math.inf)
+        before = [r["step"] for r in timed if r["time"] < started] + [s for s, t in commits.items() if 0 < t < started]
+        found.append(Resume(attempt, max((s for s in before if s < first), default=0)))
+    return found
+
+
+def curve_figures(curves: Curves) -> list[tuple[str, str, Any]]:
+    """The report's plots as (element id, description, matplotlib Figure): loss (train, val, evaluations, the
+    baseline's, checkpoints and resumes), learning rate, gradient norm, tokens/s. Every magnitude's axis starts at
+    zero, so a dip reads at its true size. Figures without pyplot: no global state, no GUI backend."""
+    from matplotlib.figure import Figure
+
+    def figure(title: str) -> tuple[Figure, Any]:
+        made = Figure(figsize=FIGURE_INCHES, layout="constrained")
+        axis = made.subplots()
         axis.set_title(title)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
-    figure.tight_layout()
+        return made, axis
+
+    loss, axis = figure("loss (nats/token)")
+    if curves.baseline_run_id:  # first, so the run's own lines are drawn over it
+        name = curves.baseline_run_id
+        axis.plot(*Curves.points(curves.baseline_rows, "loss"), color="C2", lw=2.5, alpha=0.6,
+                  label=f"baseline {name}: train")  # fmt: skip
+        if curves.baseline_evaluations:
+            axis.plot(*zip(*curves.baseline_evaluations, strict=True), "s--", ms=6, mfc="none", color="C2",
+                      label=f"baseline {name}: val")  # fmt: skip
+    axis.plot(*Curves.points(curves.rows, "loss"), color="C0", label=f"train ({curves.run_id})")
+    if during := Curves.points(curves.rows, "val_loss")[0]:
+        axis.plot(during, Curves.points(curves.rows, "val_loss")[1], "o-", ms=3, color="C1", label="val (training)")
+    if curves.evaluations:
+        axis.plot(*zip(*curves.evaluations, strict=True), "s--", ms=5, color="C1", label="val (evaluations)")
+    for i, step in enumerate(curves.checkpoints):
+        axis.axvline(step, color="0.55", ls=":", lw=1, label="checkpoint" if i == 0 else "_nolegend_")
+    for i, resume in enumerate(curves.resumes):
+        axis.axvline(resume.step, color="C3", ls="--", lw=1.2, label="resume" if i == 0 else "_nolegend_")
+    # The loss keeps its natural range, not zero: it falls from about ln(vocab) toward the text's entropy, never to
+    # zero, and an axis from zero would squeeze the late steps, where checkpoints and runs differ, into a thin band.
+    axis.legend(fontsize="small")
+    figures = [("curve-loss", "loss against step", loss)]
+    for key, title in (("lr", "learning rate"), ("grad_norm", "gradient norm (before clipping)"),
+                       ("tokens_per_s", "throughput (tokens/s)")):  # fmt: skip
+        steps, values = Curves.points(curves.rows, key)
+        if not steps:
+            continue
+        made, axis = figure(title)
+        axis.plot(steps, values, color="C0")
+        if key == "grad_norm" and curves.grad_clip:
+            axis.axhline(curves.grad_clip, color="C3", ls="--", lw=1, label=f"clipped to {curves.grad_clip:g}")
+            axis.legend(fontsize="small")
+        axis.set_ylim(bottom=0)
+        figures.append((f"curve-{key.replace('_', '-')}", f"{title} against step", made))
+    return figures
+
+
+def figure_png(figure: Any) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
+    figure.savefig(buffer, format="png", dpi=FIGURE_DPI)
     return buffer.getvalue()
 
 
+def attempt_reports(run: RunPaths) -> list[dict[str, Any]]:
+    """The comms self-test reports of the run's newest start, one per rank (its host, its torch)."""
+    attempts = run.attempts()
+    directory = run.comms / run.attempt(attempts[-1]) if attempts else run.comms
+    reports = []
+    for path in sorted(directory.glob("rank_*.json")):
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return reports
+
+
+def run_settings(result: EvalResult, run: RunPaths, config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The run's settings as its config.json records them (written at each start of the trainer: the newest start's),
+    with what follows from them. config.json has the world size only: its shape in nodes and processes per node is
+    counted from that start's self-test reports, which name each rank's host."""
+    import transformers
+
+    from common.version import tool_version
+
+    trainer = config.get("trainer", {})
+    world = config.get("world_size")
+    reports = attempt_reports(run)
+    hosts = Counter(r.get("hostname") for r in reports)
+    shape = ""
+    if world and len(reports) == world and len(set(hosts.values())) == 1:
+        shape = f" ({len(hosts)} node(s) x {next(iter(hosts.values()))} process(es) per node)"
+    batch, accum, seq_len = trainer.get("batch_size"), trainer.get("grad_accum_steps"), trainer.get("seq_len")
+    lr, max_steps = trainer.get("lr"), trainer.get("max_steps")
+    settings = [
+        ("preset", str(trainer.get("preset", NOT_RECORDED))),
+        ("parameters", f"{result.parameters:,}" if result.parameters else NOT_RECORDED),
+        ("world size", f"{world}{shape}" if world else NOT_RECORDED),
+        ("parallelism", str(trainer.get("parallelism", NOT_RECORDED))),
+    ]
+    if batch and accum and world and seq_len:
+        settings += [
+            ("batch", f"{batch} sequences per rank x {accum} micro-step(s) x {world} ranks = "
+                      f"{batch * accum * world} sequences per step"),
+            ("sequence length", f"{seq_len} tokens"),
+            ("tokens per step", f"{batch * accum * world * seq_len:,}"),
+        ]  # fmt: skip
+    if max_steps:
+        tokens = trainer.get("max_tokens")
+        settings.append(("max steps", f"{max_steps:,}" + (f" (or {tokens:,} tokens, the first reached)" if tokens
+                                                            else "")))  # fmt: skip
+    if lr is not None:
+        floor = lr * trainer.get("min_lr_ratio", 0.0)
+        settings += [("learning rate", f"{lr:g} peak, cosine decay to {floor:g} at step {max_steps}"),
+                     ("warm-up", f"{trainer.get('warmup_steps')} steps, linear")]  # fmt: skip
+    settings += [
+        ("dropout", f"{trainer['dropout']:g}" if "dropout" in trainer else NOT_RECORDED),
+        ("seed", str(trainer.get("seed", NOT_RECORDED))),
+        ("dataset", f"{result.dataset}, snapshot {result.snapshot}"),
+        ("epochs over the train split", f"{result.train_tokens_seen / result.train_split_tokens:.2f} "
+         f"({result.train_tokens_seen:,} tokens trained / {result.train_split_tokens:,} train tokens)"
+         if result.train_split_tokens else NOT_RECORDED),
+        ("hyperpod-pretrain", f"{config.get('hyperpod_pretrain') or NOT_RECORDED} (training, config.json); "
+         f"{tool_version()} (this evaluation)"),
+        ("torch", f"{(reports[0].get('torch_version') if reports else None) or NOT_RECORDED} (training, the "
+         f"self-test report); {torch.__version__} (this evaluation)"),
+        ("transformers", f"{config.get('model', {}).get('transformers_version') or NOT_RECORDED} (training, the "
+         f"model config); {transformers.__version__} (this evaluation)"),
+    ]  # fmt: skip
+    return settings
+
+
+def html_table(table_id: str, header: list[str], rows: list[tuple[str, ...]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
 def html_report(result: EvalResult, run: RunPaths) -> str:
-    rows = read_metrics(run)
-    plot = (f'<img id="curves" alt="training curves" src="data:image/png;base64,'
-            f'{base64.b64encode(curves_png(rows)).decode()}">' if rows else "<p>No training metrics.</p>")  # fmt: skip
-    table = "".join(f"<tr><td>{html.escape(n)}</td><td>{a}</td><td>{b}</td></tr>" for n, a, b in result.table_rows())
-    samples = "".join(f"<li><b>{html.escape(s['prompt'])}</b><pre>{html.escape(s['text'])}</pre></li>"
+    """One page that reads on its own (plots embedded as PNG): fits any window from 1280 px wide up, plots scaled to
+    their column, long sample lines wrapped and tall samples scrolled in a box of capped height."""
+    try:
+        config = json.loads(run.config.read_text())
+    except (OSError, ValueError):
+        config = {}
+    curves = Curves.of(run, result, config)
+    figures = curve_figures(curves) if curves.rows else []
+    plots = "".join(
+        f'<figure><img id="{name}" alt="{html.escape(alt)}" src="data:image/png;base64,'
+        f'{base64.b64encode(figure_png(figure)).decode()}"></figure>'
+        for name, alt, figure in figures
+    )
+    resumed = "; ".join(f"attempt {r.attempt} went on from step {r.step}" for r in curves.resumes) or "none"
+    samples = "".join(f'<li><b>{html.escape(s["prompt"])}</b><pre class="sample">{html.escape(s["text"])}</pre></li>'
                       for s in result.samples)  # fmt: skip
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>Evaluation of {html.escape(result.run_id)}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:72em}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 10px}} pre{{white-space:pre-wrap;background:#f6f6f6;padding:6px}}</style>
+<html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Evaluation of {html.escape(result.run_id)}</title>
+<style>
+*{{box-sizing:border-box}}
+body{{font-family:sans-serif;margin:0 auto;padding:1em 2em;max-width:100em;overflow-wrap:anywhere}}
+.plots{{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,34em),1fr));gap:1em}}
+figure{{margin:0;min-width:0}} figure img{{display:block;width:100%;max-width:100%;height:auto}}
+table{{border-collapse:collapse;max-width:100%;margin-bottom:1em}}
+td,th{{border:1px solid #ccc;padding:4px 10px;text-align:left;vertical-align:top}}
+pre.sample{{white-space:pre-wrap;overflow-wrap:anywhere;max-height:{SAMPLE_MAX_HEIGHT};overflow:auto;
+background:#f6f6f6;padding:6px;margin:0.3em 0 1em}}
+</style>
 </head><body>
 <h1>Evaluation of run {html.escape(result.run_id)}</h1>
 <p>Checkpoint {html.escape(result.checkpoint)} at step {result.step} ({result.train_tokens_seen:,} training tokens);
 {result.val_tokens:,} held-out tokens evaluated. {html.escape(result.gate_line())}</p>
-<h2>Training</h2>
-{plot}
-<p>{html.escape(result.health_line())}</p>
 <h2>Validation</h2>
-<table id="eval"><tr><th>metric</th><th>trained</th><th>untrained</th></tr>{table}</table>
+{html_table("eval", result.table_columns(), result.table_rows())}
+<h2>Training</h2>
+<div class="plots">{plots or "<p>No training metrics.</p>"}</div>
+<p>Checkpoints (dotted): those kept and those evaluated. Resumes (dashed): {html.escape(resumed)}.</p>
+<p>{html.escape(result.health_line())}</p>
+<h2>Run settings</h2>
+{html_table("settings", ["setting", "value"], run_settings(result, run, config))}
 <h2>Greedy samples</h2>
 <ul id="samples">{samples}</ul>
 </body></html>
