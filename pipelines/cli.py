@@ -500,9 +500,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from pipelines import remote
+    from pipelines.package import Package
 
     package = Path(args.pipeline_file)
-    parameters = remote.typed_parameters(args.param, package)
+    parameters = Package.load(package).checked(args.param)  # typed, and taken by every step, before any call
     run_name = args.run_name or f"{args.pipeline_name} {datetime.now(UTC):%Y-%m-%d %H:%M:%S}"
     with remote.api_errors(f"submitting {package}"):
         client, ui = remote.connect(args.host, args.namespace)
@@ -526,6 +527,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     from pipelines import remote
+    from pipelines.package import Package
 
     action = "disable" if args.disable else "enable" if args.enable else "delete" if args.delete else "create"
     if action == "create":
@@ -533,7 +535,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             raise InputError("--cron is required to create a recurring run (or give --disable, --enable or --delete)")
         cron = remote.check_cron(args.cron)
         package = Path(args.pipeline_file)
-        parameters = remote.typed_parameters(args.param, package)
+        parameters = Package.load(package).checked(args.param)  # typed, and taken by every step, before any call
     elif args.cron or args.param:
         raise InputError(f"--{action} takes only --name (and --experiment): --cron and --param are for creating one")
     with remote.api_errors(f"{action} recurring run {args.name!r}"):
@@ -681,7 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_kfp_args(p)
     p.add_argument("--run-name", default="", help="default: the pipeline's name and the UTC time")
     p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a pipeline parameter, typed by the pipeline (lists, dicts as JSON; repeatable)")  # fmt: skip
+                   help="a pipeline parameter, typed by the pipeline (lists, dicts as JSON; repeatable); the steps' "
+                   "own checks of the run's values run here first")  # fmt: skip
     p.add_argument("--wait", action="store_true", help="wait for the run to finish: exit 0 only if it succeeded")
     p.add_argument("--wait-timeout-s", type=positive_int, default=7 * 24 * 3600)
     p.add_argument("--poll-s", type=float, default=15.0, help="seconds between checks of the run's state")
@@ -692,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", required=True, help="the recurring run's name")
     p.add_argument("--cron", default="", help="6 fields, seconds first: '0 0 2 * * *' is 02:00 every day")
     p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a pipeline parameter, typed by the pipeline (repeatable)")  # fmt: skip
+                   help="a pipeline parameter, typed by the pipeline and checked as submit's (repeatable)")  # fmt: skip
     action = p.add_mutually_exclusive_group()
     action.add_argument("--disable", action="store_true", help="pause the recurring run --name")
     action.add_argument("--enable", action="store_true", help="resume the recurring run --name")
