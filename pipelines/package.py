@@ -135,6 +135,15 @@ class Package:
             return str(exc)
         return None
 
+    def launch_config(self, pairs: list[tuple[str, str]], task: str, pipeline_run_id: str) -> LaunchConfig:
+        """The LaunchConfig the package's step `task` (launch-pytorchjob, preflight) makes for a submission with
+        these --param values, once every step takes them; the job depends on no required parameter (the source: only
+        staging reads it), so none needs to be given."""
+        values = self.empty() | self.defaults() | self.checked(pairs, pipeline_run_id, require=False)
+        if not self.has_task(task):
+            raise InputError(f"pipeline file {self.path}: no step {task}")
+        return step_config(self.step_inputs(task, values, pipeline_run_id))
+
     # -- the compiled wiring -------------------------------------------------------------------------------------
 
     def _dags(self) -> dict[str, dict[str, Any]]:
