@@ -277,12 +277,70 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_render_job(args: argparse.Namespace) -> int:
     import yaml
 
-    from components.launch_pytorchjob.manifest import render_job
-
-    cfg = launch_config(args)
-    cfg.validate(check_storage=False)
-    print(yaml.safe_dump(render_job(cfg.job_spec()), sort_keys=False), end="")
+    _, job = job_config(args, "launch-pytorchjob").checked_job()
+    print(yaml.safe_dump(job, sort_keys=False), end="")
     return 0
+
+
+# Beside --pipeline-file, the flags that do not set the job: the package and its --param values set it.
+PACKAGE_FLAGS = frozenset({"--pipeline-file", "--param", "--pipeline-run-id", "--warn-only", "--json"})
+
+
+def add_package_args(p: argparse.ArgumentParser, verb: str) -> None:
+    """render-job's and preflight's job as a submission of a compiled pipeline would create it."""
+    p.add_argument("--pipeline-file", default="", metavar="PATH",
+                   help=f"{verb} the job a submission of this compiled pipeline creates: its defaults and compiled "
+                   "platform settings, overridden by --param, typed and checked as submit does. The flags that set "
+                   "the job are refused beside it (give them as --param: --param nnodes=4, not --nnodes 4); "
+                   "--pipeline-run-id stands for the KFP run's id (default: example). Staging's outputs are known "
+                   "only once it ran: the job trains on the dataset's current snapshot, with no warm "
+                   "start")  # fmt: skip
+    p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="a parameter of --pipeline-file, as submit takes it (repeatable)")  # fmt: skip
+
+
+def note_given_flags(p: argparse.ArgumentParser) -> None:
+    """Have `p` put on its namespace, as `given_flags`, the flags its command line gave: argparse keeps only values,
+    and a flag given its default value looks like one not given. The line is parsed a second time with no defaults
+    (so abbreviations and --flag=value count), once the first parse has taken it."""
+    parse = p.parse_known_args  # argparse calls a subcommand's parser by this attribute
+
+    def parse_noting_given(
+        args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = parse(args, namespace)
+        defaults = {action: action.default for action in p._actions}  # argparse has no public way to do this
+        try:
+            for action in defaults:
+                action.default = argparse.SUPPRESS
+            given = vars(parse(args, None)[0])
+        finally:
+            for action, default in defaults.items():
+                action.default = default
+        flags = [a for a in p._actions if a.option_strings and a.dest in given]
+        parsed.given_flags = {max(a.option_strings, key=len) for a in flags}
+        return parsed, rest
+
+    p.parse_known_args = parse_noting_given  # type: ignore[method-assign]
+
+
+def job_config(args: argparse.Namespace, step: str) -> LaunchConfig:
+    """render-job's and preflight's job: set by the flags (a cluster run's defaults), or with --pipeline-file, the
+    config the package's `step` makes for a submission with the --param values."""
+    from pipelines.package import Package
+
+    if not args.pipeline_file:
+        if args.param:
+            raise InputError("--param sets a parameter of --pipeline-file: give the file too (without it, the flags "
+                             "set the job)")  # fmt: skip
+        return launch_config(args)
+    mixed = sorted(args.given_flags - PACKAGE_FLAGS)
+    if mixed:
+        raise InputError(f"{mixed[0]}: with --pipeline-file, the package's defaults and --param values set the job "
+                         "(and its platform settings are compiled in): give pipeline parameters as --param "
+                         "KEY=VALUE")  # fmt: skip
+    run = args.pipeline_run_id or str(CLUSTER_DEFAULTS["run_id"])
+    return Package.load(Path(args.pipeline_file)).launch_config(args.param, step, run)
 
 
 def cmd_render_runtime(args: argparse.Namespace) -> int:
@@ -473,7 +531,7 @@ def platform_from_args(args: argparse.Namespace, namespaces: list[str], registri
 def cmd_preflight(args: argparse.Namespace) -> int:
     from components.preflight.core import failure_message, preflight
 
-    result = preflight(launch_config(args), warn_only=args.warn_only)
+    result = preflight(job_config(args, "preflight"), warn_only=args.warn_only)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.markdown())
     if not result.passed:
         raise StepFailed(failure_message(result).removeprefix("preflight failed: "))  # the CLI says "failed: "
@@ -529,9 +587,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from pipelines import remote
+    from pipelines.package import Package
 
     package = Path(args.pipeline_file)
-    parameters = remote.typed_parameters(args.param, package)
+    parameters = Package.load(package).checked(args.param)  # typed, and taken by every step, before any call
     run_name = args.run_name or f"{args.pipeline_name} {datetime.now(UTC):%Y-%m-%d %H:%M:%S}"
     with remote.api_errors(f"submitting {package}"):
         client, ui = remote.connect(args.host, args.namespace)
@@ -555,6 +614,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     from pipelines import remote
+    from pipelines.package import Package
 
     action = "disable" if args.disable else "enable" if args.enable else "delete" if args.delete else "create"
     if action == "create":
@@ -562,7 +622,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             raise InputError("--cron is required to create a recurring run (or give --disable, --enable or --delete)")
         cron = remote.check_cron(args.cron)
         package = Path(args.pipeline_file)
-        parameters = remote.typed_parameters(args.param, package)
+        parameters = Package.load(package).checked(args.param)  # typed, and taken by every step, before any call
     elif args.cron or args.param:
         raise InputError(f"--{action} takes only --name (and --experiment): --cron and --param are for creating one")
     with remote.api_errors(f"{action} recurring run {args.name!r}"):
@@ -723,6 +783,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "preflight":
             p.add_argument("--warn-only", action="store_true", help="report failed checks, but exit 0")
             p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown report")
+        if backend == "kubernetes":
+            add_package_args(p, "render" if name == "render-job" else "check")
+            note_given_flags(p)
 
     p = command(
         sub,
@@ -744,7 +807,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_kfp_args(p)
     p.add_argument("--run-name", default="", help="default: the pipeline's name and the UTC time")
     p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a pipeline parameter, typed by the pipeline (lists, dicts as JSON; repeatable)")  # fmt: skip
+                   help="a pipeline parameter, typed by the pipeline (lists, dicts as JSON; repeatable); the steps' "
+                   "own checks of the run's values run here first")  # fmt: skip
     p.add_argument("--wait", action="store_true", help="wait for the run to finish: exit 0 only if it succeeded")
     p.add_argument("--wait-timeout-s", type=positive_int, default=7 * 24 * 3600, help="with --wait: give up after this")
     p.add_argument("--poll-s", type=float, default=15.0, help="seconds between checks of the run's state")
@@ -755,7 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", required=True, help="the recurring run's name")
     p.add_argument("--cron", default="", help="6 fields, seconds first: '0 0 2 * * *' is 02:00 every day")
     p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a pipeline parameter, typed by the pipeline (repeatable)")  # fmt: skip
+                   help="a pipeline parameter, typed by the pipeline and checked as submit's (repeatable)")  # fmt: skip
     action = p.add_mutually_exclusive_group()
     action.add_argument("--disable", action="store_true", help="pause the recurring run --name")
     action.add_argument("--enable", action="store_true", help="resume the recurring run --name")

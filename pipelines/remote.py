@@ -2,9 +2,9 @@
 
 The pipeline is uploaded once per content: its versions are named <project version>-<sha256 of the compiled
 file>, so submitting the same file again reuses its version and a changed file adds one. Parameters are given as
-KEY=VALUE and typed by the pipeline's own input definitions (the v2 API wants JSON numbers, booleans, lists and
-objects, not strings), so a typo or a bad value fails here, before anything is created. So does a KFP backend older
-than MIN_KFP_BACKEND, when its healthz tells its version.
+KEY=VALUE, typed by the pipeline's own input definitions (the v2 API wants JSON numbers, booleans, lists and
+objects, not strings) and checked by the steps' own checks (pipelines/package.py), so a typo or a bad value fails
+before anything is sent. So does a KFP backend older than MIN_KFP_BACKEND, when its healthz tells its version.
 
 Auth is kfp.Client's: --host (or KF_PIPELINES_ENDPOINT) with the in-cluster service-account token when one is
 mounted (KF_PIPELINES_SA_TOKEN_PATH, or kfp's default path), or, with no host, the in-cluster service or the
@@ -33,6 +33,7 @@ import yaml
 
 from common.errors import InputError, StepFailed
 from pipelines import MIN_KFP_BACKEND, MIN_KFP_BACKEND_WHY
+from pipelines.package import Package
 
 log = logging.getLogger(__name__)
 
@@ -178,57 +179,6 @@ def recurring_run_link(ui: str, recurring_run_id: str) -> str:
     return f"{ui}/#/recurringrun/details/{recurring_run_id}" if ui else f"recurring run {recurring_run_id}"
 
 
-# --- parameters -----------------------------------------------------------------------------------------------
-
-
-def pipeline_inputs(package: Path) -> dict[str, dict[str, Any]]:
-    """The pipeline's parameters as the compiled file declares them: name -> parameterType, defaultValue."""
-    try:
-        spec = next(yaml.safe_load_all(package.read_text()))
-        return spec["root"]["inputDefinitions"]["parameters"]
-    except (OSError, yaml.YAMLError, StopIteration, KeyError, TypeError) as exc:
-        raise InputError(f"pipeline file {package}: not a compiled pipeline ({exc})") from None
-
-
-def typed_parameters(pairs: list[tuple[str, str]], package: Path) -> dict[str, Any]:
-    """KEY=VALUE pairs as the JSON values the pipeline's inputs take; every required input must be given."""
-    inputs = pipeline_inputs(package)
-    values: dict[str, Any] = {}
-    for key, text in pairs:
-        if key not in inputs:
-            raise InputError(f"--param {key}: the pipeline has no such parameter (see the README's parameter table)")
-        kind = inputs[key]["parameterType"]
-        try:
-            values[key] = _parse(text, kind)
-        except ValueError as exc:
-            raise InputError(f"--param {key}={text!r}: {exc}") from None
-    missing = [k for k, d in inputs.items() if not d.get("isOptional") and "defaultValue" not in d and k not in values]
-    if missing:
-        raise InputError(f"--param {missing[0]}=... is required (the pipeline has no default for it)")
-    return values
-
-
-def _parse(text: str, kind: str) -> Any:
-    if kind == "STRING":
-        return text
-    if kind == "NUMBER_INTEGER":
-        return int(text)
-    if kind == "NUMBER_DOUBLE":
-        return float(text)
-    if kind == "BOOLEAN":
-        if text.lower() not in ("true", "false"):
-            raise ValueError("expected true or false")
-        return text.lower() == "true"
-    expected = {"LIST": list, "STRUCT": dict}[kind]
-    try:
-        value = json.loads(text)
-    except ValueError:
-        raise ValueError(f"expected a JSON {expected.__name__}") from None
-    if not isinstance(value, expected):
-        raise ValueError(f"expected a JSON {expected.__name__}")
-    return value
-
-
 # --- pipeline versions and runs -------------------------------------------------------------------------------
 
 
@@ -289,8 +239,7 @@ def submit_run(client: Client, version: PipelineVersion, experiment: str, run_na
 
 def summary_path(package: Path, parameters: dict[str, Any], run_id: str) -> str:
     """Where the run's exit step writes its summary, from the run's parameters and the pipeline's defaults."""
-    defaults = {k: d.get("defaultValue", "") for k, d in pipeline_inputs(package).items()}
-    values = defaults | parameters
+    values = Package.load(package).defaults() | parameters
     run_dir = values.get("resume_run_id") or values.get("run_id") or run_id
     return f"{str(values.get('storage_root', '')).rstrip('/')}/runs/{run_dir}/summary.md"
 

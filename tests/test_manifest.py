@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +311,81 @@ def test_render_job_with_no_settings_renders_what_the_compiled_pipeline_runs(
     assert int(flag("--batch-size")) == defaults["batch_size"]
     assert flag("--data-dir") == f"{defaults['storage_root']}/datasets/{defaults['dataset']}"
     assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == defaults["train_timeout_s"] + 300
+
+
+def test_render_job_of_a_pipeline_file_is_the_launchers_job_for_its_defaults_and_params(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """render-job --pipeline-file prints the job a submission of the package with these --param values creates: the
+    launcher's render_job of a LaunchConfig made of the package's defaults, its compiled platform and the params
+    (stated here by hand, pipeline parameter by LaunchConfig field), whichever job API the package was compiled for."""
+    from components.launch_pytorchjob.core import LaunchConfig
+    from components.launch_pytorchjob.platform import Platform
+    from pipelines import COMPILED_PIPELINE
+    from pipelines.cli import main
+
+    # What `compile --job-api trainjob` writes differs from the checked-in file in the job API constants only (the
+    # platform's and the steps' job_api): swapped here, not compiled, which takes seconds.
+    trainjob = tmp_path / "trainjob.yaml"
+    trainjob.write_text(COMPILED_PIPELINE.read_text().replace("job_api: pytorchjob", "job_api: trainjob")
+                        .replace("constant: pytorchjob", "constant: trainjob"))  # fmt: skip
+    default = Platform(mount_path="/fsx", namespaces=("kubeflow",))  # what the default compile puts in
+    image = "registry.example/hyperpod-pretrain-trainer:1"
+    for package, platform, nodes in ((COMPILED_PIPELINE, default, 4),
+                                     (trainjob, replace(default, job_api="trainjob"), 3)):  # fmt: skip
+        compiled = next(yaml.safe_load_all(package.read_text()))
+        d = {k: v.get("defaultValue") for k, v in compiled["root"]["inputDefinitions"]["parameters"].items()}
+        params = [f"nnodes={nodes}", "preset=gpt2-350m", f"trainer_image={image}", "max_steps=9000", "lr=0.0003",
+                  'job_options={"grace_period_s": 300}']  # fmt: skip
+        assert main(["render-job", "--pipeline-file", str(package), *(a for p in params for a in ("--param", p))]) == 0
+        printed = yaml.safe_load(capsys.readouterr().out)
+        config = LaunchConfig(
+            storage_root=d["storage_root"], dataset=d["dataset"], run_id="example", pipeline_run_id="example",
+            backend=d["backend"], nnodes=nodes, max_nodes=int(d["max_nodes"]),
+            nproc_per_node=int(d["nproc_per_node"]), preset="gpt2-350m", max_steps=9000, seed=int(d["seed"]),
+            batch_size=int(d["batch_size"]), seq_len=int(d["seq_len"]), lr=0.0003, warmup_steps=int(d["warmup_steps"]),
+            extend_schedule=d["extend_schedule"], dropout=d["dropout"], checkpoint_every=int(d["checkpoint_every"]),
+            log_every=int(d["log_every"]), timeout_s=int(d["train_timeout_s"]),
+            pending_timeout_s=int(d["pending_timeout_s"]), recovery_timeout_s=int(d["recovery_timeout_s"]),
+            queue_timeout_s=int(d["queue_timeout_s"]), stall_timeout_s=int(d["stall_timeout_s"]), image=image,
+            namespace=d["namespace"], instance_type=d["instance_type"], job_options={"grace_period_s": 300},
+            stream_logs=d["stream_logs"], owner_reference=d["owner_reference"], platform=platform,
+        )  # fmt: skip
+        expected = render_job(config.job_spec())
+        assert printed == expected
+        if platform.job_api == "trainjob":
+            trainer = printed["spec"]["trainer"]
+            assert trainer["numNodes"] == nodes and trainer["image"] == image
+            command = trainer["args"]
+        else:
+            worker = printed["spec"]["pytorchReplicaSpecs"]["Worker"]
+            container = worker["template"]["spec"]["containers"][0]
+            assert worker["replicas"] == nodes and container["image"] == image
+            command = container["command"]
+        assert command[command.index("--preset") + 1] == "gpt2-350m" and "--max-steps" in command
+        assert command[command.index("--data-dir") + 1] == "/fsx/datasets/corpus"  # staging's snapshot: at run time
+
+
+def test_render_job_and_preflight_take_a_pipeline_file_and_params_or_the_flags_not_both(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With --pipeline-file, the package and --param set the job: a flag that sets it is refused (given with its
+    default value too), --param needs the file, a bad value is refused as submit refuses it; before any cluster call."""
+    from pipelines import COMPILED_PIPELINE
+    from pipelines.cli import main
+
+    package, image = ["--pipeline-file", str(COMPILED_PIPELINE)], ["--param", "trainer_image=registry.example/t:1"]
+    cases = [
+        (["render-job", *package, *image, "--nnodes", "2"], "--nnodes: with --pipeline-file, the package's defaults "
+         "and --param values set the job (and its platform settings are compiled in): give pipeline parameters as "
+         "--param KEY=VALUE"),
+        (["preflight", *package, *image, "--job-api", "trainjob", "--json"], "--job-api: with --pipeline-file"),
+        (["render-job", "--param", "nnodes=4"], "--param sets a parameter of --pipeline-file: give the file too"),
+        (["preflight", *package, *image, "--param", "preset=huge"], "--param preset='huge': model preset 'huge' is "
+         "unknown"),
+        (["render-job", *package], "the pipeline's defaults: image is empty"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith(f"hyperpod-pretrain {argv[0]}: error: {message}"), last

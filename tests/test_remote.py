@@ -17,6 +17,10 @@ from tests.kfp_server import FakeKfp
 
 pytestmark = pytest.mark.timeout(120)
 CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
+# The checked-in pipeline is compiled with no registry: its trainer_image is empty, which its preflight step refuses
+# for the kubernetes backend, and so does submit before anything is sent.
+IMAGE = "registry.example/hyperpod-pretrain-trainer:1"
+SOURCE = ("--param", "source=s3://a/b", "--param", f"trainer_image={IMAGE}")
 
 
 @pytest.fixture
@@ -39,14 +43,16 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_submit_uploads_once_and_creates_a_run_with_typed_parameters(server: FakeKfp, env: dict[str, str]) -> None:
     params = ["--param", "source=s3://corpus/prefix", "--param", "nnodes=4", "--param", "lr=0.0003",
+              "--param", f"trainer_image={IMAGE}",
               "--param", "skip_staging=true", "--param", 'include=["*.txt", "*.md"]',
               "--param", 'job_options={"memory": "512Gi"}']  # fmt: skip
     result = cli(env, "submit", "--host", server.url, "--run-name", "first", *params)
     assert result.returncode == 0, result.stderr
     (run,) = server.runs.values()
     assert f"{server.url}/#/runs/details/{run.id}" in result.stdout
-    assert run.parameters == {"source": "s3://corpus/prefix", "nnodes": 4, "lr": 0.0003, "skip_staging": True,
-                              "include": ["*.txt", "*.md"], "job_options": {"memory": "512Gi"}}  # fmt: skip
+    assert run.parameters == {"source": "s3://corpus/prefix", "nnodes": 4, "lr": 0.0003, "trainer_image": IMAGE,
+                              "skip_staging": True, "include": ["*.txt", "*.md"],
+                              "job_options": {"memory": "512Gi"}}  # fmt: skip
     assert run["display_name"] == "first"
     (pipeline,) = server.pipelines.values()
     assert pipeline["display_name"] == "hyperpod-pretrain"
@@ -59,7 +65,8 @@ def test_submit_uploads_once_and_creates_a_run_with_typed_parameters(server: Fak
     assert experiment["display_name"] == "hyperpod-pretrain" and run["experiment_id"] == experiment.id
 
     uploads = len(server.requests_to("POST", r"/pipelines/upload"))
-    again = cli(env, "submit", "--host", server.url, "--param", "source=s3://corpus/prefix")
+    again = cli(env, "submit", "--host", server.url, "--param", "source=s3://corpus/prefix", "--param",
+                f"trainer_image={IMAGE}")  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert "existing version" in again.stdout
     assert len(server.requests_to("POST", r"/pipelines/upload")) == uploads  # reused, not uploaded again
@@ -69,10 +76,10 @@ def test_submit_uploads_once_and_creates_a_run_with_typed_parameters(server: Fak
 
 
 def test_a_changed_pipeline_file_adds_a_version(server: FakeKfp, env: dict[str, str], tmp_path: Path) -> None:
-    assert cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b").returncode == 0
+    assert cli(env, "submit", "--host", server.url, *SOURCE).returncode == 0
     changed = tmp_path / "pipeline.yaml"
     changed.write_text(COMPILED_PIPELINE.read_text().replace("defaultValue: 5000.0", "defaultValue: 6000.0"))
-    result = cli(env, "submit", "--host", server.url, "--pipeline-file", str(changed), "--param", "source=s3://a/b")
+    result = cli(env, "submit", "--host", server.url, "--pipeline-file", str(changed), *SOURCE)
     assert result.returncode == 0, result.stderr
     assert "new version" in result.stdout
     (pipeline,) = server.pipelines.values()
@@ -86,7 +93,7 @@ def test_a_changed_pipeline_file_adds_a_version(server: FakeKfp, env: dict[str, 
     "params, message",
     [
         (["--param", "source=s3://a", "--param", "nnode=2"], "--param nnode: the pipeline has no such parameter"),
-        (["--param", "source=s3://a", "--param", "nnodes=two"], "--param nnodes='two': invalid literal for int()"),
+        (["--param", "source=s3://a", "--param", "nnodes=two"], "--param nnodes='two': not an integer"),
         (["--param", "source=s3://a", "--param", "skip_staging=yes"], "expected true or false"),
         (["--param", "source=s3://a", "--param", "include=*.txt"], "expected a JSON list"),
         (["--param", "nnodes=2"], "--param source=... is required"),
@@ -102,10 +109,79 @@ def test_bad_parameters_fail_before_anything_is_created(
     assert [r for r in server.requests if r.method != "GET"] == []
 
 
+PRESETS = "tiny, small, gpt2-124m, gpt2-350m, llama-1b, llama-3b, llama-8b"
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (["preset=huge"], f"--param preset='huge': model preset 'huge' is unknown: choose one of {PRESETS}"),
+        (["nnodes=0"], "--param nnodes=0: nnodes must be a positive integer, got 0"),
+        (["nnodes=four"], "--param nnodes='four': not an integer"),
+        (["lr=inf"], "--param lr='inf': not a finite number (JSON has no NaN or infinity)"),
+        (
+            ['job_options={"privileged": true}'],
+            "--param job_options: job option 'privileged' is not a run option "
+            "(the platform team's settings are compiled in); a run may set: activation_checkpointing, auto_resume, ",
+        ),
+        (
+            ["nproc_per_node=4"],
+            "--param nproc_per_node=4: nproc-per-node 4 differs from the 8 GPUs requested per "
+            "node: each process drives one GPU",
+        ),
+        (
+            ["storage_root=/data"],
+            "--param storage_root='/data': storage_root '/data' is outside the FSx mount path '/fsx'",
+        ),
+        (["vocab_size=100"], "--param vocab_size=100: vocab size 100 is out of range: it must be above 256"),
+        (
+            ["tokenize_workers=0"],
+            "--param tokenize_workers=0: tokenize groups 0 is out of range: it must be between 1 and 64",
+        ),
+        (
+            ["source=gs://bucket/corpus"],
+            "--param source='gs://bucket/corpus': source gs://bucket/corpus: unsupported "
+            "scheme (use s3://, file:// or a local path)",
+        ),
+        (
+            ["expect_transport=efaa"],
+            "--param expect_transport='efaa': expected transport 'efaa': choose one of efa, ib, socket, any",
+        ),
+        (["eval_max_tokens=0"], "--param eval_max_tokens=0: max tokens and batch size must be positive, got 0 and 8"),
+        (
+            ["run_id=a", "resume_run_id=b"],
+            "--param run_id='a', --param resume_run_id='b': run_id 'a' and "
+            "resume_run_id 'b' name different runs: give one",
+        ),
+        (["trainer_image="], "the pipeline's defaults: image is empty: the kubernetes backend needs the trainer image"),
+    ],
+    ids=lambda value: value[0] if isinstance(value, list) else "",
+)
+def test_bad_values_are_refused_by_the_steps_own_checks_before_any_request(
+    server: FakeKfp, capsys: pytest.CaptureFixture[str], params: list[str], message: str
+) -> None:
+    """Each value is typed and checked as the compiled pipeline's steps would (the launcher's LaunchConfig, staging's,
+    verification's and evaluation's own checks), with the package's defaults and compiled platform for the rest: the
+    step's own line after the --param it comes from, exit 2, and no request at all. In-process: the real CLI."""
+    from pipelines.cli import main
+
+    given = [arg for value in params for arg in ("--param", value)]
+    for command in (["submit"], ["schedule", "--name", "nightly", "--cron", "0 0 2 * * *"]):
+        code = main([*command, "--host", server.url, *SOURCE, *given])
+        assert code == 2
+        assert (
+            capsys.readouterr()
+            .err.strip()
+            .splitlines()[-1]
+            .startswith(f"hyperpod-pretrain {command[0]}: error: {message}")
+        )
+    assert server.requests == []
+
+
 @pytest.mark.parametrize("outcome, code", [("SUCCEEDED", 0), ("FAILED", 1), ("CANCELED", 1)])
 def test_submit_wait_exits_by_the_runs_outcome(server: FakeKfp, env: dict[str, str], outcome: str, code: int) -> None:
     server.run_outcome = outcome
-    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b", "--wait", "--poll-s", "0.05")
+    result = cli(env, "submit", "--host", server.url, *SOURCE, "--wait", "--poll-s", "0.05")
     assert result.returncode == code, result.stderr
     (run,) = server.runs.values()
     assert f"{outcome}: {server.url}/#/runs/details/{run.id}" in result.stdout
@@ -129,7 +205,7 @@ def test_a_failed_run_names_the_step_it_failed_in(
     server: FakeKfp, env: dict[str, str], failing: str, reported: list[str]
 ) -> None:
     server.run_outcome, server.failed_task = "FAILED", failing
-    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b", "--wait", "--poll-s", "0.05")
+    result = cli(env, "submit", "--host", server.url, *SOURCE, "--wait", "--poll-s", "0.05")
     assert result.returncode == 1, result.stderr
     (run,) = server.runs.values()
     errors = [line.split(" ERROR hyperpod-pretrain: ", 1)[1] for line in result.stderr.splitlines()
@@ -151,11 +227,11 @@ def test_the_service_account_token_is_sent(server: FakeKfp, env: dict[str, str],
     token.write_text("pipeline-runner-token")
     env["KF_PIPELINES_SA_TOKEN_PATH"] = str(token)
     env["KF_PIPELINES_ENDPOINT"] = server.url  # the host from kfp's own variable
-    result = cli(env, "submit", "--param", "source=s3://a/b")
+    result = cli(env, "submit", *SOURCE)
     assert result.returncode == 0, result.stderr
     assert all(r.headers.get("authorization") == "Bearer pipeline-runner-token" for r in server.requests)
     token.write_text("expired")
-    denied = cli(env, "submit", "--param", "source=s3://a/b")
+    denied = cli(env, "submit", *SOURCE)
     assert denied.returncode == 1
     assert "the KFP API answered 401" in denied.stderr.strip().splitlines()[-1]
     server.errors.clear()
@@ -174,7 +250,7 @@ def test_without_a_host_the_kubeconfig_reaches_kfp_through_the_api_servers_proxy
         }  # fmt: skip
         (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
         env["KUBECONFIG"] = str(tmp_path / "kubeconfig")
-        result = cli(env, "submit", "--param", "source=s3://a/b")
+        result = cli(env, "submit", *SOURCE)
         assert result.returncode == 0, result.stderr
         assert len(server.runs) == 1  # and every request came through the proxy's path (else server.errors)
         assert "(set --host for a link)" in result.stdout
@@ -183,11 +259,11 @@ def test_without_a_host_the_kubeconfig_reaches_kfp_through_the_api_servers_proxy
 
 def test_transient_errors_are_retried_but_a_run_is_never_created_twice(server: FakeKfp, env: dict[str, str]) -> None:
     server.fail_next("GET", r"/pipelines$", status=503, times=2)
-    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    result = cli(env, "submit", "--host", server.url, *SOURCE)
     assert result.returncode == 0, result.stderr
     assert len(server.requests_to("GET", r"/pipelines$")) == 3
     server.fail_next("POST", r"/runs$", status=503)
-    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    result = cli(env, "submit", "--host", server.url, *SOURCE)
     assert result.returncode == 1
     assert "the KFP API answered 503" in result.stderr.strip().splitlines()[-1]
     assert len(server.requests_to("POST", r"/runs$")) == 2  # the first submit's and this one's: no retry of a POST
@@ -197,11 +273,11 @@ def test_transient_errors_are_retried_but_a_run_is_never_created_twice(server: F
 def test_an_unreachable_api_is_one_line(env: dict[str, str]) -> None:
     with FakeKfp() as gone:
         url = gone.url
-    result = cli(env, "submit", "--host", url, "--param", "source=s3://a/b")
+    result = cli(env, "submit", "--host", url, *SOURCE)
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("hyperpod-pretrain submit: failed: submitting ") and "could not be reached" in last
-    bad = cli(env, "submit", "--host", "localhost:8080", "--param", "source=s3://a/b")
+    bad = cli(env, "submit", "--host", "localhost:8080", *SOURCE)
     assert bad.returncode == 2 and "--host 'localhost:8080' is not an http(s) URL" in bad.stderr
 
 
@@ -209,7 +285,7 @@ def test_a_backend_older_than_the_minimum_is_refused_before_anything_is_created(
     server: FakeKfp, env: dict[str, str]
 ) -> None:
     server.tag_name = "2.5.0"
-    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    result = cli(env, "submit", "--host", server.url, *SOURCE)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "hyperpod-pretrain submit: failed: the KFP backend is version 2.5.0; this pipeline needs 2.14.0 or later, as "
@@ -218,7 +294,7 @@ def test_a_backend_older_than_the_minimum_is_refused_before_anything_is_created(
         "uploaded)"
     )
     scheduled = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 2 * * *",
-                    "--param", "source=s3://a/b")  # fmt: skip
+                    *SOURCE)  # fmt: skip
     assert scheduled.returncode == 1 and "the KFP backend is version 2.5.0" in scheduled.stderr
     assert [r for r in server.requests if r.method != "GET"] == []
     assert server.pipelines == server.versions == server.experiments == server.runs == server.recurring_runs == {}
@@ -227,7 +303,7 @@ def test_a_backend_older_than_the_minimum_is_refused_before_anything_is_created(
 @pytest.mark.parametrize("tag", [MIN_KFP_BACKEND, "2.17.0"])
 def test_a_backend_at_or_above_the_minimum_is_accepted(server: FakeKfp, env: dict[str, str], tag: str) -> None:
     server.tag_name = tag
-    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    result = cli(env, "submit", "--host", server.url, *SOURCE)
     assert result.returncode == 0, result.stderr
     assert f"KFP backend {tag} (this pipeline needs 2.14.0 or later)" in result.stderr
     assert "WARNING" not in result.stderr and len(server.runs) == 1
@@ -248,7 +324,7 @@ def test_an_unreadable_backend_version_warns_and_goes_on(
     server.tag_name = tag
     if status:
         server.fail_next("GET", r"/healthz$", status=status)
-    result = cli(env, "submit", "--host", server.url, "--param", "source=s3://a/b")
+    result = cli(env, "submit", "--host", server.url, *SOURCE)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if " WARNING " in line]
     assert len(warnings) == 1 and warnings[0].endswith(
@@ -261,18 +337,19 @@ def test_an_unreadable_backend_version_warns_and_goes_on(
 
 def test_schedule_creates_disables_enables_and_deletes(server: FakeKfp, env: dict[str, str]) -> None:
     result = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 2 * * *",
-                 "--param", "source=s3://corpus/prefix", "--param", "max_steps=20000")  # fmt: skip
+                 "--param", "source=s3://corpus/prefix", "--param", "max_steps=20000",
+                 "--param", f"trainer_image={IMAGE}")  # fmt: skip
     assert result.returncode == 0, result.stderr
     (recurring,) = server.recurring_runs.values()
     assert f"{server.url}/#/recurringrun/details/{recurring.id}" in result.stdout
     assert recurring.cron == "0 0 2 * * *" and recurring.max_concurrency == 1 and recurring.no_catchup is True
     assert recurring.mode == "ENABLE" and recurring["display_name"] == "nightly"
-    assert recurring.parameters == {"source": "s3://corpus/prefix", "max_steps": 20000}
+    assert recurring.parameters == {"source": "s3://corpus/prefix", "max_steps": 20000, "trainer_image": IMAGE}
     version = server.versions[recurring["pipeline_version_reference"]["pipeline_version_id"]]
     assert version.package == COMPILED_PIPELINE.read_bytes()
 
     duplicate = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 3 * * *",
-                    "--param", "source=s3://x/y")  # fmt: skip
+                    *SOURCE)  # fmt: skip
     assert duplicate.returncode == 2 and "a recurring run of that name exists" in duplicate.stderr
     assert len(server.recurring_runs) == 1
 

@@ -211,6 +211,61 @@ def test_a_retried_step_updates_its_record_and_an_older_summary_is_kept(tmp_path
     assert list(summary.earlier) == ["kfp-0"]
 
 
+def test_a_step_that_failed_on_its_input_is_not_retried_in_the_same_pipeline_run(tmp_path: Path) -> None:
+    """KFP retries any failed step: a retry of a step that failed on its input (an InputError) fails at once with the
+    recorded reason, without running its body, and the record keeps the step's own reason for the summary."""
+    root, ran = str(tmp_path), []
+    steps_ending(root, "r1", "preflight", "succeeded", "kfp-1")  # marks the run directory as pipeline run kfp-1
+    missing = "source s3://corpus/missing: no objects under prefix 'missing/'"
+    with pytest.raises(InputError), recorded_step(root, "r1", "stage-data", {}):
+        ran.append(1)
+        raise InputError(missing)
+    for _ in range(2):  # KFP's two retries
+        with pytest.raises(InputError) as refused, recorded_step(root, "r1", "stage-data", {}):
+            ran.append(2)
+        assert str(refused.value) == f"{missing} (not retried: it failed the same way on attempt 1)"
+    assert ran == [1]
+    record = json.loads(RunPaths.of(tmp_path, "r1").step_record("stage-data").read_text())
+    assert (record["state"], record["error"], record["permanent"], record["attempt"]) == ("failed", missing, True, 1)
+    summary = summarize_run(root, "r1", "kfp-1", "FAILED")
+    assert summary.error == f"stage-data failed: {missing}"  # the step's own reason, not the refusal's wrapper
+
+
+def test_a_transient_failure_is_retried_and_the_attempts_are_counted(tmp_path: Path) -> None:
+    """Any other failure (a lost node, a timeout) may pass: KFP's retry runs the step's body again; an input failure
+    on the second attempt is then what a third refuses, naming that attempt."""
+    root, ran = str(tmp_path), []
+    steps_ending(root, "r1", "preflight", "succeeded", "kfp-1")
+    with pytest.raises(StepFailed), recorded_step(root, "r1", "verify-nccl", {}):
+        ran.append(1)
+        raise StepFailed("the API server timed out")
+    with pytest.raises(InputError), recorded_step(root, "r1", "verify-nccl", {}) as record:
+        ran.append(record.attempt)
+        raise InputError("expected transport 'efaa': choose one of efa, ib, socket, any")
+    with pytest.raises(InputError, match=r"efaa.*\(not retried: it failed the same way on attempt 2\)$"):
+        with recorded_step(root, "r1", "verify-nccl", {}):
+            ran.append(3)
+    assert ran == [1, 2]
+
+
+def test_an_input_failure_of_another_pipeline_run_does_not_block(tmp_path: Path) -> None:
+    """A resume (another pipeline run in the same run directory) or a run outside any pipeline run starts the step
+    afresh: only a retry within the pipeline run that failed is refused."""
+    root, ran = str(tmp_path), []
+    steps_ending(root, "r1", "preflight", "succeeded", "kfp-1")
+    with pytest.raises(InputError), recorded_step(root, "r1", "stage-data", {}):
+        raise InputError("source /data/corpus: does not exist")
+    with recorded_step(root, "r1", "preflight", {}, "kfp-2"):  # the next pipeline run marks the directory
+        pass
+    with recorded_step(root, "r1", "stage-data", {}) as record:
+        ran.append(record.attempt)
+    with pytest.raises(InputError), recorded_step(root, "r2", "stage-data", {}):  # no pipeline run named: the CLI
+        raise InputError("source /data/corpus: does not exist")
+    with recorded_step(root, "r2", "stage-data", {}) as record:
+        ran.append(record.attempt)
+    assert ran == [1, 1]
+
+
 def test_only_reports_that_exist_are_linked(tmp_path: Path) -> None:
     """KFP uploads a step's artifacts only when it exits 0: a failed step's artifact URI leads nowhere, and a path
     on the volume is linked only when the file is there."""

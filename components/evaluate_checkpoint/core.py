@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from common.errors import InputError, StepFailed
+from components.evaluate_checkpoint.inputs import check_inputs
 from trainer.atomic import atomic_open, atomic_path, replace_dir, write_json
 from trainer.checkpoint import (
     Checkpoint,
@@ -190,10 +191,7 @@ def evaluate_checkpoint(
     s3_endpoint_url: str = "",
 ) -> EvalResult:
     gate = gate or Gate()
-    if max_tokens <= 0 or batch_size <= 0:
-        raise InputError(f"max tokens and batch size must be positive, got {max_tokens} and {batch_size}")
-    if export_s3_uri and (not export or not export_s3_uri.startswith("s3://")):
-        raise InputError(f"export S3 URI {export_s3_uri!r}: give s3://bucket/prefix, with the export on")
+    check_inputs(max_tokens, batch_size, export, export_s3_uri)
     try:
         run = RunPaths.of(storage_root, run_id)
         DatasetPaths.of(storage_root, dataset)

@@ -58,18 +58,16 @@ def launch_pytorchjob(
     from components.kfp_support import log_numbers, setup_logging
     from components.launch_pytorchjob.core import LaunchConfig, launch, summary_markdown
     from components.launch_pytorchjob.job_api import job_api
-    from components.launch_pytorchjob.platform import Platform
-    from components.run_summary.core import recorded_step, resolve_run_id
+    from components.run_summary.core import recorded_step
 
     setup_logging()
-    run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
-    config = LaunchConfig(
+    config = LaunchConfig.of_step(
         storage_root=storage_root,
         dataset=dataset,
         snapshot=snapshot,
         init_from_run_id=init_from_run_id,
         run_id=run_id,
-        resume=bool(resume_run_id),
+        resume_run_id=resume_run_id,
         backend=backend,
         nnodes=nnodes,
         max_nodes=max_nodes,
@@ -99,9 +97,9 @@ def launch_pytorchjob(
         job_options=job_options,
         stream_logs=stream_logs,
         owner_reference=owner_reference,
-        platform=Platform.from_dict(platform),
+        platform=platform,
     )
-    with recorded_step(storage_root, run_id, "launch-pytorchjob", {"report": report.uri}) as record:
+    with recorded_step(storage_root, config.run_id, "launch-pytorchjob", {"report": report.uri}) as record:
         if backend == "kubernetes":
             kind = job_api(config.platform.job_api).kind
             record.details = {"job_name": config.job_name, "namespace": namespace, "job_kind": kind}

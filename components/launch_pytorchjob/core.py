@@ -23,6 +23,7 @@ from components.launch_pytorchjob.manifest import (
     JobSpec,
     job_name,
     label_value,
+    render_job,
 )
 from components.launch_pytorchjob.platform import TRAINER_OPTIONS, Platform, run_options
 from trainer.config import TRAIN_DEFAULTS, check_setting
@@ -86,6 +87,17 @@ class LaunchConfig:
     stream_logs: str = "worker-0"  # or "all", "none"
     owner_reference: bool = True  # the job is garbage-collected with the launcher's pod (KFP_POD_NAME/UID)
     platform: Platform = field(default_factory=Platform)
+
+    @classmethod
+    def of_step(cls, run_id: str, resume_run_id: str, pipeline_run_id: str, platform: dict[str, Any],
+                **settings: Any) -> LaunchConfig:  # fmt: skip
+        """The config a pipeline step (the launcher's, the preflight's) makes of its inputs, whose other names are
+        the config's own: the run directory resolved (a resume's, the one named, or the KFP run's), a resume marked,
+        the compiled platform read. The CLI makes a submission's configs with it too, to check them beforehand."""
+        from components.run_summary.core import resolve_run_id
+
+        return cls(run_id=resolve_run_id(run_id, resume_run_id, pipeline_run_id), resume=bool(resume_run_id),
+                   pipeline_run_id=pipeline_run_id, platform=Platform.from_dict(platform), **settings)  # fmt: skip
 
     @property
     def dataset_paths(self) -> DatasetPaths:
@@ -189,6 +201,13 @@ class LaunchConfig:
         if check_storage and self.resume and not self.run_paths.has_checkpoint() and not self.checkpoint_s3_uri:
             raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
                              "continue from (and no checkpoint_s3_uri names a durable copy)")  # fmt: skip
+
+    def checked_job(self) -> tuple[JobSpec, dict[str, Any]]:
+        """The kubernetes backend's job, its spec and manifest, checked as the launcher checks them before any API
+        call, short of the storage (the dataset may not be staged yet): what preflight checks and render-job shows."""
+        self.validate(check_storage=False)
+        spec = self.job_spec()
+        return spec, render_job(spec)
 
     def check_cluster_inputs(self) -> dict[str, Any]:
         """What a run gives for the cluster, against what the compiled pipeline allows, before any API call; the

@@ -30,7 +30,6 @@ def preflight(
     from common.errors import StepFailed
     from components.kfp_support import setup_logging
     from components.launch_pytorchjob.core import LaunchConfig
-    from components.launch_pytorchjob.platform import Platform
     from components.preflight.core import failure_message
     from components.preflight.core import preflight as run
     from components.run_summary.core import recorded_step, resolve_run_id
@@ -40,22 +39,23 @@ def preflight(
     # The first step of every pipeline run: naming the pipeline run marks the run directory as this run's, so that
     # a resume's summary reads its own steps' records, not the earlier pipeline run's (components/run_summary).
     with recorded_step(storage_root, run_id, "preflight", {"report": report.uri}, pipeline_run_id) as record:
-        config = LaunchConfig(
+        config = LaunchConfig.of_step(
             storage_root=storage_root,
             dataset=dataset,
             run_id=run_id,
+            resume_run_id=resume_run_id,
+            pipeline_run_id=pipeline_run_id,
             backend=backend,
             nnodes=nnodes,
             max_nodes=max_nodes,
             nproc_per_node=nproc_per_node,
             preset=preset,
-            pipeline_run_id=pipeline_run_id,
             image=image,
             namespace=namespace,
             instance_type=instance_type,
             job_options=job_options,
             owner_reference=False,  # the job is not created here: whose pod owns it does not matter
-            platform=Platform.from_dict(platform),
+            platform=platform,
         )
         result = run(config, warn_only=warn_only)  # validates the config first (not the storage: not staged yet)
         with open(report.path, "w") as f:

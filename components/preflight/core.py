@@ -31,7 +31,7 @@ from common.errors import StepFailed
 from components.kube import Kube, KubeSettings, api_client_from_environment, describe
 from components.launch_pytorchjob.core import LaunchConfig
 from components.launch_pytorchjob.job_api import JobApi, api_of
-from components.launch_pytorchjob.manifest import AUTO_RESUME, HEALTH_LABEL, QUEUE_LABEL, render_job
+from components.launch_pytorchjob.manifest import AUTO_RESUME, HEALTH_LABEL, QUEUE_LABEL
 from components.launch_pytorchjob.pytorchjob import PYTORCHJOB
 from components.launch_pytorchjob.trainjob import DSHM, TRAINJOB, render_runtime, trainjob_pod
 
@@ -167,9 +167,7 @@ def preflight(
     if cfg.backend == "local":
         reason = "backend local: torchrun runs on this machine, there is no cluster to check"
         return PreflightResult([Check(name, NOT_APPLICABLE, reason) for name in CHECK_NAMES], warn_only, "local run")
-    cfg.validate(check_storage=False)  # the dataset may not be staged yet when preflight runs
-    spec = cfg.job_spec()
-    job = render_job(spec)
+    spec, job = cfg.checked_job()  # not the storage: the dataset may not be staged yet when preflight runs
     trainjob = spec.job_api == TRAINJOB.name
     return check_manifest(job, api_client, memory_gib=spec.instance().memory_gib, instance_type=spec.instance_type,
                           warn_only=warn_only, settings=settings, pod=trainjob_pod(spec) if trainjob else None,

@@ -16,6 +16,11 @@ pipeline run (the preflight, always the first) names it and so marks the run dir
 step retried within one pipeline run rewrites its own record. Each summary is kept (summaries/<pipeline run>.json
 and .md); summary.json and summary.md are the newest, and list the earlier ones.
 
+KFP retries a failed step whatever failed it, and neither KFP nor Argo as KFP compiles it retries on some exit codes
+only. So a step that failed on its input (an InputError: a source that does not exist, a setting out of bounds) is
+marked permanent in its record, and a retry of it in the same pipeline run fails at once with the recorded reason,
+doing nothing; any other failure (a lost node, a timeout, a flaky call) is retried as KFP's retry policy says.
+
 After a run that did not succeed, the exit step also deletes the run's job if it is still running: KFP
 runs the exit step after a terminate, when the launcher may have been killed before it could delete the job.
 """
@@ -70,6 +75,11 @@ class StepRecord:
     reports: dict[str, str] = field(default_factory=dict)  # what -> a path on the volume or a KFP artifact URI
     details: dict[str, Any] = field(default_factory=dict)  # the job's name, the gate's verdict, ...
     pipeline_run_id: str = ""  # the pipeline run that ran the step: a resume's summary leaves an earlier run's out
+    attempt: int = 1  # 1, then +1 each time the same pipeline run starts the step again (KFP's retry)
+    permanent: bool = False  # it failed on its input (an InputError): the same pipeline run does not run it again
+
+
+NOT_RETRIED = "(not retried: it failed the same way on attempt {attempt})"
 
 
 @contextmanager
@@ -79,9 +89,15 @@ def recorded_step(storage_root: str, run_id: str, step: str, reports: dict[str, 
 
     `pipeline_run_id` (KFP's run id) marks the run directory as this pipeline run's; a step not given it is
     recorded under the pipeline run the directory was last marked with (the first step of every pipeline run
-    marks it)."""
+    marks it). A step that failed on its input earlier in this pipeline run is not run again: the retry raises
+    the recorded reason at once and leaves the record, with that reason, as it is."""
     record = StepRecord(step, reports=dict(reports), pipeline_run_id=_pipeline_run(storage_root, run_id,
                                                                                     pipeline_run_id))  # fmt: skip
+    earlier = _earlier_attempt(storage_root, run_id, record)
+    if earlier.get("permanent") and earlier.get("state") == "failed":
+        reason = earlier.get("error") or "it recorded no reason"
+        raise InputError(f"{reason} {NOT_RETRIED.format(attempt=_attempt(earlier))}")
+    record.attempt = _attempt(earlier) + 1 if earlier else 1
     started = time.monotonic()
     _write_record(storage_root, run_id, record)  # "running": if the step is killed outright, this stays
     try:
@@ -91,10 +107,30 @@ def recorded_step(storage_root: str, run_id: str, step: str, reports: dict[str, 
     except BaseException as exc:
         record.state = "failed"
         record.error = str(exc) or type(exc).__name__
+        record.permanent = isinstance(exc, InputError)
         raise
     finally:
         record.finished_at, record.seconds = _now(), round(time.monotonic() - started, 1)
         _write_record(storage_root, run_id, record)
+
+
+def _earlier_attempt(storage_root: str, run_id: str, record: StepRecord) -> dict[str, Any]:
+    """The step's record from an earlier attempt in the same pipeline run (KFP's retry), or {}: a record of another
+    pipeline run (a resume's run directory holds them), or of none (the CLI, tests), is not an earlier attempt."""
+    if not record.pipeline_run_id:
+        return {}
+    try:
+        earlier = json.loads(RunPaths.of(storage_root, run_id).step_record(record.step).read_text())
+    except (OSError, ValueError):
+        return {}
+    ours = isinstance(earlier, dict) and earlier.get("pipeline_run_id") == record.pipeline_run_id
+    return earlier if ours else {}
+
+
+def _attempt(record: dict[str, Any]) -> int:
+    """A record's attempt (1 in a record written before attempts were counted)."""
+    attempt = record.get("attempt", 1)
+    return attempt if isinstance(attempt, int) and attempt > 0 else 1
 
 
 def _pipeline_run(storage_root: str, run_id: str, pipeline_run_id: str) -> str:

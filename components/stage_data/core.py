@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
+from components.stage_data.inputs import check_inputs, check_source
 from components.stage_data.mirror import MirrorResult, mirror
 from components.stage_data.snapshots import directory_bytes, resolve_init_run, run_tokenizer, unused_snapshots
 from components.stage_data.sources import DEFAULT_EXCLUDE, LocalSource, select
@@ -34,8 +35,6 @@ from components.stage_data.tokenization import (
 from trainer.layout import DatasetPaths
 
 log = logging.getLogger(__name__)
-
-MAX_GROUPS = 64  # encoding pods of one staging
 
 
 @dataclass
@@ -115,30 +114,12 @@ def mirror_and_plan(
 ) -> PlanResult:
     """Mirror the source and plan its snapshot (val split, tokenizer, groups), under the dataset's staging lock.
     With `init_from_run_id` (a run, or "previous"), the snapshot uses that run's tokenizer, for a warm start."""
-    if not 256 < vocab_size <= 2**32:
-        raise InputError(f"vocab size {vocab_size} is out of range: it must be above 256 (the byte alphabet)")
-    if not 0 < val_fraction < 0.5:
-        raise InputError(f"val fraction {val_fraction} is out of range: it must be between 0 and 0.5")
-    if not 1 <= workers <= 256:
-        raise InputError(f"workers {workers} is out of range: it must be between 1 and 256")
-    if not 1 <= chunk_size_mb <= 5 * 1024:
-        raise InputError(f"chunk size {chunk_size_mb} MB is out of range: it must be between 1 MB and 5 GB")
-    if not 1024 <= shard_tokens <= 2**31:
-        raise InputError(f"shard tokens {shard_tokens} is out of range: it must be between 1024 and 2**31")
-    if not 1 <= tokenize_groups <= MAX_GROUPS:
-        raise InputError(f"tokenize groups {tokenize_groups} is out of range: it must be between 1 and {MAX_GROUPS}")
-    if not 1 <= tokenizer_sample_mb <= 1024**2:
-        raise InputError(f"tokenizer sample {tokenizer_sample_mb} MB is out of range: it must be between 1 MB and 1 TB")
+    paths = check_inputs(source, storage_root, dataset, vocab_size, val_fraction, workers, chunk_size_mb, shard_tokens,
+                         tokenize_groups, tokenizer_sample_mb, tokenizer_path, init_from_run_id)  # fmt: skip
     if tokenizer_path and not Path(tokenizer_path).is_file():
         raise InputError(f"tokenizer {tokenizer_path}: no such file")
-    try:
-        paths = DatasetPaths.of(storage_root, dataset)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
     init_from = resolve_init_run(storage_root, dataset, init_from_run_id, run_id)
     if init_from:
-        if tokenizer_path:
-            raise InputError("tokenizer_path and init_from_run_id both choose the tokenizer: give one")
         tokenizer_path = str(run_tokenizer(storage_root, init_from))
         log.info("warm start from run %s: staging with its tokenizer %s", init_from, tokenizer_path)
 
@@ -202,13 +183,12 @@ def staging_lock(paths: DatasetPaths) -> Iterator[None]:
 
 
 def open_source(source: str, endpoint_url: str, workers: int, chunk_size_mb: int):
+    check_source(source)
     if source.startswith("s3://"):
         from common.s3 import S3Settings, S3Source
 
         return S3Source(source, S3Settings(endpoint_url=endpoint_url, workers=workers,
                                            chunk_size=chunk_size_mb * 2**20))  # fmt: skip
-    if "://" in source and not source.startswith("file://"):
-        raise InputError(f"source {source}: unsupported scheme (use s3://, file:// or a local path)")
     return LocalSource(source)
 
 

@@ -35,10 +35,8 @@ def verify_nccl(
 
     setup_logging()
     with recorded_step(storage_root, run_id, "verify-nccl", {"report": report.uri}) as record:
-        # The latest attempt is judged at the size it had: an elastic job may run anywhere from min to max nodes.
-        expect = Expectations(min_world_size=nnodes * nproc_per_node,
-                              max_world_size=max(max_nodes, nnodes) * nproc_per_node, transport=expect_transport,
-                              instance_type=instance_type, bandwidth_fails=bandwidth_fails)  # fmt: skip
+        expect = Expectations.for_job(nnodes, max_nodes, nproc_per_node, instance_type, expect_transport,
+                                      bandwidth_fails)  # fmt: skip
         with tempfile.TemporaryDirectory() as pod_logs:
             logs = [str(p) for p in fetch_pod_logs(job_name, namespace, Path(pod_logs), job_api)] if job_name else []
             result = run(storage_root=storage_root, run_id=run_id, extra_logs=logs, expect=expect)

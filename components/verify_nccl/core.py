@@ -82,6 +82,22 @@ class Expectations:
     gdr: bool | None = None  # None: expected with efa
     bandwidth_fails: bool = False  # a bus bandwidth below the floor fails instead of warning
 
+    @classmethod
+    def for_job(cls, nnodes: int, max_nodes: int, nproc_per_node: int, instance_type: str, expect_transport: str,
+                bandwidth_fails: bool) -> Expectations:  # fmt: skip
+        """What the pipeline's verify step expects of a job of this size: the latest attempt is judged at the size it
+        had, as an elastic job may run anywhere from its minimum to its maximum of nodes."""
+        return cls(min_world_size=nnodes * nproc_per_node, max_world_size=max(max_nodes, nnodes) * nproc_per_node,
+                   transport=expect_transport, instance_type=instance_type,
+                   bandwidth_fails=bandwidth_fails)  # fmt: skip
+
+    def check(self) -> None:
+        """Expectations that cannot be met fail before any log is read, one line each."""
+        if self.transport and self.transport not in TRANSPORTS:
+            raise InputError(f"expected transport {self.transport!r}: choose one of {', '.join(TRANSPORTS)}")
+        if self.world_size < 0:
+            raise InputError(f"expected world size must be 0 (from the logs) or positive, got {self.world_size}")
+
     def resolved_transport(self) -> str:
         if self.transport:
             return self.transport
@@ -203,10 +219,7 @@ def verify_logs(
     quiet: bool = False,
 ) -> Verification:  # fmt: skip
     """Check NCCL logs (files or directories) and, when given, the trainer's self-test reports."""
-    if expect.transport and expect.transport not in TRANSPORTS:
-        raise InputError(f"expected transport {expect.transport!r}: choose one of {', '.join(TRANSPORTS)}")
-    if expect.world_size < 0:
-        raise InputError(f"expected world size must be 0 (from the logs) or positive, got {expect.world_size}")
+    expect.check()
     files = [Path(p) for p in paths]
     for path in files:
         if not path.exists():
