@@ -29,6 +29,7 @@ from trainer.config import parse_config
 from trainer.data import TokenBatches, load_split
 from trainer.dcp_io import MODEL, OPTIM, apply_state
 from trainer.layout import RunPaths
+from trainer.metrics import plan_line
 from trainer.model import architecture_differences, build_model, config_from_dict, model_config
 from trainer.preemption import ExitCode
 from trainer.schedule import LRSchedule, ScheduleSettings
@@ -58,7 +59,17 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
     assert not list(run.checkpoints.glob(".*")), "no temporary checkpoint files left"
     config = json.loads(run.config.read_text())
     assert config["trainer"]["max_steps"] == 60 and config["model"]["n_layer"] == 2
-    assert "step 60 loss" in run.rank_log(0).read_text()
+    # Rank 0's console lines (trainer/metrics.py): the plan once, the first step's time once, a line per logged step.
+    log_text = run.rank_log(0).read_text()
+    parameters = sum(p.numel() for p in build_model(config_from_dict(config["model"])).parameters())
+    train_tokens = len(load_split(snapshot_dir(trained_root, "synthetic"), "train"))
+    assert log_text.count(f"INFO trainer: {plan_line(parameters, 8 * 64 * 2, 60, train_tokens)}\n") == 1
+    assert len(re.findall(r"INFO trainer: step 1 took \d+\.\ds \(includes compile/warm-up\)\n", log_text)) == 1
+    shape = (r"INFO trainer: step (\d+)/60  loss \d\.\d{4}  lr \d\.\de-\d  gnorm \d+\.\d\d  tok/s [\d.]+k?  mfu —  "
+             r"eta (\d+m\d\ds|\d+s)\n")  # fmt: skip
+    logged = re.findall(shape, log_text)
+    assert [int(step) for step, _ in logged] == [10, 20, 30, 40, 50, 60] and logged[-1][1] == "0s", logged
+    assert "INFO trainer: step " not in run.rank_log(1).read_text(), "rank 0 alone says how training goes"
     assert "comms self-test" in run.rank_log(1).read_text()
     assert run.attempts() == [1], "one start, one attempt, agreed by both ranks"
     for rank in (0, 1):
@@ -555,7 +566,7 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
                             cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    sync_steps = {4, 8, 12}  # logged (log_every 4), and the last
+    sync_steps = {1, 4, 8, 12}  # the first (timed on its own), logged (log_every 4), and the last
     quiet = [s for s in range(2, 13) if s not in sync_steps and s - 1 not in sync_steps]
     for rank in (0, 1):
         steps: dict[int, list[dict]] = {}

@@ -53,7 +53,16 @@ from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_
 from trainer.health import Divergence, Heartbeat, SpikeWatch, collective_failed
 from trainer.layout import RunPaths
 from trainer.memory import estimate, model_shape
-from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
+from trainer.metrics import (
+    MetricsLog,
+    StepTimes,
+    Throughput,
+    flops_per_token,
+    peak_flops,
+    plan_line,
+    rss_gib,
+    step_line,
+)
 from trainer.model import SMALL_PRESETS, architecture_differences, model_config
 from trainer.parallel import parallelize
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
@@ -245,11 +254,14 @@ def train(cfg: TrainConfig) -> ExitCode:
         return checkpoints.save(progress.step, model, optimizer, state, rng_state(), blocking=blocking)
 
     # The loop: one optimizer step of grad_accum_steps micro-batches per iteration. Nothing in it waits for the
-    # device except on a sync step (a logged step, a checkpoint, the last step): the next batches are read ahead
-    # (trainer/prefetch.py) and the ranks agree on stopping one step late (trainer/preemption.py).
-    log.info("training from step %d to %d on %d ranks, %d tokens per step",
-             progress.step, cfg.max_steps, world, cfg.tokens_per_step * world)  # fmt: skip
+    # device except on a sync step (this process's first step, a logged step, a checkpoint, the last step): the next
+    # batches are read ahead (trainer/prefetch.py) and the ranks agree on stopping one step late
+    # (trainer/preemption.py).
+    if rank == 0:
+        parameters = sum(p.numel() for p in model.parameters())  # DTensors under fsdp: their global sizes
+        log.info("%s", plan_line(parameters, cfg.tokens_per_step * world, cfg.max_steps, len(batches.tokens)))
     started, throughput, budget_checked, resumed_at = time.monotonic(), Throughput(), False, progress.step
+    step_times = StepTimes()  # for the ETA
     stop_reason = "max-steps" if progress.step >= cfg.max_steps else None
     if stop_reason:
         log.info("nothing to do: the run already reached step %d", progress.step)
@@ -285,7 +297,8 @@ def train(cfg: TrainConfig) -> ExitCode:
 
             time_up = bool(cfg.max_time_s) and time.monotonic() - started > cfg.max_time_s
             stop.propose(progress.step, time_up, nonfinite)
-            sync_step = (progress.step % cfg.log_every == 0 or progress.step % cfg.checkpoint_every == 0
+            first_step = progress.step == resumed_at + 1  # compile and warm-up: timed on its own
+            sync_step = (first_step or progress.step % cfg.log_every == 0 or progress.step % cfg.checkpoint_every == 0
                          or progress.step >= cfg.max_steps
                          or bool(cfg.max_tokens) and progress.tokens_seen >= cfg.max_tokens)  # fmt: skip
             waiting = time.perf_counter()
@@ -300,6 +313,10 @@ def train(cfg: TrainConfig) -> ExitCode:
             if stop_reason is None and cfg.max_tokens and progress.tokens_seen >= cfg.max_tokens:
                 stop_reason = "max-tokens"
             step_time_s = time.perf_counter() - step_started
+            if first_step:
+                step_times.mark(progress.step, time.perf_counter())
+                if rank == 0:
+                    log.info("step %d took %.1fs (includes compile/warm-up)", progress.step, step_time_s)
 
             if progress.step % cfg.log_every == 0 or stop_reason:
                 # One collective for the row: the loss summed over the ranks, each rank's private memory in its
@@ -328,10 +345,11 @@ def train(cfg: TrainConfig) -> ExitCode:
                     row["loss_spike"] = True
                 metrics.write(row)
                 write_status(run, rank, "running", step=progress.step, world_size=world, attempt=attempt, durable=False)
+                step_times.mark(progress.step, time.perf_counter())
+                eta_s = step_times.eta_s(progress.step, cfg.max_steps)
                 if rank == 0:
-                    mfu = f" mfu {row['mfu']:.1%}" if row["mfu"] is not None else ""
-                    log.info("step %d loss %.4f lr %.2e grad norm %.2f tokens/s %.0f%s", progress.step, row["loss"],
-                             row["lr"], row["grad_norm"], tokens_per_s, mfu)  # fmt: skip
+                    log.info("%s", step_line(progress.step, cfg.max_steps, row["loss"], row["lr"], row["grad_norm"],
+                                             tokens_per_s, row["mfu"], eta_s))  # fmt: skip
 
             if progress.step % cfg.checkpoint_every == 0 and stop_reason is None and divergence.streak:
                 log.warning("no checkpoint at step %d: its update was skipped (not finite)", progress.step)
