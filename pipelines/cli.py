@@ -42,6 +42,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {value}")
+    return value
+
+
 def dropout(text: str) -> float:
     try:
         value = float(text)
@@ -93,6 +103,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dropout", type=dropout, default=d["dropout"], help="dropout probability (0: none)")
     p.add_argument("--checkpoint-every", type=positive_int, default=d["checkpoint_every"])
     p.add_argument("--log-every", type=positive_int, default=d["log_every"])
+    p.add_argument("--eval-every", type=non_negative_int, default=d["eval_every"],
+                   help="every N steps the trainer measures the loss on the val split (its first "
+                   f"{d['eval_tokens']:,} tokens) into that step's metrics row (val_loss, val_bpb) and log; 0: "
+                   "never")  # fmt: skip
 
 
 def add_checkpoint_s3_args(p: argparse.ArgumentParser) -> None:
@@ -160,6 +174,7 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "dropout": args.dropout,
         "checkpoint_every": args.checkpoint_every,
         "log_every": args.log_every,
+        "eval_every": args.eval_every,
         "checkpoint_s3_uri": args.checkpoint_s3_uri,
         "s3_endpoint_url": args.endpoint_url,
         "eval_max_tokens": 65536,
@@ -231,6 +246,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         dropout=args.dropout,
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,
+        eval_every=args.eval_every,
         checkpoint_s3_uri=args.checkpoint_s3_uri,
         s3_endpoint_url=args.endpoint_url,
         timeout_s=args.timeout_s,

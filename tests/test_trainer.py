@@ -1,6 +1,7 @@
 """The trainer under a real torchrun with 2 processes (gloo, CPU), through the local launcher."""
 
 import json
+import math
 import os
 import random
 import re
@@ -178,6 +179,39 @@ def test_the_sigterm_budget_is_the_shutdown_timeout_the_job_gives_torchrun(stage
     output, _ = proc.communicate(timeout=60)
     assert re.search(r"stopped by SIGTERM at step \d+: checkpoint committed [\d.]+s after the signal \(budget 100s\)",
                      output), output[-2000:]  # fmt: skip
+
+
+def test_the_val_loss_of_an_eval_step_is_the_evaluations_of_that_steps_checkpoint(uninterrupted: RunPaths) -> None:
+    """The uninterrupted run measured its val loss every 10 steps (--eval-every 10): in those rows only, with the value
+    the evaluation step's function gives for that step's checkpoint over the same tokens, and below the untrained
+    model's. (Its rows equal those of runs that evaluate not: test_sigterm_checkpoints_and_resume_is_bit_identical.)"""
+    from tokenizers import Tokenizer
+
+    from components.evaluate_checkpoint.core import find_checkpoint
+    from trainer.checkpoint import read_weights
+    from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
+    from trainer.layout import TOKENIZER
+
+    rows = {r["step"]: r for r in read_metrics(uninterrupted)}
+    assert [s for s, r in rows.items() if "val_loss" in r] == [10, 20, 30, 40]
+    config = json.loads(uninterrupted.config.read_text())
+    snapshot = Path(config["dataset"]["tokenized_dir"])
+    val = load_split(snapshot, "val")
+    lengths = token_byte_lengths(Tokenizer.from_file(str(snapshot / TOKENIZER)), config["model"]["vocab_size"])
+    model = build_model(config_from_dict(config["model"]))
+    model.load_state_dict(read_weights(find_checkpoint(uninterrupted, "40")))
+    loss, tokens, n_bytes = mean_loss(model, val, 64, 16384, 8, torch.device("cpu"), lengths)
+    assert rows[40]["val_tokens"] == tokens == min(16384, val.num_windows(64) * 64)
+    assert rows[40]["val_loss"] == loss and math.isfinite(loss), "the same weights, windows, batches: the same sum"
+    assert rows[40]["val_bpb"] == bits_per_byte(loss, tokens, n_bytes)
+    torch.manual_seed(1234)
+    untrained, _, _ = mean_loss(build_model(config_from_dict(config["model"])), val, 64, 16384, 8,
+                                torch.device("cpu"), lengths)  # fmt: skip
+    assert rows[10]["val_loss"] > rows[40]["val_loss"] and rows[40]["val_loss"] < untrained - 1.0
+    log_text = uninterrupted.rank_log(0).read_text()
+    assert re.search(r"INFO trainer: eval step 40: val loss \d\.\d{4} \(\d\.\d{4} bits per byte, [\d,]+ tokens\)\n",
+                     log_text), log_text[-2000:]  # fmt: skip
+    assert "eval step" not in uninterrupted.rank_log(1).read_text()
 
 
 def test_async_checkpoints_hold_exactly_their_step(staged_copy: Path, uninterrupted: RunPaths) -> None:
@@ -491,7 +525,7 @@ def test_resume_is_bit_identical_with_dropout(staged_copy: Path, uninterrupted: 
     norm and learning rate of the uninterrupted run."""
     settings = dict(max_steps=20, log_every=1, checkpoint_every=5, dropout=0.1,
                     extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})  # fmt: skip
-    launch(tiny_launch(staged_copy, "dropout-straight", **settings))
+    launch(tiny_launch(staged_copy, "dropout-straight", **settings, eval_every=5))  # in eval mode: no dropout drawn
     stopped = tiny_launch(staged_copy, "dropout-resumed", **settings)
     status = preempt_at_random_step(stopped, 3, 16)
     assert status["step"] < 20
@@ -499,6 +533,7 @@ def test_resume_is_bit_identical_with_dropout(staged_copy: Path, uninterrupted: 
     assert f"resumed at step {status['step']}" in stopped.run_paths.rank_log(0).read_text()
     straight = read_metrics(RunPaths.of(staged_copy, "dropout-straight"))
     assert_same_rows(read_metrics(stopped.run_paths), straight, f"after a SIGTERM at step {status['step']}")
+    assert [r["step"] for r in straight if "val_loss" in r] == [5, 10, 15, 20], "evaluated, and trained the same"
     model = json.loads(stopped.run_paths.config.read_text())["model"]
     assert (model["resid_pdrop"], model["embd_pdrop"], model["attn_pdrop"]) == (0.1, 0.1, 0.1)
     assert straight[0]["loss"] != read_metrics(uninterrupted)[0]["loss"], "dropout changes the first step's loss"

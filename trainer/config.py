@@ -99,6 +99,10 @@ class TrainConfig:
     log_every: int = _opt(10, "steps between metrics rows and log lines", 1)
     peak_tflops: float = _opt(0.0, "peak bf16 TFLOP/s of one accelerator for MFU (0: detect the GPU)", 0)
     log_samples: bool = _opt(False, "record the sample (window) ids each rank trains on, under <run>/logs/")
+    eval_every: int = _opt(0, "steps between validation losses on the snapshot's val split, in that step's metrics "
+                           "row (val_loss, val_bpb) and log (0: none)", 0)  # fmt: skip
+    eval_tokens: int = _opt(16384, "val tokens each validation reads at most: the split's first windows, as the "
+                            "evaluation step reads them", 1)  # fmt: skip
 
     @property
     def tokens_per_step(self) -> int:
