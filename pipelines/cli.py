@@ -21,7 +21,7 @@ from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, GPU_TOLERATIO
 from components.stage_data.sources import DEFAULT_EXCLUDE
 from components.stage_data.tokenization import SAMPLE_MB, SHARD_TOKENS
 from pipelines import CLUSTER_DEFAULTS, COMPILED_PIPELINE
-from trainer.config import TRAIN_DEFAULTS
+from trainer.config import CONTINUE, EXTENSIONS, TRAIN_DEFAULTS
 from trainer.layout import RunPaths
 from trainer.model import PRESETS
 
@@ -96,10 +96,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=positive_int, default=d["seq_len"])
     p.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate")
     p.add_argument("--warmup-steps", type=positive_int, default=d["warmup_steps"])
-    p.add_argument("--extend-schedule", action="store_true",
-                   help="a resume continues from the current learning rate to new --lr/--warmup-steps/--max-steps: "
-                   "linear to --lr over --warmup-steps, then cosine to the end (without it, other settings are "
-                   "refused)")  # fmt: skip
+    p.add_argument("--extend-schedule", nargs="?", const=CONTINUE, default="", choices=EXTENSIONS,
+                   help="a resume goes on from the current learning rate to other settings: continue (given bare: the "
+                   "cosine from there down to the end learning rate at a new --max-steps, no re-warm; --lr and "
+                   "--warmup-steps stay the run's) or rewarm (linear to a new --lr over --warmup-steps, then a "
+                   "cosine to the new --max-steps); without it, other settings are refused")  # fmt: skip
     p.add_argument("--dropout", type=dropout, default=d["dropout"], help="dropout probability (0: none)")
     p.add_argument("--checkpoint-every", type=positive_int, default=d["checkpoint_every"])
     p.add_argument("--log-every", type=positive_int, default=d["log_every"])

@@ -179,7 +179,7 @@ def build_pipeline(platform: PlatformOptions):
         seq_len: int = int(CLUSTER_DEFAULTS["seq_len"]),
         lr: float = float(CLUSTER_DEFAULTS["lr"]),
         warmup_steps: int = int(CLUSTER_DEFAULTS["warmup_steps"]),
-        extend_schedule: bool = False,
+        extend_schedule: str = "",
         dropout: float = float(CLUSTER_DEFAULTS["dropout"]),
         checkpoint_every: int = int(CLUSTER_DEFAULTS["checkpoint_every"]),
         log_every: int = int(CLUSTER_DEFAULTS["log_every"]),

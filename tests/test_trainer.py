@@ -79,14 +79,19 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
 
 
 def test_resumes_from_checkpoint(trained_root: Path, tmp_path: Path) -> None:
+    """The finished 60-step run goes on to 80 with --extend-schedule continue: at the learning rate it ended on."""
     root = tmp_path / "fsx"
     shutil.copytree(trained_root, root, symlinks=True)
-    launch(tiny_launch(root, "run-1", max_steps=80, extend_schedule=True))
+    launch(tiny_launch(root, "run-1", max_steps=80, extend_schedule="continue"))
     run = RunPaths.of(root, "run-1")
     records = read_metrics(run)
     assert [r["step"] for r in records] == [10, 20, 30, 40, 50, 60, 70, 80]
     assert records[-1]["tokens"] == 80 * 8 * 64 * 2
-    assert "resumed at step 60" in run.rank_log(0).read_text()
+    assert [r["lr"] for r in records[5:]] == pytest.approx([5e-4] * 3), "no re-warm: the end rate goes on"
+    log_text = run.rank_log(0).read_text()
+    assert "resumed at step 60" in log_text
+    assert ("learning-rate schedule extended at step 60 (max_steps: 60 -> 80): cosine from lr 0.0005 to 0.0005 at "
+            "step 80, no re-warm") in log_text  # fmt: skip
     assert read_checkpoint(run.latest_checkpoint)["step"] == 80
 
 
@@ -334,17 +339,29 @@ def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Pa
     run = RunPaths.of(root, "run-1")
     share = run.checkpoints / "step_00000060" / "__1_0.distcp"  # rank 1's share of the newest checkpoint
     share.write_bytes(share.read_bytes()[: share.stat().st_size // 2])
-    launch(tiny_launch(root, "run-1", max_steps=70, extend_schedule=True))
+    launch(tiny_launch(root, "run-1", max_steps=70, extend_schedule="continue"))
     log_text = run.rank_log(0).read_text()
     assert "is truncated or altered: __1_0.distcp is" in log_text and "trying an older checkpoint" in log_text
     assert "resumed at step 40" in log_text
-    assert read_checkpoint(run.latest_checkpoint)["step"] == 70
+    state = read_checkpoint(run.latest_checkpoint)
+    assert state["step"] == 70
+    # Resumed mid-decay with --extend-schedule continue: from step 40's lr (its row, logged before the resume) the
+    # cosine goes on down to the end lr at the new max, with no jump and no re-warm.
+    rows = {r["step"]: r["lr"] for r in read_metrics(run)}
+    assert list(rows) == [10, 20, 30, 40, 50, 60, 70]
+    assert rows[40] > rows[50] > rows[60] > rows[70] == pytest.approx(5e-4)
+    schedule = LRSchedule(ScheduleSettings(1.0, 1, 2, 0.0))
+    schedule.load_state_dict(state["schedule"])
+    assert [(e.start_step, e.kind) for e in schedule.extensions] == [(40, "continue")]
+    assert rows == {step: schedule.lr_at(step) for step in rows}, "the checkpoint's schedule reproduces every lr"
+    assert "learning-rate schedule extended at step 40 (max_steps: 60 -> 70): cosine from lr 0.00" in log_text
 
 
 def test_world_size_2_to_1_repeats_and_skips_no_sample(staged_copy: Path) -> None:
     samples = {"TRAINER_LOG_SAMPLES": "true"}
     launch(tiny_launch(staged_copy, "elastic", max_steps=5, extra_env=samples))
-    launch(tiny_launch(staged_copy, "elastic", max_steps=10, nproc_per_node=1, extend_schedule=True, extra_env=samples))
+    launch(tiny_launch(staged_copy, "elastic", max_steps=10, nproc_per_node=1, extend_schedule="continue",
+                       extra_env=samples))  # fmt: skip
     run = RunPaths.of(staged_copy, "elastic")
     seen = []
     for rank_file in sorted(run.logs.glob("samples_rank_*.txt")):
@@ -439,11 +456,12 @@ def test_a_resume_with_another_schedule_is_refused_naming_each_difference(traine
 
 
 def test_an_extended_schedule_continues_the_lr_without_a_jump(trained_root: Path, tmp_path: Path) -> None:
-    """Resumed at step 60 (the end of its decay, lr 5e-4) with --extend-schedule to a new peak of 2e-3 at step 80:
-    the lr climbs from where it was over the 5 warm-up steps, and the extension is in the checkpoint."""
+    """Resumed at step 60 (the end of its decay, lr 5e-4) with --extend-schedule rewarm to a new peak of 2e-3 at step
+    80: the lr climbs from where it was over the 5 warm-up steps, and the extension is in the checkpoint. (Without a
+    re-warm, --extend-schedule continue: test_truncated_latest_falls_back_to_the_previous_checkpoint.)"""
     root = tmp_path / "fsx"
     shutil.copytree(trained_root, root, symlinks=True)
-    extended = dict(max_steps=80, lr=2e-3, extend_schedule=True)
+    extended = dict(max_steps=80, lr=2e-3, extend_schedule="rewarm")
     launch(tiny_launch(root, "run-1", log_every=1, **extended))
     run = RunPaths.of(root, "run-1")
     rows = {r["step"]: r["lr"] for r in read_metrics(run)}
@@ -549,8 +567,11 @@ def test_dropout_is_set_per_family_is_no_architecture_change_and_is_bounded(caps
     assert "argument --dropout: must be below 1, got 1.0" in capsys.readouterr().err.splitlines()[-1]
     with pytest.raises(InputError, match="dropout must be at least 0 and below 1, got 1.5"):
         tiny_launch(Path("/nonexistent"), "r", dropout=1.5).validate(check_storage=False)
-    args = tiny_launch(Path("/fsx"), "r", dropout=0.1, extend_schedule=True).trainer_args()
-    assert args[args.index("--dropout") + 1] == "0.1" and args[args.index("--extend-schedule") + 1] == "true"
+    args = tiny_launch(Path("/fsx"), "r", dropout=0.1, extend_schedule="rewarm").trainer_args()
+    assert args[args.index("--dropout") + 1] == "0.1" and args[args.index("--extend-schedule") + 1] == "rewarm"
+    assert "--extend-schedule" not in tiny_launch(Path("/fsx"), "r").trainer_args(), "none: the trainer's default"
+    with pytest.raises(InputError, match="extend_schedule 'true' is unknown: give continue, rewarm or '' \\(none\\)"):
+        tiny_launch(Path("/nonexistent"), "r", extend_schedule="true").validate(check_storage=False)
 
 
 @pytest.mark.usefixtures("aws_env")

@@ -48,7 +48,7 @@ from trainer.checkpoint import (
     set_rng_state,
     unchecked_by_old_checkpoint,
 )
-from trainer.config import SettingError, TrainConfig, parse_config
+from trainer.config import CONTINUE, SettingError, TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, TokenSplit, load_meta, load_split
 from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
 from trainer.health import Divergence, Heartbeat, SpikeWatch, collective_failed
@@ -206,12 +206,12 @@ def train(cfg: TrainConfig) -> ExitCode:
         state.setdefault("schedule", schedule.state_dict())  # schema 1: the flags' schedule
         checkpoints.restore(checkpoint, model, optimizer)
         train_state.load_state_dict(state)
-        if changes := schedule.resume(progress.step, ScheduleSettings.of(cfg), cfg.extend_schedule):
-            if rank == 0:
-                log.info("learning-rate schedule extended at step %d (%s): from lr %.3g linear to %.3g over %d "
-                         "steps, then cosine to %.3g at step %d", progress.step, "; ".join(changes),
-                         schedule.lr_at(progress.step), cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio * cfg.lr,
-                         cfg.max_steps)  # fmt: skip
+        if (changes := schedule.resume(progress.step, ScheduleSettings.of(cfg), cfg.extend_schedule)) and rank == 0:
+            start_lr, end_lr = schedule.lr_at(progress.step), cfg.min_lr_ratio * cfg.lr
+            shape = (f"cosine from lr {start_lr:.3g} to {end_lr:.3g} at step {cfg.max_steps}, no re-warm"
+                     if cfg.extend_schedule == CONTINUE else f"from lr {start_lr:.3g} linear to {cfg.lr:.3g} over "
+                     f"{cfg.warmup_steps} steps, then cosine to {end_lr:.3g} at step {cfg.max_steps}")  # fmt: skip
+            log.info("learning-rate schedule extended at step %d (%s): %s", progress.step, "; ".join(changes), shape)
         if (rng := checkpoint.rng_of(rank)) is not None:
             set_rng_state(rng)
         else:  # a rank the saved run did not have

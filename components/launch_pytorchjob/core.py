@@ -25,7 +25,7 @@ from components.launch_pytorchjob.manifest import (
     label_value,
 )
 from components.launch_pytorchjob.platform import TRAINER_OPTIONS, Platform, run_options
-from trainer.config import TRAIN_DEFAULTS, check_setting
+from trainer.config import EXTENSIONS, TRAIN_DEFAULTS, check_setting
 from trainer.durable import MirrorError, parse_mirror_uri
 from trainer.layout import META, DatasetPaths, RunPaths
 from trainer.model import PRESETS
@@ -62,7 +62,8 @@ class LaunchConfig:
     seq_len: int = TRAIN_DEFAULTS["seq_len"]
     lr: float = TRAIN_DEFAULTS["lr"]
     warmup_steps: int = TRAIN_DEFAULTS["warmup_steps"]
-    extend_schedule: bool = TRAIN_DEFAULTS["extend_schedule"]  # a resume may change lr/warmup/max steps (see README)
+    # a resume may go on to other schedule settings: "continue" (a longer decay) or "rewarm"; "": none (see README)
+    extend_schedule: str = TRAIN_DEFAULTS["extend_schedule"]
     dropout: float = TRAIN_DEFAULTS["dropout"]
     checkpoint_every: int = TRAIN_DEFAULTS["checkpoint_every"]
     log_every: int = TRAIN_DEFAULTS["log_every"]
@@ -151,6 +152,8 @@ class LaunchConfig:
         ):
             if getattr(self, name) < 0:
                 raise InputError(f"{name.replace('_', '-')} must be 0 (none) or positive, got {getattr(self, name)}")
+        if self.extend_schedule not in ("", *EXTENSIONS):
+            raise InputError(f"extend_schedule {self.extend_schedule!r} is unknown: give continue, rewarm or '' (none)")
         if not self.lr > 0:
             raise InputError(f"lr must be positive, got {self.lr}")
         if not 0 <= self.dropout < 1:
@@ -244,8 +247,7 @@ class LaunchConfig:
             repr(self.lr),
             "--warmup-steps",
             str(self.warmup_steps),
-            "--extend-schedule",
-            "true" if self.extend_schedule else "false",
+            *(["--extend-schedule", self.extend_schedule] if self.extend_schedule else []),
             "--dropout",
             repr(self.dropout),
             "--checkpoint-every",
