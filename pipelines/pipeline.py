@@ -183,7 +183,7 @@ def build_pipeline(platform: PlatformOptions):
         dropout: float = float(CLUSTER_DEFAULTS["dropout"]),
         checkpoint_every: int = int(CLUSTER_DEFAULTS["checkpoint_every"]),
         log_every: int = int(CLUSTER_DEFAULTS["log_every"]),
-        eval_every: int = 0,
+        eval_every: int = int(CLUSTER_DEFAULTS["eval_every"]),
         checkpoint_s3_uri: str = "",
         train_timeout_s: int = TRAIN_TIMEOUT_S,
         pending_timeout_s: int = int(CLUSTER_DEFAULTS["pending_timeout_s"]),
