@@ -20,8 +20,8 @@ from trainer.config import parse_config
 def main(argv: list[str]) -> int:
     cfg = parse_config(argv)
 
-    def sync_step(step: int) -> bool:  # as the training loop decides
-        return step % cfg.log_every == 0 or step % cfg.checkpoint_every == 0 or step >= cfg.max_steps
+    def sync_step(step: int) -> bool:  # as the training loop decides (a fresh run: its first step is step 1)
+        return step == 1 or step % cfg.log_every == 0 or step % cfg.checkpoint_every == 0 or step >= cfg.max_steps
 
     stepped = health.Heartbeat.stepped
 

@@ -6,6 +6,7 @@ import argparse
 import difflib
 import json
 import logging
+import re
 import sys
 import tempfile
 from dataclasses import asdict
@@ -21,7 +22,7 @@ from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, GPU_TOLERATIO
 from components.stage_data import SAMPLE_MB, SHARD_TOKENS
 from components.stage_data.sources import DEFAULT_EXCLUDE
 from pipelines import CLUSTER_DEFAULTS, COMPILED_PIPELINE
-from trainer.config import TRAIN_DEFAULTS
+from trainer.config import CONTINUE, EXTENSIONS, TRAIN_DEFAULTS
 from trainer.layout import RunPaths
 from trainer.model import PRESETS
 
@@ -39,6 +40,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {value}")
     return value
 
 
@@ -66,11 +77,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def use_defaults(p: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
-    """Give `p`'s flags these defaults (required ones become optional), and say so in their help."""
+    """Give `p`'s flags these defaults (required ones become optional), and say so in their help (in place of what
+    it said of a default)."""
     for action in p._actions:  # argparse has no public way to change an added argument
         if action.dest in defaults:
             action.default, action.required = defaults[action.dest], False
-            action.help = f"{action.help or ''} (default: {defaults[action.dest]})".strip().replace("%", "%%")
+            said = re.sub(r"\s*\(default: [^)]*\)$", "", action.help or "")
+            action.help = f"{said} (default: {defaults[action.dest]})".strip().replace("%", "%%")
 
 
 def add_storage_args(
@@ -88,27 +101,77 @@ def add_storage_args(
         p.add_argument("--run-id", required=True, help="run id: <root>/runs/<run_id>")
 
 
+# The training settings a resume takes from the run's config.json when the command line does not give them (the
+# trainer's names; --extend-schedule is not one: it is what this resume does, not a setting of the run).
+RESUMED_SETTINGS = ("preset", "max_steps", "seed", "batch_size", "seq_len", "lr", "warmup_steps", "dropout",
+                    "checkpoint_every", "log_every", "eval_every")  # fmt: skip
+
+
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    """Training flags, with the trainer's own defaults."""
+    """Training flags. Those of RESUMED_SETTINGS default to None, filled by fill_train_args: the resumed run's
+    recorded value, else the trainer's default (which the help shows)."""
     d = TRAIN_DEFAULTS
+
+    def default(name: str) -> str:
+        return f"(default: {d[name]}; a resume: the run's own)"
+
     p.add_argument("--nproc-per-node", type=positive_int, default=2, help="processes (GPUs) per node")
-    p.add_argument("--preset", default=d["preset"], choices=sorted(PRESETS), help="model preset")
-    p.add_argument("--max-steps", type=positive_int, default=d["max_steps"], help="optimizer steps to train to")
-    p.add_argument("--seed", type=int, default=d["seed"], help="seeds the initial weights, data order and dropout")
-    p.add_argument("--batch-size", type=positive_int, default=d["batch_size"], help="sequences per process per step")
-    p.add_argument("--seq-len", type=positive_int, default=d["seq_len"], help="tokens per sequence")
-    p.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate")
-    p.add_argument("--warmup-steps", type=positive_int, default=d["warmup_steps"],
-                   help="steps of linear warm-up to --lr, before the cosine decay")  # fmt: skip
-    p.add_argument("--extend-schedule", action="store_true",
-                   help="a resume continues from the current learning rate to new --lr/--warmup-steps/--max-steps: "
-                   "linear to --lr over --warmup-steps, then cosine to the end (without it, other settings are "
-                   "refused)")  # fmt: skip
-    p.add_argument("--dropout", type=dropout, default=d["dropout"], help="dropout probability (0: none)")
-    p.add_argument("--checkpoint-every", type=positive_int, default=d["checkpoint_every"],
-                   help="save a checkpoint every this many steps (and at the end, and on SIGTERM)")  # fmt: skip
-    p.add_argument("--log-every", type=positive_int, default=d["log_every"],
-                   help="a metrics row and a training line every this many steps")  # fmt: skip
+    p.add_argument("--preset", choices=sorted(PRESETS), help=f"model preset {default('preset')}")
+    p.add_argument("--max-steps", type=positive_int, help=f"optimizer steps {default('max_steps')}")
+    p.add_argument("--seed", type=int, help=f"seeds the model and the data order {default('seed')}")
+    p.add_argument("--batch-size", type=positive_int, help=f"sequences per process per step {default('batch_size')}")
+    p.add_argument("--seq-len", type=positive_int, help=f"tokens per sequence {default('seq_len')}")
+    p.add_argument("--lr", type=float, help=f"peak learning rate {default('lr')}")
+    p.add_argument("--warmup-steps", type=positive_int, help=f"linear warm-up steps {default('warmup_steps')}")
+    p.add_argument("--extend-schedule", nargs="?", const=CONTINUE, default="", choices=EXTENSIONS,
+                   help="a resume goes on from the current learning rate to other settings: continue (given bare: the "
+                   "cosine from there down to the end learning rate at a new --max-steps, no re-warm; --lr and "
+                   "--warmup-steps stay the run's) or rewarm (linear to a new --lr over --warmup-steps, then a "
+                   "cosine to the new --max-steps); without it, other settings are refused")  # fmt: skip
+    p.add_argument("--dropout", type=dropout, help=f"dropout probability (0: none) {default('dropout')}")
+    p.add_argument(
+        "--checkpoint-every", type=positive_int, help=f"steps between checkpoints {default('checkpoint_every')}"
+    )
+    p.add_argument("--log-every", type=positive_int, help=f"steps between metrics rows {default('log_every')}")
+    p.add_argument("--eval-every", type=non_negative_int,
+                   help="every N steps the trainer measures the loss on the val split (its first "
+                   f"{d['eval_tokens']:,} tokens) into that step's metrics row (val_loss, val_bpb) and log; 0: never "
+                   f"{default('eval_every')}")  # fmt: skip
+
+
+def fill_train_args(args: argparse.Namespace, resumed: RunPaths | None) -> None:
+    """Each of RESUMED_SETTINGS the command line left out (None): the value the `resumed` run recorded in its
+    config.json, else the trainer's default; so a resume trains on as the run did, not on the defaults, which
+    the trainer would refuse (another architecture) or take for a schedule change. A run that holds a checkpoint
+    (or a config.json) and whose config.json is missing or unreadable: InputError, one line. A run with neither
+    (never ran here: the caller says so) is given the defaults."""
+    recorded: dict[str, Any] = {}
+    if resumed is not None and (resumed.config.exists() or resumed.has_checkpoint()):
+        try:
+            recorded = json.loads(resumed.config.read_text())["trainer"]
+            if not isinstance(recorded, dict):
+                raise TypeError(f"its 'trainer' is a {type(recorded).__name__}, not an object")
+        except FileNotFoundError:
+            raise InputError(f"run {resumed.root.name!r} holds a checkpoint to resume, but not {resumed.config}, "
+                             "which records its settings: the run directory is incomplete") from None  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"run {resumed.root.name!r}: its settings in {resumed.config} are unreadable "
+                             f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+    taken = []
+    for name in RESUMED_SETTINGS:
+        if getattr(args, name) is None:
+            setattr(args, name, recorded.get(name, TRAIN_DEFAULTS[name]))
+            taken += [f"{name} {getattr(args, name)}"] if name in recorded else []
+    if resumed is not None and recorded:
+        log.info("run %s resumes with its own settings where none are given: %s", resumed.root.name,
+                 ", ".join(taken) or "none taken")  # fmt: skip
+
+
+def resumed_run(storage_root: str, run_id: str) -> RunPaths:
+    try:
+        return RunPaths.of(storage_root, run_id)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
 
 
 def add_checkpoint_s3_args(p: argparse.ArgumentParser) -> None:
@@ -148,10 +211,30 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
-    from components.run_summary.core import resolve_run_id
-    from pipelines.local_run import new_run_id, run_local
+    from pipelines.local_run import run_local
 
-    arguments = {
+    arguments = run_local_arguments(args)
+    result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments, verbose=args.verbose)
+    evaluation = json.loads(RunPaths(result.run_dir).eval_result.read_text())
+    lines = [
+        f"local pipeline run {arguments['run_id']} succeeded in {result.seconds:.0f}s: val loss "
+        f"{evaluation['val_loss']:.3f} after {evaluation['step']} steps "
+        f"(untrained {evaluation['untrained_val_loss']:.3f})",
+        "reports:",
+    ]
+    lines += [f"  {name:34s} {path}" for name, path in result.reports().items()]
+    print("\n".join(lines))
+    return 0
+
+
+def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline's arguments for `run-local`; a resume (--resume-run-id) takes the run's own settings where the
+    command line gives none (fill_train_args)."""
+    from components.run_summary.core import resolve_run_id
+    from pipelines.local_run import new_run_id
+
+    fill_train_args(args, resumed_run(args.storage_root, args.resume_run_id) if args.resume_run_id else None)
+    return {
         "source": args.source,
         "dataset": args.dataset,
         "include": args.include,
@@ -176,21 +259,11 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "dropout": args.dropout,
         "checkpoint_every": args.checkpoint_every,
         "log_every": args.log_every,
+        "eval_every": args.eval_every,
         "checkpoint_s3_uri": args.checkpoint_s3_uri,
         "s3_endpoint_url": args.endpoint_url,
         "eval_max_tokens": 65536,
     }
-    result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments, verbose=args.verbose)
-    evaluation = json.loads(RunPaths(result.run_dir).eval_result.read_text())
-    lines = [
-        f"local pipeline run {arguments['run_id']} succeeded in {result.seconds:.0f}s: val loss "
-        f"{evaluation['val_loss']:.3f} after {evaluation['step']} steps "
-        f"(untrained {evaluation['untrained_val_loss']:.3f})",
-        "reports:",
-    ]
-    lines += [f"  {name:34s} {path}" for name, path in result.reports().items()]
-    print("\n".join(lines))
-    return 0
 
 
 def cmd_prune_snapshots(args: argparse.Namespace) -> int:
@@ -226,8 +299,13 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
 
 
 def launch_config(args: argparse.Namespace) -> LaunchConfig:
+    """The launch of `launch`, `render-job` and `preflight`. `launch` of a run that holds a checkpoint is a resume:
+    the run's own settings where the command line gives none (fill_train_args); the cluster commands describe a
+    job from its flags and the pipeline's defaults alone."""
     from components.launch_pytorchjob.core import LaunchConfig
 
+    run = resumed_run(args.storage_root, args.run_id) if args.command == "launch" else None
+    fill_train_args(args, run if run is not None and run.has_checkpoint() else None)
     return LaunchConfig(
         storage_root=args.storage_root,
         dataset=args.dataset,
@@ -247,6 +325,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         dropout=args.dropout,
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,
+        eval_every=args.eval_every,
         checkpoint_s3_uri=args.checkpoint_s3_uri,
         s3_endpoint_url=args.endpoint_url,
         timeout_s=args.timeout_s,

@@ -205,7 +205,8 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     from trainer.layout import DatasetPaths
 
     settings = ("nproc_per_node", "preset", "max_steps", "seed", "batch_size", "seq_len", "lr", "warmup_steps",
-                "extend_schedule", "dropout", "checkpoint_every", "log_every", "checkpoint_s3_uri")  # fmt: skip
+                "extend_schedule", "dropout", "checkpoint_every", "log_every", "eval_every",
+                "checkpoint_s3_uri")  # fmt: skip
     run_id = arguments["resume_run_id"] or arguments["run_id"]
     config = LaunchConfig(storage_root=str(storage_root), dataset=arguments["dataset"], run_id=run_id,
                           init_from_run_id=arguments.get("init_from_run_id", ""),

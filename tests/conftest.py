@@ -147,10 +147,11 @@ def trained_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) ->
 @pytest.fixture(scope="session")
 def uninterrupted(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
     """40 steps of the tiny preset under DDP, every step logged, a checkpoint every 10: what the exact-resume tests
-    (test_trainer.py, test_parallel.py) compare against."""
+    (test_trainer.py, test_parallel.py) compare against. It measures the val loss every 10 steps (--eval-every),
+    which the runs compared with it do not: the same rows show that evaluating changes nothing of the training."""
     root = tmp_path_factory.mktemp("uninterrupted")
     shutil.copytree(staged_root, root, dirs_exist_ok=True)
-    launch(tiny_launch(root, "straight", **EXACT))
+    launch(tiny_launch(root, "straight", **EXACT, eval_every=10))
     return RunPaths.of(root, "straight")
 
 

@@ -158,3 +158,77 @@ def test_the_version_is_shown_and_written_into_each_runs_config(trained_root: Pa
     assert tool_version() != "unknown", "the project is installed (make setup)"
     config = json.loads(RunPaths.of(trained_root, "run-1").config.read_text())
     assert config["hyperpod_pretrain"] == tool_version()
+
+
+# -- a resume takes the run's recorded settings (pipelines/cli.py fill_train_args); in process, nothing trains ------
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    from pipelines.cli import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+def test_a_resume_takes_the_runs_recorded_settings_where_none_are_given(trained_root: Path) -> None:
+    """run-1 trained with the tests' settings (tiny, 60 steps, seq_len 64, lr 5e-3, warm-up 5, a checkpoint every
+    20), not the trainer's defaults, as its config.json records: resumed from the CLI with only --max-steps and
+    --extend-schedule it trains on with them; a setting given wins; a new run, and the cluster commands, get the
+    defaults."""
+    from pipelines import CLUSTER_DEFAULTS
+    from pipelines.cli import RESUMED_SETTINGS, launch_config, run_local_arguments
+    from trainer.config import TRAIN_DEFAULTS
+
+    root = str(trained_root)
+    recorded = json.loads(RunPaths.of(trained_root, "run-1").config.read_text())["trainer"]
+    assert {n: recorded[n] for n in ("preset", "max_steps", "seq_len", "lr", "warmup_steps", "checkpoint_every")} == {
+        "preset": "tiny", "max_steps": 60, "seq_len": 64, "lr": 5e-3, "warmup_steps": 5, "checkpoint_every": 20
+    }, "settings other than the defaults, or this test would show nothing"  # fmt: skip
+    own = {name: recorded[name] for name in RESUMED_SETTINGS}
+
+    resumed = run_local_arguments(parsed("run-local", "--storage-root", root, "--resume-run-id", "run-1",
+                                         "--max-steps", "80", "--extend-schedule"))  # fmt: skip
+    assert {name: resumed[name] for name in RESUMED_SETTINGS} == {**own, "max_steps": 80}
+    assert (resumed["run_id"], resumed["extend_schedule"]) == ("run-1", "continue"), "not a setting of the run"
+
+    relaunched = launch_config(parsed("launch", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-1",
+                                      "--lr", "1e-3", "--extend-schedule", "rewarm"))  # fmt: skip
+    assert {name: getattr(relaunched, name) for name in RESUMED_SETTINGS} == {**own, "lr": 1e-3}
+    args = relaunched.trainer_args()
+    assert args[args.index("--seq-len") + 1] == "64" and args[args.index("--extend-schedule") + 1] == "rewarm"
+
+    defaults = {name: TRAIN_DEFAULTS[name] for name in RESUMED_SETTINGS}
+    new = run_local_arguments(parsed("run-local", "--storage-root", root, "--run-id", "run-2"))
+    assert {name: new[name] for name in RESUMED_SETTINGS} == defaults and new["extend_schedule"] == ""
+    fresh = launch_config(parsed("launch", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-2"))
+    assert {name: getattr(fresh, name) for name in RESUMED_SETTINGS} == defaults
+    rendered = launch_config(parsed("render-job", "--storage-root", root, "--dataset", "synthetic", "--run-id",
+                                    "run-1"))  # fmt: skip
+    assert {name: getattr(rendered, name) for name in RESUMED_SETTINGS} == {**defaults, **{
+        name: CLUSTER_DEFAULTS[name] for name in RESUMED_SETTINGS}}, "render-job: the pipeline's defaults"  # fmt: skip
+
+
+def test_a_resume_whose_recorded_settings_are_missing_or_unreadable_is_refused_in_one_line(
+    trained_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipelines.cli import main
+
+    run = RunPaths.of(trained_copy, "run-1")
+    root = str(trained_copy)
+    commands = [["run-local", "--storage-root", root, "--dataset", "synthetic", "--skip-staging", "--resume-run-id",
+                 "run-1"],
+                ["launch", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-1"]]  # fmt: skip
+    run.config.unlink()
+    for command in commands:
+        assert main([*command, "--max-steps", "80"]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"hyperpod-pretrain {command[0]}: error: run 'run-1' holds a checkpoint to resume, but not {run.config}, "
+            "which records its settings: the run directory is incomplete"
+        ]
+    run.config.write_text('{"trainer": ')
+    for command in commands:
+        assert main(command) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"hyperpod-pretrain {command[0]}: error: run 'run-1': its settings in {run.config} are unreadable "
+            "(JSONDecodeError: Expecting value: line 1 column 13 (char 12))"
+        ]
+    assert not (run.root / "steps").exists() and json.loads(run.status.read_text())["step"] == 60, "nothing ran"

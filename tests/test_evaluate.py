@@ -289,8 +289,8 @@ def test_the_export_is_uploaded_to_s3(trained_copy: Path, s3_endpoint: str) -> N
 def test_mean_loss_reads_the_windows_of_each_shard_without_joining_them() -> None:
     import numpy as np
 
-    from components.evaluate_checkpoint.core import mean_loss
-    from trainer.data import TokenSplit
+    from trainer.data import DataError, TokenSplit
+    from trainer.evaluation import mean_loss
     from trainer.model import build_model, model_config
 
     torch.manual_seed(0)
@@ -303,7 +303,7 @@ def test_mean_loss_reads_the_windows_of_each_shard_without_joining_them() -> Non
     assert count == n_bytes == each[0][1] + each[1][1] == 9 * 16
     assert loss == pytest.approx((each[0][0] * each[0][1] + each[1][0] * each[1][1]) / count, rel=1e-6)
     assert mean_loss(model, TokenSplit([a, b], "val"), 16, 7 * 16, 4, cpu, ones)[1] == 7 * 16  # max_tokens
-    with pytest.raises(InputError, match="shard"):  # 2 x 10 tokens: no window of 17 inside one shard
+    with pytest.raises(DataError, match="shard"):  # 2 x 10 tokens: no window of 17 inside one shard
         mean_loss(model, TokenSplit([a[:10], b[:10]], "val"), 16, 10**6, 4, cpu, ones)
 
 

@@ -40,7 +40,7 @@ RTOL = 1e-4
 def fsdp_straight(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
     root = tmp_path_factory.mktemp("fsdp")
     shutil.copytree(staged_root, root, dirs_exist_ok=True)
-    launch(tiny_launch(root, "fsdp-straight", **EXACT, extra_env=FSDP))
+    launch(tiny_launch(root, "fsdp-straight", **EXACT, eval_every=10, extra_env=FSDP))  # as the uninterrupted run
     return RunPaths.of(root, "fsdp-straight")
 
 
@@ -58,6 +58,12 @@ def test_fsdp_trains_the_model_ddp_trains_to_the_same_loss(fsdp_straight: RunPat
     fsdp, ddp = read_metrics(fsdp_straight), read_metrics(uninterrupted)
     assert fsdp[0]["loss"] == ddp[0]["loss"]
     assert_close_losses(fsdp, ddp)
+    # Evaluated every 10 steps by both ranks (an FSDP forward is collective), to DDP's val loss within the same
+    # tolerance; test_an_fsdp_run_stopped_by_sigterm_resumes_bit_identically compares with a run that evaluates not.
+    evaluated = [r for r in fsdp if "val_loss" in r]
+    assert [r["step"] for r in evaluated] == [10, 20, 30, 40]
+    assert_close_losses([{"step": r["step"], "loss": r["val_loss"]} for r in evaluated],
+                        [{"step": r["step"], "loss": r["val_loss"]} for r in ddp if "val_loss" in r])  # fmt: skip
     config = json.loads(fsdp_straight.config.read_text())
     assert config["trainer"]["parallelism"] == "fsdp"
     assert "parallelism fsdp over DeviceMesh" in fsdp_straight.rank_log(0).read_text()

@@ -105,7 +105,11 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     assert len(console) <= 60, "\n".join(console)
     assert "Task 'launch-pytorchjob' finished with status SUCCESS" in result.stdout and "\x1b[" not in result.stdout
     assert not [line for line in console if "outputs:" in line or '"outputFile"' in line or "[default1]" in line]
-    assert any(line.strip().split(" ", 1)[1].startswith("step 40 loss") for line in console if " step 40 " in line)
+    trainer_lines = [line.strip().split(" ", 1)[1] for line in console if line.startswith("    ")]
+    assert len([line for line in trainer_lines if line.startswith("model ") and " params; " in line]) == 1
+    assert len([line for line in trainer_lines if line.startswith("step 1 took ")]) == 1
+    assert [line.split("  ")[0] for line in trainer_lines if "  loss " in line] == [f"step {s}/40" for s in
+                                                                                  (10, 20, 30, 40)]  # fmt: skip
     run = RunPaths.of(root, "e2e")
     evaluation = json.loads(run.eval_result.read_text())
     assert evaluation["step"] == 40

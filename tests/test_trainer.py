@@ -1,6 +1,7 @@
 """The trainer under a real torchrun with 2 processes (gloo, CPU), through the local launcher."""
 
 import json
+import math
 import os
 import random
 import re
@@ -29,6 +30,7 @@ from trainer.config import parse_config
 from trainer.data import TokenBatches, load_split
 from trainer.dcp_io import MODEL, OPTIM, apply_state
 from trainer.layout import RunPaths
+from trainer.metrics import plan_line
 from trainer.model import architecture_differences, build_model, config_from_dict, model_config
 from trainer.preemption import ExitCode
 from trainer.schedule import LRSchedule, ScheduleSettings
@@ -58,7 +60,17 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
     assert not list(run.checkpoints.glob(".*")), "no temporary checkpoint files left"
     config = json.loads(run.config.read_text())
     assert config["trainer"]["max_steps"] == 60 and config["model"]["n_layer"] == 2
-    assert "step 60 loss" in run.rank_log(0).read_text()
+    # Rank 0's console lines (trainer/metrics.py): the plan once, the first step's time once, a line per logged step.
+    log_text = run.rank_log(0).read_text()
+    parameters = sum(p.numel() for p in build_model(config_from_dict(config["model"])).parameters())
+    train_tokens = len(load_split(snapshot_dir(trained_root, "synthetic"), "train"))
+    assert log_text.count(f"INFO trainer: {plan_line(parameters, 8 * 64 * 2, 60, train_tokens)}\n") == 1
+    assert len(re.findall(r"INFO trainer: step 1 took \d+\.\ds \(includes compile/warm-up\)\n", log_text)) == 1
+    shape = (r"INFO trainer: step (\d+)/60  loss \d\.\d{4}  lr \d\.\de-\d  gnorm \d+\.\d\d  tok/s [\d.]+k?  mfu —  "
+             r"eta (\d+m\d\ds|\d+s)\n")  # fmt: skip
+    logged = re.findall(shape, log_text)
+    assert [int(step) for step, _ in logged] == [10, 20, 30, 40, 50, 60] and logged[-1][1] == "0s", logged
+    assert "INFO trainer: step " not in run.rank_log(1).read_text(), "rank 0 alone says how training goes"
     assert "comms self-test" in run.rank_log(1).read_text()
     assert run.attempts() == [1], "one start, one attempt, agreed by both ranks"
     for rank in (0, 1):
@@ -67,14 +79,19 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
 
 
 def test_resumes_from_checkpoint(trained_root: Path, tmp_path: Path) -> None:
+    """The finished 60-step run goes on to 80 with --extend-schedule continue: at the learning rate it ended on."""
     root = tmp_path / "fsx"
     shutil.copytree(trained_root, root, symlinks=True)
-    launch(tiny_launch(root, "run-1", max_steps=80, extend_schedule=True))
+    launch(tiny_launch(root, "run-1", max_steps=80, extend_schedule="continue"))
     run = RunPaths.of(root, "run-1")
     records = read_metrics(run)
     assert [r["step"] for r in records] == [10, 20, 30, 40, 50, 60, 70, 80]
     assert records[-1]["tokens"] == 80 * 8 * 64 * 2
-    assert "resumed at step 60" in run.rank_log(0).read_text()
+    assert [r["lr"] for r in records[5:]] == pytest.approx([5e-4] * 3), "no re-warm: the end rate goes on"
+    log_text = run.rank_log(0).read_text()
+    assert "resumed at step 60" in log_text
+    assert ("learning-rate schedule extended at step 60 (max_steps: 60 -> 80): cosine from lr 0.0005 to 0.0005 at "
+            "step 80, no re-warm") in log_text  # fmt: skip
     assert read_checkpoint(run.latest_checkpoint)["step"] == 80
 
 
@@ -167,6 +184,39 @@ def test_the_sigterm_budget_is_the_shutdown_timeout_the_job_gives_torchrun(stage
     output, _ = proc.communicate(timeout=60)
     assert re.search(r"stopped by SIGTERM at step \d+: checkpoint committed [\d.]+s after the signal \(budget 100s\)",
                      output), output[-2000:]  # fmt: skip
+
+
+def test_the_val_loss_of_an_eval_step_is_the_evaluations_of_that_steps_checkpoint(uninterrupted: RunPaths) -> None:
+    """The uninterrupted run measured its val loss every 10 steps (--eval-every 10): in those rows only, with the value
+    the evaluation step's function gives for that step's checkpoint over the same tokens, and below the untrained
+    model's. (Its rows equal those of runs that evaluate not: test_sigterm_checkpoints_and_resume_is_bit_identical.)"""
+    from tokenizers import Tokenizer
+
+    from components.evaluate_checkpoint.core import find_checkpoint
+    from trainer.checkpoint import read_weights
+    from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
+    from trainer.layout import TOKENIZER
+
+    rows = {r["step"]: r for r in read_metrics(uninterrupted)}
+    assert [s for s, r in rows.items() if "val_loss" in r] == [10, 20, 30, 40]
+    config = json.loads(uninterrupted.config.read_text())
+    snapshot = Path(config["dataset"]["tokenized_dir"])
+    val = load_split(snapshot, "val")
+    lengths = token_byte_lengths(Tokenizer.from_file(str(snapshot / TOKENIZER)), config["model"]["vocab_size"])
+    model = build_model(config_from_dict(config["model"]))
+    model.load_state_dict(read_weights(find_checkpoint(uninterrupted, "40")))
+    loss, tokens, n_bytes = mean_loss(model, val, 64, 16384, 8, torch.device("cpu"), lengths)
+    assert rows[40]["val_tokens"] == tokens == min(16384, val.num_windows(64) * 64)
+    assert rows[40]["val_loss"] == loss and math.isfinite(loss), "the same weights, windows, batches: the same sum"
+    assert rows[40]["val_bpb"] == bits_per_byte(loss, tokens, n_bytes)
+    torch.manual_seed(1234)
+    untrained, _, _ = mean_loss(build_model(config_from_dict(config["model"])), val, 64, 16384, 8,
+                                torch.device("cpu"), lengths)  # fmt: skip
+    assert rows[10]["val_loss"] > rows[40]["val_loss"] and rows[40]["val_loss"] < untrained - 1.0
+    log_text = uninterrupted.rank_log(0).read_text()
+    assert re.search(r"INFO trainer: eval step 40: val loss \d\.\d{4} \(\d\.\d{4} bits per byte, [\d,]+ tokens\)\n",
+                     log_text), log_text[-2000:]  # fmt: skip
+    assert "eval step" not in uninterrupted.rank_log(1).read_text()
 
 
 def test_async_checkpoints_hold_exactly_their_step(staged_copy: Path, uninterrupted: RunPaths) -> None:
@@ -289,17 +339,29 @@ def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Pa
     run = RunPaths.of(root, "run-1")
     share = run.checkpoints / "step_00000060" / "__1_0.distcp"  # rank 1's share of the newest checkpoint
     share.write_bytes(share.read_bytes()[: share.stat().st_size // 2])
-    launch(tiny_launch(root, "run-1", max_steps=70, extend_schedule=True))
+    launch(tiny_launch(root, "run-1", max_steps=70, extend_schedule="continue"))
     log_text = run.rank_log(0).read_text()
     assert "is truncated or altered: __1_0.distcp is" in log_text and "trying an older checkpoint" in log_text
     assert "resumed at step 40" in log_text
-    assert read_checkpoint(run.latest_checkpoint)["step"] == 70
+    state = read_checkpoint(run.latest_checkpoint)
+    assert state["step"] == 70
+    # Resumed mid-decay with --extend-schedule continue: from step 40's lr (its row, logged before the resume) the
+    # cosine goes on down to the end lr at the new max, with no jump and no re-warm.
+    rows = {r["step"]: r["lr"] for r in read_metrics(run)}
+    assert list(rows) == [10, 20, 30, 40, 50, 60, 70]
+    assert rows[40] > rows[50] > rows[60] > rows[70] == pytest.approx(5e-4)
+    schedule = LRSchedule(ScheduleSettings(1.0, 1, 2, 0.0))
+    schedule.load_state_dict(state["schedule"])
+    assert [(e.start_step, e.kind) for e in schedule.extensions] == [(40, "continue")]
+    assert rows == {step: schedule.lr_at(step) for step in rows}, "the checkpoint's schedule reproduces every lr"
+    assert "learning-rate schedule extended at step 40 (max_steps: 60 -> 70): cosine from lr 0.00" in log_text
 
 
 def test_world_size_2_to_1_repeats_and_skips_no_sample(staged_copy: Path) -> None:
     samples = {"TRAINER_LOG_SAMPLES": "true"}
     launch(tiny_launch(staged_copy, "elastic", max_steps=5, extra_env=samples))
-    launch(tiny_launch(staged_copy, "elastic", max_steps=10, nproc_per_node=1, extend_schedule=True, extra_env=samples))
+    launch(tiny_launch(staged_copy, "elastic", max_steps=10, nproc_per_node=1, extend_schedule="continue",
+                       extra_env=samples))  # fmt: skip
     run = RunPaths.of(staged_copy, "elastic")
     seen = []
     for rank_file in sorted(run.logs.glob("samples_rank_*.txt")):
@@ -394,11 +456,12 @@ def test_a_resume_with_another_schedule_is_refused_naming_each_difference(traine
 
 
 def test_an_extended_schedule_continues_the_lr_without_a_jump(trained_root: Path, tmp_path: Path) -> None:
-    """Resumed at step 60 (the end of its decay, lr 5e-4) with --extend-schedule to a new peak of 2e-3 at step 80:
-    the lr climbs from where it was over the 5 warm-up steps, and the extension is in the checkpoint."""
+    """Resumed at step 60 (the end of its decay, lr 5e-4) with --extend-schedule rewarm to a new peak of 2e-3 at step
+    80: the lr climbs from where it was over the 5 warm-up steps, and the extension is in the checkpoint. (Without a
+    re-warm, --extend-schedule continue: test_truncated_latest_falls_back_to_the_previous_checkpoint.)"""
     root = tmp_path / "fsx"
     shutil.copytree(trained_root, root, symlinks=True)
-    extended = dict(max_steps=80, lr=2e-3, extend_schedule=True)
+    extended = dict(max_steps=80, lr=2e-3, extend_schedule="rewarm")
     launch(tiny_launch(root, "run-1", log_every=1, **extended))
     run = RunPaths.of(root, "run-1")
     rows = {r["step"]: r["lr"] for r in read_metrics(run)}
@@ -480,7 +543,7 @@ def test_resume_is_bit_identical_with_dropout(staged_copy: Path, uninterrupted: 
     norm and learning rate of the uninterrupted run."""
     settings = dict(max_steps=20, log_every=1, checkpoint_every=5, dropout=0.1,
                     extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})  # fmt: skip
-    launch(tiny_launch(staged_copy, "dropout-straight", **settings))
+    launch(tiny_launch(staged_copy, "dropout-straight", **settings, eval_every=5))  # in eval mode: no dropout drawn
     stopped = tiny_launch(staged_copy, "dropout-resumed", **settings)
     status = preempt_at_random_step(stopped, 3, 16)
     assert status["step"] < 20
@@ -488,6 +551,7 @@ def test_resume_is_bit_identical_with_dropout(staged_copy: Path, uninterrupted: 
     assert f"resumed at step {status['step']}" in stopped.run_paths.rank_log(0).read_text()
     straight = read_metrics(RunPaths.of(staged_copy, "dropout-straight"))
     assert_same_rows(read_metrics(stopped.run_paths), straight, f"after a SIGTERM at step {status['step']}")
+    assert [r["step"] for r in straight if "val_loss" in r] == [5, 10, 15, 20], "evaluated, and trained the same"
     model = json.loads(stopped.run_paths.config.read_text())["model"]
     assert (model["resid_pdrop"], model["embd_pdrop"], model["attn_pdrop"]) == (0.1, 0.1, 0.1)
     assert straight[0]["loss"] != read_metrics(uninterrupted)[0]["loss"], "dropout changes the first step's loss"
@@ -503,8 +567,11 @@ def test_dropout_is_set_per_family_is_no_architecture_change_and_is_bounded(caps
     assert "argument --dropout: must be below 1, got 1.0" in capsys.readouterr().err.splitlines()[-1]
     with pytest.raises(InputError, match="dropout must be at least 0 and below 1, got 1.5"):
         tiny_launch(Path("/nonexistent"), "r", dropout=1.5).validate(check_storage=False)
-    args = tiny_launch(Path("/fsx"), "r", dropout=0.1, extend_schedule=True).trainer_args()
-    assert args[args.index("--dropout") + 1] == "0.1" and args[args.index("--extend-schedule") + 1] == "true"
+    args = tiny_launch(Path("/fsx"), "r", dropout=0.1, extend_schedule="rewarm").trainer_args()
+    assert args[args.index("--dropout") + 1] == "0.1" and args[args.index("--extend-schedule") + 1] == "rewarm"
+    assert "--extend-schedule" not in tiny_launch(Path("/fsx"), "r").trainer_args(), "none: the trainer's default"
+    with pytest.raises(InputError, match="extend_schedule 'true' is unknown: give continue, rewarm or '' \\(none\\)"):
+        tiny_launch(Path("/nonexistent"), "r", extend_schedule="true").validate(check_storage=False)
 
 
 @pytest.mark.usefixtures("aws_env")
@@ -555,7 +622,7 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
                             cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    sync_steps = {4, 8, 12}  # logged (log_every 4), and the last
+    sync_steps = {1, 4, 8, 12}  # the first (timed on its own), logged (log_every 4), and the last
     quiet = [s for s in range(2, 13) if s not in sync_steps and s - 1 not in sync_steps]
     for rank in (0, 1):
         steps: dict[int, list[dict]] = {}

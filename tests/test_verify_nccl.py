@@ -376,7 +376,7 @@ def test_an_elastic_shrink_from_2_to_1_ranks_verifies_on_the_latest_attempt(trai
     """The trainer numbers its starts: run-1 trained on 2 processes (attempt 1), resumed on 1 (attempt 2). Rank 1's
     old report is attempt 1's, and does not fail attempt 2."""
     root, run = copy_run(trained_root, tmp_path)
-    launch(tiny_launch(root, "run-1", max_steps=70, nproc_per_node=1, resume=True, extend_schedule=True))
+    launch(tiny_launch(root, "run-1", max_steps=70, nproc_per_node=1, resume=True, extend_schedule="continue"))
     assert run.attempts() == [1, 2]
     assert json.loads(run.status.read_text())["attempt"] == 2
     result = verify_nccl(str(root), "run-1", expect=Expectations(min_world_size=1, max_world_size=2))

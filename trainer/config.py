@@ -13,13 +13,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 
 ENV_PREFIX = "TRAINER_"
+CONTINUE, REWARM = "continue", "rewarm"  # --extend-schedule's kinds (trainer/schedule.py)
+EXTENSIONS = (CONTINUE, REWARM)
 PARALLELISMS = ("ddp", "fsdp", "hsdp")  # trainer/parallel.py
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 
 
 def _opt(default, help: str, minimum: float | None = None, below: float | None = None,
-         choices: tuple[str, ...] | None = None):  # fmt: skip
-    return field(default=default, metadata={"help": help, "min": minimum, "below": below, "choices": choices})
+         choices: tuple[str, ...] | None = None, bare: str | None = None):  # fmt: skip
+    """A setting; `bare`: the value of its flag given without one (bool flags: true)."""
+    return field(default=default, metadata={"help": help, "min": minimum, "below": below, "choices": choices,
+                                            "bare": bare})  # fmt: skip
 
 
 class SettingError(Exception):
@@ -56,9 +60,12 @@ class TrainConfig:
     lr: float = _opt(3e-3, "peak learning rate", 0)
     min_lr_ratio: float = _opt(0.1, "final learning rate as a fraction of the peak", 0)
     warmup_steps: int = _opt(20, "steps of linear warm-up", 0)
-    extend_schedule: bool = _opt(False, "on resume, continue from the current learning rate to these schedule "
-                                 "settings (lr, warmup-steps, max-steps, min-lr-ratio) where they differ from the "
-                                 "checkpoint's: linear to --lr over --warmup-steps, then cosine")  # fmt: skip
+    extend_schedule: str = _opt("", "on resume, go on from the current learning rate to these schedule settings "
+                                "where they differ from the checkpoint's: continue (the given alone: the cosine from "
+                                "the current learning rate down to the end one at the new --max-steps; --lr and "
+                                "--warmup-steps stay the run's) or rewarm (linear to --lr over --warmup-steps, then "
+                                "cosine); empty: other settings are refused", choices=("", *EXTENSIONS),
+                                bare=CONTINUE)  # fmt: skip
     weight_decay: float = _opt(0.1, "AdamW weight decay of matrices", 0)
     grad_clip: float = _opt(1.0, "clip the gradient norm to this (0: no clipping)", 0)
     dropout: float = _opt(0.0, "dropout probability of the model's dropout layers (not an architecture setting)", 0, 1)
@@ -99,6 +106,10 @@ class TrainConfig:
     log_every: int = _opt(10, "steps between metrics rows and log lines", 1)
     peak_tflops: float = _opt(0.0, "peak bf16 TFLOP/s of one accelerator for MFU (0: detect the GPU)", 0)
     log_samples: bool = _opt(False, "record the sample (window) ids each rank trains on, under <run>/logs/")
+    eval_every: int = _opt(0, "steps between validation losses on the snapshot's val split, in that step's metrics "
+                           "row (val_loss, val_bpb) and log (0: none)", 0)  # fmt: skip
+    eval_tokens: int = _opt(16384, "val tokens each validation reads at most: the split's first windows, as the "
+                            "evaluation step reads them", 1)  # fmt: skip
 
     @property
     def tokens_per_step(self) -> int:
@@ -113,7 +124,7 @@ def convert(kind: type, minimum: float | None, text: str, below: float | None = 
             choices: tuple[str, ...] | None = None) -> bool | int | float | str:  # fmt: skip
     """One setting from its text; ValueError says what is wrong with it."""
     if choices is not None and text not in choices:
-        raise ValueError(f"{text!r} is unknown: choose one of {', '.join(choices)}")
+        raise ValueError(f"{text!r} is unknown: choose one of {', '.join(c or repr(c) for c in choices)}")
     if kind is bool:
         lowered = text.strip().lower()
         if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -169,6 +180,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             required=f.default is MISSING and env not in environ,
             help=f"{f.metadata['help']} [env {env}]",
             **({"nargs": "?", "const": True} if f.type == "bool" else {}),
+            **({"nargs": "?", "const": f.metadata["bare"]} if f.metadata.get("bare") else {}),
         )
     args = vars(parser.parse_args(argv))
     values = {}

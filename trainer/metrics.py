@@ -1,11 +1,22 @@
-"""Training metrics: the metrics.jsonl rows, throughput and model FLOPs utilisation (MFU)."""
+"""Training metrics: the metrics.jsonl rows, throughput, model FLOPs utilisation (MFU), and rank 0's console lines.
+
+The console lines are for a person watching a run (torchtitan's shape): where it is, how fast, and when it ends,
+
+    model 12.3M params; 8,192 tokens per step x 200 steps = 1.6M tokens, 4.5 epochs of the train split (364k tokens)
+    step 1 took 2.3s (includes compile/warm-up)
+    step 40/200  loss 4.2113  lr 2.9e-3  gnorm 0.83  tok/s 7.1k  mfu —  eta 1m20s
+
+metrics.jsonl keeps the exact numbers; these are rounded for reading.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +122,85 @@ class Throughput:
         result = self.tokens / elapsed, elapsed / max(self.steps, 1)
         self.reset()
         return result
+
+
+class StepTimes:
+    """Seconds per step over the recent steps, for the ETA: from the times at which steps ended where the host waited
+    for the device (the first step of the process, then each logged step), so that a queue of asynchronous work does
+    not pass for speed. The first step's own time (compile, warm-up) is left out: it is measured from its end."""
+
+    def __init__(self, windows: int = 5) -> None:
+        self.marks: deque[tuple[int, float]] = deque(maxlen=windows + 1)
+
+    def mark(self, step: int, now: float) -> None:
+        if not self.marks or step > self.marks[-1][0]:
+            self.marks.append((step, now))
+
+    def seconds_per_step(self) -> float | None:
+        """The mean over the last few marked windows; None before two marks."""
+        if len(self.marks) < 2:
+            return None
+        (first_step, first_time), (last_step, last_time) = self.marks[0], self.marks[-1]
+        return (last_time - first_time) / (last_step - first_step)
+
+    def eta_s(self, step: int, max_steps: int) -> float | None:
+        per_step = self.seconds_per_step()
+        return None if per_step is None else per_step * max(0, max_steps - step)
+
+
+NO_VALUE = "—"  # a figure this run cannot have (MFU on a CPU) or does not have yet (the ETA before two marks)
+_UNITS = ((1e3, "k"), (1e6, "M"), (1e9, "B"), (1e12, "T"))
+
+
+def human_count(value: float) -> str:
+    """950, 7.1k, 364k, 1.6M, 12.3M, 2.1B: three significant figures at most, one decimal below 100 of the unit; the
+    smallest unit in which the rounded figure stays below 1000."""
+    if round(abs(value)) < 1000:
+        return f"{value:.0f}"
+    size, unit = next(((size, unit) for size, unit in _UNITS if round(abs(value) / size) < 1000), _UNITS[-1])
+    scaled = value / size
+    return f"{scaled:.1f}{unit}" if round(abs(scaled), 1) < 100 else f"{scaled:.0f}{unit}"
+
+
+def human_duration(seconds: float | None) -> str:
+    """45s, 1m20s, 1h02m, 3d04h; the unknown as NO_VALUE."""
+    if seconds is None or not math.isfinite(seconds):
+        return NO_VALUE
+    whole = round(max(0.0, seconds))
+    minutes, secs = divmod(whole, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def short_float(value: float) -> str:
+    """A learning rate as people write it: 2.9e-3, not 2.90e-03."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def step_line(step: int, max_steps: int, loss: float, lr: float, grad_norm: float, tokens_per_s: float,
+              mfu: float | None, eta_s: float | None) -> str:  # fmt: skip
+    """Rank 0's line at a logged step: position, loss, learning rate, gradient norm, throughput, MFU, time left."""
+    return "  ".join([
+        f"step {step}/{max_steps}", f"loss {loss:.4f}", f"lr {short_float(lr)}", f"gnorm {grad_norm:.2f}",
+        f"tok/s {human_count(tokens_per_s)}", f"mfu {NO_VALUE if mfu is None else f'{mfu:.1%}'}",
+        f"eta {human_duration(eta_s)}",
+    ])  # fmt: skip
+
+
+def plan_line(parameters: int, tokens_per_step: int, max_steps: int, train_tokens: int) -> str:
+    """What the run is about to do, in one line: its size, its tokens, and how many passes over the train split
+    they make (a run of many epochs over a small split memorises it)."""
+    total = tokens_per_step * max_steps
+    epochs = total / train_tokens if train_tokens else math.inf
+    passes = f"{epochs:.0f}" if epochs >= 10 else f"{epochs:.1f}" if epochs >= 0.1 else f"{epochs:.2g}"
+    return (f"model {human_count(parameters)} params; {tokens_per_step:,} tokens per step x {max_steps:,} steps = "
+            f"{human_count(total)} tokens, {passes} epochs of the train split "
+            f"({human_count(train_tokens)} tokens)")  # fmt: skip

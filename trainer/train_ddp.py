@@ -48,12 +48,22 @@ from trainer.checkpoint import (
     set_rng_state,
     unchecked_by_old_checkpoint,
 )
-from trainer.config import SettingError, TrainConfig, parse_config
-from trainer.data import DataError, DataPosition, TokenBatches, load_meta, load_split
+from trainer.config import CONTINUE, SettingError, TrainConfig, parse_config
+from trainer.data import DataError, DataPosition, TokenBatches, TokenSplit, load_meta, load_split
+from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
 from trainer.health import Divergence, Heartbeat, SpikeWatch, collective_failed
-from trainer.layout import RunPaths
+from trainer.layout import TOKENIZER, RunPaths
 from trainer.memory import estimate, model_shape
-from trainer.metrics import MetricsLog, Throughput, flops_per_token, peak_flops, rss_gib
+from trainer.metrics import (
+    MetricsLog,
+    StepTimes,
+    Throughput,
+    flops_per_token,
+    peak_flops,
+    plan_line,
+    rss_gib,
+    step_line,
+)
 from trainer.model import SMALL_PRESETS, architecture_differences, model_config
 from trainer.parallel import parallelize
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
@@ -140,6 +150,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     # Data, model, optimizer.
     meta = load_meta(data_dir)
     batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
+    val, byte_lengths = validation_data(data_dir, meta, cfg.seq_len) if cfg.eval_every else (None, None)
     mconfig = model_config(cfg.preset, meta["vocab_size"], cfg.seq_len, meta["eos_id"], cfg.dropout)
     # The model, spread over the ranks as --parallelism says (trainer/parallel.py), with the same initial weights
     # whatever the parallelism and world size.
@@ -195,12 +206,12 @@ def train(cfg: TrainConfig) -> ExitCode:
         state.setdefault("schedule", schedule.state_dict())  # schema 1: the flags' schedule
         checkpoints.restore(checkpoint, model, optimizer)
         train_state.load_state_dict(state)
-        if changes := schedule.resume(progress.step, ScheduleSettings.of(cfg), cfg.extend_schedule):
-            if rank == 0:
-                log.info("learning-rate schedule extended at step %d (%s): from lr %.3g linear to %.3g over %d "
-                         "steps, then cosine to %.3g at step %d", progress.step, "; ".join(changes),
-                         schedule.lr_at(progress.step), cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio * cfg.lr,
-                         cfg.max_steps)  # fmt: skip
+        if (changes := schedule.resume(progress.step, ScheduleSettings.of(cfg), cfg.extend_schedule)) and rank == 0:
+            start_lr, end_lr = schedule.lr_at(progress.step), cfg.min_lr_ratio * cfg.lr
+            shape = (f"cosine from lr {start_lr:.3g} to {end_lr:.3g} at step {cfg.max_steps}, no re-warm"
+                     if cfg.extend_schedule == CONTINUE else f"from lr {start_lr:.3g} linear to {cfg.lr:.3g} over "
+                     f"{cfg.warmup_steps} steps, then cosine to {end_lr:.3g} at step {cfg.max_steps}")  # fmt: skip
+            log.info("learning-rate schedule extended at step %d (%s): %s", progress.step, "; ".join(changes), shape)
         if (rng := checkpoint.rng_of(rank)) is not None:
             set_rng_state(rng)
         else:  # a rank the saved run did not have
@@ -245,11 +256,14 @@ def train(cfg: TrainConfig) -> ExitCode:
         return checkpoints.save(progress.step, model, optimizer, state, rng_state(), blocking=blocking)
 
     # The loop: one optimizer step of grad_accum_steps micro-batches per iteration. Nothing in it waits for the
-    # device except on a sync step (a logged step, a checkpoint, the last step): the next batches are read ahead
-    # (trainer/prefetch.py) and the ranks agree on stopping one step late (trainer/preemption.py).
-    log.info("training from step %d to %d on %d ranks, %d tokens per step",
-             progress.step, cfg.max_steps, world, cfg.tokens_per_step * world)  # fmt: skip
+    # device except on a sync step (this process's first step, a logged step, a checkpoint, the last step): the next
+    # batches are read ahead (trainer/prefetch.py) and the ranks agree on stopping one step late
+    # (trainer/preemption.py).
+    if rank == 0:
+        parameters = sum(p.numel() for p in model.parameters())  # DTensors under fsdp: their global sizes
+        log.info("%s", plan_line(parameters, cfg.tokens_per_step * world, cfg.max_steps, len(batches.tokens)))
     started, throughput, budget_checked, resumed_at = time.monotonic(), Throughput(), False, progress.step
+    step_times = StepTimes()  # for the ETA
     stop_reason = "max-steps" if progress.step >= cfg.max_steps else None
     if stop_reason:
         log.info("nothing to do: the run already reached step %d", progress.step)
@@ -285,8 +299,10 @@ def train(cfg: TrainConfig) -> ExitCode:
 
             time_up = bool(cfg.max_time_s) and time.monotonic() - started > cfg.max_time_s
             stop.propose(progress.step, time_up, nonfinite)
-            sync_step = (progress.step % cfg.log_every == 0 or progress.step % cfg.checkpoint_every == 0
-                         or progress.step >= cfg.max_steps
+            first_step = progress.step == resumed_at + 1  # compile and warm-up: timed on its own
+            evaluate = bool(cfg.eval_every) and progress.step % cfg.eval_every == 0
+            sync_step = (first_step or progress.step % cfg.log_every == 0 or progress.step % cfg.checkpoint_every == 0
+                         or evaluate or progress.step >= cfg.max_steps
                          or bool(cfg.max_tokens) and progress.tokens_seen >= cfg.max_tokens)  # fmt: skip
             waiting = time.perf_counter()
             stop_reason, flagged = stop.agree(sync_step)
@@ -300,8 +316,12 @@ def train(cfg: TrainConfig) -> ExitCode:
             if stop_reason is None and cfg.max_tokens and progress.tokens_seen >= cfg.max_tokens:
                 stop_reason = "max-tokens"
             step_time_s = time.perf_counter() - step_started
+            if first_step:
+                step_times.mark(progress.step, time.perf_counter())
+                if rank == 0:
+                    log.info("step %d took %.1fs (includes compile/warm-up)", progress.step, step_time_s)
 
-            if progress.step % cfg.log_every == 0 or stop_reason:
+            if progress.step % cfg.log_every == 0 or stop_reason or evaluate:
                 # One collective for the row: the loss summed over the ranks, each rank's private memory in its
                 # own slot (gloo has no average, and a sum of slots gives every rank's, for the maximum).
                 row_values = torch.zeros(1 + world, device=device)
@@ -324,14 +344,21 @@ def train(cfg: TrainConfig) -> ExitCode:
                     "rss_gb": round(max(rss_all), 2), "skipped_steps": divergence.skipped, "time": time.time(),
                 }  # fmt: skip
                 sync_wait_s, save_stall_s, steps_since_log = 0.0, 0.0, 0
+                if evaluate and stop_reason in (None, "max-steps", "max-tokens"):  # not with a signal's budget running
+                    row |= validation(model, val, byte_lengths, cfg, device)  # every rank: a collective under fsdp
+                    throughput.reset()  # its time is not training's
                 if spikes.is_spike(progress.step, row["loss"]):
                     row["loss_spike"] = True
                 metrics.write(row)
                 write_status(run, rank, "running", step=progress.step, world_size=world, attempt=attempt, durable=False)
+                step_times.mark(progress.step, time.perf_counter())
+                eta_s = step_times.eta_s(progress.step, cfg.max_steps)
                 if rank == 0:
-                    mfu = f" mfu {row['mfu']:.1%}" if row["mfu"] is not None else ""
-                    log.info("step %d loss %.4f lr %.2e grad norm %.2f tokens/s %.0f%s", progress.step, row["loss"],
-                             row["lr"], row["grad_norm"], tokens_per_s, mfu)  # fmt: skip
+                    log.info("%s", step_line(progress.step, cfg.max_steps, row["loss"], row["lr"], row["grad_norm"],
+                                             tokens_per_s, row["mfu"], eta_s))  # fmt: skip
+                    if "val_loss" in row:
+                        log.info("eval step %d: val loss %.4f (%.4f bits per byte, %s tokens)", progress.step,
+                                 row["val_loss"], row["val_bpb"], f"{row['val_tokens']:,}")  # fmt: skip
 
             if progress.step % cfg.checkpoint_every == 0 and stop_reason is None and divergence.streak:
                 log.warning("no checkpoint at step %d: its update was skipped (not finite)", progress.step)
@@ -391,6 +418,30 @@ def train(cfg: TrainConfig) -> ExitCode:
                  seconds_to_commit=round(stop.seconds_since(), 3) if preempted else None)  # fmt: skip
     dist.destroy_process_group()
     return code
+
+
+def validation_data(data_dir: Path, meta: dict[str, Any], seq_len: int) -> tuple[TokenSplit, np.ndarray]:
+    """--eval-every's data, read once: the snapshot's val split (memory-mapped), and the bytes each token stands for
+    (bits per byte). A split without one window is bad input at start, not a crash at the first evaluation."""
+    val = load_split(data_dir, "val")
+    if val.num_windows(seq_len) == 0:
+        raise DataError(f"--eval-every: the val split of {data_dir} has no window of {seq_len + 1} tokens in one shard "
+                        f"({len(val)} tokens in {len(val.shards)} shard(s)): evaluate with a shorter --seq-len, or "
+                        "turn it off (0)")  # fmt: skip
+    from tokenizers import Tokenizer
+
+    return val, token_byte_lengths(Tokenizer.from_file(str(data_dir / TOKENIZER)), meta["vocab_size"])
+
+
+def validation(model: torch.nn.Module, val: TokenSplit, byte_lengths: np.ndarray, cfg: TrainConfig,
+               device: torch.device) -> dict[str, float | int]:  # fmt: skip
+    """The val loss over the split's first --eval-tokens tokens, as the evaluation step measures a checkpoint
+    (trainer/evaluation.py), in training batches. No random numbers drawn and no training data read, so a run
+    evaluated along the way trains exactly as one that is not."""
+    training = model.training
+    loss, tokens, n_bytes = mean_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.batch_size, device, byte_lengths)
+    model.train(training)
+    return {"val_loss": loss, "val_bpb": bits_per_byte(loss, tokens, n_bytes), "val_tokens": tokens}
 
 
 def report_silent_ranks(run: RunPaths, rank: int, world: int, silent: list[int], step: int, exc: BaseException,

@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from common.errors import InputError, StepFailed
@@ -49,7 +48,8 @@ from trainer.checkpoint import (
     committed_checkpoints,
     read_weights,
 )
-from trainer.data import DataError, TokenSplit, load_meta, load_split
+from trainer.data import DataError, load_meta, load_split
+from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
 from trainer.layout import CHECKPOINT_COMMIT, META, TOKENIZER, DatasetPaths, RunPaths
 from trainer.model import build_model, config_from_dict
 from trainer.snapshot import config_snapshot
@@ -231,15 +231,13 @@ def evaluate_checkpoint(
     model.to(device)
     tokenizer = Tokenizer.from_file(str(snapshot_dir / TOKENIZER))
     byte_lengths = token_byte_lengths(tokenizer, meta["vocab_size"])
-    val_loss, n_tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
-    torch.manual_seed(config["trainer"]["seed"])
-    untrained, _, _ = mean_loss(build_model(model_config).to(device), val, seq_len, max_tokens, batch_size, device,
-                                byte_lengths)  # fmt: skip
-
-    def bits_per_byte(loss: float) -> float:
-        """Nats per token to bits per byte of the same windows: both models read the same tokens and bytes."""
-        return round(loss * n_tokens / (n_bytes * math.log(2)), 6) if n_bytes else float("nan")
-
+    try:
+        val_loss, n_tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
+        torch.manual_seed(config["trainer"]["seed"])
+        untrained, _, _ = mean_loss(build_model(model_config).to(device), val, seq_len, max_tokens, batch_size,
+                                    device, byte_lengths)  # fmt: skip
+    except DataError as exc:
+        raise InputError(str(exc)) from None
     throughput = training_throughput(run)
     result = EvalResult(
         run_id=run_id,
@@ -249,9 +247,9 @@ def evaluate_checkpoint(
         val_tokens=n_tokens,
         val_loss=round(val_loss, 6),
         val_perplexity=round(math.exp(val_loss), 4),
-        val_bits_per_byte=bits_per_byte(val_loss),
+        val_bits_per_byte=round(bits_per_byte(val_loss, n_tokens, n_bytes), 6),
         untrained_val_loss=round(untrained, 6),
-        untrained_bits_per_byte=bits_per_byte(untrained),
+        untrained_bits_per_byte=round(bits_per_byte(untrained, n_tokens, n_bytes), 6),
         loss_reduction=round(untrained - val_loss, 6),
         train_tokens_per_s=throughput[0],
         train_mfu=throughput[1],
@@ -314,45 +312,6 @@ def find_checkpoint(run: RunPaths, checkpoint: str) -> Checkpoint:
         raise InputError(f"{run.checkpoints} holds no committed checkpoint ({which}): run {run.root.name!r} is "
                          "incomplete")  # fmt: skip
     return checked(found)
-
-
-@torch.no_grad()
-def mean_loss(
-    model: torch.nn.Module, split: TokenSplit, seq_len: int, max_tokens: int, batch_size: int, device: torch.device,
-    byte_lengths: np.ndarray,
-) -> tuple[float, int, int]:  # fmt: skip
-    """Mean next-token cross-entropy over the split's first windows (up to max_tokens targets), the number of
-    targets, and the bytes of text they stand for. Windows are read a batch at a time from the shards."""
-    model.eval()
-    windows = min(split.num_windows(seq_len), max(1, max_tokens // seq_len))
-    if windows == 0:
-        raise InputError(f"the {split.name} split's {len(split.shards)} shard(s) hold no window of {seq_len + 1} "
-                         "tokens")  # fmt: skip
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = n_bytes = 0
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    for start in range(0, windows, batch_size):
-        inputs = torch.from_numpy(split.windows(np.arange(start, min(windows, start + batch_size)), seq_len))
-        batch = inputs.to(device, non_blocking=True)
-        with autocast:
-            logits = model(input_ids=batch[:, :-1], use_cache=False).logits
-        flat = logits.float().reshape(-1, logits.size(-1))
-        total += F.cross_entropy(flat, batch[:, 1:].reshape(-1), reduction="sum")
-        targets = inputs[:, 1:].numpy()
-        count += targets.size
-        n_bytes += int(byte_lengths[targets].sum())
-    return total.item() / count, count, n_bytes
-
-
-def token_byte_lengths(tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
-    """Bytes of text each token id stands for: a byte-level BPE token is one mapped character per byte;
-    special tokens (EOS) stand for none."""
-    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-    lengths = np.zeros(vocab_size, dtype=np.int64)
-    for token, index in tokenizer.get_vocab().items():
-        if index < vocab_size and token not in special:
-            lengths[index] = len(token)
-    return lengths
 
 
 @torch.no_grad()

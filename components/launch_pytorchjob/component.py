@@ -27,10 +27,11 @@ def launch_pytorchjob(
     seq_len: int,
     lr: float,
     warmup_steps: int,
-    extend_schedule: bool,
+    extend_schedule: str,
     dropout: float,
     checkpoint_every: int,
     log_every: int,
+    eval_every: int,
     checkpoint_s3_uri: str,
     s3_endpoint_url: str,
     timeout_s: int,
@@ -50,7 +51,8 @@ def launch_pytorchjob(
 ) -> NamedTuple("Outputs", run_id=str, job_name=str, namespace=str, state=str, attempt=int):  # noqa: UP014
     """Train with torchrun (locally, or as a PyTorchJob or TrainJob that a retried step re-attaches to, or replaces
     when it failed); returns the run id. With `resume_run_id`, training continues in that run's directory from its
-    newest checkpoint; `extend_schedule` lets that resume continue to other lr/warmup_steps/max_steps settings. With
+    newest checkpoint; `extend_schedule` lets that resume go on to other settings: "continue" (a larger max_steps, the
+    decay going on from the current learning rate) or "rewarm" (also another lr or warmup_steps). With
     `checkpoint_s3_uri`, the trainer copies each committed checkpoint to <checkpoint_s3_uri>/<run_id>/ in S3.
     `platform` is compiled in (the job API, the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
     from collections import namedtuple
@@ -83,6 +85,7 @@ def launch_pytorchjob(
         dropout=dropout,
         checkpoint_every=checkpoint_every,
         log_every=log_every,
+        eval_every=eval_every,
         checkpoint_s3_uri=checkpoint_s3_uri,
         s3_endpoint_url=s3_endpoint_url,
         timeout_s=timeout_s,

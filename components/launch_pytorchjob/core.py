@@ -26,7 +26,7 @@ from components.launch_pytorchjob.manifest import (
     render_job,
 )
 from components.launch_pytorchjob.platform import TRAINER_OPTIONS, Platform, run_options
-from trainer.config import TRAIN_DEFAULTS, check_setting
+from trainer.config import EXTENSIONS, TRAIN_DEFAULTS, check_setting
 from trainer.durable import MirrorError, parse_mirror_uri
 from trainer.layout import META, DatasetPaths, RunPaths
 from trainer.model import PRESETS
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 BACKENDS = ("local", "kubernetes")
 # Bounds of what a run may ask for: a typo of an extra digit fails here, not in the scheduler an hour later.
 LIMITS = {"nnodes": 1024, "max_nodes": 1024, "nproc_per_node": 64, "batch_size": 65536, "seq_len": 1 << 20,
-          "max_steps": 10**9, "warmup_steps": 10**9, "checkpoint_every": 10**9, "log_every": 10**9,
+          "max_steps": 10**9, "warmup_steps": 10**9, "checkpoint_every": 10**9, "log_every": 10**9, "eval_every": 10**9,
           "timeout_s": 90 * 24 * 3600, "pending_timeout_s": 30 * 24 * 3600, "recovery_timeout_s": 30 * 24 * 3600,
           "queue_timeout_s": 90 * 24 * 3600}  # fmt: skip
 MAX_IMAGE_REFERENCE = 512
@@ -63,10 +63,12 @@ class LaunchConfig:
     seq_len: int = TRAIN_DEFAULTS["seq_len"]
     lr: float = TRAIN_DEFAULTS["lr"]
     warmup_steps: int = TRAIN_DEFAULTS["warmup_steps"]
-    extend_schedule: bool = TRAIN_DEFAULTS["extend_schedule"]  # a resume may change lr/warmup/max steps (see README)
+    # a resume may go on to other schedule settings: "continue" (a longer decay) or "rewarm"; "": none (see README)
+    extend_schedule: str = TRAIN_DEFAULTS["extend_schedule"]
     dropout: float = TRAIN_DEFAULTS["dropout"]
     checkpoint_every: int = TRAIN_DEFAULTS["checkpoint_every"]
     log_every: int = TRAIN_DEFAULTS["log_every"]
+    eval_every: int = TRAIN_DEFAULTS["eval_every"]  # steps between the trainer's val losses (0: none)
     timeout_s: int = 0  # 0: no deadline
     pending_timeout_s: int = 0  # kubernetes: a job that never started, pods Pending this long: failed (0: none)
     recovery_timeout_s: int = 0  # kubernetes: after it ran, below its minimum of pods this long: failed (0: none)
@@ -152,9 +154,18 @@ class LaunchConfig:
         ):
             if getattr(self, name) <= 0:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
-        for name in ("timeout_s", "pending_timeout_s", "recovery_timeout_s", "queue_timeout_s", "stall_timeout_s"):
+        for name in (
+            "eval_every",
+            "timeout_s",
+            "pending_timeout_s",
+            "recovery_timeout_s",
+            "queue_timeout_s",
+            "stall_timeout_s",
+        ):
             if getattr(self, name) < 0:
                 raise InputError(f"{name.replace('_', '-')} must be 0 (none) or positive, got {getattr(self, name)}")
+        if self.extend_schedule not in ("", *EXTENSIONS):
+            raise InputError(f"extend_schedule {self.extend_schedule!r} is unknown: give continue, rewarm or '' (none)")
         if not self.lr > 0:
             raise InputError(f"lr must be positive, got {self.lr}")
         if not 0 <= self.dropout < 1:
@@ -255,14 +266,15 @@ class LaunchConfig:
             repr(self.lr),
             "--warmup-steps",
             str(self.warmup_steps),
-            "--extend-schedule",
-            "true" if self.extend_schedule else "false",
+            *(["--extend-schedule", self.extend_schedule] if self.extend_schedule else []),
             "--dropout",
             repr(self.dropout),
             "--checkpoint-every",
             str(self.checkpoint_every),
             "--log-every",
             str(self.log_every),
+            "--eval-every",
+            str(self.eval_every),
             *(arg for key, value in self.job_options.items() if key in TRAINER_OPTIONS
               for arg in ("--" + key.replace("_", "-"), check_setting(key, value))),
         ]  # fmt: skip

@@ -1,0 +1,65 @@
+"""Loss on held-out text: one reader of the val windows for the evaluation step and the trainer's --eval-every.
+
+Both measure the same windows the same way (the split's first windows, a batch at a time, mean next-token
+cross-entropy in fp64, bits per byte from the bytes the target tokens stand for), so a val loss the trainer logged
+at a step is the one the evaluation step reports for that step's checkpoint over the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainer.data import DataError, TokenSplit
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+
+@torch.no_grad()
+def mean_loss(
+    model: torch.nn.Module, split: TokenSplit, seq_len: int, max_tokens: int, batch_size: int, device: torch.device,
+    byte_lengths: np.ndarray,
+) -> tuple[float, int, int]:  # fmt: skip
+    """Mean next-token cross-entropy over the split's first windows (up to max_tokens targets), the number of
+    targets, and the bytes of text they stand for. Windows are read a batch at a time from the shards. Leaves the
+    model in eval mode; draws no random numbers."""
+    model.eval()
+    windows = min(split.num_windows(seq_len), max(1, max_tokens // seq_len))
+    if windows == 0:
+        raise DataError(f"the {split.name} split's {len(split.shards)} shard(s) hold no window of {seq_len + 1} "
+                        "tokens")  # fmt: skip
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = n_bytes = 0
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    for start in range(0, windows, batch_size):
+        inputs = torch.from_numpy(split.windows(np.arange(start, min(windows, start + batch_size)), seq_len))
+        batch = inputs.to(device, non_blocking=True)
+        with autocast:
+            logits = model(input_ids=batch[:, :-1], use_cache=False).logits
+        flat = logits.float().reshape(-1, logits.size(-1))
+        total += F.cross_entropy(flat, batch[:, 1:].reshape(-1), reduction="sum")
+        targets = inputs[:, 1:].numpy()
+        count += targets.size
+        n_bytes += int(byte_lengths[targets].sum())
+    return total.item() / count, count, n_bytes
+
+
+def bits_per_byte(loss: float, tokens: int, n_bytes: int) -> float:
+    """Nats per token to bits per byte of text: comparable across tokenizers."""
+    return loss * tokens / (n_bytes * math.log(2)) if n_bytes else float("nan")
+
+
+def token_byte_lengths(tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
+    """Bytes of text each token id stands for: a byte-level BPE token is one mapped character per byte;
+    special tokens (EOS) stand for none."""
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    lengths = np.zeros(vocab_size, dtype=np.int64)
+    for token, index in tokenizer.get_vocab().items():
+        if index < vocab_size and token not in special:
+            lengths[index] = len(token)
+    return lengths
