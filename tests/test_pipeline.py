@@ -157,12 +157,21 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
 
 def test_run_local_fails_when_a_step_fails(staged_copy: Path) -> None:
     """A step that fails inside the exit handler (the launcher, on a resume whose only checkpoint is damaged: what
-    can be checked before the pipeline starts passes, a checkpoint is there): the run fails with the failed step's own
-    reason as its last line, without colour codes, and the exit step still writes the summary with which step failed
-    and why. (The launcher has no KFP retry: a failing stage-data would spend 30 s in KFP's retry backoff first.)"""
-    checkpoints = RunPaths.of(staged_copy, "damaged").checkpoints
-    checkpoints.mkdir(parents=True)
-    (checkpoints / "checkpoint_step_5.pt").write_text("not a checkpoint")
+    can be checked before the pipeline starts passes, a checkpoint is there, and the config.json the trainer wrote at
+    start, whose settings the resume takes): the run fails with the failed step's own reason as its last line, without
+    colour codes, and the exit step still writes the summary with which step failed and why. (The launcher has no KFP
+    retry: a failing stage-data would spend 30 s in KFP's retry backoff first.)"""
+    from dataclasses import asdict
+
+    from trainer.atomic import write_json
+    from trainer.config import parse_config
+
+    run = RunPaths.of(staged_copy, "damaged")
+    run.checkpoints.mkdir(parents=True)
+    (run.checkpoints / "checkpoint_step_5.pt").write_text("not a checkpoint")
+    settings = parse_config(["--data-dir", str(staged_copy / "datasets" / "synthetic"), "--run-dir", str(run.root),
+                             "--preset", "tiny", "--max-steps", "5"], {})  # fmt: skip
+    write_json(run.config, {"trainer": asdict(settings)})  # as trainer/train_ddp.py records it (with more)
     result = subprocess.run(
         [CLI, "run-local", "--storage-root", str(staged_copy), "--dataset", "synthetic", "--skip-staging",
          "--resume-run-id", "damaged", "--preset", "tiny", "--max-steps", "2"],
