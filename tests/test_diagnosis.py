@@ -18,6 +18,7 @@ from components.launch_pytorchjob.core import LaunchConfig, launch
 from components.launch_pytorchjob.diagnosis import FIX, Diagnosis
 from components.launch_pytorchjob.k8s_backend import last_memory_use
 from tests.cluster.timelines import Timeline
+from trainer.metrics import step_line
 
 pytestmark = pytest.mark.timeout(120)
 EFA_SHORT = "0/4 nodes are available: 4 Insufficient vpc.amazonaws.com/efa."
@@ -112,11 +113,11 @@ def test_a_crash_loop_shows_its_last_lines(staged_root: Path, make_cluster, capl
 
 def test_rendezvous_and_efa_lines_in_the_log_are_named_once(staged_root: Path, make_cluster, caplog) -> None:
     lines = [
-        "step 1 loss 5.0",
+        step_line(1, 30, 5.0, 3e-3, 0.5, 20000, None, 58.0),
         "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: rendezvous timed out",
         "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: rendezvous timed out",
         "ip-10-0-0-1:42:42 [0] NCCL INFO NET/OFI Unable to find a protocol that worked",
-        "step 2 loss 4.0",
+        step_line(2, 30, 4.0, 3e-3, 0.5, 20000, None, 56.0),
     ]
     caplog.set_level(logging.INFO)
     cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=lines))

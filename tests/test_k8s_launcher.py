@@ -41,6 +41,7 @@ from tests.cluster.control_plane import deploy_grants
 from tests.cluster.timelines import Timeline
 from tests.helpers import snapshot_dir
 from trainer.layout import RunPaths
+from trainer.metrics import step_line
 from trainer.train_ddp import LOG_FORMAT, write_status
 
 LINES = [f"step {i} loss {5 - i / 10:.2f}" for i in range(1, 13)]
@@ -615,7 +616,7 @@ def write_trainer_logs(run: RunPaths, failing_rank: int, world: int = 4) -> None
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         for step in (10, 20, 30):
-            logger.info("step %d loss %.2f", step, 5 - step / 10)
+            logger.info("%s", step_line(step, 100, 5 - step / 10, 3e-3, 0.5, 20000, None, 60.0))
         if rank == failing_rank:
             try:
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -916,12 +917,10 @@ def rank_logs(run: RunPaths, world: int, steps: tuple[int, ...]) -> None:
     run.logs.mkdir(parents=True, exist_ok=True)
     for rank in range(world):
         with open(run.rank_log(rank), "a") as f:
-            for step in steps:  # train_ddp's step line, with its format string
-                record = logging.makeLogRecord({
-                    "name": "trainer", "levelname": "INFO", "levelno": logging.INFO,
-                    "msg": "step %d loss %.4f lr %.2e grad norm %.2f tokens/s %.0f%s",
-                    "args": (step, 5 - step / 10, 3e-3, 0.5, 20000, ""),
-                })  # fmt: skip
+            for step in steps:  # train_ddp's step line: its record, with the line trainer.metrics.step_line makes
+                line = step_line(step, steps[-1], 5 - step / 10, 3e-3, 0.5, 20000, None, 1.0 * (steps[-1] - step))
+                record = logging.makeLogRecord({"name": "trainer", "levelname": "INFO", "levelno": logging.INFO,
+                                                "msg": "%s", "args": (line,)})  # fmt: skip
                 f.write(logging.Formatter(LOG_FORMAT.replace("{rank}", str(rank))).format(record) + "\n")
 
 

@@ -16,13 +16,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainer.metrics import step_line
+
 if TYPE_CHECKING:
     from tests.cluster.cluster import Cluster
 
 log = logging.getLogger(__name__)
 
 INSUFFICIENT_GPU = "0/{nodes} nodes are available: {nodes} Insufficient nvidia.com/gpu."
-DEFAULT_LINES = ("step 10 loss 4.2", "step 20 loss 3.1", "step 30 loss 2.5")
+# Rank 0's training lines as trainer.metrics.step_line writes them (the launcher streams them; nothing parses them).
+DEFAULT_LINES = tuple(
+    step_line(s, 30, loss, 3e-3, 0.5, 20000, None, 2.0 * (30 - s)) for s, loss in ((10, 4.2), (20, 3.1), (30, 2.5))
+)
 CRASH_LINES = ("Traceback (most recent call last):", "ModuleNotFoundError: No module named 'trainer'")
 IMAGE_PULL_UNAUTHORIZED = (  # containerd's error for a registry that refuses the node's credentials
     'rpc error: code = Unknown desc = failed to pull and unpack image "{ref}": failed to resolve reference '
@@ -210,7 +215,8 @@ class Timeline:
     def oom_killed(cls, workers: int = 2, failing: int = 1, crashes: int = 2, tick_s: float = 0.05) -> Timeline:
         """Running; worker ``failing``'s container is killed for memory (OOMKilled, exit code 137), ``crashes``
         times, as :meth:`crash_loop`."""
-        return cls.crash_loop(workers, ["step 1 loss 5.0"], failing, 137, "OOMKilled", crashes, tick_s)
+        first_step = step_line(1, 30, 5.0, 3e-3, 0.5, 20000, None, 58.0)
+        return cls.crash_loop(workers, [first_step], failing, 137, "OOMKilled", crashes, tick_s)
 
     @classmethod
     def queued(cls, workers: int = 2, admit_after_s: float = 1.0, log_lines: Iterable[str] = DEFAULT_LINES,
