@@ -79,10 +79,9 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
             with quiet_console(verbose):
                 pipeline(**arguments, storage_root=str(storage_root))
         except RuntimeError as exc:
-            reason = (
-                failed_step_reason(RunPaths.of(storage_root, run_id)) or ANSI_ESCAPE.sub("", str(exc)).splitlines()[0]
-            )
-            raise StepFailed(f"local pipeline run {run_id} failed: {reason}") from None
+            reason, on_input = failed_step_reason(RunPaths.of(storage_root, run_id))
+            message = f"local pipeline run {run_id} failed: {reason or ANSI_ESCAPE.sub('', str(exc)).splitlines()[0]}"
+            raise (InputError if on_input else StepFailed)(message) from None  # the step's exit code: 2 or 1
     return LocalRun(RunPaths.of(storage_root, run_id).root, pipeline_root, time.monotonic() - started)
 
 
@@ -182,20 +181,21 @@ class KfpRecords(logging.Filter):
         return True
 
 
-def failed_step_reason(run: RunPaths) -> str:
+def failed_step_reason(run: RunPaths) -> tuple[str, bool]:
     """The failed step's own reason, from the summary the exit step wrote, rather than kfp.local's "Inner task failed:
-    'launch-pytorchjob' inside 'exit-handler-1'" (coloured, even into a file)."""
+    'launch-pytorchjob' inside 'exit-handler-1'" (coloured, even into a file); and whether it failed on its input
+    (its record says so: the step exited 2)."""
     import json
 
     try:
         steps = json.loads(run.summary.read_text()).get("steps") or []
     except (OSError, ValueError, AttributeError):
-        return ""
+        return "", False
     failed = [s for s in steps if isinstance(s, dict) and s.get("state") == "failed" and s.get("error")]
     if not failed:
-        return ""
+        return "", False
     error = ANSI_ESCAPE.sub("", str(failed[0]["error"])).strip().splitlines()  # its first line is its summary
-    return f"step {failed[0].get('step', '?')} failed: {error[0] if error else ''}"
+    return f"step {failed[0].get('step', '?')} failed: {error[0] if error else ''}", bool(failed[0].get("permanent"))
 
 
 def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:

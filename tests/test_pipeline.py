@@ -190,6 +190,28 @@ def test_run_local_fails_when_a_step_fails(staged_copy: Path) -> None:
     assert outcomes["stage-data"]["state"] == "skipped" and outcomes["verify-nccl"]["state"] == "no record"
 
 
+def test_a_local_run_failed_on_a_steps_input_exits_2_with_that_steps_reason(tmp_path: Path) -> None:
+    """The reason and the exit code come from the failed step's record in the summary: a step that failed on its
+    input (InputError, exit 2 on its own) makes run-local exit 2 too; any other failure, 1."""
+    import pytest
+
+    from common.errors import InputError
+    from components.run_summary.core import recorded_step, summarize_run
+    from pipelines.local_run import failed_step_reason
+
+    run = RunPaths.of(tmp_path, "r")
+    with pytest.raises(InputError):
+        with recorded_step(str(tmp_path), "r", "stage-data", {}, pipeline_run_id="12345678"):
+            raise InputError("source /nowhere: no such file or directory")
+    summarize_run(str(tmp_path), "r", "12345678", "FAILED", "Task exit-handler-1 failed.")
+    assert failed_step_reason(run) == ("step stage-data failed: source /nowhere: no such file or directory", True)
+    with pytest.raises(RuntimeError):
+        with recorded_step(str(tmp_path), "r", "stage-data", {}, pipeline_run_id="87654321"):
+            raise RuntimeError("the volume went away")
+    summarize_run(str(tmp_path), "r", "87654321", "FAILED", "Task exit-handler-1 failed.")
+    assert failed_step_reason(run) == ("step stage-data failed: the volume went away", False)
+
+
 def executor_of(spec: dict, task: str) -> str:
     return all_tasks(spec)[task]["componentRef"]["name"].replace("comp-", "exec-")
 
