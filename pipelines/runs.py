@@ -14,6 +14,7 @@ from typing import Any
 
 from common.errors import InputError
 from components.run_summary.core import PIPELINE_RUN_MARKER, current_pipeline_run
+from trainer.atomic import read_json_lines
 from trainer.layout import RunPaths
 
 COLUMNS = ("RUN", "STATE", "STEP", "VAL LOSS", "TRAINED", "UPDATED")
@@ -65,7 +66,7 @@ def read_run(run: RunPaths) -> RunRow:
     pipeline = _pipeline_state(run)
     if pipeline and (updated is None or pipeline["time"] >= updated):
         state, updated = pipeline["state"], pipeline["time"]
-    evaluations = [e for e in _read_json_lines(run.eval_history) if isinstance(e.get("val_loss"), int | float)]
+    evaluations = [e for e in read_json_lines(run.eval_history) if isinstance(e.get("val_loss"), int | float)]
     newest = evaluations[-1] if evaluations else {}
     step, max_steps = status.get("step"), config.get("trainer", {}).get("max_steps")
     return RunRow(
@@ -75,7 +76,7 @@ def read_run(run: RunPaths) -> RunRow:
         max_steps=max_steps if isinstance(max_steps, int) else None,
         val_loss=newest.get("val_loss"),
         val_step=newest.get("step"),
-        trained_s=training_seconds(_read_json_lines(run.metrics)),
+        trained_s=training_seconds(read_json_lines(run.metrics)),
         updated=updated,
     )
 
@@ -121,20 +122,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _read_json_lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    rows = []
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line being appended as we read
-    return [r for r in rows if isinstance(r, dict)]
 
 
 def _float(value: Any) -> float | None:

@@ -81,6 +81,24 @@ def write_json(path: str | Path, obj: Any, fsync: bool = True) -> None:
         f.write("\n")
 
 
+def read_json_lines(path: str | Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file (metrics.jsonl, eval/history.jsonl), [] when there is none. A line that does
+    not parse is skipped, not fatal: an appended file's last line may be half-written while it is read."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def replace_dir(new_dir: Path, final: Path) -> None:
     """Put `new_dir` where `final` is, so that readers see the old or the new directory, never a mix."""
     old = None

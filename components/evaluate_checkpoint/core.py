@@ -40,7 +40,7 @@ from tokenizers import Tokenizer
 
 from common.errors import InputError, StepFailed
 from components.evaluate_checkpoint.inputs import check_inputs
-from trainer.atomic import atomic_open, atomic_path, replace_dir, write_json
+from trainer.atomic import atomic_open, atomic_path, read_json_lines, replace_dir, write_json
 from trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -345,10 +345,8 @@ def training_health(run: RunPaths) -> dict[str, Any]:
 
 
 def read_metrics(run: RunPaths) -> list[dict[str, Any]]:
-    try:
-        return [json.loads(line) for line in run.metrics.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return []
+    """Rank 0's metrics rows (metrics.jsonl), a row being appended as this reads skipped."""
+    return read_json_lines(run.metrics)
 
 
 # -- keeping every evaluation -----------------------------------------------------------------------------
@@ -416,17 +414,7 @@ def append_history(run: RunPaths, entry: dict[str, Any]) -> None:
 
 def read_history(run: RunPaths) -> list[dict[str, Any]]:
     """The run's evaluations in the order they ran (eval/history.jsonl); unreadable lines are skipped."""
-    try:
-        lines = run.eval_history.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    entries = []
-    for line in lines:
-        try:
-            entries.append(json.loads(line))
-        except ValueError:
-            continue
-    return entries
+    return read_json_lines(run.eval_history)
 
 
 def evaluated_step(eval_json: Path) -> int | None:

@@ -2,7 +2,7 @@
 parameters with it before the pipeline runs."""
 
 from common.errors import InputError
-from components.stage_data.tokenization import SAMPLE_MB, SHARD_TOKENS
+from components.stage_data import SAMPLE_MB, SHARD_TOKENS
 from trainer.layout import DatasetPaths
 
 MAX_GROUPS = 64  # encoding pods of one staging
