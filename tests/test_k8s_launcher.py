@@ -986,5 +986,5 @@ def test_a_job_whose_step_stops_advancing_is_deleted_with_every_ranks_last_lines
         launch(cluster_config(root, "stalled", **on(cluster), stall_timeout_s=2), cluster.runner())
     message = str(failure.value)
     assert "stalled: no training step completed for" in message and "after step 3" in message
-    assert "[rank 0] INFO trainer: step 3 loss" in message and "[rank 1] INFO trainer: step 3 loss" in message
+    assert "[rank 0] INFO trainer: step 3/3  loss" in message and "[rank 1] INFO trainer: step 3/3  loss" in message
     assert deleted_jobs(cluster)
