@@ -47,14 +47,15 @@ class LocalRun:
 
 
 def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any], verbose: bool = False) -> LocalRun:
+    if not pipeline_file.is_file():
+        raise InputError(f"pipeline file {pipeline_file}: no such file (run 'hyperpod-pretrain compile')")
+    check_before_start(storage_root, arguments)  # before kfp and torch load: bad input is refused in a second
+
     import kfp.local
     from kfp import components
 
-    from components.stage_data.core import prepare_storage_root  # torch: loaded only when a pipeline runs here
+    from components.stage_data.core import prepare_storage_root
 
-    if not pipeline_file.is_file():
-        raise InputError(f"pipeline file {pipeline_file}: no such file (run 'hyperpod-pretrain compile')")
-    check_before_start(storage_root, arguments)
     prepare_storage_root(str(storage_root))
     storage_root = storage_root.resolve()
     if KFP_LOCAL_REWRITES in str(storage_root):
