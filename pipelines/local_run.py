@@ -32,17 +32,21 @@ class LocalRun:
     seconds: float
 
     def reports(self) -> dict[str, Path]:
+        """What a person opens after a run: the run's own files, and the KFP steps' reports as one pattern (each step
+        has its directory under the pipeline's; `ls` lists them)."""
         run = RunPaths(self.run_dir)
         found = {
             "training metrics": run.metrics,
             "checkpoint": run.latest_checkpoint,
             "communication report": run.comms_verification,
-            "evaluation report": run.eval_report,
+            "evaluation report": run.eval_html,
             "run summary": run.summary_report,
         }
-        for path in sorted(self.artifacts_dir.rglob("*")):
-            if path.is_file() and path.name == "report":
-                found[f"KFP {path.parent.name} {path.name}"] = path
+        steps = {p.parent.parent for p in self.artifacts_dir.rglob("report") if p.is_file()}
+        if len(steps) == 1:  # one pipeline run's directory: <artifacts>/<pipeline run>/<step>/report
+            (pipeline_dir,) = steps
+            reports = sorted(pipeline_dir.glob("*/report"))
+            found[f"KFP step reports ({len(reports)})"] = pipeline_dir / "*" / "report"
         return found
 
 
