@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import logging
@@ -154,7 +155,7 @@ class LineFilter(io.TextIOBase):
 def quiet_console(verbose: bool) -> Any:
     """kfp.local prints each step's whole executor input and outputs (hundreds of lines for a short run): only what
     `keep_line` accepts reaches the console, unless `verbose`. Installed before kfp.local's logger takes sys.stdout."""
-    real = sys.stdout
+    real, real_print = sys.stdout, builtins.print
     sys.stdout = LineFilter(real, lambda line: True) if verbose else LineFilter(real, keep_line, shown)
     # kfp.local swaps the root logger's handlers per task; with parallel tasks one may log through ours meanwhile
     plain = KfpRecords(colour=bool(getattr(real, "isatty", lambda: False)()), quiet=not verbose)
@@ -165,6 +166,10 @@ def quiet_console(verbose: bool) -> Any:
         sys.stdout.flush()
         sys.stdout = real
         logging.getLogger().removeFilter(plain)
+        # kfp.local indents a task's prints by replacing builtins.print for the task and putting back the one it
+        # found (kfp/local/logging_utils.py, indented_print): two tasks in parallel (the tokenize fan-out) can leave
+        # the first's indenting print in place, and every later print indented.
+        builtins.print = real_print
 
 
 class KfpRecords(logging.Filter):

@@ -220,6 +220,28 @@ def executor_of(spec: dict, task: str) -> str:
     return all_tasks(spec)[task]["componentRef"]["name"].replace("comp-", "exec-")
 
 
+def test_the_quiet_console_puts_back_the_print_that_parallel_kfp_tasks_leave_indenting() -> None:
+    """kfp.local's indented_print (kfp/local/logging_utils.py) swaps builtins.print per task and puts back the one it
+    found: two tasks in parallel that end in the order they started leave the first one's indenting print behind
+    (a run-local's own last lines came out indented). quiet_console puts back the print it found."""
+    import builtins
+
+    from kfp.local.logging_utils import indented_print
+
+    from pipelines.local_run import quiet_console
+
+    original = builtins.print
+    with quiet_console(verbose=False):
+        first, second = indented_print(), indented_print()
+        first.__enter__()
+        second.__enter__()  # found the first task's indenting print
+        first.__exit__(None, None, None)
+        second.__exit__(None, None, None)  # puts that one back
+        left = builtins.print
+    assert left is not original  # what kfp.local leaves
+    assert builtins.print is original
+
+
 def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     output = tmp_path / "cluster.yaml"
     result = subprocess.run(
