@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,17 @@ def fault_proxy(control_plane: Any) -> Iterator[Any]:
         yield p
 
 
+@pytest.fixture(autouse=True)
+def no_stale_log_handler() -> Iterator[None]:
+    """A command run in-process sets up logging (`setup_logging`: a root handler on the sys.stderr of the moment, the
+    test's capture, closed after it): taken off again, or every later test's log would print 'Logging error'."""
+    before = set(logging.root.handlers)
+    yield
+    for handler in logging.root.handlers[:]:
+        if type(handler) is logging.StreamHandler and handler not in before:
+            logging.root.removeHandler(handler)
+
+
 @pytest.fixture
 def make_cluster(control_plane: Any, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """A Cluster (tests/cluster/cluster.py) in a fresh namespace; closed after the test, which fails if a player
@@ -109,9 +122,13 @@ def make_cluster(control_plane: Any, tmp_path: Path) -> Iterator[Callable[..., A
         return made[-1]
 
     yield make
+    # The launch's readers (k8s_backend.Reader: the job's watch, the log streams) end before it returns; one left
+    # reading would log into the next test and make loggers while pytest walks them.
+    readers = [t.name for t in threading.enumerate() if t.name == "job-watch" or t.name.startswith("log-")]
     for cluster in made:
         cluster.close()
     assert not [e for c in made for e in c.errors], [e for c in made for e in c.errors]
+    assert not readers, f"the launch returned with its readers still running: {readers}"
 
 
 @pytest.fixture(scope="session")

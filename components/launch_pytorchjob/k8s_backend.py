@@ -26,6 +26,7 @@ Written once for both job APIs (a PyTorchJob or a TrainJob): what differs betwee
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -219,12 +220,49 @@ def check_nothing_pruned(api: JobApi, sent: dict[str, Any], stored: dict[str, An
 # -- watching ---------------------------------------------------------------------------------------------
 
 
-class JobWatcher(threading.Thread):
+class Reader(threading.Thread):
+    """A thread that reads one long response at a time (a watch, a followed log) until `stop` is set. A blocked read
+    would notice `stop` only at its next byte or its read timeout (minutes), and the launch would return with the
+    thread still reading, logging and making loggers: `interrupt()` ends the read at once from another thread
+    (urllib3's `HTTPResponse.shutdown`, 2.3+)."""
+
+    def __init__(self, name: str, stop: threading.Event):
+        super().__init__(name=name, daemon=True)
+        self.stop = stop
+        self._response: Any = None
+
+    def reading(self, response: Any) -> Any:
+        """Note the response being read (ended at once when `stop` is already set); returns it."""
+        self._response = response
+        if self.stop.is_set():
+            self.interrupt()
+        return response
+
+    def interrupt(self) -> None:
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):  # already read to its end, or released to the pool
+                response.shutdown()
+
+
+def end_readers(readers: list[Reader], stop: threading.Event, timeout_s: float = 5.0) -> None:
+    """Stop every reader and wait (bounded) until each has returned."""
+    stop.set()
+    for reader in readers:
+        reader.interrupt()
+    until = time.monotonic() + timeout_s
+    for reader in readers:
+        reader.join(timeout=max(0.0, until - time.monotonic()))
+        if reader.is_alive():
+            log.debug("%s did not end within %.0fs of the launch's end", reader.name, timeout_s)
+
+
+class JobWatcher(Reader):
     """Puts every new state of the job on `updates`: a watch, resumed and re-listed as needed, or polling."""
 
     def __init__(self, kube: Kube, job: dict[str, Any], settings: WatchSettings, stop: threading.Event):
-        super().__init__(name="job-watch", daemon=True)
-        self.kube, self.settings, self.stop = kube, settings, stop
+        super().__init__("job-watch", stop)
+        self.kube, self.settings = kube, settings
         self.api = api_of(job)
         self.ns, self.name = job["metadata"]["namespace"], job["metadata"]["name"]
         self.resource_version = job["metadata"].get("resourceVersion")
@@ -286,9 +324,15 @@ class JobWatcher(threading.Thread):
         self.updates.put(job)
 
     def _watch_once(self) -> None:
+        list_jobs = self.kube.custom.list_namespaced_custom_object
+
+        @functools.wraps(list_jobs)  # Watch reads the docstring for what to deserialize
+        def opened(*args: Any, **kwargs: Any) -> Any:
+            return self.reading(list_jobs(*args, **kwargs))
+
         watch = Watch()
         stream = watch.stream(
-            self.kube.custom.list_namespaced_custom_object, self.api.group, self.api.version, self.ns, self.api.plural,
+            opened, self.api.group, self.api.version, self.ns, self.api.plural,
             field_selector=f"metadata.name={self.name}", resource_version=self.resource_version,
             timeout_seconds=self.settings.watch_timeout_s,
             _request_timeout=(self.kube.settings.request_timeout_s, self.settings.watch_timeout_s + 15),
@@ -318,7 +362,7 @@ def stamp_key(stamp: str) -> tuple[str, int]:
     return base[:19], int(digits.ljust(9, "0")[:9] or 0)
 
 
-class LogStreamer(threading.Thread):
+class LogStreamer(Reader):
     """Follows one node's log into ours, prefixed by pod; reconnects where it stopped, never repeating a line.
 
     The node's pod is looked up by label at each connection: a PyTorchJob's is recreated under its name, a TrainJob's
@@ -327,8 +371,8 @@ class LogStreamer(threading.Thread):
 
     def __init__(self, kube: Kube, api: JobApi, namespace: str, job_name: str, node: int, settings: WatchSettings,
                  stop: threading.Event, on_line: Callable[[str, str], None] = lambda pod, text: None):  # fmt: skip
-        super().__init__(name=f"log-{job_name}-{node}", daemon=True)
-        self.kube, self.api, self.ns, self.settings, self.stop = kube, api, namespace, settings, stop
+        super().__init__(f"log-{job_name}-{node}", stop)
+        self.kube, self.api, self.ns, self.settings = kube, api, namespace, settings
         self.selector = api.node_selector(job_name, node)
         self.pod = ""  # the node's pod at the last connection
         self.on_line = on_line
@@ -354,6 +398,8 @@ class LogStreamer(threading.Thread):
                     return
                 delay = self.settings.log_reconnect_s
             except ApiException as exc:
+                if self.stop.is_set():
+                    return
                 # 400: "waiting to start" (Pending, pulling the image); 404: not created yet, or being replaced
                 if exc.status not in (400, 404) and not is_transient(exc):
                     log.warning("stopped streaming %s's log: %s", self.pod, describe(exc))
@@ -366,6 +412,8 @@ class LogStreamer(threading.Thread):
                              describe(exc))  # fmt: skip
                 delay = min(self.settings.log_reconnect_max_s, delay * 2)
             except Exception as exc:  # a dropped or silent stream: urllib3 and socket errors, the read timeout
+                if self.stop.is_set():
+                    return  # the read was interrupted: the launch has ended
                 if not is_transient(exc) and not isinstance(exc, OSError):
                     log.warning("stopped streaming %s's log: %s", self.pod, describe(exc))
                     return
@@ -405,10 +453,10 @@ class LogStreamer(threading.Thread):
         if self.last[0]:  # ask from a little before the last line; what was printed is skipped
             last = datetime.fromisoformat(self.last[0] + "+00:00").timestamp()
             kwargs["since_seconds"] = max(1, math.ceil(time.time() - last) + 1)
-        response = self.kube.core.read_namespaced_pod_log(
+        response = self.reading(self.kube.core.read_namespaced_pod_log(
             self.pod, self.ns, container=self.api.container, timestamps=True, _preload_content=False,
             _request_timeout=(self.kube.settings.request_timeout_s, self.settings.log_read_timeout_s), **kwargs,
-        )  # fmt: skip
+        ))  # fmt: skip
         skip = self.printed_at_last
         try:
             pending = b""
@@ -703,7 +751,7 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
         for streamer in streamers:
             streamer.join(timeout=max(0.0, drain_until - time.monotonic()))
     finally:
-        stop.set()
+        end_readers([watcher, *streamers], stop)
     queued, running = api.times(current)
     restarts = api.restarts(current, job_pods(kube, api, ns, name))
     findings = [f.line() for f in diagnosis.findings]
