@@ -389,7 +389,8 @@ def test_the_curves_are_what_the_run_recorded(report_run: tuple[Path, EvalResult
 def test_resumes_are_found_from_the_attempts_and_the_rows(trained_root: Path, tmp_path: Path) -> None:
     """run-1's records, then as the trainer leaves them when a second start resumes from step 40's checkpoint (its
     rows past 40 dropped, then logged again, with val_loss rows from --eval-every) and a third starts from scratch
-    (no checkpoint: its rows start again at 10)."""
+    (no checkpoint: its rows start again at 10). Derived from the rows, as for a run trained before the attempts'
+    reports recorded their start step; where one is recorded, it is taken."""
     from components.evaluate_checkpoint.core import Curves, Resume, curve_figures, resumes
     from trainer.metrics import MetricsLog
 
@@ -401,6 +402,7 @@ def test_resumes_are_found_from_the_attempts_and_the_rows(trained_root: Path, tm
     assert resumes(run, rows) == []
     MetricsLog(run.metrics, enabled=True).truncate_after(40)
     start = json.loads(original.comms_report(0, 1).read_text())
+    assert start.pop("start_step") == 0
     restarted = rows[-1]["time"] + 10
     for attempt, when in ((2, restarted), (3, restarted + 100)):
         run.comms_report(0, attempt).parent.mkdir(parents=True)
@@ -411,6 +413,9 @@ def test_resumes_are_found_from_the_attempts_and_the_rows(trained_root: Path, tm
     rows = [json.loads(line) for line in run.metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == [10, 20, 30, 40, 50, 60, 10]
     assert resumes(run, rows) == [Resume(2, 40), Resume(3, 0)]
+    # Recorded: the second start went on from step 30 (step 40's checkpoint found damaged), which the rows cannot tell.
+    run.comms_report(0, 2).write_text(json.dumps(start | {"attempt": 2, "time": restarted, "start_step": 30}))
+    assert resumes(run, rows) == [Resume(2, 30), Resume(3, 0)]
     curves = Curves(run_id="run-1", rows=rows, evaluations=[], checkpoints=[], resumes=resumes(run, rows),
                     grad_clip=0.0)  # fmt: skip
     assert Curves.points(rows, "val_loss") == ([50, 60, 10], [2.0, 2.1, 1.6])

@@ -383,7 +383,8 @@ def test_render_job_and_preflight_take_a_pipeline_file_and_params_or_the_flags_n
         (["render-job", "--param", "nnodes=4"], "--param sets a parameter of --pipeline-file: give the file too"),
         (["preflight", *package, *image, "--param", "preset=huge"], "--param preset='huge': model preset 'huge' is "
          "unknown"),
-        (["render-job", *package], "the pipeline's defaults: image is empty"),
+        (["render-job", *package], "the pipeline's defaults: the trainer image is empty (--image; a pipeline's "
+         "trainer_image)"),
     ]  # fmt: skip
     for argv, message in cases:
         assert main(argv) == 2, argv

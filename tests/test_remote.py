@@ -153,7 +153,11 @@ PRESETS = "tiny, small, gpt2-124m, gpt2-350m, llama-1b, llama-3b, llama-8b"
             "--param run_id='a', --param resume_run_id='b': run_id 'a' and "
             "resume_run_id 'b' name different runs: give one",
         ),
-        (["trainer_image="], "the pipeline's defaults: image is empty: the kubernetes backend needs the trainer image"),
+        (
+            ["trainer_image="],
+            "the pipeline's defaults: the trainer image is empty (--image; a pipeline's trainer_image): the "
+            "kubernetes backend needs one",
+        ),
     ],
     ids=lambda value: value[0] if isinstance(value, list) else "",
 )

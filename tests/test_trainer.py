@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from common.errors import InputError, StepFailed
+from components.evaluate_checkpoint.core import Resume, resumes
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.local_backend import torchrun_command
 from components.launch_pytorchjob.manifest import JobSpec, render_job
@@ -90,6 +91,7 @@ def test_resumes_from_checkpoint(trained_root: Path, tmp_path: Path) -> None:
     assert [r["lr"] for r in records[5:]] == pytest.approx([5e-4] * 3), "no re-warm: the end rate goes on"
     log_text = run.rank_log(0).read_text()
     assert "resumed at step 60" in log_text
+    assert resumes(run, records) == [Resume(2, 60)], "the second start's report records the step it went on from"
     assert ("learning-rate schedule extended at step 60 (max_steps: 60 -> 80): cosine from lr 0.0005 to 0.0005 at "
             "step 80, no re-warm") in log_text  # fmt: skip
     assert read_checkpoint(run.latest_checkpoint)["step"] == 80

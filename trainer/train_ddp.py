@@ -229,6 +229,8 @@ def train(cfg: TrainConfig) -> ExitCode:
     write_status(run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts),
                  attempt=attempt)  # fmt: skip
     if rank == 0:
+        # The step this start went on from (0: from scratch), beside its time: the report marks each resume with it.
+        write_json(run.comms_report(rank, attempt), report | {"start_step": progress.step})
         dataset = {**snapshot_record(data_dir, meta), "tokenized_dir": str(data_dir), "vocab_size": meta["vocab_size"]}
         resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset,
                     "init_from": warm_started, "hyperpod_pretrain": tool_version()}  # fmt: skip

@@ -636,20 +636,25 @@ def checkpoint_times(run: RunPaths) -> dict[int, float]:
 def resumes(run: RunPaths, rows: list[dict[str, Any]]) -> list[Resume]:
     """Each start of the trainer after the first, at the step it went on from.
 
-    The starts are recorded: every start is an attempt (comms/attempt-NNNN/, numbered by rank 0), whose rank 0
-    self-test report has the start's time. The step it went on from is not recorded, so it is derived: a start
-    resumes from its newest checkpoint and drops the metrics rows logged past it (MetricsLog.truncate_after); the
-    step is then the furthest of the rows logged and the checkpoints committed before the start's time that lie
-    below the first step logged after it (0: a start from scratch). That is the checkpoint's step when a row at it
-    or the checkpoint itself is still there, else (its rows not on a logged step, the checkpoint deleted since) up to
-    log_every steps short of it."""
+    Every start is an attempt (comms/attempt-NNNN/, numbered by rank 0), whose rank-0 self-test report holds the
+    start's time and, once the checkpoint is read, the step it went on from (`start_step`; 0: from scratch).
+
+    Runs trained before `start_step` was recorded have it derived: a start resumes from its newest checkpoint and
+    drops the metrics rows logged past it (MetricsLog.truncate_after), so the step is the furthest of the rows
+    logged and the checkpoints committed before the start's time that lie below the first step logged after it. That
+    is the checkpoint's step when a row at it or the checkpoint itself is still there, else (its rows not on a logged
+    step, the checkpoint deleted since) up to log_every steps short of it."""
     timed = [r for r in rows if isinstance(r.get("time"), int | float) and isinstance(r.get("step"), int)]
     commits = checkpoint_times(run)
     found = []
     for attempt in run.attempts()[1:]:
         try:
-            started = float(json.loads(run.comms_report(0, attempt).read_text())["time"])
+            report = json.loads(run.comms_report(0, attempt).read_text())
+            started = float(report["time"])
         except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(report.get("start_step"), int):
+            found.append(Resume(attempt, report["start_step"]))
             continue
         first = next((r["step"] for r in timed if r["time"] >= started), math.inf)
         before = [r["step"] for r in timed if r["time"] < started] + [s for s, t in commits.items() if 0 < t < started]

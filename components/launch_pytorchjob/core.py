@@ -293,7 +293,10 @@ class LaunchConfig:
         """The job's parameters: the trainer's command and environment, the run's options (RUN_OPTIONS only) and
         the platform team's settings."""
         if not self.image:
-            raise InputError("image is empty: the kubernetes backend needs the trainer image (docker/build.sh)")
+            raise InputError(
+                "the trainer image is empty (--image; a pipeline's trainer_image): the kubernetes "
+                "backend needs one (docker/build.sh builds and pushes it)"
+            )
         options = self.check_cluster_inputs()  # also for a spec rendered without validate() (render-job)
         platform = self.platform
         run_labels = {RUN_LABEL: label_value(self.run_id), PIPELINE_RUN_LABEL: label_value(self.pipeline_run_id)}
