@@ -406,7 +406,7 @@ def note_given_flags(p: argparse.ArgumentParser) -> None:
 def job_config(args: argparse.Namespace, step: str) -> LaunchConfig:
     """render-job's and preflight's job: set by the flags (a cluster run's defaults), or with --pipeline-file, the
     config the package's `step` makes for a submission with the --param values."""
-    from pipelines.package import Package
+    from pipelines.package import step_config
 
     if not args.pipeline_file:
         if args.param:
@@ -418,8 +418,20 @@ def job_config(args: argparse.Namespace, step: str) -> LaunchConfig:
         raise InputError(f"{mixed[0]}: with --pipeline-file, the package's defaults and --param values set the job "
                          "(and its platform settings are compiled in): give pipeline parameters as --param "
                          "KEY=VALUE")  # fmt: skip
+    return step_config(submitted_inputs(args, step))
+
+
+def submitted_inputs(args: argparse.Namespace, step: str) -> dict[str, Any]:
+    """What the --pipeline-file's `step` is called with in a submission with the --param values."""
+    from pipelines.package import Package
+
     run = args.pipeline_run_id or str(CLUSTER_DEFAULTS["run_id"])
-    return Package.load(Path(args.pipeline_file)).launch_config(args.param, step, run)
+    return Package.load(Path(args.pipeline_file)).submitted_inputs(args.param, step, run)
+
+
+def preflight_warn_only(args: argparse.Namespace) -> bool:
+    """--warn-only; with --pipeline-file, also the preflight step's warn_only (the preflight_warn_only parameter)."""
+    return args.warn_only or bool(args.pipeline_file and submitted_inputs(args, "preflight").get("warn_only") is True)
 
 
 def cmd_render_runtime(args: argparse.Namespace) -> int:
@@ -610,7 +622,7 @@ def platform_from_args(args: argparse.Namespace, namespaces: list[str], registri
 def cmd_preflight(args: argparse.Namespace) -> int:
     from components.preflight.core import failure_message, preflight
 
-    result = preflight(job_config(args, "preflight"), warn_only=args.warn_only)
+    result = preflight(job_config(args, "preflight"), warn_only=preflight_warn_only(args))
     print(json.dumps(result.to_json(), indent=2) if args.json else result.markdown())
     if not result.passed:
         raise StepFailed(failure_message(result).removeprefix("preflight failed: "))  # the CLI says "failed: "

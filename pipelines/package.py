@@ -139,10 +139,15 @@ class Package:
         """The LaunchConfig the package's step `task` (launch-pytorchjob, preflight) makes for a submission with
         these --param values, once every step takes them; the job depends on no required parameter (the source: only
         staging reads it), so none needs to be given."""
+        return step_config(self.submitted_inputs(pairs, task, pipeline_run_id))
+
+    def submitted_inputs(self, pairs: list[tuple[str, str]], task: str, pipeline_run_id: str) -> dict[str, Any]:
+        """What the step `task` is called with in a submission with these --param values (checked as `submit`
+        checks them; required ones may be missing)."""
         values = self.empty() | self.defaults() | self.checked(pairs, pipeline_run_id, require=False)
         if not self.has_task(task):
             raise InputError(f"pipeline file {self.path}: no step {task}")
-        return step_config(self.step_inputs(task, values, pipeline_run_id))
+        return self.step_inputs(task, values, pipeline_run_id)
 
     # -- the compiled wiring -------------------------------------------------------------------------------------
 

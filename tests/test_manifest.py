@@ -390,3 +390,17 @@ def test_render_job_and_preflight_take_a_pipeline_file_and_params_or_the_flags_n
         assert main(argv) == 2, argv
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last.startswith(f"hyperpod-pretrain {argv[0]}: error: {message}"), last
+
+
+def test_preflight_of_a_pipeline_file_warns_only_as_its_step_would() -> None:
+    """The preflight step's warn_only is the preflight_warn_only parameter: preflight --pipeline-file takes it from
+    the package's default and the --param values, as a submission would; --warn-only still says so on its own."""
+    from pipelines import COMPILED_PIPELINE
+    from pipelines.cli import build_parser, preflight_warn_only
+
+    package = ["preflight", "--pipeline-file", str(COMPILED_PIPELINE), "--param", "trainer_image=registry.example/t:1"]
+    for extra, expected in (([], False), (["--param", "preflight_warn_only=true"], True), (["--warn-only"], True),
+                            (["--param", "preflight_warn_only=false"], False)):  # fmt: skip
+        assert preflight_warn_only(build_parser().parse_args([*package, *extra])) is expected, extra
+    assert preflight_warn_only(build_parser().parse_args(["preflight", "--warn-only"])) is True
+    assert preflight_warn_only(build_parser().parse_args(["preflight"])) is False
