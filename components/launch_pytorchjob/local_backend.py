@@ -131,6 +131,7 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
         exit_code = proc.wait()
     finally:
         watching.set()
+        watcher.join(timeout=10)  # a check under way ends first: its verdict is in stop_reasons before they are read
         for timer in timers:
             timer.cancel()
         if proc.poll() is None:
