@@ -408,30 +408,38 @@ def job_config(args: argparse.Namespace, step: str) -> LaunchConfig:
     config the package's `step` makes for a submission with the --param values."""
     from pipelines.package import step_config
 
+    inputs = submitted_inputs(args, step)
+    return launch_config(args) if inputs is None else step_config(inputs)
+
+
+def submitted_inputs(args: argparse.Namespace, step: str) -> dict[str, Any] | None:
+    """With --pipeline-file, what its `step` is called with in a submission with the --param values; None without
+    (the flags set the job)."""
+    from pipelines.package import Package
+
     if not args.pipeline_file:
         if args.param:
             raise InputError("--param sets a parameter of --pipeline-file: give the file too (without it, the flags "
                              "set the job)")  # fmt: skip
-        return launch_config(args)
+        return None
     mixed = sorted(args.given_flags - PACKAGE_FLAGS)
     if mixed:
         raise InputError(f"{mixed[0]}: with --pipeline-file, the package's defaults and --param values set the job "
                          "(and its platform settings are compiled in): give pipeline parameters as --param "
                          "KEY=VALUE")  # fmt: skip
-    return step_config(submitted_inputs(args, step))
-
-
-def submitted_inputs(args: argparse.Namespace, step: str) -> dict[str, Any]:
-    """What the --pipeline-file's `step` is called with in a submission with the --param values."""
-    from pipelines.package import Package
-
     run = args.pipeline_run_id or str(CLUSTER_DEFAULTS["run_id"])
     return Package.load(Path(args.pipeline_file)).submitted_inputs(args.param, step, run)
 
 
-def preflight_warn_only(args: argparse.Namespace) -> bool:
-    """--warn-only; with --pipeline-file, also the preflight step's warn_only (the preflight_warn_only parameter)."""
-    return args.warn_only or bool(args.pipeline_file and submitted_inputs(args, "preflight").get("warn_only") is True)
+def preflight_settings(args: argparse.Namespace) -> tuple[LaunchConfig, bool]:
+    """The preflight's job and whether it only warns: --warn-only, or with --pipeline-file the preflight step's own
+    warn_only (the preflight_warn_only parameter), as a run would check."""
+    from pipelines.package import step_config
+
+    inputs = submitted_inputs(args, "preflight")
+    if inputs is None:
+        return launch_config(args), args.warn_only
+    return step_config(inputs), args.warn_only or inputs.get("warn_only") is True
 
 
 def cmd_render_runtime(args: argparse.Namespace) -> int:
@@ -622,7 +630,8 @@ def platform_from_args(args: argparse.Namespace, namespaces: list[str], registri
 def cmd_preflight(args: argparse.Namespace) -> int:
     from components.preflight.core import failure_message, preflight
 
-    result = preflight(job_config(args, "preflight"), warn_only=preflight_warn_only(args))
+    config, warn_only = preflight_settings(args)
+    result = preflight(config, warn_only=warn_only)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.markdown())
     if not result.passed:
         raise StepFailed(failure_message(result).removeprefix("preflight failed: "))  # the CLI says "failed: "

@@ -396,11 +396,11 @@ def test_preflight_of_a_pipeline_file_warns_only_as_its_step_would() -> None:
     """The preflight step's warn_only is the preflight_warn_only parameter: preflight --pipeline-file takes it from
     the package's default and the --param values, as a submission would; --warn-only still says so on its own."""
     from pipelines import COMPILED_PIPELINE
-    from pipelines.cli import build_parser, preflight_warn_only
+    from pipelines.cli import build_parser, preflight_settings
 
     package = ["preflight", "--pipeline-file", str(COMPILED_PIPELINE), "--param", "trainer_image=registry.example/t:1"]
     for extra, expected in (([], False), (["--param", "preflight_warn_only=true"], True), (["--warn-only"], True),
                             (["--param", "preflight_warn_only=false"], False)):  # fmt: skip
-        assert preflight_warn_only(build_parser().parse_args([*package, *extra])) is expected, extra
-    assert preflight_warn_only(build_parser().parse_args(["preflight", "--warn-only"])) is True
-    assert preflight_warn_only(build_parser().parse_args(["preflight"])) is False
+        assert preflight_settings(build_parser().parse_args([*package, *extra]))[1] is expected, extra
+    assert preflight_settings(build_parser().parse_args(["preflight", "--warn-only"]))[1] is True
+    assert preflight_settings(build_parser().parse_args(["preflight"]))[1] is False
