@@ -274,11 +274,11 @@ def _check_launcher(inputs: dict[str, Any]) -> None:
 
 def _check_staging(inputs: dict[str, Any]) -> None:
     from components.run_summary.core import resolve_run_id
-    from components.stage_data.inputs import check_inputs
+    from components.stage_data.settings import StageSettings
 
     resolve_run_id(inputs["run_id"], inputs["resume_run_id"], inputs["pipeline_run_id"])
     if not inputs["skip"]:  # a skipped staging takes the dataset as staged: its settings are not read
-        _call_with(check_inputs, inputs)
+        StageSettings.of_step(**{k: v for k, v in inputs.items() if k in StageSettings.__dataclass_fields__}).check()
 
 
 def _check_verification(inputs: dict[str, Any]) -> None:

@@ -143,7 +143,7 @@ def test_an_unchanged_or_only_touched_source_is_neither_copied_nor_retokenized(c
 
 def test_a_single_file_cannot_hold_out_a_val_file(tmp_path: Path) -> None:
     (tmp_path / "one.txt").write_text("the node saves the rank.\n" * 100)
-    with pytest.raises(InputError, match="held out by file"):
+    with pytest.raises(InputError, match="holds out whole files"):
         stage_data(str(tmp_path / "one.txt"), str(tmp_path / "fsx"), "d", vocab_size=300)
     assert not (tmp_path / "fsx").exists()
 

@@ -15,7 +15,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from components.stage_data.core import mirror_and_plan, stage_data
-from components.stage_data.tokenization import EOS, Plan, building_dir, sample_blocks
+from components.stage_data.formats import FileFormat
+from components.stage_data.settings import StageSettings
+from components.stage_data.tokenization import EOS, Entry, Plan, building_dir, sample_texts
 from tests.helpers import write_corpus
 from trainer.layout import META, TOKENIZER, DatasetPaths
 
@@ -56,9 +58,11 @@ def test_groups_encode_apart_into_the_same_token_stream(corpus: Path, tmp_path: 
 def test_the_tokenizer_sample_is_bounded_and_does_not_depend_on_listing_order(tmp_path: Path) -> None:
     write_corpus(tmp_path / "c", files=30, sentences=400)
     files = {p.relative_to(tmp_path / "c").as_posix(): p for p in (tmp_path / "c").rglob("*.txt")}
+    entries = [Entry(key, FileFormat("text"), "train") for key in files]
+    settings = StageSettings("unused", "unused", "unused")
     budget = 100_000
-    sample = list(sample_blocks(files, budget))
-    reversed_listing = list(sample_blocks(dict(reversed(list(files.items()))), budget))
+    sample = list(sample_texts(tmp_path / "c", entries, settings, budget))
+    reversed_listing = list(sample_texts(tmp_path / "c", entries[::-1], settings, budget))
     assert sample == reversed_listing
     size = sum(len(b.encode()) for b in sample)
     assert budget <= size < budget + 64 * 2**10 and size < sum(p.stat().st_size for p in files.values()) / 4
@@ -79,7 +83,7 @@ def test_a_killed_group_carries_on_after_its_last_finished_file(
 ) -> None:
     source = write_corpus(tmp_path / "src", files=400, sentences=300)
     root = tmp_path / "fsx"
-    planned = mirror_and_plan(str(source), str(root), "d", vocab_size=300, shard_tokens=4096)
+    planned = mirror_and_plan(StageSettings(str(source), str(root), "d", vocab_size=300, shard_tokens=4096))
     building = building_dir(DatasetPaths.of(root, "d"), planned.snapshot)
     journal = building / ".journal-000.jsonl"
     group = subprocess.Popen([sys.executable, "-c", ENCODE_SLOWLY, str(root), planned.snapshot],
@@ -93,7 +97,7 @@ def test_a_killed_group_carries_on_after_its_last_finished_file(
     _, stderr = group.communicate()
     assert group.returncode == -signal.SIGKILL, f"the group ended before it was killed: {stderr[-2000:]}"
     files = len(Plan.read(building).groups[0])
-    finished = len(journal.read_text().splitlines())
+    finished = json.loads(journal.read_text().splitlines()[-1])["next"][0]
     assert 50 <= finished < files
 
     resumed = stage_data(str(source), str(root), "d", vocab_size=300, shard_tokens=4096)

@@ -11,20 +11,20 @@ import fcntl
 import logging
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
-from components.stage_data.inputs import check_inputs, check_source
+from components.stage_data import report
+from components.stage_data.formats import may_hold_records
 from components.stage_data.mirror import MirrorResult, mirror
+from components.stage_data.settings import StageSettings, check_source
 from components.stage_data.snapshots import directory_bytes, resolve_init_run, run_tokenizer, unused_snapshots
-from components.stage_data.sources import DEFAULT_EXCLUDE, LocalSource, select
+from components.stage_data.sources import LocalSource, select
 from components.stage_data.tokenization import (
-    SAMPLE_MB,
-    SHARD_TOKENS,
     TokenizeResult,
     current_snapshot_id,
     encode_group,
@@ -32,6 +32,7 @@ from components.stage_data.tokenization import (
     plan_snapshot,
     read_meta,
 )
+from components.stage_data.tokenizer import read_given
 from trainer.layout import DatasetPaths
 
 log = logging.getLogger(__name__)
@@ -51,17 +52,19 @@ class StageResult(PlanResult):
     tokenized_dir: str  # the snapshot's directory
     train_tokens: int
     val_tokens: int
-    vocab_size: int
+    vocab_size: int  # the tokenizer's
+    model_vocab_size: int  # the model's: the tokenizer's padded to a multiple of 64
     val_files: int
     tokenized: bool  # False: the snapshot existed already
     seconds: float
+    documents: dict[str, Any]  # formats, skipped records, tokens per document, each format's first document
 
 
 def stage_data(source: str, storage_root: str, dataset: str, **settings: Any) -> StageResult:
     """Mirror, plan, encode every group in turn and finalize, in this process (the command line, the tests); the
-    pipeline runs the groups in parallel pods. `settings` are mirror_and_plan's."""
+    pipeline runs the groups in parallel pods. `settings` are StageSettings' fields."""
     started = time.perf_counter()
-    planned = mirror_and_plan(source, storage_root, dataset, **settings)
+    planned = mirror_and_plan(StageSettings.of_step(source, storage_root, dataset, **settings))
     paths = DatasetPaths.of(storage_root, dataset)
     for group in range(planned.groups):
         encode_group(paths, planned.snapshot, group)
@@ -72,9 +75,11 @@ def stage_data(source: str, storage_root: str, dataset: str, **settings: Any) ->
         train_tokens=tokens.train_tokens,
         val_tokens=tokens.val_tokens,
         vocab_size=tokens.vocab_size,
+        model_vocab_size=tokens.model_vocab_size,
         val_files=tokens.val_files,
         tokenized=not tokens.skipped,
         seconds=round(time.perf_counter() - started, 3),
+        documents=tokens.documents,
     )
     log.info("staged %s into %s (snapshot %s) in %.1fs", source, paths.root, result.snapshot, result.seconds)
     return result
@@ -93,47 +98,29 @@ def finish_snapshot(storage_root: str, dataset: str, snapshot: str, skipped: boo
     return result
 
 
-def mirror_and_plan(
-    source: str,
-    storage_root: str,
-    dataset: str,
-    vocab_size: int = 4096,
-    val_fraction: float = 0.05,
-    tokenizer_path: str = "",
-    include: Iterable[str] = ("*",),
-    exclude: Iterable[str] = DEFAULT_EXCLUDE,
-    endpoint_url: str = "",
-    workers: int = 16,
-    chunk_size_mb: int = 8,
-    keep_deleted: bool = False,
-    shard_tokens: int = SHARD_TOKENS,
-    tokenize_groups: int = 1,
-    tokenizer_sample_mb: int = SAMPLE_MB,
-    init_from_run_id: str = "",
-    run_id: str = "",
-) -> PlanResult:
+def mirror_and_plan(settings: StageSettings) -> PlanResult:
     """Mirror the source and plan its snapshot (val split, tokenizer, groups), under the dataset's staging lock.
     With `init_from_run_id` (a run, or "previous"), the snapshot uses that run's tokenizer, for a warm start."""
-    paths = check_inputs(source, storage_root, dataset, vocab_size, val_fraction, workers, chunk_size_mb, shard_tokens,
-                         tokenize_groups, tokenizer_sample_mb, tokenizer_path, init_from_run_id)  # fmt: skip
-    if tokenizer_path and not Path(tokenizer_path).is_file():
-        raise InputError(f"tokenizer {tokenizer_path}: no such file")
-    init_from = resolve_init_run(storage_root, dataset, init_from_run_id, run_id)
+    paths = settings.check()
+    given = read_given(settings.tokenizer_path, settings.endpoint_url) if settings.tokenizer_path else None
+    init_from = resolve_init_run(settings.storage_root, settings.dataset, settings.init_from_run_id, settings.run_id)
     if init_from:
-        tokenizer_path = str(run_tokenizer(storage_root, init_from))
+        tokenizer_path = str(run_tokenizer(settings.storage_root, init_from))
+        given = read_given(tokenizer_path)
         log.info("warm start from run %s: staging with its tokenizer %s", init_from, tokenizer_path)
 
-    src = open_source(source, endpoint_url, workers, chunk_size_mb)
+    src = open_source(settings.source, settings.endpoint_url, settings.workers, settings.chunk_size_mb)
     try:
         listed = src.list()  # the whole source: the mirror keeps what the filters leave out, if it is unchanged
-        objects = select(listed, source, tuple(include), tuple(exclude))
-        if len(objects) < 2:
-            raise InputError(f"source {source}: 1 file to stage; the val split is held out by file, so give at least 2")
-        prepare_storage_root(storage_root)
+        objects = select(listed, settings.source, settings.include, settings.exclude)
+        if len(objects) == 1 and not may_hold_records(objects[0].key):  # refused before anything is written
+            raise InputError(f"source {settings.source}: 1 plain-text file to stage; the val split holds out "
+                             "whole files of plain text, so give at least 2 (or documents in JSON Lines or "
+                             "Parquet files)")  # fmt: skip
+        prepare_storage_root(settings.storage_root)
         with staging_lock(paths):
-            mirrored = mirror(src, objects, paths, workers, keep_deleted, listed=listed)
-            plan = plan_snapshot(paths, [o.key for o in objects], mirrored.content_sha256, vocab_size, val_fraction,
-                                 tokenizer_path, shard_tokens, tokenize_groups, tokenizer_sample_mb)  # fmt: skip
+            mirrored = mirror(src, objects, paths, settings.workers, settings.keep_deleted, listed=listed)
+            plan = plan_snapshot(paths, settings, [o.key for o in objects], mirrored.content_sha256, given)
     finally:
         src.close()
     return PlanResult(
@@ -233,7 +220,8 @@ def snapshot_markdown(result: TokenizeResult) -> str:
         "",
         "| | |",
         "|---|---:|",
-        f"| tokens | {result.train_tokens:,} train + {result.val_tokens:,} val ({result.val_files} val files) |",
-        f"| vocabulary | {result.vocab_size:,} |",
+        f"| tokens | {result.train_tokens:,} train + {result.val_tokens:,} val |",
+        f"| vocabulary | {result.vocab_size:,} tokens (the model's: {result.model_vocab_size:,}) |",
         f"| time | {result.seconds:.1f} s |",
+        *([""] + report.markdown(result.documents) if result.documents else []),
     ])  # fmt: skip
