@@ -950,7 +950,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("logs", nargs="*", metavar="PATH", help="NCCL logs: files or directories (gzip is fine)")
     p.set_defaults(func=cmd_verify_nccl)
 
-    p = command(sub, "runs", "list the runs on a storage root: state, step, val loss, training time")
+    p = command(sub, "runs", "list the runs on a storage root: dataset snapshot, state, step, val loss, training time")
     add_storage_args(p, dataset=False, run_id=False, root_default="local-runs")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     p.set_defaults(func=cmd_runs)
