@@ -227,17 +227,27 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     return 0
 
 
+# The built-in demo corpus (the stdlib's email package) is Python source beside compiled and other files: only its
+# .py files are staged. A corpus of one's own (--source) is staged whole, less DEFAULT_EXCLUDE, unless --include says.
+DEMO_INCLUDE = ["*.py"]
+SOURCE_INCLUDE = ["*"]
+
+
 def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The pipeline's arguments for `run-local`; a resume (--resume-run-id) takes the run's own settings where the
     command line gives none (fill_train_args)."""
     from components.run_summary.core import resolve_run_id
-    from pipelines.local_run import new_run_id
+    from pipelines.local_run import default_corpus, new_run_id
 
     fill_train_args(args, resumed_run(args.storage_root, args.resume_run_id) if args.resume_run_id else None)
+    include = args.include or (SOURCE_INCLUDE if args.source else DEMO_INCLUDE)
     return {
-        "source": args.source,
+        "source": args.source or default_corpus(),
         "dataset": args.dataset,
-        "include": args.include,
+        "include": include,
+        # the pipeline's default too, given so that the check before the start selects with staging's very filters
+        "exclude": list(DEFAULT_EXCLUDE),
+        "tokenizer_path": args.tokenizer_path,
         "vocab_size": args.vocab_size,
         "val_fraction": 0.05,
         "tokenize_workers": args.tokenize_workers,
@@ -786,8 +796,6 @@ def command(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines.local_run import default_corpus
-
     parser = argparse.ArgumentParser(prog="hyperpod-pretrain", description=__doc__)
     parser.add_argument("--version", action="version", version=f"hyperpod-pretrain {tool_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -813,8 +821,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true",
                    help="show all kfp.local prints: each step's inputs and outputs, every rank's lines")  # fmt: skip
     add_storage_args(p, dataset=False, run_id=False, root_default="local-runs")
-    p.add_argument("--source", default=default_corpus(), help="corpus to stage (default: the stdlib's email package)")
-    p.add_argument("--include", nargs="+", default=["*.py"], help="glob patterns of files to stage")
+    p.add_argument("--source", help="a local path, file:// URI or s3://bucket/prefix of the corpus to stage (default: "
+                   "the built-in demo corpus, the stdlib's email package)")  # fmt: skip
+    p.add_argument("--include", nargs="+", metavar="GLOB",
+                   help=f"glob patterns of files to stage (default: every file, {SOURCE_INCLUDE[0]!r}, of a --source; "
+                   f"{DEMO_INCLUDE[0]!r} of the demo corpus; {' '.join(DEFAULT_EXCLUDE)} are left out "
+                   "either way)")  # fmt: skip
+    p.add_argument("--tokenizer-path", default="",
+                   help="a Hugging Face tokenizer: a tokenizer.json file, or a directory as save_pretrained writes "
+                   "it, or s3://bucket/prefix/ of one (default: train a BPE tokenizer on the corpus)")  # fmt: skip
     p.add_argument("--dataset", default="stdlib-email", help="the dataset's name under <root>/datasets/")
     p.add_argument("--run-id", default="", help="default: local-<UTC time>")
     p.add_argument("--resume-run-id", default="", help="continue this run's training from its newest checkpoint")
@@ -950,7 +965,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("logs", nargs="*", metavar="PATH", help="NCCL logs: files or directories (gzip is fine)")
     p.set_defaults(func=cmd_verify_nccl)
 
-    p = command(sub, "runs", "list the runs on a storage root: state, step, val loss, training time")
+    p = command(sub, "runs", "list the runs on a storage root: dataset snapshot, state, step, val loss, training time")
     add_storage_args(p, dataset=False, run_id=False, root_default="local-runs")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     p.set_defaults(func=cmd_runs)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError, StepFailed
+from components.stage_data.sources import DEFAULT_EXCLUDE, LocalSource, select
 from trainer.layout import RunPaths
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,8 @@ def failed_step_reason(run: RunPaths) -> tuple[str, bool]:
 
 def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     """What can be checked before anything is staged or written, each failing with one line (exit 2): the training
-    settings as the launcher will check them, the source, the resumed run's checkpoint, a dataset to skip staging of."""
+    settings as the launcher will check them, the source and the files its filters select, a tokenizer to stage with,
+    the resumed run's checkpoint, a dataset to skip staging of."""
     from components.launch_pytorchjob.core import LaunchConfig
     from trainer.layout import DatasetPaths
 
@@ -227,11 +229,22 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     if not arguments.get("skip_staging") and not source.startswith("s3://"):
         if not Path(source.removeprefix("file://")).exists():
             raise InputError(f"source {source}: no such file or directory")
+        check_selection(source, arguments.get("include", ["*"]), arguments.get("exclude", DEFAULT_EXCLUDE))
+    tokenizer = str(arguments.get("tokenizer_path") or "")
+    if tokenizer and not tokenizer.startswith("s3://") and not Path(tokenizer).exists():
+        raise InputError(f"tokenizer_path {tokenizer}: no such file or directory")
     if arguments.get("skip_staging") and not DatasetPaths.of(storage_root, arguments["dataset"]).current.is_file():
         raise InputError(f"skip_staging: dataset {arguments['dataset']!r} was never staged under {storage_root}")
     if config.resume and not config.run_paths.has_checkpoint() and not config.checkpoint_s3_uri:
         raise InputError(f"resume_run_id {run_id!r}: {config.run_paths.checkpoints} holds no checkpoint to continue "
                          "from")  # fmt: skip
+
+
+def check_selection(source: str, include: list[str], exclude: list[str] | tuple[str, ...]) -> None:
+    """A local source whose filters keep no file (a corpus of .txt files under the demo's '*.py') is refused now, in
+    staging's own words, rather than after the pipeline's first half-minute: the listing and the filters are
+    staging's (LocalSource, select), so the two cannot disagree."""
+    select(LocalSource(source).list(), source, tuple(include), tuple(exclude))
 
 
 # kfp.local's SubprocessRunner replaces this string in every argument of a task's command (it means

@@ -13,16 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
-from components.run_summary.core import PIPELINE_RUN_MARKER, current_pipeline_run
+from components.run_summary.core import PIPELINE_RUN_MARKER, current_pipeline_run, read_step
 from trainer.atomic import read_json_lines
 from trainer.layout import RunPaths
+from trainer.snapshot import config_snapshot
 
-COLUMNS = ("RUN", "STATE", "STEP", "VAL LOSS", "TRAINED", "UPDATED")
+COLUMNS = ("RUN", "DATASET", "STATE", "STEP", "VAL LOSS", "TRAINED", "UPDATED")
+SNAPSHOT_SHOWN = 8  # characters of a snapshot id in the table: enough to tell a dataset's snapshots apart
 
 
 @dataclass(frozen=True)
 class RunRow:
     run_id: str
+    dataset: str | None  # what the run trains on: its config.json, else its staging's record; None: not known yet
+    snapshot: str | None
     state: str  # the newest of the pipeline's summary and the trainer's status
     step: int | None
     max_steps: int | None
@@ -35,7 +39,9 @@ class RunRow:
         step = "-" if self.step is None else f"{self.step}/{self.max_steps}" if self.max_steps else str(self.step)
         val = "-" if self.val_loss is None else f"{self.val_loss:.3f}@{self.val_step}"
         updated = "-" if self.updated is None else f"{duration(now - self.updated)} ago"
-        return self.run_id, self.state, step, val, duration(self.trained_s) if self.trained_s else "-", updated
+        data = "-" if self.dataset is None else f"{self.dataset}@{(self.snapshot or '')[:SNAPSHOT_SHOWN]}"
+        trained = duration(self.trained_s) if self.trained_s else "-"
+        return self.run_id, data, self.state, step, val, trained, updated
 
 
 def duration(seconds: float) -> str:
@@ -69,8 +75,11 @@ def read_run(run: RunPaths) -> RunRow:
     evaluations = [e for e in read_json_lines(run.eval_history) if isinstance(e.get("val_loss"), int | float)]
     newest = evaluations[-1] if evaluations else {}
     step, max_steps = status.get("step"), config.get("trainer", {}).get("max_steps")
+    dataset, snapshot = trained_on(run, config) or (None, None)
     return RunRow(
         run_id=run.root.name,
+        dataset=dataset,
+        snapshot=snapshot,
         state=(state or "no status").lower(),
         step=step if isinstance(step, int) else None,
         max_steps=max_steps if isinstance(max_steps, int) else None,
@@ -79,6 +88,22 @@ def read_run(run: RunPaths) -> RunRow:
         trained_s=training_seconds(read_json_lines(run.metrics)),
         updated=updated,
     )
+
+
+def trained_on(run: RunPaths, config: dict[str, Any]) -> tuple[str, str] | None:
+    """(dataset, snapshot) of the run, so that runs on different data are not compared as if alike: what the trainer
+    recorded in config.json (a resumed run keeps its snapshot), else, before the trainer started, what the pipeline's
+    staging recorded it would train on; None when neither says."""
+    found: Any = None
+    if config:
+        try:
+            found = config_snapshot(config)
+        except (KeyError, TypeError, AttributeError):  # a config.json from another tool, or half of one
+            found = None
+    if found is None:
+        details = read_step(run, "stage-data").get("details")
+        found = (details.get("dataset"), details.get("snapshot")) if isinstance(details, dict) else None
+    return found if found is not None and all(isinstance(v, str) and v for v in found) else None
 
 
 def training_seconds(rows: list[dict[str, Any]]) -> float:

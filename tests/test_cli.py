@@ -136,6 +136,8 @@ def test_bad_training_arguments(command: str, args: list[str], message: str, tmp
         (["--resume-run-id", "never-ran"], "resume_run_id 'never-ran': {root}/runs/never-ran/checkpoints holds no "
          "checkpoint to continue from"),
         (["--skip-staging", "--dataset", "never"], "skip_staging: dataset 'never' was never staged under {root}"),
+        (["--tokenizer-path", "/nonexistent/tokenizer.json"],
+         "tokenizer_path /nonexistent/tokenizer.json: no such file or directory"),
     ],
 )  # fmt: skip
 def test_run_local_refuses_bad_input_before_anything_runs(args: list[str], message: str, tmp_path: Path,
@@ -147,6 +149,45 @@ def test_run_local_refuses_bad_input_before_anything_runs(args: list[str], messa
     root = tmp_path / "fsx"
     assert main(["run-local", "--storage-root", str(root), *args]) == 2
     assert capsys.readouterr().err.splitlines() == [f"hyperpod-pretrain run-local: error: {message.format(root=root)}"]
+    assert not root.exists()
+
+
+def test_run_local_stages_all_of_a_given_source_and_refuses_filters_that_keep_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--include is '*' for a --source of one's own and '*.py' only for the demo corpus (a corpus of .txt files failed
+    in staging after 35 s under the demo's filter); a local source whose filters keep no file is refused before the
+    pipeline starts, in staging's own words, nothing written. --tokenizer-path reaches the pipeline, checked here
+    only where it is local. In process, as the refusals above."""
+    from pipelines import COMPILED_PIPELINE
+    from pipelines.cli import main, run_local_arguments
+    from pipelines.local_run import check_before_start, default_corpus
+    from pipelines.package import Package
+    from tests.helpers import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus", files=2, sentences=3)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    root = tmp_path / "fsx"
+    own = run_local_arguments(parsed("run-local", "--storage-root", str(root), "--source", str(corpus),
+                                     "--tokenizer-path", str(tokenizer)))  # fmt: skip
+    demo = run_local_arguments(parsed("run-local", "--storage-root", str(root)))
+    assert (own["source"], own["include"], own["tokenizer_path"]) == (str(corpus), ["*"], str(tokenizer))
+    assert (demo["source"], demo["include"], demo["tokenizer_path"]) == (default_corpus(), ["*.py"], "")
+    package = Package.load(COMPILED_PIPELINE)
+    assert set(own) < set(package.inputs), "every argument is a pipeline parameter"
+    assert own["exclude"] == package.defaults()["exclude"], "the filters checked are those the pipeline stages with"
+    for arguments in (own, demo, {**own, "tokenizer_path": "s3://bucket/tokenizers/llama-3/"}):
+        check_before_start(root, arguments)
+
+    exclude = "exclude ['__pycache__/*', '*.pyc', '.*']"
+    (corpus / ".notes").write_text("kept out by the default exclude")
+    for include in (["*.py"], [".notes"]):
+        command = ["run-local", "--storage-root", str(root), "--source", str(corpus), "--include", *include]
+        assert main(command) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"hyperpod-pretrain run-local: error: source {corpus}: no files to stage (include {include}, {exclude})"
+        ]
     assert not root.exists()
 
 

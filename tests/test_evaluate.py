@@ -2,7 +2,9 @@ import dataclasses
 import html
 import io
 import json
+import logging
 import math
+import os
 import re
 import shutil
 import struct
@@ -257,6 +259,45 @@ def test_export_loads_with_from_pretrained_and_gives_the_same_loss(trained_copy:
         ours = original(input_ids=batch, labels=batch).loss.item()
     assert abs(theirs - ours) < 1e-5
     assert (Path(result.export_dir) / "model.safetensors").is_file()
+
+
+@pytest.mark.usefixtures("short_samples")
+def test_the_export_says_which_checkpoint_it_holds_and_has_the_umasks_modes(
+    trained_copy: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Step 60 exported, then an older step, 40: eval/eval.json keeps step 60's evaluation, and export/ now holds step
+    40's weights, which export/export.json, the result and the log line say. safetensors writes its file 0600: every
+    exported file has the mode open() gives under the umask instead (0640 under 027, 0644 under 022)."""
+    run = RunPaths.of(trained_copy, "run-1")
+    export = run.root / "export"
+    trained_on = json.loads(run.config.read_text())["dataset"]
+
+    def modes() -> dict[str, str]:
+        return {p.relative_to(export).as_posix(): oct(p.stat().st_mode & 0o777) for p in export.rglob("*")
+                if p.is_file()}  # fmt: skip
+
+    previous = os.umask(0o027)
+    try:
+        newest = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", max_tokens=128)
+        assert "model.safetensors" in modes() and set(modes().values()) == {"0o640"}, modes()
+        os.umask(0o022)
+        with caplog.at_level(logging.INFO, logger="components.evaluate_checkpoint.core"):
+            older = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint="40", max_tokens=128)
+    finally:
+        os.umask(previous)
+    assert {"model.safetensors", "config.json", "tokenizer.json", "export.json"} <= set(modes())
+    assert set(modes().values()) == {"0o644"}, modes()
+
+    assert (newest.export_step, older.export_step, older.export_dir) == (60, 40, str(export))
+    record = json.loads((export / "export.json").read_text())
+    exported_at = record.pop("exported_at")
+    assert record == {"run_id": "run-1", "step": 40, "checkpoint": older.checkpoint, "dataset": "synthetic",
+                      "snapshot": trained_on["snapshot"]}  # fmt: skip
+    assert older.checkpoint.endswith("step_00000040") and exported_at >= older.evaluated_at
+    assert json.loads(run.eval_result.read_text())["step"] == 60, "the newest evaluation stays the run's"
+    assert f"Exported step 40's weights to `{export}`" in (run.eval_step(40) / "report.md").read_text()
+    assert any(r.getMessage().startswith("run run-1 step 40: val loss ") and r.getMessage().endswith(
+        f"; exported step 40 to {export}") for r in caplog.records), caplog.text  # fmt: skip
 
 
 def test_an_empty_val_split_is_one_clear_error(trained_copy: Path) -> None:

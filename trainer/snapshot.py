@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trainer.data import DataError
 from trainer.layout import META, DatasetPaths, dataset_of_snapshot
 
 log = logging.getLogger(__name__)
@@ -39,6 +38,8 @@ def config_snapshot(config: dict[str, Any]) -> tuple[str, str]:
 
 def given_snapshot(data_dir: Path) -> Path:
     """--data-dir is a snapshot's directory, or a dataset's (then its current snapshot, as staging left it)."""
+    from trainer.data import DataError  # here: `runs` reads config_snapshot and loads no torch (1 s)
+
     if (data_dir / META).is_file():
         return data_dir
     try:

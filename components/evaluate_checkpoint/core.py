@@ -13,7 +13,9 @@
   curves, learning rate, gradient norm and throughput as embedded PNGs; the run's settings; the samples), a line
   in eval/history.jsonl, and a copy of the newest step's files at eval/eval.json, report.md and report.html, where
   readers looked before evaluations were kept.
-- Export: the model in Hugging Face format (safetensors) with its tokenizer under <run>/export/.
+- Export: the model in Hugging Face format (safetensors) with its tokenizer under <run>/export/, and
+  export/export.json saying which checkpoint it holds: the evaluated one, which need not be the newest evaluated
+  (evaluate --checkpoint N replaces the export, while eval/eval.json keeps the newest step's evaluation).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from tokenizers import Tokenizer
 
 from common.errors import InputError, StepFailed
 from components.evaluate_checkpoint.inputs import check_inputs
-from trainer.atomic import atomic_open, atomic_path, read_json_lines, replace_dir, write_json
+from trainer.atomic import atomic_open, atomic_path, file_mode, read_json_lines, replace_dir, write_json
 from trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -109,6 +111,7 @@ class EvalResult:
     skipped_steps: int = 0  # training steps whose update was skipped: the loss or gradient norm was not finite
     loss_spikes: list[dict[str, float]] = field(default_factory=list)  # logged steps marked as spikes (step, loss)
     export_dir: str = ""
+    export_step: int | None = None  # the step this evaluation exported; export/export.json: what it holds now
     export_s3_uri: str = ""
     evaluated_at: str = ""  # UTC, ISO 8601: orders the history's evaluations of the same step
     report_dir: str = ""  # eval/step_<N>/: this evaluation's own files, whatever is evaluated after
@@ -165,7 +168,14 @@ class EvalResult:
             "",
             self.health_line(),
             "",
+            *([self.export_line(), ""] if self.export_dir else []),
         ])  # fmt: skip
+
+    def export_line(self) -> str:
+        """Which weights the export holds: an evaluation of another checkpoint replaces them later."""
+        uploaded = f" and to {self.export_s3_uri}" if self.export_s3_uri else ""
+        return (f"Exported step {self.export_step}'s weights to `{self.export_dir}`{uploaded} ({EXPORT_RECORD} there "
+                "names the step it holds now).")  # fmt: skip
 
     def health_line(self) -> str:
         """What the trainer's health checks saw (trainer/health.py): skipped steps and loss spikes."""
@@ -266,16 +276,18 @@ def evaluate_checkpoint(
     )
     apply_gate(result, gate, baseline)
     if export:
-        result.export_dir = str(export_model(model, snapshot_dir / TOKENIZER, run.root / "export"))
+        exported = export_model(model, snapshot_dir / TOKENIZER, run.root / "export", export_record(result))
+        result.export_dir, result.export_step = str(exported), result.step
     if export_s3_uri:
         from common.s3 import S3Settings, upload_directory
 
         upload_directory(Path(result.export_dir), export_s3_uri, S3Settings(endpoint_url=s3_endpoint_url))
         result.export_s3_uri = export_s3_uri
     save_evaluation(run, result, html_report(result, run))
-    log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), untrained %.4f; %s", run_id,
-             result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, untrained,
-             result.gate_line())  # fmt: skip
+    export_note = f"; exported step {result.export_step} to {result.export_dir}" if result.export_dir else ""
+    log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), untrained %.4f; %s%s", run_id,
+             result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, untrained, result.gate_line(),
+             export_note)  # fmt: skip
     if not result.gate_passed and not gate.warn_only:
         raise StepFailed(
             f"quality gate failed for run {run_id} at step {result.step}: {'; '.join(result.gate_reasons)}"
@@ -840,8 +852,19 @@ background:#f6f6f6;padding:6px;margin:0.3em 0 1em}}
 """
 
 
-def export_model(model: torch.nn.Module, tokenizer_file: Path, directory: Path) -> Path:
-    """save_pretrained (safetensors) with the tokenizer: AutoModelForCausalLM.from_pretrained(directory) loads it."""
+EXPORT_RECORD = "export.json"  # in the export: which checkpoint its weights are
+
+
+def export_record(result: EvalResult) -> dict[str, Any]:
+    """What export.json says: the checkpoint exported and the data it was trained on, so that an export replaced by
+    an evaluation of an older checkpoint is not taken for the newest one."""
+    return {"run_id": result.run_id, "step": result.step, "checkpoint": result.checkpoint, "dataset": result.dataset,
+            "snapshot": result.snapshot, "exported_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+
+
+def export_model(model: torch.nn.Module, tokenizer_file: Path, directory: Path, record: dict[str, Any]) -> Path:
+    """save_pretrained (safetensors) with the tokenizer: AutoModelForCausalLM.from_pretrained(directory) loads it;
+    `record` (export_record) goes in beside them as export.json, so the directory says which checkpoint it holds."""
     from transformers import PreTrainedTokenizerFast
 
     from components.stage_data.tokenization import EOS
@@ -851,6 +874,18 @@ def export_model(model: torch.nn.Module, tokenizer_file: Path, directory: Path) 
     model.to("cpu").save_pretrained(staging, safe_serialization=True)
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token=EOS, bos_token=EOS)
     tokenizer.save_pretrained(staging)
+    write_json(staging / EXPORT_RECORD, record)
+    readable_by_the_team(staging)
     replace_dir(staging, directory)
-    log.info("exported the model in Hugging Face format to %s", directory)
+    log.info("exported step %s (%s) in Hugging Face format to %s", record.get("step"), record.get("checkpoint"),
+             directory)  # fmt: skip
     return directory
+
+
+def readable_by_the_team(directory: Path) -> None:
+    """Give every file under `directory` the mode open() gives under the umask (0644 under 022): safetensors writes
+    model.safetensors 0600, which teammates reading the volume, and a copy made from it, could not read."""
+    mode = file_mode()
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(mode)
