@@ -7,7 +7,9 @@ at a step is the one the evaluation step reports for that step's checkpoint over
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,12 +56,23 @@ def bits_per_byte(loss: float, tokens: int, n_bytes: int) -> float:
     return loss * tokens / (n_bytes * math.log(2)) if n_bytes else float("nan")
 
 
+BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's byte fallback: one byte of text
+
+
 def token_byte_lengths(tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
-    """Bytes of text each token id stands for: a byte-level BPE token is one mapped character per byte;
-    special tokens (EOS) stand for none."""
+    """Bytes of text each token id stands for: a byte-level BPE token (GPT-2's, Llama 3's) is one mapped character
+    per byte; in a SentencePiece-style vocabulary a byte-fallback token is one byte and '▁' is a space; special
+    tokens (BOS, EOS) and ids past the tokenizer's (the model's padding) stand for none."""
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    byte_level = '"ByteLevel"' in json.dumps(json.loads(tokenizer.to_str()).get("decoder"))
     lengths = np.zeros(vocab_size, dtype=np.int64)
     for token, index in tokenizer.get_vocab().items():
-        if index < vocab_size and token not in special:
+        if index >= vocab_size or token in special:
+            continue
+        if byte_level:
             lengths[index] = len(token)
+        elif BYTE_TOKEN.fullmatch(token):
+            lengths[index] = 1
+        else:
+            lengths[index] = len(token.replace("\u2581", " ").encode())
     return lengths

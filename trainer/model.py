@@ -74,7 +74,12 @@ def check_preset(name: str) -> str:
 
 
 def model_config(
-    preset: str, vocab_size: int, max_seq_len: int, eos_token_id: int, dropout: float = 0.0
+    preset: str,
+    vocab_size: int,
+    max_seq_len: int,
+    eos_token_id: int,
+    dropout: float = 0.0,
+    bos_token_id: int | None = None,
 ) -> PretrainedConfig:
     from transformers import AutoConfig
 
@@ -83,7 +88,7 @@ def model_config(
     return AutoConfig.for_model(
         family,
         vocab_size=vocab_size,
-        bos_token_id=eos_token_id,  # our tokenizer's, not the preset family's
+        bos_token_id=eos_token_id if bos_token_id is None else bos_token_id,  # the tokenizer's, not the family's
         eos_token_id=eos_token_id,
         **{context_key: max_seq_len},
         **dict.fromkeys(dropout_keys, dropout),

@@ -26,6 +26,12 @@ def snapshot_record(data_dir: Path, meta: dict[str, Any]) -> dict[str, str]:
             "tokenizer_sha256": meta.get("tokenizer_sha256", "")}  # fmt: skip
 
 
+def model_vocab(meta: dict[str, Any]) -> int:
+    """The embedding rows of a model trained on a snapshot (its meta.json): the tokenizer's size padded to a
+    multiple of 64, or in a snapshot staged before padding, the tokenizer's size itself (so its runs resume)."""
+    return int(meta.get("model_vocab_size", meta["vocab_size"]))
+
+
 def config_snapshot(config: dict[str, Any]) -> tuple[str, str]:
     """(dataset, snapshot) that a run's config.json names; by name, not path, so a moved storage root still finds
     it. A config from before snapshots has only the directory (its "snapshot" is then "tokenized")."""

@@ -70,7 +70,7 @@ from trainer.preemption import ExitCode, StopSignal, save_budget_s
 from trainer.prefetch import Prefetcher
 from trainer.private_api import default_store, skip_update_if
 from trainer.schedule import LRSchedule, ScheduleSettings
-from trainer.snapshot import snapshot_record, training_snapshot
+from trainer.snapshot import model_vocab, snapshot_record, training_snapshot
 from trainer.warm_start import warm_start_state
 
 log = logging.getLogger("trainer")
@@ -151,7 +151,7 @@ def train(cfg: TrainConfig) -> ExitCode:
     meta = load_meta(data_dir)
     batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
     val, byte_lengths = validation_data(data_dir, meta, cfg.seq_len) if cfg.eval_every else (None, None)
-    mconfig = model_config(cfg.preset, meta["vocab_size"], cfg.seq_len, meta["eos_id"], cfg.dropout)
+    mconfig = model_config(cfg.preset, model_vocab(meta), cfg.seq_len, meta["eos_id"], cfg.dropout, meta.get("bos_id"))
     # The model, spread over the ranks as --parallelism says (trainer/parallel.py), with the same initial weights
     # whatever the parallelism and world size.
     if use_cuda:  # TF32 for the fp32 matmuls that autocast leaves (CPU: no such mode)
@@ -231,7 +231,12 @@ def train(cfg: TrainConfig) -> ExitCode:
     if rank == 0:
         # The step this start went on from (0: from scratch), beside its time: the report marks each resume with it.
         write_json(run.comms_report(rank, attempt), report | {"start_step": progress.step})
-        dataset = {**snapshot_record(data_dir, meta), "tokenized_dir": str(data_dir), "vocab_size": meta["vocab_size"]}
+        dataset = {
+            **snapshot_record(data_dir, meta),
+            "tokenized_dir": str(data_dir),
+            "vocab_size": meta["vocab_size"],
+            "model_vocab_size": model_vocab(meta),
+        }  # the tokenizer's, and the model's (padded)
         resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset,
                     "init_from": warm_started, "hyperpod_pretrain": tool_version()}  # fmt: skip
         write_json(run.config, resolved)
@@ -432,7 +437,7 @@ def validation_data(data_dir: Path, meta: dict[str, Any], seq_len: int) -> tuple
                         "turn it off (0)")  # fmt: skip
     from tokenizers import Tokenizer
 
-    return val, token_byte_lengths(Tokenizer.from_file(str(data_dir / TOKENIZER)), meta["vocab_size"])
+    return val, token_byte_lengths(Tokenizer.from_file(str(data_dir / TOKENIZER)), model_vocab(meta))
 
 
 def validation(model: torch.nn.Module, val: TokenSplit, byte_lengths: np.ndarray, cfg: TrainConfig,

@@ -54,7 +54,7 @@ from trainer.data import DataError, load_meta, load_split
 from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
 from trainer.layout import CHECKPOINT_COMMIT, META, TOKENIZER, DatasetPaths, RunPaths
 from trainer.model import build_model, config_from_dict
-from trainer.snapshot import config_snapshot
+from trainer.snapshot import config_snapshot, model_vocab
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ def evaluate_checkpoint(
                          f"{state.get('preset')!r}): {str(exc).splitlines()[0]}") from None  # fmt: skip
     model.to(device)
     tokenizer = Tokenizer.from_file(str(snapshot_dir / TOKENIZER))
-    byte_lengths = token_byte_lengths(tokenizer, meta["vocab_size"])
+    byte_lengths = token_byte_lengths(tokenizer, model_vocab(meta))
     try:
         val_loss, n_tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
         torch.manual_seed(config["trainer"]["seed"])
@@ -276,7 +276,7 @@ def evaluate_checkpoint(
     )
     apply_gate(result, gate, baseline)
     if export:
-        exported = export_model(model, snapshot_dir / TOKENIZER, run.root / "export", export_record(result))
+        exported = export_model(model, snapshot_dir, run.root / "export", export_record(result))
         result.export_dir, result.export_step = str(exported), result.step
     if export_s3_uri:
         from common.s3 import S3Settings, upload_directory
@@ -862,17 +862,22 @@ def export_record(result: EvalResult) -> dict[str, Any]:
             "snapshot": result.snapshot, "exported_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
 
 
-def export_model(model: torch.nn.Module, tokenizer_file: Path, directory: Path, record: dict[str, Any]) -> Path:
-    """save_pretrained (safetensors) with the tokenizer: AutoModelForCausalLM.from_pretrained(directory) loads it;
-    `record` (export_record) goes in beside them as export.json, so the directory says which checkpoint it holds."""
+def export_model(model: torch.nn.Module, snapshot_dir: Path, directory: Path, record: dict[str, Any]) -> Path:
+    """save_pretrained (safetensors) with the snapshot's tokenizer: AutoModelForCausalLM.from_pretrained(directory)
+    loads it, and AutoTokenizer encodes as training did (the snapshot keeps its post-processor so: [BOS] text), with
+    the snapshot's own BOS and EOS named; `record` (export_record) goes in beside them as export.json, so the
+    directory says which checkpoint it holds."""
     from transformers import PreTrainedTokenizerFast
 
-    from components.stage_data.tokenization import EOS
+    from components.stage_data.tokenizer import EOS
 
+    meta = load_meta(snapshot_dir)
     staging = directory.with_name(f".{directory.name}.new")
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
     model.to("cpu").save_pretrained(staging, safe_serialization=True)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token=EOS, bos_token=EOS)
+    bos = meta["bos"] if "bos" in meta else EOS  # a snapshot staged before BOS: the trained tokenizer's one token
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(snapshot_dir / TOKENIZER), eos_token=meta.get("eos", EOS),
+                                        bos_token=bos)  # fmt: skip
     tokenizer.save_pretrained(staging)
     write_json(staging / EXPORT_RECORD, record)
     readable_by_the_team(staging)

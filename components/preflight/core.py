@@ -755,12 +755,12 @@ def dataset_vocab(data_dir: str) -> tuple[int, bool]:
     the same volume at the same path); (ASSUMED_VOCAB, True) before the dataset is staged."""
     from trainer.data import DataError
     from trainer.layout import META
-    from trainer.snapshot import given_snapshot
+    from trainer.snapshot import given_snapshot, model_vocab
 
     if not data_dir:
         return ASSUMED_VOCAB, True
     try:
-        return int(json.loads((given_snapshot(Path(data_dir)) / META).read_text())["vocab_size"]), False
+        return model_vocab(json.loads((given_snapshot(Path(data_dir)) / META).read_text())), False
     except (DataError, OSError, ValueError, KeyError, TypeError):
         return ASSUMED_VOCAB, True
 
