@@ -19,7 +19,7 @@ from common.version import tool_version
 from components.kfp_support import setup_logging
 from components.launch_pytorchjob.job_api import DEFAULT_JOB_API, JOB_APIS
 from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, GPU_TOLERATION
-from components.stage_data import SAMPLE_MB, SHARD_TOKENS
+from components.stage_data import SAMPLE_MB, SHARD_TOKENS, TEXT_FIELD, VAL_FRACTION, VOCAB_SIZE
 from components.stage_data.sources import DEFAULT_EXCLUDE
 from pipelines import CLUSTER_DEFAULTS, COMPILED_PIPELINE
 from trainer.config import CONTINUE, EXTENSIONS, TRAIN_DEFAULTS
@@ -233,6 +233,25 @@ DEMO_INCLUDE = ["*.py"]
 SOURCE_INCLUDE = ["*"]
 
 
+def add_corpus_args(p: argparse._ActionsContainer) -> None:
+    """The corpus settings of stage-data and run-local (the pipeline's parameters of the same names)."""
+    p.add_argument("--tokenizer-path", default="",
+                   help="a Hugging Face tokenizer: a tokenizer.json file, or a directory as save_pretrained writes "
+                   "it, or s3://bucket/prefix/ of one (default: train a BPE tokenizer on the corpus)")  # fmt: skip
+    p.add_argument("--vocab-size", type=positive_int, default=VOCAB_SIZE,
+                   help="the trained BPE tokenizer's vocabulary size (not used with --tokenizer-path)")  # fmt: skip
+    p.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
+                   help="share held out for the val split: of the documents of JSON Lines and Parquet files, and of "
+                   "plain-text files (each one document)")  # fmt: skip
+    p.add_argument("--text-field", default="", metavar="FIELD",
+                   help=f"JSON Lines and Parquet: the field or column holding each record's text, a dotted path "
+                   f"for nested JSON (content.body) (default: {TEXT_FIELD}; refused for a corpus of plain "
+                   "text)")  # fmt: skip
+    p.add_argument("--max-bad-records", type=int, default=0, metavar="N",
+                   help="JSON Lines: skip and count up to N malformed lines (not JSON, not an object) instead of "
+                   "failing on the first")  # fmt: skip
+
+
 def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The pipeline's arguments for `run-local`; a resume (--resume-run-id) takes the run's own settings where the
     command line gives none (fill_train_args)."""
@@ -249,7 +268,9 @@ def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "exclude": list(DEFAULT_EXCLUDE),
         "tokenizer_path": args.tokenizer_path,
         "vocab_size": args.vocab_size,
-        "val_fraction": 0.05,
+        "val_fraction": args.val_fraction,
+        "text_field": args.text_field,
+        "max_bad_records": args.max_bad_records,
         "tokenize_workers": args.tokenize_workers,
         "init_from_run_id": args.init_from_run_id,
         "run_id": resolve_run_id(args.run_id, args.resume_run_id, new_run_id()),
@@ -286,8 +307,9 @@ def cmd_prune_snapshots(args: argparse.Namespace) -> int:
 
 def cmd_stage_data(args: argparse.Namespace) -> int:
     from components.stage_data.core import stage_data
+    from components.stage_data.settings import StageSettings
 
-    result = stage_data(
+    settings = StageSettings.of_step(
         source=args.source,
         storage_root=args.storage_root,
         dataset=args.dataset,
@@ -296,6 +318,8 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
         vocab_size=args.vocab_size,
         val_fraction=args.val_fraction,
         tokenizer_path=args.tokenizer_path,
+        text_field=args.text_field,
+        max_bad_records=args.max_bad_records,
         endpoint_url=args.endpoint_url,
         workers=args.workers,
         chunk_size_mb=args.chunk_size_mb,
@@ -304,6 +328,12 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
         tokenize_groups=args.tokenize_groups,
         tokenizer_sample_mb=args.tokenizer_sample_mb,
     )
+    if args.dry_run:
+        from components.stage_data.preview import dry_run
+
+        print("\n".join(dry_run(settings).lines()))
+        return 0
+    result = stage_data(**{f: getattr(settings, f) for f in settings.__dataclass_fields__})
     print(json.dumps(asdict(result), indent=2))
     return 0
 
@@ -827,16 +857,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"glob patterns of files to stage (default: every file, {SOURCE_INCLUDE[0]!r}, of a --source; "
                    f"{DEMO_INCLUDE[0]!r} of the demo corpus; {' '.join(DEFAULT_EXCLUDE)} are left out "
                    "either way)")  # fmt: skip
-    p.add_argument("--tokenizer-path", default="",
-                   help="a Hugging Face tokenizer: a tokenizer.json file, or a directory as save_pretrained writes "
-                   "it, or s3://bucket/prefix/ of one (default: train a BPE tokenizer on the corpus)")  # fmt: skip
     p.add_argument("--dataset", default="stdlib-email", help="the dataset's name under <root>/datasets/")
     p.add_argument("--run-id", default="", help="default: local-<UTC time>")
     p.add_argument("--resume-run-id", default="", help="continue this run's training from its newest checkpoint")
     p.add_argument("--skip-staging", action="store_true", help="train on the dataset as staged before")
     p.add_argument("--init-from-run-id", default="",
                    help="start from this run's weights ('previous': the dataset's newest finished run)")  # fmt: skip
-    p.add_argument("--vocab-size", type=positive_int, default=2048, help="the BPE tokenizer's vocabulary size")
+    add_corpus_args(p.add_argument_group("corpus", "how the corpus is read, split and tokenized"))
     p.add_argument("--tokenize-workers", type=positive_int, default=2,
                    help="groups of files tokenized by parallel steps (the pipeline's fan-out)")  # fmt: skip
     p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE), help="the compiled pipeline to run")
@@ -849,9 +876,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_storage_args(p, run_id=False)
     p.add_argument("--include", nargs="+", default=["*"], help="glob patterns of files to stage")
     p.add_argument("--exclude", nargs="*", default=list(DEFAULT_EXCLUDE), help="glob patterns of files to leave out")
-    p.add_argument("--vocab-size", type=positive_int, default=4096, help="the BPE tokenizer's vocabulary size")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="share of files held out for the val split")
-    p.add_argument("--tokenizer-path", default="", help="use this tokenizer.json instead of training one")
+    add_corpus_args(p.add_argument_group("corpus", "how the corpus is read, split and tokenized"))
+    p.add_argument("--dry-run", action="store_true",
+                   help="read a sample of the source and show what staging would find and the model would read "
+                   "(formats, documents, tokens, skipped records, each format's first document); write "
+                   "nothing")  # fmt: skip
     p.add_argument("--endpoint-url", default="", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS)")
     p.add_argument("--workers", type=positive_int, default=16, help="concurrent downloads")
     p.add_argument("--chunk-size-mb", type=positive_int, default=8, help="multipart threshold and part size")

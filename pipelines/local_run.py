@@ -226,6 +226,12 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
                           **{k: arguments[k] for k in settings if k in arguments})  # fmt: skip
     config.validate(check_storage=False)
     source = str(arguments["source"])
+    if not arguments.get("skip_staging"):  # staging's own checks of its settings
+        from components.stage_data.settings import StageSettings
+
+        staging = {k: v for k, v in arguments.items() if k in StageSettings.__dataclass_fields__}
+        StageSettings.of_step(storage_root=str(storage_root), tokenize_groups=arguments.get("tokenize_workers", 1),
+                              **staging).check()  # fmt: skip
     if not arguments.get("skip_staging") and not source.startswith("s3://"):
         if not Path(source.removeprefix("file://")).exists():
             raise InputError(f"source {source}: no such file or directory")

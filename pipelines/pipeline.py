@@ -29,6 +29,7 @@ from components.launch_pytorchjob.component import launch_pytorchjob
 from components.launch_pytorchjob.platform import Platform
 from components.preflight.component import preflight
 from components.run_summary.component import summarize_run
+from components.stage_data import SAMPLE_MB, VAL_FRACTION, VOCAB_SIZE
 from components.stage_data.component import finalize_snapshot, stage_data, tokenize_group
 from components.verify_nccl.component import verify_nccl
 from pipelines import CLUSTER_DEFAULTS
@@ -155,15 +156,17 @@ def build_pipeline(platform: PlatformOptions):
         dataset: str = str(CLUSTER_DEFAULTS["dataset"]),
         include: list = ["*"],  # noqa: B006 - KFP reads the default from the signature
         exclude: list = ["__pycache__/*", "*.pyc", ".*"],  # noqa: B006
-        vocab_size: int = 8192,
-        val_fraction: float = 0.01,
+        vocab_size: int = VOCAB_SIZE,
+        val_fraction: float = VAL_FRACTION,
         tokenizer_path: str = "",
+        text_field: str = "",
+        max_bad_records: int = 0,
         s3_endpoint_url: str = "",
         staging_workers: int = 16,
         staging_chunk_size_mb: int = 8,
         keep_deleted: bool = False,
         tokenize_workers: int = 1,
-        tokenizer_sample_mb: int = 1024,
+        tokenizer_sample_mb: int = SAMPLE_MB,
         init_from_run_id: str = "",
         skip_staging: bool = False,
         run_id: str = "",
@@ -246,6 +249,8 @@ def build_pipeline(platform: PlatformOptions):
                 vocab_size=vocab_size,
                 val_fraction=val_fraction,
                 tokenizer_path=tokenizer_path,
+                text_field=text_field,
+                max_bad_records=max_bad_records,
                 endpoint_url=s3_endpoint_url,
                 workers=staging_workers,
                 chunk_size_mb=staging_chunk_size_mb,

@@ -18,6 +18,8 @@ def stage_data(
     vocab_size: int,
     val_fraction: float,
     tokenizer_path: str,
+    text_field: str,
+    max_bad_records: int,
     endpoint_url: str,
     workers: int,
     chunk_size_mb: int,
@@ -39,6 +41,7 @@ def stage_data(
     from components.kfp_support import log_numbers, setup_logging
     from components.run_summary.core import recorded_step, resolve_run_id
     from components.stage_data.core import mirror_and_plan, plan_markdown, staged_dataset
+    from components.stage_data.settings import StageSettings
     from components.stage_data.snapshots import resolve_init_run
 
     setup_logging()
@@ -56,7 +59,7 @@ def stage_data(
                         "tokens).\n")  # fmt: skip
             init_from = resolve_init_run(storage_root, dataset, init_from_run_id, run_id)
             return [{"snapshot": directory.name, "group": 0, "init_from": init_from}]
-        result = mirror_and_plan(
+        result = mirror_and_plan(StageSettings.of_step(
             source=source,
             storage_root=storage_root,
             dataset=dataset,
@@ -65,6 +68,8 @@ def stage_data(
             vocab_size=vocab_size,
             val_fraction=val_fraction,
             tokenizer_path=tokenizer_path,
+            text_field=text_field,
+            max_bad_records=max_bad_records,
             endpoint_url=endpoint_url,
             workers=workers,
             chunk_size_mb=chunk_size_mb,
@@ -73,7 +78,7 @@ def stage_data(
             tokenizer_sample_mb=tokenizer_sample_mb,
             init_from_run_id=init_from_run_id,
             run_id=run_id,
-        )
+        ))  # fmt: skip
         record.details = {"files_copied": result.files_copied, "groups": result.groups, "dataset": dataset,
                           "snapshot": result.snapshot}  # fmt: skip
         log_numbers(metrics, result)

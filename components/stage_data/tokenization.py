@@ -456,6 +456,18 @@ def plan_snapshot(paths: DatasetPaths, settings: StageSettings, keys: list[str],
         shutil.rmtree(building, ignore_errors=True)  # a plan killed before its plan.json, or of an older version
     building.mkdir()
     entries = [Entry(k, formats[k], "val" if k in held_out else "train" if k in plain else BY_DOCUMENT) for k in keys]
+    try:
+        return _plan(paths, settings, building, snapshot, inputs, entries, tokenizer, specials)
+    except InputError:  # a file found bad while the tokenizer trained on it: nothing of this snapshot stays
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+
+
+def _plan(
+    paths: DatasetPaths, settings: StageSettings, building: Path, snapshot: str, inputs: dict[str, Any],
+    entries: list[Entry], tokenizer: Tokenizer | None, specials: Specials,
+) -> Plan:  # fmt: skip
+    keys = [e.key for e in entries]
     if tokenizer is None:
         started = time.perf_counter()
         tokenizer = train_tokenizer(sample_texts(paths.raw, entries, settings, settings.tokenizer_sample_mb * 2**20),
@@ -476,7 +488,7 @@ def plan_snapshot(paths: DatasetPaths, settings: StageSettings, keys: list[str],
         model_vocab_size=model_vocab_size(vocab),
         shard_tokens=settings.shard_tokens,
         files=len(keys),
-        val_files=len(held_out),
+        val_files=sum(e.split == "val" for e in entries),
         val_fraction=settings.val_fraction,
         text_field=settings.field_path,
         max_bad_records=settings.max_bad_records,
