@@ -360,3 +360,35 @@ def test_a_killed_encode_of_a_large_parquet_file_carries_on_after_its_last_row_g
     for split in ("train", "val"):
         assert split_stream(Path(resumed.tokenized_dir), split) == split_stream(Path(clean.tokenized_dir), split)
     assert resumed.documents == clean.documents, "the report counts nothing twice"
+
+
+CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
+
+
+def test_a_dry_run_shows_what_the_model_will_read_and_writes_nothing(tmp_path: Path) -> None:
+    source = corpus_of_every_format(tmp_path / "corpus")
+    root = tmp_path / "fsx"
+    shown = subprocess.run([CLI, "stage-data", "--source", str(source), "--storage-root", str(root), "--dataset", "d",
+                            "--vocab-size", "300", "--val-fraction", "0.2", "--dry-run"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "of 7 files sampled" in shown.stdout and "| jsonl.zst | 1 |" in shown.stdout
+    assert "First train document of the parquet files" in shown.stdout
+    first = next(
+        t for k, r, t in expected_documents(source) if k.endswith(".parquet") and document_position(k, r) >= 0.2
+    )
+    assert first[:100] in shown.stdout
+    assert not root.exists(), "a dry run writes nothing"
+
+
+def test_the_command_line_refuses_bad_input_in_one_line_with_exit_code_2(tmp_path: Path) -> None:
+    source = two_good_files(tmp_path / "a")
+    (source / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    for dry_run in ([], ["--dry-run"]):
+        result = subprocess.run([CLI, "stage-data", "--source", str(source), "--storage-root", str(tmp_path / "fsx"),
+                                 "--dataset", "d", *dry_run], capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-1].endswith("photo.png: a PNG image, not text: leave it out with "
+                                                               "--exclude")  # fmt: skip
+    snapshots = DatasetPaths.of(tmp_path / "fsx", "d").snapshots
+    assert not snapshots.exists() or not any(snapshots.iterdir())

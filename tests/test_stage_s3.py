@@ -271,3 +271,23 @@ def test_outside_the_include_a_changed_object_is_not_trusted_and_a_deleted_one_g
     assert (wide.files, wide.files_copied, wide.files_skipped, wide.files_deleted) == (7, 1, 6, 0)
     assert mirrored(root)["part-b/doc 04.txt"] == stale
     assert len(mirrored(root)) == 7
+
+
+def test_a_parquet_corpus_and_a_tokenizer_directory_in_s3(s3, s3_endpoint: str, bucket: str, tmp_path: Path) -> None:
+    """The corpus and the tokenizer both from S3: the tokenizer's configuration files beside its tokenizer.json give
+    its BOS and EOS; a prefix without a tokenizer.json is refused in one line."""
+    from tests.test_formats import corpus_of_every_format, decoded_documents, expected_documents
+    from tests.tokenizer_kinds import make_tokenizer, save_pretrained
+
+    corpus = corpus_of_every_format(tmp_path / "corpus")
+    upload_corpus(s3, bucket, "corpus/", corpus)
+    texts = [t for _, _, t in expected_documents(corpus)]
+    upload_corpus(s3, bucket, "tokenizers/llama3/", save_pretrained("llama3", make_tokenizer("llama3", texts),
+                                                                     tmp_path / "tok"))  # fmt: skip
+    result = stage(s3_endpoint, bucket, tmp_path / "fsx", tokenizer_path=f"s3://{bucket}/tokenizers/llama3/")
+    snapshot = Path(result.tokenized_dir)
+    meta = json.loads((snapshot / META).read_text())
+    assert (meta["bos"], meta["eos"]) == ("<|begin_of_text|>", "<|end_of_text|>")
+    assert sorted(decoded_documents(snapshot, "train") + decoded_documents(snapshot, "val")) == sorted(texts)
+    with pytest.raises(InputError, match=r"tokenizer s3://.*/corpus/web: has no tokenizer.json"):
+        stage(s3_endpoint, bucket, tmp_path / "fsx2", tokenizer_path=f"s3://{bucket}/corpus/web")
