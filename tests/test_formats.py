@@ -25,7 +25,7 @@ from common.errors import InputError
 from components.stage_data.core import mirror_and_plan, stage_data
 from components.stage_data.settings import StageSettings
 from components.stage_data.tokenization import building_dir, document_position
-from tests.helpers import ADJECTIVES, NOUNS, VERBS
+from tests.helpers import ADJECTIVES, NOUNS, VERBS, write_corpus
 from tests.tokenizer_kinds import KINDS, make_tokenizer, save_pretrained
 from trainer.layout import META, TOKENIZER, DatasetPaths
 
@@ -392,3 +392,23 @@ def test_the_command_line_refuses_bad_input_in_one_line_with_exit_code_2(tmp_pat
                                                                "--exclude")  # fmt: skip
     snapshots = DatasetPaths.of(tmp_path / "fsx", "d").snapshots
     assert not snapshots.exists() or not any(snapshots.iterdir())
+
+
+def test_a_plain_text_corpus_stages_to_the_snapshot_it_had_before_documents_had_records(tmp_path: Path) -> None:
+    """The same id, shards and tokenizer as the staging before formats (figures from commit c771005 on this very
+    corpus), so a dataset staged then is found again, not re-tokenized; and a snapshot of then, whose meta.json has
+    no padded vocabulary or BOS, gives its runs the model they had."""
+    import hashlib
+
+    from trainer.snapshot import model_vocab
+
+    source = write_corpus(tmp_path / "c", files=4, sentences=20)
+    result = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300, val_fraction=0.25)
+    snapshot = Path(result.tokenized_dir)
+    meta = json.loads((snapshot / META).read_text())
+    digest = hashlib.sha256(b"".join((snapshot / s["file"]).read_bytes() for split in ("train", "val")
+                                     for s in meta["shards"][split]))  # fmt: skip
+    assert result.snapshot == "66e598da93a24e62" and (result.train_tokens, result.val_tokens) == (1049, 385)
+    assert digest.hexdigest() == "cae5c98f4fc0bf94f5ece31cee23f91dbfd7297c426ce050ebea5c0b7afd55f1"
+    assert hashlib.sha256((snapshot / TOKENIZER).read_bytes()).hexdigest()[:16] == "e91a0fdb6b602062"
+    assert model_vocab({"vocab_size": 300}) == 300 and model_vocab(meta) == 320
