@@ -466,3 +466,5 @@ def test_run_local_trains_on_a_corpus_of_records_with_each_tokenizer_family(kind
                                                                                          ["eos_token_id"])]  # fmt: skip
     finalize_report = next((root / "kfp-local" / kind).rglob("finalize-snapshot/report")).read_text()
     assert "First train document of the parquet files" in finalize_report and "| jsonl.zst |" in finalize_report
+    finalized = next(s for s in json.loads(run.summary.read_text())["steps"] if s["step"] == "finalize-data")
+    assert "parquet " in finalized["details"]["documents"] and "null" in finalized["details"]["skipped_records"]

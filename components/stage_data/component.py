@@ -134,13 +134,14 @@ def finalize_snapshot(
     from components.kfp_support import log_numbers, setup_logging
     from components.run_summary.core import recorded_step, resolve_run_id
     from components.stage_data.core import finish_snapshot, snapshot_markdown
+    from components.stage_data.report import details
 
     setup_logging()
     run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
     snapshot = str(work[0]["snapshot"])
     with recorded_step(storage_root, run_id, "finalize-data", {"report": report.uri}) as record:
         result = finish_snapshot(storage_root, dataset, snapshot)
-        record.details = {"snapshot": snapshot, "train_tokens": result.train_tokens}
+        record.details = {"snapshot": snapshot, "train_tokens": result.train_tokens, **details(result.documents)}
         log_numbers(metrics, result)
         with open(report.path, "w") as f:
             f.write(snapshot_markdown(result))

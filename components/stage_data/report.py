@@ -125,5 +125,16 @@ def markdown(documents: dict[str, Any]) -> list[str]:
     return lines
 
 
+def details(documents: dict[str, Any]) -> dict[str, str]:
+    """The documents in a few words each, for the run summary's line of the finalize step."""
+    if not documents:
+        return {}
+    formats = ", ".join(f"{name} {c['documents']:,} ({c['tokens']:,} tokens)"
+                        for name, c in sorted(documents["formats"].items()))  # fmt: skip
+    skipped = ", ".join(f"{n:,} {cause}" for cause, n in sorted(documents["skipped"].items())) or "none"
+    per_document = "median {median:,}, p99 {p99:,}".format(**documents["tokens_per_document"])
+    return {"documents": formats, "skipped_records": skipped, "tokens_per_document": per_document}
+
+
 def preview(text: str) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + f" … ({len(text):,} characters)"
