@@ -144,6 +144,20 @@ PRESETS = "tiny, small, gpt2-124m, gpt2-350m, llama-1b, llama-3b, llama-8b"
             "scheme (use s3://, file:// or a local path)",
         ),
         (
+            ["max_bad_records=-1"],
+            "--param max_bad_records=-1: max bad records -1 is out of range: it must be 0 or more",
+        ),
+        (
+            ["text_field=content..body"],
+            "--param text_field='content..body': text field 'content..body': give a field name, or a dotted path "
+            "such as content.body",
+        ),
+        (
+            ["tokenizer_path=gs://bucket/tok"],
+            "--param tokenizer_path='gs://bucket/tok': tokenizer gs://bucket/tok: unsupported scheme (use s3://, "
+            "file:// or a path)",
+        ),
+        (
             ["expect_transport=efaa"],
             "--param expect_transport='efaa': expected transport 'efaa': choose one of efa, ib, socket, any",
         ),
