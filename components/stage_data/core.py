@@ -32,7 +32,7 @@ from components.stage_data.tokenization import (
     plan_snapshot,
     read_meta,
 )
-from components.stage_data.tokenizer import read_given
+from components.stage_data.tokenizer import read_given, snapshot_tokenizer
 from trainer.layout import DatasetPaths
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def mirror_and_plan(settings: StageSettings) -> PlanResult:
     init_from = resolve_init_run(settings.storage_root, settings.dataset, settings.init_from_run_id, settings.run_id)
     if init_from:
         tokenizer_path = str(run_tokenizer(settings.storage_root, init_from))
-        given = read_given(tokenizer_path)
+        given = snapshot_tokenizer(Path(tokenizer_path))
         log.info("warm start from run %s: staging with its tokenizer %s", init_from, tokenizer_path)
 
     src = open_source(settings.source, settings.endpoint_url, settings.workers, settings.chunk_size_mb)

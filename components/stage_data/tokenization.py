@@ -517,9 +517,7 @@ def snapshot_inputs(
     if given is None:
         tokenizer = {"trained_vocab_size": settings.vocab_size, "sample_mb": settings.tokenizer_sample_mb}
     else:
-        tokenizer = {"given_sha256": sha256_text(given.tokenizer_json)}
-        if given.config:
-            tokenizer["config_sha256"] = sha256_text(json.dumps(given.config, sort_keys=True))
+        tokenizer = {"given_sha256": sha256_text(given.tokenizer_json)}  # its configuration counts by its specials
         if specials.bos is not None or specials.eos != EOS:
             tokenizer["specials"] = [specials.bos, specials.eos]
     inputs = {

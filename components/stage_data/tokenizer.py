@@ -99,6 +99,14 @@ def read_given(path: str, endpoint_url: str = "") -> GivenTokenizer:
     return GivenTokenizer(files[TOKENIZER_FILE].decode("utf-8", errors="replace"), config, path)
 
 
+def snapshot_tokenizer(tokenizer_file: Path) -> GivenTokenizer:
+    """A snapshot's tokenizer (a warm start stages with its origin's), with the BOS and EOS that snapshot wrote, so
+    the documents are marked as the origin's training saw them (a snapshot from before BOS: EOS only)."""
+    meta = json.loads((tokenizer_file.parent / "meta.json").read_text())
+    config = {"bos_token": meta.get("bos"), "eos_token": meta.get("eos", EOS)}
+    return GivenTokenizer(tokenizer_file.read_text(), config, str(tokenizer_file))
+
+
 def _local_files(path: str) -> dict[str, bytes]:
     location = Path(path.removeprefix("file://"))
     if location.is_file():
