@@ -412,3 +412,16 @@ def test_a_plain_text_corpus_stages_to_the_snapshot_it_had_before_documents_had_
     assert digest.hexdigest() == "cae5c98f4fc0bf94f5ece31cee23f91dbfd7297c426ce050ebea5c0b7afd55f1"
     assert hashlib.sha256((snapshot / TOKENIZER).read_bytes()).hexdigest()[:16] == "e91a0fdb6b602062"
     assert model_vocab({"vocab_size": 300}) == 300 and model_vocab(meta) == 320
+
+
+def test_invalid_utf8_in_plain_text_is_replaced_and_counted(tmp_path: Path) -> None:
+    source = tmp_path / "plain"
+    source.mkdir()
+    (source / "a.txt").write_bytes(b"caf\xe9 au lait\n" * 3 + b"ok\xff\xfe\n")
+    (source / "b.txt").write_text("the node saves the rank.\n" * 40)
+    result = stage_data(str(source), str(tmp_path / "fsx"), "utf8", vocab_size=300, val_fraction=0.2)
+    assert result.documents["replaced_bytes"] == 5
+    texts = decoded_documents(Path(result.tokenized_dir), "train") + decoded_documents(
+        Path(result.tokenized_dir), "val"
+    )
+    assert "caf\ufffd au lait\n" * 3 + "ok\ufffd\ufffd\n" in texts
