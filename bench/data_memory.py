@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 from machine import RESULTS, append_section, machine_lines
 
-from components.stage_data.tokenization import FORMAT, ShardWriter
+from components.stage_data.shards import ShardWriter
+from components.stage_data.tokenization import FORMAT
 from trainer.atomic import write_json
 from trainer.layout import DatasetPaths
 

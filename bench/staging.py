@@ -240,16 +240,19 @@ def child_result(started_wall: float, seconds: float, **fields: Any) -> dict[str
 
 
 def train_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """Train the BPE vocabulary on the sample staging takes of these files (sample_blocks, train_tokenizer)."""
-    from components.stage_data.tokenization import sample_blocks, train_tokenizer
+    """Train the BPE vocabulary on the sample staging takes of these files (sample_texts, train_tokenizer)."""
+    from components.stage_data.formats import FileFormat
+    from components.stage_data.settings import StageSettings
+    from components.stage_data.tokenization import Entry, sample_texts
+    from components.stage_data.tokenizer import train_tokenizer
 
     corpus = Path(spec["corpus"])
-    files = {key: corpus / key for key in spec["keys"]}
+    entries = [Entry(key, FileFormat("text"), "train") for key in spec["keys"]]
     taken = 0
 
     def counted() -> Iterator[str]:
         nonlocal taken
-        for block in sample_blocks(files, spec["sample_bytes"]):
+        for block in sample_texts(corpus, entries, StageSettings("-", "-", "-"), spec["sample_bytes"]):
             taken += len(block.encode())
             yield block
 
@@ -270,18 +273,19 @@ def encode_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def baseline_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """The library's ceiling on the same group: the same files cut into the same blocks (text_blocks), the same
-    batches of BATCH_BYTES, `encode_batch_fast`; the ids are only counted (len), never copied out or written."""
-    from components.stage_data.tokenization import BATCH_BYTES, Plan, building_dir, text_blocks
+    """The library's ceiling on the same group: the same files cut into the same blocks (the plain-text reader), the
+    same batches of BATCH_BYTES, `encode_batch_fast`; the ids are only counted (len), never copied out or written."""
+    from components.stage_data.formats.plain_text import PlainTextReader
+    from components.stage_data.tokenization import BATCH_BYTES, BLOCK_BYTES, Plan, building_dir
 
     paths = DatasetPaths.of(spec["storage"], spec["dataset"])
     building = building_dir(paths, spec["snapshot"])
-    files = [paths.raw / key for key, _ in Plan.read(building).groups[spec["group"]]]
+    files = [paths.raw / key for key, _, _ in Plan.read(building).groups[spec["group"]]]
     wall, started = time.time(), time.perf_counter()
     tokenizer = Tokenizer.from_file(str(building / TOKENIZER))
     tokens, batch, size, text_bytes = len(files), [], 0, 0  # one EOS per file, as staging appends
     for path in files:
-        for block in text_blocks(path):
+        for block in (piece.text for piece in PlainTextReader(path, path.name, "", BLOCK_BYTES).read()):
             batch.append(block)
             size += len(block)
             if size >= BATCH_BYTES:
@@ -338,11 +342,13 @@ class Planned:
 def plan(work: Path, corpus: Path, dataset: str, groups: int, sample_mb: int, tokenizer: str = "") -> Planned:
     """Mirror the local corpus and plan its snapshot in `groups` groups, as the staging step does."""
     from components.stage_data.core import mirror_and_plan
+    from components.stage_data.settings import StageSettings
     from components.stage_data.tokenization import building_dir
 
     storage = work / "storage"
-    planned = mirror_and_plan(str(corpus), str(storage), dataset, vocab_size=TOKENIZE_VOCAB, tokenizer_path=tokenizer,
-                              tokenize_groups=groups, tokenizer_sample_mb=sample_mb)  # fmt: skip
+    planned = mirror_and_plan(StageSettings(str(corpus), str(storage), dataset, vocab_size=TOKENIZE_VOCAB,
+                                            tokenizer_path=tokenizer, tokenize_groups=groups,
+                                            tokenizer_sample_mb=sample_mb))  # fmt: skip
     building = building_dir(DatasetPaths.of(storage, dataset), planned.snapshot)
     pristine = work / f"planned-{dataset}"
     shutil.copytree(building, pristine)
