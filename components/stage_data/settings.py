@@ -4,7 +4,7 @@ torch: the CLI checks a submission's parameters with it before the pipeline runs
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from common.errors import InputError
@@ -54,9 +54,6 @@ class StageSettings:
     @property
     def field_path(self) -> str:
         return self.text_field or TEXT_FIELD
-
-    def with_tokenizer(self, tokenizer_path: str) -> StageSettings:
-        return replace(self, tokenizer_path=tokenizer_path)
 
     def check(self) -> DatasetPaths:
         """What staging refuses before it reads anything (settings out of bounds, a source of another form, a bad

@@ -617,12 +617,27 @@ def first_documents(building: Path, plan: Plan, results: list[GroupResult], tall
     tokenizer = Tokenizer.from_file(str(building / TOKENIZER))
     previews = {}
     for name, where in tally.first.items():
-        shards = results[where["group"]].shards["train"]
-        stream = np.concatenate([np.fromfile(building / s["file"], dtype=plan.dtype) for s in shards])
-        ids = stream[where["offset"] : where["offset"] + PREVIEW_TOKENS].tolist()
+        ids = read_tokens(building, results[where["group"]].shards["train"], plan.dtype, where["offset"],
+                          PREVIEW_TOKENS)  # fmt: skip
         end = ids.index(plan.specials["eos_id"]) + 1 if plan.specials["eos_id"] in ids else len(ids)
         previews[name] = report.preview(tokenizer.decode(ids[:end], skip_special_tokens=False))
     return previews
+
+
+def read_tokens(directory: Path, shards: list[dict[str, Any]], dtype: str, offset: int, count: int) -> list[int]:
+    """`count` tokens from `offset` of the stream these shards hold in turn, memory-mapped: only those pages read."""
+    ids: list[int] = []
+    for shard in shards:
+        if offset >= shard["tokens"]:
+            offset -= shard["tokens"]
+            continue
+        if shard["tokens"]:
+            tokens = np.memmap(directory / shard["file"], dtype=dtype, mode="r", shape=(shard["tokens"],))
+            ids += tokens[offset : offset + count - len(ids)].tolist()
+        offset = 0
+        if len(ids) >= count:
+            break
+    return ids
 
 
 def write_snapshot(paths: DatasetPaths, snapshot: str) -> dict[str, Any]:
