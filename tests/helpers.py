@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from components.launch_pytorchjob.core import LaunchConfig
@@ -74,3 +78,27 @@ def write_single_file_checkpoint(directory: Path, state: dict) -> Path:
     entry = {"file": path.name, "step": state["step"], "size": path.stat().st_size, "time": 0.0}
     (directory / "index.json").write_text(json.dumps({"checkpoints": [entry], "latest": entry}))
     return path
+
+
+ENCODE_SLOWLY = """
+import sys
+import components.stage_data.tokenization as t
+from trainer.layout import DatasetPaths
+t.JOURNAL_EVERY_S = 0.0  # journal every part done (a file, a Parquet row group)
+t.BATCH_BYTES = 4096  # encode a few documents at a time, not all in one batch
+t.encode_group(DatasetPaths.of(sys.argv[1], sys.argv[2]), sys.argv[3], 0)
+"""
+
+
+def encode_until_killed(root: Path, dataset: str, snapshot: str, journal: Path, lines: int) -> None:
+    """Encode group 0 of a planned snapshot in a process of its own, SIGKILLed once its journal has `lines` lines."""
+    group = subprocess.Popen([sys.executable, "-c", ENCODE_SLOWLY, str(root), dataset, snapshot],
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and group.poll() is None:
+        if journal.exists() and len(journal.read_text().splitlines()) >= lines:
+            break
+        time.sleep(0.005)
+    group.send_signal(signal.SIGKILL)
+    _, stderr = group.communicate()
+    assert group.returncode == -signal.SIGKILL, f"the group ended before it was killed: {stderr[-2000:]}"

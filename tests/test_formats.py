@@ -7,10 +7,8 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from common.errors import InputError
 from components.stage_data.core import mirror_and_plan, stage_data
 from components.stage_data.settings import StageSettings
 from components.stage_data.tokenization import building_dir, document_position
-from tests.helpers import ADJECTIVES, NOUNS, VERBS, write_corpus
+from tests.helpers import ADJECTIVES, NOUNS, VERBS, encode_until_killed, write_corpus
 from tests.tokenizer_kinds import KINDS, make_tokenizer, save_pretrained
 from trainer.layout import META, TOKENIZER, DatasetPaths
 
@@ -324,16 +322,6 @@ def test_a_text_field_for_plain_text_and_tokenizers_without_an_end_token_are_ref
             tokenizer_path=str(bare))  # fmt: skip
 
 
-ENCODE_SLOWLY = """
-import sys
-import components.stage_data.tokenization as t
-from trainer.layout import DatasetPaths
-t.JOURNAL_EVERY_S = 0.0  # journal every part (row group) done
-t.BATCH_BYTES = 2048  # encode a few documents at a time
-t.encode_group(DatasetPaths.of(sys.argv[1], "d"), sys.argv[2], 0)
-"""
-
-
 def test_a_killed_encode_of_a_large_parquet_file_carries_on_after_its_last_row_group(tmp_path: Path) -> None:
     rng = random.Random(7)
     (source := tmp_path / "src").mkdir()
@@ -341,16 +329,7 @@ def test_a_killed_encode_of_a_large_parquet_file_carries_on_after_its_last_row_g
     root = tmp_path / "fsx"
     planned = mirror_and_plan(StageSettings(str(source), str(root), "d", vocab_size=300, shard_tokens=4096))
     journal = building_dir(DatasetPaths.of(root, "d"), planned.snapshot) / ".journal-000.jsonl"
-    group = subprocess.Popen([sys.executable, "-c", ENCODE_SLOWLY, str(root), planned.snapshot],
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and group.poll() is None:
-        if journal.exists() and len(journal.read_text().splitlines()) >= 8:
-            break
-        time.sleep(0.005)
-    group.send_signal(signal.SIGKILL)
-    _, stderr = group.communicate()
-    assert group.returncode == -signal.SIGKILL, f"the group ended before it was killed: {stderr[-2000:]}"
+    encode_until_killed(root, "d", planned.snapshot, journal, 8)
     entry, row_group = json.loads(journal.read_text().splitlines()[-1])["next"]
     assert entry == 0 and 8 <= row_group < 40, "killed inside the one file, after whole row groups"
 

@@ -4,10 +4,6 @@ that carries on after the last file it finished when it is killed."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +14,7 @@ from components.stage_data.core import mirror_and_plan, stage_data
 from components.stage_data.formats import FileFormat
 from components.stage_data.settings import StageSettings
 from components.stage_data.tokenization import EOS, Entry, Plan, building_dir, sample_texts
-from tests.helpers import write_corpus
+from tests.helpers import encode_until_killed, write_corpus
 from trainer.layout import META, TOKENIZER, DatasetPaths
 
 
@@ -68,16 +64,6 @@ def test_the_tokenizer_sample_is_bounded_and_does_not_depend_on_listing_order(tm
     assert budget <= size < budget + 64 * 2**10 and size < sum(p.stat().st_size for p in files.values()) / 4
 
 
-ENCODE_SLOWLY = """
-import sys
-import components.stage_data.tokenization as t
-from trainer.layout import DatasetPaths
-t.JOURNAL_EVERY_S = 0.0  # journal every finished file
-t.BATCH_BYTES = 4096  # finish files one by one, not all in one batch
-t.encode_group(DatasetPaths.of(sys.argv[1], "d"), sys.argv[2], 0)
-"""
-
-
 def test_a_killed_group_carries_on_after_its_last_finished_file(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -86,16 +72,7 @@ def test_a_killed_group_carries_on_after_its_last_finished_file(
     planned = mirror_and_plan(StageSettings(str(source), str(root), "d", vocab_size=300, shard_tokens=4096))
     building = building_dir(DatasetPaths.of(root, "d"), planned.snapshot)
     journal = building / ".journal-000.jsonl"
-    group = subprocess.Popen([sys.executable, "-c", ENCODE_SLOWLY, str(root), planned.snapshot],
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and group.poll() is None:
-        if journal.exists() and len(journal.read_text().splitlines()) >= 50:
-            break
-        time.sleep(0.005)
-    group.send_signal(signal.SIGKILL)
-    _, stderr = group.communicate()
-    assert group.returncode == -signal.SIGKILL, f"the group ended before it was killed: {stderr[-2000:]}"
+    encode_until_killed(root, "d", planned.snapshot, journal, 50)
     files = len(Plan.read(building).groups[0])
     finished = json.loads(journal.read_text().splitlines()[-1])["next"][0]
     assert 50 <= finished < files
