@@ -473,7 +473,9 @@ def _plan(
         tokenizer = train_tokenizer(sample_texts(paths.raw, entries, settings, settings.tokenizer_sample_mb * 2**20),
                                     settings.vocab_size)  # fmt: skip
         specials = Specials(EOS, tokenizer.token_to_id(EOS))
-        log.info("trained a BPE vocabulary of %d on a sample of up to %d MB in %.1fs", settings.vocab_size,
+        got = tokenizer.get_vocab_size()
+        short = f" ({settings.vocab_size} asked: the sample holds no more merges)" if got < settings.vocab_size else ""
+        log.info("trained a BPE vocabulary of %d%s on a sample of up to %d MB in %.1fs", got, short,
                  settings.tokenizer_sample_mb, time.perf_counter() - started)  # fmt: skip
     with atomic_open(building / TOKENIZER, "w") as f:
         f.write(tokenizer.to_str())
