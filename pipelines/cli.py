@@ -505,6 +505,32 @@ def cmd_render_runtime(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_render_rbac(args: argparse.Namespace) -> int:
+    from pipelines.deploy.rbac import Subject, render, write_deploy
+
+    subject = Subject(args.namespace, args.service_account, args.jobs_namespace)
+    if args.split:
+        if args.kubeflow_profile or args.cluster_read:
+            raise InputError("--split writes deploy/'s files, all of them in full: leave out --kubeflow-profile and "
+                             "--cluster-read")  # fmt: skip
+        if not Path(args.split).is_dir():
+            raise InputError(f"--split {args.split}: not a directory")
+        for path in write_deploy(Path(args.split), subject, args.runtime_name):
+            log.info("wrote %s", path)
+        return 0
+    print(render(subject, args.job_api, args.runtime_name, args.cluster_read, args.kubeflow_profile), end="")
+    return 0
+
+
+def cmd_render_storage(args: argparse.Namespace) -> int:
+    from pipelines.deploy.storage import FileSystem, render
+
+    file_system = FileSystem(args.file_system_id, args.dns_name, args.mount_name, args.capacity,
+                             args.deployment_type, args.per_unit_storage_throughput)  # fmt: skip
+    print(render(file_system, args.namespace, args.pvc_name), end="")
+    return 0
+
+
 def key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -809,6 +835,9 @@ EXAMPLES = {
     "preflight": "preflight --image 123456789012.dkr.ecr.us-west-2.amazonaws.com/hyperpod-pretrain-trainer:v0.2.0 "
     "--nnodes 4 --namespace ml-team",
     "render-runtime": "render-runtime --fsx-pvc fsx-claim --restart-budget 5",
+    "render-rbac": "render-rbac --namespace team-a --service-account default-editor --kubeflow-profile",
+    "render-storage": "render-storage --namespace team-a --namespace team-b --file-system-id fs-0123456789abcdef0 "
+    "--dns-name fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com --mount-name abcdefgh --capacity 2400Gi",
     "submit": "submit --host http://localhost:8080 --param source=s3://my-bucket/corpus/ --param nnodes=4 --wait",
     "schedule": "schedule --host http://localhost:8080 --name nightly --cron '0 0 2 * * *' "
     "--param source=s3://my-bucket/corpus/",
@@ -946,6 +975,44 @@ def build_parser() -> argparse.ArgumentParser:
                    "it: job option grace_period_s; default: %(default)s)")  # fmt: skip
     p.add_argument("--image", default="", help="a default trainer image (each TrainJob names its own)")
     p.set_defaults(func=cmd_render_runtime)
+
+    p = command(sub, "render-rbac", "print the Roles and bindings the pipeline's service account needs")
+    p.add_argument("--namespace", default="kubeflow",
+                   help="the service account's namespace, where the jobs go (a Kubeflow profile's; default: "
+                   "%(default)s, standalone KFP's)")  # fmt: skip
+    p.add_argument("--service-account", default="pipeline-runner",
+                   help="what the pipeline's pods run as (default: %(default)s, standalone KFP's; a profile's: "
+                   "default-editor)")  # fmt: skip
+    p.add_argument("--jobs-namespace", default="", help="where the jobs go, if not in the service account's namespace")
+    p.add_argument("--job-api", choices=JOB_APIS, default=DEFAULT_JOB_API, help="the compiled pipeline's job API")
+    p.add_argument("--runtime-name", default=DEFAULT_RUNTIME, help="trainjob: the ClusterTrainingRuntime's name")
+    p.add_argument("--kubeflow-profile", action="store_true",
+                   help="the service account is a Kubeflow profile's default-editor: leave out what kubeflow-edit and "
+                   "Kubeflow's own grants already give it")  # fmt: skip
+    p.add_argument("--cluster-read", action="store_true",
+                   help="add the preflight's optional cluster-wide reads (deploy/rbac-cluster-read.yaml)")  # fmt: skip
+    p.add_argument("--split", metavar="DIR",
+                   help="write one file per deploy/ file, for every job API, instead (render-rbac --split deploy "
+                   "writes deploy/ as checked in)")  # fmt: skip
+    p.set_defaults(func=cmd_render_rbac)
+
+    p = command(sub, "render-storage", "print a PV and PVC per namespace for one FSx for Lustre file system")
+    p.add_argument("--namespace", action="append", required=True, metavar="NS",
+                   help="a namespace whose runs use the file system (repeatable: one PV and PVC each)")  # fmt: skip
+    p.add_argument("--file-system-id", required=True, help="the FSx file system (aws fsx describe-file-systems)")
+    p.add_argument("--dns-name", required=True, help="its DNSName")
+    p.add_argument("--mount-name", required=True, help="its LustreConfiguration.MountName")
+    p.add_argument("--capacity", required=True, help="its StorageCapacity, e.g. 2400Gi")
+    p.add_argument("--pvc-name", default="fsx-lustre-pvc", help="the PVC's name (compile --fsx-pvc)")
+    p.add_argument("--deployment-type", default="", help="its DeploymentType, recorded on the PVs for the preflight's "
+                   "checkpoint-throughput check (a static PV has no StorageClass to say it)")  # fmt: skip
+    p.add_argument(
+        "--per-unit-storage-throughput",
+        type=non_negative_int,
+        default=0,
+        help="a PERSISTENT file system's PerUnitStorageThroughput (MB/s/TiB), recorded too",
+    )
+    p.set_defaults(func=cmd_render_storage)
 
     p = command(sub, "submit", "upload the compiled pipeline (once per content) and start a run on KFP")
     add_kfp_args(p)

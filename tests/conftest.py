@@ -131,6 +131,16 @@ def make_cluster(control_plane: Any, tmp_path: Path) -> Iterator[Callable[..., A
     assert not readers, f"the launch returned with its readers still running: {readers}"
 
 
+@pytest.fixture
+def kubeflow(control_plane: Any) -> Iterator[None]:
+    """A full Kubeflow install's RBAC for one test (tests/cluster/kubeflow.py): make_cluster(profile=True) then makes
+    a profile's namespace and runs as its default-editor."""
+    from tests.cluster.kubeflow import kubeflow_install
+
+    with kubeflow_install(control_plane):
+        yield
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("corpus"))

@@ -273,3 +273,69 @@ def test_a_resume_whose_recorded_settings_are_missing_or_unreadable_is_refused_i
             "(JSONDecodeError: Expecting value: line 1 column 13 (char 12))"
         ]
     assert not (run.root / "steps").exists() and json.loads(run.status.read_text())["step"] == 60, "nothing ran"
+
+
+def test_render_rbac_for_a_profile_leaves_out_what_kubeflow_grants_and_refuses_bad_subjects(tmp_path: Path) -> None:
+    """render-rbac: for any namespace and service account; --kubeflow-profile names what Kubeflow already grants
+    instead of granting it; deploy/ is its --split output (tests/test_rbac.py holds the rules to real requests)."""
+    import yaml
+
+    profile = cli("render-rbac", "--namespace", "team-a", "--service-account", "default-editor", "--kubeflow-profile")
+    assert profile.returncode == 0, profile.stderr
+    docs = list(yaml.safe_load_all(profile.stdout))
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        ("ClusterRole", "hyperpod-pretrain-preflight-read"),
+        ("ClusterRoleBinding", "hyperpod-pretrain-preflight-read:team-a:default-editor"),
+        ("Role", "hyperpod-pretrain-operator-read"),
+        ("RoleBinding", "hyperpod-pretrain-operator-read:team-a:default-editor"),
+    ]
+    assert all(d["subjects"] == [{"kind": "ServiceAccount", "name": "default-editor", "namespace": "team-a"}]
+               for d in docs if d["kind"].endswith("Binding"))  # fmt: skip
+    assert "# Left out, as Kubeflow grants them to default-editor already:" in profile.stdout
+    assert "kubeflow-training-edit (through kubeflow-edit in team-a" in profile.stdout
+    full = list(yaml.safe_load_all(cli("render-rbac", "--namespace", "team-a", "--job-api", "trainjob").stdout))
+    assert {d["metadata"]["name"] for d in full if d["kind"] == "Role"} == {"hyperpod-pretrain-launcher",
+                                                                          "hyperpod-pretrain-trainjob"}  # fmt: skip
+    assert all(d["metadata"]["namespace"] == "team-a" for d in full if d["kind"] == "Role")
+    for args, line in (
+        (["--namespace", "Team_A"], "--namespace 'Team_A' is not a namespace name (a DNS-1123 label)"),
+        (["--namespace", "a", "--jobs-namespace", "b", "--kubeflow-profile"], "--kubeflow-profile: a profile's "
+         "default-editor holds kubeflow-edit in its own namespace only: leave out --jobs-namespace"),
+        (["--split", str(tmp_path / "missing")], f"--split {tmp_path / 'missing'}: not a directory"),
+    ):  # fmt: skip
+        refused = cli("render-rbac", *args)
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(line), refused.stderr
+    assert cli("render-rbac", "--split", str(tmp_path)).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rbac-cluster-read.yaml", "rbac-pytorchjob.yaml",
+                                                         "rbac-trainjob.yaml", "rbac.yaml"]  # fmt: skip
+
+
+def test_render_storage_gives_each_namespace_a_pv_on_the_same_file_system_and_refuses_bad_values() -> None:
+    """render-storage: per namespace a static PV, pre-bound to its claim, and the claim; tests/test_preflight.py
+    applies them and runs the preflight in two profiles."""
+    import yaml
+
+    fsx = ["--file-system-id", "fs-0123456789abcdef0", "--dns-name", "fs-0123456789abcdef0.fsx.us-west-2.amazonaws.com",
+           "--mount-name", "abcdefgh", "--capacity", "1200Gi"]  # fmt: skip
+    made = cli("render-storage", "--namespace", "team-a", "--namespace", "team-b", *fsx)
+    assert made.returncode == 0, made.stderr
+    docs = list(yaml.safe_load_all(made.stdout))
+    pvs = [d for d in docs if d["kind"] == "PersistentVolume"]
+    claims = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert [(p["spec"]["claimRef"]["namespace"], p["spec"]["claimRef"]["name"]) for p in pvs] == [
+        ("team-a", "fsx-lustre-pvc"), ("team-b", "fsx-lustre-pvc")]  # fmt: skip
+    assert {p["spec"]["csi"]["volumeHandle"] for p in pvs} == {"fs-0123456789abcdef0"}
+    assert [c["spec"]["volumeName"] for c in claims] == [p["metadata"]["name"] for p in pvs]
+    assert all(p["spec"]["persistentVolumeReclaimPolicy"] == "Retain" and p["spec"]["storageClassName"] == ""
+               for p in pvs)  # fmt: skip
+    for args, line in (
+        (["--namespace", "a", *fsx, "--file-system-id", "fs-1"], "--file-system-id 'fs-1' is not an FSx file system "
+         "id (fs-...)"),
+        (["--namespace", "a", *fsx, "--mount-name", "short"], "--mount-name 'short' is not an FSx mount name"),
+        (["--namespace", "a", *fsx, "--per-unit-storage-throughput", "250"], "--per-unit-storage-throughput is a "
+         "PERSISTENT_1 or PERSISTENT_2 file system's: give --deployment-type with it"),
+        (["--namespace", "a", "--namespace", "a", *fsx], "--namespace: each namespace once"),
+    ):  # fmt: skip
+        refused = cli("render-storage", *args)
+        line_got = refused.stderr.strip().splitlines()[-1] if refused.stderr.strip() else ""
+        assert refused.returncode == 2 and line in line_got, refused.stderr

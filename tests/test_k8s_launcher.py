@@ -37,6 +37,7 @@ from components.launch_pytorchjob.k8s_backend import WatchSettings, create_or_at
 from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, job_name, render_job
 from components.launch_pytorchjob.platform import Platform
 from components.run_summary.core import job_cleanup, summarize_run
+from components.verify_nccl.core import fetch_pod_logs
 from tests.cluster.control_plane import deploy_grants
 from tests.cluster.timelines import Timeline
 from tests.helpers import snapshot_dir
@@ -179,6 +180,22 @@ def test_success_streams_worker_0_and_reports(api: str, staged_root: Path, make_
         assert "TrainJob " + result.job_name + ": Complete (AllJobsCompleted)" in caplog.text
         assert job["status"]["jobsStatus"] == [{"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0,
                                                 "suspended": 0}]  # fmt: skip
+
+
+@BOTH_APIS
+def test_a_profiles_default_editor_launches_verifies_and_cleans_up(api: str, staged_root: Path, make_cluster,
+                                                                   kubeflow: None, tmp_path: Path) -> None:  # fmt: skip
+    """In a Kubeflow profile's namespace, as its default-editor (kubeflow-edit from the profile controller, and only
+    what `render-rbac --kubeflow-profile` adds): the launch, verification's read of the pods' logs and the exit step's
+    clean-up meet no refusal; tests/test_rbac.py holds each rendered rule to a request made here."""
+    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES), api=api, profile=True)
+    result = launch(cluster_config(staged_root, "in-profile", **on(cluster)), cluster.runner())
+    assert (result.state, result.namespace) == ("Succeeded", cluster.namespace)
+    logs = fetch_pod_logs(result.job_name, cluster.namespace, tmp_path / "logs", api, api_client=cluster.runner())
+    assert len(logs) == 2 and all(path.read_text() for path in logs)
+    cleanup = job_cleanup("kubernetes", cluster.namespace, "in-profile", "pipeline-in-profile", api, cluster.runner())
+    assert "had already finished: left for its logs" in cleanup()
+    assert forbidden(cluster) == [], "kubeflow-edit and render-rbac --kubeflow-profile grant every request"
 
 
 def test_the_live_log_of_rank_0_is_read_once_across_a_container_restart(staged_root: Path, make_cluster,

@@ -36,9 +36,11 @@ import yaml
 from common.errors import InputError, StepFailed
 from components.kube import KubeSettings
 from components.launch_pytorchjob.core import LaunchConfig
+from components.launch_pytorchjob.job_api import JOB_APIS
 from components.launch_pytorchjob.manifest import render_job
 from components.launch_pytorchjob.platform import Platform
 from components.launch_pytorchjob.trainjob import TRAINJOB, render_runtime
+from components.preflight import core as preflight_core
 from components.preflight.core import (
     ASSUMED_VOCAB,
     CHECK_NAMES,
@@ -61,7 +63,11 @@ from components.preflight.core import (
     preflight,
     quantity,
 )
+from pipelines.deploy.storage import FileSystem
+from pipelines.deploy.storage import documents as volume_documents
+from tests.cluster.cluster import profile_namespace
 from tests.cluster.control_plane import (
+    LESS_GRANTED,
     PYTORCHJOB_CRD,
     REPO,
     RUNNER_USER,
@@ -75,6 +81,7 @@ from tests.cluster.control_plane import (
 )
 from tests.cluster.installed import (
     EFA_PLUGIN,
+    FILE_SYSTEM,
     KUEUE_CONFIG,
     KUEUE_DEFAULT_FRAMEWORKS,
     KUEUE_NAMESPACE,
@@ -136,6 +143,12 @@ class Site:
         """The runner's requests received from ``since`` on (audit_time())."""
         return self.plane.audit_events(user=RUNNER_USER, since=since)
 
+    def in_profile(self, api: str) -> Site:
+        """The same cluster, from another Kubeflow profile's namespace (the ``kubeflow`` fixture), without a PVC."""
+        namespace = profile_namespace(self.plane, api, cluster_read=True)
+        self.hp.adopt_namespace(namespace)
+        return Site(self.plane, namespace, self.hp, self.i00, self.i01, self.cpu)
+
     def with_grants(self, grants: list[dict[str, Any]]) -> Site:
         """The same cluster, from a namespace of its own (with the FSx PVC) whose account has only ``grants``."""
         namespace = self.plane.test_namespace(grants)
@@ -148,14 +161,17 @@ class Site:
 def make_site(control_plane: ControlPlane) -> Iterator[Callable[..., Site]]:
     """A healthy cluster: two GPU nodes with room, a CPU node, a daemon pod, the device plugins, the FSx PVC (1,200
     GiB, SCRATCH_2, dynamically provisioned) and the Training Operator v1.8.1; ``grants``: run as an account bound to
-    these (deploy_grants() with rules cut) instead of the runner; ``node_00``/``node_01``: the GPU nodes' settings."""
+    these (deploy_grants() with rules cut) instead of the runner; ``profile`` (a job API): run as a Kubeflow profile's
+    default-editor (the ``kubeflow`` fixture), with what render-rbac --kubeflow-profile --cluster-read renders for it;
+    ``node_00``/``node_01``: the GPU nodes' settings."""
     made: list[Site] = []
 
     def make(*, plane: ControlPlane | None = None, grants: list[dict[str, Any]] | None = None, pvc: bool = True,
              device_plugins: bool = True, operator: str | None = OPERATOR_IMAGE, node_00: dict[str, Any] | None = None,
-             node_01: dict[str, Any] | None = None) -> Site:  # fmt: skip
+             node_01: dict[str, Any] | None = None, profile: str = "") -> Site:  # fmt: skip
         plane = plane or control_plane
-        site = Site(plane, plane.test_namespace(grants), Installed(plane, unique_tag()))
+        namespace = profile_namespace(plane, profile, cluster_read=True) if profile else plane.test_namespace(grants)
+        site = Site(plane, namespace, Installed(plane, unique_tag()))
         made.append(site)
         hp = site.hp
         site.i00 = hp.add_node("hyperpod-i-00", **(node_00 or {"deep_health_check": "Passed"}))
@@ -233,7 +249,8 @@ def test_a_cluster_where_everything_fits_passes(site: Site) -> None:
         "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 (kubeflow/training-operator, image tag "
         "v1-04f9f13)"
     ), "a standard install's image is tagged with a commit, not the version"
-    assert check(result, "permissions").reason == f"all 7 permissions the launcher uses, in namespace {ns}"
+    assert check(result, "permissions").reason == (f"all 7 permissions the launcher uses, in namespace {ns}, for "
+                                                   "kubeflow/pipeline-runner (7 from render-rbac's Roles)")  # fmt: skip
     assert check(result, "fsx-pvc").reason == f"fsx-lustre-pvc in {ns}: Bound, ReadWriteMany, 1200Gi"
     throughput = check(result, "checkpoint-throughput").reason
     assert throughput.startswith("the small checkpoint, ") and throughput.endswith(
@@ -264,9 +281,9 @@ def test_a_cluster_where_everything_fits_passes(site: Site) -> None:
     # Only reads and access reviews, as the API server's audit log has them: nothing is created.
     requests = site.runner_requests(since)
     assert {e["verb"] for e in requests} == {"get", "list", "create"}
-    reviews = [e for e in requests if e["verb"] == "create"]
-    assert {e["objectRef"]["resource"] for e in reviews} == {"selfsubjectaccessreviews"}
-    assert len(reviews) == len(LAUNCHER_ACCESS) and all(e["responseStatus"]["code"] < 300 for e in requests)
+    reviews = [e["objectRef"]["resource"] for e in requests if e["verb"] == "create"]
+    assert sorted(reviews) == ["selfsubjectaccessreviews"] * len(LAUNCHER_ACCESS) + ["selfsubjectreviews"]
+    assert all(e["responseStatus"]["code"] < 300 for e in requests)
 
 
 def test_an_ecr_image_gives_exactly_one_warning(site: Site) -> None:
@@ -556,6 +573,29 @@ def test_a_cluster_with_kubeflow_trainer_alone_names_the_fix_in_one_line(
     assert not [r for r in reads if r[4] == 403], reads
 
 
+@pytest.mark.parametrize("api", JOB_APIS)
+def test_a_kubeflow_profiles_default_editor_passes_with_what_kubeflow_and_render_rbac_grant(
+    api: str, make_site: Callable[..., Site], kubeflow: None
+) -> None:
+    """A profile's namespace, as its default-editor: every check passes, and the permissions check names who grants
+    the launcher's access (Kubeflow's roles through kubeflow-edit, render-rbac's for the rest: none here)."""
+    if api == TRAINJOB.name:
+        needs_trainer()
+    site = make_site(profile=api)
+    platform = TRAINJOB_PLATFORM if api == TRAINJOB.name else Platform()
+    with contextlib.ExitStack() as stack:
+        if api == TRAINJOB.name:
+            site.hp.add_trainer()
+            stack.enter_context(runtime_applied(site.plane, trainjob_runtime(site)))
+        result = site.run(platform=platform)
+    assert statuses(result) == all_pass(api=api), result.markdown()
+    job_role = "kubeflow-trainer-edit" if api == TRAINJOB.name else "kubeflow-training-edit"
+    assert check(result, "permissions").reason == (
+        f"all 7 permissions the launcher uses, in namespace {site.namespace}, for {site.namespace}/default-editor "
+        f"(4 from Kubeflow's {job_role} (kubeflow-edit); 3 from Kubeflow's kubeflow-kubernetes-view (kubeflow-edit))"
+    )
+
+
 def test_a_cluster_with_the_training_operator_alone_names_pytorchjob(
     spare: ControlPlane, make_site: Callable[..., Site]
 ) -> None:
@@ -729,13 +769,14 @@ def test_a_trainjob_preflight_asks_for_the_trainjob_verbs(trainer_site: Site) ->
     assert len(launcher_access(TRAINJOB)) == 7 and {a[1:3] for a in launcher_access(TRAINJOB)} == {
         ("trainer.kubeflow.org", "trainjobs"), ("", "pods"), ("", "events")}  # fmt: skip
     assert (permissions.status, permissions.reason) == (PASS, "all 7 permissions the launcher uses, in namespace "
-                                                        f"{site.namespace}")  # fmt: skip
+                                                        f"{site.namespace}, for kubeflow/pipeline-runner (7 from "
+                                                        "render-rbac's Roles)")  # fmt: skip
     pytorchjobs_cut = site.with_grants(deploy_grants(without=("create pytorchjobs", "delete pytorchjobs")))
     assert check(pytorchjobs_cut.run(platform=TRAINJOB_PLATFORM), "permissions").status == PASS
     trainjobs_cut = site.with_grants(deploy_grants(without=("create trainjobs", "watch trainjobs")))
     permissions = check(trainjobs_cut.run(platform=TRAINJOB_PLATFORM), "permissions")
-    assert (permissions.status, permissions.reason) == (FAIL, "the service account may not, in namespace "
-                                                        f"{trainjobs_cut.namespace}: create "
+    assert (permissions.status, permissions.reason) == (FAIL, f"{trainjobs_cut.namespace}/{LESS_GRANTED} may not, "
+                                                        f"in namespace {trainjobs_cut.namespace}: create "
                                                         "trainjobs.trainer.kubeflow.org, watch "
                                                         "trainjobs.trainer.kubeflow.org")  # fmt: skip
     assert check(trainjobs_cut.run(), "permissions").status == PASS, "a PyTorchJob's verbs are all there"
@@ -750,11 +791,11 @@ def test_permissions_missing_create_pytorchjobs_fails(make_site: Callable[..., S
     permissions = check(result, "permissions")
     assert permissions.status == FAIL
     assert permissions.reason == (
-        f"the service account may not, in namespace {site.namespace}: create pytorchjobs.kubeflow.org, get pods/log; "
-        "also list events (the pods' events)"
+        f"{site.namespace}/{LESS_GRANTED} may not, in namespace {site.namespace}: create pytorchjobs.kubeflow.org, get "
+        "pods/log; also list events (the pods' events)"
     )
-    assert permissions.fix.startswith("kubectl apply -f deploy/rbac.yaml, its launcher Role and RoleBinding set to "
-                                      f"namespace {site.namespace}")  # fmt: skip
+    assert permissions.fix == (f"hyperpod-pretrain render-rbac --namespace {site.namespace} --service-account "
+                               f"{LESS_GRANTED} --job-api pytorchjob | kubectl apply -f -")  # fmt: skip
     others_pass(result, "permissions")
 
 
@@ -763,9 +804,9 @@ def test_permissions_missing_list_events_warns(make_site: Callable[..., Site]) -
     result = site.run()
     permissions = check(result, "permissions")
     assert permissions.status == WARN and result.passed
-    assert permissions.reason == (f"may not list events in {site.namespace}: the launcher runs but cannot show the "
-                                  "pods' events")  # fmt: skip
-    assert permissions.fix.startswith("kubectl apply -f deploy/rbac.yaml")
+    assert permissions.reason == (f"{site.namespace}/{LESS_GRANTED} may not list events in {site.namespace}: the "
+                                  "launcher runs but cannot show the pods' events")  # fmt: skip
+    assert permissions.fix.startswith(f"hyperpod-pretrain render-rbac --namespace {site.namespace} ")
 
 
 def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(make_site: Callable[..., Site]) -> None:
@@ -774,12 +815,13 @@ def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(make_site: Callable
     site.hp.add_pvc(team, "fsx-lustre-pvc")
     permissions = check(site.run(namespace=team), "permissions")
     assert permissions.status == FAIL and permissions.reason.startswith(
-        f"the service account may not, in namespace {team}: create pytorchjobs.kubeflow.org, get "
+        f"{site.namespace}/{LESS_GRANTED} may not, in namespace {team}: create pytorchjobs.kubeflow.org, get "
         "pytorchjobs.kubeflow.org, watch pytorchjobs.kubeflow.org, delete pytorchjobs.kubeflow.org, get pods/log; "
         "also list events"  # list pods: granted in every namespace by deploy/rbac-cluster-read.yaml
     )
-    assert permissions.fix.startswith(f"kubectl apply -f deploy/rbac.yaml, its launcher Role and RoleBinding set to "
-                                      f"namespace {team}")  # fmt: skip
+    assert permissions.fix == (f"hyperpod-pretrain render-rbac --namespace {site.namespace} --jobs-namespace "
+                               f"{team} --service-account {LESS_GRANTED} --job-api pytorchjob | kubectl apply -f "
+                               "-")  # fmt: skip
 
 
 # -- 3. the FSx PVC ------------------------------------------------------------------------------------------
@@ -789,7 +831,7 @@ def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(make_site: Callable
     ("pvc", "reason", "fix", "throughput"),
     [
         (None, "PVC fsx-lustre-pvc does not exist in namespace {ns}: the pods would stay Pending",
-         "create the FSx for Lustre PV and PVC fsx-lustre-pvc in {ns}", "could not be read"),
+         "hyperpod-pretrain render-storage --namespace {ns} --pvc-name fsx-lustre-pvc ", "could not be read"),
         ({"phase": "Pending"}, "PVC fsx-lustre-pvc is Pending, not Bound",
          "kubectl -n {ns} describe pvc fsx-lustre-pvc: check the FSx CSI driver",
          "is bound to no PersistentVolume"),
@@ -816,6 +858,43 @@ def test_pvc_problems_fail(
                                           "unknown") and "needs 0.49 MB/s" in checkpoint.reason  # fmt: skip
     else:
         assert checkpoint.status == PASS, checkpoint
+
+
+def test_profiles_share_one_file_system_through_the_volumes_render_storage_makes(
+    make_site: Callable[..., Site], kubeflow: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """render-storage's PV and PVC per namespace give two profiles one FSx file system: the preflight passes in both
+    (the checkpoint's throughput from the tier render-storage records on the PV); a third profile without a PVC is
+    told the command; a step whose storage root is on another Lustre file system is told the job would not see its
+    data (the step's mounts: /proc/self/mountinfo, here a file of the same format)."""
+    first = make_site(profile="pytorchjob", pvc=False)
+    second, third = first.in_profile("pytorchjob"), first.in_profile("pytorchjob")
+    fsx = FileSystem(FILE_SYSTEM, f"{FILE_SYSTEM}.fsx.us-east-1.amazonaws.com", "abcdefgh", "2400Gi", "PERSISTENT_2",
+                     250)  # fmt: skip
+    first.hp.apply_volumes(volume_documents(fsx, [first.namespace, second.namespace], "fsx-lustre-pvc"))
+    mountinfo = tmp_path / "mountinfo"
+    monkeypatch.setattr(preflight_core, "MOUNTINFO", mountinfo)
+    root = "22 1 0:20 / / rw,relatime - overlay overlay rw\n"
+    mountinfo.write_text(root + "36 22 0:50 / /fsx rw,relatime shared:5 - lustre 10.0.1.5@tcp:/abcdefgh rw,flock\n")
+    for site in (first, second):
+        result = site.run()
+        assert statuses(result) == all_pass(), result.markdown()
+        assert check(result, "fsx-pvc").reason == f"fsx-lustre-pvc in {site.namespace}: Bound, ReadWriteMany, 2400Gi"
+        assert "PERSISTENT_2" in check(result, "checkpoint-throughput").reason
+    missing = check(third.run(), "fsx-pvc")
+    assert missing.status == FAIL and missing.fix.startswith(
+        f"hyperpod-pretrain render-storage --namespace {third.namespace} --pvc-name fsx-lustre-pvc --file-system-id "
+    )
+    mountinfo.write_text(root + "36 22 0:50 / /fsx rw,relatime - lustre 10.0.9.9@tcp:/zyxwvut1 rw,flock\n")
+    other = check(first.run(), "fsx-pvc")
+    assert (other.status, other.reason) == (
+        FAIL,
+        (
+            "this step has 10.0.9.9@tcp:/zyxwvut1 at /fsx, where the job mounts PVC fsx-lustre-pvc, but that PVC in "
+            f"{first.namespace} is FSx {FILE_SYSTEM} ({FILE_SYSTEM}.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh): "
+            "the job would train on and checkpoint to another file system than the one the data is staged on"
+        ),
+    )
 
 
 def test_pvc_name_from_the_compiled_platform_settings(site: Site) -> None:

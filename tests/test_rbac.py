@@ -11,6 +11,7 @@ naming the rule.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +19,17 @@ from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
 from components.launch_pytorchjob.job_api import JOB_APIS, job_api
+from components.preflight.access import PROFILE_ACCOUNT
 from components.preflight.core import launcher_access
+from pipelines.deploy.rbac import Subject, render, render_file
 from tests.cluster.control_plane import (
     JOB_ROLES,
     LAUNCHER_ROLE,
     RBAC_FILES,
+    REPO,
     RUNNER_ACCOUNT,
     RUNNER_NAMESPACE,
     RUNNER_USER,
@@ -32,6 +37,7 @@ from tests.cluster.control_plane import (
     deploy_grants,
 )
 from tests.cluster.installed import PUBLIC_ROLES
+from tests.cluster.kubeflow import EVERYONE_BINDING
 
 RBAC, CLUSTER_READ, *JOB_API_FILES = RBAC_FILES  # the common file, the optional one, one per job API
 REQUIRED = (RBAC, *JOB_API_FILES)
@@ -127,10 +133,14 @@ class Permission:
 def permissions(path: Path) -> list[Permission]:
     """Every verb x resource x resourceName of the file's Roles and ClusterRoles that a binding there gives the
     runner."""
-    docs = deploy_grants((path,))
+    return granted_to(path.name, deploy_grants((path,)), RUNNER_NAMESPACE, RUNNER_ACCOUNT)
+
+
+def granted_to(file: str, docs: list[dict[str, Any]], namespace: str, account: str) -> list[Permission]:
+    """What the documents' bindings give the account: its Roles in the jobs' namespace read as :data:`JOBS`."""
     bound = {(d["roleRef"]["kind"], d["roleRef"]["name"], d["metadata"].get("namespace", "")) for d in docs
-             if d["kind"].endswith("Binding") and {"kind": "ServiceAccount", "name": RUNNER_ACCOUNT,
-                                                   "namespace": RUNNER_NAMESPACE} in d["subjects"]}  # fmt: skip
+             if d["kind"].endswith("Binding") and {"kind": "ServiceAccount", "name": account,
+                                                   "namespace": namespace} in d["subjects"]}  # fmt: skip
     out = []
     for doc in docs:
         meta = doc["metadata"]
@@ -142,7 +152,7 @@ def permissions(path: Path) -> list[Permission]:
                 for resource in rule["resources"]:
                     for verb in rule["verbs"]:
                         for name in rule.get("resourceNames") or [""]:
-                            out.append(Permission(path.name, meta["name"], scope, group, resource, verb, name))
+                            out.append(Permission(file, meta["name"], scope, group, resource, verb, name))
     return out
 
 
@@ -219,7 +229,72 @@ def test_every_rule_is_used_by_a_request(measured: list[Measured]) -> None:
     assert not unused, "rules no request uses:\n" + "\n".join(map(str, unused))
 
 
+# -- a Kubeflow profile's default-editor (tests/cluster/kubeflow.py) --------------------------------------------------
+
+PROFILE_EDITOR = re.compile(r"^system:serviceaccount:hyperpod-t[^:]*:default-editor$")
+
+
+@pytest.fixture(scope="module")
+def profile_measured(request: pytest.FixtureRequest, control_plane: ControlPlane) -> list[Measured]:
+    """Every request a profile's default-editor made this session (the launcher's and the preflight's tests in
+    profiles: make_cluster(profile=True), make_site(profile=...))."""
+    ran = {Path(item.fspath).name for item in request.session.items}
+    if missing := [name for name in MEASURED_FROM if name not in ran]:
+        pytest.skip(f"measured from the requests of {', '.join(MEASURED_FROM)} (not collected: {', '.join(missing)})")
+    events = [e for e in control_plane.audit_events() if PROFILE_EDITOR.match(e["user"]["username"])]
+    assert events, "no profile's default-editor made a request: the profile tests did not reach the API server"
+    return [Measured(Request.of(e), e["responseStatus"]["code"] == 403 and e.get("annotations", {}).get(
+        "authorization.k8s.io/decision") != "allow") for e in events]  # fmt: skip
+
+
+def kubeflow_grants(plane: ControlPlane) -> list[tuple[str, dict[str, Any]]]:
+    """(scope, rule): kubeflow-edit's rules as the aggregation controller filled them, in the profile's namespace;
+    the ClusterRole Kubeflow Trainer binds to every authenticated user, everywhere."""
+    rbac = kubernetes.client.RbacAuthorizationV1Api(plane.admin)
+    edit = rbac.read_cluster_role("kubeflow-edit").rules or []
+    everyone = rbac.read_cluster_role(EVERYONE_BINDING["roleRef"]["name"]).rules or []
+    return [(JOBS, plane.admin.sanitize_for_serialization(r)) for r in edit] + [
+        ("", plane.admin.sanitize_for_serialization(r)) for r in everyone]  # fmt: skip
+
+
+def test_a_profiles_default_editor_needs_of_render_rbac_only_what_kubeflow_does_not_grant(
+    profile_measured: list[Measured], control_plane: ControlPlane
+) -> None:
+    """As a profile's default-editor the steps met no 403; each request is granted by Kubeflow (kubeflow-edit in the
+    profile, its grant to everyone), the cluster's own grants or render-rbac --kubeflow-profile; and each rendered rule
+    grants some request that nothing else would: nothing is granted twice."""
+    refused = [m.request for m in profile_measured if m.refused_by_rbac]
+    assert not refused, f"RBAC refused a profile's default-editor:\n{table(refused)}"
+    kubeflow = kubeflow_grants(control_plane)
+    own = cluster_grants(control_plane)
+    beyond = [m.request for m in profile_measured
+              if not any(scope in ("", m.request.scope) and rule_allows(rule, m.request) for scope, rule in kubeflow)
+              and not any(rule_allows(rule, m.request) for rule in own) and not installed_grant(m.request)]  # fmt: skip
+    profile = Subject("hyperpod-t0-profile", PROFILE_ACCOUNT)  # its Roles there would be read as JOBS: it has none
+
+    def rendered(cluster_read: bool) -> list[Permission]:
+        return [p for api in JOB_APIS for p in granted_to(
+            f"render-rbac --kubeflow-profile --job-api {api}",
+            list(yaml.safe_load_all(render(profile, api, cluster_read=cluster_read, kubeflow_profile=True))),
+            profile.namespace, PROFILE_ACCOUNT)]  # fmt: skip
+
+    needed = [r for r in beyond if not granted(r, rendered(cluster_read=True))]
+    assert not needed, f"requests neither Kubeflow nor render-rbac --kubeflow-profile grants:\n{table(needed)}"
+    # The optional cluster-wide reads are deploy/rbac-cluster-read.yaml's rules, held to requests above.
+    unused = {str(p) for p in rendered(cluster_read=False) if not any(p.allows(r) for r in beyond)}
+    assert not unused, "rendered rules no request needs beyond Kubeflow's grants:\n" + "\n".join(sorted(unused))
+
+
 # -- the files themselves -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("file", [path.name for path in RBAC_FILES])
+def test_the_deploy_files_are_what_render_rbac_writes(file: str) -> None:
+    """deploy/rbac*.yaml are `render-rbac --split deploy` for kubeflow/pipeline-runner: one model of the rules
+    (components/preflight/access.py) for the files, the command and the preflight."""
+    assert (REPO / "deploy" / file).read_text() == render_file(file), (
+        f"deploy/{file} differs from render-rbac's: run hyperpod-pretrain render-rbac --split deploy"
+    )
 
 
 @pytest.mark.parametrize("api_name", JOB_APIS)

@@ -34,6 +34,7 @@ from components.launch_pytorchjob.job_api import JobApi, api_of
 from components.launch_pytorchjob.manifest import AUTO_RESUME, HEALTH_LABEL, QUEUE_LABEL
 from components.launch_pytorchjob.pytorchjob import PYTORCHJOB
 from components.launch_pytorchjob.trainjob import DSHM, TRAINJOB, render_runtime, trainjob_pod
+from components.preflight.access import JOBS, PROFILE_ACCOUNT, kubeflow_source, launcher_access
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,6 @@ SEED_FIX = {  # the seed's troubleshooting table
     "oom": "Increase memory in resources",
     "ecr": "Re-run aws ecr get-login-password or use IRSA",
 }
-RBAC_FIX = ("kubectl apply -f deploy/rbac.yaml, its launcher Role and RoleBinding set to namespace {ns} (written "
-            "for kubeflow and the service account kubeflow/pipeline-runner: edit them for another)")  # fmt: skip
 READ_FIX = ("grant the step's service account {what} to run this check: kubectl apply -f deploy/rbac.yaml (the CRD, "
             "the Training Operator in kubeflow, the PVC), kubectl apply -f deploy/rbac-cluster-read.yaml (optional: "
             "nodes, pods, DaemonSets and Deployments in all namespaces, PersistentVolumes and "
@@ -237,6 +236,7 @@ class Context:
         self.custom = client.CustomObjectsApi(api_client)
         self.apiext = client.ApiextensionsV1Api(api_client)
         self.authz = client.AuthorizationV1Api(api_client)
+        self.authn = client.AuthenticationV1Api(api_client)
         self.storage = client.StorageV1Api(api_client)
         self.min_nodes, self.max_nodes = self.api.nodes(job)
         if pod is None:  # a PyTorchJob carries its pod
@@ -557,25 +557,55 @@ def image_tag(image: str) -> str:
 # -- 2. the launcher's permissions --------------------------------------------------------------------------
 
 
-def launcher_access(api: JobApi) -> tuple[tuple[str, str, str, str, bool], ...]:
-    """(verb, group, resource, subresource, needed): what the launcher and the exit step's clean-up do in the job's
-    namespace, as deploy/rbac.yaml's Role (a PyTorchJob's) or deploy/rbac-trainjob.yaml's (a TrainJob's) grants it
-    (tests/test_rbac.py holds them equal)."""
-    return (
-        *((verb, api.group, api.plural, "", True) for verb in ("create", "get", "watch", "delete")),
-        ("list", "", "pods", "", True),
-        ("get", "", "pods", "log", True),
-        ("list", "", "events", "", False),  # without it the launcher runs, but cannot show the pods' events
-    )
-
-
 LAUNCHER_ACCESS = launcher_access(PYTORCHJOB)
+
+
+def whoami(ctx: Context) -> str:
+    """The step's own user name (a SelfSubjectReview, which every authenticated user may make: the bootstrap
+    ClusterRole system:basic-user), or "" where the server cannot say."""
+    review = client.V1SelfSubjectReview(metadata=client.V1ObjectMeta())
+    try:
+        answer = ctx.kube.call("review identity", ctx.authn.create_self_subject_review, review)
+    except ApiException:
+        return ""
+    return (answer.status.user_info.username or "") if answer.status and answer.status.user_info else ""
+
+
+def rbac_fix(ctx: Context, user: str) -> str:
+    """The command that renders what is missing for the step's service account and the jobs' namespace (a Kubeflow
+    profile's default-editor: less what kubeflow-edit gives it)."""
+    prefix = "system:serviceaccount:"
+    if user.startswith(prefix):
+        account_ns, _, account = user.removeprefix(prefix).partition(":")
+    else:
+        account_ns, account = "<its namespace>", "<the pipeline steps' service account>"
+    where = f"--namespace {account_ns}"
+    if account_ns != ctx.namespace:
+        where += f" --jobs-namespace {ctx.namespace}"
+    profile = " --kubeflow-profile" if account == PROFILE_ACCOUNT and account_ns == ctx.namespace else ""
+    return (f"hyperpod-pretrain render-rbac {where} --service-account {account} --job-api {ctx.api.name}{profile} "
+            "| kubectl apply -f -")  # fmt: skip
+
+
+def granted_by(ctx: Context, user: str, access: tuple[tuple[str, str, str, str, bool], ...]) -> str:
+    """Which roles are expected to grant the launcher's access: for a Kubeflow profile's default-editor, Kubeflow's
+    aggregated into kubeflow-edit where they cover it; render-rbac's Roles for the rest."""
+    profile = user == f"system:serviceaccount:{ctx.namespace}:{PROFILE_ACCOUNT}"
+    sources: dict[str, int] = {}
+    for verb, group, resource, subresource, _ in access:
+        kubeflow = profile and kubeflow_source(ctx.api.name, JOBS, verb, group,
+                                               f"{resource}/{subresource}" if subresource else resource)  # fmt: skip
+        name = f"Kubeflow's {kubeflow.role} (kubeflow-edit)" if kubeflow else "render-rbac's Roles"
+        sources[name] = sources.get(name, 0) + 1
+    return "; ".join(f"{count} from {name}" for name, count in sources.items())
 
 
 def check_permissions(ctx: Context) -> Check:
     ns = ctx.namespace
     missing: list[tuple[str, str, bool]] = []
     access = launcher_access(ctx.api)
+    user = whoami(ctx)
+    fix = rbac_fix(ctx, user)
     for verb, group, resource, subresource, needed in access:
         attrs = client.V1ResourceAttributes(namespace=ns, verb=verb, group=group, resource=resource,
                                             subresource=subresource or None)  # fmt: skip
@@ -586,20 +616,21 @@ def check_permissions(ctx: Context) -> Check:
             if not forbidden(exc):
                 raise
             return Check("permissions", WARN, "cannot review the service account's access (SelfSubjectAccessReview "
-                         "forbidden)", RBAC_FIX.format(ns=ns))  # fmt: skip
+                         "forbidden)", fix)  # fmt: skip
         if not (answer.status and answer.status.allowed):
             qualified = f"{resource}.{group}" if group else resource
             missing.append((verb, f"{qualified}/{subresource}" if subresource else qualified, needed))
+    who = user.removeprefix("system:serviceaccount:").replace(":", "/") or "the service account"
     needed = [f"{verb} {what}" for verb, what, must in missing if must]
     optional = [f"{verb} {what}" for verb, what, must in missing if not must]
     if needed:
         also = f"; also {', '.join(optional)} (the pods' events)" if optional else ""
-        return Check("permissions", FAIL, f"the service account may not, in namespace {ns}: {', '.join(needed)}"
-                     f"{also}", RBAC_FIX.format(ns=ns))  # fmt: skip
+        return Check("permissions", FAIL, f"{who} may not, in namespace {ns}: {', '.join(needed)}{also}", fix)
     if optional:
-        return Check("permissions", WARN, f"may not {', '.join(optional)} in {ns}: the launcher runs but cannot show "
-                     "the pods' events", RBAC_FIX.format(ns=ns))  # fmt: skip
-    return Check("permissions", PASS, f"all {len(access)} permissions the launcher uses, in namespace {ns}")
+        return Check("permissions", WARN, f"{who} may not {', '.join(optional)} in {ns}: the launcher runs but cannot "
+                     "show the pods' events", fix)  # fmt: skip
+    return Check("permissions", PASS, f"all {len(access)} permissions the launcher uses, in namespace {ns}, for {who} "
+                 f"({granted_by(ctx, user, access)})")  # fmt: skip
 
 
 # -- 3. the FSx PVC -----------------------------------------------------------------------------------------
@@ -615,8 +646,10 @@ def check_pvc(ctx: Context) -> Check:
     except ApiException as exc:
         if not_found(exc):
             return Check("fsx-pvc", FAIL, f"PVC {claim} does not exist in namespace {ns}: the pods would stay Pending",
-                         f"create the FSx for Lustre PV and PVC {claim} in {ns} (static, or the FSx CSI driver's "
-                         "StorageClass), or set job option pvc_name")  # fmt: skip
+                         f"hyperpod-pretrain render-storage --namespace {ns} --pvc-name {claim} --file-system-id "
+                         "<fs-id> --dns-name <its DNSName> --mount-name <its MountName> --capacity <its size> | "
+                         "kubectl apply -f - (the file system the other namespaces' runs use: aws fsx "
+                         "describe-file-systems), or a PVC of the FSx CSI driver's StorageClass")  # fmt: skip
         if forbidden(exc):
             return Check("fsx-pvc", WARN, f"cannot read PVC {claim}: the service account may not get "
                          f"persistentvolumeclaims in {ns}", READ_FIX.format(what=f"get on persistentvolumeclaims "
@@ -638,13 +671,76 @@ def check_pvc(ctx: Context) -> Check:
     if problems:
         return Check("fsx-pvc", FAIL, "; ".join(problems), "; ".join(fixes))
     capacity = (pvc.status.capacity or {}).get("storage", "?")
+    if other := other_file_system(ctx, pvc):
+        return Check("fsx-pvc", FAIL, other, f"give namespace {ns} a PVC {claim} on the steps' file system: "
+                     f"hyperpod-pretrain render-storage --namespace {ns} --pvc-name {claim} ... for that file "
+                     "system")  # fmt: skip
     return Check("fsx-pvc", PASS, f"{claim} in {ns}: Bound, ReadWriteMany, {capacity}")
+
+
+MOUNTINFO = Path("/proc/self/mountinfo")  # this process's mounts (proc(5)): where the step sees the storage root
+
+
+def lustre_mount(path: str, mountinfo: Path | None = None) -> tuple[str, str] | None:
+    """(mount point, source) of the Lustre file system ``path`` lies on in this process, or None (not Lustre, not
+    mounted here: the preflight run from a laptop). proc(5): the mount point is field 5, the file system type and
+    source follow the "-" separator; a space in a path is written \\040."""
+    try:
+        lines = (mountinfo or MOUNTINFO).read_text().splitlines()
+    except OSError:
+        return None
+    best: tuple[str, str, str] | None = None
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        point = fields[4].replace("\\040", " ")
+        rest = fields[fields.index("-", 6) + 1 :]
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(rest) >= 2 and (best is None or len(point) > len(best[0])):
+            best = (point, rest[0], rest[1])
+    return (best[0], best[2]) if best and best[1] == "lustre" else None
+
+
+def other_file_system(ctx: Context, pvc: Any) -> str:
+    """Why the job's volume is another file system than the one this step has where the job mounts it, or "". A Lustre
+    mount's source is <NID>@tcp:/<mount name> (the client shows the server's address, not the FSx DNS name the CSI
+    driver mounted: aws-fsx-csi-driver pkg/driver/node.go NodePublishVolume), so file systems are told apart by mount
+    name, which FSx makes unique per file system."""
+    volume = ctx.volume(lambda v: "persistentVolumeClaim" in v) or {}
+    path = next((m["mountPath"] for m in ctx.container.get("volumeMounts") or [] if m["name"] == volume.get("name")),
+                "")  # fmt: skip
+    mounted = lustre_mount(path) if path else None  # one volume, one path: the steps have it there too
+    if mounted is None or not pvc.spec.volume_name:
+        return ""
+    try:
+        pv = ctx.kube.call("read PV", ctx.kube.core.read_persistent_volume, pvc.spec.volume_name)
+    except ApiException as exc:
+        if forbidden(exc) or not_found(exc):  # checkpoint-throughput says so
+            return ""
+        raise
+    csi = pv.spec.csi
+    if csi is None or csi.driver != FSX_DRIVER:
+        return ""
+    attributes = csi.volume_attributes or {}
+    mount_name = attributes.get("mountname") or "fsx"  # the driver's default (NodePublishVolume)
+    point, source = mounted
+    if source.rpartition(":/")[2].split("/")[0] == mount_name:
+        return ""
+    return (
+        f"this step has {source} at {point}, where the job mounts PVC {pvc.metadata.name}, but that PVC in "
+        f"{ctx.namespace} is FSx {csi.volume_handle} ({attributes.get('dnsname', '?')}@tcp:/{mount_name}): the "
+        "job would train on and checkpoint to another file system than the one the data is staged on"
+    )
 
 
 # -- 3b. the FSx file system's throughput for the SIGTERM checkpoint --------------------------------------------
 
 FSX_DRIVER = "fsx.csi.aws.com"
 PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"  # set on a PV its StorageClass's provisioner created
+# What render-storage writes on a static PV, which has no StorageClass to say how its file system was made.
+STATIC_DEPLOYMENT_TYPE = "hyperpod-pretrain/fsx-deployment-type"
+STATIC_PER_UNIT_THROUGHPUT = "hyperpod-pretrain/fsx-per-unit-storage-throughput"
 # What the trainer checkpoints per parameter: fp32 weights and AdamW's exp_avg and exp_avg_sq, 4 bytes each (bf16
 # autocast keeps the weights in fp32). The ranks write their shares in parallel (torch.distributed.checkpoint), each
 # tensor once, so the save runs at the file system's throughput, not one client's.
@@ -889,7 +985,14 @@ def read_tier(ctx: Context, fsx: FsxFileSystem, pv: Any) -> tuple[str, str]:
     """Fill in `fsx`'s deployment type and write throughput from the StorageClass that provisioned its PV; else
     (why they are unknown, the fix when there is one)."""
     storage_class = pv.spec.storage_class_name
-    if (pv.metadata.annotations or {}).get(PROVISIONED_BY) != FSX_DRIVER:
+    annotations = pv.metadata.annotations or {}
+    if annotations.get(PROVISIONED_BY) != FSX_DRIVER:
+        if STATIC_DEPLOYMENT_TYPE in annotations:  # as render-storage recorded it
+            fsx.deployment, fsx.storage_type, fsx.per_unit = write_tier({
+                "deploymentType": annotations[STATIC_DEPLOYMENT_TYPE],
+                "perUnitStorageThroughput": annotations.get(STATIC_PER_UNIT_THROUGHPUT, "")})  # fmt: skip
+            if fsx.per_unit:
+                return "", ""
         return "its PersistentVolume was provisioned statically, so no StorageClass says how it was created", ""
     if not storage_class:
         return "its PersistentVolume names no StorageClass", ""

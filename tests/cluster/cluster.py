@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from components.launch_pytorchjob.job_api import JobApi, job_api
 from components.launch_pytorchjob.manifest import GPU_TOLERATION, JobSpec
 from components.launch_pytorchjob.trainjob import TRAINJOB, render_runtime
+from pipelines.deploy.rbac import Subject, render
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.jobset import JobSetController
+from tests.cluster.kubeflow import EDITOR, make_profile
 from tests.cluster.kubelet import Kubelet
 from tests.cluster.kueue import Kueue
 from tests.cluster.timelines import JobPlay, Timeline
@@ -28,6 +31,30 @@ from tests.cluster.training_operator import TrainingOperator
 RUNTIMES = "clustertrainingruntimes"
 
 log = logging.getLogger(__name__)
+
+
+def profile_namespace(plane: ControlPlane, api_name: str, cluster_read: bool = False) -> str:
+    """A fresh Kubeflow profile (tests/cluster/kubeflow.py: Kubeflow's roles must be installed) whose default-editor
+    the tests in it run as, granted what `render-rbac --kubeflow-profile [--cluster-read]` renders for it and nothing
+    more."""
+    profile = make_profile(plane, plane.namespace_name())
+    rendered = render(Subject(profile.namespace, EDITOR), api_name, cluster_read=cluster_read, kubeflow_profile=True)
+    made = []
+    rbac = kubernetes.client.RbacAuthorizationV1Api(plane.admin)
+    for doc in yaml.safe_load_all(rendered):
+        if doc["kind"].endswith("Binding") and doc["metadata"].get("namespace") != profile.namespace:
+            made.append(doc)  # named after the profile's account: removed with its namespace
+        try:
+            plane.apply(doc)
+        except ApiException as exc:  # a role the runner's deploy/ files made already (the same rules)
+            if exc.status != 409 or doc["kind"].endswith("Binding"):
+                raise
+            current = plane.admin.sanitize_for_serialization(
+                rbac.read_cluster_role(doc["metadata"]["name"]) if doc["kind"] == "ClusterRole"
+                else rbac.read_namespaced_role(doc["metadata"]["name"], doc["metadata"]["namespace"]))  # fmt: skip
+            assert current["rules"] == doc["rules"], f"{doc['metadata']['name']}: rendered unlike deploy/"
+    plane.run_as(profile.namespace, profile.editor_token, made)
+    return profile.namespace
 
 
 class Cluster:
@@ -40,11 +67,11 @@ class Cluster:
 
     def __init__(self, control_plane: ControlPlane, kueue: Kueue, workdir: Path, *, timeline: Timeline | None = None,
                  serve_logs: bool = True, grants: list[dict[str, Any]] | None = None, api: str = "pytorchjob",
-                 restart_budget: int = 3) -> None:  # fmt: skip
+                 restart_budget: int = 3, profile: bool = False) -> None:  # fmt: skip
         self.control_plane, self.kueue = control_plane, kueue
         self.admin = control_plane.admin
         self.api: JobApi = job_api(api)
-        self.namespace = control_plane.test_namespace(grants)
+        self.namespace = profile_namespace(control_plane, api) if profile else control_plane.test_namespace(grants)
         self.timeline = timeline
         self.errors: list[str] = []
         self._closed = threading.Event()

@@ -72,7 +72,12 @@ ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Only what a test needs of the controller manager: anything more overwrites what the players write (README, "Flags").
 # The Job controller is the real one: it makes the pods of the batch Jobs the JobSet player creates (indexed
 # completion, backoffLimit, deleting the pods of a failed or suspended Job); nothing else here makes batch Jobs.
-CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller,job-controller"
+# The ClusterRole aggregation controller fills Kubeflow's kubeflow-edit from the roles its labels select
+# (tests/cluster/kubeflow.py); it touches no ClusterRole without an aggregationRule.
+CONTROLLERS = (
+    "garbage-collector-controller,namespace-controller,serviceaccount-controller,job-controller,"
+    "clusterrole-aggregation-controller"
+)
 
 
 @dataclass(frozen=True)
@@ -195,7 +200,9 @@ class ControlPlane:
         self.admin: kubernetes.client.ApiClient | None = None
         self._runner_token = ""
         self._namespaces = 0
-        self._less_granted: dict[str, tuple[str, list[dict[str, Any]]]] = {}  # namespace -> token, objects made
+        # namespace -> the token of the account its tests run as instead of the runner (a less-granted account, a
+        # profile's default-editor), and what was made for it outside the namespace (removed with it)
+        self._accounts: dict[str, tuple[str, list[dict[str, Any]]]] = {}
         # Players that serve the whole control plane (admission webhooks), registered by the test fixture.
         self.webhook: Any = None
         self.kueue: Any = None
@@ -351,8 +358,8 @@ class ControlPlane:
         return kubernetes.client.ApiClient(self.configuration(self.token_for(namespace), host))
 
     def token_for(self, namespace: str = "") -> str:
-        less = self._less_granted.get(namespace)
-        return less[0] if less else self._runner_token
+        account = self._accounts.get(namespace)
+        return account[0] if account else self._runner_token
 
     @property
     def runner_token(self) -> str:
@@ -378,8 +385,18 @@ class ControlPlane:
     def _token(self, namespace: str, account: str) -> str:
         core = kubernetes.client.CoreV1Api(self.admin)
         core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
-        request = {"spec": {"audiences": [ISSUER], "expirationSeconds": 24 * 3600}}
+        return self.token_of(namespace, account)
+
+    def token_of(self, namespace: str, account: str, audience: str = ISSUER) -> str:
+        """A token of an existing service account, from the TokenRequest API."""
+        request = {"spec": {"audiences": [audience], "expirationSeconds": 24 * 3600}}
+        core = kubernetes.client.CoreV1Api(self.admin)
         return core.create_namespaced_service_account_token(account, namespace, request).status.token
+
+    def run_as(self, namespace: str, token: str, made: list[dict[str, Any]]) -> None:
+        """The tests in ``namespace`` run as the account of ``token``; ``made``: its grants outside the namespace
+        (cluster-scoped, or in another namespace), removed with it."""
+        self._accounts[namespace] = token, made
 
     def _grant_less(self, namespace: str, grants: list[dict[str, Any]]) -> None:
         """The account LESS_GRANTED in ``namespace``, bound to ``grants`` (deploy_grants() with rules cut) instead of
@@ -401,7 +418,7 @@ class ControlPlane:
             if doc["kind"].endswith("Binding"):
                 doc["subjects"] = [subject]
             self.apply(doc)
-        self._less_granted[namespace] = token, made
+        self.run_as(namespace, token, made)
 
     # -- objects ----------------------------------------------------------------------------------------------
 
@@ -477,11 +494,15 @@ class ControlPlane:
             if exc.status != 409:
                 raise
 
+    def namespace_name(self) -> str:
+        """A fresh test namespace's name (hyperpod-t<n>-...: tests/test_rbac.py reads every such as the jobs')."""
+        self._namespaces += 1
+        return f"hyperpod-t{self._namespaces}-{uuid.uuid4().hex[:5]}"
+
     def test_namespace(self, grants: list[dict[str, Any]] | None = None) -> str:
         """A fresh namespace with deploy/rbac.yaml's launcher Role and RoleBinding in it for the runner; with
         ``grants`` (a test of less granted: deploy_grants() with rules cut), bound to an account of its own instead."""
-        self._namespaces += 1
-        name = f"hyperpod-t{self._namespaces}-{uuid.uuid4().hex[:5]}"
+        name = self.namespace_name()
         self.create_namespace(name)
         if grants is not None:
             self._grant_less(name, grants)
@@ -494,7 +515,7 @@ class ControlPlane:
     def delete_namespace(self, name: str) -> None:
         """Not waited for: deleting a namespace takes ~5 s (README, "Measured"). A less-granted account's grants
         outside the namespace go with it."""
-        _, made = self._less_granted.pop(name, ("", []))
+        _, made = self._accounts.pop(name, ("", []))
         for doc in made:
             meta = doc["metadata"]
             where = f"namespaces/{meta['namespace']}/" if "namespace" in meta else ""

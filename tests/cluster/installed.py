@@ -339,6 +339,53 @@ class Installed:
                         dynamic=not static_pv)  # fmt: skip
         return pvc
 
+    def apply_volumes(self, documents: list[dict[str, Any]]) -> None:
+        """PVs and PVCs as a platform engineer applies them (render-storage's: each PV pre-bound to its claim by
+        claimRef, each claim naming its PV), then bound as the PV controller binds them (kubernetes
+        pkg/controller/volume/persistentvolume/pv_controller.go: syncVolume's bind fills the PV's claimRef with the
+        claim's uid, syncClaim's bind marks the claim bind-completed; both phases Bound, the claim's status with the
+        PV's access modes and capacity)."""
+        for doc in documents:
+            meta = doc["metadata"]
+            if doc["kind"] == "PersistentVolume":
+                self.core.create_persistent_volume(doc)
+                self._made.append(("persistentvolumes", "", meta["name"]))
+            else:
+                self.core.create_namespaced_persistent_volume_claim(meta["namespace"], doc)
+                self._made.append(("persistentvolumeclaims", meta["namespace"], meta["name"]))
+        for pv in (d for d in documents if d["kind"] == "PersistentVolume"):
+            ref = pv["spec"]["claimRef"]
+            claim = self._raw(self.core.read_namespaced_persistent_volume_claim(ref["name"], ref["namespace"],
+                                                                                _preload_content=False))  # fmt: skip
+            if claim["spec"].get("volumeName") != pv["metadata"]["name"]:
+                continue  # pre-bound to a claim that names another volume: the controller leaves both unbound
+            self.core.patch_persistent_volume(
+                pv["metadata"]["name"],
+                {
+                    "spec": {
+                        "claimRef": {
+                            **ref,
+                            "uid": claim["metadata"]["uid"],
+                            "resourceVersion": claim["metadata"]["resourceVersion"],
+                        }
+                    }
+                },
+            )
+            self.core.patch_persistent_volume_status(pv["metadata"]["name"], {"status": {"phase": "Bound"}})
+            self.core.patch_namespaced_persistent_volume_claim(ref["name"], ref["namespace"], {"metadata": {
+                "annotations": {"pv.kubernetes.io/bind-completed": "yes"}}})  # fmt: skip
+            self.core.patch_namespaced_persistent_volume_claim_status(
+                ref["name"],
+                ref["namespace"],
+                {
+                    "status": {
+                        "phase": "Bound",
+                        "accessModes": pv["spec"]["accessModes"],
+                        "capacity": pv["spec"]["capacity"],
+                    }
+                },
+            )
+
     def remove_pvc(self, namespace: str, name: str) -> None:
         """A PVC and the PV bound to it, gone."""
         pvc = self.core.read_namespaced_persistent_volume_claim(name, namespace)

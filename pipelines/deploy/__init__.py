@@ -1,0 +1,1 @@
+"""What the platform team applies once: manifests and policies rendered from the platform's settings."""
