@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine import RESULTS, append_section, machine_lines, proc_field
+from machine import RESULTS, answer_child, append_section, machine_lines, proc_field
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -560,10 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.child:
-        logging.getLogger().setLevel(logging.WARNING)
-        spec = json.loads(Path(args.child).read_text())
-        Path(spec["out"]).write_text(json.dumps(CHILDREN[spec["kind"]](spec)))
-        return 0
+        return answer_child(args.child, CHILDREN)
     for quiet in ("components.stage_data.mirror", "components.stage_data.tokenization", "components.stage_data.core"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
     load_before = os.getloadavg()

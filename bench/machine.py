@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import json
+import logging
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -41,3 +45,11 @@ def append_section(title: str, body: list[str], machine: list[str]) -> None:
     section = [f"## {stamp}: {title}", "", *body, "", "Machine:", "", *(f"- {line}" for line in machine)]
     text = RESULTS.read_text() if RESULTS.is_file() else "# Benchmark results\n"
     RESULTS.write_text(text.rstrip("\n") + "\n\n" + "\n".join(section) + "\n")
+
+
+def answer_child(spec_path: str, children: dict[str, Callable[[dict[str, Any]], dict[str, Any]]]) -> int:
+    """In a bench's child process: run the measurement its spec file names and write the result where it says."""
+    logging.getLogger().setLevel(logging.WARNING)
+    spec = json.loads(Path(spec_path).read_text())
+    Path(spec["out"]).write_text(json.dumps(children[spec["kind"]](spec)))
+    return 0

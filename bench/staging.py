@@ -55,7 +55,7 @@ from typing import Any
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from machine import RESULTS, append_section, machine_lines, proc_field
+from machine import RESULTS, answer_child, append_section, machine_lines, proc_field
 from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -576,10 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.child:
-        logging.getLogger().setLevel(logging.WARNING)
-        spec = json.loads(Path(args.child).read_text())
-        Path(spec["out"]).write_text(json.dumps(CHILDREN[spec["kind"]](spec)))
-        return 0
+        return answer_child(args.child, CHILDREN)
     for name, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
                         ("AWS_DEFAULT_REGION", "us-east-1")):  # fmt: skip
         os.environ.setdefault(name, value)
