@@ -29,9 +29,6 @@ class Rule:
     why: str
     names: tuple[str, ...] = ()
 
-    def grants(self, verb: str, group: str, resource: str) -> bool:
-        return verb in self.verbs and group == self.group and resource in self.resources
-
 
 @dataclass(frozen=True)
 class RoleSpec:
