@@ -522,6 +522,21 @@ def cmd_render_rbac(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_render_iam_policy(args: argparse.Namespace) -> int:
+    from pipelines.deploy.iam import render_policy
+
+    print(render_policy(source=args.source, tokenizer=args.tokenizer_path, checkpoints=args.checkpoint_s3_uri,
+                        export=args.export_s3_uri, partition=args.partition), end="")  # fmt: skip
+    return 0
+
+
+def cmd_render_service_account(args: argparse.Namespace) -> int:
+    from pipelines.deploy.iam import service_account
+
+    print(service_account(args.namespace, args.name, args.role_arn, args.pod_identity), end="")
+    return 0
+
+
 def cmd_render_storage(args: argparse.Namespace) -> int:
     from pipelines.deploy.storage import FileSystem, render
 
@@ -836,6 +851,10 @@ EXAMPLES = {
     "--nnodes 4 --namespace ml-team",
     "render-runtime": "render-runtime --fsx-pvc fsx-claim --restart-budget 5",
     "render-rbac": "render-rbac --namespace team-a --service-account default-editor --kubeflow-profile",
+    "render-iam-policy": "render-iam-policy --source s3://my-bucket/corpus/ --checkpoint-s3-uri "
+    "s3://my-bucket/checkpoints/",
+    "render-service-account": "render-service-account --namespace team-a --name trainer --role-arn "
+    "arn:aws:iam::123456789012:role/team-a-trainer",
     "render-storage": "render-storage --namespace team-a --namespace team-b --file-system-id fs-0123456789abcdef0 "
     "--dns-name fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com --mount-name abcdefgh --capacity 2400Gi",
     "submit": "submit --host http://localhost:8080 --param source=s3://my-bucket/corpus/ --param nnodes=4 --wait",
@@ -1013,6 +1032,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="a PERSISTENT file system's PerUnitStorageThroughput (MB/s/TiB), recorded too",
     )
     p.set_defaults(func=cmd_render_storage)
+
+    p = command(sub, "render-iam-policy", "print the IAM policy a run's S3 settings need, and nothing more")
+    p.add_argument("--source", default="", help="the corpus prefix (s3://bucket/prefix/): list and read")
+    p.add_argument("--tokenizer-path", default="", help="a tokenizer in S3: read")
+    p.add_argument(
+        "--checkpoint-s3-uri",
+        default="",
+        help="where the runs' checkpoint copies go (the trainer's role): list, read, write, prune",
+    )
+    p.add_argument("--export-s3-uri", default="", help="where evaluation exports the model: write")
+    p.add_argument("--partition", default="aws", help="the AWS partition of the ARNs (aws, aws-cn, aws-us-gov)")
+    p.set_defaults(func=cmd_render_iam_policy)
+
+    p = command(sub, "render-service-account", "print a ServiceAccount bound to an IAM role (IRSA or Pod Identity)")
+    p.add_argument("--namespace", required=True, help="its namespace (a profile's, or where the jobs run)")
+    p.add_argument("--name", required=True, help="its name (compile --trainer-service-account for the trainer's)")
+    p.add_argument("--role-arn", required=True, help="the IAM role its pods assume")
+    p.add_argument("--pod-identity", action="store_true",
+                   help="EKS Pod Identity instead of IRSA: no annotation; prints the association to make")  # fmt: skip
+    p.set_defaults(func=cmd_render_service_account)
 
     p = command(sub, "submit", "upload the compiled pipeline (once per content) and start a run on KFP")
     add_kfp_args(p)
