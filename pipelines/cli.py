@@ -194,7 +194,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if not args.check:
         compile_pipeline(output, platform)
-        log.info("wrote %s", output)
+        log.info("wrote %s, with the platform settings compiled in:\n  %s", output, "\n  ".join(platform.described()))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp) / output.name

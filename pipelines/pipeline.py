@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 from kfp import compiler, dsl
 from kfp import kubernetes as k8s
@@ -115,6 +116,37 @@ class PlatformOptions:
         }
     )
     images: Images = field(default_factory=Images)
+
+    def described(self) -> list[str]:
+        """What this compile bakes in, a line each, for the platform engineer to check before uploading."""
+        job = self.job
+
+        def listed(values: dict[str, str] | tuple[str, ...] | list[str]) -> str:
+            return ", ".join(f"{k}={v}" for k, v in values.items()) if isinstance(values, dict) else (
+                ", ".join(str(v) for v in values))  # fmt: skip
+
+        def tolerations(values: tuple[dict[str, Any], ...] | list[dict[str, str]]) -> str:
+            return ", ".join(f"{t.get('key', '')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect', '')}"
+                             for t in values)  # fmt: skip
+
+        return [
+            f"images: components {self.images.components}; trainer {self.images.trainer or 'none (each run sets it)'};"
+            f" allowed registries {listed(job.registries) or 'any'}",
+            f"job API: {job.job_api}" + (f" (ClusterTrainingRuntime {job.runtime_name})" if job.job_api == "trainjob"
+                                         else ""),
+            f"jobs' namespaces: {listed(job.namespaces) or 'any'} (a run's namespace parameter picks one)",
+            f"volume: PVC {job.pvc_name} mounted at {job.mount_path} in every step and in the job's pods",
+            f"Kueue: {'queue ' + job.queue_name if job.queue_name else 'no queue'}"
+            + (f", priority class {job.priority_class}" if job.priority_class else ""),
+            f"trainer pods: service account {job.service_account or '(the namespace default)'}, token "
+            f"{'mounted' if job.automount_service_account_token else 'not mounted'}; node selector "
+            f"{listed(job.node_selector) or 'none'}; tolerations nvidia.com/gpu"
+            f"{', ' + tolerations(job.tolerations) if job.tolerations else ''}; pull secrets "
+            f"{listed(job.image_pull_secrets) or 'none'}; environment {listed(job.env) or 'none'}; HyperPod "
+            f"health affinity {'on' if job.health_affinity else 'off'}",
+            f"steps: node selector {listed(self.node_selector) or 'none'}; tolerations "
+            f"{tolerations(self.tolerations) or 'none'}; pull secrets {listed(self.image_pull_secrets) or 'none'}",
+        ]  # fmt: skip
 
     def apply(self, task: dsl.PipelineTask, step: str) -> None:
         settings = self.steps[step]

@@ -34,6 +34,25 @@ def test_checked_in_yaml_matches_a_fresh_compile() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_compile_says_the_platform_settings_it_baked_in(tmp_path: Path) -> None:
+    """What the platform team chose, printed as compiled, so that a wrong flag is seen before the upload."""
+    output = tmp_path / "pipeline.yaml"
+    result = subprocess.run(
+        [CLI, "compile", "--output", str(output), "--image-registry", "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+         "--tag", "v7", "--job-api", "trainjob", "--job-namespace", "team-a", "--job-namespace", "team-b",
+         "--fsx-pvc", "team-fsx", "--queue-name", "team-queue", "--trainer-service-account", "trainer",
+         "--trainer-toleration", "dedicated=gpu:NoSchedule", "--node-selector", "pool=cpu"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = result.stderr.split("with the platform settings compiled in:\n", 1)[1]
+    assert "hyperpod-pretrain-components:v7; trainer 123456789012.dkr.ecr.us-east-1.amazonaws.com/" in said
+    assert "job API: trainjob (ClusterTrainingRuntime hyperpod-pretrain)" in said
+    assert "jobs' namespaces: team-a, team-b" in said and "PVC team-fsx mounted at /fsx" in said
+    assert "Kueue: queue team-queue" in said and "service account trainer, token not mounted" in said
+    assert "tolerations nvidia.com/gpu, dedicated=gpu:NoSchedule" in said and "steps: node selector pool=cpu" in said
+
+
 def test_drift_is_detected(tmp_path: Path) -> None:
     stale = tmp_path / "pipeline.yaml"
     stale.write_text(COMPILED_PIPELINE.read_text().replace("defaultValue: 5000.0", "defaultValue: 4000.0"))
