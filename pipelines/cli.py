@@ -490,12 +490,28 @@ def cmd_render_runtime(args: argparse.Namespace) -> int:
     from components.launch_pytorchjob.manifest import JobSpec
     from components.launch_pytorchjob.trainjob import render_runtime
 
-    platform = platform_from_args(args, namespaces=[], registries=[])
-    if args.image:
-        platform.check_image(args.image)
-    spec = JobSpec(name=platform.runtime_name, image=args.image, trainer_args=[], job_api="trainjob",
-                   runtime_name=platform.runtime_name, instance_type=args.instance_type, mount_path=platform.mount_path,
-                   pvc_name=platform.pvc_name, grace_period_s=args.grace_period_s, restart_budget=args.restart_budget,
+    image, instance_type, grace_s, budget = args.image, args.instance_type, args.grace_period_s, args.restart_budget
+    if args.pipeline_file:  # the settings a submission of it has: compiled in, its defaults and the --param values
+        from components.launch_pytorchjob.platform import run_options
+        from pipelines.package import step_config
+
+        args.given_flags -= {"--restart-budget", "--grace-period-s"}  # the runtime's own, not the pipeline's
+        inputs = submitted_inputs(args, "preflight")
+        assert inputs is not None
+        config = step_config(inputs)
+        platform, image, instance_type = config.platform, config.image, config.instance_type
+        if platform.job_api != "trainjob":
+            raise InputError(f"--pipeline-file {args.pipeline_file}: compiled for --job-api {platform.job_api}; a "
+                             "ClusterTrainingRuntime is for a --job-api trainjob pipeline")  # fmt: skip
+        options = run_options(config.job_options, platform.job_api)
+        grace_s, budget = options.get("grace_period_s", grace_s), options.get("restart_budget", budget)
+    else:
+        platform = platform_from_args(args, namespaces=[], registries=[])
+        if image:
+            platform.check_image(image)
+    spec = JobSpec(name=platform.runtime_name, image=image, trainer_args=[], job_api="trainjob",
+                   runtime_name=platform.runtime_name, instance_type=instance_type, mount_path=platform.mount_path,
+                   pvc_name=platform.pvc_name, grace_period_s=grace_s, restart_budget=budget,
                    service_account=platform.service_account,
                    automount_service_account_token=platform.automount_service_account_token,
                    tolerations=[GPU_TOLERATION, *platform.tolerations], health_affinity=platform.health_affinity,
@@ -993,6 +1009,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the pods' default termination grace period, the SIGTERM checkpoint's time (a run may change "
                    "it: job option grace_period_s; default: %(default)s)")  # fmt: skip
     p.add_argument("--image", default="", help="a default trainer image (each TrainJob names its own)")
+    p.add_argument("--pipeline-file", default="", metavar="PATH",
+                   help="the runtime a compiled --job-api trainjob pipeline's TrainJobs need, from its compiled "
+                   "platform settings and defaults (overridden by --param), as its preflight compares it; the "
+                   "platform flags are refused beside it (--restart-budget and --grace-period-s stay the runtime's "
+                   "own)")  # fmt: skip
+    p.add_argument(
+        "--param",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter of --pipeline-file (instance_type, job_options), as submit takes it",
+    )
+    p.add_argument("--pipeline-run-id", default="", help=argparse.SUPPRESS)
+    note_given_flags(p)
     p.set_defaults(func=cmd_render_runtime)
 
     p = command(sub, "render-rbac", "print the Roles and bindings the pipeline's service account needs")

@@ -13,6 +13,7 @@ import pytest
 from trainer.layout import RunPaths
 
 CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -339,3 +340,29 @@ def test_render_storage_gives_each_namespace_a_pv_on_the_same_file_system_and_re
         refused = cli("render-storage", *args)
         line_got = refused.stderr.strip().splitlines()[-1] if refused.stderr.strip() else ""
         assert refused.returncode == 2 and line in line_got, refused.stderr
+
+
+def test_render_runtime_from_a_compiled_pipeline_is_the_one_its_flags_give(tmp_path: Path) -> None:
+    """render-runtime --pipeline-file: the runtime from the settings compiled into a trainjob pipeline, so that the
+    runtime cannot drift from the pipeline; a pytorchjob pipeline, or a platform flag beside the file, is refused."""
+    registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+    pipeline = tmp_path / "trainjob.yaml"
+    compiled = cli("compile", "--output", str(pipeline), "--job-api", "trainjob", "--fsx-pvc", "team-fsx",
+                   "--image-registry", registry, "--tag", "v3", "--trainer-env", "NCCL_DEBUG=WARN")  # fmt: skip
+    assert compiled.returncode == 0, compiled.stderr
+    from_file = cli("render-runtime", "--pipeline-file", str(pipeline), "--restart-budget", "5")
+    from_flags = cli("render-runtime", "--fsx-pvc", "team-fsx", "--image", f"{registry}/hyperpod-pretrain-trainer:v3",
+                     "--trainer-env", "NCCL_DEBUG=WARN", "--restart-budget", "5")  # fmt: skip
+    assert from_file.returncode == 0 and from_file.stdout == from_flags.stdout, from_file.stderr
+    assert "maxRestarts: 5" in from_file.stdout and "team-fsx" in from_file.stdout
+    pytorchjob = cli("render-runtime", "--pipeline-file", str(REPO / "compiled/pretrain_pipeline.yaml"), "--param",
+                     f"trainer_image={registry}/t:1")  # fmt: skip
+    assert (
+        pytorchjob.returncode == 2
+        and "a ClusterTrainingRuntime is for a --job-api trainjob pipeline"
+        in (pytorchjob.stderr.strip().splitlines()[-1])
+    )
+    mixed = cli("render-runtime", "--pipeline-file", str(pipeline), "--fsx-pvc", "other")
+    assert mixed.returncode == 2 and mixed.stderr.strip().splitlines()[-1].endswith(
+        "give pipeline parameters as --param KEY=VALUE"
+    )
