@@ -789,8 +789,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     package = Path(args.pipeline_file)
     parameters = Package.load(package).checked(args.param)  # typed, and taken by every step, before any call
     run_name = args.run_name or f"{args.pipeline_name} {datetime.now(UTC):%Y-%m-%d %H:%M:%S}"
-    with remote.api_errors(f"submitting {package}"):
-        client, ui = remote.connect(args.host, args.namespace)
+    with remote.api_errors(f"submitting {package}", args.namespace, args.token_file):
+        client, ui = remote.connect(args.host, args.namespace, args.token_file)
         version = remote.ensure_pipeline_version(client, package, args.pipeline_name)
         experiment = remote.experiment_id(client, args.experiment, args.namespace)
         run_id = remote.submit_run(client, version, experiment, run_name, parameters)
@@ -822,8 +822,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         parameters = Package.load(package).checked(args.param)  # typed, and taken by every step, before any call
     elif args.cron or args.param:
         raise InputError(f"--{action} takes only --name (and --experiment): --cron and --param are for creating one")
-    with remote.api_errors(f"{action} recurring run {args.name!r}"):
-        client, ui = remote.connect(args.host, args.namespace)
+    with remote.api_errors(f"{action} recurring run {args.name!r}", args.namespace, args.token_file):
+        client, ui = remote.connect(args.host, args.namespace, args.token_file)
         experiment = remote.experiment_id(client, args.experiment, args.namespace, create=action == "create")
         existing = remote.find_recurring_run(client, args.name, experiment, args.namespace)
         if action == "create":
@@ -848,7 +848,12 @@ def add_kfp_args(p: argparse.ArgumentParser) -> None:
     """Where the KFP API is, and the pipeline to upload."""
     p.add_argument("--host", default="", help="the KFP API, e.g. http://localhost:8080 (default: "
                    "KF_PIPELINES_ENDPOINT, else in-cluster or the current kubeconfig context)")  # fmt: skip
-    p.add_argument("--namespace", default="", help="the profile namespace of a multi-user KFP")
+    p.add_argument("--namespace", default="", help="the profile namespace of a multi-user KFP: its experiment, runs "
+                   "and recurring runs go there")  # fmt: skip
+    p.add_argument("--token-file", default="", metavar="PATH",
+                   help="a bearer token for a multi-user KFP (a service account's, with the audience "
+                   "pipelines.kubeflow.org: kubectl create token SA -n NS --audience pipelines.kubeflow.org); "
+                   "default: KF_PIPELINES_SA_TOKEN_PATH, or the pod's projected token when there")  # fmt: skip
     p.add_argument("--experiment", default="hyperpod-pretrain", help="created when missing")
     p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE), help="the compiled pipeline to upload")
     p.add_argument("--pipeline-name", default="hyperpod-pretrain", help="the pipeline's name in KFP")

@@ -13,6 +13,7 @@ current kubeconfig context (kfp reaches the API through the Kubernetes API serve
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -111,7 +112,32 @@ class Client(kfp.Client):
         return self._healthz_api.api_client.deserialize(answer, "V2beta1GetHealthzResponse")
 
 
-def connect(host: str = "", namespace: str = "") -> tuple[Client, str]:
+def token_path(token_file: str = "") -> str:
+    """The token a call to KFP carries: --token-file, else the pod's projected token (KFP's audience) when there."""
+    return token_file or os.environ.get("KF_PIPELINES_SA_TOKEN_PATH", DEFAULT_SA_TOKEN)
+
+
+def read_token(token_file: str) -> str:
+    try:
+        token = Path(token_file).read_text().strip()
+    except OSError as exc:
+        raise InputError(f"--token-file {token_file}: cannot be read ({exc.strerror})") from None
+    if not token or any(c.isspace() for c in token):
+        raise InputError(f"--token-file {token_file}: holds no bearer token (empty, or more than one word)")
+    return token
+
+
+def token_subject(path: str) -> str:
+    """Whom a service-account token speaks for (its JWT's sub, read without verifying: the server verifies it), or
+    "" when it is not a JWT; never the token itself."""
+    try:
+        payload = Path(path).read_text().strip().split(".")[1]
+        return str(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))).get("sub", ""))
+    except (OSError, IndexError, ValueError):
+        return ""
+
+
+def connect(host: str = "", namespace: str = "", token_file: str = "") -> tuple[Client, str]:
     """A client, and the base of the UI's links (empty when kfp found the API itself, in-cluster or kubeconfig)."""
     host = host or os.environ.get("KF_PIPELINES_ENDPOINT", "")
     if host and not re.match(r"^https?://[^/\s]+", host):
@@ -119,8 +145,10 @@ def connect(host: str = "", namespace: str = "") -> tuple[Client, str]:
     kwargs: dict[str, Any] = {"host": host or None}
     if namespace:
         kwargs["namespace"] = namespace
-    token = os.environ.get("KF_PIPELINES_SA_TOKEN_PATH", DEFAULT_SA_TOKEN)
-    if host and os.path.isfile(token):
+    token = token_path()
+    if token_file:
+        kwargs["existing_token"] = read_token(token_file)
+    elif host and os.path.isfile(token):
         from kfp.client.set_volume_credentials import ServiceAccountTokenVolumeCredentials
 
         kwargs["credentials"] = ServiceAccountTokenVolumeCredentials(path=token)
@@ -155,8 +183,10 @@ def check_backend(client: Client) -> None:
 
 
 @contextmanager
-def api_errors(what: str) -> Iterator[None]:
-    """A failed call to the KFP API as one line: the status and the server's message, or why it was not reached."""
+def api_errors(what: str, namespace: str = "", token_file: str = "") -> Iterator[None]:
+    """A failed call to the KFP API as one line: the status and the server's message, or why it was not reached. A
+    multi-user backend's refusal (401: no token it accepts; 403: the token's account may not act in the namespace)
+    is bad input, exit 2, naming the namespace and the account."""
     try:
         yield
     except kfp_server_api.ApiException as exc:
@@ -164,6 +194,14 @@ def api_errors(what: str) -> Iterator[None]:
             message = json.loads(exc.body or "{}").get("message") or exc.body
         except ValueError:
             message = exc.body
+        if exc.status in (401, 403):
+            path = token_path(token_file)
+            has_token = bool(token_file) or os.path.isfile(path)
+            who = token_subject(path) or ("the token of --token-file" if token_file else "this client")
+            where = f" in namespace {namespace}" if namespace else " (no --namespace given)"
+            if exc.status == 401:
+                who += "" if has_token else " (no token: give --token-file)"
+            raise InputError(f"{what}: KFP refused {who}{where}: {str(message).strip()[:300]}") from None
         raise StepFailed(
             f"{what}: the KFP API answered {exc.status} {exc.reason}: {str(message).strip()[:300]}"
         ) from None

@@ -54,7 +54,7 @@ import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -421,6 +421,7 @@ class _Call:
     params: dict[str, str]  # path parameters
     query: dict[str, str]
     body: Any
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
 
 
 Handler = Callable[[_Call], tuple[str | None, Any]]  # -> (response model name or None for '{}', JSON)
@@ -724,6 +725,50 @@ class _HttpServer(ThreadingHTTPServer):
         self.fake = fake
 
 
+class KubernetesAuthorizer:
+    """KFP's multi-user authorization, against a real Kubernetes API server (kubeflow/pipelines 2.17.0):
+
+    - the user is the bearer token's, as a TokenReview with the audience pipelines.kubeflow.org says
+      (backend/src/apiserver/auth/authenticator_token_review.go, doTokenReview; the audience is
+      common.DefaultTokenReviewAudience, TOKEN_REVIEW_AUDIENCE unset); no token, or one the review does not
+      authenticate: 401 Unauthenticated (resource/resource_manager.go IsAuthorized: "User identity is empty in the
+      request header"). The kubeflow-userid header the UI's Istio gateway sets is not played: the CLI never sends it.
+    - then a SubjectAccessReview for that user of group pipelines.kubeflow.org, version v1beta1, the resource type
+      (experiments, runs, jobs for recurring runs, pipelines), the verb and the namespace (IsAuthorized); not
+      allowed: 403 PermissionDenied, "User '<user>' is not authorized with reason: <reason> (request: ...)".
+    """
+
+    GROUP, VERSION, AUDIENCE = "pipelines.kubeflow.org", "v1beta1", "pipelines.kubeflow.org"
+
+    def __init__(self, api_client: Any) -> None:
+        import kubernetes
+
+        self.authn = kubernetes.client.AuthenticationV1Api(api_client)
+        self.authz = kubernetes.client.AuthorizationV1Api(api_client)
+
+    def user(self, headers: Mapping[str, str]) -> str:
+        header = headers.get("authorization", "")
+        if not header.startswith("Bearer "):
+            raise KfpError(401, "Failed to check authorization. User identity is empty in the request header: Request "
+                           "header error: there is no user identity header.", violation=False)  # fmt: skip
+        review = self.authn.create_token_review({"spec": {"token": header.removeprefix("Bearer "),
+                                                          "audiences": [self.AUDIENCE]}})  # fmt: skip
+        if not review.status.authenticated or self.AUDIENCE not in (review.status.audiences or []):
+            raise KfpError(401, "Failed to check authorization. User identity is empty in the request header: "
+                           "Authentication failure: Review.Status.Authenticated is false. Error "
+                           f"{review.status.error or ''}", violation=False)  # fmt: skip
+        return review.status.user.username
+
+    def authorize(self, headers: Mapping[str, str], resource: str, verb: str, namespace: str, name: str = "") -> None:
+        user = self.user(headers)
+        attributes = {"group": self.GROUP, "version": self.VERSION, "resource": resource, "verb": verb,
+                      "namespace": namespace, **({"name": name} if name else {})}  # fmt: skip
+        review = self.authz.create_subject_access_review({"spec": {"user": user, "resourceAttributes": attributes}})
+        if not review.status.allowed:
+            raise KfpError(403, f"User '{user}' is not authorized with reason: {review.status.reason or ''} "
+                           f"(request: {attributes}): Unauthorized access", violation=False)  # fmt: skip
+
+
 class FakeKfp:
     """The fake API server; a context manager that starts it on a free loopback port and stops it."""
 
@@ -738,8 +783,11 @@ class FakeKfp:
         failed_task: str = "",
         check_parameters: bool = True,
         path_prefix: str = "",
+        authorizer: KubernetesAuthorizer | None = None,
     ) -> None:
         self.require_token = require_token
+        # Multi-user mode's authorization (with multi_user): None, none at all.
+        self.authorizer = authorizer
         # Served under this prefix too, as kfp.Client reaches KFP through a kubeconfig: the Kubernetes API
         # server's service proxy, e.g. /api/v1/namespaces/kubeflow/services/ml-pipeline:http/proxy.
         self.path_prefix = path_prefix.rstrip("/")
@@ -898,7 +946,7 @@ class FakeKfp:
                 if parse_error is not None:
                     raise parse_error
                 self._check_body(route, lower_headers, body)
-                model_name, payload = route.handler(_Call(params, query, body))
+                model_name, payload = route.handler(_Call(params, query, body, lower_headers))
                 if model_name is not None:
                     violations = schema_violations(payload, model_name)
                     if violations:  # a bug in the fake, not in the client
@@ -1054,12 +1102,27 @@ class FakeKfp:
             "pipeline_store": "database",
         }
 
+    def _access(self, call: _Call, resource: str, verb: str, namespace: str, wrap: str, empty: str,
+                name: str = "") -> None:  # fmt: skip
+        """Multi-user mode's check of a call (the servers' canAccessExperiment, canAccessRun, canAccessJob): a
+        namespace is required, then the authorizer decides; its refusal is wrapped as the server wraps it."""
+        if not (self.multi_user and self.authorizer is not None):
+            return
+        if not namespace:
+            raise KfpError(400, f"Invalid input error: {empty}", violation=False)
+        try:
+            self.authorizer.authorize(call.headers, resource, verb, namespace, name)
+        except KfpError as error:
+            raise KfpError(error.status, f"{wrap}: {error.message}", violation=False) from None
+
     def _create_experiment(self, call: _Call) -> tuple[str, Any]:
         body = call.body
         name = (body.get("display_name") or "").strip()
         if not name:
             raise KfpError(400, "Invalid input error: Experiment display_name is empty")
         namespace = body.get("namespace") or ""
+        self._access(call, "experiments", "create", namespace, "Failed to authorize the request: Failed to authorize "
+                     "with API", "An experiment cannot have an empty namespace in multi-user mode", name)  # fmt: skip
         if any(
             e.get("display_name") == name and e.get("namespace", "") == namespace for e in self.experiments.values()
         ):
@@ -1088,10 +1151,16 @@ class FakeKfp:
         return record
 
     def _get_experiment(self, call: _Call) -> tuple[str, Any]:
-        return "V2beta1Experiment", self._experiment(call.params["experiment_id"]).resource
+        record = self._experiment(call.params["experiment_id"])
+        self._access(call, "experiments", "get", record.get("namespace", ""), "Failed to authorize the request: "
+                     "Failed to authorize with API", "An experiment cannot have an empty namespace in multi-user mode",
+                     record["display_name"])  # fmt: skip
+        return "V2beta1Experiment", record.resource
 
     def _list_experiments(self, call: _Call) -> tuple[str, Any]:
         namespace = call.query.get("namespace", "")
+        self._access(call, "experiments", "list", namespace, "Failed to authorize with API: Failed to authorize with "
+                     "API", "An experiment cannot have an empty namespace in multi-user mode")  # fmt: skip
         records = [e for e in self.experiments.values() if not namespace or e.get("namespace", "") == namespace]
         return "V2beta1ListExperimentsResponse", self._page(records, call.query, "V2beta1Experiment", "experiments")
 
@@ -1251,6 +1320,10 @@ class FakeKfp:
         spec = self._resolve_source(body, "run")
         self._check_runtime_config(body, spec, "run")
         experiment_id = self._experiment_for(body, call.query)
+        namespace = self.experiments[experiment_id].get("namespace", "")
+        self._access(call, "runs", "create", namespace, "Failed to create a run due to authorization error. Check if "
+                     f"you have write permissions to namespace {namespace}: Failed to authorize with API",
+                     "A run cannot have an empty namespace in multi-user mode")  # fmt: skip
         created = now_rfc3339()
         resource = {
             **body,
@@ -1310,6 +1383,9 @@ class FakeKfp:
 
     def _get_run(self, call: _Call) -> tuple[str, Any]:
         record = self._run(call.params["run_id"])
+        namespace = self.experiments[record["experiment_id"]].get("namespace", "")
+        self._access(call, "runs", "get", namespace, "Failed to authorize the request: Failed to authorize with API",
+                     "A run cannot have an empty namespace in multi-user mode")  # fmt: skip
         self._advance(record)
         return "V2beta1Run", record.resource
 
@@ -1342,6 +1418,10 @@ class FakeKfp:
         spec = self._resolve_source(body, "recurring run")
         self._check_runtime_config(body, spec, "recurring run")
         experiment_id = self._experiment_for(body, call.query)
+        namespace = self.experiments[experiment_id].get("namespace", "")
+        self._access(call, "jobs", "create", namespace, "Failed to create a recurring run due to authorization error. "
+                     f"Check if you have write permission to namespace {namespace}: failed to authorize with API",
+                     "a recurring run cannot have an empty namespace in multi-user mode")  # fmt: skip
         mode = body.get("mode") or "MODE_UNSPECIFIED"
         created = now_rfc3339()
         resource = {
@@ -1371,10 +1451,24 @@ class FakeKfp:
 
     def _list_recurring_runs(self, call: _Call) -> tuple[str, Any]:
         experiment_id = call.query.get("experiment_id", "")
+        namespace = call.query.get("namespace", "")
+        if experiment_id and not namespace:  # job_server.go listJobs: the experiment's namespace
+            namespace = self._experiment(experiment_id).get("namespace", "")
+        self._access(call, "jobs", "list", namespace, "Failed to list recurring runs due to authorization error. Check "
+                     f"if you have permission to access namespace {namespace}: failed to authorize with API",
+                     "a recurring run cannot have an empty namespace in multi-user mode")  # fmt: skip
         records = [r for r in self.recurring_runs.values() if not experiment_id or r["experiment_id"] == experiment_id]
         # The proto field is literally named recurringRuns, so that is the JSON key (and the model's attribute_map).
         response = self._page(records, call.query, "V2beta1RecurringRun", "recurringRuns")
         return "V2beta1ListRecurringRunsResponse", response
+
+    def _job_access(self, call: _Call, verb: str) -> RecurringRunRecord:
+        record = self._recurring_run(call.params["recurring_run_id"])
+        namespace = self.experiments[record["experiment_id"]].get("namespace", "")
+        self._access(call, "jobs", verb, namespace, "Failed to authorize the request: failed to authorize with API",
+                     "a recurring run cannot have an empty namespace in multi-user mode",
+                     record["display_name"])  # fmt: skip
+        return record
 
     def _set_mode(self, recurring_run_id: str, mode: str) -> tuple[None, Any]:
         record = self._recurring_run(recurring_run_id)
@@ -1384,10 +1478,10 @@ class FakeKfp:
         return None, {}
 
     def _enable_recurring_run(self, call: _Call) -> tuple[None, Any]:
-        return self._set_mode(call.params["recurring_run_id"], "ENABLE")
+        return self._set_mode(self._job_access(call, "enable").id, "ENABLE")
 
     def _disable_recurring_run(self, call: _Call) -> tuple[None, Any]:
-        return self._set_mode(call.params["recurring_run_id"], "DISABLE")
+        return self._set_mode(self._job_access(call, "disable").id, "DISABLE")
 
     def _delete_recurring_run(self, call: _Call) -> tuple[None, Any]:
         policy = call.query.get("propagation_policy")
@@ -1395,5 +1489,5 @@ class FakeKfp:
             violations = schema_violations(policy, "V2beta1DeletePropagationPolicy", "propagation_policy")
             if violations:
                 raise KfpError(400, "; ".join(violations))
-        del self.recurring_runs[self._recurring_run(call.params["recurring_run_id"]).id]
+        del self.recurring_runs[self._job_access(call, "delete").id]
         return None, {}

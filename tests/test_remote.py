@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -250,8 +251,8 @@ def test_the_service_account_token_is_sent(server: FakeKfp, env: dict[str, str],
     assert all(r.headers.get("authorization") == "Bearer pipeline-runner-token" for r in server.requests)
     token.write_text("expired")
     denied = cli(env, "submit", *SOURCE)
-    assert denied.returncode == 1
-    assert "the KFP API answered 401" in denied.stderr.strip().splitlines()[-1]
+    assert denied.returncode == 2  # credentials the backend refuses are bad input: no retry of the step helps
+    assert "KFP refused this client (no --namespace given): Unauthenticated" in denied.stderr.strip().splitlines()[-1]
     server.errors.clear()
 
 
@@ -397,3 +398,63 @@ def test_schedule_bad_input(server: FakeKfp, env: dict[str, str], args: list[str
     result = cli(env, "schedule", "--host", server.url, "--name", "nightly", *args)
     assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1]
     assert server.requests == []
+
+
+def test_a_multi_user_backend_puts_the_run_in_the_profile_and_refuses_another_profiles_token(
+    env: dict[str, str], control_plane: Any, kubeflow: None, tmp_path: Path
+) -> None:
+    """KFP in multi-user mode (tests/kfp_server.py KubernetesAuthorizer: TokenReview and SubjectAccessReview on the
+    real API server, Kubeflow's roles aggregated by its controller manager): a profile's default-editor, with a token
+    for KFP's audience, submits and schedules into its profile; another profile's account, or no token, is refused in
+    one line naming the namespace and the account, with exit 2."""
+    from tests.cluster.kubeflow import EDITOR, make_profile
+    from tests.kfp_server import KubernetesAuthorizer
+
+    team, other = (make_profile(control_plane, control_plane.namespace_name()) for _ in range(2))
+    tokens = {}
+    for profile in (team, other):
+        tokens[profile.namespace] = tmp_path / f"{profile.namespace}.token"
+        token = control_plane.token_of(profile.namespace, EDITOR, audience=KubernetesAuthorizer.AUDIENCE)
+        tokens[profile.namespace].write_text(token)
+    mine = ("--namespace", team.namespace, "--token-file", str(tokens[team.namespace]))
+    try:
+        with FakeKfp(multi_user=True, authorizer=KubernetesAuthorizer(control_plane.admin)) as server:
+            submitted = cli(env, "submit", "--host", server.url, *mine, *SOURCE)
+            assert submitted.returncode == 0, submitted.stderr
+            (run,) = server.runs.values()
+            assert server.experiments[run["experiment_id"]]["namespace"] == team.namespace
+            scheduled = cli(env, "schedule", "--host", server.url, *mine, "--name", "nightly", "--cron",
+                            "0 0 2 * * *", *SOURCE)  # fmt: skip
+            assert scheduled.returncode == 0, scheduled.stderr
+            (recurring,) = server.recurring_runs.values()
+            assert server.experiments[recurring["experiment_id"]]["namespace"] == team.namespace
+            disabled = cli(env, "schedule", "--host", server.url, *mine, "--name", "nightly", "--disable")
+            assert disabled.returncode == 0 and recurring.mode == "DISABLE", disabled.stderr
+
+            outsider = cli(env, "submit", "--host", server.url, "--namespace", team.namespace, "--token-file",
+                           str(tokens[other.namespace]), *SOURCE)  # fmt: skip
+            line = outsider.stderr.strip().splitlines()[-1]
+            assert (
+                outsider.returncode == 2
+                and (
+                    f"KFP refused system:serviceaccount:{other.namespace}:{EDITOR} in namespace {team.namespace}: "
+                    f"Failed to authorize with API: Failed to authorize with API: User 'system:serviceaccount:"
+                    f"{other.namespace}:{EDITOR}' is not authorized"
+                )
+                in line
+            ), line
+            anonymous = cli(env, "submit", "--host", server.url, "--namespace", team.namespace, *SOURCE)
+            line = anonymous.stderr.strip().splitlines()[-1]
+            assert (
+                anonymous.returncode == 2
+                and (
+                    f"KFP refused this client (no token: give --token-file) in namespace {team.namespace}: Failed to "
+                    "authorize with API: Failed to authorize with API: Failed to check authorization. User identity is "
+                    "empty"
+                )
+                in line
+            ), line
+            assert len(server.runs) == 1 and server.errors == []
+    finally:
+        for profile in (team, other):
+            control_plane.delete_namespace(profile.namespace)

@@ -7,6 +7,8 @@
   -view and kubeflow-trainer-view-cluster-runtimes, bound to every authenticated user (kubeflow/trainer v2.3.0
   manifests/overlays/kubeflow-platform/kubeflow-trainer-roles.yaml). The aggregation itself is the real controller
   manager's (clusterrole-aggregation-controller): kubeflow-edit holds what the labels select, as on a cluster.
+- KFP's multi-user roles, aggregated into kubeflow-edit and -view the same way (kubeflow/pipelines 2.17.0
+  manifests/kustomize/base/installs/multi-user/view-edit-cluster-roles.yaml).
 - A profile's namespace as the profile controller leaves it (kubeflow/dashboard v2.0.0
   components/profile-controller/controllers/profile_controller.go, Reconcile and updateServiceAccount): the namespace
   with the owner annotation, istio-injection and the kubeflow overlay's labels (manifests/kustomize/overlays/kubeflow/
@@ -122,6 +124,27 @@ KUBEFLOW_ROLES: tuple[dict[str, Any], ...] = (
     _role("kubeflow-trainer-view-cluster-runtimes", [
         _rule(("trainer.kubeflow.org",), ("clustertrainingruntimes",), GET_LIST_WATCH),
     ]),
+    # KFP's (kubeflow/pipelines 2.17.0 manifests/kustomize/base/installs/multi-user/view-edit-cluster-roles.yaml):
+    # what its API server's SubjectAccessReviews ask for (tests/kfp_server.py KubernetesAuthorizer)
+    _role("kubeflow-pipelines-edit", [], into=("kubeflow-edit",), aggregates="kubeflow-pipelines-edit"),
+    _role("kubeflow-pipelines-view", [], into=("kubeflow-pipelines-edit", "kubeflow-view"),
+          aggregates="kubeflow-pipelines-view"),
+    _role("aggregate-to-kubeflow-pipelines-edit", [
+        _rule(("pipelines.kubeflow.org",), ("pipelines", "pipelineversions"), ("create", "delete", "update")),
+        _rule(("pipelines.kubeflow.org",), ("experiments",), ("archive", "create", "delete", "unarchive")),
+        _rule(("pipelines.kubeflow.org",), ("runs",), ("archive", "create", "delete", "retry", "terminate",
+                                                       "unarchive", "reportMetrics", "readArtifact")),
+        _rule(("pipelines.kubeflow.org",), ("jobs",), ("create", "delete", "disable", "enable")),
+        _rule(("kubeflow.org",), ("scheduledworkflows",), ("*",)),
+        _rule(("argoproj.io",), ("cronworkflows", "cronworkflows/finalizers", "workflows", "workflows/finalizers",
+                                 "workfloweventbindings", "workflowtemplates", "workflowtaskresults"), ("*",)),
+    ], into=("kubeflow-pipelines-edit",)),
+    _role("aggregate-to-kubeflow-pipelines-view", [
+        _rule(("pipelines.kubeflow.org",), ("pipelines", "pipelineversions", "experiments", "jobs"), ("get", "list")),
+        _rule(("pipelines.kubeflow.org",), ("runs",), ("get", "list", "readArtifact")),
+        _rule(("kubeflow.org",), ("viewers",), ("create", "get", "delete")),
+        _rule(("pipelines.kubeflow.org",), ("visualizations",), ("create",)),
+    ], into=("kubeflow-pipelines-view",)),
 )  # fmt: skip
 # Bound to system:authenticated: every account of the session holds it while it exists, so it is made by
 # kubeflow_install() and removed after the tests that need it (the others measure deploy/ without it).
@@ -155,7 +178,8 @@ def kubeflow_install(plane: ControlPlane) -> Any:
         _create(rbac.create_cluster_role, role)
     _create(rbac.create_cluster_role_binding, EVERYONE_BINDING)
     deadline = time.monotonic() + 30
-    while not any("trainjobs" in (r.resources or []) for r in rbac.read_cluster_role("kubeflow-edit").rules or []):
+    while not {"trainjobs", "jobs"} <= {res for r in rbac.read_cluster_role("kubeflow-edit").rules or []
+                                         for res in r.resources or []}:  # fmt: skip
         if time.monotonic() > deadline:
             raise RuntimeError("kubeflow-edit not aggregated within 30s: is clusterrole-aggregation-controller on?")
         time.sleep(0.1)
