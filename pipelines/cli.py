@@ -978,26 +978,33 @@ def build_parser() -> argparse.ArgumentParser:
         ("preflight", cmd_preflight, "kubernetes", "check that the cluster can run the job: exit 1 on a failed check"),
     ):
         p = command(sub, name, helptext)
-        run = p.add_argument_group("run", "which run, on which data, on what")
+        # A platform engineer's flags first (argparse shows groups in the order they are made): with --pipeline-file,
+        # the job is the compiled pipeline's, and the rest are not needed.
+        first = p.add_argument_group("the compiled pipeline", "the job a submission of it creates") if (
+            backend == "kubernetes") else p  # fmt: skip
+        if backend == "kubernetes":
+            add_package_args(first, "render" if name == "render-job" else "check")
+        if name == "preflight":
+            first.add_argument("--warn-only", action="store_true", help="report failed checks, but exit 0")
+            first.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown "
+                               "report")  # fmt: skip
+        without = " (without --pipeline-file)" if backend == "kubernetes" else ""
+        add_cluster_args(p.add_argument_group("cluster" + without, "where the kubernetes backend runs the job"))
+        platform = p.add_argument_group("platform" + without, "the platform team's settings, compiled in")
+        add_platform_args(platform, mount_path="", mount_help="default: the storage root")
+        run = p.add_argument_group("run" + without, "which run, on which data, on what")
         run.add_argument("--backend", choices=["local", "kubernetes"], default=backend,
                          help="local: torchrun on this machine; kubernetes: a job on the cluster")  # fmt: skip
         add_storage_args(run)
         run.add_argument("--nnodes", type=positive_int, default=1, help="nodes (the minimum, when elastic)")
         run.add_argument("--snapshot", default="", help="the dataset snapshot to train on (default: the current one)")
-        add_train_args(p.add_argument_group("training", "the trainer's settings"))
-        add_checkpoint_s3_args(p.add_argument_group("checkpoint copies"))
-        add_cluster_args(p.add_argument_group("cluster", "where the kubernetes backend runs the job"))
-        add_deadline_args(p.add_argument_group("deadlines", "how long each phase may take before the step fails"))
-        add_platform_args(p.add_argument_group("platform", "the platform team's settings, compiled into the pipeline"),
-                          mount_path="", mount_help="default: the storage root")  # fmt: skip
+        add_deadline_args(p.add_argument_group("deadlines" + without, "how long each phase may take before the step "
+                                               "fails"))  # fmt: skip
+        add_train_args(p.add_argument_group("training" + without, "the trainer's settings"))
+        add_checkpoint_s3_args(p.add_argument_group("checkpoint copies" + without))
         p.set_defaults(func=func)
         if backend == "kubernetes":
             use_defaults(p, {**CLUSTER_DEFAULTS, "backend": "kubernetes"})
-        if name == "preflight":
-            p.add_argument("--warn-only", action="store_true", help="report failed checks, but exit 0")
-            p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown report")
-        if backend == "kubernetes":
-            add_package_args(p, "render" if name == "render-job" else "check")
             note_given_flags(p)
 
     p = command(

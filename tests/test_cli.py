@@ -39,6 +39,10 @@ def test_every_flag_of_every_command_is_explained_and_every_example_parses() -> 
         assert f"example:\n  hyperpod-pretrain {EXAMPLES[name]}" in text
         args = build_parser().parse_args(shlex.split(EXAMPLES[name]))
         assert args.command == name
+    preflight = commands["preflight"].format_help()
+    order = [preflight.index(f"\n{g}") for g in ("the compiled pipeline:", "cluster (without --pipeline-file):",
+                                                 "platform (without", "run (without", "training (without")]  # fmt: skip
+    assert order == sorted(order), "a platform engineer's flags first, the trainer's last"
     launch = commands["launch"].format_help()
     assert [g in launch for g in ("\nrun:", "\ntraining:", "\ncluster:", "\ndeadlines:", "\nplatform:")] == [True] * 5
     assert "(default: 1800)" in launch and "--pending-timeout-s" in launch.split("\ndeadlines:")[1]
