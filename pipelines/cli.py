@@ -214,6 +214,10 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     from pipelines.local_run import run_local
 
     arguments = run_local_arguments(args)
+    if not args.verbose:  # this command's own lines as kfp.local writes its lines beside them: one format
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d - %(levelname)s - %(message)s",
+                                                   "%H:%M:%S"))  # fmt: skip
     result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments, verbose=args.verbose)
     evaluation = json.loads(RunPaths(result.run_dir).eval_result.read_text())
     lines = [

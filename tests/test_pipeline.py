@@ -1,6 +1,7 @@
 """The compiled pipeline: no drift from the code, and a whole run of the checked-in YAML through kfp.local."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,11 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     # with one time each, the reports; not kfp.local's dumps of every step's inputs and outputs, nor its colours.
     console = (result.stdout + result.stderr).splitlines()
     assert len(console) <= 60, "\n".join(console)
+    # One format: run-local's own lines as kfp.local's ("HH:MM:SS.mmm - LEVEL - message"), the steps' indented
+    # under them with one time each; no line twice.
+    logged = [line for line in console if re.match(r"\d\d:\d\d:\d\d\.\d{3} - [A-Z]+ - ", line)]
+    assert logged and not [line for line in console if re.match(r"\s*\d{4}-\d\d-\d\d \d", line)], console
+    assert len(set(console)) == len(console), [line for line in console if console.count(line) > 1]
     assert "Task 'launch-pytorchjob' finished with status SUCCESS" in result.stdout and "\x1b[" not in result.stdout
     assert not [line for line in console if "outputs:" in line or '"outputFile"' in line or "[default1]" in line]
     trainer_lines = [line.strip().split(" ", 1)[1] for line in console if line.startswith("    ")]
