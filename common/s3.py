@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import boto3
 from botocore.config import Config
@@ -142,14 +142,13 @@ class S3Source:
         return objects
 
     def _single_object(self) -> list[SourceObject]:
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self.prefix)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return []
-            raise
+        """The object the prefix names, found by a listing (its key sorts first): a HeadObject of a missing key is
+        answered 403, not 404, unless the role may list the whole bucket (see list_exact)."""
+        item = list_exact(self.client, self.bucket, self.prefix)
+        if item is None:
+            return []
         name = self.prefix.rsplit("/", 1)[-1]
-        return [SourceObject(name, head["ContentLength"], etag=head.get("ETag", ""), location=self.prefix)]
+        return [SourceObject(name, item["Size"], etag=item.get("ETag", ""), location=self.prefix)]
 
     def fetch(self, obj: SourceObject, out: BinaryIO, on_bytes: Callable[[int], None]) -> str:
         """Download into `out` (empty, opened w+b), verified against the listing's size and ETag; returns the ETag."""
@@ -203,6 +202,19 @@ class S3Source:
         expected = md5_of_etag(obj.etag)
         if md5 is not None and expected is not None and encryption not in _KMS and md5 != expected:
             raise StepFailed(f"source {self.uri}: {obj.location} arrived corrupt (MD5 {md5}, its ETag {obj.etag})")
+
+
+def list_exact(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """The listing entry of the object `key`, or None when there is none.
+
+    Whether an object exists is asked with ListObjectsV2 (Prefix=key, MaxKeys=1), never HeadObject: S3 answers a
+    HeadObject or GetObject of a missing key with 404 only when the caller has s3:ListBucket on the bucket, else 403
+    (AWS, Amazon S3 API Reference, HeadObject, "Permissions"), and the roles render-iam-policy writes may list only
+    their prefixes (an s3:prefix condition, which a HeadObject request does not carry).
+    """
+    response = client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    contents = response.get("Contents", [])
+    return contents[0] if contents and contents[0]["Key"] == key else None
 
 
 def upload_directory(directory: Path, uri: str, settings: S3Settings) -> list[str]:

@@ -553,7 +553,8 @@ def cmd_render_iam_policy(args: argparse.Namespace) -> int:
 def cmd_render_service_account(args: argparse.Namespace) -> int:
     from pipelines.deploy.iam import service_account
 
-    print(service_account(args.namespace, args.name, args.role_arn, args.pod_identity), end="")
+    print(service_account(args.namespace, args.name, args.role_arn, args.pod_identity, args.oidc_issuer,
+                          args.cluster_name), end="")  # fmt: skip
     return 0
 
 
@@ -1098,6 +1099,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role-arn", required=True, help="the IAM role its pods assume")
     p.add_argument("--pod-identity", action="store_true",
                    help="EKS Pod Identity instead of IRSA: no annotation; prints the association to make")  # fmt: skip
+    p.add_argument("--oidc-issuer", default="",
+                   help="IRSA: the cluster's OIDC issuer URL, for the trust policy (aws eks describe-cluster --query "
+                        "cluster.identity.oidc.issuer); default: placeholders")  # fmt: skip
+    p.add_argument("--cluster-name", default="", help="the EKS cluster, for the commands printed")
     p.set_defaults(func=cmd_render_service_account)
 
     p = command(sub, "submit", "upload the compiled pipeline (once per content) and start a run on KFP")

@@ -10,8 +10,13 @@ Reference, "Actions, resources, and condition keys for Amazon S3": ListObjectsV2
 with s3:prefix; HeadObject, GetObject -> s3:GetObject; PutObject, CreateMultipartUpload, UploadPart,
 CompleteMultipartUpload -> s3:PutObject; AbortMultipartUpload -> s3:AbortMultipartUpload; DeleteObject ->
 s3:DeleteObject, and DeleteObjects -> s3:DeleteObject for each key), then evaluated against the rendered policy
-with IAM's matching (action names, Resource ARNs with * and ?, a StringLike condition; IAM User Guide, "Policy
-evaluation logic" and "IAM JSON policy elements: Condition operators").
+with IAM's matching (action names, Resource ARNs with * and ?, a StringLike condition, false when its key is not in
+the request; IAM User Guide, "Policy evaluation logic" and "IAM JSON policy elements: Condition operators").
+A request the server answered 404 on an object must stay a 404 on AWS: S3 says 404 for a missing key only to a caller
+with s3:ListBucket on the bucket, else 403 (Amazon S3 API Reference, HeadObject and GetObject, "Permissions"); that
+check carries no s3:prefix, so a role that may list only its prefixes gets 403 there, which the code reads as access
+denied. The run below reaches the places where the code asks whether something exists (an interrupted checkpoint
+copy, a source naming an object that is not there): the code asks with a listing.
 """
 
 from __future__ import annotations
@@ -28,14 +33,15 @@ from urllib.parse import parse_qs, unquote
 import boto3
 import pytest
 
-from common.s3 import S3Settings, upload_directory
+from common.errors import InputError
+from common.s3 import S3Settings, S3Source, upload_directory
 from components.stage_data.core import stage_data
-from pipelines.deploy.iam import policy
+from pipelines.deploy.iam import policy, service_account
 from tests.s3_server import S3Server
 from tests.test_durable import CHUNK, committed
 from tests.test_formats import corpus_of_every_format, expected_documents
 from tests.tokenizer_kinds import make_tokenizer, save_pretrained
-from trainer.durable import CheckpointMirror
+from trainer.durable import CheckpointMirror, MirrorError
 
 BUCKET = "iam-run"
 SETTINGS = {"source": f"s3://{BUCKET}/corpus/", "tokenizer": f"s3://{BUCKET}/tokenizers/llama3/",
@@ -49,7 +55,7 @@ NOT_REACHED = {"s3:AbortMultipartUpload": "s3transfer's abort of a multipart upl
 class Authorization:
     action: str
     resource: str
-    prefix: str | None = None  # s3:prefix, for ListBucket
+    prefix: str | None = None  # s3:prefix, for ListBucket; None: the request does not carry it
 
 
 def authorizations(request: dict[str, Any]) -> list[Authorization]:
@@ -63,8 +69,9 @@ def authorizations(request: dict[str, Any]) -> list[Authorization]:
         if method == "POST" and "delete" in query:
             return [Authorization("s3:DeleteObject", f"{arn}/{k}") for k in request["delete_keys"]]
     else:
-        if method in ("GET", "HEAD"):
-            return [Authorization("s3:GetObject", f"{arn}/{key}")]
+        if method in ("GET", "HEAD"):  # a 404 on AWS needs s3:ListBucket too, with no s3:prefix in the request
+            missing = [Authorization("s3:ListBucket", arn)] if request["status"] == 404 else []
+            return [Authorization("s3:GetObject", f"{arn}/{key}"), *missing]
         if method in ("PUT", "POST"):  # PutObject, UploadPart; CreateMultipartUpload, CompleteMultipartUpload
             return [Authorization("s3:PutObject", f"{arn}/{key}")]
         if method == "DELETE":
@@ -128,11 +135,17 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
             with CheckpointMirror(f"{SETTINGS['checkpoints']}run-1", s3) as mirror:
                 mirror.upload(committed(work / "ckpt", 10, large=True))
                 mirror.upload(committed(work / "ckpt", 20))
+                interrupted = f"{SETTINGS['checkpoints'].removeprefix(f's3://{BUCKET}/')}run-1/step_00000030/"
+                setup.put_object(Bucket=BUCKET, Key=f"{interrupted}__0_0.distcp", Body=b"no commit.json after it")
                 newest = mirror.newest_complete()
                 assert newest == "step_00000020"
                 mirror.download(newest, work / "fetched")
                 mirror.download("step_00000010", work / "older")  # a ranged download of the multipart copy
+                with pytest.raises(MirrorError, match="no complete copy of step_00000030"):
+                    mirror.download("step_00000030", work / "never")
                 mirror.prune({newest})
+            with pytest.raises(InputError, match="no objects under prefix 'corpus/missing.txt/'"):
+                S3Source(f"{SETTINGS['source']}missing.txt", s3).list()  # a source naming one object, not there
             upload_directory(work / "fetched", f"{SETTINGS['export']}run-1", s3)
             requests = server.recorded()
     project = [r for r in requests if r["key_id"] == PROJECT_KEY]
@@ -142,8 +155,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 def test_the_policy_allows_every_s3_call_of_a_run(recorded: list[dict[str, Any]]) -> None:
     statements = policy(**SETTINGS)["Statement"]
-    refused = [(r["method"], r["path"], r["query"], auth.action) for r in recorded for auth in authorizations(r)
-               if not allowing(statements, auth)]  # fmt: skip
+    refused = [(r["method"], r["path"], r["query"], r["status"], auth.action) for r in recorded
+               for auth in authorizations(r) if not allowing(statements, auth)]  # fmt: skip
     assert not refused, "S3 calls the rendered policy would refuse:\n" + "\n".join(map(str, refused))
     operations = {(r["method"], "uploads" in r["query"] or "uploadId" in r["query"]) for r in recorded}
     assert ("POST", True) in operations and ("PUT", True) in operations, "a multipart upload was measured"
@@ -161,6 +174,10 @@ def test_every_grant_of_the_policy_is_used_by_a_call(recorded: list[dict[str, An
         unused += [(statement["Sid"], a, r) for a in actions for r in resources
                    if (index, a, r) not in used and a not in NOT_REACHED]  # fmt: skip
     assert not unused, "grants no call used:\n" + "\n".join(map(str, unused))
+    listed = [a.prefix for r in recorded for a in authorizations(r) if a.prefix is not None]
+    unused_prefixes = [value for s in statements for value in s.get("Condition", {}).get("StringLike", {}).get(
+        "s3:prefix", []) if not any(fnmatch.fnmatchcase(p, value) for p in listed)]  # fmt: skip
+    assert not unused_prefixes, f"s3:prefix values no listing used: {unused_prefixes}"
     assert {a for s in statements for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])} == {
         "s3:ListBucket",
         "s3:GetObject",
@@ -181,9 +198,23 @@ def test_the_matching_reads_policies_as_iam_does() -> None:
     assert allowing([objects], Authorization("s3:GetObject", "arn:aws:s3:::b/data/x/y.bin"))
     assert not allowing([objects], Authorization("s3:GetObject", "arn:aws:s3:::b/database"))
     assert not allowing([objects], Authorization("s3:PutObject", "arn:aws:s3:::b/data/x"))
+    missing = {"method": "HEAD", "path": "/b/data/x", "query": "", "status": 404}
+    assert authorizations(missing) == [Authorization("s3:GetObject", "arn:aws:s3:::b/data/x"),
+                                       Authorization("s3:ListBucket", "arn:aws:s3:::b")]  # fmt: skip
+    assert not allowing([listing], authorizations(missing)[1]), "a listing only of a prefix: AWS answers it 403"
     delete = {"method": "POST", "path": "/b", "query": "delete", "delete_keys": ["a", "c/d"]}
     assert authorizations(delete) == [Authorization("s3:DeleteObject", "arn:aws:s3:::b/a"),
                                       Authorization("s3:DeleteObject", "arn:aws:s3:::b/c/d")]  # fmt: skip
+
+
+def test_a_setting_without_a_trailing_slash_may_name_one_object_or_a_directory() -> None:
+    """The code reads `s3://b/corpus/one.txt` as the directory corpus/one.txt/ when anything lies under it, else as
+    the one object (common.s3.S3Source.list, asked with a listing of that exact key): both are granted."""
+    listing, reading = policy(source="s3://b-1/corpus/one.txt", partition="aws-cn")["Statement"]
+    assert listing["Resource"] == "arn:aws-cn:s3:::b-1"
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["corpus/one.txt", "corpus/one.txt/*"]}}
+    assert reading["Resource"] == ["arn:aws-cn:s3:::b-1/corpus/one.txt", "arn:aws-cn:s3:::b-1/corpus/one.txt/*"]
+    assert policy(source="s3://b-1/corpus/")["Statement"][0]["Condition"]["StringLike"]["s3:prefix"] == ["corpus/*"]
 
 
 def test_render_iam_policy_and_service_account_commands() -> None:
@@ -206,5 +237,25 @@ def test_render_iam_policy_and_service_account_commands() -> None:
     pod_identity = subprocess.run([*cli, "render-service-account", "--namespace", "team-a", "--name", "trainer",
                                    "--role-arn", role, "--pod-identity"], capture_output=True, text=True,
                                   timeout=60)  # fmt: skip
-    assert "aws eks create-pod-identity-association" in pod_identity.stdout
+    assert "aws eks create-pod-identity-association --cluster-name <cluster>" in pod_identity.stdout
     assert "annotations" not in pod_identity.stdout and '"pods.eks.amazonaws.com"' in pod_identity.stdout
+
+
+def test_the_irsa_trust_policy_names_the_clusters_provider_in_the_roles_partition() -> None:
+    issuer = "https://oidc.eks.cn-north-1.amazonaws.com.cn/id/5C6B0A1F2E"
+    text = service_account("team-a", "trainer", "arn:aws-cn:iam::123456789012:role/t", oidc_issuer=issuer,
+                           cluster="hp-1")  # fmt: skip
+    comments = [line.removeprefix("# ") for line in text.splitlines() if line.startswith("# ")]
+    start = comments.index("The role's trust policy:") + 1
+    trust = json.loads("\n".join(comments[start : comments.index("}", start) + 1]))
+    provider = issuer.removeprefix("https://")
+    assert trust["Statement"] == [{
+        "Effect": "Allow", "Principal": {"Federated": f"arn:aws-cn:iam::123456789012:oidc-provider/{provider}"},
+        "Action": "sts:AssumeRoleWithWebIdentity",
+        "Condition": {"StringEquals": {f"{provider}:sub": "system:serviceaccount:team-a:trainer",
+                                       f"{provider}:aud": "sts.amazonaws.com"}}}]  # fmt: skip
+    assert "aws eks describe-cluster --name hp-1 " in text
+    with pytest.raises(InputError, match=r"^--oidc-issuer 'oidc.eks.x' is not an EKS cluster's OIDC issuer"):
+        service_account("team-a", "trainer", "arn:aws:iam::123456789012:role/t", oidc_issuer="oidc.eks.x")
+    with pytest.raises(InputError, match=r"^--role-arn 'arn:aws:iam::1:role/t' is not an IAM role ARN"):
+        service_account("team-a", "trainer", "arn:aws:iam::1:role/t")

@@ -32,7 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from common.errors import InputError, StepFailed
 from common.objects import SourceObject
-from common.s3 import S3Settings, S3Source
+from common.s3 import S3Settings, S3Source, list_exact
 from trainer.atomic import fsync_dir, replace_dir
 from trainer.layout import CHECKPOINT_COMMIT as COMMIT
 from trainer.layout import CHECKPOINT_STEP_DIR as STEP_DIR
@@ -184,9 +184,11 @@ class CheckpointMirror:
         return self._unless_missing(read, f"reading s3://{self.bucket}/{key}")
 
     def _exists(self, key: str) -> bool:
-        head = self._unless_missing(lambda: self._s3.client.head_object(Bucket=self.bucket, Key=key),
-                                    f"looking for s3://{self.bucket}/{key}")  # fmt: skip
-        return head is not None
+        """By a listing (common.s3.list_exact): with the trainer's role a HeadObject of a missing key is a 403."""
+        try:
+            return list_exact(self._s3.client, self.bucket, key) is not None
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, f"looking for s3://{self.bucket}/{key}") from None
 
     def _delete(self, keys: list[str]) -> None:
         try:
@@ -293,12 +295,12 @@ class CheckpointMirror:
         tmp.mkdir()
         try:
             commit_key = self._key(name, COMMIT)
-            commit_bytes = self._get(commit_key)
+            listing = self._listing(name)  # first: its commit.json is read only when listed (no GET of a missing key)
+            commit_bytes = self._get(commit_key) if COMMIT in listing else None
             if commit_bytes is None:
                 raise MirrorError(f"checkpoint mirror {self.uri}: no complete copy of {name} (s3://{self.bucket}/"
                                   f"{commit_key} does not exist)")  # fmt: skip
             files = read_commit(commit_bytes, f"s3://{self.bucket}/{commit_key}")
-            listing = self._listing(name)
             for file, size in files.items():
                 found = listing.get(file)
                 if found is None or found.size != size:

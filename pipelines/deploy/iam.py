@@ -2,18 +2,19 @@
 
 Who calls S3, with the project's one client (common/s3.py):
 - the staging steps (KFP's pods, the pipeline's service account): list the source prefix and read its objects
-  (ListObjectsV2, HeadObject, GetObject; s3transfer's ranged GETs for large ones), the same for a tokenizer in S3;
+  (ListObjectsV2, GetObject, HeadObject of a large listed object; s3transfer's ranged GETs), the same for a tokenizer;
 - the trainer (the trainer pods' service account, compile --trainer-service-account): its checkpoint copies
   (trainer/durable.py: list, get, put, multipart uploads, DeleteObjects when pruning);
 - the evaluation step (the pipeline's service account): the export's upload (PutObject and multipart).
 
 Each operation needs one IAM action on one resource (AWS, "Required permissions for Amazon S3 API operations", S3 User
 Guide, and "Actions, resources, and condition keys for Amazon S3", Service Authorization Reference): ListObjectsV2
-needs s3:ListBucket on the bucket (its s3:prefix condition key is the request's prefix); HeadObject and GetObject need
-s3:GetObject on the object; PutObject, CreateMultipartUpload, UploadPart and CompleteMultipartUpload need
-s3:PutObject; AbortMultipartUpload needs s3:AbortMultipartUpload; DeleteObjects needs s3:DeleteObject on each key it
-names. The policy grants exactly those, on the run's prefixes only; tests/test_iam.py replays what the code sent to
-an S3 server against it.
+needs s3:ListBucket on the bucket (its s3:prefix condition key is the request's prefix; the code asks whether an
+object exists with a listing too, since a HeadObject of a missing key is a 403 to a role that may list only a prefix);
+HeadObject and GetObject need s3:GetObject on the object; PutObject, CreateMultipartUpload, UploadPart and
+CompleteMultipartUpload need s3:PutObject; AbortMultipartUpload needs s3:AbortMultipartUpload; DeleteObjects needs
+s3:DeleteObject on each key it names. The policy grants exactly those, on the run's prefixes only; tests/test_iam.py
+replays what the code sent to an S3 server against it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _ROLE_ARN = re.compile(r"^arn:(aws|aws-cn|aws-us-gov):iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_OIDC_ISSUER = re.compile(r"^https://oidc\.eks\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/id/[A-Za-z0-9]+$")
+_CLUSTER = re.compile(r"^[0-9A-Za-z][A-Za-z0-9_-]{0,99}$")  # EKS CreateCluster's name pattern
 IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"  # what the EKS Pod Identity Webhook reads (IRSA)
 
 
@@ -62,8 +65,11 @@ class Prefix:
         return [under] if self.directory else [under, f"{self.bucket_arn(partition)}/{self.key}"]
 
     def listed(self) -> list[str]:
-        """The s3:prefix values a listing of it sends: <prefix>/ and below (the code lists a prefix as a directory)."""
-        return [f"{self.key}/*"] if self.key else ["*"]
+        """The s3:prefix values its listings send: <prefix>/ and below (the code lists a prefix as a directory), and,
+        unless it ends with a slash, the prefix itself (common.s3.list_exact: whether that one object exists)."""
+        if not self.key:
+            return ["*"]
+        return [f"{self.key}/*"] if self.directory else [f"{self.key}/*", self.key]
 
 
 def policy(source: str = "", tokenizer: str = "", checkpoints: str = "", export: str = "",
@@ -107,16 +113,31 @@ def render_policy(**settings: str) -> str:
     return json.dumps(policy(**settings), indent=2) + "\n"
 
 
-def service_account(namespace: str, name: str, role_arn: str, pod_identity: bool = False) -> str:
+def service_account(namespace: str, name: str, role_arn: str, pod_identity: bool = False, oidc_issuer: str = "",
+                    cluster: str = "") -> str:  # fmt: skip
     """A ServiceAccount for IRSA (annotated with the role; the EKS Pod Identity Webhook then gives its pods web
     identity credentials) or for EKS Pod Identity (no annotation: the association is made with the EKS API), with
-    the role's trust policy and what to run, as comments."""
+    the role's trust policy and what to run, as comments: one file that kubectl applies as it is, and the platform
+    team reads the rest from. The cluster's OIDC issuer and name fill those in; without them, placeholders.
+
+    IRSA's trust: the cluster's OIDC provider as a Federated principal, sts:AssumeRoleWithWebIdentity, and
+    StringEquals on the token's sub (this service account) and aud (sts.amazonaws.com) (EKS User Guide, "Assign IAM
+    roles to Kubernetes service accounts"). Pod Identity's: the service principal pods.eks.amazonaws.com with
+    sts:AssumeRole and sts:TagSession (EKS User Guide, "Create IAM role with trust policy required by EKS Pod
+    Identity").
+    """
     if not _DNS_1123.match(namespace) or len(namespace) > 63:
         raise InputError(f"--namespace {namespace!r} is not a namespace name (a DNS-1123 label)")
     if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name) or len(name) > 253:
         raise InputError(f"--name {name!r} is not a service account name")
-    if not _ROLE_ARN.match(role_arn):
+    role = _ROLE_ARN.match(role_arn)
+    if not role:
         raise InputError(f"--role-arn {role_arn!r} is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)")
+    if oidc_issuer and not _OIDC_ISSUER.match(oidc_issuer):
+        raise InputError(f"--oidc-issuer {oidc_issuer!r} is not an EKS cluster's OIDC issuer "
+                         "(https://oidc.eks.<region>.amazonaws.com/id/<id>)")  # fmt: skip
+    if cluster and not _CLUSTER.match(cluster):
+        raise InputError(f"--cluster-name {cluster!r} is not an EKS cluster name")
     metadata: dict[str, Any] = {"name": name, "namespace": namespace,
                                 "labels": {"app.kubernetes.io/part-of": "hyperpod-pretrain"}}  # fmt: skip
     if pod_identity:
@@ -125,19 +146,19 @@ def service_account(namespace: str, name: str, role_arn: str, pod_identity: bool
             "Action": ["sts:AssumeRole", "sts:TagSession"]}]}  # fmt: skip
         how = [f"EKS Pod Identity: associate the role with {namespace}/{name} (the EKS Pod Identity Agent add-on must "
                "run on the cluster):",
-               f"  aws eks create-pod-identity-association --cluster-name <cluster> --namespace {namespace} "
-               f"--service-account {name} --role-arn {role_arn}"]  # fmt: skip
+               f"  aws eks create-pod-identity-association --cluster-name {cluster or '<cluster>'} --namespace "
+               f"{namespace} --service-account {name} --role-arn {role_arn}"]  # fmt: skip
     else:
         metadata["annotations"] = {IRSA_ANNOTATION: role_arn}
-        account = role_arn.split(":")[4]
-        provider = "oidc.eks.<region>.amazonaws.com/id/<id>"
+        partition, account = role.group(1), role_arn.split(":")[4]
+        provider = oidc_issuer.removeprefix("https://") or "oidc.eks.<region>.amazonaws.com/id/<id>"
         trust = {"Version": "2012-10-17", "Statement": [{
-            "Effect": "Allow", "Principal": {"Federated": f"arn:aws:iam::{account}:oidc-provider/{provider}"},
+            "Effect": "Allow", "Principal": {"Federated": f"arn:{partition}:iam::{account}:oidc-provider/{provider}"},
             "Action": "sts:AssumeRoleWithWebIdentity",
             "Condition": {"StringEquals": {f"{provider}:sub": f"system:serviceaccount:{namespace}:{name}",
                                            f"{provider}:aud": "sts.amazonaws.com"}}}]}  # fmt: skip
         how = [
-            "IRSA: the cluster's OIDC provider (aws eks describe-cluster --name <cluster> --query "
+            f"IRSA: the cluster's OIDC provider (aws eks describe-cluster --name {cluster or '<cluster>'} --query "
             "cluster.identity.oidc.issuer) must be an IAM identity provider; the role trusts it for this account "
             "only:"
         ]
