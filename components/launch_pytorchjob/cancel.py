@@ -35,14 +35,16 @@ class Cancelled(StepFailed):
 
 
 def delete_job(kube: Kube, api: JobApi, ns: str, name: str, uid: str | None = None) -> None:
-    """Foreground propagation: the job goes when its pods have gone. Not waited for. `uid`: only that object."""
-    body: dict[str, Any] = {"propagationPolicy": "Foreground"}
+    """With the API's propagation (a PyTorchJob: Foreground, it goes when its pods have gone; a TrainJob: Background,
+    it goes at once and its JobSet and pods after it, see trainjob.py). Not waited for. `uid`: only that object."""
+    body: dict[str, Any] = {"propagationPolicy": api.propagation}
     if uid:
         body["preconditions"] = {"uid": uid}
     try:
         kube.call(f"delete {api.kind}", kube.custom.delete_namespaced_custom_object, api.group, api.version, ns,
                   api.plural, name, body=body)  # fmt: skip
-        log.info("deleted %s %s/%s (foreground: its pods go first)", api.kind, ns, name)
+        log.info("deleted %s %s/%s (%s)", api.kind, ns, name, "its pods go first" if api.propagation ==
+                 "Foreground" else "its pods go after it")  # fmt: skip
     except ApiException as exc:
         if exc.status not in (404, 409):  # 409: the precondition failed, another object holds the name now
             raise
@@ -91,7 +93,7 @@ class ImmediateDelete:
         try:
             self.custom.delete_namespaced_custom_object(
                 self.api.group, self.api.version, self.ns, self.api.plural, self.name,
-                body={"propagationPolicy": "Foreground", "preconditions": {"uid": self.uid}},
+                body={"propagationPolicy": self.api.propagation, "preconditions": {"uid": self.uid}},
                 _request_timeout=(self.timeout_s, self.timeout_s),
             )  # fmt: skip
             log.warning("SIGTERM: deleted %s %s/%s", self.api.kind, self.ns, self.name)
@@ -105,8 +107,9 @@ def delete_unfinished_job(kube: Kube, api: JobApi, ns: str, name: str, pipeline_
     """The pipeline's exit step, after a run that did not succeed: a job of this pipeline run still running (its
     launcher was killed before it could delete it) is deleted. Returns what was done, in words.
 
-    A finished job is left for its logs (ttlSecondsAfterFinished removes it); a job of the name that another
-    pipeline run made is not touched.
+    A succeeded job is left for its logs (ttlSecondsAfterFinished removes a PyTorchJob, the runtime's JobSet TTL a
+    TrainJob's pods), and so is a failed PyTorchJob; a Failed TrainJob is deleted, since Trainer v2.3.0 would run it
+    again once its JobSet is gone (trainjob.py). A job of the name that another pipeline run made is not touched.
     """
     kind = api.kind
     try:
@@ -119,6 +122,9 @@ def delete_unfinished_job(kube: Kube, api: JobApi, ns: str, name: str, pipeline_
     labels = job["metadata"].get("labels") or {}
     if labels.get(PIPELINE_RUN_LABEL) != label_value(pipeline_run_id):
         return f"{kind} {ns}/{name} belongs to another pipeline run: left alone"
+    if api.is_failed(job) and api.delete_failed and not job["metadata"].get("deletionTimestamp"):
+        delete_job(kube, api, ns, name, job["metadata"]["uid"])
+        return f"{kind} {ns}/{name} had failed: deleted, so that its operator does not run it again"
     if api.is_finished(job):
         return f"{kind} {ns}/{name} had already finished: left for its logs"
     if job["metadata"].get("deletionTimestamp"):

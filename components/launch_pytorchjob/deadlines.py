@@ -31,10 +31,15 @@ class Deadlines:
         self.queued_since: float | None = None
         self.queued_total = 0.0
         self.degraded_since: float | None = None
+        self.runnable_since: float | None = None  # created unsuspended, or last admitted: when it could run
         self.reported_waiting: set[str] = set()
 
     def job_changed(self, job: dict[str, Any]) -> None:
         suspended = self.api.is_suspended(job)
+        if not suspended and self.runnable_since is None:
+            self.runnable_since = self.now()
+        elif suspended:
+            self.runnable_since = None
         if suspended and self.queued_since is None:
             # Queued, or preempted by Kueue (pods deleted, the job suspended): when it is admitted again its pods
             # are created and scheduled anew, so it starts again, under the Pending deadline; the time it waits in
@@ -74,6 +79,10 @@ class Deadlines:
 
     def queued_for(self) -> float:
         return 0.0 if self.queued_since is None else self.now() - self.queued_since
+
+    def runnable_for(self) -> float:
+        """How long the job could have run (not queued): the Pending deadline's clock while it has no pods."""
+        return 0.0 if self.runnable_since is None else self.now() - self.runnable_since
 
     def degraded_for(self) -> float:
         return 0.0 if self.degraded_since is None else self.now() - self.degraded_since

@@ -24,6 +24,7 @@ EFA = "EFA errors"
 OOM = "OOMKilled"
 IMAGE_PULL = "Image pull error"
 CRASH_LOOP = "CrashLoopBackOff"
+NOT_CREATED = "No pods made"
 
 FIX = {
     PENDING: "check `kubectl describe node` for allocatable GPUs; free nodes, or ask for fewer (nnodes)",
@@ -36,6 +37,9 @@ FIX = {
     IMAGE_PULL: "ECR auth expired or missing: re-run `aws ecr get-login-password` for an image pull secret, or "
     "let the nodes pull with their instance role / IRSA; check the image name and tag",
     CRASH_LOOP: "the container exits at start: its last lines above say why",
+    NOT_CREATED: "the operator's event says why it cannot make the job's pods (`kubectl get events --field-selector "
+    "involvedObject.name=<job>`); a TrainJob queued by Kueue up to v0.19.2 whose grace period is not its runtime's "
+    "never gets them: run with the runtime's grace_period_s",
 }
 
 # Log lines that name a symptom: torchrun's rendezvous and c10d store errors, DNS failures, and the EFA/OFI
@@ -96,6 +100,7 @@ class Diagnosis:
         self.min_pods = 0  # 0: every pod must be scheduled
         self.started = False
         self._room_for_minimum = False
+        self.not_created = False  # the job's operator said it could not make the job's pods (observe_job_events)
 
     def report(self, symptom: str, pod: str, detail: str) -> Finding | None:
         with self._lock:
@@ -132,6 +137,16 @@ class Diagnosis:
                 self._observe_event(obj.name, event.reason or "", event.message or "")
         for pod in pods:
             self._observe_pod(pod)
+
+    def observe_job_events(self, events: Iterable[Any]) -> None:
+        """Warning events of the job itself and of what its operator makes under its name (a TrainJob's from Trainer,
+        its JobSet's from JobSet), read while it may run and has no pod: why none was made."""
+        for event in events:
+            obj = event.involved_object
+            if event.type != "Warning" or obj is None or obj.kind == "Pod":
+                continue
+            self.not_created = True
+            self.report(NOT_CREATED, obj.kind or "job", f"{event.reason}: {_first_line(event.message)}")
 
     def _observe_pod(self, pod: Any) -> None:
         name = self.short(pod.metadata.name)

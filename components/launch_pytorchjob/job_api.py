@@ -46,6 +46,16 @@ class JobApi:
     crd = ""  # the CRD file a pruned field means is out of date, for messages
     # Run options (platform.RUN_OPTIONS) this API has no place for, with why and where the setting lives instead.
     refused_options: dict[str, str] = {}
+    # How the launcher deletes a job (cancel.delete_job): Foreground, the job going once its pods have gone, unless
+    # the API's controller would act on a job that is being deleted.
+    propagation = "Foreground"
+    # What the job's controller makes under the job's own name and the garbage collector deletes after it, as
+    # (group, version, plural): a new attempt of the job waits until they are gone (k8s_backend.wait_until_gone).
+    children: tuple[tuple[str, str, str], ...] = ()
+    # A Failed job is deleted once the launcher has read why it failed, when its controller would run it again.
+    delete_failed = False
+    # The cluster-scoped runtime the job names, read at launch for what the job must agree with ("": none).
+    runtime_plural = ""
 
     @property
     def api_version(self) -> str:

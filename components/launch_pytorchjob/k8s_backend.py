@@ -26,6 +26,7 @@ Written once for both job APIs (a PyTorchJob or a TrainJob): what differs betwee
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -52,6 +53,7 @@ from components.launch_pytorchjob.evidence import TrainerEvidence, last_lines_of
 from components.launch_pytorchjob.job_api import JobApi, api_of
 from components.launch_pytorchjob.manifest import ATTEMPT_ANNOTATION, AUTO_RESUME, SPEC_HASH_ANNOTATION, render_job
 from components.launch_pytorchjob.progress import TrainingWatch
+from components.launch_pytorchjob.trainjob import runtime_grace_period
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,12 @@ class WatchSettings:
     # A log stream from a node that went away sends nothing and never closes: past this silence it is reopened
     # (from where it stopped, so nothing repeats). Quiet trainers cost a reconnect, nothing else.
     log_read_timeout_s: float = 120.0
-    # Until the job first runs with its minimum of pods: pods Pending this long delete it (0: never).
+    # Until the job first runs with its minimum of pods: pods Pending this long, or no pods this long after it could
+    # run (created, or admitted), delete it (0: never).
     pending_timeout_s: float = 0
+    # With no Pending deadline: an admitted job whose operator reported it could not make its pods (a Warning event
+    # on the job) and made none this long is deleted all the same: such a job would wait for ever.
+    creation_timeout_s: float = 600
     # After that: fewer than the minimum running this long (a lost node not yet replaced) deletes it (0: never).
     recovery_timeout_s: float = 0
     queue_timeout_s: float = 0  # suspended (queued by Kueue) this long deletes it (0: wait as long as it takes)
@@ -177,24 +183,48 @@ def _create(kube: Kube, api: JobApi, job: dict[str, Any], attempt: int) -> dict[
 
 def wait_until_gone(kube: Kube, api: JobApi, ns: str, name: str, uid: str, timeout_s: float,
                     cancel: threading.Event | None = None, poll_s: float = 1.0) -> None:  # fmt: skip
-    """A foreground-deleted job stays, with its finalizer, until its pods have terminated (their grace period)."""
+    """Until the deleted job is gone, then what its controller made under its name and its pods.
+
+    A foreground-deleted job stays, with its finalizer, until its pods have terminated (their grace period); a
+    TrainJob, deleted in the background, goes at once and its JobSet and pods after it: one still there would be
+    taken for the new attempt's (Trainer copies its Failed condition onto the new TrainJob), and its pods' SIGTERM
+    checkpoints must be written before a new attempt starts.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             current = get_job(kube, api, ns, name)
         except ApiException as exc:
-            if exc.status == 404:
-                return
-            raise
-        if current["metadata"]["uid"] != uid:
+            if exc.status != 404:
+                raise
+            current = None
+        if current is not None and current["metadata"]["uid"] != uid:
             return  # ours is gone; whoever made the new one, creating ours will tell
+        left = f"{api.kind} {ns}/{name}" if current is not None else _leftovers(kube, api, ns, name)
+        if not left:
+            return
         if time.monotonic() > deadline:
-            raise StepFailed(f"{api.kind} {ns}/{name} of an earlier attempt is still there {timeout_s:.0f}s after its "
-                             f"deletion (finalizers {current['metadata'].get('finalizers', [])}): its pods may be "
-                             f"stuck Terminating; check `kubectl get pods -l {api.pod_selector(name)}`")  # fmt: skip
+            finalizers = f" (finalizers {current['metadata'].get('finalizers', [])})" if current is not None else ""
+            raise StepFailed(f"{left} of an earlier attempt of {api.kind} {ns}/{name} is still there {timeout_s:.0f}s "
+                             f"after its deletion{finalizers}: its pods may be stuck Terminating; check `kubectl get "
+                             f"pods -l {api.pod_selector(name)}`")  # fmt: skip
         if cancel is not None and cancel.is_set():
             raise Cancelled(f"cancelled while {api.kind} {ns}/{name} of an earlier attempt was being deleted")
         time.sleep(poll_s)
+
+
+def _leftovers(kube: Kube, api: JobApi, ns: str, name: str) -> str:
+    """What of a deleted job is still there: its children of its name (a TrainJob's JobSet), else its pods; "" when
+    nothing is."""
+    for group, version, plural in api.children:
+        try:
+            kube.call(f"get {plural}", kube.custom.get_namespaced_custom_object, group, version, ns, plural, name)
+            return f"{plural} {ns}/{name}"
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    pods = job_pods(kube, api, ns, name)
+    return f"{len(pods)} pod(s)" if pods else ""
 
 
 def leaf_paths(obj: Any, prefix: str = "") -> Iterator[str]:
@@ -571,6 +601,9 @@ class Diagnoser:
         self._restarts_seen: dict[str, int] = {}
         self._restart_lines: dict[str, tuple[int, str]] = {}  # pod -> (restart, its last lines) last read
         self._event_turn = 0  # where the next reading of Pending pods' events starts
+        # Set by the launcher while the job may run (admitted) but has not started: with no pod to look at, the job's
+        # own events (a TrainJob's, and its JobSet's of the same name) say why its operator made none.
+        self.awaiting_pods = False
 
     def tick(self, force: bool = False) -> None:
         if not force and time.monotonic() < self.next_at:
@@ -596,6 +629,14 @@ class Diagnoser:
                 log.info("diagnosis: without events (%s)", describe(exc))
                 break
         self.diagnosis.observe(pods, events)
+        if self.awaiting_pods and self.events_readable and not [p for p in pods if not p.metadata.deletion_timestamp]:
+            try:
+                self.diagnosis.observe_job_events(self.kube.call(
+                    "list events", self.kube.core.list_namespaced_event, self.ns,
+                    field_selector=f"involvedObject.name={self.name},type=Warning").items)  # fmt: skip
+            except (ApiException, StepFailed) as exc:
+                self.events_readable = False
+                log.info("diagnosis: without events (%s)", describe(exc))
         self._keep_restart_tails(pods)
 
     def _events_to_read(self, pods: list[Any]) -> list[str]:
@@ -692,6 +733,7 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                 log.warning("%s %s/%s stayed Failed for %.0fs: auto-resume did not bring it back", api.kind, ns, name,
                             settings.auto_resume_wait_s)  # fmt: skip
                 break
+            diagnoser.awaiting_pods = not deadlines.queued and not deadlines.started
             diagnoser.tick()
             if diagnoser.pods is not None:
                 deadlines.pods_changed(diagnoser.pods, current)
@@ -701,9 +743,15 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                     give_up(f"was queued (suspended, not admitted) for {deadlines.queued_for():.0f}s, past the queue "
                             f"deadline of {settings.queue_timeout_s:.0f}s")  # fmt: skip
             elif not deadlines.started:
-                if settings.pending_timeout_s and diagnosis.pending_for() > settings.pending_timeout_s:
-                    give_up(f"never started: pods Pending for {diagnosis.pending_for():.0f}s, past the Pending "
-                            f"deadline of {settings.pending_timeout_s:.0f}s")  # fmt: skip
+                # Pods Pending count from the oldest one; no pods at all, from when the job could run (created, or
+                # admitted by Kueue): an operator that cannot make them says so only in its events.
+                live = any(not p.metadata.deletion_timestamp for p in diagnoser.pods or [])
+                waited = diagnosis.pending_for() if live else deadlines.runnable_for()
+                limit = settings.pending_timeout_s or (settings.creation_timeout_s if diagnosis.not_created else 0)
+                if limit and waited > limit:
+                    what = "pods Pending" if live else "no pods made"
+                    deadline = "Pending" if settings.pending_timeout_s else "creation"
+                    give_up(f"never started: {what} for {waited:.0f}s, past the {deadline} deadline of {limit:.0f}s")
             elif settings.recovery_timeout_s and deadlines.degraded_for() > settings.recovery_timeout_s:
                 give_up(f"ran with fewer than its minimum of {min_pods} pod(s) for {deadlines.degraded_for():.0f}s "
                         f"(a lost node not replaced), past the recovery deadline of "
@@ -763,8 +811,16 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
         diagnoser.tick(force=True)  # the pods' last word, if they still exist: an OOMKilled, a crash loop
         pod_tails = {**diagnoser.restart_tails, **describe_failure(kube, api, ns, name)}
         reason = f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
-        raise StepFailed(f"{api.kind} {ns}/{name} failed (attempt {attempt}): {reason}"
-                         f"{_evidence(evidence(), pod_tails)}{_why(diagnosis)}")  # fmt: skip
+        message = (f"{api.kind} {ns}/{name} failed (attempt {attempt}): {reason}{_evidence(evidence(), pod_tails)}"
+                   f"{_why(diagnosis)}")  # fmt: skip
+        if api.delete_failed:  # its operator would run it again (trainjob.py); what it showed is read above
+            try:
+                delete_job(kube, api, ns, name, uid)
+                message += f"; the {api.kind} was deleted, so that {api.operator} does not run it again"
+            except (ApiException, StepFailed) as exc:
+                message += (f"; deleting it failed ({describe(exc)}): delete it (`kubectl delete {api.plural} -n {ns} "
+                            f"{name}`), or {api.operator} may run it again")  # fmt: skip
+        raise StepFailed(message)
     log.info("%s %s/%s succeeded (attempt %d; queued %s, running %s, %d restarts)", api.kind, ns, name, attempt,
              f"{queued:.0f}s" if queued is not None else "?", f"{running:.0f}s" if running is not None else "?",
              restarts)  # fmt: skip
@@ -797,11 +853,25 @@ def last_memory_use(metrics: Path) -> str:
     return f"the largest worker process held {rows[-1]['rss_gb']:.1f} GiB at step {rows[-1]['step']} (metrics.jsonl)"
 
 
+def runtime_grace(kube: Kube, api: JobApi, runtime: str) -> int | None:
+    """The grace period of the named runtime's pods, or None when it cannot be read (the preflight says why)."""
+    try:
+        found = kube.call(f"get {api.runtime_plural}", kube.custom.get_cluster_custom_object, api.group, api.version,
+                          api.runtime_plural, runtime)  # fmt: skip
+    except ApiException as exc:
+        log.warning("cannot read %s %s (%s): the run's grace period is patched in", api.runtime_plural, runtime,
+                    describe(exc))  # fmt: skip
+        return None
+    return runtime_grace_period(found)
+
+
 def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
     spec = cfg.job_spec()
-    manifest = render_job(spec)
     api_client = api_client or api_client_from_environment()
     kube = Kube(api_client)
+    if spec.api.runtime_plural:
+        spec = dataclasses.replace(spec, runtime_grace_period_s=runtime_grace(kube, spec.api, spec.runtime_name))
+    manifest = render_job(spec)
     settings = WatchSettings(deadline_s=cfg.timeout_s, logs=cfg.stream_logs, pending_timeout_s=cfg.pending_timeout_s,
                              recovery_timeout_s=cfg.recovery_timeout_s, queue_timeout_s=cfg.queue_timeout_s,
                              diagnose_every_s=DIAGNOSE_EVERY_S,

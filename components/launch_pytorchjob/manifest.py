@@ -117,6 +117,9 @@ class JobSpec:
     queue_name: str = ""  # Kueue LocalQueue (HyperPod task governance): the job waits, suspended, until admitted
     priority_class: str = ""  # Kueue WorkloadPriorityClass
     owner: tuple[str, str] | None = None  # (pod name, uid) of the launcher: the job is garbage-collected with it
+    # trainjob: the grace period the runtime's pods have (read from the cluster at launch; None: not known). The
+    # TrainJob patches its own only when it differs, and a queued one may not differ (trainjob.queued_grace_conflict).
+    runtime_grace_period_s: int | None = None
 
     def instance(self) -> InstanceType:
         key = self.instance_type.removeprefix("ml.")

@@ -19,6 +19,22 @@ What differs from a PyTorchJob, read in kubeflow/trainer v2.3.0 and kubernetes-s
 - Conditions are the TrainJob's own: Suspended, and the JobSet's Completed or Failed copied as Complete or Failed
   with the JobSet's reason and message (pkg/runtime/framework/plugins/jobset/jobset.go, Status); the child jobs'
   counts are in status.jobsStatus. Kueue suspends and resumes it through spec.suspend.
+
+Three things of the released controllers decide how a TrainJob is made and removed:
+- Trainer v2.3.0's `TrainJobReconciler.Reconcile` (pkg/controller/trainjob_controller.go) never looks at
+  deletionTimestamp and calls `removeFailedCondition` before `IsTrainJobFinished`: a TrainJob that still exists
+  without its JobSet gets a new one (a fresh run). That happens to a TrainJob deleted in the foreground (the garbage
+  collector removes the JobSet first; JobSet fixed the same in jobset#561) and to a Failed one whose JobSet its
+  ttlSecondsAfterFinished removed (trainer#3779, fixed after v2.3.0). So the launcher deletes TrainJobs in the
+  background (no finalizer holds one: it is gone at once, and the collector then removes the JobSet, its Jobs and
+  pods), waits for the JobSet and the pods before a new attempt, and deletes a Failed TrainJob once it has read why.
+- Kueue up to v0.19.2 is built on Trainer v2.2.1's API (its go.mod) and writes an admitted or preempted TrainJob back
+  whole (pkg/controller/jobs/trainjob/trainjob_controller.go, `RunWithPodSetsInfo` and `Stop`: `c.Update`), dropping
+  what v2.2.1 does not know: a runtime patch's terminationGracePeriodSeconds (new in v2.3.0, trainer#3324). Trainer
+  then applies the runtime's grace period to the suspended JobSet, which JobSet v0.12.0's webhook refuses
+  (pkg/webhooks/jobset_webhook.go `ValidateUpdate`: only labels, annotations, nodeSelector, tolerations and
+  schedulingGates of a suspended JobSet's pods may change): no pods, ever. So the grace period is patched only when
+  it is not the runtime's own, and a queued TrainJob whose grace period is not the runtime's is refused.
 """
 
 from __future__ import annotations
@@ -71,6 +87,10 @@ class TrainJobApi(JobApi):
         "auto_resume_max_retries": "HyperPod auto-resume covers PyTorchJobs only",
         "auto_resume_wait_s": "HyperPod auto-resume covers PyTorchJobs only",
     }
+    propagation = "Background"  # see the module's docstring: Trainer v2.3.0 rebuilds a deleting TrainJob's JobSet
+    children = (("jobset.x-k8s.io", "v1alpha2", "jobsets"),)
+    delete_failed = True  # Trainer v2.3.0 runs a Failed TrainJob again once its JobSet is gone (trainer#3779)
+    runtime_plural = "clustertrainingruntimes"
 
     def validate(self, spec: JobSpec) -> None:
         if spec.min_nodes != spec.max_nodes:
@@ -80,12 +100,16 @@ class TrainJobApi(JobApi):
         if spec.auto_resume:
             raise InputError("auto_resume: HyperPod auto-resume covers PyTorchJobs only, not TrainJobs (their "
                              "restarts are the runtime's JobSet failurePolicy.maxRestarts)")  # fmt: skip
+        runtime_grace = spec.runtime_grace_period_s
+        if why := queued_grace_conflict(spec.queue_name, spec.grace_period_s, spec.runtime_name, runtime_grace):
+            raise InputError(why)
 
     def render(self, spec: JobSpec) -> dict[str, Any]:
         pod_patch: dict[str, Any] = {
-            "terminationGracePeriodSeconds": spec.grace_period_s,
             "volumes": [{"name": DSHM, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}],
         }
+        if spec.grace_period_s != spec.runtime_grace_period_s:  # unknown (None), or not the runtime's own
+            pod_patch["terminationGracePeriodSeconds"] = spec.grace_period_s
         labels = {"metadata": {"labels": dict(spec.labels)}} if spec.labels else {}  # the JobSet's, and its pods'
         patch = {
             "manager": PATCH_MANAGER,
@@ -194,6 +218,27 @@ def render_runtime(spec: JobSpec) -> dict[str, Any]:
 
 
 TRAINJOB = TrainJobApi()
+DEFAULT_GRACE_PERIOD_S = 30  # a pod's terminationGracePeriodSeconds when its template has none (core/v1 defaults)
+
+
+def runtime_grace_period(runtime: dict[str, Any]) -> int:
+    """The grace period of the trainer's pods that a ClusterTrainingRuntime gives (its `node` replicated job)."""
+    for rjob in runtime.get("spec", {}).get("template", {}).get("spec", {}).get("replicatedJobs") or []:
+        if rjob.get("name") == NODE:
+            pod = rjob.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+            return int(pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S))
+    return DEFAULT_GRACE_PERIOD_S
+
+
+def queued_grace_conflict(queue: str, grace_s: int, runtime: str, runtime_grace_s: int | None) -> str:
+    """Why a TrainJob in Kueue queue `queue` with this grace period would never start (module docstring), or ""."""
+    if not queue or runtime_grace_s is None or grace_s == runtime_grace_s:
+        return ""
+    return (f"grace_period_s {grace_s} is not ClusterTrainingRuntime {runtime}'s {runtime_grace_s}, and a TrainJob "
+            "queued by Kueue cannot change it: Kueue up to v0.19.2 writes the admitted TrainJob back with Trainer "
+            "v2.2.1's API, which drops the grace period, and JobSet's webhook then refuses the runtime's one, so no "
+            f"pod would ever start; run with job option grace_period_s={runtime_grace_s}, or have the platform team "
+            f"render the runtime with --grace-period-s {grace_s}")  # fmt: skip
 
 
 def trainjob_pod(spec: JobSpec) -> dict[str, Any]:

@@ -74,14 +74,20 @@ get: create_or_attach (the job found on a 409), wait_until_gone, JobWatcher._get
 watch: JobWatcher._watch_once, a watch on the one job (fieldSelector metadata.name=<job>&watch=true). It starts
   from the resourceVersion of the created or read job, so "list" is never asked for.
 delete: cancel.delete_job (a failed attempt replaced, a deadline passed, SIGTERM seen by the loop, the exit step's
-  delete_unfinished_job) and cancel.ImmediateDelete (the SIGTERM handler's own delete)."""
+  delete_unfinished_job, a Failed TrainJob once its failure is read) and cancel.ImmediateDelete (the SIGTERM
+  handler's own delete)."""
 JOB_VERBS = ("create", "get", "watch", "delete")
 
 
 def job_role(api: JobApi) -> RoleSpec:
-    """The launcher's verbs on the compiled job API's jobs, in the jobs' namespace."""
+    """The launcher's verbs on the compiled job API's jobs, in the jobs' namespace, and a get of what the job's
+    controller makes under its name (a TrainJob's JobSet)."""
+    children = tuple(Rule(group, (plural,), ("get",), f"""\
+get: k8s_backend.wait_until_gone: before a new attempt, until the {api.kind}'s child of its name in {plural} is
+  gone (the garbage collector deletes it after the {api.kind}; one still there would be taken for the new one's).""")
+                     for group, _version, plural in api.children)  # fmt: skip
     return RoleSpec(f"hyperpod-pretrain-{api.name}", JOBS, f"rbac-{api.name}.yaml",
-                    (Rule(api.group, (api.plural,), JOB_VERBS, _JOB_WHY),))  # fmt: skip
+                    (Rule(api.group, (api.plural,), JOB_VERBS, _JOB_WHY), *children))  # fmt: skip
 
 
 OPERATOR_READ = RoleSpec("hyperpod-pretrain-operator-read", OPERATOR, "rbac-pytorchjob.yaml", (
@@ -96,8 +102,9 @@ list: preflight.operator_version (the Training Operator's version, for HyperPod 
 def runtime_read(runtime_name: str) -> RoleSpec:
     return RoleSpec("hyperpod-pretrain-runtime-read", CLUSTER, "rbac-trainjob.yaml", (
         Rule("trainer.kubeflow.org", ("clustertrainingruntimes",), ("get",), """\
-get: preflight.check_runtime (the runtime exists and holds what the pipeline's TrainJobs rely on), this one only:
-  the compile flag --runtime-name (default hyperpod-pretrain); change resourceNames with it.""",
+get: preflight.check_runtime (the runtime exists and holds what the pipeline's TrainJobs rely on) and
+  k8s_backend.runtime_grace (its pods' grace period, which a queued TrainJob must keep), this one only: the compile
+  flag --runtime-name (default hyperpod-pretrain); change resourceNames with it.""",
              names=(runtime_name,)),
     ))  # fmt: skip
 
@@ -204,7 +211,8 @@ def launcher_access(api: JobApi) -> tuple[tuple[str, str, str, str, bool], ...]:
     """(verb, group, resource, subresource, needed): what the launcher and the exit step's clean-up do in the job's
     namespace: the job Role's verbs and the launcher Role's but the PVC read (the preflight's own). Events are not
     needed: without them the launcher runs, but cannot show the pods' events."""
-    access = [(verb, api.group, api.plural, "", True) for verb in job_role(api).rules[0].verbs]
+    access = [(verb, rule.group, plural, "", True) for rule in job_role(api).rules for plural in rule.resources
+              for verb in rule.verbs]  # fmt: skip
     for rule in LAUNCHER.rules:
         for resource in rule.resources:
             if resource != "persistentvolumeclaims":

@@ -33,7 +33,14 @@ from components.launch_pytorchjob.core import LaunchConfig
 from components.launch_pytorchjob.job_api import JobApi, api_of
 from components.launch_pytorchjob.manifest import AUTO_RESUME, HEALTH_LABEL, QUEUE_LABEL
 from components.launch_pytorchjob.pytorchjob import PYTORCHJOB
-from components.launch_pytorchjob.trainjob import DSHM, TRAINJOB, render_runtime, trainjob_pod
+from components.launch_pytorchjob.trainjob import (
+    DSHM,
+    TRAINJOB,
+    queued_grace_conflict,
+    render_runtime,
+    runtime_grace_period,
+    trainjob_pod,
+)
 from components.preflight.access import JOBS, PROFILE_ACCOUNT, kubeflow_source, launcher_access
 
 log = logging.getLogger(__name__)
@@ -484,6 +491,11 @@ def check_runtime(ctx: Context) -> Check:
         return Check("runtime", FAIL, f"ClusterTrainingRuntime {name} differs from this pipeline's: "
                      f"{'; '.join(differs[:3])}" + (f"; and {len(differs) - 3} more" if len(differs) > 3 else ""),
                      apply)  # fmt: skip
+    queue = (ctx.job["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
+    grace = int(ctx.pod.get("terminationGracePeriodSeconds", runtime_grace_period(found)))
+    if why := queued_grace_conflict(queue, grace, name, runtime_grace_period(found)):
+        reason, _, fix = why.partition("; run with ")
+        return Check("runtime", FAIL, reason, f"run with {fix}")
     budget = runtime_field(found, "template.spec.failurePolicy.maxRestarts")
     return Check("runtime", PASS, f"ClusterTrainingRuntime {name} matches this pipeline's (restart budget {budget})")
 

@@ -67,7 +67,8 @@ class Cluster:
 
     def __init__(self, control_plane: ControlPlane, kueue: Kueue, workdir: Path, *, timeline: Timeline | None = None,
                  serve_logs: bool = True, grants: list[dict[str, Any]] | None = None, api: str = "pytorchjob",
-                 restart_budget: int = 3, profile: bool = False) -> None:  # fmt: skip
+                 restart_budget: int = 3, profile: bool = False,
+                 runtime_options: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.control_plane, self.kueue = control_plane, kueue
         self.admin = control_plane.admin
         self.api: JobApi = job_api(api)
@@ -82,17 +83,18 @@ class Cluster:
         if self.api is TRAINJOB:
             self.runtime_name = f"hpp-{self.namespace}"
             self.custom.create_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES,
-                                                     self.runtime(restart_budget))  # fmt: skip
+                                                     self.runtime(restart_budget, **runtime_options or {}))  # fmt: skip
             self.controllers = [JobSetController(self.admin, self.namespace),
                                 TrainJobController(self.admin, self.namespace, on_created=self._play)]  # fmt: skip
         else:
             self.controllers = [TrainingOperator(self.admin, self.namespace, on_created=self._play)]
 
-    def runtime(self, restart_budget: int) -> dict[str, Any]:
-        """Our ClusterTrainingRuntime as `hyperpod-pretrain render-runtime` makes it, named for this test."""
+    def runtime(self, restart_budget: int, **options: Any) -> dict[str, Any]:
+        """Our ClusterTrainingRuntime as `hyperpod-pretrain render-runtime` makes it, named for this test; `options`:
+        other platform settings it renders (grace_period_s, ttl_after_finished_s)."""
         spec = JobSpec(name=self.runtime_name, image="", trainer_args=[], job_api=TRAINJOB.name,
                        runtime_name=self.runtime_name, restart_budget=restart_budget,
-                       tolerations=[GPU_TOLERATION])  # fmt: skip
+                       tolerations=[GPU_TOLERATION], **options)  # fmt: skip
         return render_runtime(spec)
 
     def close(self) -> None:
