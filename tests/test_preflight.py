@@ -690,15 +690,32 @@ def test_a_runtime_that_differs_from_the_pipelines_fails_naming_the_field(traine
         # A run's /dev/shm is its own (the TrainJob patches the runtime's): it does not make the runtime differ.
         result = site.run(platform=TRAINJOB_PLATFORM, job_options={"shm_size": "128Gi"})
         assert check(result, "runtime").status == PASS, check(result, "runtime")
+        # So is its grace period, unless Kueue queues the TrainJob: Kueue v0.19.2 drops it at admission (trainjob.py).
+        longer = {"grace_period_s": 300}
+        assert check(site.run(platform=TRAINJOB_PLATFORM, job_options=longer), "runtime").status == PASS
+        queued = Platform(job_api=TRAINJOB.name, queue_name=QUEUE)
+        runtime = check(site.run(platform=queued, job_options={"grace_period_s": 300}), "runtime")
+        assert (runtime.status, runtime.fix) == (FAIL, "run with job option grace_period_s=120, or have the platform "
+                                                 "team render the runtime with --grace-period-s 300")  # fmt: skip
+        assert runtime.reason.startswith("grace_period_s 300 is not ClusterTrainingRuntime hyperpod-pretrain's 120")
+
+
+DROPS_GRACE = ("it drops a TrainJob's runtime-patch grace period at admission, so a queued TrainJob keeps its "
+               "runtime's; the runtime check and the launch refuse another")
 
 
 @pytest.mark.parametrize(
     ("api", "version", "frameworks", "status", "reason"),
     [
         (TRAINJOB.name, "v0.19.2", KUEUE_DEFAULT_FRAMEWORKS, PASS,
-         f"queue {QUEUE!r}: Kueue v0.19.2, manages trainer.kubeflow.org/trainjob"),
+         f"queue {QUEUE!r}: Kueue v0.19.2, manages trainer.kubeflow.org/trainjob; Kueue is built on Trainer v2.2.1's "
+         f"API, per its go.mod: {DROPS_GRACE}"),
         (TRAINJOB.name, "v0.14.0", KUEUE_DEFAULT_FRAMEWORKS, PASS,
-         f"queue {QUEUE!r}: Kueue v0.14.0, manages trainer.kubeflow.org/trainjob"),
+         f"queue {QUEUE!r}: Kueue v0.14.0, manages trainer.kubeflow.org/trainjob; Kueue is built on Trainer v2.0.1's "
+         f"API, per its go.mod: {DROPS_GRACE}"),
+        (TRAINJOB.name, "v0.20.0", KUEUE_DEFAULT_FRAMEWORKS, PASS,
+         f"queue {QUEUE!r}: Kueue v0.20.0, manages trainer.kubeflow.org/trainjob; Kueue is built on Trainer v2.3's "
+         "API (kubernetes-sigs/kueue#14504): a TrainJob's runtime patches are kept"),
         (TRAINJOB.name, "v0.13.9", KUEUE_0_13_FRAMEWORKS, FAIL,
          "Kueue v0.13.9 admits no TrainJobs (its trainjob integration came in v0.14.0): the job would wait suspended "
          "for ever"),
@@ -713,10 +730,11 @@ def test_a_runtime_that_differs_from_the_pipelines_fails_naming_the_field(traine
          "Kueue v0.19.2 does not manage kubeflow.org/pytorchjob (not in integrations.frameworks of "
          f"{KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored and the job runs unqueued"),
         ("pytorchjob", "v0.13.9", KUEUE_0_13_FRAMEWORKS, PASS,
-         f"queue {QUEUE!r}: Kueue v0.13.9, manages kubeflow.org/pytorchjob"),
+         f"queue {QUEUE!r}: Kueue v0.13.9, manages kubeflow.org/pytorchjob; Kueue admits a PyTorchJob by merge patch, "
+         "with Training Operator v1.9.3's types per its go.mod: nothing of the job is dropped"),
     ],
-    ids=["trainjob-v0.19.2", "trainjob-v0.14.0", "trainjob-v0.13.9", "trainjob-not-listed", "trainjob-no-kueue",
-         "pytorchjob-v0.19.2-default-config", "pytorchjob-v0.13.9"],
+    ids=["trainjob-v0.19.2", "trainjob-v0.14.0", "trainjob-v0.20.0", "trainjob-v0.13.9", "trainjob-not-listed",
+         "trainjob-no-kueue", "pytorchjob-v0.19.2-default-config", "pytorchjob-v0.13.9"],
 )  # fmt: skip
 def test_the_queue_check_reads_kueues_version_and_frameworks(
     make_site: Callable[..., Site], api: str, version: str | None, frameworks: tuple[str, ...], status: str,

@@ -1568,6 +1568,35 @@ def memory_fixes(per_gpu: Callable[[str, int, int, str], int], parallelism: str,
 KUEUE_NAMESPACE, KUEUE_SELECTOR, KUEUE_CONFIG = "kueue-system", "app.kubernetes.io/name=kueue", "kueue-manager-config"
 KUEUE_FRAMEWORK = {"pytorchjob": "kubeflow.org/pytorchjob", "trainjob": "trainer.kubeflow.org/trainjob"}
 KUEUE_TRAINJOB_SINCE = (0, 14, 0)  # Kueue's trainjob integration (alpha) is in v0.14.0 and later (kueue#6597)
+# The Kubeflow Trainer API each Kueue release is built on (github.com/kubeflow/trainer/v2 in its go.mod, read at every
+# tag v0.14.0 to v0.19.2; v0.18.0 and v0.18.1 pin a pseudo-version before v2.2.1). Its TrainJob integration writes an
+# admitted or preempted TrainJob back whole with those types (pkg/controller/jobs/trainjob/trainjob_controller.go,
+# RunWithPodSetsInfo and Stop: Update), so what a newer Trainer added is dropped. Trainer v2.3.0's types came to
+# Kueue's main branch after v0.19.2 (kubernetes-sigs/kueue#14504): a later release is taken to carry them.
+KUEUE_TRAINER_API = ((0, 14, 0, "v2.0.1"), (0, 14, 5, "v2.1.0"), (0, 17, 0, "v2.2.0"), (0, 18, 0, "v2.2.1"),
+                     (0, 20, 0, "v2.3.0"))  # fmt: skip
+# Its PyTorchJob integration is built on kubeflow/training-operator v1.9.3's types at every one of those tags, and
+# admits and stops a job with a merge patch (pkg/util/client Patch, client.MergeFrom): fields it does not know stay.
+KUEUE_PYTORCHJOB_NOTE = ("admits a PyTorchJob by merge patch, with Training Operator v1.9.3's types per its go.mod: "
+                         "nothing of the job is dropped")  # fmt: skip
+
+
+def kueue_trainer_api(version: tuple[int, int, int]) -> str:
+    """The Trainer API a Kueue release decodes TrainJobs with ("" before its TrainJob integration)."""
+    return next((api for *since, api in reversed(KUEUE_TRAINER_API) if version >= tuple(since)), "")
+
+
+def kueue_api_note(api: JobApi, version: tuple[int, int, int] | None) -> str:
+    """What the Kueue release does to the compiled API's jobs when it admits them, with its source."""
+    if api is not TRAINJOB:
+        return KUEUE_PYTORCHJOB_NOTE
+    trainer = kueue_trainer_api(version) if version else ""
+    if trainer.startswith("v2.3"):
+        return "is built on Trainer v2.3's API (kubernetes-sigs/kueue#14504): a TrainJob's runtime patches are kept"
+    built = (f"is built on Trainer {trainer}'s API, per its go.mod" if trainer
+             else "of an unknown version may be built on Trainer v2.2's API")  # fmt: skip
+    return (f"{built}: it drops a TrainJob's runtime-patch grace period at admission, so a queued TrainJob keeps its "
+            "runtime's; the runtime check and the launch refuse another")  # fmt: skip
 
 
 def check_queue(ctx: Context) -> Check:
@@ -1594,12 +1623,15 @@ def check_queue(ctx: Context) -> Check:
         containers = deployments[0]["spec"]["template"]["spec"].get("containers") or []
         version = image_tag(next((c.get("image", "") for c in containers if "kueue" in c.get("image", "")), ""))
         match = _SEMVER.fullmatch(version)
-        if ctx.api is TRAINJOB and match and tuple(int(g) for g in match.groups()) < KUEUE_TRAINJOB_SINCE:
+        release = (int(match[1]), int(match[2]), int(match[3])) if match else None
+        if ctx.api is TRAINJOB and release and release < KUEUE_TRAINJOB_SINCE:
             return Check("queue", FAIL, f"Kueue {version} admits no TrainJobs (its trainjob integration came in "
                          "v0.14.0): the job would wait suspended for ever", fix)  # fmt: skip
         reasons.append(f"Kueue {version or 'version unknown'}")
+        note = kueue_api_note(ctx.api, release)
     else:
         reasons.append("Kueue's Deployment not readable (its version unknown)")
+        note = kueue_api_note(ctx.api, None)
     try:
         config = ctx.kube.call("get ConfigMap", ctx.core.read_namespaced_config_map, KUEUE_CONFIG, KUEUE_NAMESPACE)
         # controller_manager_config.yaml: a Configuration whose integrations.frameworks lists the managed kinds
@@ -1617,7 +1649,7 @@ def check_queue(ctx: Context) -> Check:
         return Check("queue", WARN, f"queue {queue!r}; {', '.join(reasons)}; whether it manages {framework} is "
                      f"unknown ({KUEUE_NAMESPACE}/{KUEUE_CONFIG} not readable)", READ_FIX.format(
                      what=f"get on configmaps {KUEUE_CONFIG} in {KUEUE_NAMESPACE}"))  # fmt: skip
-    return Check("queue", PASS, f"queue {queue!r}: {', '.join(reasons)}")
+    return Check("queue", PASS, f"queue {queue!r}: {', '.join(reasons)}; Kueue {note}")
 
 
 CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
