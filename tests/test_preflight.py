@@ -700,8 +700,10 @@ def test_a_runtime_that_differs_from_the_pipelines_fails_naming_the_field(traine
         assert runtime.reason.startswith("grace_period_s 300 is not ClusterTrainingRuntime hyperpod-pretrain's 120")
 
 
-DROPS_GRACE = ("it drops a TrainJob's runtime-patch grace period at admission, so a queued TrainJob keeps its "
-               "runtime's; the runtime check and the launch refuse another")
+DROPS_GRACE = (
+    "it drops a TrainJob's runtime-patch grace period at admission, so a queued TrainJob keeps its "
+    "runtime's; the runtime check and the launch refuse another"
+)
 
 
 @pytest.mark.parametrize(

@@ -99,8 +99,9 @@ def test_an_admitted_trainjob_that_gets_no_pods_fails_at_the_pending_deadline_wi
     assert deleted_jobs(cluster) == [(cfg.job_name, "Background")]
 
 
-def test_a_failed_trainjob_is_deleted_and_does_not_train_again_after_its_jobsets_ttl(staged_root: Path,
-                                                                                      make_cluster) -> None:  # fmt: skip
+def test_a_failed_trainjob_is_deleted_and_does_not_train_again_after_its_jobsets_ttl(
+    staged_root: Path, make_cluster
+) -> None:
     """Trainer v2.3.0 clears Failed before it asks whether the TrainJob finished: once JobSet's TTL removed the JobSet
     it builds a new one (trainer#3779). The launcher reads why it failed, then deletes it."""
     cluster = make_cluster(api="trainjob", timeline=Timeline.failure(), restart_budget=0,
