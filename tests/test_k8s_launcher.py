@@ -604,6 +604,23 @@ def test_a_retried_run_after_a_failed_job_trains_again(api: str, staged_root: Pa
     assert "deleting it to train again as attempt 2" in caplog.text
 
 
+def test_a_failed_trainjob_left_behind_is_replaced_once_its_jobset_and_pods_are_gone(
+    staged_root: Path, make_cluster, garbage_collector
+) -> None:
+    """A launch killed before it deleted its Failed TrainJob: the retry deletes it (in the background: it goes at
+    once) and waits for its JobSet and pods, which the garbage collector removes after it. A JobSet still there would
+    be taken for the new TrainJob's (Trainer v2.3.0 applies none while one of the name runs, and copies its Failed)."""
+    cluster = make_cluster(api="trainjob", timeline=Timeline.failure(), restart_budget=0)
+    cfg = cluster_config(staged_root, "left-failed", **on(cluster))
+    cluster.create_job(render_job(cfg.job_spec()))
+    wait_for(lambda: cluster.api.is_failed(cluster.job(cfg.job_name) or {}), 30, "the TrainJob failed")
+    cluster.timeline = Timeline.success(workers=2, log_lines=LINES[:2])
+    result = launch(cfg, cluster.runner())
+    assert (result.state, result.attempt, result.reattached) == ("Succeeded", 2, False)
+    assert deleted_jobs(cluster) == [(cfg.job_name, "Background")]
+    assert [e["responseStatus"]["code"] for e in cluster.requests("get", "jobsets")][-1:] == [404], "waited until gone"
+
+
 @BOTH_APIS
 def test_a_job_of_a_run_that_is_still_running_is_reattached_not_replaced(api: str, staged_root: Path,
                                                                          make_cluster) -> None:  # fmt: skip

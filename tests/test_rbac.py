@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from components.launch_pytorchjob.job_api import JOB_APIS, job_api
+from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME
 from components.preflight.access import PROFILE_ACCOUNT
 from components.preflight.core import launcher_access
 from pipelines.deploy.rbac import Subject, render, render_file
@@ -72,8 +73,13 @@ class Request:
             return cls(event["verb"], "", "", "", "", "", event["requestURI"].split("?", 1)[0])
         namespace = ref.get("namespace", "")
         scope = JOBS if namespace.startswith("hyperpod-t") else namespace
-        return cls(event["verb"], ref.get("apiGroup", ""), ref["resource"], ref.get("subresource", ""),
-                   ref.get("name", ""), scope)  # fmt: skip
+        name = ref.get("name", "")
+        if ref["resource"] == "clustertrainingruntimes" and name.startswith("hpp-hyperpod-t"):
+            # A launch test's own runtime (tests/cluster/cluster.py names it after its namespace and binds render-rbac's
+            # runtime read for that name): the deploy files' for the default name.
+            name = DEFAULT_RUNTIME
+        return cls(event["verb"], ref.get("apiGroup", ""), ref["resource"], ref.get("subresource", ""), name,
+                   scope)  # fmt: skip
 
     def __str__(self) -> str:
         if self.path:

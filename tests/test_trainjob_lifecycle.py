@@ -109,11 +109,11 @@ def test_a_failed_trainjob_is_deleted_and_does_not_train_again_after_its_jobsets
     cfg = cluster_config(staged_root, "failed-ttl", **on(cluster))
     with pytest.raises(StepFailed, match=r"failed \(attempt 1\): ReachedMaxRestarts") as failed:
         launch(cfg, cluster.runner())
-    assert "the TrainJob was deleted, so that Kubeflow Trainer does not run it again" in str(failed.value)
     first = uids(jobsets(cluster, cfg.job_name))
     time.sleep(4)  # the TTL (1 s; condition times have whole seconds) and a reconcile of Trainer's after it
-    assert cluster.job(cfg.job_name) is None
     assert uids(jobsets(cluster, cfg.job_name)) <= first, "a new JobSet: the run trained again"
+    assert cluster.job(cfg.job_name) is None
+    assert "the TrainJob was deleted, so that Kubeflow Trainer does not run it again" in str(failed.value)
     wait_for(lambda: cluster.pods(cfg.job_name) == [] and jobsets(cluster, cfg.job_name) == [], 30,
              "the JobSet and its pods collected")  # fmt: skip
 

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -94,7 +95,8 @@ class Namespace:
         return kubernetes.client.CoreV1Api(self.plane.admin)
 
     def create(self, name: str, runtime: str, *, nodes: int = 2, env: list[dict[str, Any]] | None = None,
-               labels: dict[str, str] | None = None, suspend: bool | None = None) -> dict[str, Any]:  # fmt: skip
+               labels: dict[str, str] | None = None, suspend: bool | None = None,
+               pod_patch: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
         body: dict[str, Any] = {
             "apiVersion": f"{tp.GROUP}/{tp.VERSION}", "kind": tp.KIND,
             "metadata": {"name": name, **({"labels": labels} if labels else {})},
@@ -104,6 +106,10 @@ class Namespace:
         }  # fmt: skip
         if suspend is not None:
             body["spec"]["suspend"] = suspend
+        if pod_patch is not None:  # a runtime patch of the trainer's pods, as the launcher's
+            body["spec"]["runtimePatches"] = [{"manager": "example.com/test", "trainingRuntimeSpec": {"template": {
+                "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+                    "spec": pod_patch}}}}]}}}}]  # fmt: skip
         return self.custom.create_namespaced_custom_object(tp.GROUP, tp.VERSION, self.name, tp.PLURAL, body)
 
     def get(self, plural: str, name: str, group: str = tp.GROUP, version: str = tp.VERSION) -> dict[str, Any] | None:
@@ -310,10 +316,132 @@ def test_kueue_admits_and_preempts_a_trainjob(ns: Namespace, runtime: str) -> No
     assert "replicatedJobs" not in patch["trainingRuntimeSpec"]["template"]["spec"]
 
 
+def test_kueue_writes_back_what_trainer_v2_2_1_knows_and_jobsets_webhook_refuses_the_runtimes_grace_period(
+    ns: Namespace, runtime: str
+) -> None:
+    """Kueue v0.19.2 (built on Trainer v2.2.1) admits with an ``Update`` of the TrainJob as v2.2.1 decodes it: the
+    runtime patch's ``terminationGracePeriodSeconds`` (v2.3.0) is gone. Trainer re-applies the suspended JobSet with
+    the runtime's grace period, which JobSet's ``ValidateUpdate`` refuses (422), again at every reconcile; Trainer
+    records ``TrainJobResourcesCreationFailed`` (once, then one series update), the JobSet stays suspended, no pod."""
+    ns.create("tj", runtime, nodes=1, labels={"kueue.x-k8s.io/queue-name": "team-a"},
+              pod_patch={"terminationGracePeriodSeconds": 77})  # fmt: skip
+
+    def pod() -> dict[str, Any]:
+        jobset = ns.jobset("tj") or {"spec": {"replicatedJobs": [{"template": {"spec": {"template": {"spec": {}}}}}]}}
+        return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+    wait_for("the suspended JobSet with the patched grace period", lambda: pod().get("terminationGracePeriodSeconds")
+             == 77)  # fmt: skip
+    ns.plane.kueue.admit(ns.name, "tj", cluster_queue="cq-a")
+    patches = ns.trainjob("tj")["spec"]["runtimePatches"]
+    assert "terminationGracePeriodSeconds" not in json.dumps(patches), "dropped by the write-back"
+    assert ns.trainjob("tj")["spec"]["suspend"] is False
+    events = wait_for("two failed reconciles' event", lambda: [
+        e for e in ns.core.list_namespaced_event(ns.name, field_selector="involvedObject.name=tj").items
+        if e.reason == "TrainJobResourcesCreationFailed" and e.series is not None])  # fmt: skip
+    (event,) = events
+    assert event.type == "Warning" and event.involved_object.kind == "TrainJob" and event.series.count == 2
+    assert event.message.startswith('TrainJob resources reconciliation failed: admission webhook "vjobset.kb.io" '
+                                    'denied the request: JobSet.jobset.x-k8s.io "tj" is invalid: spec.replicatedJobs: '
+                                    "Invalid value: ")  # fmt: skip
+    assert event.message.endswith("field is immutable")
+    time.sleep(1)
+    assert len([m for m in ns.plane.jobset_webhook.denials if '"tj"' in m]) >= 3, "refused at every reconcile"
+    assert ns.jobset("tj")["spec"]["suspend"] is True and pod()["terminationGracePeriodSeconds"] == 77
+    assert not ns.pods("tj") and not tp.node_pods(ns.core, ns.name, "tj", True)
+
+
+def test_jobsets_webhook_lets_a_suspended_jobsets_scheduling_fields_change_and_nothing_else() -> None:
+    """``ValidateUpdate`` (JobSet v0.12.0): suspended (old or new), pod labels, annotations, nodeSelector,
+    tolerations and schedulingGates may change; a grace period may not; running, not even a label."""
+    pod = {"metadata": {"labels": {"a": "1"}}, "spec": {"terminationGracePeriodSeconds": 120, "containers": []}}
+    old = {"spec": {"suspend": True, "replicatedJobs": [{"name": "node", "template": {"spec": {"template": pod}}}]}}
+
+    def changed(suspend: bool, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        new = copy.deepcopy({**old, "spec": {**old["spec"], "suspend": suspend}})
+        change(new["spec"]["replicatedJobs"][0]["template"]["spec"]["template"])
+        return new
+
+    labels = lambda p: p["metadata"]["labels"].update(b="2")  # noqa: E731
+    gates = lambda p: p["spec"].update(schedulingGates=[{"name": "g"}], tolerations=[{"key": "t"}])  # noqa: E731
+    grace = lambda p: p["spec"].update(terminationGracePeriodSeconds=30)  # noqa: E731
+    assert jsp.validate_update(old, changed(True, labels)) == []
+    assert jsp.validate_update(old, changed(False, gates)) == [], "resumed in the same update: old was suspended"
+    immutable = ["spec.replicatedJobs: Invalid value: []v1alpha2.ReplicatedJob{...}: field is immutable"]
+    assert jsp.validate_update(old, changed(True, grace)) == immutable
+    running = copy.deepcopy({**old, "spec": {**old["spec"], "suspend": False}})
+    assert jsp.validate_update(running, changed(False, labels)) == immutable
+    assert jsp.validate_update(running, changed(False, lambda p: p["spec"].update(containers=None))) == [], (
+        "nil and empty are the same (Semantic.DeepEqual)")  # fmt: skip
+
+
+def test_a_failed_trainjob_runs_again_once_jobsets_ttl_removed_its_jobset(ns: Namespace, plane: ControlPlane) -> None:
+    """JobSet's ``executeTTLAfterFinishedPolicy`` deletes a finished JobSet ``ttlSecondsAfterFinished`` after it
+    finished; Trainer v2.3.0's ``Reconcile`` clears Failed (``removeFailedCondition``) before ``IsTrainJobFinished``
+    and, the JobSet gone, builds a new one: the run starts again (kubeflow/trainer#3779)."""
+
+    def mutate(runtime: dict[str, Any]) -> None:
+        spec = runtime["spec"]["template"]["spec"]
+        spec["failurePolicy"] = {"maxRestarts": 0}
+        spec["ttlSecondsAfterFinished"] = 1
+        spec["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = 0
+
+    ns.create("tj", make_runtime(plane, mutate), nodes=1)
+    (first,) = ns.start("tj", 1)
+    old = ns.jobset("tj")["metadata"]["uid"]
+    ns.kubelet.exit(first, 1)
+    wait_for("Failed", lambda: ns.condition("tj", tp.FAILED))
+    again = wait_for("a new JobSet", lambda: (js := ns.jobset("tj")) and js["metadata"]["uid"] != old and js,
+                     timeout_s=15)  # fmt: skip
+    assert not jsp.condition_true(again, jsp.FAILED)
+    wait_for("a new pod", lambda: ns.pods("tj").get(0, {}).get("metadata", {}).get("name") not in (None, first))
+
+
+def test_trainer_v2_3_0_builds_a_new_jobset_for_a_trainjob_held_by_a_foreground_deletion(
+    ns: Namespace, runtime: str, garbage_collector: None
+) -> None:
+    """``Reconcile`` never reads ``deletionTimestamp``: once the garbage collector has removed the JobSet of a TrainJob
+    deleted in the foreground, and before it releases the TrainJob, Trainer applies a JobSet again (seen here over up
+    to five deletions; JobSet itself fixed the same in kubernetes-sigs/jobset#561)."""
+    made: list[str] = []  # every JobSet the API server added, as a watch sees them (however short-lived)
+    listed = ns.custom.list_namespaced_custom_object(jsp.GROUP, jsp.VERSION, ns.name, jsp.PLURAL)
+    watch = kubernetes.watch.Watch()
+
+    def record() -> None:
+        with contextlib.suppress(Exception):  # the stream, cut by watch.stop() at the test's end
+            record_events()
+
+    def record_events() -> None:
+        for event in watch.stream(ns.custom.list_namespaced_custom_object, jsp.GROUP, jsp.VERSION, ns.name,
+                                  jsp.PLURAL, resource_version=listed["metadata"]["resourceVersion"],
+                                  timeout_seconds=120):  # fmt: skip
+            if event["type"] == "ADDED":
+                made.append(event["object"]["metadata"]["name"])
+
+    watcher = threading.Thread(target=record, daemon=True)
+    watcher.start()
+    try:
+        for attempt in range(5):
+            name = f"tj-{attempt}"
+            ns.create(name, runtime, nodes=1)
+            ns.start(name, 1)
+            ns.custom.delete_namespaced_custom_object(tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, name,
+                                                      propagation_policy="Foreground")  # fmt: skip
+            wait_for("TrainJob and JobSet gone", lambda name=name: ns.trainjob(name) is None
+                     and ns.jobset(name) is None, timeout_s=30)  # fmt: skip
+            time.sleep(0.5)  # the watch's last events
+            if made.count(name) > 1:
+                break
+    finally:
+        watch.stop()
+    assert any(made.count(name) > 1 for name in set(made)), f"no JobSet was made again during a deletion: {made}"
+
+
 def test_foreground_deletion_takes_jobset_jobs_and_pods_first(ns: Namespace, runtime: str,
                                                              garbage_collector: None) -> None:  # fmt: skip
     """A TrainJob deleted with propagationPolicy Foreground (the real garbage collector): it stays with the
-    ``foregroundDeletion`` finalizer until its JobSet, the JobSet's Jobs and their pods are gone."""
+    ``foregroundDeletion`` finalizer until its JobSet, the JobSet's Jobs and their pods are gone; a JobSet Trainer
+    made again meanwhile (the test below) is collected after it, its owner gone."""
     ns.create("tj", runtime, nodes=2)
     ns.start("tj", 2)
     ns.custom.delete_namespaced_custom_object(tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, "tj",
@@ -321,7 +449,8 @@ def test_foreground_deletion_takes_jobset_jobs_and_pods_first(ns: Namespace, run
     held = ns.trainjob("tj")
     assert held is not None and "foregroundDeletion" in held["metadata"]["finalizers"]
     wait_for("TrainJob gone", lambda: ns.trainjob("tj") is None, timeout_s=30)
-    assert ns.jobset("tj") is None and not ns.jobs() and not tp.node_pods(ns.core, ns.name, "tj", True)
+    wait_for("JobSet, Jobs and pods gone", lambda: ns.jobset("tj") is None and not ns.jobs()
+             and not tp.node_pods(ns.core, ns.name, "tj", True), timeout_s=30)  # fmt: skip
 
 
 def test_strategic_merge_of_a_runtime_patch() -> None:

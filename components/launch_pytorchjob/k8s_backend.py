@@ -453,6 +453,13 @@ class LogStreamer(Reader):
             if not self.job_done.is_set():
                 self.job_done.wait(delay)
 
+    def interrupt(self) -> None:
+        """Also ends a pause between reads (it waits on job_done): a launch that gives up before the job ends must
+        not wait for a node's pause, up to log_reconnect_max_s, to end."""
+        if self.stop.is_set():
+            self.job_done.set()
+        super().interrupt()
+
     def _follow(self, done: bool = False) -> None:
         """The rest of the container's previous instance, if it restarted since the last read (a crash between two
         reads, or before the first), then the current one: followed while the job runs, read whole once it ended."""
@@ -768,6 +775,8 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                     raise StepFailed(f"lost track of {api.kind} {ns}/{name}: the watch stopped") from None
                 continue
             if isinstance(update, BaseException):
+                if cancel.is_set():
+                    continue  # the signal handler's delete, seen by the watch first: cancelled, said at the top
                 raise update
             current = update
             deadlines.job_changed(current)

@@ -106,10 +106,9 @@ class TrainJobApi(JobApi):
 
     def render(self, spec: JobSpec) -> dict[str, Any]:
         pod_patch: dict[str, Any] = {
+            "terminationGracePeriodSeconds": spec.grace_period_s,
             "volumes": [{"name": DSHM, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}],
         }
-        if spec.grace_period_s != spec.runtime_grace_period_s:  # unknown (None), or not the runtime's own
-            pod_patch["terminationGracePeriodSeconds"] = spec.grace_period_s
         labels = {"metadata": {"labels": dict(spec.labels)}} if spec.labels else {}  # the JobSet's, and its pods'
         patch = {
             "manager": PATCH_MANAGER,
@@ -139,7 +138,10 @@ class TrainJobApi(JobApi):
             "metadata": job_metadata(spec),
             "spec": job_spec,
         }
-        return owned_by_launcher(job, spec)
+        job = owned_by_launcher(job, spec)  # the digest is of the run's settings, whatever the runtime says
+        if spec.grace_period_s == spec.runtime_grace_period_s:  # the runtime's own: nothing for Kueue to drop
+            del pod_patch["terminationGracePeriodSeconds"]
+        return job
 
     def pod_selector(self, name: str) -> str:
         return f"{JOBSET_NAME_LABEL}={name}"

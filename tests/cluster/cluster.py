@@ -5,6 +5,7 @@ test, and the kubelet for both."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -18,7 +19,8 @@ from kubernetes.client.exceptions import ApiException
 from components.launch_pytorchjob.job_api import JobApi, job_api
 from components.launch_pytorchjob.manifest import GPU_TOLERATION, JobSpec
 from components.launch_pytorchjob.trainjob import TRAINJOB, render_runtime
-from pipelines.deploy.rbac import Subject, render
+from components.preflight.access import runtime_read
+from pipelines.deploy.rbac import Subject, render, role_documents
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.jobset import JobSetController
 from tests.cluster.kubeflow import EDITOR, make_profile
@@ -80,14 +82,26 @@ class Cluster:
         self.custom = kubernetes.client.CustomObjectsApi(self.admin)
         self.controllers: list[Any] = []
         self.runtime_name = ""
+        self._runtime_read: list[dict[str, Any]] = []
         if self.api is TRAINJOB:
             self.runtime_name = f"hpp-{self.namespace}"
             self.custom.create_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES,
                                                      self.runtime(restart_budget, **runtime_options or {}))  # fmt: skip
+            if grants is None and not profile:  # deploy/rbac-trainjob.yaml's runtime read, for this runtime's name
+                self._runtime_read = self._grant_runtime_read()
             self.controllers = [JobSetController(self.admin, self.namespace),
                                 TrainJobController(self.admin, self.namespace, on_created=self._play)]  # fmt: skip
         else:
             self.controllers = [TrainingOperator(self.admin, self.namespace, on_created=self._play)]
+
+    def _grant_runtime_read(self) -> list[dict[str, Any]]:
+        """What `render-rbac --runtime-name <this runtime>` binds the runner to: a get of this runtime only."""
+        name = f"hyperpod-pretrain-runtime-read-{self.namespace}"
+        spec = dataclasses.replace(runtime_read(self.runtime_name), name=name)
+        docs = [yaml.safe_load(text) for text in role_documents(spec, Subject())]
+        for doc in docs:
+            self.control_plane.apply(doc)
+        return docs
 
     def runtime(self, restart_budget: int, **options: Any) -> dict[str, Any]:
         """Our ClusterTrainingRuntime as `hyperpod-pretrain render-runtime` makes it, named for this test; `options`:
@@ -105,6 +119,13 @@ class Cluster:
         if self.runtime_name:
             with contextlib.suppress(ApiException):
                 self.custom.delete_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES, self.runtime_name)
+        rbac = kubernetes.client.RbacAuthorizationV1Api(self.admin)
+        for doc in self._runtime_read:
+            with contextlib.suppress(ApiException):
+                if doc["kind"] == "ClusterRole":
+                    rbac.delete_cluster_role(doc["metadata"]["name"])
+                else:
+                    rbac.delete_cluster_role_binding(doc["metadata"]["name"])
         # Pods left on the nodes would stay Terminating with no kubelet to end them, and the namespace with them
         # (the namespace controller retrying in the background for the rest of the session): ended at once.
         core = kubernetes.client.CoreV1Api(self.admin)

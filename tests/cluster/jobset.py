@@ -11,17 +11,25 @@ Sources, kubernetes-sigs/jobset at tag v0.12.0 (each function below names its ow
   ``resumeJobsIfNecessary`` / ``resumeJob``, ``deleteJobs`` (foreground), ``updateCondition``.
 - ``pkg/controllers/failure_policy.go`` ``executeFailurePolicy`` and its action appliers;
   ``pkg/controllers/success_policy.go`` ``executeSuccessPolicy``; ``pkg/constants/constants.go`` (reasons, messages).
+- ``pkg/webhooks/jobset_webhook.go`` ``ValidateUpdate``: served as the ValidatingWebhookConfiguration
+  ``jobset-validating-webhook-configuration``, webhook ``vjobset.kb.io``, CREATE and UPDATE, failurePolicy Fail.
+  Only the update's checks are played (a suspended JobSet's pod template may change only its labels, annotations,
+  nodeSelector, tolerations and schedulingGates; ``managedBy`` never); a create is allowed.
+- ``pkg/controllers/ttl_after_finished.go`` ``executeTTLAfterFinishedPolicy``: a finished JobSet with
+  ``ttlSecondsAfterFinished`` is deleted (``deleteJobSet``: propagation Foreground) once that long has passed since
+  its Completed or Failed condition turned True, and requeued for then before it.
 - ``pkg/features/features.go``: every gate that changes this path (RestartJob, InPlaceRestart, ElasticJobSet) is off by
   default at v0.12.0, so the ``job-restart-attempt`` label, in-place restarts and elastic scaling are not played.
 
 The controller polls the namespace's JobSets and Jobs every ~0.1 s and reconciles a JobSet when it or one of its Jobs
-changed (what ``Owns(&batchv1.Job{})`` would deliver). Not played: the validating webhook, ``InOrder`` startup,
-``dependsOn``, volume claim policies, ``ttlSecondsAfterFinished``, exclusive placement, events.
+changed (what ``Owns(&batchv1.Job{})`` would deliver), or its TTL timer is due. Not played: the validating webhook's
+checks on create, ``InOrder`` startup, ``dependsOn``, volume claim policies, exclusive placement, events.
 """
 
 from __future__ import annotations
 
 import base64
+import calendar
 import contextlib
 import copy
 import hashlib
@@ -78,6 +86,12 @@ STARTUP_IN_PROGRESS, STARTUP_COMPLETED = "StartupPolicyInProgress", "StartupPoli
 WEBHOOK_CONFIGURATION = "jobset-mutating-webhook-configuration"
 WEBHOOK_NAME = "mjobset.kb.io"
 WEBHOOK_PATH = "/mutate-jobset-x-k8s-io-v1alpha2-jobset"
+VALIDATING_CONFIGURATION = "jobset-validating-webhook-configuration"
+VALIDATING_NAME = "vjobset.kb.io"
+VALIDATING_PATH = "/validate-jobset-x-k8s-io-v1alpha2-jobset"
+# Pod template fields Kueue may change on a suspended JobSet (ValidateUpdate, after kueue's workload_types.go).
+MUTABLE_WHILE_SUSPENDED = (("metadata", "annotations"), ("metadata", "labels"), ("spec", "nodeSelector"),
+                           ("spec", "tolerations"), ("spec", "schedulingGates"))  # fmt: skip
 
 
 def now() -> str:
@@ -112,13 +126,52 @@ def default_jobset(jobset: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def semantic(value: Any) -> Any:
+    """A value as ``apiequality.Semantic.DeepEqual`` compares it: nil and empty slices and maps are equal."""
+    if isinstance(value, dict):
+        kept = {k: semantic(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v not in (None, {}, [])}
+    if isinstance(value, list):
+        return [semantic(v) for v in value]
+    return value
+
+
+def validate_update(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``jobSetWebhook.ValidateUpdate`` (ElasticJobSet off): with the old or the new JobSet suspended, each replicated
+    job's pod template labels, annotations, nodeSelector, tolerations and schedulingGates are taken from the old one;
+    then ``spec.replicatedJobs`` and ``spec.managedBy`` must be unchanged (``ValidateImmutableField``). The errors as
+    ``field.Invalid`` words them (the value, a ``%#v`` dump there, is shortened here)."""
+    old_spec, new_spec = old.get("spec") or {}, copy.deepcopy(new.get("spec") or {})
+    old_rjobs = {r.get("name"): r for r in old_spec.get("replicatedJobs") or []}
+    if old_spec.get("suspend") or new_spec.get("suspend"):
+        for rjob in new_spec.get("replicatedJobs") or []:
+            if rjob.get("name") not in old_rjobs:
+                continue
+            old_pod = ((old_rjobs[rjob["name"]].get("template") or {}).get("spec") or {}).get("template") or {}
+            pod = rjob.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+            for part, key in MUTABLE_WHILE_SUSPENDED:
+                if key in (old_pod.get(part) or {}):
+                    pod.setdefault(part, {})[key] = old_pod[part][key]
+                else:
+                    (pod.get(part) or {}).pop(key, None)
+    errors = []
+    if semantic(new_spec.get("replicatedJobs")) != semantic(old_spec.get("replicatedJobs")):
+        errors.append("spec.replicatedJobs: Invalid value: []v1alpha2.ReplicatedJob{...}: field is immutable")
+    if new_spec.get("managedBy") != old_spec.get("managedBy"):
+        errors.append(f"spec.managedBy: Invalid value: {json.dumps(new_spec.get('managedBy'))}: field is immutable")
+    return errors
+
+
 class JobSetWebhook:
-    """JobSet's defaulting webhook on loopback, registered once per control plane for JobSet CREATE."""
+    """JobSet's defaulting webhook (CREATE) and validating webhook (CREATE and UPDATE) on loopback, registered once per
+    control plane. :attr:`denials` keeps what the validating one refused."""
 
     def __init__(self, admin: kubernetes.client.ApiClient, workdir: Path):
         self.admin = admin
+        self.denials: list[str] = []
         cert = loopback_cert(workdir, "jobset-webhook")
         self.server = HttpsServer(admission_handler(self.mutate), cert).start()
+        self.validator = HttpsServer(admission_handler(self.validate), cert).start()
         registration = {
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": WEBHOOK_CONFIGURATION},
@@ -131,7 +184,37 @@ class JobSetWebhook:
                            "resources": [PLURAL]}],
             }],
         }  # fmt: skip
-        kubernetes.client.AdmissionregistrationV1Api(admin).create_mutating_webhook_configuration(registration)
+        api = kubernetes.client.AdmissionregistrationV1Api(admin)
+        api.create_mutating_webhook_configuration(registration)
+        validating = {
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": VALIDATING_CONFIGURATION},
+            "webhooks": [{
+                "name": VALIDATING_NAME, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "failurePolicy": "Fail", "timeoutSeconds": 10,
+                "clientConfig": {"url": f"https://127.0.0.1:{self.validator.port}{VALIDATING_PATH}",
+                                 "caBundle": base64.b64encode(cert.pem).decode()},
+                "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
+                           "resources": [PLURAL]}],
+            }],
+        }  # fmt: skip
+        api.create_validating_webhook_configuration(validating)
+
+    def validate(self, request: dict[str, Any]) -> dict[str, Any]:
+        """controller-runtime's validator: a denial is ``apierrors.NewInvalid``'s status (422, Invalid)."""
+        response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+        if request.get("operation") != "UPDATE":
+            return response
+        new = request.get("object") or {}
+        errors = validate_update(request.get("oldObject") or {}, new)
+        if errors:
+            name = (new.get("metadata") or {}).get("name", "")
+            message = f'JobSet.jobset.x-k8s.io "{name}" is invalid: ' + ", ".join(errors)
+            if len(errors) > 1:
+                message = f'JobSet.jobset.x-k8s.io "{name}" is invalid: [' + ", ".join(errors) + "]"
+            self.denials.append(message)
+            response |= {"allowed": False, "status": {"code": 422, "reason": "Invalid", "message": message}}
+        return response
 
     def mutate(self, request: dict[str, Any]) -> dict[str, Any]:
         """controller-runtime's defaulter answers with a JSON patch from the object to the defaulted one: here one
@@ -145,11 +228,13 @@ class JobSetWebhook:
         return response
 
     def stop(self) -> None:
+        api = kubernetes.client.AdmissionregistrationV1Api(self.admin)
         with contextlib.suppress(ApiException):
-            kubernetes.client.AdmissionregistrationV1Api(self.admin).delete_mutating_webhook_configuration(
-                WEBHOOK_CONFIGURATION
-            )
+            api.delete_mutating_webhook_configuration(WEBHOOK_CONFIGURATION)
+        with contextlib.suppress(ApiException):
+            api.delete_validating_webhook_configuration(VALIDATING_CONFIGURATION)
         self.server.stop()
+        self.validator.stop()
 
 
 # -- helpers shared with the Trainer player -----------------------------------------------------------------------
@@ -205,6 +290,7 @@ class JobSetController(PolledController):
         self.core = kubernetes.client.CoreV1Api(admin)
         self.namespace = namespace
         self._versions: dict[str, tuple[str, ...]] = {}
+        self._timers: dict[str, float] = {}  # JobSet uid -> when its TTL is due (requeueJobSetAfter)
         self.start()
 
     def reconcile_all(self) -> None:
@@ -216,8 +302,10 @@ class JobSetController(PolledController):
             mine = [j for j in jobs if any(o.get("uid") == uid and o.get("controller")
                                            for o in j["metadata"].get("ownerReferences") or [])]  # fmt: skip
             versions = (jobset["metadata"]["resourceVersion"], *sorted(j["metadata"]["resourceVersion"] for j in mine))
-            if versions == self._versions.get(uid):
+            due = self._timers.get(uid)
+            if versions == self._versions.get(uid) and (due is None or time.monotonic() < due):
                 continue
+            self._timers.pop(uid, None)
             self.reconcile(jobset, mine)
             self._versions[uid] = versions  # after success only: an API error is retried at the next pass
 
@@ -241,6 +329,7 @@ class JobSetController(PolledController):
         suspended = bool(spec.get("suspend"))
         if condition_true(view, COMPLETED) or condition_true(view, FAILED):  # jobSetFinished
             self._delete_jobs(owned["active"])
+            self._ttl_after_finished(view)
             return self._write(js, status, before)
         self._delete_jobs(owned["previous"])
         if not suspended and self._all_jobs_ready(js, statuses):
@@ -306,6 +395,23 @@ class JobSetController(PolledController):
         """``allJobsReady``: ready + succeeded Jobs equal the replicas of every replicatedJob."""
         total = sum(r.get("replicas", 1) for r in js["spec"].get("replicatedJobs") or [])
         return total == sum(s["ready"] + s["succeeded"] for s in statuses)
+
+    def _ttl_after_finished(self, js: dict[str, Any]) -> None:
+        """``executeTTLAfterFinishedPolicy``: past ``ttlSecondsAfterFinished`` after the finishing condition's
+        transition, the JobSet is deleted in the foreground (``deleteJobSet``); before it, a timer for then."""
+        ttl = js["spec"].get("ttlSecondsAfterFinished")
+        if ttl is None:
+            return
+        finished = next(c for c in js["status"]["conditions"] if c["type"] in (COMPLETED, FAILED)
+                        and c["status"] == "True")  # fmt: skip
+        remaining = calendar.timegm(time.strptime(finished["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ")) + ttl - \
+            time.time()  # fmt: skip
+        if remaining > 0:
+            self._timers[js["metadata"]["uid"]] = time.monotonic() + remaining
+            return
+        with contextlib.suppress(ApiException):  # 404: gone meanwhile
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, js["metadata"]["name"],
+                                                        propagation_policy="Foreground")  # fmt: skip
 
     # conditions ---------------------------------------------------------------------------------------------------
 

@@ -19,6 +19,11 @@ Sources, kubernetes-sigs/kueue (the release is named in :data:`RELEASE`):
   ``suspend: false``. Preemption (``Stop``): an update to ``suspend: true``; once no Job of it is active
   (``IsActive`` on ``status.jobsStatus``), a patch emptying the patch's ``replicatedJobs``
   (``RestorePodSetsInfo``).
+- Both updates send the TrainJob as Kueue decoded it: with the Trainer API its ``go.mod`` pins (v0.19.2:
+  ``github.com/kubeflow/trainer/v2 v2.2.1``), so what v2.3.0 added is gone from what it writes back
+  (:func:`as_trainer_v2_2_1`). The merge patches after them are computed from those same decoded objects
+  (``clientutil.Patch``, ``client.MergeFrom``): they never name the dropped field, whose loss the update already
+  made.
 """
 
 from __future__ import annotations
@@ -57,6 +62,27 @@ CONFIGURATION = "kueue-mutating-webhook-configuration"
 TRAINJOB_WEBHOOK_NAME = "mtrainjob.kb.io"
 TRAINJOB_WEBHOOK_PATH = "/mutate-trainer-kubeflow-org-v1alpha1-trainjob"
 RUNTIME_PATCH_MANAGER = "kueue.x-k8s.io/manager"  # pkg/controller/jobs/trainjob: runtimePatchManagerName
+
+
+# kubeflow/trainer v2.2.1 pkg/apis/trainer/v1alpha1/trainjob_types.go, PodSpecPatch: the pod fields a runtime patch
+# may carry in the types Kueue v0.19.2 is built on. v2.3.0 added terminationGracePeriodSeconds (kubeflow/trainer#3324);
+# nothing else of a TrainJob's spec is new between the two tags.
+V2_2_1_POD_SPEC_PATCH = ("serviceAccountName", "volumes", "initContainers", "containers", "imagePullSecrets",
+                         "securityContext", "nodeSelector", "affinity", "tolerations", "schedulingGates")  # fmt: skip
+
+
+def as_trainer_v2_2_1(trainjob: dict[str, Any]) -> dict[str, Any]:
+    """The TrainJob as Kueue v0.19.2 holds it after decoding it into Trainer v2.2.1's Go types: each runtime patch's pod
+    spec patch keeps only the fields v2.2.1 knows (an unknown JSON field is dropped by encoding/json)."""
+    trainjob = copy.deepcopy(trainjob)
+    for patch in (trainjob.get("spec") or {}).get("runtimePatches") or []:
+        template = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
+        for rjob in template.get("replicatedJobs") or []:
+            pod = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
+            if isinstance(pod, dict):
+                for key in [k for k in pod if k not in V2_2_1_POD_SPEC_PATCH]:
+                    del pod[key]
+    return trainjob
 
 
 class Kueue:
@@ -147,12 +173,12 @@ class Kueue:
                                                         trainer_player.PLURAL, name)  # fmt: skip
 
     def _write_trainjob(self, trainjob: dict[str, Any], patch: dict[str, Any] | None = None) -> None:
-        """An update of the whole TrainJob (``c.Update``), or with ``patch`` a merge patch carrying its
-        resourceVersion (``clientutil.Patch``, strict)."""
+        """An update of the whole TrainJob (``c.Update``, through Trainer v2.2.1's types), or with ``patch`` a merge
+        patch carrying its resourceVersion (``clientutil.Patch``, strict)."""
         meta = trainjob["metadata"]
         args = (trainer_player.GROUP, trainer_player.VERSION, meta["namespace"], trainer_player.PLURAL, meta["name"])
-        if patch is None:
-            self.custom.replace_namespaced_custom_object(*args, trainjob)
+        if patch is None:  # c.Update of the object as Kueue decoded it
+            self.custom.replace_namespaced_custom_object(*args, as_trainer_v2_2_1(trainjob))
         else:
             self.custom.patch_namespaced_custom_object(
                 *args, {"metadata": {"resourceVersion": meta["resourceVersion"]}, **patch})  # fmt: skip

@@ -19,7 +19,7 @@ Sources, kubeflow/trainer at tag v2.3.0 (each function below names its own):
 The controller polls the namespace's TrainJobs and JobSets every ~0.1 s and reconciles a TrainJob when it or its
 JobSet changed (``Owns`` through the JobSet plugin's watch), or its deadline timer is due. Not played: initializer
 jobs' env, MPI / JAX / XGBoost / Flux policies, coscheduling and Volcano, torchtune, the TrainJobStatus feature (off by
-default at v2.3.0), events, the runtimes' own webhooks and finalizers.
+default at v2.3.0), events other than TrainJobResourcesCreationFailed, the runtimes' own webhooks and finalizers.
 """
 
 from __future__ import annotations
@@ -622,6 +622,52 @@ def _validate_torch_plugin(runtime: dict[str, Any], new: dict[str, Any]) -> list
     return errors
 
 
+# -- events -------------------------------------------------------------------------------------------------------
+
+
+def go_error(exc: BaseException) -> str:
+    """``err.Error()`` of what a controller-runtime client call returned: an API error is its status's message."""
+    if isinstance(exc, ApiException):
+        with contextlib.suppress(ValueError, TypeError):
+            return str(json.loads(exc.body).get("message") or exc.reason)
+        return str(exc.reason)
+    return str(exc)
+
+
+class EventRecorder:
+    """controller-runtime's ``mgr.GetEventRecorder(name)``: client-go's ``tools/events`` broadcaster writing
+    ``events.k8s.io/v1`` Events (``event_broadcaster.go`` ``recordToSink``): the first of a kind is created; the first
+    isomorphic one after it updates it once, as a series of count 2; later ones are only counted in memory (a
+    heartbeat sends them every 30 minutes, longer than any test)."""
+
+    def __init__(self, admin: kubernetes.client.ApiClient, controller: str):
+        self.events = kubernetes.client.EventsV1Api(admin)
+        self.controller = controller
+        self.seen: dict[tuple[str, ...], tuple[str, int]] = {}  # isomorphic key -> (event name, count)
+
+    def warn(self, regarding: dict[str, Any], reason: str, action: str, note: str) -> None:
+        meta = regarding["metadata"]
+        key = (meta["namespace"], meta["uid"], reason, action, note)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e6) % 1_000_000:06d}Z"
+        if key not in self.seen:
+            name = f"{meta['name']}.{int(time.time() * 1e9):x}"
+            body = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                    "metadata": {"name": name, "namespace": meta["namespace"]}, "eventTime": stamp,
+                    "reportingController": self.controller, "reportingInstance": f"{self.controller}-0",
+                    "action": action, "reason": reason, "note": note, "type": "Warning",
+                    "regarding": {"apiVersion": regarding["apiVersion"], "kind": regarding["kind"], "uid": meta["uid"],
+                                  "name": meta["name"], "namespace": meta["namespace"]}}  # fmt: skip
+            self.events.create_namespaced_event(meta["namespace"], body, _preload_content=False)
+            self.seen[key] = (name, 1)
+            return
+        name, count = self.seen[key]
+        self.seen[key] = (name, count + 1)
+        if count == 1:
+            self.events.patch_namespaced_event(name, meta["namespace"],
+                                               {"series": {"count": 2, "lastObservedTime": stamp}},
+                                               _preload_content=False)  # fmt: skip
+
+
 # -- the controller -----------------------------------------------------------------------------------------------
 
 
@@ -643,6 +689,7 @@ class TrainJobController(PolledController):
         self.namespace, self.on_created = namespace, on_created
         self.seen: set[str] = set()
         self.build_errors: list[str] = []  # what v2.3.0 reports as TrainJobResourcesCreationFailed events
+        self.events = EventRecorder(admin, "trainer-trainjob-controller")  # pkg/controller/setup.go
         self._versions: dict[str, tuple[str, ...]] = {}
         self._timers: dict[str, float] = {}  # TrainJob uid -> when its deadline check is due
         self.start()
@@ -680,8 +727,9 @@ class TrainJobController(PolledController):
         meta, spec = trainjob["metadata"], trainjob["spec"]
         if (spec.get("managedBy") or CONTROLLER_NAME) != CONTROLLER_NAME:
             return True
-        if meta.get("deletionTimestamp"):
-            return True  # its JobSet and snapshot go with it (ownerReferences)
+        # No look at deletionTimestamp: v2.3.0 reconciles a TrainJob being deleted like any other, so one held by a
+        # foreground deletion after its JobSet went gets a new JobSet (the same gap as kubeflow/trainer#3779; JobSet
+        # fixed it for itself in kubernetes-sigs/jobset#561).
         status = copy.deepcopy(trainjob.get("status") or {})
         before = copy.deepcopy(status)
         conditions = status.setdefault("conditions", [])
@@ -699,9 +747,12 @@ class TrainJobController(PolledController):
             try:
                 self._reconcile_objects(trainjob)
             except (ApiException, LookupError, ValueError) as exc:
-                message = f"TrainJob resources reconciliation failed: {str(exc)[:950]}"
+                error = go_error(exc)
+                message = f"TrainJob resources reconciliation failed: {error[:950]}" + (" ..." if len(error) > 950
+                                                                                         else "")  # fmt: skip
                 log.info("%s/%s: %s", self.namespace, meta["name"], message)
                 self.build_errors.append(message)
+                self.events.warn(trainjob, "TrainJobResourcesCreationFailed", "Reconciling", message)
                 ok = False
         self._set_suspended_condition(trainjob, conditions)
         if key in (CLUSTER_RUNTIME_KEY, RUNTIME_KEY):
