@@ -189,10 +189,19 @@ def test_a_profiles_default_editor_launches_verifies_and_cleans_up(api: str, sta
                                                                    kubeflow: None, tmp_path: Path) -> None:  # fmt: skip
     """In a Kubeflow profile's namespace, as its default-editor (kubeflow-edit from the profile controller, and only
     what `render-rbac --kubeflow-profile` adds): the launch, verification's read of the pods' logs and the exit step's
-    clean-up meet no refusal; tests/test_rbac.py holds each rendered rule to a request made here."""
-    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES), api=api, profile=True)
-    result = launch(cluster_config(staged_root, "in-profile", **on(cluster)), cluster.runner())
+    clean-up meet no refusal; tests/test_rbac.py holds each rendered rule to a request made here. A TrainJob run
+    first finds a Failed TrainJob of its name left behind, and replaces it once its JobSet is gone."""
+    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES), api=api, profile=True,
+                           restart_budget=0)  # fmt: skip
+    cfg = cluster_config(staged_root, "in-profile", **on(cluster))
+    if api == "trainjob":
+        cluster.timeline = Timeline.failure()
+        cluster.create_job(render_job(cfg.job_spec()))
+        wait_for(lambda: cluster.api.is_failed(cluster.job(cfg.job_name) or {}), 30, "the TrainJob failed")
+        cluster.timeline = Timeline.success(workers=2, log_lines=LINES)
+    result = launch(cfg, cluster.runner())
     assert (result.state, result.namespace) == ("Succeeded", cluster.namespace)
+    assert result.attempt == (2 if api == "trainjob" else 1)
     logs = fetch_pod_logs(result.job_name, cluster.namespace, tmp_path / "logs", api, api_client=cluster.runner())
     assert len(logs) == 2 and all(path.read_text() for path in logs)
     cleanup = job_cleanup("kubernetes", cluster.namespace, "in-profile", "pipeline-in-profile", api, cluster.runner())
@@ -934,6 +943,18 @@ def test_the_exit_step_leaves_a_finished_job_and_someone_elses_alone(api: str, s
     theirs = job_cleanup("kubernetes", cluster.namespace, "theirs", "", api, cluster.runner())()
     assert "had already finished: left for its logs" in done
     assert "belongs to another pipeline run: left alone" in theirs and deleted_jobs(cluster) == []
+
+
+def test_the_exit_step_deletes_a_failed_trainjob_left_behind(staged_root: Path, make_cluster) -> None:
+    """A launch killed before it deleted its Failed TrainJob: the exit step deletes it, since Trainer v2.3.0 would run
+    it again once its JobSet's TTL removed the JobSet (a failed PyTorchJob stays for its logs)."""
+    cluster = make_cluster(api="trainjob", timeline=Timeline.failure(), restart_budget=0)
+    cfg = cluster_config(staged_root, "exit-failed", **on(cluster))
+    cluster.create_job(render_job(cfg.job_spec()))
+    wait_for(lambda: cluster.api.is_failed(cluster.job(cfg.job_name) or {}), 30, "the TrainJob failed")
+    done = job_cleanup("kubernetes", cluster.namespace, cfg.run_id, cfg.pipeline_run_id, "trainjob", cluster.runner())()
+    assert done.endswith("had failed: deleted, so that its operator does not run it again")
+    assert deleted_jobs(cluster) == [(cfg.job_name, "Background")] and cluster.job(cfg.job_name) is None
 
 
 def test_a_delete_for_a_job_since_replaced_under_its_name_deletes_nothing(staged_root: Path, make_cluster) -> None:
