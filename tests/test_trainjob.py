@@ -15,7 +15,7 @@ import yaml
 
 from common.errors import InputError
 from components.launch_pytorchjob.core import LaunchConfig
-from components.launch_pytorchjob.manifest import JobSpec, render_job
+from components.launch_pytorchjob.manifest import SPEC_HASH_ANNOTATION, JobSpec, render_job
 from components.launch_pytorchjob.platform import Platform, run_options
 from components.launch_pytorchjob.trainjob import PATCH_MANAGER, TRAINJOB, render_runtime, runtime_command
 from pipelines.cli import main
@@ -183,3 +183,24 @@ def test_render_runtime_and_the_trainjob_it_runs_are_accepted_whole_by_the_api_s
     # Trainer's defaulting webhook stamps each patch's time (pkg/webhooks/trainjob_webhook.go); Kueue's adds its own.
     assert {k: v for k, v in ours.items() if k != "time"} == job["spec"]["runtimePatches"][0]
     assert refused.value.status == 400 and "unknown field" in refused.value.body and "shmSize" in refused.value.body
+
+
+def test_the_grace_period_is_patched_only_when_it_is_not_the_runtimes() -> None:
+    """Kueue v0.19.2 drops a runtime patch's grace period (trainjob.py): none is sent when the runtime's is the run's;
+    the spec digest is the run's either way, so a retried step finds its job whether the runtime was readable or
+    not; a queued TrainJob whose grace period is not the runtime's is refused in one line."""
+    unknown = render_job(trainjob_spec(queue_name="q"))
+    same = render_job(trainjob_spec(queue_name="q", runtime_grace_period_s=120))
+    other = render_job(trainjob_spec(runtime_grace_period_s=30))
+
+    def pod_patch(job: dict[str, Any]) -> dict[str, Any]:
+        patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+        return patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+    assert pod_patch(unknown)["terminationGracePeriodSeconds"] == 120 and pod_patch(other)[
+        "terminationGracePeriodSeconds"] == 120  # fmt: skip
+    assert "terminationGracePeriodSeconds" not in pod_patch(same)
+    assert same["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == unknown["metadata"]["annotations"][
+        SPEC_HASH_ANNOTATION]  # fmt: skip
+    with pytest.raises(InputError, match=r"^grace_period_s 120 is not ClusterTrainingRuntime hyperpod-pretrain's 30, "):
+        render_job(trainjob_spec(queue_name="q", runtime_grace_period_s=30))

@@ -172,33 +172,26 @@ class JobSetWebhook:
         cert = loopback_cert(workdir, "jobset-webhook")
         self.server = HttpsServer(admission_handler(self.mutate), cert).start()
         self.validator = HttpsServer(admission_handler(self.validate), cert).start()
-        registration = {
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": WEBHOOK_CONFIGURATION},
-            "webhooks": [{
-                "name": WEBHOOK_NAME, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                "failurePolicy": "Fail", "timeoutSeconds": 10,
-                "clientConfig": {"url": f"https://127.0.0.1:{self.server.port}{WEBHOOK_PATH}",
-                                 "caBundle": base64.b64encode(cert.pem).decode()},
-                "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE"],
-                           "resources": [PLURAL]}],
-            }],
-        }  # fmt: skip
+        ca = base64.b64encode(cert.pem).decode()
+
+        def configuration(kind: str, name: str, webhook: str, url: str, operations: list[str]) -> dict[str, Any]:
+            return {
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": name},
+                "webhooks": [{
+                    "name": webhook, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                    "failurePolicy": "Fail", "timeoutSeconds": 10, "clientConfig": {"url": url, "caBundle": ca},
+                    "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": operations,
+                               "resources": [PLURAL]}],
+                }],
+            }  # fmt: skip
+
         api = kubernetes.client.AdmissionregistrationV1Api(admin)
-        api.create_mutating_webhook_configuration(registration)
-        validating = {
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": VALIDATING_CONFIGURATION},
-            "webhooks": [{
-                "name": VALIDATING_NAME, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                "failurePolicy": "Fail", "timeoutSeconds": 10,
-                "clientConfig": {"url": f"https://127.0.0.1:{self.validator.port}{VALIDATING_PATH}",
-                                 "caBundle": base64.b64encode(cert.pem).decode()},
-                "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
-                           "resources": [PLURAL]}],
-            }],
-        }  # fmt: skip
-        api.create_validating_webhook_configuration(validating)
+        api.create_mutating_webhook_configuration(configuration(
+            "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION, WEBHOOK_NAME,
+            f"https://127.0.0.1:{self.server.port}{WEBHOOK_PATH}", ["CREATE"]))  # fmt: skip
+        api.create_validating_webhook_configuration(configuration(
+            "ValidatingWebhookConfiguration", VALIDATING_CONFIGURATION, VALIDATING_NAME,
+            f"https://127.0.0.1:{self.validator.port}{VALIDATING_PATH}", ["CREATE", "UPDATE"]))  # fmt: skip
 
     def validate(self, request: dict[str, Any]) -> dict[str, Any]:
         """controller-runtime's validator: a denial is ``apierrors.NewInvalid``'s status (422, Invalid)."""

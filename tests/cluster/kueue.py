@@ -23,7 +23,8 @@ Sources, kubernetes-sigs/kueue (the release is named in :data:`RELEASE`):
   ``github.com/kubeflow/trainer/v2 v2.2.1``), so what v2.3.0 added is gone from what it writes back
   (:func:`as_trainer_v2_2_1`). The merge patches after them are computed from those same decoded objects
   (``clientutil.Patch``, ``client.MergeFrom``): they never name the dropped field, whose loss the update already
-  made.
+  made, except RestorePodSetsInfo's: a merge patch replaces a list whole, so it sends the whole runtimePatches list
+  in v2.2.1's form again.
 """
 
 from __future__ import annotations
@@ -240,7 +241,9 @@ class Kueue:
             trainjob = self._trainjob(namespace, name)
             if any(s.get("active", 0) > 0 for s in (trainjob.get("status") or {}).get("jobsStatus") or []):
                 return False  # "jobs are still active": requeued
-            patches = copy.deepcopy(trainjob["spec"].get("runtimePatches") or [])
+            # A merge patch replaces a list whole: the whole runtimePatches list goes back, as v2.2.1 decoded it (when
+            # Stop found the TrainJob already suspended and sent no update, this is what drops the grace period).
+            patches = as_trainer_v2_2_1(trainjob)["spec"].get("runtimePatches") or []
             for patch in patches:
                 if patch.get("manager") == RUNTIME_PATCH_MANAGER:
                     ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec", {}).pop(
