@@ -3,7 +3,18 @@ ETA's clock. (tests/test_trainer.py reads the lines a real run logged.)"""
 
 import pytest
 
-from trainer.metrics import NO_VALUE, StepTimes, human_count, human_duration, plan_line, short_float, step_line
+from trainer.metrics import (
+    NO_VALUE,
+    PEAK_BF16_FLOPS,
+    StepTimes,
+    flops_per_token,
+    human_count,
+    human_duration,
+    plan_line,
+    short_float,
+    step_line,
+)
+from trainer.model import build_model, model_config
 
 
 @pytest.mark.parametrize(
@@ -58,3 +69,28 @@ def test_the_eta_is_the_mean_step_time_of_the_recent_windows_without_the_first_s
     assert times.seconds_per_step() == pytest.approx(2.5) and times.eta_s(30, 30) == 0.0
     times.mark(30, 170.0)  # the same step again (a forced log row after a checkpoint): not a new window
     assert times.seconds_per_step() == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_flops_per_token_counts_the_matmul_weights_only(tied: bool) -> None:
+    """6 per matmul weight: a tied token embedding once (it is the output projection), an untied one not at all (a
+    lookup), position embeddings never; plus 12 * layers * width * seq for attention."""
+    config = model_config("tiny", vocab_size=96, max_seq_len=32, eos_token_id=0)
+    config.tie_word_embeddings = tied
+    model = build_model(config)
+    embedding = model.get_input_embeddings().weight.numel()
+    every = sum(p.numel() for p in model.parameters())  # a tied weight once; position embeddings included
+    positions = model.transformer.wpe.weight.numel()
+    matmul = every - positions - (0 if tied else embedding)
+    assert flops_per_token(model, 32) == 6 * matmul + 12 * config.n_layer * config.n_embd * 32
+
+
+def test_an_h100_nvl_is_not_taken_for_an_sxm_h100() -> None:
+    def peak(name: str) -> float:
+        return next(flops for fragment, flops in PEAK_BF16_FLOPS if fragment in name)
+
+    assert (peak("NVIDIA H100 NVL"), peak("NVIDIA H100 80GB HBM3"), peak("NVIDIA H100 PCIe")) == (
+        835e12,
+        989e12,
+        756e12,
+    )
