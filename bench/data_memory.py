@@ -14,7 +14,7 @@ a fresh process that imports torch and builds the tiny model (the same floor for
 and reports its private memory (RssAnon) and its resident memory (VmRSS, which also counts the memory-mapped
 file pages read: the page cache, which the kernel drops under pressure). Then the trainer itself: a short
 2-process torchrun training of the tiny preset (trainer/train_ddp.py through the launcher's local backend) on
-the 1- and the 16-shard dataset, reading rss_gb (the largest rank's private memory) from metrics.jsonl. It is
+the 1- and the 16-shard dataset, reading rss_gib (the largest rank's private memory) from metrics.jsonl. It is
 a measurement, not a test: it never asserts.
 
     PYTHONPATH=. .venv/bin/python bench/data_memory.py [--shard-tokens 8388608] [--write-results]
@@ -150,7 +150,7 @@ def run_child(kind: str, tokenized: Path) -> dict[str, dict[str, float]]:
 
 
 def train_rss(root: Path, dataset: str) -> float:
-    """The largest rank's rss_gb (GiB) over a short 2-process torchrun training of the tiny preset."""
+    """The largest rank's rss_gib (GiB) over a short 2-process torchrun training of the tiny preset."""
     from components.launch_pytorchjob.core import LaunchConfig, launch
     from trainer.layout import RunPaths
 
@@ -158,7 +158,7 @@ def train_rss(root: Path, dataset: str) -> float:
     launch(LaunchConfig(storage_root=str(root), dataset=dataset, run_id=run_id, nproc_per_node=2, preset="tiny",
                         checkpoint_every=10**6, timeout_s=600, **TORCHRUN))  # fmt: skip
     rows = [json.loads(line) for line in RunPaths.of(root, run_id).metrics.read_text().splitlines() if line.strip()]
-    return max(r["rss_gb"] for r in rows)
+    return max(r["rss_gib"] for r in rows)
 
 
 # -- the report --------------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def report(args: argparse.Namespace, results: dict, trained: dict[int, float]) -
         f"(a Feistel network in numpy, tens to a few hundred us per batch), the price of holding no permutation.",
         "",
         f"The trainer (2 ranks under torchrun, tiny preset, sequence {TORCHRUN['seq_len']}, batch "
-        f"{TORCHRUN['batch_size']}, {TORCHRUN['max_steps']} steps): rss_gb of metrics.jsonl (the largest rank's "
+        f"{TORCHRUN['batch_size']}, {TORCHRUN['max_steps']} steps): rss_gib of metrics.jsonl (the largest rank's "
         f"private memory) {trained[first]:.2f} GiB on {first} shard, {trained[last]:.2f} GiB on {last} shards "
         f"(ratio {trained[last] / trained[first]:.3f}).",
     ]
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                          results[n][kind]["eval"]["RssAnon"], results[n][kind]["eval"]["VmRSS"])  # fmt: skip
         for n in (SHARD_COUNTS[0], SHARD_COUNTS[-1]):
             trained[n] = train_rss(root, f"shards-{n}")
-            log.info("torchrun on %d shard(s): rss_gb %.2f", n, trained[n])
+            log.info("torchrun on %d shard(s): rss_gib %.2f", n, trained[n])
     text = report(args, results, trained) + projection(results)
     print("\n".join(text))
     if args.write_results:

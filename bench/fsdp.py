@@ -314,18 +314,18 @@ def projection() -> str:
     """A PROJECTION, not a measurement: llama-8b under hsdp on p5.48xlarge nodes."""
     from components.launch_pytorchjob.manifest import INSTANCE_TYPES, JobSpec
     from components.preflight.core import (
-        GPU_MEMORY_GB,
+        GPU_MEMORY_GIB,
         GPU_MEMORY_TIGHT,
         GPU_MEMORY_USABLE,
         STATE_BYTES_PER_PARAMETER,
         STATE_MARGIN,
         CheckpointNeed,
     )
-    from trainer.memory import GB, estimate, model_shape
+    from trainer.memory import GIB, estimate, model_shape
     from trainer.model import model_config
 
     shape = model_shape(model_config(PROJECTION_PRESET, PROJECTION_VOCAB, PROJECTION_SEQ, eos_token_id=0))
-    gpus, gpu_gb = INSTANCE_TYPES[INSTANCE].gpus, GPU_MEMORY_GB[INSTANCE]
+    gpus, gpu_gb = INSTANCE_TYPES[INSTANCE].gpus, GPU_MEMORY_GIB[INSTANCE]
     job = JobSpec(name="projection", image="", trainer_args=[])  # the launcher's defaults: the grace period
     need = CheckpointNeed(PROJECTION_PRESET, shape.parameters, PROJECTION_VOCAB, False, job.grace_period_s,
                           job.shutdown_timeout)  # fmt: skip
@@ -333,7 +333,7 @@ def projection() -> str:
     save_s = float(need.seconds_at(Decimal(fsx_mbps)))
     tokens = PROJECTION_BATCH * PROJECTION_SEQ  # per GPU and step: one micro-batch, no accumulation
     lines = [
-        "| nodes x GPUs | activation checkpointing | memory per GPU (GB, PROJECTION) | of the 80 GB GPU "
+        "| nodes x GPUs | activation checkpointing | memory per GPU (GiB, PROJECTION) | of the 80 GiB GPU "
         "| step time, compiled (eager) (s, PROJECTION) | tokens/s, all GPUs (PROJECTION) "
         "| two steps + the save (s, PROJECTION) against the budget |",
         "|---|---|---|---|---:|---:|---|",
@@ -341,7 +341,7 @@ def projection() -> str:
     for nodes in PROJECTION_NODES:
         for recompute in ("none", "selective", "full"):
             memory = estimate(shape, "hsdp", nodes * gpus, gpus, PROJECTION_BATCH, PROJECTION_SEQ, recompute)
-            share = memory.total / (gpu_gb * GB)
+            share = memory.total / (gpu_gb * GIB)
             fits = "does not fit" if share > GPU_MEMORY_USABLE else "tight" if share > GPU_MEMORY_TIGHT else "fits"
             step = {k: tokens / tps * RECOMPUTE_FACTOR[recompute] for k, tps in PUBLISHED_TPS.items()}
             total_s = 2 * step["compiled"] + save_s
@@ -354,7 +354,7 @@ def projection() -> str:
         f"PROJECTION (computed, not measured; every figure in this table and paragraph is derived): "
         f"{PROJECTION_PRESET} (trainer/model.py's preset, vocabulary {PROJECTION_VOCAB:,}: {shape.parameters:,} "
         f"parameters) under hsdp on {' and '.join(map(str, PROJECTION_NODES))} {INSTANCE} nodes ({gpus} H100 "
-        f"{gpu_gb} GB each), a micro-batch of {PROJECTION_BATCH} x {PROJECTION_SEQ} tokens per GPU. Memory per GPU: "
+        f"{gpu_gb} GiB each), a micro-batch of {PROJECTION_BATCH} x {PROJECTION_SEQ} tokens per GPU. Memory per GPU: "
         f"trainer/memory.py's `estimate` (the preflight's gpu-memory check), fitting when under "
         f"{GPU_MEMORY_USABLE:.0%} of the GPU, tight above {GPU_MEMORY_TIGHT:.0%}; hsdp shards within a node, so it is "
         f"the same on 2 and 8 nodes. Step time: {tokens:,} tokens per GPU over torchtitan's published Llama 3.1 8B "

@@ -83,7 +83,7 @@ for name in names:
     mean = (steady[-1]["tokens"] - steady[0]["tokens"]) / (steady[-1]["time"] - steady[0]["time"])
     stall = max(r["checkpoint_stall_s"] for r in rows)
     logged = re.search(r"memory estimate.*?: ([\d.]+) GB per GPU", open(f"{work}/runs/{name}/logs/rank_00000.log").read())
-    peak = max(r["gpu_mem_gb"] or float("nan") for r in rows)
+    peak = max(r["gpu_mem_gib"] or float("nan") for r in rows)
     lines.append(f"| {name} | {med('tokens_per_s'):,.0f} | {mean:,.0f} | {med('mfu'):.1%} | {med('step_time_s'):.4f} | "
                  f"{med('input_wait_s'):.4f} | {med('sync_wait_s'):.4f} | {stall:.3f} | {peak:.1f} | "
                  f"{logged.group(1) if logged else '?'} | {rows[-1]['loss']:.3f} |")

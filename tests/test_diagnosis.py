@@ -90,7 +90,7 @@ def test_oomkilled_says_the_limit_and_the_last_memory_seen(staged_copy: Path, ma
     cluster = make_cluster(timeline=Timeline.oom_killed())
     cfg = config(staged_copy, "oom", cluster.namespace, timeout_s=3)
     cfg.run_paths.root.mkdir(parents=True)
-    cfg.run_paths.metrics.write_text(json.dumps({"step": 120, "loss": 3.1, "rss_gb": 37.25}) + "\n")
+    cfg.run_paths.metrics.write_text(json.dumps({"step": 120, "loss": 3.1, "rss_gib": 37.25}) + "\n")
     with pytest.raises(StepFailed) as failure:
         launch(cfg, cluster.runner())
     seen = findings(caplog)
@@ -153,5 +153,5 @@ def test_pending_time_counts_from_the_oldest_pending_pod() -> None:
 def test_last_memory_use_reads_the_newest_row_that_has_it(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     assert last_memory_use(metrics) == ""
-    metrics.write_text('{"step": 10, "rss_gb": 1.5}\n{"step": 20, "rss_gb": 2.25}\n{"step": 30}\n')
+    metrics.write_text('{"step": 10, "rss_gib": 1.5}\n{"step": 20, "rss_gib": 2.25}\n{"step": 30}\n')
     assert last_memory_use(metrics) == "the largest worker process held 2.2 GiB at step 20 (metrics.jsonl)"

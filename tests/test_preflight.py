@@ -1715,26 +1715,45 @@ def gpu_memory(**overrides: Any) -> Any:
 
 
 def test_gpu_memory_refuses_llama_8b_under_ddp_on_p5_naming_what_fits_and_passes_it_under_hsdp() -> None:
-    """16 bytes a parameter on every GPU (weights, gradients, AdamW) is 113 GB at 7.05B before an activation: no p5
-    GPU holds it. Sharded over a node's 8 GPUs under hsdp, with two nodes, it fits."""
+    """16 bytes a parameter on every GPU (weights, gradients, AdamW) is 105 GiB at 7.05B before an activation: no p5
+    GPU holds it. Sharded over a node's 8 GPUs under hsdp, with two nodes and selective checkpointing, it fits."""
     refused = gpu_memory(preset="llama-8b", nnodes=1, batch_size=2, seq_len=4096)
     assert refused.status == FAIL
     assert refused.reason.startswith(
         "llama-8b (7.05B parameters at vocabulary 8,192, assumed) under ddp on 1 node(s) x 8 GPUs, micro-batch 2 x "
-        "4096 tokens, activation checkpointing none: 171.3 GB per GPU (weights 28.2, gradients 28.2, optimizer 56.4"
+        "4096 tokens, activation checkpointing none: 184.9 GiB per GPU (weights 26.3, gradients 26.3, optimizer 52.5"
     )
-    assert refused.reason.endswith("more than the 80 GB of a ml.p5.48xlarge GPU can hold (72 GB usable)")
-    assert refused.fix.startswith("it would fit with job option parallelism=fsdp (60.3 GB); or parallelism=fsdp and "
-                                  "activation_checkpointing=selective")  # fmt: skip
-    fits = gpu_memory(preset="llama-8b", nnodes=2, batch_size=2, seq_len=4096, job_options={"parallelism": "hsdp"})
-    assert fits.status == PASS and "under hsdp on 2 node(s)" in fits.reason and "60.3 GB per GPU" in fits.reason
+    assert refused.reason.endswith("more than the 80 GiB of a ml.p5.48xlarge GPU can hold (72 GiB usable)")
+    assert refused.fix.startswith("it would fit with job option parallelism=fsdp (70.4 GiB); or parallelism=fsdp and "
+                                  "activation_checkpointing=selective (45.7 GiB)")  # fmt: skip
+    fits = gpu_memory(preset="llama-8b", nnodes=2, batch_size=2, seq_len=4096,
+                      job_options={"parallelism": "hsdp", "activation_checkpointing": "selective"})  # fmt: skip
+    assert fits.status == PASS and "under hsdp on 2 node(s)" in fits.reason and "45.7 GiB per GPU" in fits.reason
     roomy = gpu_memory(preset="llama-8b", nnodes=1, batch_size=2, seq_len=4096, instance_type="p5en.48xlarge",
                        job_options={"parallelism": "fsdp"})  # fmt: skip
-    assert roomy.status == PASS and roomy.reason.endswith("of the 141 GB of a p5en.48xlarge GPU")
+    assert roomy.status == PASS and roomy.reason.endswith("of the 141 GiB of a p5en.48xlarge GPU")
+
+
+def test_gpu_memory_reads_gradient_accumulation_and_refuses_llama_8b_where_it_would_not_fit() -> None:
+    """llama-8b on 2 x 8 p5 under hsdp, micro-batch 2 x 8,192, 4 micro-batches a step, no checkpointing: the
+    activations alone are 98.6 GiB. Accumulation is read and said to add nothing (gradients stay sharded between
+    micro-batches, tests/test_parallel.py); full checkpointing or micro-batch 1 would fit."""
+    refused = gpu_memory(preset="llama-8b", nnodes=2, batch_size=2, seq_len=8192,
+                         job_options={"parallelism": "hsdp", "grad_accum_steps": 4})  # fmt: skip
+    assert refused.status == FAIL
+    assert ("micro-batch 2 x 8192 tokens, 4 micro-batches a step (no more memory: gradients stay sharded between "
+            "them), activation checkpointing none: 124.7 GiB per GPU") in refused.reason  # fmt: skip
+    assert "activations 98.6" in refused.reason and refused.reason.endswith("(72 GiB usable)")
+    assert refused.fix.startswith(
+        "it would fit with parallelism=hsdp and activation_checkpointing=full (24.6 GiB); "
+        "or batch_size 1 (raise grad_accum_steps to keep the global batch) (70.4 GiB)"
+    )
+    once = gpu_memory(preset="llama-8b", nnodes=2, batch_size=2, seq_len=8192, job_options={"parallelism": "hsdp"})
+    assert once.status == FAIL and "124.7 GiB per GPU" in once.reason  # the same estimate without accumulation
 
 
 def test_gpu_memory_warns_when_tight_and_says_when_the_gpu_is_unknown() -> None:
-    tight = gpu_memory(preset="llama-8b", nnodes=2, batch_size=9, seq_len=1024, job_options={"parallelism": "hsdp"})
+    tight = gpu_memory(preset="llama-8b", nnodes=2, batch_size=8, seq_len=1024, job_options={"parallelism": "hsdp"})
     assert tight.status == WARN and tight.fix.startswith("if it runs out of memory: it would fit with")
     unknown = gpu_memory(preset="llama-1b", instance_type="trn1.32xlarge", job_options={"gpus_per_node": 8,
                                                                                        "efa_per_node": 8})  # fmt: skip

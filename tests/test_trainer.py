@@ -406,8 +406,8 @@ def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path) -> N
         assert row.keys() >= {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mfu",
                               "input_wait_s", "sync_wait_s"}  # fmt: skip
         assert 0 <= row["input_wait_s"] < row["step_time_s"] and 0 <= row["sync_wait_s"] < row["step_time_s"]
-        assert row["mfu"] is None and row["gpu_mem_gb"] is None  # CPU: no peak FLOP/s to compare with
-        assert 0.1 < row["rss_gb"] < 64  # the largest worker process's resident memory
+        assert row["mfu"] is None and row["gpu_mem_gib"] is None  # CPU: no peak FLOP/s to compare with
+        assert 0.1 < row["rss_gib"] < 64  # the largest worker process's resident memory
     assert json.loads(run.status.read_text())["reason"] == "max-tokens"
     assert "PREEMPTION WOULD LOSE WORK" in run.rank_log(0).read_text()  # 0.01 s cannot hold a step and a save
 

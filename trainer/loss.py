@@ -1,45 +1,124 @@
-"""The causal-LM loss, computed without the whole batch's logits in fp32.
+"""The causal-LM loss, computed without the whole batch's logits.
 
-Under bf16 autocast the model's logits are bf16: batch x sequence x vocabulary of them (0.27 GB per micro-batch at
-16 x 1024 x 8,192; 4.2 GB with a 128k vocabulary). Upcasting them all to fp32 for the softmax would double that and
-keep the fp32 copy for backward. Here the rows go through the fp32 cross-entropy a chunk at a time, each chunk
-recomputed in backward (activation checkpointing), so at most one chunk's fp32 logits exist at once. Under
-torch.compile the plain form is used: inductor fuses the upcast into its softmax kernels and keeps no fp32 copy.
-fp32 logits (training on a CPU) take the plain form too: there is no upcast to save.
+The logits are tokens x vocabulary: 4.2 GB in bf16 for 16k tokens of a 128k vocabulary, twice that upcast to fp32
+for the softmax, and autograd would keep them for backward. Here the output layer and the cross-entropy run
+together, a chunk of tokens at a time (`linear_cross_entropy`): forward keeps only the hidden states, backward
+computes each chunk's logits again and turns them into the gradients in place, so one chunk's logits (256 MB in
+fp32) exist at a time, and the output layer's weight gradient is summed in fp32 over the chunks. The gradients are
+the plain form's (tests/test_loss.py). Under torch.compile the plain form is used: inductor fuses the upcast into its
+softmax kernels. A batch whose logits fit in one chunk takes the plain form too: there is nothing to save.
+
+The output layer is an `OutputHead`: a Linear (same weight, same checkpoint key) that, while training, returns the
+loss instead of the logits. Called once, as the model calls it, it is one FSDP forward (one all-gather of its
+weight) and one backward (one reduce-scatter), however many chunks it runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 CHUNK_ELEMENTS = 2**26  # fp32 logits per chunk: 256 MB
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
-    """The mean next-token cross-entropy (fp32) of `logits` [..., vocab] against `targets` [...]."""
-    flat_logits, flat_targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
-    if logits.dtype == torch.float32 or torch.compiler.is_compiling():
-        return F.cross_entropy(flat_logits.float(), flat_targets)
-    rows = max(1, chunk_elements // logits.size(-1))
-    total = torch.zeros((), dtype=torch.float32, device=logits.device)
-    for chunk, chunk_targets in zip(flat_logits.split(rows), flat_targets.split(rows), strict=True):
-        total = total + checkpoint(_summed_cross_entropy, chunk, chunk_targets, use_reentrant=False)
-    return total / flat_targets.numel()
+class _LinearCrossEntropy(torch.autograd.Function):
+    """sum over tokens of cross_entropy(hidden @ weight.T, targets), in fp32, `rows` tokens at a time."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")  # backward runs under the forward's autocast state (ddp on a GPU)
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for h, t in zip(hidden.split(rows), targets.split(rows), strict=True):
+            total += F.cross_entropy((h @ weight.T).float(), t, reduction="sum")
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.rows = rows
+        return total
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, targets = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, hidden.size(0), ctx.rows):
+            rows = slice(start, start + ctx.rows)
+            h, t = hidden[rows], targets[rows]
+            grad = (h @ weight.T).float()  # the chunk's logits, turned into d(loss)/d(logits) in place:
+            grad -= grad.logsumexp(-1, keepdim=True)
+            grad.exp_()  # softmax
+            grad[torch.arange(len(t), device=t.device), t] -= 1.0
+            grad *= grad_total
+            grad_hidden[rows] = grad.to(weight.dtype) @ weight
+            grad_weight.addmm_(grad.T, h.float())
+            del grad
+        return grad_hidden, grad_weight.to(weight.dtype), None, None
 
 
-def _summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float(), targets, reduction="sum")
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:  # fmt: skip
+    """The mean next-token cross-entropy (fp32) of the logits `hidden` [..., h] @ `weight` [vocab, h].T against
+    `targets` [...], one chunk of at most `chunk_elements` fp32 logits at a time (the plain form when they all fit
+    in one)."""
+    flat_hidden, flat_targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+    vocab = weight.size(0)
+    if flat_targets.numel() * vocab <= chunk_elements:
+        return plain_cross_entropy(F.linear(flat_hidden, weight), flat_targets)
+    rows = max(1, chunk_elements // vocab)
+    return _LinearCrossEntropy.apply(flat_hidden, weight, flat_targets, rows) / flat_targets.numel()
+
+
+def plain_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+
+
+class OutputHead(torch.nn.Linear):
+    """The model's output layer: the logits, as a Linear gives them; or, inside `loss_against(targets)`, the mean
+    loss over them, computed without them (`linear_cross_entropy`)."""
+
+    targets: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def loss_against(self, targets: torch.Tensor) -> Iterator[None]:
+        self.targets = targets
+        try:
+            yield
+        finally:
+            self.targets = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.targets is None:
+            return super().forward(hidden)
+        assert self.bias is None, "the causal LMs built here have no output bias"
+        return linear_cross_entropy(hidden, self.weight, self.targets)
+
+
+def with_output_head(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace the transformers model's output Linear with an `OutputHead` of the same shape (on the meta device,
+    before the model has storage; the weight's name, and a tie to the input embedding, stay as they were)."""
+    head = model.get_output_embeddings()
+    new = OutputHead(head.in_features, head.out_features, bias=head.bias is not None, device=head.weight.device,
+                     dtype=head.weight.dtype)  # fmt: skip
+    model.set_output_embeddings(new)
+    if model.config.tie_word_embeddings:
+        model.tie_weights()
+    return model
 
 
 class CausalLMLoss(torch.nn.Module):
-    """The model and its loss as one module, so that DDP wraps, and torch.compile compiles, the loss too."""
+    """The model and its loss as one module, so that DDP wraps, and torch.compile compiles, the loss too. The model
+    runs as a whole (FSDP's root unit sees its forward), its output head returning the loss instead of the logits;
+    under torch.compile the plain form: inductor fuses the upcast into its softmax kernels."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=inputs, use_cache=False).logits  # no KV cache to build in training
-        return cross_entropy(logits, targets)
+        if torch.compiler.is_compiling():
+            return plain_cross_entropy(self.model(input_ids=inputs, use_cache=False).logits, targets)
+        with self.model.get_output_embeddings().loss_against(targets):
+            return self.model(input_ids=inputs, use_cache=False).logits  # no KV cache; the "logits" are the loss

@@ -1,12 +1,18 @@
 """How the model is spread over the ranks: DDP, FSDP2 or HSDP, applied here and nowhere else.
 
     ddp    every rank holds the whole model, its gradients and AdamW's state (16 bytes a parameter, before
-           activations); gradients are all-reduced in DDP's buckets
-    fsdp   `fully_shard` on every transformer block and on the root: parameters, gradients and optimizer state are
-           split over the ranks, each block's parameters all-gathered for its forward and backward; on GPU the
-           parameters compute in bf16 and the gradients are reduced in fp32
+           activations); gradients are all-reduced in DDP's buckets; on GPU bf16 autocast
+    fsdp   `fully_shard` on every transformer block, on the input embedding and on the final norm with the output
+           layer (an untied model's, as torchtitan does; a tied model keeps them in the root unit, whose weights
+           are gathered for the whole forward anyway), and on the root: parameters, gradients and optimizer state
+           are split over the ranks, each unit's parameters all-gathered for its forward and backward; on GPU the
+           parameters compute in bf16 and the gradients are reduced in fp32 (FSDP's mixed precision, no autocast)
     hsdp   fsdp within a node and replicas across nodes (a 2-D device mesh: replicate x shard), so the all-gathers
            stay on NVLink and only the gradient all-reduce crosses the network; what fsdp becomes on several nodes
+
+Gradient accumulation never holds unsharded gradients: under fsdp and hsdp each micro-batch's gradients are
+reduce-scattered within the node as they are made (FSDP2 would otherwise keep the whole model's in fp32 between
+micro-batches, +32 GB a GPU at 8B); only hsdp's all-reduce across nodes waits for the last micro-batch.
 
 The model is built on the meta device (no storage), sharded, and only then given memory, so no rank ever holds the
 whole model under fsdp. Its initial weights are drawn unit by unit (each block, then each other module that holds
@@ -14,8 +20,8 @@ weights) on the CPU, from a generator keyed by the seed and the unit's name, wit
 rules (transformers' `_init_weights`), and each rank keeps its shard: the same initial model for every
 parallelism and world size, holding at most one unit whole at a time.
 
-The training loop sees a `Parallelized`: the loss to call, a context for gradient accumulation, the gradient norm
-clipping; it does not know which of the three it runs.
+The training loop sees a `Parallelized`: the loss to call, contexts for the compute precision and gradient
+accumulation, the gradient norm clipping; it does not know which of the three it runs.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from trainer.loss import CausalLMLoss
+from trainer.loss import CausalLMLoss, with_output_head
 from trainer.model import build_model, without_attention_masks
 
 log = logging.getLogger(__name__)
@@ -55,14 +61,22 @@ class Parallelized:
 
     @contextlib.contextmanager
     def accumulating(self, last_micro_batch: bool) -> Iterator[None]:
-        """Around one micro-batch's forward and backward: gradients are reduced only after the last one."""
+        """Around one micro-batch's forward and backward: gradients are all-reduced across replicas (ddp's ranks,
+        hsdp's nodes) only after the last one; fsdp's reduce-scatter runs for every micro-batch, so what is kept
+        between them is sharded."""
         if self._ddp is not None:
             with contextlib.nullcontext() if last_micro_batch else self._ddp.no_sync():
                 yield
             return
         assert isinstance(self.model, FSDPModule)
-        self.model.set_requires_gradient_sync(last_micro_batch)
+        if self.kind == "hsdp":
+            self.model.set_requires_all_reduce(last_micro_batch)
         yield
+
+    def compute_precision(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Around the forward: bf16 autocast for ddp on a GPU; fsdp and hsdp compute in bf16 by their mixed-precision
+        policy (parameters gathered in bf16), so autocast would only cast again; fp32 on a CPU."""
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and self.kind == "ddp")
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip the gradients to `max_norm` (inf: measure only); the total norm over all of them, a plain tensor
@@ -77,7 +91,7 @@ def parallelize(config: Any, kind: str, device: torch.device, seed: int, local_w
     """Build the transformers model for `config` on the meta device, spread it as `kind` says, give it memory on
     `device` and its initial weights (initialize); then wrap the loss for DDP or compile it."""
     with torch.device("meta"):
-        model = without_attention_masks(build_model(config))
+        model = with_output_head(without_attention_masks(build_model(config)))
     template = copy.deepcopy(model)  # unsharded, still without storage: the shapes to draw the initial weights in
     recompute_activations(model, activation_checkpointing)
     kind, mesh = shard(model, kind, device, local_world)
@@ -124,8 +138,8 @@ def recompute_activations(model: torch.nn.Module, mode: str) -> None:
 
 
 def shard(model: torch.nn.Module, kind: str, device: torch.device, local_world: int) -> tuple[str, DeviceMesh | None]:
-    """fully_shard every block and the root, for fsdp and hsdp (still on the meta device: nothing is allocated);
-    the parallelism it became (fsdp on several nodes is hsdp) and its mesh."""
+    """fully_shard the units (the module docstring), for fsdp and hsdp, still on the meta device (nothing is
+    allocated); the parallelism it became (fsdp on several nodes is hsdp) and its mesh."""
     if kind == "ddp":
         return kind, None
     world = dist.get_world_size()
@@ -133,10 +147,24 @@ def shard(model: torch.nn.Module, kind: str, device: torch.device, local_world: 
     mesh = fsdp_mesh(device, kind, world, local_world)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
         else MixedPrecisionPolicy()  # fmt: skip
+    embedding, (norm, head) = model.get_input_embeddings(), output_units(model)
+    if not model.config.tie_word_embeddings:
+        fully_shard(embedding, mesh=mesh, mp_policy=policy)
+        # Not resharded after forward: the output is the first unit backward needs (torchtitan's choice too).
+        fully_shard([norm, head], mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     for block in blocks(model).values():
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return kind, mesh
+
+
+def output_units(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The decoder's final norm and the output layer: what runs after the last block."""
+    base = model.base_model
+    norm = getattr(base, "norm", None) or getattr(base, "ln_f", None)  # Llama, GPT-2
+    if norm is None:
+        raise ValueError(f"{type(base).__name__} has no final norm named norm or ln_f")
+    return norm, model.get_output_embeddings()
 
 
 def fsdp_mesh(device: torch.device, kind: str, world: int, local_world: int) -> DeviceMesh:

@@ -3,9 +3,10 @@
     torchrun --nproc_per_node=N [--nnodes=MIN:MAX --rdzv_backend=c10d ...] trainer/train_ddp.py \\
         --data-dir <root>/datasets/<name>/snapshots/<id> --run-dir <root>/runs/<id> --preset small ...
 
-NCCL on GPUs (bf16 autocast), gloo on CPU (fp32). A run directory that holds a checkpoint is resumed
-from it, also with another world size. SIGTERM/SIGINT stop every rank after the same step, rank 0
-commits a checkpoint, and the processes exit with a code from trainer.preemption.ExitCode:
+NCCL on GPUs (bf16: autocast under ddp, FSDP's mixed precision under fsdp/hsdp), gloo on CPU (fp32). A run
+directory that holds a checkpoint is resumed from it, also with another world size. SIGTERM/SIGINT stop every
+rank after the same step, rank 0 commits a checkpoint, and the processes exit with a code from
+trainer.preemption.ExitCode:
 0 done, 1 crashed (also: a collective timed out, naming the ranks that stopped answering), 2 bad input,
 3 diverged (trainer/health.py), 75 preempted and saved (rerun to resume), 76 preempted, save failed.
 """
@@ -241,7 +242,7 @@ def train(cfg: TrainConfig) -> ExitCode:
                     "init_from": warm_started, "hyperpod_pretrain": tool_version()}  # fmt: skip
         write_json(run.config, resolved)
 
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda)
+    compute_precision = parallel.compute_precision(device)
     flops_per_step = flops_per_token(model, cfg.seq_len) * cfg.tokens_per_step * world
     peak = peak_flops(device, cfg.peak_tflops)
     samples_log = open(run.logs / f"samples_rank_{rank:05d}.txt", "a") if cfg.log_samples else None
@@ -285,7 +286,7 @@ def train(cfg: TrainConfig) -> ExitCode:
                 if samples_log:
                     samples_log.write(f"{progress.step + 1} {micro} {' '.join(map(str, batches.last_windows))}\n")
                 last_micro = micro == cfg.grad_accum_steps - 1
-                with parallel.accumulating(last_micro), autocast:
+                with parallel.accumulating(last_micro), compute_precision:
                     loss = parallel.forward_loss(inputs, targets)
                     if cfg.fault_nan_at_step and progress.step + 1 >= cfg.fault_nan_at_step:
                         loss = loss * float("nan")  # fault injection (--fault-nan-at-step): a diverged loss
@@ -347,8 +348,9 @@ def train(cfg: TrainConfig) -> ExitCode:
                     "sync_wait_s": round(sync_wait_s / steps_since_log, 4),
                     "checkpoint_stall_s": round(save_stall_s, 4),  # the saves' hold on training since the last row
                     "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak else None,
-                    "gpu_mem_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if use_cuda else None,
-                    "rss_gb": round(max(rss_all), 2), "skipped_steps": divergence.skipped, "time": time.time(),
+                    "gpu_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if use_cuda else None,
+                    "gpu_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2) if use_cuda else None,
+                    "rss_gib": round(max(rss_all), 2), "skipped_steps": divergence.skipped, "time": time.time(),
                 }  # fmt: skip
                 sync_wait_s, save_stall_s, steps_since_log = 0.0, 0.0, 0
                 if evaluate and stop_reason in (None, "max-steps", "max-tokens"):  # not with a signal's budget running
@@ -528,7 +530,7 @@ def durable_copy(cfg: TrainConfig) -> Mirror | None:
 def log_memory_estimate(mconfig: Any, cfg: TrainConfig, kind: str, world: int, device: torch.device,
                         rank: int) -> None:  # fmt: skip
     """The preflight's estimate of this run's memory per GPU (trainer/memory.py), beside what the device has free:
-    the metrics' gpu_mem_gb then shows the real peak to compare with."""
+    the metrics' gpu_mem_gib then shows the real peak to compare with."""
     if rank != 0:
         return
     shape = model_shape(mconfig)
@@ -536,7 +538,8 @@ def log_memory_estimate(mconfig: Any, cfg: TrainConfig, kind: str, world: int, d
     need = estimate(shape, kind, world, local_world, cfg.batch_size, cfg.seq_len, cfg.activation_checkpointing)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        log.info("memory estimate: %s; the GPU has %.1f GB free of %.1f", need.describe(), free / 1e9, total / 1e9)
+        log.info("memory estimate: %s; the GPU has %.1f GiB free of %.1f", need.describe(), free / 2**30,
+                 total / 2**30)  # fmt: skip
     else:
         log.info("memory estimate (as on a GPU): %s", need.describe())
 

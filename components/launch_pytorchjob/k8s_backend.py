@@ -856,10 +856,10 @@ def last_memory_use(metrics: Path) -> str:
         rows = [json.loads(line) for line in metrics.read_text().splitlines()[-20:] if line.strip()]
     except (OSError, ValueError):
         return ""
-    rows = [r for r in rows if r.get("rss_gb")]
+    rows = [r for r in rows if r.get("rss_gib")]
     if not rows:
         return ""
-    return f"the largest worker process held {rows[-1]['rss_gb']:.1f} GiB at step {rows[-1]['step']} (metrics.jsonl)"
+    return f"the largest worker process held {rows[-1]['rss_gib']:.1f} GiB at step {rows[-1]['step']} (metrics.jsonl)"
 
 
 def runtime_grace(kube: Kube, api: JobApi, runtime: str) -> int | None:

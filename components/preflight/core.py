@@ -1474,10 +1474,11 @@ def check_memory(ctx: Context) -> Check:
 
 # -- GPU memory ------------------------------------------------------------------------------------------------
 
-# Each GPU's memory, GB, by instance type (HyperPod's ml.<type> too), from AWS's accelerated-computing instance pages
+# Each GPU's memory by instance type (HyperPod's ml.<type> too), from AWS's accelerated-computing instance pages
 # and NVIDIA's data sheets: g5 A10G 24 GB, g6e L40S 48 GB, p4d A100 40 GB, p4de A100 80 GB, p5 H100 80 GB, p5e and
-# p5en H200 141 GB, p6-b200 B200 (1,440 GB of HBM3e over 8 GPUs) 180 GB.
-GPU_MEMORY_GB: dict[str, int] = {
+# p5en H200 141 GB, p6-b200 B200 (1,440 GB of HBM3e over 8 GPUs) 180 GB. The vendors' "GB" here are GiB of HBM (an
+# H100's five 16 GiB stacks are its 80 GB), and the estimate is in GiB too (trainer/memory.py).
+GPU_MEMORY_GIB: dict[str, int] = {
     "g5.48xlarge": 24,
     "g6e.48xlarge": 48,
     "p4d.24xlarge": 40,
@@ -1495,17 +1496,18 @@ def check_gpu_memory(ctx: Context) -> Check:
     """The run's estimated memory per GPU (trainer/memory.py) against the instance type's GPU; when it does not fit,
     what would."""
     from trainer.config import TRAIN_DEFAULTS
-    from trainer.memory import GB, estimate, model_shape
+    from trainer.memory import GIB, estimate, model_shape
     from trainer.model import model_config
 
     name = "gpu-memory"
-    gpu_gb = GPU_MEMORY_GB.get(ctx.instance_type.removeprefix("ml."))
+    gpu_gib = GPU_MEMORY_GIB.get(ctx.instance_type.removeprefix("ml."))
     gpus = int(ctx.request.get(GPU, 0))
     if not gpus:
         return Check(name, NOT_APPLICABLE, "the job requests no GPUs")
     flag = ctx.trainer_flag
     preset, seq_len = flag("--preset", TRAIN_DEFAULTS["preset"]), int(flag("--seq-len", TRAIN_DEFAULTS["seq_len"]))
     batch = int(flag("--batch-size", TRAIN_DEFAULTS["batch_size"]))
+    accumulation = int(flag("--grad-accum-steps", TRAIN_DEFAULTS["grad_accum_steps"]))
     parallelism = flag("--parallelism", TRAIN_DEFAULTS["parallelism"])
     recompute = flag("--activation-checkpointing", TRAIN_DEFAULTS["activation_checkpointing"])
     vocab, assumed = dataset_vocab(flag("--data-dir", ""))
@@ -1516,29 +1518,31 @@ def check_gpu_memory(ctx: Context) -> Check:
 
     need = estimate(shape, parallelism, ctx.max_nodes * gpus, gpus, batch, seq_len, recompute)
     size = f"{shape.parameters / 1e9:.2f}B" if shape.parameters >= 10**9 else f"{shape.parameters / 1e6:.1f}M"
+    accumulated = (f", {accumulation} micro-batches a step (no more memory: gradients stay sharded between them)"
+                   if accumulation > 1 else "")  # fmt: skip
     run = (f"{preset} ({size} parameters at vocabulary {vocab:,}"
            f"{', assumed' if assumed else ''}) under {parallelism} on {ctx.max_nodes} node(s) x {gpus} GPUs, "
-           f"micro-batch {batch} x {seq_len} tokens, activation checkpointing {recompute}: "
+           f"micro-batch {batch} x {seq_len} tokens{accumulated}, activation checkpointing {recompute}: "
            f"{need.describe()}")  # fmt: skip
-    if gpu_gb is None:
+    if gpu_gib is None:
         return Check(name, NOT_APPLICABLE, f"{run}; the GPU memory of {ctx.instance_type or 'this instance type'} is "
-                     f"unknown (known: {', '.join(GPU_MEMORY_GB)})")  # fmt: skip
-    usable = Decimal(gpu_gb) * GPU_MEMORY_USABLE * GB
-    if need.total <= Decimal(gpu_gb) * GPU_MEMORY_TIGHT * GB:
-        return Check(name, PASS, f"{run}, of the {gpu_gb} GB of a {ctx.instance_type} GPU")
+                     f"unknown (known: {', '.join(GPU_MEMORY_GIB)})")  # fmt: skip
+    usable = Decimal(gpu_gib) * GPU_MEMORY_USABLE * GIB
+    if need.total <= Decimal(gpu_gib) * GPU_MEMORY_TIGHT * GIB:
+        return Check(name, PASS, f"{run}, of the {gpu_gib} GiB of a {ctx.instance_type} GPU")
     if need.total <= usable:
-        return Check(name, WARN, f"{run}: tight in the {gpu_gb} GB of a {ctx.instance_type} GPU (over "
+        return Check(name, WARN, f"{run}: tight in the {gpu_gib} GiB of a {ctx.instance_type} GPU (over "
                      f"{GPU_MEMORY_TIGHT:.0%})", "if it runs out of memory: " + memory_fixes(per_gpu, parallelism,
                      ctx.max_nodes, batch, recompute, usable))  # fmt: skip
-    return Check(name, FAIL, f"{run}: more than the {gpu_gb} GB of a {ctx.instance_type} GPU can hold "
-                 f"({usable / GB:.0f} GB usable)",
+    return Check(name, FAIL, f"{run}: more than the {gpu_gib} GiB of a {ctx.instance_type} GPU can hold "
+                 f"({usable / GIB:.0f} GiB usable)",
                  memory_fixes(per_gpu, parallelism, ctx.max_nodes, batch, recompute, usable))  # fmt: skip
 
 
 def memory_fixes(per_gpu: Callable[[str, int, int, str], int], parallelism: str, nodes: int, batch: int,
                  recompute: str, usable: Decimal) -> str:  # fmt: skip
     """The first few changes (job options) after which the run would fit, each with its estimate."""
-    from trainer.memory import GB
+    from trainer.memory import GIB
 
     sharded = "hsdp" if nodes > 1 else "fsdp"
     candidates = [
@@ -1553,10 +1557,10 @@ def memory_fixes(per_gpu: Callable[[str, int, int, str], int], parallelism: str,
     ]  # fmt: skip
     changed = [(text, settings) for text, *settings in candidates
                if tuple(settings) != (parallelism, nodes, batch, recompute)]  # fmt: skip
-    fits = [f"{text} ({per_gpu(*settings) / GB:.1f} GB)" for text, settings in changed
+    fits = [f"{text} ({per_gpu(*settings) / GIB:.1f} GiB)" for text, settings in changed
             if per_gpu(*settings) <= usable][:3]  # fmt: skip
     if not fits:
-        return "no single change fits: a larger GPU (p5e/p5en: 141 GB), more nodes under hsdp with full checkpointing"
+        return "no single change fits: a larger GPU (p5e/p5en: 141 GiB), more nodes under hsdp with full checkpointing"
     return "it would fit with " + "; or ".join(fits)
 
 

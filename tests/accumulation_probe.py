@@ -1,0 +1,56 @@
+"""Gradient accumulation under each parallelism, under torchrun with 2 processes (tests/test_parallel.py).
+
+Run as `torchrun --nproc-per-node 2 -m tests.accumulation_probe OUT`. For ddp, fsdp and hsdp (2 replicas of 1
+shard) in turn, an untied llama-shaped model (its embedding and output head are FSDP units of their own) runs two
+micro-batches as the training loop does (trainer/parallel.py `accumulating`). Each rank writes OUT/rank_<r>.json:
+the bytes of the tensors the first, unsynchronised micro-batch left alive (the gradients held until the next;
+tests/allocations.py counts every storage, FSDP's own buffers included) and the model's fp32 gradient bytes; rank 0
+writes each parallelism's whole gradients after the second micro-batch to OUT/<kind>.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from tests.allocations import LiveBytes
+from trainer.parallel import parallelize
+
+SHAPE = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 256, "tie_word_embeddings": False, "vocab_size": 1024,
+         "max_position_embeddings": 64}  # fmt: skip
+
+
+def main(out: Path) -> None:
+    from transformers import AutoConfig
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    config = AutoConfig.for_model("llama", **SHAPE)
+    generator = torch.Generator().manual_seed(10 + rank)  # each rank its own data, as in training
+    micro_batches = [torch.randint(0, SHAPE["vocab_size"], (2, 33), generator=generator) for _ in range(2)]
+    record = {}
+    for kind in ("ddp", "fsdp", "hsdp"):
+        parallel = parallelize(config, kind, torch.device("cpu"), seed=1, local_world=1 if kind == "hsdp" else 2)
+        for index, tokens in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            with LiveBytes() as held, parallel.accumulating(last):
+                (parallel.forward_loss(tokens[:, :-1], tokens[:, 1:]) / len(micro_batches)).backward()
+            if not last:
+                record[kind] = held.live
+        grads = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in parallel.model.parameters()]
+        record["model_grad_bytes"] = 4 * sum(g.numel() for g in grads)
+        if rank == 0:
+            torch.save(torch.cat([g.flatten() for g in grads]), out / f"{kind}.pt")
+        del parallel, grads
+    (out / f"rank_{rank}.json").write_text(json.dumps(record))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
