@@ -5,7 +5,9 @@ shard) in turn, an untied llama-shaped model (its embedding and output head are 
 micro-batches as the training loop does (trainer/parallel.py `accumulating`). Each rank writes OUT/rank_<r>.json:
 the bytes of the tensors the first, unsynchronised micro-batch left alive (the gradients held until the next;
 tests/allocations.py counts every storage, FSDP's own buffers included) and the model's fp32 gradient bytes; rank 0
-writes each parallelism's whole gradients after the second micro-batch to OUT/<kind>.pt.
+writes each parallelism's whole gradients after the second micro-batch to OUT/<kind>.pt. Under hsdp, after an
+optimizer step, the checkpoint's tensors (trainer/dcp_io.py): the bytes this rank holds and the bytes of its share
+(what an asynchronous save stages), and whether the shares saved with DCP load back into every rank's whole state.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
 from tests.allocations import LiveBytes
+from trainer import dcp_io
 from trainer.parallel import parallelize
 
 SHAPE = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -47,9 +51,26 @@ def main(out: Path) -> None:
         record["model_grad_bytes"] = 4 * sum(g.numel() for g in grads)
         if rank == 0:
             torch.save(torch.cat([g.flatten() for g in grads]), out / f"{kind}.pt")
+        if kind == "hsdp":
+            record |= checkpoint_shares(parallel.model, out / "hsdp-checkpoint")
         del parallel, grads
     (out / f"rank_{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
+
+
+def checkpoint_shares(model: torch.nn.Module, path: Path) -> dict[str, object]:
+    """This rank's bytes of the checkpoint's tensors, of its share, and whether the shares load back whole."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer.step()
+    tensors, _ = dcp_io.split_state(model, optimizer)
+    mine = dcp_io.share(tensors, dist.get_rank(), dist.get_world_size())
+    local = lambda t: t.to_local() if isinstance(t, DTensor) else t  # noqa: E731
+    dcp.save(mine, storage_writer=dcp_io.writer(path))
+    loaded = {key: torch.zeros_like(tensor) for key, tensor in tensors.items()}
+    dcp.load(loaded, storage_reader=dcp_io.VerifyingReader(path))
+    return {"held_bytes": sum(local(t).nbytes for t in tensors.values()),
+            "share_bytes": sum(local(t).nbytes for t in mine.values()),
+            "loads_back": all(torch.equal(local(loaded[k]), local(t)) for k, t in tensors.items())}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ import json
 import math
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,10 +19,10 @@ import torch
 from common.errors import StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.progress import STALL_FLOOR_S, TrainingWatch
-from tests.helpers import tiny_launch
+from tests.helpers import snapshot_dir, tiny_launch
 from tests.test_trainer import read_metrics, start_torchrun, wait_for_step, worker_pids
 from trainer.checkpoint import newest_checkpoint, read_weights
-from trainer.health import Divergence, SpikeWatch, collective_failed
+from trainer.health import Divergence, Heartbeat, SpikeWatch, announce_failure, collective_failed
 from trainer.layout import RunPaths
 from trainer.preemption import ExitCode
 from trainer.train_ddp import write_status
@@ -211,3 +214,57 @@ def test_the_stall_clock_starts_again_when_training_resumes_at_the_same_step(tmp
     assert watch.check() is None
     clock[0] = 111.0
     assert watch.check().startswith("stalled: no training step completed for 11s (stall timeout 10s) after step 5")
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_rank_that_raises_ends_the_rank_waiting_for_it(staged_root: Path, tmp_path: Path) -> None:
+    """As on separate nodes: two trainer processes started without torchrun (whose agent would end a failed worker's
+    local peers itself), the last rank raising at the start of step 3 while rank 0 goes on into that step's gradient
+    all-reduce. gloo sees the peer's socket close and fails the collective; the peer's announcement names why."""
+    run_dir = tmp_path / "run"
+    port = free_port()
+    command = [sys.executable, "-m", "trainer.train_ddp", "--data-dir", str(snapshot_dir(staged_root, "synthetic")),
+               "--run-dir", str(run_dir), "--preset", "tiny", "--batch-size", "4", "--seq-len", "64",
+               "--max-steps", "50", "--log-every", "100", "--checkpoint-every", "100", "--fault-crash-at-step", "3",
+               "--collective-timeout-s", "300"]  # fmt: skip
+    started = time.monotonic()
+    node = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    ranks = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, **node, "RANK": str(rank)}) for rank in (0, 1)]  # fmt: skip
+    outputs = [process.communicate(timeout=120)[0] for process in ranks]
+    status = json.loads(RunPaths(run_dir).status.read_text())
+    ended_after = time.monotonic() - started
+    assert [process.returncode for process in ranks] == [ExitCode.CRASHED, ExitCode.CRASHED], outputs
+    assert status["state"] == "crashed" and status["failed_rank"] == 1, status
+    assert status["error"].startswith("rank 1 failed: RuntimeError: fault injection (--fault-crash-at-step): rank 1 "
+                                      "fails at step 3"), status  # fmt: skip
+    assert "ending this rank: rank 1 failed (RuntimeError: fault injection" in RunPaths(run_dir).rank_log(0).read_text()
+    assert ended_after < 60, f"{ended_after:.0f}s: start-up and 3 steps, then the failure within seconds"
+
+
+def test_the_heartbeat_ends_a_rank_whose_peer_announced_a_failure_after_a_grace() -> None:
+    """What ends a rank that NCCL leaves waiting (a dead peer is not seen until the collective timeout): the
+    heartbeat thread reads the announcement from the store and, after its grace, calls the ending function."""
+    store = torch.distributed.HashStore()
+    ended: list[tuple[int, str]] = []
+    done = threading.Event()
+    heartbeat = Heartbeat(store, 0, 2, timeout_s=600, on_peer_failure=lambda *failed: (ended.append(failed),
+                          done.set()), failure_grace_s=0.5)  # fmt: skip
+    announce_failure(store, 0, "its own failure is not a peer's")
+    assert heartbeat.peer_failure() is None
+    store.delete_key("hyperpod-pretrain/failed")
+    announced = time.monotonic()
+    announce_failure(store, 1, "OutOfMemoryError: CUDA out of memory")
+    announce_failure(store, 2, "a later failure is not the first")
+    assert done.wait(10) and ended == [(1, "OutOfMemoryError: CUDA out of memory")]
+    assert 0.5 <= time.monotonic() - announced < 3
+    heartbeat.stop()

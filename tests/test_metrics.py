@@ -2,14 +2,15 @@
 ETA's clock. (tests/test_trainer.py reads the lines a real run logged.)"""
 
 import pytest
+import torch
 
 from trainer.metrics import (
     NO_VALUE,
-    PEAK_BF16_FLOPS,
     StepTimes,
     flops_per_token,
     human_count,
     human_duration,
+    peak_flops,
     plan_line,
     short_float,
     step_line,
@@ -85,12 +86,26 @@ def test_flops_per_token_counts_the_matmul_weights_only(tied: bool) -> None:
     assert flops_per_token(model, 32) == 6 * matmul + 12 * config.n_layer * config.n_embd * 32
 
 
-def test_an_h100_nvl_is_not_taken_for_an_sxm_h100() -> None:
-    def peak(name: str) -> float:
-        return next(flops for fragment, flops in PEAK_BF16_FLOPS if fragment in name)
+def test_llama_8b_flops_per_token_are_torchtitans() -> None:
+    """torchtitan's models/utils.py get_dense_model_nparams_and_flops: 6 x (parameters - the untied embedding) +
+    6 x layers x heads x (q/k plus v head dims) x seq_len, for Llama 3.1 8B's shapes at 8,192 tokens."""
+    config = model_config("llama-8b", vocab_size=128256, max_seq_len=8192, eos_token_id=0)
+    with torch.device("meta"):
+        model = build_model(config)
+    parameters = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    head_dim = config.hidden_size // config.num_attention_heads
+    torchtitan = 6 * (parameters - embedding) + 6 * 32 * config.num_attention_heads * (2 * head_dim) * 8192
+    assert flops_per_token(model, 8192) == torchtitan
 
-    assert (peak("NVIDIA H100 NVL"), peak("NVIDIA H100 80GB HBM3"), peak("NVIDIA H100 PCIe")) == (
-        835e12,
-        989e12,
-        756e12,
-    )
+
+def test_a_gpu_peak_is_looked_up_by_its_exact_name_and_an_unknown_gpu_gets_no_mfu(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpu = torch.device("cuda", 0)
+    for name, peak in [("NVIDIA H100 NVL", 835e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                       ("NVIDIA H200", 989e12), ("NVIDIA B200", 2250e12), ("NVIDIA H100 SXM5 94GB", None)]:  # fmt: skip
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
+        assert peak_flops(gpu, 0.0) == peak, name
+    assert "no MFU: no peak FLOP/s known for 'NVIDIA H100 SXM5 94GB'" in caplog.text
+    assert peak_flops(gpu, 500.0) == 500e12 and peak_flops(torch.device("cpu"), 0.0) is None

@@ -139,23 +139,47 @@ class VerifyingReader(dcp.FileSystemReader):
 
 
 def owners(tensors: dict[str, torch.Tensor], world: int) -> dict[str, int]:
-    """Who reads each tensor: the largest first, each to the rank with the fewest bytes so far; the same answer on
-    every rank."""
+    """Who reads (or writes) each tensor: the largest first, each to the rank with the fewest bytes so far; the same
+    answer on every rank (a DTensor counts its global size, the same on every rank)."""
     load = [0] * world
     owner = {}
-    for key in sorted(tensors, key=lambda k: (-tensors[k].nbytes, k)):
+    for key in sorted(tensors, key=lambda k: (-_global_bytes(tensors[k]), k)):
         owner[key] = min(range(world), key=lambda r: (load[r], r))
-        load[owner[key]] += tensors[key].nbytes
+        load[owner[key]] += _global_bytes(tensors[key])
     return owner
 
 
+def _global_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()  # a DTensor's numel is its global one
+
+
+def _replicas(tensor: DTensor) -> tuple[int, int]:
+    """(how many replicas of each shard, which of them this rank holds): over the mesh dimensions the tensor is
+    replicated on (HSDP's replicate dimension); (1, 0) for one sharded everywhere."""
+    mesh, count, index = tensor.device_mesh, 1, 0
+    for dim, placement in enumerate(tensor.placements):
+        if placement.is_replicate():
+            index = index * mesh.size(dim) + mesh.get_local_rank(dim)
+            count *= mesh.size(dim)
+    return count, index
+
+
 def share(tensors: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.Tensor]:
-    """The tensors this rank writes of a state every rank holds whole (DDP's): owners' assignment, so the ranks
-    write balanced shares and an asynchronous save stages (copies to host memory) only this rank's, at most
-    1/world of the state plus one tensor. DCP takes state dicts whose keys differ by rank and writes their union.
-    A sharded tensor (FSDP's DTensor) is offered by every rank: each holds, stages and writes its own piece."""
+    """The tensors this rank writes, so that an asynchronous save stages (copies to host memory) only those: DCP's
+    stager copies whatever it is handed, before its planner drops the duplicates. DCP takes state dicts whose keys
+    differ by rank and writes their union.
+
+    A tensor every rank holds whole (DDP's) goes to one rank (`owners`: balanced shares, at most 1/world of the
+    state plus one tensor). A sharded tensor (FSDP's DTensor) is offered by every rank that holds a piece: under
+    fsdp each rank its own; under hsdp each replica holds every piece, so each tensor goes to one replica (`owners`
+    over the replicas), whose ranks offer their pieces: each rank stages what it writes, about 1/world of it."""
     whole = {key: tensor for key, tensor in tensors.items() if not isinstance(tensor, DTensor)}
     owner = owners(whole, world)
+    replicated = {key: t for key, t in tensors.items() if isinstance(t, DTensor) and _replicas(t)[0] > 1}
+    if replicated:
+        replicas, mine = _replicas(next(iter(replicated.values())))
+        replica_owner = owners(replicated, replicas)
+        owner |= {key: rank if replica_owner[key] == mine else -1 for key in replicated}
     return {key: tensor for key, tensor in tensors.items() if owner.get(key, rank) == rank}
 
 

@@ -13,10 +13,17 @@ Hangs. A rank that stops answering (a stopped process, a lost node) leaves the o
 process group's timeout. Each rank bumps a counter in the rendezvous store every few seconds from a thread; a
 rank whose collective failed reads the counters twice, and the ranks whose counters did not move are the silent
 ones, named in the error.
+
+Failures. A rank that raises (an out-of-memory, a failed checkpoint commit or staging copy, a read error) would
+leave the others in their next collective for the whole timeout (600 s by default; on other nodes torchrun's agent
+does not end them). It writes its rank and error into the store first (`announce_failure`); the same thread that
+beats watches for that key every second and, after a short grace for this rank to end by itself, ends its process
+too, naming the failed rank and its error.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
@@ -103,8 +110,21 @@ def collective_failed(exc: BaseException) -> bool:
     )
 
 
+FAILED_KEY = "hyperpod-pretrain/failed"  # in the rendezvous store: the first failing rank and its error, as JSON
+
+
+def announce_failure(store: dist.Store, rank: int, error: str) -> None:
+    """Tell the other ranks that this one is failing (the first rank to tell is the one named); never raises: the
+    store may be gone already."""
+    try:
+        store.compare_set(FAILED_KEY, "", json.dumps({"rank": rank, "error": error}))
+    except Exception as exc:  # noqa: BLE001 - the failure being reported matters more than this one
+        log.warning("could not tell the other ranks of this rank's failure: %s", exc)
+
+
 class Heartbeat:
-    """Each rank's counter in the rendezvous store, bumped from a daemon thread while the process runs.
+    """Each rank's counter in the rendezvous store, bumped from a daemon thread while the process runs; the same
+    thread watches for another rank's failure (`announce_failure`).
 
     The store lives in torchrun's agent (or rank 0's process), not in the worker being watched, so it answers
     about a rank that has stopped. The same thread names the silent ranks itself when no step has completed for
@@ -112,10 +132,13 @@ class Heartbeat:
     handler could (TORCH_NCCL_ASYNC_ERROR_HANDLING's default)."""
 
     def __init__(self, store: dist.Store, rank: int, world: int, timeout_s: float,
-                 on_silent: Callable[[list[int], int], None] | None = None):  # fmt: skip
+                 on_silent: Callable[[list[int], int], None] | None = None,
+                 on_peer_failure: Callable[[int, str], None] | None = None, failure_grace_s: float = 5.0):  # fmt: skip
         self.store, self.rank, self.world = store, rank, world
         self.on_silent = on_silent  # told (silent ranks, last step) when the thread names them
+        self.on_peer_failure = on_peer_failure  # told (failed rank, its error) once its grace has passed
         self.interval_s = min(10.0, timeout_s / 10)  # a silent rank is told apart within 3 beats
+        self.watch_s, self.failure_grace_s = min(1.0, self.interval_s), failure_grace_s
         self.report_after_s = 0.8 * timeout_s
         self.step, self._stepped_at, self._reported = 0, time.monotonic(), False
         self._stop = threading.Event()
@@ -127,14 +150,29 @@ class Heartbeat:
         self.step, self._stepped_at, self._reported = step, time.monotonic(), False
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        beaten = 0.0
+        while not self._stop.wait(self.watch_s):
             try:
-                self.store.add(self._key(self.rank), 1)
+                if self.on_peer_failure is not None and (failed := self.peer_failure()):
+                    log.error("rank %d failed: %s", *failed)
+                    if not self._stop.wait(self.failure_grace_s):  # this rank may be ending by itself
+                        self.on_peer_failure(*failed)
+                    return
+                if time.monotonic() - beaten >= self.interval_s:
+                    beaten = time.monotonic()
+                    self.store.add(self._key(self.rank), 1)
                 if not self._reported and time.monotonic() - self._stepped_at > self.report_after_s:
                     self._reported = True
                     self._report_stuck()
             except Exception:  # the store is gone (the job is ending): nothing left to tell
                 return
+
+    def peer_failure(self) -> tuple[int, str] | None:
+        """The rank that announced its failure, and its error, unless none did or it was this one."""
+        if not self.store.check([FAILED_KEY]):
+            return None
+        failed = json.loads(self.store.get(FAILED_KEY))
+        return None if failed["rank"] == self.rank else (failed["rank"], failed["error"])
 
     def _report_stuck(self) -> None:
         waited = time.monotonic() - self._stepped_at

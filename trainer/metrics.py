@@ -26,15 +26,19 @@ from trainer.atomic import atomic_open
 
 log = logging.getLogger(__name__)
 
-# Dense bf16 peak of one accelerator, FLOP/s, by a name fragment of torch.cuda.get_device_name();
-# the first match wins, so the more specific names come first.
-PEAK_BF16_FLOPS: list[tuple[str, float]] = [
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),  # not the SXM part's 989: NVIDIA's H100 NVL datasheet, 1,671 TFLOPS with sparsity
-    ("H200", 989e12),
-    ("H100", 989e12),
-    ("A100", 312e12),
-]
+# Dense bf16 peak of one accelerator, FLOP/s, by its exact name as torch.cuda.get_device_name() gives it (NVIDIA's
+# data sheets; the sparse figures halved; torchtitan's tools/utils.py get_peak_flops agrees). A name not here gets
+# no MFU, rather than the peak of a relative: an H100 NVL is not an SXM H100.
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "NVIDIA H100 80GB HBM3": 989e12,  # SXM5: p5
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H200": 989e12,  # SXM: p5e, p5en
+    "NVIDIA H200 NVL": 835e12,
+    "NVIDIA B200": 2250e12,  # p6-b200
+    "NVIDIA A100-SXM4-40GB": 312e12,  # p4d
+    "NVIDIA A100-SXM4-80GB": 312e12,  # p4de
+}
 
 
 def rss_gib() -> float:
@@ -57,17 +61,17 @@ def rss_gib() -> float:
 
 
 def peak_flops(device: torch.device, given_tflops: float) -> float | None:
-    """The peak to measure MFU against: given, or looked up for the GPU; None when unknown (CPU)."""
+    """The peak to measure MFU against: given, or looked up for the GPU; None when unknown (a CPU, a GPU not in
+    PEAK_BF16_FLOPS: said once)."""
     if given_tflops:
         return given_tflops * 1e12
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for fragment, flops in PEAK_BF16_FLOPS:
-        if fragment in name:
-            return flops
-    log.warning("no peak FLOP/s known for %s: pass --peak-tflops to get MFU", name)
-    return None
+    if name not in PEAK_BF16_FLOPS:
+        log.warning("no MFU: no peak FLOP/s known for %r (known: %s); pass --peak-tflops", name,
+                    ", ".join(PEAK_BF16_FLOPS))  # fmt: skip
+    return PEAK_BF16_FLOPS.get(name)
 
 
 def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:

@@ -52,7 +52,7 @@ from trainer.checkpoint import (
 from trainer.config import CONTINUE, SettingError, TrainConfig, parse_config
 from trainer.data import DataError, DataPosition, TokenBatches, TokenSplit, load_meta, load_split
 from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
-from trainer.health import Divergence, Heartbeat, SpikeWatch, collective_failed
+from trainer.health import Divergence, Heartbeat, SpikeWatch, announce_failure, collective_failed
 from trainer.layout import TOKENIZER, RunPaths
 from trainer.memory import estimate, model_shape
 from trainer.metrics import (
@@ -254,7 +254,17 @@ def train(cfg: TrainConfig) -> ExitCode:
             write_hung_status(run, step, silent, f"no step completed after step {step}: rank(s) "
                               f"{', '.join(map(str, silent))} stopped answering", attempt)  # fmt: skip
 
-    heartbeat = Heartbeat(default_store(), rank, world, cfg.collective_timeout_s, on_silent=report_hang)
+    def end_with_failed_rank(failed_rank: int, error: str) -> None:
+        """From the heartbeat thread: another rank failed and this one would wait for it in a collective until the
+        timeout. Rank 0 records who failed and why (unless it is the one that failed: it says so itself)."""
+        log.error("ending this rank: rank %d failed (%s) and the collectives cannot complete without it", failed_rank,
+                  error)  # fmt: skip
+        write_status(run, rank, "crashed", step=progress.step, exit_code=ExitCode.CRASHED, failed_rank=failed_rank,
+                     error=f"rank {failed_rank} failed: {error}", attempt=attempt)  # fmt: skip
+        exit_now(ExitCode.CRASHED)
+
+    heartbeat = Heartbeat(default_store(), rank, world, cfg.collective_timeout_s, on_silent=report_hang,
+                          on_peer_failure=end_with_failed_rank)  # fmt: skip
 
     def save(blocking: bool) -> float:
         """Collective: every rank writes its share. Returns the seconds this rank was held up."""
@@ -281,6 +291,9 @@ def train(cfg: TrainConfig) -> ExitCode:
         while stop_reason is None:
             step_started = time.perf_counter()
             loss_sum = torch.zeros((), device=device)
+            if cfg.fault_crash_at_step and progress.step + 1 == cfg.fault_crash_at_step and rank == world - 1:
+                raise RuntimeError(f"fault injection (--fault-crash-at-step): rank {rank} fails at step "
+                                   f"{progress.step + 1}")  # fmt: skip
             for micro in range(cfg.grad_accum_steps):
                 inputs, targets = prefetch.next()
                 if samples_log:
@@ -347,7 +360,9 @@ def train(cfg: TrainConfig) -> ExitCode:
                     "input_wait_s": round(prefetch.take_waited() / steps_since_log, 4),
                     "sync_wait_s": round(sync_wait_s / steps_since_log, 4),
                     "checkpoint_stall_s": round(save_stall_s, 4),  # the saves' hold on training since the last row
-                    "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak else None,
+                    # Not for the first step alone: its time is mostly compilation and warm-up.
+                    "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak and not first_step
+                    else None,
                     "gpu_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if use_cuda else None,
                     "gpu_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2) if use_cuda else None,
                     "rss_gib": round(max(rss_all), 2), "skipped_steps": divergence.skipped, "time": time.time(),
@@ -376,8 +391,13 @@ def train(cfg: TrainConfig) -> ExitCode:
                 if not budget_checked and checkpoints.last_save is not None:
                     check_save_budget(step_time_s, checkpoints.last_save, budget_s, rank)
                     budget_checked = True
+            if first_step:  # the throughput of the rows after it leaves out compilation and warm-up
+                throughput.reset()
 
     except (RuntimeError, dist.DistError) as exc:  # a collective failed (a timeout, a peer gone), or anything else
+        if collective_failed(exc) and (failed := heartbeat.peer_failure()):  # the peer said why: no need to ask
+            heartbeat.stop()
+            end_with_failed_rank(*failed)
         if collective_failed(exc) and (silent := heartbeat.silent_ranks()):  # an OOM or a shape error: at once
             return report_silent_ranks(run, rank, world, silent, progress.step + 1, exc, attempt)
         raise
@@ -401,11 +421,16 @@ def train(cfg: TrainConfig) -> ExitCode:
         return ExitCode.DONE
     if samples_log:
         samples_log.close()
+    signalled = stop_reason == "signal"
+    finished = progress.step >= cfg.max_steps or bool(cfg.max_tokens) and progress.tokens_seen >= cfg.max_tokens
+    if signalled and finished:  # the signal came on the last step: the run is done, not preempted (exit 0, not 75)
+        stop_reason = "max-steps" if progress.step >= cfg.max_steps else "max-tokens"
+        log.warning("a signal arrived on the last step (%d): the run is done", progress.step)
     preempted = stop_reason == "signal"
     try:
         save(blocking=True)  # committed when it returns (it waited for any earlier background save first)
         dist.barrier()  # every rank's share committed; then rank 0 alone waits for its durable copy, if any
-        checkpoints.close(wait_for_mirror=not preempted)  # a preempted run has no time for the durable copy
+        checkpoints.close(wait_for_mirror=not signalled)  # after a signal there is no time for the durable copy
         if not budget_checked and checkpoints.last_save is not None:
             check_save_budget(step_time_s, checkpoints.last_save, budget_s, rank)
     except Exception as exc:
@@ -586,28 +611,33 @@ def setup_logging(rank: int, log_file: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit codes as ExitCode documents; every failure reaches torchrun's error file and summary."""
+    """Exit codes as ExitCode documents; every failure reaches torchrun's error file and summary, and the other
+    ranks (trainer/health.py announce_failure), which end too instead of waiting for this one in a collective."""
     errors = get_error_handler()
     errors.initialize()
     cfg = parse_config(argv)  # bad flags: argparse's one line and exit 2
     rank = int(os.environ.get("RANK", 0))
+    run = RunPaths(Path(cfg.run_dir))
+
+    def failed(exc: BaseException, state: str, code: ExitCode, **details: Any) -> None:
+        if dist.is_initialized():
+            announce_failure(default_store(), rank, f"{type(exc).__name__}: {exc}")
+        errors.record_exception(exc)
+        write_status(run, rank, state, exit_code=code, failed_rank=rank, **details)
+
     try:
         return train(cfg)
     except (CheckpointError, DataError, SettingError) as exc:
         log.error("%s", exc)
-        errors.record_exception(exc)
-        write_status(RunPaths(Path(cfg.run_dir)), rank, "bad-input", exit_code=ExitCode.BAD_INPUT, error=str(exc))
+        failed(exc, "bad-input", ExitCode.BAD_INPUT, error=str(exc))
         return ExitCode.BAD_INPUT
     except SaveFailed as exc:  # a periodic or background save: the last committed checkpoint stands
         log.error("%s", exc)
-        errors.record_exception(exc)
-        write_status(RunPaths(Path(cfg.run_dir)), rank, "crashed", exit_code=ExitCode.CRASHED, step=exc.step,
-                     error=str(exc), permanent=exc.permanent)  # fmt: skip
+        failed(exc, "crashed", ExitCode.CRASHED, step=exc.step, error=str(exc), permanent=exc.permanent)
         return ExitCode.CRASHED
     except Exception as exc:
         log.exception("training crashed")  # into this rank's log on the volume, which outlives the pod
-        errors.record_exception(exc)
-        write_status(RunPaths(Path(cfg.run_dir)), rank, "crashed", exit_code=ExitCode.CRASHED, error=repr(exc))
+        failed(exc, "crashed", ExitCode.CRASHED, error=repr(exc))
         raise
 
 
