@@ -102,6 +102,8 @@ class TrainConfig:
                                    "step or later fails as on a full file system, ENOSPC (0: off)", 0)  # fmt: skip
     fault_crash_at_step: int = _opt(0, "fault injection, for testing that a failure ends every rank: the last rank "
                                     "raises at the start of this step (0: off)", 0)  # fmt: skip
+    fault_signal_at_step: int = _opt(0, "fault injection, for testing preemption: rank 0 sends itself SIGTERM at "
+                                     "the end of this step (0: off)", 0)  # fmt: skip
     fault_read_latency_s: float = _opt(0.0, "fault injection, for benching a cold file system: each micro-batch's "
                                        "read takes this many seconds longer (0: off)", 0)  # fmt: skip
     # Observability.

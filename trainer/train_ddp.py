@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -319,6 +320,8 @@ def train(cfg: TrainConfig) -> ExitCode:
             steps_since_log += 1
 
             time_up = bool(cfg.max_time_s) and time.monotonic() - started > cfg.max_time_s
+            if cfg.fault_signal_at_step == progress.step and rank == 0:
+                os.kill(os.getpid(), signal.SIGTERM)  # fault injection: handled (StopSignal) before the proposal
             stop.propose(progress.step, time_up, nonfinite)
             first_step = progress.step == resumed_at + 1  # compile and warm-up: timed on its own
             evaluate = bool(cfg.eval_every) and progress.step % cfg.eval_every == 0
