@@ -2,7 +2,8 @@
 
 Run as `torchrun --nproc-per-node 2 -m tests.accumulation_probe OUT`. For ddp, fsdp and hsdp (2 replicas of 1
 shard) in turn, an untied llama-shaped model (its embedding and output head are FSDP units of their own) runs two
-micro-batches as the training loop does (trainer/parallel.py `accumulating`). Each rank writes OUT/rank_<r>.json:
+micro-batches as the training loop does (trainer/parallel.py `accumulating`), the loss in one piece under ddp and
+in chunks of 4 tokens under fsdp and hsdp (trainer/loss.py). Each rank writes OUT/rank_<r>.json:
 the bytes of the tensors the first, unsynchronised micro-batch left alive (the gradients held until the next;
 tests/allocations.py counts every storage, FSDP's own buffers included) and the model's fp32 gradient bytes; rank 0
 writes each parallelism's whole gradients after the second micro-batch to OUT/<kind>.pt. Under hsdp, after an
@@ -41,6 +42,8 @@ def main(out: Path) -> None:
     record = {}
     for kind in ("ddp", "fsdp", "hsdp"):
         parallel = parallelize(config, kind, torch.device("cpu"), seed=1, local_world=1 if kind == "hsdp" else 2)
+        if kind != "ddp":  # the chunked loss inside FSDP's output unit, 16 chunks: the gradients must be ddp's plain
+            parallel.model.get_output_embeddings().chunk_elements = 4 * SHAPE["vocab_size"]
         for index, tokens in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
             with LiveBytes() as held, parallel.accumulating(last):

@@ -234,7 +234,8 @@ def test_gradient_accumulation_keeps_the_gradients_sharded_and_equal(tmp_path: P
     """tests/accumulation_probe.py on 2 processes: after a micro-batch that does not all-reduce, fsdp holds its
     shard of the gradients (0.50 of the model's fp32 gradients measured; FSDP2 would keep them whole, 1.00, if its
     reduce-scatter were turned off as well), ddp the whole model's (1.00); after the last micro-batch fsdp's and
-    hsdp's gradients are ddp's, within fp32's reduction-order tolerance. And hsdp's checkpoint shares (2 replicas
+    hsdp's gradients, their loss computed in 16 chunks inside FSDP's output unit, are ddp's with the plain loss,
+    within fp32's reduction-order tolerance. And hsdp's checkpoint shares (2 replicas
     of 1 shard): each rank stages half the state, not all of it, and the checkpoint loads back whole."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
                "tests.accumulation_probe", str(tmp_path)]  # fmt: skip

@@ -80,6 +80,7 @@ class OutputHead(torch.nn.Linear):
     loss over them, computed without them (`linear_cross_entropy`)."""
 
     targets: torch.Tensor | None = None
+    chunk_elements: int = CHUNK_ELEMENTS  # fp32 logits per chunk (a test sets fewer to run many chunks)
 
     @contextlib.contextmanager
     def loss_against(self, targets: torch.Tensor) -> Iterator[None]:
@@ -93,7 +94,7 @@ class OutputHead(torch.nn.Linear):
         if self.targets is None:
             return super().forward(hidden)
         assert self.bias is None, "the causal LMs built here have no output bias"
-        return linear_cross_entropy(hidden, self.weight, self.targets)
+        return linear_cross_entropy(hidden, self.weight, self.targets, self.chunk_elements)
 
 
 def with_output_head(model: torch.nn.Module) -> torch.nn.Module:
