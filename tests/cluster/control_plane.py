@@ -556,7 +556,7 @@ class ControlPlane:
         lines: list[str] = []
         for path in (self.audit_log, *self.spare_audit_logs):
             with contextlib.suppress(FileNotFoundError):
-                lines += path.read_text().splitlines()
+                lines += complete_lines(path)
         events = []
         for line in lines:
             event = json.loads(line)
@@ -650,3 +650,14 @@ def _quiet_insecure_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
         yield
+
+
+def complete_lines(path: Path, attempts: int = 40) -> list[str]:
+    """The whole lines of a log another process is appending to: a last line caught mid-write (no newline yet) is
+    read again after a moment, and left out if it is still not whole after 2 s."""
+    for _ in range(attempts):
+        text = path.read_text()
+        if not text or text.endswith("\n"):
+            break
+        time.sleep(0.05)
+    return text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
