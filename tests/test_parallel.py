@@ -8,12 +8,10 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from components.evaluate_checkpoint.core import evaluate_checkpoint
@@ -113,16 +111,6 @@ def test_checkpoints_resume_under_another_parallelism_and_world_size(
     launch(tiny_launch(staged_copy, "fsdp-to-one", **EXACT, nproc_per_node=1))
     assert "resumed at step 20 (20480 tokens seen) from a checkpoint of 2 ranks" in alone.rank_log(0).read_text()
     assert read_checkpoint(alone.latest_checkpoint)["step"] == 40
-
-
-@pytest.fixture
-def one_process_group(tmp_path: Path) -> Iterator[None]:
-    """A process group of this test process alone (gloo, a file store), destroyed after the test."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("one_process_group")

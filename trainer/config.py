@@ -46,6 +46,11 @@ class TrainConfig:
         "a finished run's directory to start this new run from: its weights only (not its "
         "optimizer, schedule or sample order); the snapshot's tokenizer must be that run's",
     )
+    init_from_model: str = _opt(
+        "",
+        "a published model to start this new run from: a directory save_pretrained wrote (config.json, safetensors); "
+        "its architecture replaces --preset and its weights the random ones; the optimizer and schedule start fresh",
+    )
     on_new_snapshot: str = _opt("keep", "on resume after the dataset was staged again: keep training on the "
                                 "checkpoint's snapshot, or refuse", choices=("keep", "refuse"))  # fmt: skip
     # How long to train: the first limit reached ends the run.

@@ -97,6 +97,13 @@ def model_config(
     )
 
 
+def set_dropout(config: PretrainedConfig, dropout: float) -> PretrainedConfig:
+    """The run's dropout in every one of the family's dropout settings (a published GPT-2 config says 0.1)."""
+    for key in _FAMILY_SETTINGS[config.model_type][1]:
+        setattr(config, key, dropout)
+    return config
+
+
 # What shapes the weights (and the vocabulary they embed): a checkpoint resumes only under the same values. Library
 # metadata is not part of it: transformers 4.57 writes `transformers_version`, ~25 generation defaults
 # (src/transformers/configuration_utils.py, _get_global_generation_defaults) and rope_theta, which 5.x leaves out

@@ -71,6 +71,7 @@ from trainer.parallel import parallelize
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
 from trainer.prefetch import Prefetcher
 from trainer.private_api import default_store, skip_update_if
+from trainer.published import PublishedModel, load_weights
 from trainer.schedule import LRSchedule, ScheduleSettings
 from trainer.snapshot import model_vocab, snapshot_record, training_snapshot
 from trainer.warm_start import warm_start_state
@@ -153,7 +154,16 @@ def train(cfg: TrainConfig) -> ExitCode:
     meta = load_meta(data_dir)
     batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
     val, byte_lengths = validation_data(data_dir, meta, cfg.seq_len) if cfg.eval_every else (None, None)
-    mconfig = model_config(cfg.preset, model_vocab(meta), cfg.seq_len, meta["eos_id"], cfg.dropout, meta.get("bos_id"))
+    published = PublishedModel.read(Path(cfg.init_from_model)) if cfg.init_from_model else None
+    if published is not None:  # its architecture, checked against this run's tokenizer and sequence length
+        if cfg.init_from:
+            raise SettingError("--init-from (a run's weights) and --init-from-model (a published model's) are two "
+                               "starting points: give one")  # fmt: skip
+        mconfig = published.model_config(cfg.dropout)
+        check_published_fits(mconfig, meta, cfg.seq_len, published.path)
+    else:
+        mconfig = model_config(cfg.preset, model_vocab(meta), cfg.seq_len, meta["eos_id"], cfg.dropout,
+                               meta.get("bos_id"))  # fmt: skip
     # The model, spread over the ranks as --parallelism says (trainer/parallel.py), with the same initial weights
     # whatever the parallelism and world size.
     if use_cuda:  # TF32 for the fp32 matmuls that autocast leaves (CPU: no such mode)
@@ -192,6 +202,12 @@ def train(cfg: TrainConfig) -> ExitCode:
         log.info("warm start from run %s at step %d (%d tokens seen there): its weights, with this run's data, "
                  "schedule and sample order", warm_started["run"], warm_started["step"],
                  warm_started["tokens_seen"])  # fmt: skip
+    if state is None and published is not None:
+        load_weights(model, published)  # every rank its own pieces
+        warm_started = published.record() if rank == 0 else {"model": str(published.path)}
+        log.info("starting from the published %s model in %s (%.1f MB of safetensors in %d file(s)): its weights, "
+                 "with this run's data, a fresh optimizer and schedule", published.config["model_type"],
+                 published.path, warm_started.get("bytes", 0) / 1e6, len(published.files))  # fmt: skip
     if state is None:
         seed_everything(cfg.seed + rank)
     else:
@@ -455,6 +471,18 @@ def train(cfg: TrainConfig) -> ExitCode:
                  seconds_to_commit=round(stop.seconds_since(), 3) if preempted else None)  # fmt: skip
     dist.destroy_process_group()
     return code
+
+
+def check_published_fits(mconfig: Any, meta: dict[str, Any], seq_len: int, path: Path) -> None:
+    """A published model trains on this snapshot only if every token id has an embedding row and the sequence fits
+    its positions (bad input otherwise, in one line)."""
+    if meta["vocab_size"] > mconfig.vocab_size:
+        raise DataError(f"--init-from-model {path}: the snapshot's tokenizer has {meta['vocab_size']:,} tokens and "
+                        f"the model embeds {mconfig.vocab_size:,}: stage the corpus with the model's own "
+                        "tokenizer")  # fmt: skip
+    positions = getattr(mconfig, "max_position_embeddings", None) or getattr(mconfig, "n_positions", None)
+    if positions and seq_len > positions:
+        raise SettingError(f"--seq-len {seq_len} is longer than the {positions} positions of the model in {path}")
 
 
 def validation_data(data_dir: Path, meta: dict[str, Any], seq_len: int) -> tuple[TokenSplit, np.ndarray]:

@@ -1,0 +1,119 @@
+"""A published model to start from: a directory that transformers' `save_pretrained` wrote.
+
+    config.json                                     the architecture (model_type llama or gpt2, sizes, token ids)
+    model.safetensors, or model-0000N-of-0000M.safetensors with model.safetensors.index.json
+    tokenizer.json, tokenizer_config.json, ...      the token ids the weights were trained with
+
+Continued pretraining starts from it: its architecture replaces the preset, its weights the random ones, and the
+optimizer and schedule start fresh. The weights are read with DCP's Hugging Face reader, so each rank reads only the
+pieces of each tensor it holds (under fsdp its shards; under ddp everything, once per rank), converted to the
+training dtype as they are copied; no rank ever holds the whole model otherwise. A pickle checkpoint
+(`pytorch_model.bin`) is refused: loading one runs code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.checkpoint import CheckpointError
+
+log = logging.getLogger(__name__)
+
+TRAINABLE = ("llama", "gpt2")  # the families trainer/model.py builds and trainer/parallel.py shards
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class PublishedModel:
+    """A checked model directory: its config.json and its safetensors files."""
+
+    path: Path
+    config: dict[str, Any]
+    files: tuple[str, ...]
+
+    @classmethod
+    def read(cls, path: Path) -> PublishedModel:
+        """The model at `path`, or CheckpointError (bad input) in one line naming what is wrong."""
+        where = f"--init-from-model {path}"
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"{where}: no config.json there: give a directory that save_pretrained wrote")
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{where}: config.json is not readable JSON ({exc})") from None
+        model_type = config.get("model_type")
+        if model_type not in TRAINABLE:
+            raise CheckpointError(f"{where}: model_type {model_type!r} cannot be trained here: choose a model of type "
+                                  f"{' or '.join(TRAINABLE)}")  # fmt: skip
+        if (path / INDEX).is_file():
+            weight_map = json.loads((path / INDEX).read_text()).get("weight_map") or {}
+            files = tuple(sorted(set(weight_map.values())))
+            if missing := [name for name in files if not (path / name).is_file()]:
+                raise CheckpointError(f"{where}: {INDEX} names {len(missing)} file(s) that are not there: "
+                                      f"{', '.join(missing[:3])}")  # fmt: skip
+        elif (path / SINGLE).is_file():
+            files = (SINGLE,)
+        elif pickles := sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth") for p in path.glob(pattern)):
+            raise CheckpointError(f"{where}: its weights are a pickle checkpoint ({pickles[0]}), which runs code when "
+                                  "loaded: convert it to safetensors (transformers: from_pretrained, then "
+                                  "save_pretrained(safe_serialization=True))")  # fmt: skip
+        else:
+            raise CheckpointError(f"{where}: no {SINGLE} nor {INDEX} there")
+        return cls(path, config, files)
+
+    def model_config(self, dropout: float = 0.0) -> Any:
+        """The transformers config as the model was saved (never downloaded), with the run's dropout."""
+        from transformers import AutoConfig
+
+        from trainer.model import set_dropout
+
+        return set_dropout(AutoConfig.from_pretrained(self.path, local_files_only=True), dropout)
+
+    def record(self) -> dict[str, Any]:
+        """Where the weights came from, for the run's config.json and summary: the directory, the files' total size
+        and each file's sha256."""
+        digests = {name: file_sha256(self.path / name) for name in self.files}
+        size = sum((self.path / name).stat().st_size for name in self.files)
+        return {"model": str(self.path), "model_type": self.config["model_type"], "bytes": size, "sha256": digests}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(16 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_weights(model: torch.nn.Module, published: PublishedModel) -> None:
+    """Fill `model`'s parameters (plain, or FSDP's DTensors) from the published safetensors, collectively under a
+    process group: each rank reads the pieces it holds. A tied weight is read once (save_pretrained leaves out its
+    alias); the rotary frequencies and other buffers are the model's own. A tensor missing from the files or of
+    another shape is named."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from safetensors import safe_open
+
+    state = dict(model.named_parameters())  # a tied weight once, by its first name (save_pretrained's too)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in published.files:
+        with safe_open(published.path / name, "pt") as f:
+            shapes |= {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    where = f"--init-from-model {published.path}"
+    if missing := sorted(set(state) - set(shapes)):
+        raise CheckpointError(f"{where}: {len(missing)} weight(s) of the model are not in its files: "
+                              f"{', '.join(missing[:3])}")  # fmt: skip
+    for name, parameter in state.items():
+        if shapes[name] != tuple(parameter.shape):
+            raise CheckpointError(f"{where}: {name} is {list(shapes[name])} in the files and {list(parameter.shape)} "
+                                  "in the model its config.json describes")  # fmt: skip
+    dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(published.path)),
+             no_dist=not dist.is_initialized())  # fmt: skip
