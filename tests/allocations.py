@@ -2,7 +2,7 @@
 it runs, for as long as it lives, and their peak. A view or an in-place result (its storage is one of the op's
 inputs') is not new memory; a storage is counted at its current size, so one that FSDP frees by resizing it to
 nothing (its unsharded parameters between uses) counts nothing. The figure is what the code allocated, not what the
-allocator or the process reserved (tests/test_loss.py, tests/accumulation_probe.py, tests/test_memory.py)."""
+allocator or the process reserved (tests/test_loss.py, tests/parallel_probe.py, tests/test_memory.py)."""
 
 from __future__ import annotations
 

@@ -225,3 +225,24 @@ def one_process_group(tmp_path: Path) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def parallel_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/parallel_probe.py, run once on 2 processes for the tests that read it (one torchrun's start-up, not
+    several): its output directory, with the published models it loaded in llama/ and gpt2/."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import save_gpt2, save_llama
+
+    out = tmp_path_factory.mktemp("parallel-probe")
+    save_llama(out / "llama")
+    save_gpt2(out / "gpt2")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+               "tests.parallel_probe", str(out), str(out / "llama"), str(out / "gpt2")]  # fmt: skip
+    result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=300, cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out

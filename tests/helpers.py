@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from components.launch_pytorchjob.core import LaunchConfig
 from trainer.layout import DatasetPaths
 
@@ -102,3 +104,30 @@ def encode_until_killed(root: Path, dataset: str, snapshot: str, journal: Path, 
     group.send_signal(signal.SIGKILL)
     _, stderr = group.communicate()
     assert group.returncode == -signal.SIGKILL, f"the group ended before it was killed: {stderr[-2000:]}"
+
+
+PUBLISHED_VOCAB = 384  # the published test models' vocabulary
+
+
+def save_llama(path: Path) -> torch.nn.Module:
+    """A small Llama (untied) as a published model: save_pretrained in several safetensors shards."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=160,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=PUBLISHED_VOCAB,
+                                         max_position_embeddings=128, tie_word_embeddings=False,
+                                         bos_token_id=1, eos_token_id=2))  # fmt: skip
+    model.save_pretrained(path, max_shard_size="60KB")  # several shards and an index
+    return model.eval()
+
+
+def save_gpt2(path: Path) -> torch.nn.Module:
+    """A small GPT-2 (tied) as a published model, in one safetensors file."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(4)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=PUBLISHED_VOCAB, n_positions=128,
+                                       bos_token_id=0, eos_token_id=0))  # fmt: skip
+    model.save_pretrained(path)
+    return model.eval()

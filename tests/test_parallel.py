@@ -218,28 +218,23 @@ def test_under_fsdp_a_non_finite_step_leaves_the_sharded_weights_as_they_were() 
         assert unchanged == nonfinite
 
 
-def test_gradient_accumulation_keeps_the_gradients_sharded_and_equal(tmp_path: Path) -> None:
-    """tests/accumulation_probe.py on 2 processes: after a micro-batch that does not all-reduce, fsdp holds its
+def test_gradient_accumulation_keeps_the_gradients_sharded_and_equal(parallel_probe: Path) -> None:
+    """tests/parallel_probe.py on 2 processes: after a micro-batch that does not all-reduce, fsdp holds its
     shard of the gradients (0.50 of the model's fp32 gradients measured; FSDP2 would keep them whole, 1.00, if its
     reduce-scatter were turned off as well), ddp the whole model's (1.00); after the last micro-batch fsdp's and
     hsdp's gradients, their loss computed in 16 chunks inside FSDP's output unit, are ddp's with the plain loss,
     within fp32's reduction-order tolerance. And hsdp's checkpoint shares (2 replicas
     of 1 shard): each rank stages half the state, not all of it, and the checkpoint loads back whole."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-               "tests.accumulation_probe", str(tmp_path)]  # fmt: skip
-    result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                            timeout=300, cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in (0, 1):
-        record = json.loads((tmp_path / f"rank_{rank}.json").read_text())
+        record = json.loads((parallel_probe / f"rank_{rank}.json").read_text())
         held = {kind: record[kind] / record["model_grad_bytes"] for kind in ("ddp", "fsdp")}
         assert held["fsdp"] <= 0.55, f"rank {rank}: {held}"
         assert 0.95 <= held["ddp"] <= 1.1, f"rank {rank}: {held}"
-    ddp = torch.load(tmp_path / "ddp.pt")
+    ddp = torch.load(parallel_probe / "ddp.pt")
     for kind in ("fsdp", "hsdp"):
-        torch.testing.assert_close(torch.load(tmp_path / f"{kind}.pt"), ddp, rtol=1e-5, atol=1e-7, msg=kind)
+        torch.testing.assert_close(torch.load(parallel_probe / f"{kind}.pt"), ddp, rtol=1e-5, atol=1e-7, msg=kind)
     # hsdp's checkpoint: each replica holds every piece, each rank stages only what it writes (every tensor once)
-    records = [json.loads((tmp_path / f"rank_{rank}.json").read_text()) for rank in (0, 1)]
+    records = [json.loads((parallel_probe / f"rank_{rank}.json").read_text()) for rank in (0, 1)]
     assert all(r["loads_back"] for r in records)
     assert sum(r["share_bytes"] for r in records) == records[0]["held_bytes"]
     assert all(r["share_bytes"] <= 0.6 * r["held_bytes"] for r in records), records

@@ -11,33 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import PUBLISHED_VOCAB as VOCAB
+from tests.helpers import save_gpt2, save_llama
 from trainer.checkpoint import CheckpointError
 from trainer.parallel import parallelize
 from trainer.published import PublishedModel, load_weights
-
-VOCAB = 384
-
-
-def save_llama(path: Path) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(3)
-    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=160,
-                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                         max_position_embeddings=128, tie_word_embeddings=False,
-                                         bos_token_id=1, eos_token_id=2))  # fmt: skip
-    model.save_pretrained(path, max_shard_size="60KB")  # several shards and an index
-    return model.eval()
-
-
-def save_gpt2(path: Path) -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(4)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=128,
-                                       bos_token_id=0, eos_token_id=0))  # fmt: skip
-    model.save_pretrained(path)
-    return model.eval()
 
 
 def plain_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -104,3 +82,14 @@ def test_a_weight_of_another_shape_is_named(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"model.layers.0.mlp.gate_proj.weight is \[160, 64\] in the files and "
                                               r"\[128, 64\] in the model"):  # fmt: skip
         load_weights(parallel.model, published)
+
+
+def test_the_trainers_model_loads_a_published_model_on_two_processes(parallel_probe: Path) -> None:
+    """tests/parallel_probe.py: on each of 2 processes, its own batch; under ddp and fsdp (each rank reading only
+    its shards of the sharded Llama's files) the loss the training loop calls is transformers' own."""
+    for rank in (0, 1):
+        losses = json.loads((parallel_probe / f"published_rank_{rank}.json").read_text())
+        assert set(losses) == {"llama", "gpt2"}
+        for model, by in losses.items():
+            for kind in ("ddp", "fsdp"):
+                assert by[kind] == pytest.approx(by["transformers"], rel=1e-5), (rank, model, kind, by)

@@ -1,6 +1,9 @@
-"""Gradient accumulation under each parallelism, under torchrun with 2 processes (tests/test_parallel.py).
+"""What the parallelisms do on 2 processes, in one torchrun (tests/conftest.py `parallel_probe`, read by
+tests/test_parallel.py and tests/test_published.py).
 
-Run as `torchrun --nproc-per-node 2 -m tests.accumulation_probe OUT`. For ddp, fsdp and hsdp (2 replicas of 1
+Run as `torchrun --nproc-per-node 2 -m tests.parallel_probe OUT [MODEL_DIR ...]`.
+
+Gradient accumulation and checkpoint shares. For ddp, fsdp and hsdp (2 replicas of 1
 shard) in turn, an untied llama-shaped model (its embedding and output head are FSDP units of their own) runs two
 micro-batches as the training loop does (trainer/parallel.py `accumulating`), the loss in one piece under ddp and
 in chunks of 4 tokens under fsdp and hsdp (trainer/loss.py). Each rank writes OUT/rank_<r>.json:
@@ -9,6 +12,11 @@ tests/allocations.py counts every storage, FSDP's own buffers included) and the 
 writes each parallelism's whole gradients after the second micro-batch to OUT/<kind>.pt. Under hsdp, after an
 optimizer step, the checkpoint's tensors (trainer/dcp_io.py): the bytes this rank holds and the bytes of its share
 (what an asynchronous save stages), and whether the shares saved with DCP load back into every rank's whole state.
+
+Published models. For each MODEL_DIR (a directory save_pretrained wrote), under ddp and fsdp: the trainer's model
+for its config, its weights loaded by trainer/published.py (each rank reading its pieces), and the loss the training
+loop calls on this rank's batch, beside transformers' own loss for the same batch from the same directory; each rank
+writes them to OUT/published_rank_<r>.json.
 """
 
 from __future__ import annotations
@@ -20,18 +28,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from tests.allocations import LiveBytes
 from trainer import dcp_io
 from trainer.parallel import parallelize
+from trainer.published import PublishedModel, load_weights
 
 SHAPE = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 256, "tie_word_embeddings": False, "vocab_size": 1024,
          "max_position_embeddings": 64}  # fmt: skip
 
 
-def main(out: Path) -> None:
+def main(out: Path, model_dirs: list[Path]) -> None:
     from transformers import AutoConfig
 
     dist.init_process_group("gloo")
@@ -58,7 +68,29 @@ def main(out: Path) -> None:
             record |= checkpoint_shares(parallel.model, out / "hsdp-checkpoint")
         del parallel, grads
     (out / f"rank_{rank}.json").write_text(json.dumps(record))
+    (out / f"published_rank_{rank}.json").write_text(json.dumps(published_losses(model_dirs, rank)))
     dist.destroy_process_group()
+
+
+def published_losses(model_dirs: list[Path], rank: int) -> dict[str, dict[str, float]]:
+    """{model dir name: {"transformers": its loss, "ddp": ..., "fsdp": ...}} on this rank's batch."""
+    from transformers import AutoModelForCausalLM
+
+    losses = {}
+    for path in model_dirs:
+        published = PublishedModel.read(path)
+        tokens = torch.randint(0, published.config["vocab_size"], (2, 33),
+                               generator=torch.Generator().manual_seed(20 + rank))  # fmt: skip
+        reference = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+        with torch.no_grad():
+            logits = reference(input_ids=tokens[:, :-1]).logits
+            losses[path.name] = {"transformers": F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item()}
+        for kind in ("ddp", "fsdp"):
+            parallel = parallelize(published.model_config(), kind, torch.device("cpu"), seed=1, local_world=2)
+            load_weights(parallel.model, published)
+            with torch.no_grad():
+                losses[path.name][kind] = parallel.forward_loss(tokens[:, :-1], tokens[:, 1:]).item()
+    return losses
 
 
 def checkpoint_shares(model: torch.nn.Module, path: Path) -> dict[str, object]:
@@ -77,4 +109,4 @@ def checkpoint_shares(model: torch.nn.Module, path: Path) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]])
