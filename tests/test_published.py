@@ -93,3 +93,20 @@ def test_the_trainers_model_loads_a_published_model_on_two_processes(parallel_pr
         for model, by in losses.items():
             for kind in ("ddp", "fsdp"):
                 assert by[kind] == pytest.approx(by["transformers"], rel=1e-5), (rank, model, kind, by)
+
+
+def test_evaluation_compares_with_the_published_model_the_run_started_from(tmp_path: Path) -> None:
+    """The report's baseline column is the starting model when the run began from a published one (its weights,
+    read again from the directory its config.json names), and the untrained model when that directory is gone."""
+    from components.evaluate_checkpoint.core import starting_model
+
+    original = save_llama(tmp_path / "model")
+    published = PublishedModel.read(tmp_path / "model")
+    config = {"init_from": published.record(), "trainer": {"seed": 1}}
+    start, name = starting_model(published.model_config(), config)
+    assert name == "start (model)"
+    assert all(torch.equal(p, original.state_dict()[k]) for k, p in start.state_dict().items() if k in
+               original.state_dict())  # fmt: skip
+    config["init_from"]["model"] = str(tmp_path / "gone")
+    untrained, name = starting_model(published.model_config(), config)
+    assert name == "untrained" and not torch.equal(untrained.lm_head.weight, original.lm_head.weight)

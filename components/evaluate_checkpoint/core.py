@@ -108,6 +108,8 @@ class EvalResult:
     val_set_sha256: str = ""  # the val text's identity (files, sizes, checksums): evaluations with the same compare
     tokenizer_sha256: str = ""
     samples: list[dict[str, str]] = field(default_factory=list)
+    start: str = "untrained"  # what the run started from, the "untrained" columns' model: random weights, or a
+    # published model (trainer/published.py), whose loss shows what the continued pretraining gained or lost
     skipped_steps: int = 0  # training steps whose update was skipped: the loss or gradient norm was not finite
     loss_spikes: list[dict[str, float]] = field(default_factory=list)  # logged steps marked as spikes (step, loss)
     export_dir: str = ""
@@ -128,7 +130,7 @@ class EvalResult:
 
     def table_columns(self) -> list[str]:
         baseline = [f"baseline {self.baseline_run_id} at step {self.baseline_step}"] if self.has_baseline() else []
-        return ["metric", "trained", "untrained", *baseline]
+        return ["metric", "trained", self.start, *baseline]
 
     def has_baseline(self) -> bool:
         return self.baseline_val_loss is not None and self.baseline_bits_per_byte is not None
@@ -243,9 +245,8 @@ def evaluate_checkpoint(
     byte_lengths = token_byte_lengths(tokenizer, model_vocab(meta))
     try:
         val_loss, n_tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
-        torch.manual_seed(config["trainer"]["seed"])
-        untrained, _, _ = mean_loss(build_model(model_config).to(device), val, seq_len, max_tokens, batch_size,
-                                    device, byte_lengths)  # fmt: skip
+        start, started_from = starting_model(model_config, config)
+        untrained, _, _ = mean_loss(start.to(device), val, seq_len, max_tokens, batch_size, device, byte_lengths)
     except DataError as exc:
         raise InputError(str(exc)) from None
     throughput = training_throughput(run)
@@ -258,6 +259,7 @@ def evaluate_checkpoint(
         val_loss=round(val_loss, 6),
         val_perplexity=round(math.exp(val_loss), 4),
         val_bits_per_byte=round(bits_per_byte(val_loss, n_tokens, n_bytes), 6),
+        start=started_from,
         untrained_val_loss=round(untrained, 6),
         untrained_bits_per_byte=round(bits_per_byte(untrained, n_tokens, n_bytes), 6),
         loss_reduction=round(untrained - val_loss, 6),
@@ -338,6 +340,25 @@ def greedy_samples(model: torch.nn.Module, tokenizer: Tokenizer, device: torch.d
             ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
         samples.append({"prompt": prompt, "text": tokenizer.decode(ids[0].tolist(), skip_special_tokens=False)})
     return samples
+
+
+def starting_model(model_config: Any, config: dict[str, Any]) -> tuple[torch.nn.Module, str]:
+    """The model the run started from, and its name in the report: a published model's weights when the run began
+    from one (its config.json's init_from) and the directory is still there; otherwise the untrained model, drawn
+    from the run's seed."""
+    origin = config.get("init_from") or {}
+    if origin.get("model"):
+        from trainer.published import PublishedModel, load_weights
+
+        path = Path(origin["model"])
+        if (path / "config.json").is_file():
+            model = build_model(model_config)
+            load_weights(model, PublishedModel.read(path))
+            return model, f"start ({path.name})"
+        log.warning("the run started from the published model in %s, which is gone: its baseline is the untrained "
+                    "model instead", path)  # fmt: skip
+    torch.manual_seed(config["trainer"]["seed"])
+    return build_model(model_config), "untrained"
 
 
 def training_throughput(run: RunPaths) -> tuple[float | None, float | None]:
