@@ -6,9 +6,11 @@ trainer's checkpoint copies (trainer/durable.py) list and fetch them through the
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from common.errors import InputError
@@ -61,3 +63,12 @@ def md5_of_etag(etag: str) -> str | None:
     """The MD5 an ETag stands for, or None (multipart uploads and SSE-KMS objects have other ETags)."""
     match = _MD5_ETAG.match(etag)
     return match.group(1).lower() if match else None
+
+
+def sha256_of(path: Path) -> str:
+    """A file's sha256, read a chunk at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

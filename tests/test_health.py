@@ -6,7 +6,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from common.errors import StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.progress import STALL_FLOOR_S, TrainingWatch
 from tests.helpers import snapshot_dir, tiny_launch
+from tests.s3_server import free_port
 from tests.test_trainer import read_metrics, start_torchrun, wait_for_step, worker_pids
 from trainer.checkpoint import newest_checkpoint, read_weights
 from trainer.health import Divergence, Heartbeat, SpikeWatch, announce_failure, collective_failed
@@ -218,12 +218,6 @@ def test_the_stall_clock_starts_again_when_training_resumes_at_the_same_step(tmp
 
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_rank_that_raises_ends_the_rank_waiting_for_it(staged_root: Path, tmp_path: Path) -> None:

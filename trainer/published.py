@@ -13,7 +13,6 @@ training dtype as they are copied; no rank ever holds the whole model otherwise.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from common.objects import sha256_of
 from trainer.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -80,17 +80,9 @@ class PublishedModel:
     def record(self) -> dict[str, Any]:
         """Where the weights came from, for the run's config.json and summary: the directory, the files' total size
         and each file's sha256."""
-        digests = {name: file_sha256(self.path / name) for name in self.files}
+        digests = {name: sha256_of(self.path / name) for name in self.files}
         size = sum((self.path / name).stat().st_size for name in self.files)
         return {"model": str(self.path), "model_type": self.config["model_type"], "bytes": size, "sha256": digests}
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(16 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_weights(model: torch.nn.Module, published: PublishedModel) -> None:

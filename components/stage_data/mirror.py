@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from common.objects import SourceObject
-from components.stage_data.sources import sha256_of
+from common.objects import SourceObject, sha256_of
 from trainer.atomic import write_json
 from trainer.layout import DatasetPaths
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from common.errors import InputError
-from common.objects import READ_CHUNK, SourceObject, copy_hashing, safe_key
+from common.objects import SourceObject, copy_hashing, safe_key
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,6 @@ def select(
     if not any(o.size for o in chosen):
         raise InputError(f"source {source}: all {len(chosen)} files are empty")
     return chosen
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class LocalSource:
