@@ -20,12 +20,14 @@ import zstandard
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from common.errors import InputError
+from components.evaluate_checkpoint.core import export_model
 from components.stage_data.core import mirror_and_plan, stage_data
 from components.stage_data.settings import StageSettings
 from components.stage_data.tokenization import building_dir, document_position
 from tests.helpers import ADJECTIVES, NOUNS, VERBS, encode_until_killed, write_corpus
 from tests.tokenizer_kinds import KINDS, make_tokenizer, save_pretrained
 from trainer.layout import META, TOKENIZER, DatasetPaths
+from trainer.model import build_model, model_config
 
 
 def sentence(rng: random.Random) -> str:
@@ -232,6 +234,13 @@ def test_each_tokenizer_family_stages_with_its_own_bos_and_eos(kind: str, tmp_pa
     stream = split_stream(snapshot, "train")
     first = decoded_documents(snapshot, "train")[0]
     assert hf(first)["input_ids"] == stream[: stream.index(meta["eos_id"])]
+    # and so does the tokenizer an export of a model trained on it carries (the evaluation step's export_model)
+    from transformers import AutoConfig, AutoTokenizer
+
+    model = build_model(model_config("tiny", meta["model_vocab_size"], 32, meta["eos_id"], 0.0, meta.get("bos_id")))
+    export = export_model(model, snapshot, tmp_path / "export", {"step": 0})
+    assert AutoConfig.from_pretrained(export).vocab_size == meta["model_vocab_size"]
+    assert AutoTokenizer.from_pretrained(export)(first)["input_ids"] == stream[: stream.index(meta["eos_id"])]
 
 
 # -- refusals: one line, and nothing left among the dataset's snapshots ---------------------------------------------
