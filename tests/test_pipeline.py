@@ -224,8 +224,6 @@ def test_run_local_fails_when_a_step_fails(staged_copy: Path) -> None:
 def test_a_local_run_failed_on_a_steps_input_exits_2_with_that_steps_reason(tmp_path: Path) -> None:
     """The reason and the exit code come from the failed step's record in the summary: a step that failed on its
     input (InputError, exit 2 on its own) makes run-local exit 2 too; any other failure, 1."""
-    import pytest
-
     from common.errors import InputError
     from components.run_summary.core import recorded_step, summarize_run
     from pipelines.local_run import failed_step_reason
