@@ -76,8 +76,9 @@ class _ProvideListing(BaseSubscriber):
 
 
 class S3Source:
-    def __init__(self, uri: str, settings: S3Settings):
+    def __init__(self, uri: str, settings: S3Settings, what: str = "source"):
         self.uri, self.settings = uri, settings
+        self.what = what  # the input it is, in messages: "source", "init_from_model"
         self.bucket, self.prefix = parse_s3_uri(uri)
         config = Config(
             connect_timeout=settings.connect_timeout_s,
@@ -100,7 +101,7 @@ class S3Source:
 
     def fail(self, exc: Exception, doing: str) -> Exception:
         """One line for what went wrong, in the user's terms; unknown errors keep their own message."""
-        where = f"source {self.uri}"
+        where = f"{self.what} {self.uri}"
         if isinstance(exc, NoCredentialsError):
             return InputError(f"{where}: no AWS credentials found (on EKS: the service account's IAM role; "
                               "elsewhere: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")  # fmt: skip
@@ -138,7 +139,7 @@ class S3Source:
         except (ClientError, BotoCoreError) as exc:
             raise self.fail(exc, f"listing s3://{self.bucket}/{directory}") from None
         if not objects:
-            raise InputError(f"source {self.uri}: no objects under prefix {directory or '(bucket root)'!r}")
+            raise InputError(f"{self.what} {self.uri}: no objects under prefix {directory or '(bucket root)'!r}")
         return objects
 
     def _single_object(self) -> list[SourceObject]:
@@ -198,10 +199,12 @@ class S3Source:
 
     def _verify(self, obj: SourceObject, size: int, md5: str | None, encryption: str) -> None:
         if size != obj.size:
-            raise StepFailed(f"source {self.uri}: {obj.location} arrived with {size} bytes, listed with {obj.size}")
+            raise StepFailed(
+                f"{self.what} {self.uri}: {obj.location} arrived with {size} bytes, listed with {obj.size}"
+            )
         expected = md5_of_etag(obj.etag)
         if md5 is not None and expected is not None and encryption not in _KMS and md5 != expected:
-            raise StepFailed(f"source {self.uri}: {obj.location} arrived corrupt (MD5 {md5}, its ETag {obj.etag})")
+            raise StepFailed(f"{self.what} {self.uri}: {obj.location} arrived corrupt (MD5 {md5}, its ETag {obj.etag})")
 
 
 def list_exact(client: Any, bucket: str, key: str) -> dict[str, Any] | None:

@@ -103,8 +103,8 @@ def add_storage_args(
 
 # The training settings a resume takes from the run's config.json when the command line does not give them (the
 # trainer's names; --extend-schedule is not one: it is what this resume does, not a setting of the run).
-RESUMED_SETTINGS = ("preset", "max_steps", "seed", "batch_size", "seq_len", "lr", "warmup_steps", "dropout",
-                    "checkpoint_every", "log_every", "eval_every")  # fmt: skip
+RESUMED_SETTINGS = ("preset", "init_from_model", "max_steps", "seed", "batch_size", "seq_len", "lr", "warmup_steps",
+                    "dropout", "checkpoint_every", "log_every", "eval_every")  # fmt: skip
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -117,6 +117,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--nproc-per-node", type=positive_int, default=2, help="processes (GPUs) per node")
     p.add_argument("--preset", choices=sorted(PRESETS), help=f"model preset {default('preset')}")
+    p.add_argument("--init-from-model", metavar="DIR",
+                   help="start from a published model (its architecture, weights and tokenizer): a directory "
+                   "save_pretrained wrote, or an s3:// prefix of one, copied once to <root>/models/; not with "
+                   "--preset")  # fmt: skip
     p.add_argument("--max-steps", type=positive_int, help=f"optimizer steps {default('max_steps')}")
     p.add_argument("--seed", type=int, help=f"seeds the model and the data order {default('seed')}")
     p.add_argument("--batch-size", type=positive_int, help=f"sequences per process per step {default('batch_size')}")
@@ -157,6 +161,9 @@ def fill_train_args(args: argparse.Namespace, resumed: RunPaths | None) -> None:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InputError(f"run {resumed.root.name!r}: its settings in {resumed.config} are unreadable "
                              f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+    if getattr(args, "init_from_model", None) and args.preset is not None:
+        raise InputError(f"--preset {args.preset} and --init-from-model both choose the architecture: leave --preset "
+                         "out (the model's config.json gives it)")  # fmt: skip
     taken = []
     for name in RESUMED_SETTINGS:
         if getattr(args, name) is None:
@@ -256,6 +263,11 @@ def add_corpus_args(p: argparse._ActionsContainer) -> None:
                    "failing on the first")  # fmt: skip
 
 
+def absolute(path: str) -> str:
+    """A local path made absolute, as the steps (run from elsewhere) need it; a URI or "" as given."""
+    return path if not path or "://" in path else str(Path(path).resolve())
+
+
 def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The pipeline's arguments for `run-local`; a resume (--resume-run-id) takes the run's own settings where the
     command line gives none (fill_train_args)."""
@@ -277,6 +289,7 @@ def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "max_bad_records": args.max_bad_records,
         "tokenize_workers": args.tokenize_workers,
         "init_from_run_id": args.init_from_run_id,
+        "init_from_model": absolute(args.init_from_model),
         "run_id": resolve_run_id(args.run_id, args.resume_run_id, new_run_id()),
         "resume_run_id": args.resume_run_id,
         "skip_staging": args.skip_staging,
@@ -359,6 +372,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         nnodes=args.nnodes,
         nproc_per_node=args.nproc_per_node,
         preset=args.preset,
+        init_from_model=args.init_from_model,
         max_steps=args.max_steps,
         seed=args.seed,
         batch_size=args.batch_size,

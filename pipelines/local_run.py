@@ -222,6 +222,7 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     run_id = arguments["resume_run_id"] or arguments["run_id"]
     config = LaunchConfig(storage_root=str(storage_root), dataset=arguments["dataset"], run_id=run_id,
                           init_from_run_id=arguments.get("init_from_run_id", ""),
+                          init_from_model=local_model(arguments.get("init_from_model", "")),
                           resume=bool(arguments["resume_run_id"]), s3_endpoint_url=arguments.get("s3_endpoint_url", ""),
                           **{k: arguments[k] for k in settings if k in arguments})  # fmt: skip
     config.validate(check_storage=False)
@@ -244,6 +245,16 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     if config.resume and not config.run_paths.has_checkpoint() and not config.checkpoint_s3_uri:
         raise InputError(f"resume_run_id {run_id!r}: {config.run_paths.checkpoints} holds no checkpoint to continue "
                          "from")  # fmt: skip
+
+
+def local_model(model: str) -> str:
+    """init_from_model as the launcher will be given it: a directory, checked now as the trainer reads it; ""
+    for an s3:// prefix, which staging copies onto the volume and checks there."""
+    if not model or model.startswith("s3://"):
+        return ""
+    from components.stage_data.models import published_model
+
+    return str(published_model(model, storage_root="").path)
 
 
 def check_selection(source: str, include: list[str], exclude: list[str] | tuple[str, ...]) -> None:

@@ -109,17 +109,22 @@ def encode_until_killed(root: Path, dataset: str, snapshot: str, journal: Path, 
 PUBLISHED_VOCAB = 384  # the published test models' vocabulary
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}  # fmt: skip
+
+
 def save_llama(path: Path) -> torch.nn.Module:
-    """A small Llama (untied) as a published model: save_pretrained in several safetensors shards."""
+    """A small Llama (untied) as a published model as Llama 3's are: in bfloat16, with Llama 3's rope scaling,
+    save_pretrained in several safetensors shards. Returned in fp32 (the same values): the trainer's dtype."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(3)
     model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=160,
                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=PUBLISHED_VOCAB,
                                          max_position_embeddings=128, tie_word_embeddings=False,
-                                         bos_token_id=1, eos_token_id=2))  # fmt: skip
-    model.save_pretrained(path, max_shard_size="60KB")  # several shards and an index
-    return model.eval()
+                                         bos_token_id=0, eos_token_id=1, rope_scaling=LLAMA3_ROPE))  # fmt: skip
+    model.to(torch.bfloat16).save_pretrained(path, max_shard_size="40KB")  # several shards and an index
+    return model.float().eval()
 
 
 def save_gpt2(path: Path) -> torch.nn.Module:

@@ -81,7 +81,8 @@ def published_losses(model_dirs: list[Path], rank: int) -> dict[str, dict[str, f
         published = PublishedModel.read(path)
         tokens = torch.randint(0, published.config["vocab_size"], (2, 33),
                                generator=torch.Generator().manual_seed(20 + rank))  # fmt: skip
-        reference = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+        # in fp32, the trainer's dtype (the Llama is saved in bfloat16, which from_pretrained would compute in)
+        reference = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
         with torch.no_grad():
             logits = reference(input_ids=tokens[:, :-1]).logits
             losses[path.name] = {"transformers": F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item()}

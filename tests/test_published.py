@@ -110,3 +110,115 @@ def test_evaluation_compares_with_the_published_model_the_run_started_from(tmp_p
     config["init_from"]["model"] = str(tmp_path / "gone")
     untrained, name = starting_model(published.model_config(), config)
     assert name == "untrained" and not torch.equal(untrained.lm_head.weight, original.lm_head.weight)
+
+
+def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_it(
+    s3_endpoint: str, aws_env: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`run-local --init-from-model s3://...`: staging copies the model onto the volume and stages with its own
+    tokenizer; the trainer starts from its weights (fresh optimizer and schedule) and records where they came from;
+    the evaluation's baseline is that model; the export keeps its config (bfloat16, Llama 3's rope scaling, special
+    token ids), loads and generates; the run resumes to the bit without the model's files; the next run copies
+    nothing."""
+    import logging
+    import shutil
+    import subprocess
+    import sys
+
+    import boto3
+    from tokenizers import Tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from components.evaluate_checkpoint.core import export_model, mean_loss, token_byte_lengths
+    from components.launch_pytorchjob.core import LaunchConfig, launch
+    from components.stage_data.models import published_model
+    from tests.helpers import LLAMA3_ROPE
+    from tests.test_formats import corpus_of_every_format, expected_documents
+    from tests.test_parallel import rewound_copy
+    from tests.test_trainer import assert_same_rows, read_metrics
+    from tests.tokenizer_kinds import make_tokenizer, save_pretrained
+    from trainer.data import load_split
+    from trainer.layout import ModelPaths, RunPaths
+    from trainer.model import build_model, config_from_dict
+
+    source = corpus_of_every_format(tmp_path / "corpus")
+    given = tmp_path / "tiny-llama"
+    original = save_llama(given)
+    save_pretrained("llama3", make_tokenizer("llama3", [t for _, _, t in expected_documents(source)], 320), given)
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket="published")
+    for path in given.iterdir():
+        s3.upload_file(str(path), "published", f"models/tiny-llama/{path.name}")
+    uri, root = "s3://published/models/tiny-llama/", tmp_path / "fsx"
+    cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
+    result = subprocess.run(
+        [cli, "run-local", "--storage-root", str(root), "--source", str(source), "--dataset", "domain", "--run-id",
+         "continued", "--init-from-model", uri, "--endpoint-url", s3_endpoint, "--val-fraction", "0.2",
+         "--max-steps", "8", "--checkpoint-every", "4", "--log-every", "1", "--warmup-steps", "4", "--lr", "1e-3",
+         "--seq-len", "32", "--batch-size", "4"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run, copy = RunPaths.of(root, "continued"), ModelPaths.of(root, uri)
+    config = json.loads(run.config.read_text())
+    origin = config["init_from"]
+    assert (origin["s3_uri"], origin["model"], origin["dtype"], origin["name"]) == (uri, str(copy.raw), "bfloat16",
+                                                                                    "tiny-llama")  # fmt: skip
+    files = sorted(p.name for p in given.glob("*.safetensors"))
+    assert len(files) > 1 and sorted(origin["etags"]) == files and all(origin["etags"].values())
+    assert origin["bytes"] == sum((given / name).stat().st_size for name in files)
+    assert config["trainer"]["preset"] == "" and config["model"]["num_hidden_layers"] == 2
+    snapshot = Path(config["dataset"]["tokenized_dir"])
+    staged = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
+    assert staged.get_vocab() == Tokenizer.from_file(str(given / "tokenizer.json")).get_vocab()  # the model's own
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 9)) and rows[0]["lr"] < rows[1]["lr"] < rows[2][
+        "lr"
+    ]  # a fresh warm-up
+    details = next(s for s in json.loads(run.summary.read_text())["steps"] if s["step"] == "stage-data")["details"]
+    assert details["init_from_model"] == uri and details["model_dir"] == str(copy.raw)
+
+    # The baseline is the published model's val loss: transformers' own model on the same val split.
+    evaluation = json.loads(run.eval_result.read_text())
+    assert evaluation["start"] == "start (tiny-llama)"
+    meta = json.loads((snapshot / "meta.json").read_text())
+    reference = AutoModelForCausalLM.from_pretrained(given, dtype=torch.float32)
+    byte_lengths = token_byte_lengths(staged, meta["model_vocab_size"])
+    loss, _, _ = mean_loss(reference, load_split(snapshot, "val"), 32, 1048576, 8, torch.device("cpu"), byte_lengths)
+    assert evaluation["untrained_val_loss"] == pytest.approx(loss, abs=1e-5)
+
+    # The export: the input's config, its dtype, its tokenizer; it generates.
+    export = run.root / "export"
+    exported = AutoConfig.from_pretrained(export)
+    assert (exported.dtype, exported.bos_token_id, exported.eos_token_id) == (torch.bfloat16, 0, 1)
+    assert {k: v for k, v in exported.rope_parameters.items() if k in LLAMA3_ROPE} == LLAMA3_ROPE
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)
+    prompt = tokenizer("the quiet river", return_tensors="pt")
+    generated = model.generate(**prompt, max_new_tokens=5, do_sample=False)
+    assert generated.shape[1] == prompt["input_ids"].shape[1] + 5
+    # ...and an export of the weights before any update is the input, bit for bit.
+    untouched = build_model(config_from_dict(config["model"]))
+    load_weights(untouched, PublishedModel.read(copy.raw))
+    before = export_model(untouched, snapshot, tmp_path / "export-before", {"step": 0}, origin["dtype"])
+    expected = original.to(torch.bfloat16).state_dict()
+    for name, tensor in AutoModelForCausalLM.from_pretrained(before).state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+
+    # A resume from the step-4 checkpoint goes on to the same losses to the bit, with the model's files gone.
+    resumed = rewound_copy(run, root, "continued-resumed", 4)
+    shutil.move(copy.raw, tmp_path / "away")
+    trainer = config["trainer"]
+    launch(LaunchConfig(storage_root=str(root), dataset="domain", run_id="continued-resumed", init_from_model=str(
+        copy.raw), nproc_per_node=config["world_size"], timeout_s=300, **{k: trainer[k] for k in (
+        "max_steps", "seed", "batch_size", "seq_len", "lr", "warmup_steps", "checkpoint_every", "log_every",
+        "eval_every")}))  # fmt: skip
+    assert "resumed at step 4" in resumed.rank_log(0).read_text()
+    assert_same_rows(read_metrics(resumed), rows, "after a resume at step 4")
+
+    # The next run of the same model copies nothing: the copy is checked against the listing and kept.
+    shutil.move(tmp_path / "away", copy.raw)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in copy.raw.iterdir()}
+    with caplog.at_level(logging.INFO, logger="components.stage_data.models"):
+        again = published_model(uri, str(root), s3_endpoint)
+    assert again.path == copy.raw and {p.name: p.stat().st_mtime_ns for p in copy.raw.iterdir()} == mtimes
+    assert f"the copy in {copy.raw} is up to date" in caplog.text and "nothing copied" in caplog.text

@@ -39,7 +39,7 @@ class TrainConfig:
         }
     )
     run_dir: str = field(metadata={"help": "run directory (<root>/runs/<run_id>); resumed if it holds a checkpoint"})
-    preset: str = _opt("small", "model preset (see trainer/model.py)")
+    preset: str = _opt("small", "model preset (see trainer/model.py); none with --init-from-model")
     seed: int = _opt(1234, "seed of the initial weights and of the sample order")
     init_from: str = _opt(
         "",
@@ -206,6 +206,11 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     config = TrainConfig(**values)
     if config.checkpoint_s3_uri and not config.checkpoint_s3_uri.startswith("s3://"):
         parser.error(f"argument --checkpoint-s3-uri: {config.checkpoint_s3_uri!r} is not an s3://bucket/prefix URI")
-    if config.preset not in PRESETS:
+    if config.init_from_model:  # the architecture is the model's (its config.json): no preset
+        if "preset" in values:
+            parser.error(f"argument --preset: {config.preset!r} and --init-from-model both choose the architecture: "
+                         "leave --preset out (the model's config.json gives it)")  # fmt: skip
+        config.preset = ""
+    elif config.preset not in PRESETS:
         parser.error(f"argument --preset: {config.preset!r} is unknown: choose one of {', '.join(PRESETS)}")
     return config

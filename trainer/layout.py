@@ -1,6 +1,6 @@
 """The storage layout on the shared FSx volume: the one contract between the pipeline's steps.
 
-Every step, the trainer included, finds its files through these two classes and nowhere else:
+Every step, the trainer included, finds its files through these classes and nowhere else:
 
     <root>/datasets/<dataset>/raw/...                mirror of the source
     <root>/datasets/<dataset>/staging_manifest.json  key, size, ETag or sha256 per file; written last
@@ -8,6 +8,9 @@ Every step, the trainer included, finds its files through these two classes and 
     <root>/datasets/<dataset>/snapshots/<id>/        a tokenized snapshot, never changed once written: tokenizer.json,
                                                      train_*.bin, val_*.bin, meta.json; <id> is a hash of its inputs
     <root>/datasets/<dataset>/current.json           which snapshot the latest staging produced
+    <root>/models/<name>/raw/...                     a published model copied from S3 (init_from_model): config.json,
+                                                     safetensors, tokenizer; mirrored as a corpus is, with its
+                                                     manifest, so the next run copies nothing
     <root>/runs/<run_id>/config.json                 resolved trainer config
     <root>/runs/<run_id>/checkpoints/step_<N>/       a committed checkpoint; checkpoint_latest links the newest
     <root>/runs/<run_id>/metrics.jsonl               one JSON object per logged step
@@ -25,6 +28,7 @@ It lives in the trainer package because the trainer image ships only that packag
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -126,6 +130,46 @@ def dataset_of_snapshot(snapshot_dir: str | Path) -> DatasetPaths:
     snapshot_dir = Path(snapshot_dir)
     parent = snapshot_dir.parent
     return DatasetPaths(parent.parent if parent.name == "snapshots" else parent)
+
+
+@dataclass(frozen=True)
+class ModelPaths:
+    """A published model copied from S3, mirrored as a dataset's source is (components/stage_data/mirror.py): the
+    files under raw/ (the directory the trainer reads), the manifest of their sizes and ETags, the journal of an
+    interrupted copy, the lock two runs copying it share."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, storage_root: str | Path, uri: str) -> ModelPaths:
+        """Named after the prefix's last part, and a digest of the whole URI: two prefixes never share a copy."""
+        uri = uri.rstrip("/")
+        tail = re.sub(r"[^A-Za-z0-9._-]", "-", uri.rsplit("/", 1)[-1])[:64].lstrip(".-_") or "model"
+        digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
+        return cls(Path(storage_root) / "models" / f"{tail}-{digest}")
+
+    @property
+    def raw(self) -> Path:
+        return self.root / "raw"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "staging_manifest.json"
+
+    @property
+    def staging_journal(self) -> Path:
+        return self.root / ".staging_journal.jsonl"
+
+    @property
+    def staging_lock(self) -> Path:
+        return self.root / ".staging.lock"
+
+    @classmethod
+    def copy_holding(cls, directory: Path) -> ModelPaths | None:
+        """The copy whose files `directory` is (its raw/, with a manifest beside), or None: a model given as a
+        directory of its own."""
+        paths = cls(directory.parent)
+        return paths if directory.name == paths.raw.name and paths.manifest.is_file() else None
 
 
 @dataclass(frozen=True)

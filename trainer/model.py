@@ -123,9 +123,12 @@ def architecture_differences(saved: dict[str, Any], current: dict[str, Any]) -> 
 
 
 def build_model(config: PretrainedConfig) -> torch.nn.Module:
+    """The model in fp32, the master weights' dtype, whatever the config says: a published model's config.json says
+    the dtype it was saved in (bfloat16), which from_config would otherwise build in."""
+    import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(config)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def config_from_dict(data: dict[str, Any]) -> PretrainedConfig:

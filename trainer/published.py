@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from common.objects import sha256_of
 from trainer.checkpoint import CheckpointError
+from trainer.layout import TOKENIZER, ModelPaths
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +83,44 @@ class PublishedModel:
         return set_dropout(AutoConfig.from_pretrained(self.path, local_files_only=True), dropout)
 
     def record(self) -> dict[str, Any]:
-        """Where the weights came from, for the run's config.json and summary: the directory, the files' total size
-        and each file's sha256."""
-        digests = {name: sha256_of(self.path / name) for name in self.files}
+        """Where the weights came from, for the run's config.json and summary: the directory (and the S3 prefix it
+        was copied from, with the objects' ETags: staging's copy, trainer/layout.py ModelPaths; else each file's
+        sha256), the files' total size, the dtype they hold, and a short name for reports."""
         size = sum((self.path / name).stat().st_size for name in self.files)
-        return {"model": str(self.path), "model_type": self.config["model_type"], "bytes": size, "sha256": digests}
+        origin = {"model": str(self.path), "name": self.path.name, "model_type": self.config["model_type"],
+                  "dtype": self.dtype, "bytes": size}  # fmt: skip
+        copy = ModelPaths.copy_holding(self.path)
+        if copy is not None:
+            manifest = json.loads(copy.manifest.read_text())
+            etags = {e["key"]: e.get("etag", "") for e in manifest["files"]}
+            source = str(manifest["source"]).rstrip("/")
+            return {**origin, "name": source.rsplit("/", 1)[-1], "s3_uri": manifest["source"],
+                    "etags": {name: etags.get(name, "") for name in self.files}}  # fmt: skip
+        return {**origin, "sha256": {name: sha256_of(self.path / name) for name in self.files}}
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the weights were saved in (transformers 5 says `dtype`, 4.x `torch_dtype`): the export's."""
+        return str(self.config.get("dtype") or self.config.get("torch_dtype") or "float32")
+
+    def tokenizer_mismatch(self, tokenizer: Tokenizer) -> str | None:
+        """Why `tokenizer` cannot feed this model, or None: token ids past its embedding rows, or (where the model
+        directory has its own tokenizer.json) another vocabulary than the model's, whose ids would then mean other
+        tokens than its weights learnt."""
+        from tokenizers import Tokenizer
+
+        given = tokenizer.get_vocab(with_added_tokens=True)
+        rows = int(self.config.get("vocab_size") or 0)
+        if len(given) > rows:
+            return f"the tokenizer has {len(given):,} tokens and the model embeds {rows:,}"
+        if not (self.path / TOKENIZER).is_file():
+            return None  # nothing to compare with: the rows are all that can be checked
+        own = Tokenizer.from_file(str(self.path / TOKENIZER)).get_vocab(with_added_tokens=True)
+        if given == own:
+            return None
+        other = sum(1 for token, index in given.items() if own.get(token) != index)
+        return (f"the tokenizer is not the model's own: {other:,} of its {len(given):,} tokens have another id (or "
+                f"none) in the model's {len(own):,}")  # fmt: skip
 
 
 def load_weights(model: torch.nn.Module, published: PublishedModel) -> None:
@@ -107,5 +145,7 @@ def load_weights(model: torch.nn.Module, published: PublishedModel) -> None:
         if shapes[name] != tuple(parameter.shape):
             raise CheckpointError(f"{where}: {name} is {list(shapes[name])} in the files and {list(parameter.shape)} "
                                   "in the model its config.json describes")  # fmt: skip
-    dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(published.path)),
-             no_dist=not dist.is_initialized())  # fmt: skip
+    with warnings.catch_warnings():  # one process (the evaluation's baseline) is meant: DCP warns it assumes so
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(published.path)),
+                 no_dist=not dist.is_initialized())  # fmt: skip

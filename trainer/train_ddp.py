@@ -66,7 +66,7 @@ from trainer.metrics import (
     rss_gib,
     step_line,
 )
-from trainer.model import SMALL_PRESETS, architecture_differences, model_config
+from trainer.model import SMALL_PRESETS, architecture_differences, config_from_dict, model_config, set_dropout
 from trainer.parallel import parallelize
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
 from trainer.prefetch import Prefetcher
@@ -154,13 +154,15 @@ def train(cfg: TrainConfig) -> ExitCode:
     meta = load_meta(data_dir)
     batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
     val, byte_lengths = validation_data(data_dir, meta, cfg.seq_len) if cfg.eval_every else (None, None)
-    published = PublishedModel.read(Path(cfg.init_from_model)) if cfg.init_from_model else None
+    if cfg.init_from_model and cfg.init_from:
+        raise SettingError("--init-from (a run's weights) and --init-from-model (a published model's) are two "
+                           "starting points: give one")  # fmt: skip
+    published = PublishedModel.read(Path(cfg.init_from_model)) if cfg.init_from_model and state is None else None
     if published is not None:  # its architecture, checked against this run's tokenizer and sequence length
-        if cfg.init_from:
-            raise SettingError("--init-from (a run's weights) and --init-from-model (a published model's) are two "
-                               "starting points: give one")  # fmt: skip
         mconfig = published.model_config(cfg.dropout)
-        check_published_fits(mconfig, meta, cfg.seq_len, published.path)
+        check_published_fits(published, mconfig, data_dir, cfg.seq_len)
+    elif cfg.init_from_model:  # a resume: the architecture its checkpoints hold (the directory may be gone since)
+        mconfig = set_dropout(config_from_dict(state["model_config"]), cfg.dropout)
     else:
         mconfig = model_config(cfg.preset, model_vocab(meta), cfg.seq_len, meta["eos_id"], cfg.dropout,
                                meta.get("bos_id"))  # fmt: skip
@@ -473,16 +475,18 @@ def train(cfg: TrainConfig) -> ExitCode:
     return code
 
 
-def check_published_fits(mconfig: Any, meta: dict[str, Any], seq_len: int, path: Path) -> None:
-    """A published model trains on this snapshot only if every token id has an embedding row and the sequence fits
-    its positions (bad input otherwise, in one line)."""
-    if meta["vocab_size"] > mconfig.vocab_size:
-        raise DataError(f"--init-from-model {path}: the snapshot's tokenizer has {meta['vocab_size']:,} tokens and "
-                        f"the model embeds {mconfig.vocab_size:,}: stage the corpus with the model's own "
-                        "tokenizer")  # fmt: skip
+def check_published_fits(published: PublishedModel, mconfig: Any, data_dir: Path, seq_len: int) -> None:
+    """A published model trains on this snapshot only if the snapshot's tokenizer is the model's (else its token ids
+    mean other tokens than the weights learnt) and the sequence fits its positions (bad input otherwise, one line)."""
+    from tokenizers import Tokenizer
+
+    if mismatch := published.tokenizer_mismatch(Tokenizer.from_file(str(data_dir / TOKENIZER))):
+        raise DataError(f"--init-from-model {published.path}: snapshot {data_dir.name} was staged with another "
+                        f"tokenizer ({mismatch}): stage the corpus with the model's own tokenizer")  # fmt: skip
     positions = getattr(mconfig, "max_position_embeddings", None) or getattr(mconfig, "n_positions", None)
     if positions and seq_len > positions:
-        raise SettingError(f"--seq-len {seq_len} is longer than the {positions} positions of the model in {path}")
+        raise SettingError(f"--seq-len {seq_len} is longer than the {positions} positions of the model in "
+                           f"{published.path}")  # fmt: skip
 
 
 def validation_data(data_dir: Path, meta: dict[str, Any], seq_len: int) -> tuple[TokenSplit, np.ndarray]:

@@ -278,7 +278,8 @@ def evaluate_checkpoint(
     )
     apply_gate(result, gate, baseline)
     if export:
-        exported = export_model(model, snapshot_dir, run.root / "export", export_record(result))
+        dtype = (config.get("init_from") or {}).get("dtype", "float32")  # a published model's, kept
+        exported = export_model(model, snapshot_dir, run.root / "export", export_record(result), dtype)
         result.export_dir, result.export_step = str(exported), result.step
     if export_s3_uri:
         from common.s3 import S3Settings, upload_directory
@@ -354,7 +355,7 @@ def starting_model(model_config: Any, config: dict[str, Any]) -> tuple[torch.nn.
         if (path / "config.json").is_file():
             model = build_model(model_config)
             load_weights(model, PublishedModel.read(path))
-            return model, f"start ({path.name})"
+            return model, f"start ({origin.get('name', path.name)})"
         log.warning("the run started from the published model in %s, which is gone: its baseline is the untrained "
                     "model instead", path)  # fmt: skip
     torch.manual_seed(config["trainer"]["seed"])
@@ -883,11 +884,14 @@ def export_record(result: EvalResult) -> dict[str, Any]:
             "snapshot": result.snapshot, "exported_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
 
 
-def export_model(model: torch.nn.Module, snapshot_dir: Path, directory: Path, record: dict[str, Any]) -> Path:
-    """save_pretrained (safetensors) with the snapshot's tokenizer: AutoModelForCausalLM.from_pretrained(directory)
-    loads it, and AutoTokenizer encodes as training did (the snapshot keeps its post-processor so: [BOS] text), with
-    the snapshot's own BOS and EOS named; `record` (export_record) goes in beside them as export.json, so the
-    directory says which checkpoint it holds."""
+def export_model(model: torch.nn.Module, snapshot_dir: Path, directory: Path, record: dict[str, Any],
+                 dtype: str = "float32") -> Path:  # fmt: skip
+    """save_pretrained (safetensors) in `dtype` (a published model's own, so the export is its size and says its
+    dtype) with the snapshot's tokenizer: AutoModelForCausalLM.from_pretrained(directory) loads it, and AutoTokenizer
+    encodes as training did (the snapshot keeps its post-processor so: [BOS] text), with the snapshot's own BOS and
+    EOS named; `record` (export_record) goes in beside them as export.json, so the directory says which checkpoint
+    it holds. The model's other config fields (rope scaling, special token ids) are the run's, so a published
+    model's."""
     from transformers import PreTrainedTokenizerFast
 
     from components.stage_data.tokenizer import EOS
@@ -895,7 +899,7 @@ def export_model(model: torch.nn.Module, snapshot_dir: Path, directory: Path, re
     meta = load_meta(snapshot_dir)
     staging = directory.with_name(f".{directory.name}.new")
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
-    model.to("cpu").save_pretrained(staging, safe_serialization=True)
+    model.to("cpu", getattr(torch, dtype)).save_pretrained(staging, safe_serialization=True)
     bos = meta["bos"] if "bos" in meta else EOS  # a snapshot staged before BOS: the trained tokenizer's one token
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(snapshot_dir / TOKENIZER), eos_token=meta.get("eos", EOS),
                                         bos_token=bos)  # fmt: skip

@@ -13,6 +13,7 @@ def launch_pytorchjob(
     dataset: str,
     snapshot: str,
     init_from_run_id: str,
+    init_from_model: str,
     run_id: str,
     resume_run_id: str,
     pipeline_run_id: str,
@@ -53,7 +54,9 @@ def launch_pytorchjob(
     when it failed); returns the run id. With `resume_run_id`, training continues in that run's directory from its
     newest checkpoint; `extend_schedule` lets that resume go on to other settings: "continue" (a larger max_steps, the
     decay going on from the current learning rate) or "rewarm" (also another lr or warmup_steps). With
-    `checkpoint_s3_uri`, the trainer copies each committed checkpoint to <checkpoint_s3_uri>/<run_id>/ in S3.
+    `checkpoint_s3_uri`, the trainer copies each committed checkpoint to <checkpoint_s3_uri>/<run_id>/ in S3. With
+    `init_from_model` (a published model's directory on the volume, staging's output), the run starts from its
+    weights and architecture, and `preset` is not used.
     `platform` is compiled in (the job API, the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
     from collections import namedtuple
 
@@ -68,6 +71,7 @@ def launch_pytorchjob(
         dataset=dataset,
         snapshot=snapshot,
         init_from_run_id=init_from_run_id,
+        init_from_model=init_from_model,
         run_id=run_id,
         resume_run_id=resume_run_id,
         backend=backend,

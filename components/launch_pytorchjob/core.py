@@ -53,6 +53,9 @@ class LaunchConfig:
     snapshot: str = ""  # the dataset snapshot to train on (staging's output); "": the dataset's current one
     init_from_run_id: str = ""  # a new run from this run's weights (a warm start); "previous": the newest finished
     resume: bool = False  # the run directory must hold a checkpoint to continue from (resume_run_id)
+    # a new run from a published model's weights and architecture (preset unused): its directory on the volume, as
+    # staging leaves it (an s3:// prefix is copied there first)
+    init_from_model: str = ""
     backend: str = "local"
     nnodes: int = 1
     nproc_per_node: int = 2
@@ -170,7 +173,7 @@ class LaunchConfig:
             raise InputError(f"lr must be positive, got {self.lr}")
         if not 0 <= self.dropout < 1:
             raise InputError(f"dropout must be at least 0 and below 1, got {self.dropout}")
-        if self.preset not in PRESETS:
+        if self.preset not in PRESETS and not self.init_from_model:  # a published model: its architecture
             raise InputError(f"model preset {self.preset!r} is unknown: choose one of {', '.join(PRESETS)}")
         try:
             self.dataset_paths.snapshot(self.snapshot) if self.snapshot else self.dataset_paths  # checks the names
@@ -179,6 +182,12 @@ class LaunchConfig:
                 RunPaths.of(self.storage_root, self.init_from_run_id)
         except ValueError as exc:
             raise InputError(str(exc)) from None
+        if self.init_from_model and self.init_from_run_id:
+            raise InputError("init_from_run_id (a run's weights) and init_from_model (a published model's) are two "
+                             "starting points: give one")  # fmt: skip
+        if self.init_from_model.startswith("s3://") or "://" in self.init_from_model:
+            raise InputError(f"init_from_model {self.init_from_model}: the launcher is given the model's directory on "
+                             "the volume (staging copies an s3:// prefix there)")  # fmt: skip
         if self.init_from_run_id and self.resume:
             origin = self.init_from_run_id
             raise InputError(f"resume_run_id continues run {self.run_id!r}; init_from_run_id {origin!r} starts a new "
@@ -236,12 +245,22 @@ class LaunchConfig:
         return self.platform.mount_path or self.storage_root
 
     def check_under_mount(self) -> None:
-        """The job sees the volume at the mount path: a storage root elsewhere would not be the steps' directory."""
-        root, mount = posixpath.normpath(self.storage_root), posixpath.normpath(self.mount_path)
-        if not posixpath.isabs(root) or (root != mount and not root.startswith(mount.rstrip("/") + "/")):
+        """The job sees the volume at the mount path: a storage root elsewhere would not be the steps' directory,
+        a model directory elsewhere not in the job's pods."""
+        mount = posixpath.normpath(self.mount_path)
+
+        def outside(path: str) -> bool:
+            path = posixpath.normpath(path)
+            return not posixpath.isabs(path) or (path != mount and not path.startswith(mount.rstrip("/") + "/"))
+
+        if outside(self.storage_root):
             raise InputError(f"storage_root {self.storage_root!r} is outside the FSx mount path {mount!r}: every step "
                              f"and the training job see PVC {self.platform.pvc_name!r} there, so the storage root must "
                              f"be {mount} or a directory under it")  # fmt: skip
+        if self.init_from_model and outside(self.init_from_model):
+            raise InputError(f"init_from_model {self.init_from_model!r} is outside the FSx mount path {mount!r}, where "
+                             "the training job's pods see the volume: put the model there, or give its s3:// prefix "
+                             "(staging copies it there)")  # fmt: skip
 
     def trainer_args(self) -> list[str]:
         """The trainer's command line, the same for every backend."""
@@ -249,11 +268,11 @@ class LaunchConfig:
             "--data-dir",
             str(self.data_dir),
             *(["--init-from", str(self.init_run.root)] if self.init_from_run_id else []),
+            *(["--init-from-model", self.init_from_model] if self.init_from_model else []),
             "--run-dir",
             str(self.run_paths.root),
             *(["--checkpoint-s3-uri", self.run_checkpoint_s3_uri] if self.checkpoint_s3_uri else []),
-            "--preset",
-            self.preset,
+            *(["--preset", self.preset] if not self.init_from_model else []),  # the model's config.json gives it
             "--max-steps",
             str(self.max_steps),
             "--seed",

@@ -7,12 +7,9 @@ beside the older snapshots that runs may still be training on.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,8 @@ from typing import Any
 from common.errors import InputError
 from components.stage_data import report
 from components.stage_data.formats import may_hold_records
-from components.stage_data.mirror import MirrorResult, mirror
+from components.stage_data.mirror import MirrorResult, mirror, staging_lock
+from components.stage_data.models import check_tokenizer, own_tokenizer, published_model
 from components.stage_data.settings import StageSettings, check_source
 from components.stage_data.snapshots import directory_bytes, resolve_init_run, run_tokenizer, unused_snapshots
 from components.stage_data.sources import LocalSource, select
@@ -34,6 +32,7 @@ from components.stage_data.tokenization import (
 )
 from components.stage_data.tokenizer import read_given, snapshot_tokenizer
 from trainer.layout import DatasetPaths
+from trainer.published import PublishedModel
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +44,7 @@ class PlanResult(MirrorResult):
     groups: int  # groups to encode; 0: the snapshot exists already
     mirror_mb_per_s: float
     init_from_run_id: str  # a warm start's origin, resolved ("previous" named); its tokenizer was used
+    init_from_model: str  # the published model to start from, on the volume (copied there from S3); "": none
 
 
 @dataclass
@@ -102,7 +102,12 @@ def mirror_and_plan(settings: StageSettings) -> PlanResult:
     """Mirror the source and plan its snapshot (val split, tokenizer, groups), under the dataset's staging lock.
     With `init_from_run_id` (a run, or "previous"), the snapshot uses that run's tokenizer, for a warm start."""
     paths = settings.check()
-    given = read_given(settings.tokenizer_path, settings.endpoint_url) if settings.tokenizer_path else None
+    model = starting_model(settings)
+    tokenizer_path = settings.tokenizer_path or (own_tokenizer(model, settings.init_from_model) if model else "")
+    given = read_given(tokenizer_path, settings.endpoint_url) if tokenizer_path else None
+    if model is not None and given is not None:
+        check_tokenizer(model, settings.init_from_model, given.load(), settings.tokenizer_path or "(the model's)")
+        log.info("starting from the published model %s: staging with its tokenizer", settings.init_from_model)
     init_from = resolve_init_run(settings.storage_root, settings.dataset, settings.init_from_run_id, settings.run_id)
     if init_from:
         tokenizer_path = str(run_tokenizer(settings.storage_root, init_from))
@@ -130,7 +135,16 @@ def mirror_and_plan(settings: StageSettings) -> PlanResult:
         groups=len(plan.groups) if plan is not None else 0,
         mirror_mb_per_s=round(mirrored.bytes_copied / max(mirrored.mirror_seconds, 1e-9) / 1e6, 2),
         init_from_run_id=init_from,
+        init_from_model=str(model.path) if model is not None else "",
     )
+
+
+def starting_model(settings: StageSettings) -> PublishedModel | None:
+    """init_from_model checked, on the volume (copied from S3 once), or None."""
+    if not settings.init_from_model:
+        return None
+    return published_model(settings.init_from_model, settings.storage_root, settings.endpoint_url, settings.workers,
+                           settings.chunk_size_mb)  # fmt: skip
 
 
 def report_unused_snapshots(storage_root: str, paths: DatasetPaths) -> None:
@@ -152,21 +166,6 @@ def staged_dataset(storage_root: str, dataset: str) -> tuple[Path, dict[str, Any
         raise InputError(f"skip_staging: dataset {dataset!r} is not staged under {storage_root} (no snapshot at "
                          f"{directory or paths.current}): stage it first")  # fmt: skip
     return directory, meta
-
-
-@contextmanager
-def staging_lock(paths: DatasetPaths) -> Iterator[None]:
-    """One staging run per dataset at a time (two pipeline runs may stage the same dataset); the next one waits."""
-    paths.root.mkdir(parents=True, exist_ok=True)
-    with open(paths.staging_lock, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("another staging run of %s holds its lock; waiting for it to finish", paths.root)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError as exc:  # a filesystem mounted without lock support
-            log.warning("cannot lock %s (%s): make sure no other run stages this dataset now", paths.root, exc)
-        yield
 
 
 def open_source(source: str, endpoint_url: str, workers: int, chunk_size_mb: int):

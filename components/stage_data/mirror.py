@@ -17,6 +17,7 @@ again if ever selected. Only files gone from the source are otherwise removed, a
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import json
 import logging
@@ -25,15 +26,16 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from common.objects import SourceObject, sha256_of
 from trainer.atomic import write_json
-from trainer.layout import DatasetPaths
+from trainer.layout import DatasetPaths, ModelPaths
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,7 @@ def content_sha256(entries: list[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def previous_entries(paths: DatasetPaths) -> dict[str, dict[str, Any]]:
+def previous_entries(paths: DatasetPaths | ModelPaths) -> dict[str, dict[str, Any]]:
     """What earlier runs staged: the manifest (selected and retained files), then the journal of an unfinished run."""
     entries: dict[str, dict[str, Any]] = {}
     try:
@@ -216,7 +218,7 @@ def retained_entries(
 def mirror(
     source: Source,
     objects: list[SourceObject],
-    paths: DatasetPaths,
+    paths: DatasetPaths | ModelPaths,
     workers: int,
     keep_deleted: bool,
     *,
@@ -317,3 +319,19 @@ class Journal:
             if time.monotonic() - self._flushed >= self.FLUSH_EVERY_S:
                 self._file.flush()
                 self._flushed = time.monotonic()
+
+
+@contextmanager
+def staging_lock(paths: DatasetPaths | ModelPaths) -> Iterator[None]:
+    """One staging run per dataset (or model copy) at a time (two pipeline runs may stage the same one); the next
+    one waits."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with open(paths.staging_lock, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another staging run of %s holds its lock; waiting for it to finish", paths.root)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as exc:  # a filesystem mounted without lock support
+            log.warning("cannot lock %s (%s): make sure no other run stages this dataset now", paths.root, exc)
+        yield

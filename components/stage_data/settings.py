@@ -29,6 +29,7 @@ class StageSettings:
     tokenizer_sample_mb: int = SAMPLE_MB
     tokenizer_path: str = ""  # a tokenizer.json, or a directory or s3:// prefix holding one
     init_from_run_id: str = ""  # a warm start: that run's tokenizer
+    init_from_model: str = ""  # a published model to start from (a directory or s3:// prefix): its tokenizer
     # documents
     text_field: str = ""  # JSON Lines and Parquet: the text's field, a dotted path ("": TEXT_FIELD)
     max_bad_records: int = 0  # malformed records skipped (and counted) before the staging is refused
@@ -81,7 +82,12 @@ class StageSettings:
                              "content.body")  # fmt: skip
         if self.tokenizer_path and self.init_from_run_id:
             raise InputError("tokenizer_path and init_from_run_id both choose the tokenizer: give one")
+        if self.init_from_model and self.init_from_run_id:
+            raise InputError("init_from_run_id (a run's weights) and init_from_model (a published model's) are two "
+                             "starting points: give one")  # fmt: skip
         check_source(self.source)
+        if self.init_from_model:
+            check_source(self.init_from_model, "init_from_model")
         if self.tokenizer_path.startswith("s3://"):
             check_source(self.tokenizer_path, "tokenizer")
         elif "://" in self.tokenizer_path and not self.tokenizer_path.startswith("file://"):
