@@ -222,3 +222,74 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
         again = published_model(uri, str(root), s3_endpoint)
     assert again.path == copy.raw and {p.name: p.stat().st_mtime_ns for p in copy.raw.iterdir()} == mtimes
     assert f"the copy in {copy.raw} is up to date" in caplog.text and "nothing copied" in caplog.text
+
+
+def test_staging_refuses_a_bad_starting_model_in_one_line_before_anything_is_staged(
+    s3_endpoint: str, aws_env: None, tmp_path: Path
+) -> None:
+    """Each refused at staging, the step before any GPU is requested, naming init_from_model (or the tokenizer) as
+    given; the dataset has no snapshot afterwards."""
+    import boto3
+
+    from common.errors import InputError
+    from components.stage_data.core import stage_data
+    from tests.helpers import write_corpus
+    from tests.tokenizer_kinds import make_tokenizer, save_pretrained
+    from trainer.layout import DatasetPaths
+
+    corpus, root = write_corpus(tmp_path / "corpus", files=4, sentences=20), tmp_path / "fsx"
+    texts = [p.read_text() for p in sorted(corpus.rglob("*.txt"))]
+    model = tmp_path / "model"
+    save_llama(model)
+
+    def refused(match: str, **settings: object) -> None:
+        with pytest.raises(InputError, match=match) as raised:
+            stage_data(str(corpus), str(root), "d", **{"val_fraction": 0.25, "endpoint_url": s3_endpoint, **settings})
+        assert "\n" not in str(raised.value)
+        snapshots = DatasetPaths.of(root, "d").snapshots
+        assert not snapshots.exists() or not any(snapshots.iterdir())
+
+    refused(rf"^init_from_model {tmp_path}/nowhere: no such directory$", init_from_model=str(tmp_path / "nowhere"))
+    refused(rf"^init_from_model {corpus}: no config.json there", init_from_model=str(corpus))
+    refused(rf"^init_from_model {model} holds no tokenizer.json: give tokenizer_path", init_from_model=str(model))
+    other = save_pretrained("gpt2", make_tokenizer("gpt2", texts, 320), tmp_path / "other-tokenizer")
+    save_pretrained("llama3", make_tokenizer("llama3", texts, 320), model)
+    refused(rf"^tokenizer_path {other} does not fit init_from_model {model}: the tokenizer is not the model's own: "
+            r"\d+ of its \d+ tokens have another id", init_from_model=str(model),
+            tokenizer_path=str(other))  # fmt: skip
+    larger = make_tokenizer("llama3", texts, 320)
+    larger.add_tokens([f"<|reserved_{i}|>" for i in range(400)])  # as Llama 3's reserved special tokens
+    large = save_pretrained("llama3", larger, tmp_path / "large-tokenizer")
+    (model / "tokenizer.json").unlink()  # only the embedding rows to check against
+    refused(r"the tokenizer has \d{3} tokens and the model embeds 384; leave", init_from_model=str(model),
+            tokenizer_path=str(large))  # fmt: skip
+    refused("init_from_run_id .* and init_from_model .* are two starting points: give one", init_from_model=str(model),
+            init_from_run_id="previous")  # fmt: skip
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket="models")
+    refused(r"^init_from_model s3://models/llama-9b: no objects under prefix 'llama-9b/'$",
+            init_from_model="s3://models/llama-9b")  # fmt: skip
+    refused(r"^init_from_model s3://no-such-bucket/llama: bucket no-such-bucket does not exist$",
+            init_from_model="s3://no-such-bucket/llama")  # fmt: skip
+    s3.put_object(Bucket="models", Key="pickled/config.json", Body=(model / "config.json").read_bytes())
+    s3.put_object(Bucket="models", Key="pickled/pytorch_model.bin", Body=b"not read")
+    refused(r"^init_from_model s3://models/pickled: its weights are a pickle checkpoint \(pytorch_model.bin\), which "
+            "runs code when loaded: convert it to safetensors", init_from_model="s3://models/pickled")  # fmt: skip
+
+
+def test_the_trainer_refuses_a_snapshot_staged_with_another_tokenizer(tmp_path: Path) -> None:
+    """A run that skips staging, on a snapshot of another tokenizer than the model's: the ids would mean other
+    tokens than its weights learnt."""
+    from tests.tokenizer_kinds import make_tokenizer, save_pretrained
+    from trainer.data import DataError
+    from trainer.train_ddp import check_published_fits
+
+    texts = ["the quiet river runs to the sea."] * 20
+    save_llama(tmp_path / "model")
+    save_pretrained("llama3", make_tokenizer("llama3", texts, 300), tmp_path / "model")
+    snapshot = save_pretrained("gpt2", make_tokenizer("gpt2", texts, 300), tmp_path / "snapshot")
+    published = PublishedModel.read(tmp_path / "model")
+    with pytest.raises(DataError, match=r"--init-from-model .*model: snapshot snapshot was staged with another "
+                                        r"tokenizer \(the tokenizer is not the model's own: "):  # fmt: skip
+        check_published_fits(published, published.model_config(), snapshot, 32)
+    check_published_fits(published, published.model_config(), tmp_path / "model", 32)  # its own: fits
