@@ -222,7 +222,7 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     run_id = arguments["resume_run_id"] or arguments["run_id"]
     config = LaunchConfig(storage_root=str(storage_root), dataset=arguments["dataset"], run_id=run_id,
                           init_from_run_id=arguments.get("init_from_run_id", ""),
-                          init_from_model=local_model(arguments.get("init_from_model", "")),
+                          init_from_model=checked_model(arguments.get("init_from_model", "")),
                           resume=bool(arguments["resume_run_id"]), s3_endpoint_url=arguments.get("s3_endpoint_url", ""),
                           **{k: arguments[k] for k in settings if k in arguments})  # fmt: skip
     config.validate(check_storage=False)
@@ -247,14 +247,14 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
                          "from")  # fmt: skip
 
 
-def local_model(model: str) -> str:
-    """init_from_model as the launcher will be given it: a directory, checked now as the trainer reads it; ""
-    for an s3:// prefix, which staging copies onto the volume and checks there."""
-    if not model or model.startswith("s3://"):
-        return ""
-    from components.stage_data.models import published_model
+def checked_model(model: str) -> str:
+    """init_from_model, a directory checked now as the trainer reads it (an s3:// prefix is copied onto the volume
+    and checked by staging)."""
+    if model and not model.startswith("s3://"):
+        from components.stage_data.models import published_model
 
-    return str(published_model(model, storage_root="").path)
+        published_model(model, storage_root="")
+    return model
 
 
 def check_selection(source: str, include: list[str], exclude: list[str] | tuple[str, ...]) -> None:

@@ -239,9 +239,8 @@ def shown(key: str, value: Any) -> str:
 # -- each step's checks, in pipeline order: the step's own, on its resolved inputs -------------------------------
 
 # Staging's outputs the launcher is given, known only once it ran: the snapshot it made (""; the dataset's current
-# one), the warm start's origin it resolved ("": none; "previous" needs the volume to resolve) and the published
-# model's directory on the volume ("": an s3:// prefix is copied there only then).
-STAGING_OUTPUTS = {"snapshot": "", "init_from_run_id": "", "init_from_model": ""}
+# one) and the warm start's origin it resolved ("": none; "previous" needs the volume to resolve).
+STAGING_OUTPUTS = {"snapshot": "", "init_from_run_id": ""}
 
 
 def step_config(inputs: dict[str, Any]) -> LaunchConfig:

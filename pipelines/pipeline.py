@@ -265,6 +265,7 @@ def build_pipeline(platform: PlatformOptions):
                 max_nodes=max_nodes,
                 nproc_per_node=nproc_per_node,
                 preset=preset,
+                init_from_model=init_from_model,
                 image=trainer_image,
                 namespace=namespace,
                 instance_type=instance_type,
@@ -322,7 +323,7 @@ def build_pipeline(platform: PlatformOptions):
                 dataset=dataset,
                 snapshot=finalized.outputs["snapshot"],
                 init_from_run_id=finalized.outputs["init_from"],
-                init_from_model=finalized.outputs["init_from_model"],
+                init_from_model=init_from_model,  # staging copied an s3:// one to the place the launcher reads
                 run_id=run_id,
                 resume_run_id=resume_run_id,
                 pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,

@@ -87,7 +87,8 @@ def published_losses(model_dirs: list[Path], rank: int) -> dict[str, dict[str, f
             logits = reference(input_ids=tokens[:, :-1]).logits
             losses[path.name] = {"transformers": F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item()}
         for kind in ("ddp", "fsdp"):
-            parallel = parallelize(published.model_config(), kind, torch.device("cpu"), seed=1, local_world=2)
+            parallel = parallelize(published.model_config(), kind, torch.device("cpu"), seed=1, local_world=2,
+                                   initial_weights=False)  # fmt: skip
             load_weights(parallel.model, published)
             with torch.no_grad():
                 losses[path.name][kind] = parallel.forward_loss(tokens[:, :-1], tokens[:, 1:]).item()

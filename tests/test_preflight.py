@@ -1758,3 +1758,48 @@ def test_gpu_memory_warns_when_tight_and_says_when_the_gpu_is_unknown() -> None:
     unknown = gpu_memory(preset="llama-1b", instance_type="trn1.32xlarge", job_options={"gpus_per_node": 8,
                                                                                        "efa_per_node": 8})  # fmt: skip
     assert unknown.status == NOT_APPLICABLE and "the GPU memory of trn1.32xlarge is unknown" in unknown.reason
+
+
+# Llama 3.1 8B's config.json (meta-llama/Llama-3.1-8B, as published: its sizes, vocabulary, rope scaling, dtype).
+LLAMA_31_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+               "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001, "dtype": "bfloat16",
+               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192}}  # fmt: skip
+
+
+def test_gpu_memory_and_the_checkpoint_of_a_published_model_come_from_its_config_json(
+    s3_endpoint: str, aws_env: None, tmp_path: Path
+) -> None:
+    """Llama 3.1 8B in S3, not copied yet: its config.json alone is read (8.03B parameters at its own vocabulary of
+    128,256, not a preset's at the staged one); the job trains it from where staging will copy it."""
+    import boto3
+    from transformers import LlamaConfig
+
+    LlamaConfig(**LLAMA_31_8B).save_pretrained(tmp_path / "llama")
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket="published")
+    s3.upload_file(str(tmp_path / "llama" / "config.json"), "published", "meta-llama/Llama-3.1-8B/config.json")
+    cfg = config(init_from_model="s3://published/meta-llama/Llama-3.1-8B", s3_endpoint_url=s3_endpoint, nnodes=2,
+                 batch_size=2, seq_len=4096, job_options={"parallelism": "hsdp",
+                                                          "activation_checkpointing": "selective"})  # fmt: skip
+    model = preflight_core.published_config(cfg)
+    assert isinstance(model, dict) and model["vocab_size"] == 128256
+    args = cfg.trainer_args()
+    assert cfg.model_dir.startswith("/fsx/models/Llama-3.1-8B-") and "--preset" not in args
+    assert args[args.index("--init-from-model") + 1] == cfg.model_dir
+    ctx = Context(render_job(cfg.job_spec()), None, None, 2048, cfg.instance_type, model=model)
+    fits = check_gpu_memory(ctx)
+    assert fits.reason.startswith("the published llama model (8.03B parameters at vocabulary 128,256) under hsdp on "
+                                  "2 node(s) x 8 GPUs"), fits.reason  # fmt: skip
+    assert (
+        preflight_core.checkpoint_need(ctx)
+        .describe()
+        .startswith("the published llama model checkpoint, 8,030,261,248 parameters")
+    )
+    missing = preflight_core.published_config(
+        config(init_from_model="s3://published/gone", s3_endpoint_url=s3_endpoint)
+    )
+    assert isinstance(missing, str) and missing.startswith("init_from_model s3://published/gone: config.json not read")
+    with pytest.raises(ValueError, match="config.json not read"):
+        Context(render_job(cfg.job_spec()), None, None, 2048, cfg.instance_type, model=missing).model_config(4096)

@@ -35,7 +35,8 @@ def test_the_trainers_model_loads_a_published_model_and_computes_its_loss(save, 
     with torch.no_grad():
         expected = plain_loss(original, tokens)
     for kind in ("ddp", "fsdp"):
-        parallel = parallelize(published.model_config(), kind, torch.device("cpu"), seed=9, local_world=1)
+        parallel = parallelize(published.model_config(), kind, torch.device("cpu"), seed=9, local_world=1,
+                               initial_weights=False)  # fmt: skip
         load_weights(parallel.model, published)
         with torch.no_grad():
             loss = parallel.forward_loss(tokens[:, :-1], tokens[:, 1:])

@@ -87,9 +87,10 @@ class Parallelized:
 
 def parallelize(config: Any, kind: str, device: torch.device, seed: int, local_world: int,
                 comm_hook: Callable | None = None, compile_model: bool = False,
-                activation_checkpointing: str = "none") -> Parallelized:  # fmt: skip
+                activation_checkpointing: str = "none", initial_weights: bool = True) -> Parallelized:  # fmt: skip
     """Build the transformers model for `config` on the meta device, spread it as `kind` says, give it memory on
-    `device` and its initial weights (initialize); then wrap the loss for DDP or compile it."""
+    `device` and its initial weights (initialize; without `initial_weights`, its buffers only: the caller loads
+    every weight next, a published model's); then wrap the loss for DDP or compile it."""
     with torch.device("meta"):
         model = with_output_head(without_attention_masks(build_model(config)))
     template = copy.deepcopy(model)  # unsharded, still without storage: the shapes to draw the initial weights in
@@ -97,7 +98,7 @@ def parallelize(config: Any, kind: str, device: torch.device, seed: int, local_w
     kind, mesh = shard(model, kind, device, local_world)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each module's entry its own storage, untying GPT-2's output layer
-    initialize(model, template, seed)
+    initialize(model, template, seed, weights=initial_weights)
     loss = CausalLMLoss(model)
     ddp = None
     if kind == "ddp":
@@ -204,11 +205,15 @@ def unit_seed(seed: int, name: str) -> int:
 
 
 @torch.no_grad()
-def initialize(model: torch.nn.Module, template: torch.nn.Module, seed: int) -> None:
+def initialize(model: torch.nn.Module, template: torch.nn.Module, seed: int, weights: bool = True) -> None:
     """Draw the initial weights of `model` (its storage allocated, its values garbage) unit by unit (see the module
-    docstring); a weight tied to one already drawn (GPT-2's output layer) keeps the first draw."""
+    docstring); a weight tied to one already drawn (GPT-2's output layer) keeps the first draw. Without `weights`,
+    only the units that hold buffers (the rotary frequencies) are computed: drawing 8B random weights only to
+    overwrite them takes longer than loading them, and a unit's host memory."""
     drawn: set[int] = set()
     for name, unit in init_units(template).items():
+        if not weights and not any(True for _ in unit.buffers()):
+            continue
         full = copy.deepcopy(unit).to_empty(device="cpu")
         torch.manual_seed(unit_seed(seed, name))
         full.apply(template._init_weights)

@@ -177,7 +177,8 @@ def train(cfg: TrainConfig) -> ExitCode:
     hook = default_hooks.bf16_compress_hook if cfg.ddp_comm_hook == "bf16" else None  # half the bytes on the wire
     parallel = parallelize(mconfig, cfg.parallelism, device, cfg.seed, int(os.environ.get("LOCAL_WORLD_SIZE", world)),
                            comm_hook=hook, compile_model=compiled,
-                           activation_checkpointing=cfg.activation_checkpointing)  # fmt: skip
+                           activation_checkpointing=cfg.activation_checkpointing,
+                           initial_weights=published is None)  # fmt: skip
     model = parallel.model
     if parallel.kind != "ddp":
         log.info("parallelism %s over %s", parallel.kind, parallel.mesh)

@@ -28,7 +28,7 @@ from components.launch_pytorchjob.manifest import (
 from components.launch_pytorchjob.platform import TRAINER_OPTIONS, Platform, run_options
 from trainer.config import EXTENSIONS, TRAIN_DEFAULTS, check_setting
 from trainer.durable import MirrorError, parse_mirror_uri
-from trainer.layout import META, DatasetPaths, RunPaths
+from trainer.layout import META, DatasetPaths, ModelPaths, RunPaths
 from trainer.model import PRESETS
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,8 @@ class LaunchConfig:
     snapshot: str = ""  # the dataset snapshot to train on (staging's output); "": the dataset's current one
     init_from_run_id: str = ""  # a new run from this run's weights (a warm start); "previous": the newest finished
     resume: bool = False  # the run directory must hold a checkpoint to continue from (resume_run_id)
-    # a new run from a published model's weights and architecture (preset unused): its directory on the volume, as
-    # staging leaves it (an s3:// prefix is copied there first)
+    # a new run from a published model's weights and architecture (preset unused): a directory on the volume, or an
+    # s3:// prefix, which staging copies to its place on the volume (model_dir)
     init_from_model: str = ""
     backend: str = "local"
     nnodes: int = 1
@@ -124,6 +124,14 @@ class LaunchConfig:
         return RunPaths.of(self.storage_root, origin)
 
     @property
+    def model_dir(self) -> str:
+        """The published model's directory the trainer reads: the one given, or an s3:// prefix's copy on the volume
+        (where staging puts it: trainer/layout.py ModelPaths)."""
+        if self.init_from_model.startswith("s3://"):
+            return str(ModelPaths.of(self.storage_root, self.init_from_model).raw)
+        return self.init_from_model.removeprefix("file://")
+
+    @property
     def run_paths(self) -> RunPaths:
         return RunPaths.of(self.storage_root, self.run_id)
 
@@ -185,9 +193,10 @@ class LaunchConfig:
         if self.init_from_model and self.init_from_run_id:
             raise InputError("init_from_run_id (a run's weights) and init_from_model (a published model's) are two "
                              "starting points: give one")  # fmt: skip
-        if self.init_from_model.startswith("s3://") or "://" in self.init_from_model:
-            raise InputError(f"init_from_model {self.init_from_model}: the launcher is given the model's directory on "
-                             "the volume (staging copies an s3:// prefix there)")  # fmt: skip
+        if self.init_from_model:
+            from components.stage_data.settings import check_source
+
+            check_source(self.init_from_model, "init_from_model")
         if self.init_from_run_id and self.resume:
             origin = self.init_from_run_id
             raise InputError(f"resume_run_id continues run {self.run_id!r}; init_from_run_id {origin!r} starts a new "
@@ -257,7 +266,7 @@ class LaunchConfig:
             raise InputError(f"storage_root {self.storage_root!r} is outside the FSx mount path {mount!r}: every step "
                              f"and the training job see PVC {self.platform.pvc_name!r} there, so the storage root must "
                              f"be {mount} or a directory under it")  # fmt: skip
-        if self.init_from_model and outside(self.init_from_model):
+        if self.init_from_model and outside(self.model_dir):
             raise InputError(f"init_from_model {self.init_from_model!r} is outside the FSx mount path {mount!r}, where "
                              "the training job's pods see the volume: put the model there, or give its s3:// prefix "
                              "(staging copies it there)")  # fmt: skip
@@ -268,7 +277,7 @@ class LaunchConfig:
             "--data-dir",
             str(self.data_dir),
             *(["--init-from", str(self.init_run.root)] if self.init_from_run_id else []),
-            *(["--init-from-model", self.init_from_model] if self.init_from_model else []),
+            *(["--init-from-model", self.model_dir] if self.init_from_model else []),
             "--run-dir",
             str(self.run_paths.root),
             *(["--checkpoint-s3-uri", self.run_checkpoint_s3_uri] if self.checkpoint_s3_uri else []),

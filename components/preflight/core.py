@@ -27,7 +27,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from common.errors import StepFailed
+from common.errors import InputError, StepFailed
 from components.kube import Kube, KubeSettings, api_client_from_environment, describe
 from components.launch_pytorchjob.core import LaunchConfig
 from components.launch_pytorchjob.job_api import JobApi, api_of
@@ -177,7 +177,30 @@ def preflight(
     trainjob = spec.job_api == TRAINJOB.name
     return check_manifest(job, api_client, memory_gib=spec.instance().memory_gib, instance_type=spec.instance_type,
                           warn_only=warn_only, settings=settings, pod=trainjob_pod(spec) if trainjob else None,
-                          runtime=render_runtime(spec) if trainjob else None)  # fmt: skip
+                          runtime=render_runtime(spec) if trainjob else None,
+                          model=published_config(cfg) if cfg.init_from_model else None)  # fmt: skip
+
+
+def published_config(cfg: LaunchConfig) -> dict[str, Any] | str:
+    """The config.json of the published model the run starts from: on the volume (given there, or staging's copy
+    of an s3:// prefix), else read from S3 (one small object: the copy is staging's); or why it cannot be read."""
+    local = Path(cfg.model_dir) / "config.json"
+    try:
+        if local.is_file() or not cfg.init_from_model.startswith("s3://"):
+            return json.loads(local.read_text())
+        from common.s3 import S3Settings, S3Source
+
+        source = S3Source(cfg.init_from_model, S3Settings(endpoint_url=cfg.s3_endpoint_url, workers=1),
+                          what="init_from_model")  # fmt: skip
+        try:
+            key = f"{source.prefix.rstrip('/')}/config.json"
+            return json.loads(source.client.get_object(Bucket=source.bucket, Key=key)["Body"].read())
+        except Exception as exc:  # botocore's, a timeout, not JSON: the check says it
+            raise source.fail(exc, f"reading {key}") from None
+        finally:
+            source.close()
+    except (OSError, ValueError, InputError, StepFailed) as exc:
+        return f"init_from_model {cfg.init_from_model}: config.json not read ({exc})"
 
 
 def check_manifest(
@@ -190,12 +213,14 @@ def check_manifest(
     settings: KubeSettings | None = None,
     pod: dict[str, Any] | None = None,
     runtime: dict[str, Any] | None = None,
+    model: dict[str, Any] | str | None = None,
 ) -> PreflightResult:
     """Check the cluster for a rendered job (`render_job`'s dict); `memory_gib`: the instance's. A TrainJob comes
-    with the pod template its runtime makes of it (`pod`) and the runtime it expects (`runtime`)."""
+    with the pod template its runtime makes of it (`pod`) and the runtime it expects (`runtime`); a run from a
+    published model with its config.json (`model`; a string: why it could not be read)."""
     api_client = api_client or api_client_from_environment()
     kube = Kube(api_client, settings or KubeSettings())
-    ctx = Context(job, kube, api_client, memory_gib, instance_type, pod, runtime)
+    ctx = Context(job, kube, api_client, memory_gib, instance_type, pod, runtime, model)
     checks = [_guarded(name, fn, ctx) for name, fn in CHECKS]
     for c in checks:  # the log is all a failed step shows in the KFP UI (no artifact is uploaded): the fix goes too
         level = {FAIL: logging.ERROR, WARN: logging.WARNING}.get(c.status, logging.INFO)
@@ -232,8 +257,10 @@ class Context:
     """The manifest's facts the checks need, and the API groups to read the cluster with."""
 
     def __init__(self, job: dict[str, Any], kube: Kube, api_client: Any, memory_gib: int, instance_type: str = "",
-                 pod: dict[str, Any] | None = None, runtime: dict[str, Any] | None = None):  # fmt: skip
+                 pod: dict[str, Any] | None = None, runtime: dict[str, Any] | None = None,
+                 model: dict[str, Any] | str | None = None):  # fmt: skip
         self.job, self.kube, self.memory_gib, self.instance_type = job, kube, memory_gib, instance_type
+        self.model = model  # a published model's config.json (a string: why it was not read); None: a preset
         self.api: JobApi = api_of(job)
         self.runtime = runtime  # a TrainJob's: the ClusterTrainingRuntime the compiled pipeline expects
         self.namespace: str = job["metadata"]["namespace"]
@@ -256,6 +283,22 @@ class Context:
         self.annotations: dict[str, str] = job["metadata"].get("annotations") or {}
         self.unreachable = ""  # set once the API server could not be reached: later cluster reads are skipped
         self.pvc: Any = None  # the job's claim as check_pvc read it (V1PersistentVolumeClaim), for its volume
+
+    def model_config(self, seq_len: int) -> tuple[Any, str, int, bool]:
+        """The transformers config of the model the job trains, its name in messages, its vocabulary and whether
+        that is assumed: the published model's (its config.json), else the preset's at the snapshot's vocabulary
+        (ASSUMED_VOCAB before the dataset is staged). ValueError: the published model's config.json was not read."""
+        from trainer.config import TRAIN_DEFAULTS
+        from trainer.model import config_from_dict, model_config
+
+        if isinstance(self.model, str):
+            raise ValueError(self.model)
+        if self.model is not None:
+            config = config_from_dict(self.model)
+            return config, f"the published {config.model_type} model", config.vocab_size, False
+        preset = self.trainer_flag("--preset", TRAIN_DEFAULTS["preset"])
+        vocab, assumed = dataset_vocab(self.trainer_flag("--data-dir", ""))
+        return model_config(preset, vocab, seq_len, eos_token_id=0), preset, vocab, assumed
 
     def trainer_flag(self, name: str, default: Any) -> str:
         """A trainer flag's value on the container's command line (the launcher passes every one it sets)."""
@@ -792,7 +835,7 @@ SLOWEST_TIER = 12  # MB/s per TiB: no FSx for Lustre file system writes slower (
 class CheckpointNeed:
     """What a SIGTERM's checkpoint writes and the time it has for it."""
 
-    preset: str
+    model: str  # the preset's name, or "the published llama model"
     parameters: int
     vocab: int
     vocab_assumed: bool
@@ -822,7 +865,8 @@ class CheckpointNeed:
         vocab = f"vocabulary {self.vocab:,}" + (
             " assumed: the pipeline's default, the dataset is not staged yet" if self.vocab_assumed else ""
         )
-        return (f"the {self.preset} checkpoint, {self.parameters:,} parameters x {STATE_BYTES_PER_PARAMETER} bytes = "
+        model = self.model if self.model.startswith("the ") else f"the {self.model}"
+        return (f"{model} checkpoint, {self.parameters:,} parameters x {STATE_BYTES_PER_PARAMETER} bytes = "
                 f"{size_text(self.state_bytes)} ({vocab}), {size_text(self.write_bytes)} with a "
                 f"{STATE_MARGIN * 100:.0f}% margin, needs {rate_text(self.mbps)} to take at most half of the "
                 f"{self.budget_s} s preemption budget (the smaller of the pod's {self.grace_s} s grace period and "
@@ -839,23 +883,21 @@ def rate_text(mbps: Decimal) -> str:
 
 
 def checkpoint_need(ctx: Context) -> CheckpointNeed:
-    """The job's checkpoint size (its preset built on the meta device: shapes only, no memory) and save budget."""
+    """The job's checkpoint size (its model built on the meta device: shapes only, no memory) and save budget."""
     import torch
 
     from trainer.config import TRAIN_DEFAULTS
-    from trainer.model import build_model, model_config
+    from trainer.model import build_model
     from trainer.preemption import TORCHRUN_DEFAULT_SHUTDOWN_S
 
-    flag = ctx.trainer_flag
-    preset, seq_len = flag("--preset", TRAIN_DEFAULTS["preset"]), int(flag("--seq-len", TRAIN_DEFAULTS["seq_len"]))
-    vocab, assumed = dataset_vocab(flag("--data-dir", ""))
+    config, name, vocab, assumed = ctx.model_config(int(ctx.trainer_flag("--seq-len", TRAIN_DEFAULTS["seq_len"])))
     with torch.device("meta"):
-        model = build_model(model_config(preset, vocab, seq_len, eos_token_id=0))
+        model = build_model(config)
     parameters = sum(p.numel() for p in model.parameters())  # tied embeddings once, as the state_dict saves them
     env = {e["name"]: e.get("value", "") for e in ctx.container.get("env") or []}
     grace = int(ctx.pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
     shutdown = int(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or TORCHRUN_DEFAULT_SHUTDOWN_S)
-    return CheckpointNeed(preset, parameters, vocab, assumed, grace, shutdown)
+    return CheckpointNeed(name, parameters, vocab, assumed, grace, shutdown)
 
 
 def dataset_vocab(data_dir: str) -> tuple[int, bool]:
@@ -1497,7 +1539,6 @@ def check_gpu_memory(ctx: Context) -> Check:
     what would."""
     from trainer.config import TRAIN_DEFAULTS
     from trainer.memory import GIB, estimate, model_shape
-    from trainer.model import model_config
 
     name = "gpu-memory"
     gpu_gib = GPU_MEMORY_GIB.get(ctx.instance_type.removeprefix("ml."))
@@ -1505,13 +1546,13 @@ def check_gpu_memory(ctx: Context) -> Check:
     if not gpus:
         return Check(name, NOT_APPLICABLE, "the job requests no GPUs")
     flag = ctx.trainer_flag
-    preset, seq_len = flag("--preset", TRAIN_DEFAULTS["preset"]), int(flag("--seq-len", TRAIN_DEFAULTS["seq_len"]))
+    seq_len = int(flag("--seq-len", TRAIN_DEFAULTS["seq_len"]))
     batch = int(flag("--batch-size", TRAIN_DEFAULTS["batch_size"]))
     accumulation = int(flag("--grad-accum-steps", TRAIN_DEFAULTS["grad_accum_steps"]))
     parallelism = flag("--parallelism", TRAIN_DEFAULTS["parallelism"])
     recompute = flag("--activation-checkpointing", TRAIN_DEFAULTS["activation_checkpointing"])
-    vocab, assumed = dataset_vocab(flag("--data-dir", ""))
-    shape = model_shape(model_config(preset, vocab, seq_len, eos_token_id=0))
+    config, preset, vocab, assumed = ctx.model_config(seq_len)
+    shape = model_shape(config)
 
     def per_gpu(parallelism: str, nodes: int, batch: int, recompute: str) -> int:
         return estimate(shape, parallelism, nodes * gpus, gpus, batch, seq_len, recompute).total

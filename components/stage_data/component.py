@@ -36,11 +36,11 @@ def stage_data(
     report: dsl.Output[dsl.Markdown],
 ) -> list:
     """Mirror the source (S3 or local) onto the shared volume and plan its snapshot (val split, tokenizer, groups);
-    returns one work item per group to encode, {"snapshot": id, "group": n, "init_from": run, "init_from_model":
-    directory} (at least one: a group of a finished snapshot does nothing; "init_from": a warm start's origin,
-    resolved, whose tokenizer the snapshot uses; "init_from_model": the published model to start from, on the
-    volume, copied there if in S3, whose tokenizer the snapshot uses unless tokenizer_path says another). With
-    `skip`, the dataset's current snapshot (fails if it was never staged)."""
+    returns one work item per group to encode, {"snapshot": id, "group": n, "init_from": run} (at least one: a
+    group of a finished snapshot does nothing; "init_from": a warm start's origin, resolved, whose tokenizer the
+    snapshot uses). With `init_from_model`, a published model to start from, copied onto the volume if in S3 (also
+    with `skip`) and checked; the snapshot uses its tokenizer unless tokenizer_path names another. With `skip`, the
+    dataset's current snapshot (fails if it was never staged)."""
     from components.kfp_support import log_numbers, setup_logging
     from components.run_summary.core import recorded_step, resolve_run_id
     from components.stage_data.core import mirror_and_plan, plan_markdown, staged_dataset, starting_model
@@ -61,11 +61,10 @@ def stage_data(
                         f"`{directory}` ({meta['tokens']['train']} train and {meta['tokens']['val']} val "
                         "tokens).\n")  # fmt: skip
             init_from = resolve_init_run(storage_root, dataset, init_from_run_id, run_id)
-            model = starting_model(StageSettings.of_step(source, storage_root, dataset, init_from_model=init_from_model,
-                                                         endpoint_url=endpoint_url, workers=workers,
-                                                         chunk_size_mb=chunk_size_mb))  # fmt: skip
-            return [{"snapshot": directory.name, "group": 0, "init_from": init_from,
-                     "init_from_model": str(model.path) if model else ""}]  # fmt: skip
+            starting_model(StageSettings.of_step(source, storage_root, dataset, init_from_model=init_from_model,
+                                                 endpoint_url=endpoint_url, workers=workers,
+                                                 chunk_size_mb=chunk_size_mb))  # fmt: skip
+            return [{"snapshot": directory.name, "group": 0, "init_from": init_from}]
         result = mirror_and_plan(StageSettings.of_step(
             source=source,
             storage_root=storage_root,
@@ -94,8 +93,8 @@ def stage_data(
         log_numbers(metrics, result)
         with open(report.path, "w") as f:
             f.write(plan_markdown(source, result))
-        return [{"snapshot": result.snapshot, "group": group, "init_from": result.init_from_run_id,
-                 "init_from_model": result.init_from_model} for group in range(max(1, result.groups))]  # fmt: skip
+        return [{"snapshot": result.snapshot, "group": group, "init_from": result.init_from_run_id}
+                for group in range(max(1, result.groups))]  # fmt: skip
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
@@ -135,10 +134,10 @@ def finalize_snapshot(
     pipeline_run_id: str,
     metrics: dsl.Output[dsl.Metrics],
     report: dsl.Output[dsl.Markdown],
-) -> NamedTuple("Outputs", snapshot=str, init_from=str, init_from_model=str):  # noqa: UP014
+) -> NamedTuple("Outputs", snapshot=str, init_from=str):  # noqa: UP014
     """Gather the groups' shards into the snapshot's meta.json (`work`: stage_data's items, all of one snapshot),
-    put it in place and make it the dataset's current one; returns its id, which the training step trains on, the
-    warm start's origin run and the published model's directory ("" for none)."""
+    put it in place and make it the dataset's current one; returns its id, which the training step trains on, and
+    the warm start's origin run ("" for none)."""
     from collections import namedtuple
 
     from components.kfp_support import log_numbers, setup_logging
@@ -155,6 +154,4 @@ def finalize_snapshot(
         log_numbers(metrics, result)
         with open(report.path, "w") as f:
             f.write(snapshot_markdown(result))
-        return namedtuple("Outputs", ["snapshot", "init_from", "init_from_model"])(
-            result.snapshot, str(work[0].get("init_from", "")), str(work[0].get("init_from_model", ""))
-        )
+        return namedtuple("Outputs", ["snapshot", "init_from"])(result.snapshot, str(work[0].get("init_from", "")))
