@@ -98,6 +98,9 @@ class Package:
         defaults, change that step's refusal, into none or one the defaults themselves do not get (an empty
         trainer_image) if any do so. A required parameter not `require`d and not given is empty (its type's)."""
         given = self.typed(pairs, require)
+        if "preset" in given and given.get("init_from_model"):  # a package's default preset is no choice; a given one
+            raise InputError(f"{shown('preset', given['preset'])} and --param init_from_model both choose the "
+                             "architecture: leave preset out (the model's config.json gives it)")  # fmt: skip
         defaults = self.defaults()
         values = self.empty() | defaults | given
         first = self.refusal(values, pipeline_run_id)

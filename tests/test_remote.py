@@ -169,6 +169,14 @@ PRESETS = "tiny, small, gpt2-124m, gpt2-350m, llama-1b, llama-3b, llama-8b"
             "resume_run_id 'b' name different runs: give one",
         ),
         (
+            ["init_from_model=s3://models/llama", "preset=llama-8b"],
+            "--param preset='llama-8b' and --param init_from_model both choose the architecture: leave preset out",
+        ),
+        (
+            ["init_from_model=gs://models/llama"],
+            "--param init_from_model='gs://models/llama': init_from_model gs://models/llama: unsupported scheme",
+        ),
+        (
             ["trainer_image="],
             "the pipeline's defaults: the trainer image is empty (--image; a pipeline's trainer_image): the "
             "kubernetes backend needs one",
