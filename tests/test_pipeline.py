@@ -11,7 +11,6 @@ import yaml
 
 from components.launch_pytorchjob.platform import Platform
 from pipelines import COMPILED_PIPELINE
-from tests.tokenizer_kinds import make_tokenizer, save_pretrained
 from trainer.layout import RunPaths
 
 CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
@@ -454,41 +453,3 @@ def test_the_minimum_kfp_backend_is_what_the_compiled_yaml_needs() -> None:
     assert needed == MIN_KFP_BACKEND
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert f"KFP backend {MIN_KFP_BACKEND} or newer" in readme
-
-
-def test_run_local_trains_on_a_corpus_of_records_with_a_published_tokenizer(tmp_path: Path) -> None:
-    """A user's corpus (Parquet and JSON Lines) and a published tokenizer's shape (SentencePiece's; each family's
-    staging and export: tests/test_formats.py), as `make run-local` runs them: the model's vocabulary follows the
-    tokenizer's (padded to 64), and the export encodes as training did."""
-    kind = "sentencepiece"
-    from transformers import AutoConfig, AutoTokenizer
-
-    from tests.test_formats import corpus_of_every_format, decoded_documents, expected_documents, split_stream
-
-    source = corpus_of_every_format(tmp_path / "corpus")
-    given = save_pretrained(kind, make_tokenizer(kind, [t for _, _, t in expected_documents(source)]), tmp_path / "tok")
-    root = tmp_path / "fsx"
-    result = subprocess.run(
-        [CLI, "run-local", "--storage-root", str(root), "--source", str(source), "--dataset", kind, "--run-id", kind,
-         "--tokenizer-path", str(given), "--val-fraction", "0.2", "--preset", "tiny", "--max-steps", "10",
-         "--seq-len", "32", "--checkpoint-every", "10", "--log-every", "5", "--nproc-per-node", "1"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    run = RunPaths.of(root, kind)
-    config = json.loads(run.config.read_text())
-    tokenizer_vocab = len(json.loads((given / "tokenizer.json").read_text())["model"]["vocab"])
-    assert config["dataset"]["vocab_size"] >= tokenizer_vocab
-    assert config["model"]["vocab_size"] == config["dataset"]["model_vocab_size"] == -(-config["dataset"]["vocab_size"]
-                                                                                    // 64) * 64  # fmt: skip
-    export = run.root / "export"
-    assert AutoConfig.from_pretrained(export).vocab_size == config["model"]["vocab_size"]
-    snapshot = Path(config["dataset"]["tokenized_dir"])
-    first = decoded_documents(snapshot, "train")[0]
-    stream = split_stream(snapshot, "train")
-    assert AutoTokenizer.from_pretrained(export)(first)["input_ids"] == stream[: stream.index(config["model"]
-                                                                                         ["eos_token_id"])]  # fmt: skip
-    finalize_report = next((root / "kfp-local" / kind).rglob("finalize-snapshot/report")).read_text()
-    assert "First train document of the parquet files" in finalize_report and "| jsonl.zst |" in finalize_report
-    finalized = next(s for s in json.loads(run.summary.read_text())["steps"] if s["step"] == "finalize-data")
-    assert "parquet " in finalized["details"]["documents"] and "null" in finalized["details"]["skipped_records"]

@@ -134,7 +134,7 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     from components.launch_pytorchjob.core import LaunchConfig, launch
     from components.stage_data.models import published_model
     from tests.helpers import LLAMA3_ROPE
-    from tests.test_formats import corpus_of_every_format, expected_documents
+    from tests.test_formats import corpus_of_every_format, decoded_documents, expected_documents, split_stream
     from tests.test_parallel import rewound_copy
     from tests.test_trainer import assert_same_rows, read_metrics
     from tests.tokenizer_kinds import make_tokenizer, save_pretrained
@@ -188,12 +188,20 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     loss, _, _ = mean_loss(reference, load_split(snapshot, "val"), 32, 1048576, 8, torch.device("cpu"), byte_lengths)
     assert evaluation["untrained_val_loss"] == pytest.approx(loss, abs=1e-5)
 
-    # The export: the input's config, its dtype, its tokenizer; it generates.
+    # The corpus of every format, as the reports show it.
+    finalize_report = next((root / "kfp-local" / "continued").rglob("finalize-snapshot/report")).read_text()
+    assert "First train document of the parquet files" in finalize_report and "| jsonl.zst |" in finalize_report
+    finalized = next(s for s in json.loads(run.summary.read_text())["steps"] if s["step"] == "finalize-data")
+    assert "parquet " in finalized["details"]["documents"] and "null" in finalized["details"]["skipped_records"]
+
+    # The export: the input's config, its dtype, its tokenizer, which encodes as training did; it generates.
     export = run.root / "export"
     exported = AutoConfig.from_pretrained(export)
     assert (exported.dtype, exported.bos_token_id, exported.eos_token_id) == (torch.bfloat16, 0, 1)
     assert {k: v for k, v in exported.rope_parameters.items() if k in LLAMA3_ROPE} == LLAMA3_ROPE
     model, tokenizer = AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)
+    first, stream = decoded_documents(snapshot, "train")[0], split_stream(snapshot, "train")
+    assert tokenizer(first)["input_ids"] == stream[: stream.index(meta["eos_id"])]
     prompt = tokenizer("the quiet river", return_tensors="pt")
     generated = model.generate(**prompt, max_new_tokens=5, do_sample=False)
     assert generated.shape[1] == prompt["input_ids"].shape[1] + 5
