@@ -56,12 +56,11 @@ def check_name(kind: str, value: str) -> str:
 
 
 @dataclass(frozen=True)
-class DatasetPaths:
-    root: Path
+class MirrorPaths:
+    """A mirror of S3 objects or local files on the volume (components/stage_data/mirror.py): a dataset's source,
+    or a published model's files."""
 
-    @classmethod
-    def of(cls, storage_root: str | Path, dataset: str) -> DatasetPaths:
-        return cls(Path(storage_root) / "datasets" / check_name("dataset", dataset))
+    root: Path
 
     @property
     def raw(self) -> Path:
@@ -78,8 +77,15 @@ class DatasetPaths:
 
     @property
     def staging_lock(self) -> Path:
-        """Held (flock) by the staging run of this dataset: two runs never stage it at once."""
+        """Held (flock) by the staging run of this mirror: two runs never stage it at once."""
         return self.root / ".staging.lock"
+
+
+@dataclass(frozen=True)
+class DatasetPaths(MirrorPaths):
+    @classmethod
+    def of(cls, storage_root: str | Path, dataset: str) -> DatasetPaths:
+        return cls(Path(storage_root) / "datasets" / check_name("dataset", dataset))
 
     @property
     def name(self) -> str:
@@ -133,12 +139,10 @@ def dataset_of_snapshot(snapshot_dir: str | Path) -> DatasetPaths:
 
 
 @dataclass(frozen=True)
-class ModelPaths:
-    """A published model copied from S3, mirrored as a dataset's source is (components/stage_data/mirror.py): the
-    files under raw/ (the directory the trainer reads), the manifest of their sizes and ETags, the journal of an
-    interrupted copy, the lock two runs copying it share."""
-
-    root: Path
+class ModelPaths(MirrorPaths):
+    """A published model copied from S3, mirrored as a dataset's source is: its files under raw/ (the directory the
+    trainer reads), the manifest of their sizes and ETags, the journal of an interrupted copy, the lock two runs
+    copying it share."""
 
     @classmethod
     def of(cls, storage_root: str | Path, uri: str) -> ModelPaths:
@@ -147,22 +151,6 @@ class ModelPaths:
         tail = re.sub(r"[^A-Za-z0-9._-]", "-", uri.rsplit("/", 1)[-1])[:64].lstrip(".-_") or "model"
         digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
         return cls(Path(storage_root) / "models" / f"{tail}-{digest}")
-
-    @property
-    def raw(self) -> Path:
-        return self.root / "raw"
-
-    @property
-    def manifest(self) -> Path:
-        return self.root / "staging_manifest.json"
-
-    @property
-    def staging_journal(self) -> Path:
-        return self.root / ".staging_journal.jsonl"
-
-    @property
-    def staging_lock(self) -> Path:
-        return self.root / ".staging.lock"
 
     @classmethod
     def copy_holding(cls, directory: Path) -> ModelPaths | None:

@@ -35,7 +35,7 @@ from typing import Any, BinaryIO, Protocol
 
 from common.objects import SourceObject, sha256_of
 from trainer.atomic import write_json
-from trainer.layout import DatasetPaths, ModelPaths
+from trainer.layout import MirrorPaths
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def content_sha256(entries: list[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def previous_entries(paths: DatasetPaths | ModelPaths) -> dict[str, dict[str, Any]]:
+def previous_entries(paths: MirrorPaths) -> dict[str, dict[str, Any]]:
     """What earlier runs staged: the manifest (selected and retained files), then the journal of an unfinished run."""
     entries: dict[str, dict[str, Any]] = {}
     try:
@@ -218,7 +218,7 @@ def retained_entries(
 def mirror(
     source: Source,
     objects: list[SourceObject],
-    paths: DatasetPaths | ModelPaths,
+    paths: MirrorPaths,
     workers: int,
     keep_deleted: bool,
     *,
@@ -322,7 +322,7 @@ class Journal:
 
 
 @contextmanager
-def staging_lock(paths: DatasetPaths | ModelPaths) -> Iterator[None]:
+def staging_lock(paths: MirrorPaths) -> Iterator[None]:
     """One staging run per dataset (or model copy) at a time (two pipeline runs may stage the same one); the next
     one waits."""
     paths.root.mkdir(parents=True, exist_ok=True)
