@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from trainer.dcp_io import VerifyingReader
-from trainer.private_api import READER_SLICE_HOOK, default_store, skip_update_if
+from trainer.private_api import HF_READ_ITEM, READER_SLICE_HOOK, default_store, skip_update_if
 
 
 def test_the_fused_adamw_kernel_skips_its_update_when_found_inf_is_set() -> None:
@@ -53,6 +53,13 @@ def test_dcps_reader_still_calls_the_per_item_hook_the_verifying_reader_override
     assert list(inspect.signature(hook).parameters) == ["self", "file", "sinfo"]
     assert f"self.{READER_SLICE_HOOK}(" in inspect.getsource(dcp.FileSystemReader.read_data)
     assert READER_SLICE_HOOK in VerifyingReader.__dict__
+
+
+def test_dcps_hugging_face_reader_still_reads_each_item_with_the_method_ours_calls() -> None:
+    hook = getattr(dcp.HuggingFaceStorageReader, HF_READ_ITEM)
+    assert list(inspect.signature(hook).parameters) == ["self", "f", "req", "planner"]
+    source = inspect.getsource(dcp.HuggingFaceStorageReader.read_data)
+    assert f"self.{HF_READ_ITEM}(f, req, planner)" in source and "self.storage_data[read_item.storage_index]" in source
 
 
 @pytest.mark.parametrize("preset", ["tiny", "llama-1b"])

@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.futures import Future
 
 from common.objects import sha256_of
 from trainer.checkpoint import CheckpointError
 from trainer.layout import TOKENIZER, ModelPaths
+from trainer.private_api import HF_READ_ITEM
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -129,7 +132,6 @@ def load_weights(model: torch.nn.Module, published: PublishedModel) -> None:
     alias); the rotary frequencies and other buffers are the model's own. A tensor missing from the files or of
     another shape is named."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from safetensors import safe_open
 
     state = dict(model.named_parameters())  # a tied weight once, by its first name (save_pretrained's too)
@@ -147,5 +149,21 @@ def load_weights(model: torch.nn.Module, published: PublishedModel) -> None:
                                   "in the model its config.json describes")  # fmt: skip
     with warnings.catch_warnings():  # one process (the evaluation's baseline) is meant: DCP warns it assumes so
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(published.path)),
-                 no_dist=not dist.is_initialized())  # fmt: skip
+        dcp.load(state, storage_reader=TensorAtATimeReader(str(published.path)), no_dist=not dist.is_initialized())
+
+
+class TensorAtATimeReader(dcp.HuggingFaceStorageReader):
+    """DCP's Hugging Face reader, opening a file for each piece it reads. Its own keeps each file mapped while it
+    reads all of this rank's pieces of it, and the pages read stay counted in the process's memory until the file
+    closes: 0.61 of the model per rank on two ranks, against 0.50 (the rank's shard) this way, at no cost in time
+    (bench/RESULTS.md); an 8B model's files are 5 GB each."""
+
+    def read_data(self, plan: Any, planner: Any) -> Future[None]:
+        from safetensors import safe_open
+
+        for item in plan.items:
+            with safe_open(filename=self.storage_data[item.storage_index].relative_path, framework="pt") as f:
+                getattr(self, HF_READ_ITEM)(f, item, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
