@@ -11,6 +11,9 @@ Cases (trainer/train_ddp.py under torchrun, one GPU, bf16, a real corpus: the st
     async-ckpt     gpt2-124m under ddp, compiled, an asynchronous checkpoint every 25 steps: the stall
     8b-geometry    Llama 3.1 8B's shapes with 4 blocks, 1 x 8,192 tokens, selective (bench/estimate_probe.py): the
                    memory estimate's constants at the target shape
+    published-fsdp a published Llama (save_pretrained in bf16, several shards, Llama 3's rope scaling) started from
+                   with --init-from-model under fsdp, eager: the CUDA side of loading it (bf16 on disk into fp32
+                   DTensors on the GPU), then training it
 Each row: tokens/s, MFU, step time, peak allocated and reserved GiB beside the estimate, graph breaks and
 recompiles (counted in TORCH_LOGS' lines), the last loss, and how the case ended. A failed case never stops the
 others; its logs are copied to $OUT/failed/<case>/. All compiled cases share one inductor cache, each run directory
@@ -33,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -51,6 +55,7 @@ class Case:
     entry: str = "trainer.train_ddp"
     timeout_s: int = 120
     checkpoints: int = 1  # checkpoints on disk at once at most (1: the final one; 2: periodic, keep 1)
+    published: bool = False  # started from the published model save_published writes (its architecture: no preset)
 
 
 def plan(dry_run: bool) -> tuple[list[Case], int, int]:
@@ -67,7 +72,7 @@ def plan(dry_run: bool) -> tuple[list[Case], int, int]:
             30 if big else 6,
             ["--parallelism", "fsdp", "--compile", "off"],
             entry="bench.sync_debug",
-            timeout_s=45,
+            timeout_s=40,
         ),
         Case("gpt2-ddp", gpt2, 16 if big else 4, steps, compiled, timeout_s=90),
         Case("llama1b-fsdp-compiled", llama, 4, steps, ["--parallelism", "fsdp", *compiled], timeout_s=100),
@@ -79,14 +84,14 @@ def plan(dry_run: bool) -> tuple[list[Case], int, int]:
             ["--parallelism", "fsdp", "--grad-accum-steps", "2", *compiled],
             timeout_s=45,
         ),
-        Case("llama1b-fsdp-eager", llama, 4, steps // 2, ["--parallelism", "fsdp", "--compile", "off"], timeout_s=45),
+        Case("llama1b-fsdp-eager", llama, 4, steps // 2, ["--parallelism", "fsdp", "--compile", "off"], timeout_s=40),
         Case(
             "llama1b-fsdp-eager-accum2",
             llama,
             4,
             steps // 4,
             ["--parallelism", "fsdp", "--grad-accum-steps", "2", "--compile", "off"],
-            timeout_s=45,
+            timeout_s=40,
         ),
         Case(
             "async-ckpt",
@@ -94,20 +99,55 @@ def plan(dry_run: bool) -> tuple[list[Case], int, int]:
             16 if big else 4,
             steps,
             [*compiled, "--async-checkpoint", "--checkpoint-every", str(steps // 3 or 1)],
-            timeout_s=50,
+            timeout_s=45,
             checkpoints=2,
         ),  # fmt: skip
-        Case("8b-geometry", "llama-8b", 1, 3, entry="bench.estimate_probe", timeout_s=60, checkpoints=0),
+        Case("8b-geometry", "llama-8b", 1, 3, entry="bench.estimate_probe", timeout_s=50, checkpoints=0),
+        Case(
+            "published-fsdp",
+            "",
+            4,
+            steps // 4,
+            ["--parallelism", "fsdp", "--compile", "off"],
+            timeout_s=30,
+            published=True,
+        ),  # fmt: skip
     ]
     return cases, 1024 if big else 64, REAL_VOCAB if big else 512
 
 
 def checkpoint_bytes(preset: str, vocab: int) -> int:
-    """A checkpoint of `preset`: fp32 weights and AdamW's two moments, 12 bytes a parameter (shapes only)."""
+    """A checkpoint of `preset` ("": the published model): fp32 weights and AdamW's two moments, 12 bytes a
+    parameter (shapes only)."""
     from trainer.memory import model_shape
     from trainer.model import model_config
 
-    return 12 * model_shape(model_config(preset, vocab, 1024, eos_token_id=0)).parameters
+    config = published_config(vocab, big=True) if not preset else model_config(preset, vocab, 1024, eos_token_id=0)
+    return 12 * model_shape(config).parameters
+
+
+def published_config(vocab: int, big: bool) -> Any:
+    """A small Llama as teams publish theirs: untied, Llama 3's rope scaling, in bf16."""
+    from transformers import LlamaConfig
+
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256}  # fmt: skip
+    return LlamaConfig(num_hidden_layers=4 if big else 2, hidden_size=512 if big else 64,
+                       intermediate_size=1536 if big else 128, num_attention_heads=8 if big else 4,
+                       num_key_value_heads=4 if big else 2, vocab_size=vocab, max_position_embeddings=2048,
+                       tie_word_embeddings=False, rope_scaling=rope, dtype="bfloat16")  # fmt: skip
+
+
+def save_published(work: Path, vocab: int, big: bool) -> Path:
+    """The published model the published case starts from, written by transformers (random weights, several
+    shards). No tokenizer beside it: the run's snapshot is the stdlib's, of a vocabulary no larger than its rows."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    directory = work / "published"
+    LlamaForCausalLM(published_config(vocab, big)).to(torch.bfloat16).save_pretrained(directory, max_shard_size="50MB")
+    return directory
 
 
 def budgets(cases: list[Case], vocab: int) -> tuple[int, int]:
@@ -137,7 +177,8 @@ def run_case(case: Case, data_dir: Path, work: Path, seq_len: int, dry_run: bool
         sizes = ["4", "1", "8192", "selective"] if not dry_run else ["2", "1", "64", "selective", "512", "128", "256"]
         args = ["-m", case.entry, *sizes]
     else:
-        args = ["-m", case.entry, "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--preset", case.preset,
+        model = ["--init-from-model", str(work / "published")] if case.published else ["--preset", case.preset]
+        args = ["-m", case.entry, "--data-dir", str(data_dir), "--run-dir", str(run_dir), *model,
                 "--batch-size", str(case.batch), "--seq-len", str(seq_len), "--max-steps", str(case.steps),
                 "--warmup-steps", "10", "--lr", "6e-4", "--log-every", "5", "--checkpoint-every", "100000",
                 "--keep-checkpoints", "1", *case.flags]  # fmt: skip
@@ -223,6 +264,7 @@ def main() -> int:
     started, failures = time.monotonic(), 0
     try:
         data_dir = stage(work, vocab)
+        save_published(work, vocab, big=not dry_run)
         for case in cases:
             if time.monotonic() - started + case.timeout_s > DEADLINE_S + 60:  # staging took more than its minute
                 line = f"| {case.name} | | | | | | | | | | skipped: not enough time left |"
