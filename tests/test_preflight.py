@@ -1803,3 +1803,6 @@ def test_gpu_memory_and_the_checkpoint_of_a_published_model_come_from_its_config
     assert isinstance(missing, str) and missing.startswith("init_from_model s3://published/gone: config.json not read")
     with pytest.raises(ValueError, match="config.json not read"):
         Context(render_job(cfg.job_spec()), None, None, 2048, cfg.instance_type, model=missing).model_config(4096)
+    with pytest.raises(InputError, match=r"^init_from_model '/home/me/llama' is outside the FSx mount path '/fsx', "
+                                         "where the training job's pods see the volume"):  # fmt: skip
+        config(init_from_model="/home/me/llama").validate(check_storage=False)
