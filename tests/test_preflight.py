@@ -1595,7 +1595,7 @@ def component_args(tmp_path: Path, namespace: str, **overrides: Any) -> dict[str
     args: dict[str, Any] = dict(
         storage_root=str(tmp_path / "fsx"), dataset="synthetic", run_id="", resume_run_id="",
         pipeline_run_id="pipeline-pf-2",
-        backend="kubernetes", nnodes=2, max_nodes=0, nproc_per_node=8, preset="tiny", image=IMAGE,
+        backend="kubernetes", nnodes=2, max_nodes=0, nproc_per_node=8, preset="tiny", init_from_model="", image=IMAGE,
         namespace=namespace, instance_type="ml.p5.48xlarge", job_options={},
         platform={"pvc_name": "fsx-lustre-pvc", "mount_path": str(tmp_path / "fsx"), "queue_name": "",
                   "priority_class": ""}, warn_only=False,
