@@ -373,8 +373,13 @@ def test_render_runtime_from_a_compiled_pipeline_is_the_one_its_flags_give(tmp_p
     )
 
 
-def test_run_local_refuses_a_starting_model_with_a_preset_or_unreadable(tmp_path: Path) -> None:
-    """Before anything is staged or written: one line, exit 2 (staging's own refusals: tests/test_published.py)."""
+def test_run_local_refuses_a_starting_model_with_a_preset_or_unreadable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before anything is staged or written: one line, exit 2 (staging's own refusals: tests/test_published.py).
+    In-process: the real CLI's main."""
+    from pipelines.cli import main
+
     root = tmp_path / "fsx"
     for args, line in (
         (["--init-from-model", str(tmp_path), "--preset", "tiny"], "--preset tiny and --init-from-model both choose "
@@ -382,6 +387,6 @@ def test_run_local_refuses_a_starting_model_with_a_preset_or_unreadable(tmp_path
         (["--init-from-model", str(tmp_path)], f"init_from_model {tmp_path}: no config.json there: give a directory "
          "that save_pretrained wrote"),
     ):  # fmt: skip
-        refused = cli("run-local", "--storage-root", str(root), *args)
-        assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(line), refused.stderr
+        assert main(["run-local", "--storage-root", str(root), *args]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(line)
     assert not root.exists()
