@@ -113,3 +113,29 @@ def test_sigterm_stops_torchrun_and_every_worker(staged_copy: Path) -> None:
     time.sleep(0.5)
     assert [p for p in workers if os.path.exists(f"/proc/{p}")] == []
     assert processes_mentioning(str(run.root)) == []
+
+
+def test_the_step_gives_kfps_run_comparison_the_training_in_a_few_numbers(uninterrupted: RunPaths,
+                                                                          tmp_path: Path) -> None:  # fmt: skip
+    """The launch step's metrics (KFP's run comparison) and report: the last logged loss and tokens seen, the last
+    val loss, the median tokens/s and MFU (none on a CPU), from rank 0's metrics.jsonl."""
+    import statistics
+    from dataclasses import replace
+
+    from kfp import dsl
+
+    from components.kfp_support import log_numbers
+    from components.launch_pytorchjob.core import LaunchResult, summary_markdown, training_figures
+    from trainer.atomic import read_json_lines
+
+    rows = read_json_lines(uninterrupted.metrics)
+    figures = training_figures(uninterrupted)
+    assert figures == {"final_loss": rows[-1]["loss"], "tokens_seen": rows[-1]["tokens"],
+                       "val_loss": [r["val_loss"] for r in rows if "val_loss" in r][-1],
+                       "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows)}  # fmt: skip
+    result = replace(LaunchResult("straight", str(uninterrupted.root), "local", 2, 1.0), **figures)
+    metrics = dsl.Metrics(uri=str(tmp_path / "metrics"))
+    log_numbers(metrics, result)
+    assert {k: metrics.metadata[k] for k in figures} == {k: float(v) for k, v in figures.items()}
+    assert f"| final loss | {rows[-1]['loss']:.4f} after {rows[-1]['tokens']:,} tokens |" in summary_markdown(result)
+    assert training_figures(RunPaths(tmp_path / "never-ran")) == {}

@@ -144,6 +144,7 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     kfp_reports = {p.parent.name: p for p in (root / "kfp-local" / "e2e").rglob("report")}
     assert set(kfp_reports) == STEPS | {"finalize-snapshot"}
     assert "| copied |" in kfp_reports["stage-data"].read_text()
+    assert "| final loss | " in kfp_reports["launch-pytorchjob"].read_text()  # and in the step's metrics
     assert "tokenized now" in kfp_reports["finalize-snapshot"].read_text()
     (pipeline_dir,) = {path.parent.parent for path in kfp_reports.values()}
     assert (

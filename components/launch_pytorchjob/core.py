@@ -11,7 +11,8 @@ import json
 import logging
 import os
 import posixpath
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from components.launch_pytorchjob.manifest import (
     render_job,
 )
 from components.launch_pytorchjob.platform import TRAINER_OPTIONS, Platform, run_options
+from trainer.atomic import read_json_lines
 from trainer.config import EXTENSIONS, TRAIN_DEFAULTS, check_setting
 from trainer.durable import MirrorError, parse_mirror_uri
 from trainer.layout import META, DatasetPaths, ModelPaths, RunPaths
@@ -393,6 +395,12 @@ class LaunchResult:
     running_s: float | None = None
     restarts: int = 0
     diagnosis: list[str] = field(default_factory=list)  # symptoms seen while the job ran, one line each
+    # the training as KFP's run comparison shows it (the step's metrics), from metrics.jsonl: training_figures
+    final_loss: float | None = None
+    val_loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    tokens_seen: int | None = None
 
 
 def launch(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
@@ -409,7 +417,23 @@ def launch(cfg: LaunchConfig, api_client: Any = None) -> LaunchResult:
             Path(directory).mkdir(parents=True, exist_ok=True)
         result = run_torchrun(cfg)
     result.trainer_attempt = trainer_attempt(cfg.run_paths)
-    return result
+    return replace(result, **training_figures(cfg.run_paths))
+
+
+def training_figures(run: RunPaths) -> dict[str, float | int]:
+    """The training in a few numbers, from rank 0's metrics.jsonl: the last logged step's loss and tokens seen, the
+    last val loss, and the median tokens/s and MFU of the logged steps (none of them when nothing was logged)."""
+    logged = read_json_lines(run.metrics)
+    rows = [r for r in logged if r.get("loss") is not None and r.get("tokens") is not None]
+    figures: dict[str, float | int] = {}
+    if rows:
+        figures |= {"final_loss": rows[-1]["loss"], "tokens_seen": rows[-1]["tokens"]}
+    if evaluated := [r["val_loss"] for r in logged if r.get("val_loss") is not None]:
+        figures["val_loss"] = evaluated[-1]
+    for key in ("tokens_per_s", "mfu"):
+        if values := [r[key] for r in rows if r.get(key) is not None]:
+            figures[key] = statistics.median(values)
+    return figures
 
 
 def trainer_attempt(run: RunPaths) -> int:
@@ -434,6 +458,11 @@ def summary_markdown(result: LaunchResult) -> str:
                  ("final state", result.state),
                  ("queued", seconds(result.queued_s)),
                  ("running", seconds(result.running_s)), ("restarts", str(result.restarts))]  # fmt: skip
+    if result.final_loss is not None:
+        rows += [("final loss", f"{result.final_loss:.4f} after {result.tokens_seen:,} tokens"),
+                 ("val loss", "-" if result.val_loss is None else f"{result.val_loss:.4f}"),
+                 ("tokens/s (median)", "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"),
+                 ("MFU (median)", "-" if result.mfu is None else f"{result.mfu:.1%}")]  # fmt: skip
     lines = ["## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
     if result.diagnosis:
         lines += ["", "### Seen on the way", "", *(f"- {line}" for line in result.diagnosis)]
