@@ -48,9 +48,10 @@ class PublishedModel:
     files: tuple[str, ...]
 
     @classmethod
-    def read(cls, path: Path) -> PublishedModel:
-        """The model at `path`, or CheckpointError (bad input) in one line naming what is wrong."""
-        where = f"--init-from-model {path}"
+    def read(cls, path: Path, where: str = "") -> PublishedModel:
+        """The model at `path`, or CheckpointError (bad input) in one line naming what is wrong and, first, `where`
+        (the input as the user gave it; the trainer's flag by default)."""
+        where = where or f"--init-from-model {path}"
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{where}: no config.json there: give a directory that save_pretrained wrote")
         try:

@@ -55,8 +55,8 @@ def launch_pytorchjob(
     newest checkpoint; `extend_schedule` lets that resume go on to other settings: "continue" (a larger max_steps, the
     decay going on from the current learning rate) or "rewarm" (also another lr or warmup_steps). With
     `checkpoint_s3_uri`, the trainer copies each committed checkpoint to <checkpoint_s3_uri>/<run_id>/ in S3. With
-    `init_from_model` (a published model's directory on the volume, staging's output), the run starts from its
-    weights and architecture, and `preset` is not used.
+    `init_from_model` (a published model's directory on the volume, or an s3:// prefix, read where staging copied
+    it), the run starts from its weights and architecture, and `preset` is not used.
     `platform` is compiled in (the job API, the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
     from collections import namedtuple
 

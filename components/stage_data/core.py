@@ -107,7 +107,8 @@ def mirror_and_plan(settings: StageSettings) -> PlanResult:
     given = read_given(tokenizer_path, settings.endpoint_url) if tokenizer_path else None
     if model is not None and given is not None:
         check_tokenizer(model, settings.init_from_model, given.load(), settings.tokenizer_path or "(the model's)")
-        log.info("starting from the published model %s: staging with its tokenizer", settings.init_from_model)
+        given_as = f"tokenizer {settings.tokenizer_path} (its vocabulary)" if settings.tokenizer_path else "its own"
+        log.info("starting from the published model %s: staging with %s", settings.init_from_model, given_as)
     init_from = resolve_init_run(settings.storage_root, settings.dataset, settings.init_from_run_id, settings.run_id)
     if init_from:
         tokenizer_path = str(run_tokenizer(settings.storage_root, init_from))

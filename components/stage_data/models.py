@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from common.errors import InputError
 from components.stage_data.mirror import mirror, staging_lock
+from components.stage_data.settings import check_source
 from trainer.checkpoint import CheckpointError
 from trainer.layout import TOKENIZER, ModelPaths
 from trainer.published import PublishedModel
@@ -34,19 +35,16 @@ def published_model(uri: str, storage_root: str, endpoint_url: str = "", workers
     if not path.is_dir():
         raise InputError(f"{INPUT} {uri}: no such directory")
     try:
-        return PublishedModel.read(path)
-    except CheckpointError as exc:  # its message names the directory read; the user gave `uri`
-        raise InputError(str(exc).replace(f"--init-from-model {path}", f"{INPUT} {uri}", 1)) from None
+        return PublishedModel.read(path, where=f"{INPUT} {uri}")
+    except CheckpointError as exc:
+        raise InputError(str(exc)) from None
 
 
 def copy_from_s3(uri: str, storage_root: str, endpoint_url: str, workers: int, chunk_size_mb: int) -> Path:
     """Mirror the prefix into its ModelPaths on the volume; returns the directory the trainer reads."""
-    from common.s3 import S3Settings, S3Source, parse_s3_uri
+    from common.s3 import S3Settings, S3Source
 
-    try:
-        parse_s3_uri(uri)
-    except InputError as exc:
-        raise InputError(str(exc).replace("source ", f"{INPUT} ", 1)) from None
+    check_source(uri, INPUT)
     paths = ModelPaths.of(storage_root, uri)
     source = S3Source(uri, S3Settings(endpoint_url=endpoint_url, workers=workers, chunk_size=chunk_size_mb * 2**20),
                       what=INPUT)  # fmt: skip
