@@ -39,6 +39,7 @@ CLUSTER_DEFAULTS: dict[str, int | float | str] = {
     "checkpoint_every": 500,
     "log_every": 10,
     "eval_every": 0,
+    "mlflow_experiment": "hyperpod-pretrain",
     # a finite budget, so that a job whose launcher and exit step were both lost still ends (its operator's deadline
     # follows it); 0 at run time: none
     "timeout_s": 72 * 3600,

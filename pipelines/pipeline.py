@@ -34,6 +34,7 @@ from components.stage_data import SAMPLE_MB, VAL_FRACTION, VOCAB_SIZE
 from components.stage_data.component import finalize_snapshot, stage_data, tokenize_group
 from components.verify_nccl.component import verify_nccl
 from pipelines import CLUSTER_DEFAULTS
+from trainer.tracking import check_tracking_uri
 
 PIPELINE_NAME = "hyperpod-pretrain"
 COMPONENTS_REPOSITORY = "hyperpod-pretrain-components"
@@ -116,6 +117,14 @@ class PlatformOptions:
         }
     )
     images: Images = field(default_factory=Images)
+    # The mlflow_tracking_uri parameter's default: the team's MLflow tracking server (http(s):// or a SageMaker ARN).
+    mlflow_tracking_uri: str = ""
+
+    def __post_init__(self) -> None:
+        try:
+            check_tracking_uri(self.mlflow_tracking_uri)
+        except ValueError as exc:
+            raise InputError(f"--mlflow-tracking-uri: {exc}") from None
 
     def described(self) -> list[str]:
         """What this compile bakes in, a line each, for the platform engineer to check before uploading."""
@@ -144,6 +153,7 @@ class PlatformOptions:
             f"{', ' + tolerations(job.tolerations) if job.tolerations else ''}; pull secrets "
             f"{listed(job.image_pull_secrets) or 'none'}; environment {listed(job.env) or 'none'}; HyperPod "
             f"health affinity {'on' if job.health_affinity else 'off'}",
+            f"MLflow: {self.mlflow_tracking_uri or 'none'} by default (a run's mlflow_tracking_uri parameter)",
             f"steps: node selector {listed(self.node_selector) or 'none'}; tolerations "
             f"{tolerations(self.tolerations) or 'none'}; pull secrets {listed(self.image_pull_secrets) or 'none'}",
         ]  # fmt: skip
@@ -241,6 +251,8 @@ def build_pipeline(platform: PlatformOptions):
         baseline_margin: float = 0.0,
         gate_warn_only: bool = False,
         export_s3_uri: str = "",
+        mlflow_tracking_uri: str = platform.mlflow_tracking_uri,
+        mlflow_experiment: str = str(CLUSTER_DEFAULTS["mlflow_experiment"]),
     ):
         summary = summarize(
             storage_root=storage_root,
@@ -266,6 +278,7 @@ def build_pipeline(platform: PlatformOptions):
                 nproc_per_node=nproc_per_node,
                 preset=preset,
                 init_from_model=init_from_model,
+                mlflow_tracking_uri=mlflow_tracking_uri,
                 image=trainer_image,
                 namespace=namespace,
                 instance_type=instance_type,
@@ -345,6 +358,8 @@ def build_pipeline(platform: PlatformOptions):
                 eval_every=eval_every,
                 checkpoint_s3_uri=checkpoint_s3_uri,
                 s3_endpoint_url=s3_endpoint_url,
+                mlflow_tracking_uri=mlflow_tracking_uri,
+                mlflow_experiment=mlflow_experiment,
                 timeout_s=train_timeout_s,
                 pending_timeout_s=pending_timeout_s,
                 recovery_timeout_s=recovery_timeout_s,

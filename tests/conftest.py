@@ -197,6 +197,15 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real MLflow tracking server (`mlflow server`, SQLite store) on loopback, in its own process."""
+    from tests.mlflow_server import MlflowServer
+
+    with MlflowServer(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
+
+
 @pytest.fixture
 def s3_endpoint(s3_server: S3Server) -> str:
     return s3_server.endpoint

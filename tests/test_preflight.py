@@ -213,10 +213,10 @@ def statuses(result: PreflightResult) -> dict[str, str]:
     return {c.name: c.status for c in result.checks}
 
 
-# A PyTorchJob without a Kueue queue (the default site): no runtime to check, no queue.
-NOT_FOR_A_PYTORCHJOB = {"runtime": NOT_APPLICABLE, "queue": NOT_APPLICABLE}
+# A PyTorchJob without a Kueue queue (the default site): no runtime to check, no queue; no MLflow server named.
+NOT_FOR_A_PYTORCHJOB = {"runtime": NOT_APPLICABLE, "queue": NOT_APPLICABLE, "mlflow": NOT_APPLICABLE}
 # A TrainJob (compiled with --job-api trainjob) without a queue: its runtime is checked, the queue is n/a.
-NOT_FOR_A_TRAINJOB = {"queue": NOT_APPLICABLE}
+NOT_FOR_A_TRAINJOB = {"queue": NOT_APPLICABLE, "mlflow": NOT_APPLICABLE}
 
 
 def all_pass(names: Iterable[str] = CHECK_NAMES, api: str = "pytorchjob") -> dict[str, str]:
@@ -1595,8 +1595,8 @@ def component_args(tmp_path: Path, namespace: str, **overrides: Any) -> dict[str
     args: dict[str, Any] = dict(
         storage_root=str(tmp_path / "fsx"), dataset="synthetic", run_id="", resume_run_id="",
         pipeline_run_id="pipeline-pf-2",
-        backend="kubernetes", nnodes=2, max_nodes=0, nproc_per_node=8, preset="tiny", init_from_model="", image=IMAGE,
-        namespace=namespace, instance_type="ml.p5.48xlarge", job_options={},
+        backend="kubernetes", nnodes=2, max_nodes=0, nproc_per_node=8, preset="tiny", init_from_model="",
+        mlflow_tracking_uri="", image=IMAGE, namespace=namespace, instance_type="ml.p5.48xlarge", job_options={},
         platform={"pvc_name": "fsx-lustre-pvc", "mount_path": str(tmp_path / "fsx"), "queue_name": "",
                   "priority_class": ""}, warn_only=False,
         report=SimpleNamespace(path=str(tmp_path / "report.md"), uri="minio://report"),
@@ -1806,3 +1806,21 @@ def test_gpu_memory_and_the_checkpoint_of_a_published_model_come_from_its_config
     with pytest.raises(InputError, match=r"^init_from_model '/home/me/llama' is outside the FSx mount path '/fsx', "
                                          "where the training job's pods see the volume"):  # fmt: skip
         config(init_from_model="/home/me/llama").validate(check_storage=False)
+
+
+def test_an_mlflow_server_that_answers_passes_and_one_that_does_not_is_a_warning(site: Site, mlflow_server) -> None:
+    """The trainer's tracking server asked once (a real MLflow server on loopback): a closed port or a server that is
+    not MLflow warns, naming the URI, and the run goes ahead."""
+    from tests.s3_server import free_port
+
+    answered = site.run(mlflow_tracking_uri=mlflow_server.url)
+    assert check(answered, "mlflow").status == PASS and answered.passed
+    assert (
+        check(answered, "mlflow").reason == f"{mlflow_server.url} answers; the run goes in experiment "
+        "'hyperpod-pretrain'"
+    )
+    closed = f"http://127.0.0.1:{free_port()}"
+    unanswered = site.run(mlflow_tracking_uri=closed)
+    assert check(unanswered, "mlflow").status == WARN and unanswered.passed, unanswered.markdown()
+    assert check(unanswered, "mlflow").reason.startswith(f"{closed} did not answer as an MLflow tracking server (")
+    others_pass(unanswered, "mlflow")

@@ -163,29 +163,72 @@ def wait_for_step(run: RunPaths, step: int, proc: subprocess.Popen, timeout: flo
     raise AssertionError(f"training never reached step {step}")
 
 
-def test_sigterm_checkpoints_and_resume_is_bit_identical(staged_copy: Path, uninterrupted: RunPaths) -> None:
-    cfg = tiny_launch(staged_copy, "preempted", **EXACT)
-    status = preempt_at_random_step(cfg, 3, 30)
-    assert status["step"] < 40
-    assert f"stopped by SIGTERM at step {status['step']}: checkpoint committed" in status["output"]
-    launch(cfg)  # resume to the end
-    assert_same_rows(read_metrics(cfg.run_paths), read_metrics(uninterrupted), f"after a SIGTERM at {status['step']}")
+def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_and_watched(
+    staged_copy: Path, uninterrupted: RunPaths, mlflow_server
+) -> None:
+    """With the environment the rendered job gives torchrun (its shutdown timeout from the pod's grace period, 120 s
+    less a margin, which the trainer takes as its save budget), a SIGTERM at a random step: the checkpoint committed
+    within that budget; resumed to the end, every row repeats the uninterrupted run's. The run is watched in
+    TensorBoard and MLflow through the stop and the resume: each logged step once, with its value."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from trainer.tracking import RUN_TAG, flat_params
 
-def test_the_sigterm_budget_is_the_shutdown_timeout_the_job_gives_torchrun(staged_copy: Path) -> None:
-    """The rendered job sets torchrun's shutdown timeout from the pod's grace period (120 s less a margin); the
-    trainer, started by torchrun with the job's environment, takes that as its save budget."""
     pod = render_job(JobSpec(name="budget", image="img:1", trainer_args=[]))["spec"]["pytorchReplicaSpecs"]["Worker"]
     env = {e["name"]: e["value"] for e in pod["template"]["spec"]["containers"][0]["env"]}
     timing = {k: env[k] for k in ("TRAINER_GRACE_PERIOD_S", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")}
     assert timing == {"TRAINER_GRACE_PERIOD_S": "120", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "100"}
-    cfg = tiny_launch(staged_copy, "budget", **EXACT, extra_env=timing)
-    proc = start_torchrun(cfg)
-    wait_for_step(cfg.run_paths, 3, proc)
-    os.kill(proc.pid, signal.SIGTERM)
-    output, _ = proc.communicate(timeout=60)
-    assert re.search(r"stopped by SIGTERM at step \d+: checkpoint committed [\d.]+s after the signal \(budget 100s\)",
-                     output), output[-2000:]  # fmt: skip
+    tracking = {"TRAINER_MLFLOW_TRACKING_URI": mlflow_server.url, "TRAINER_MLFLOW_EXPERIMENT": "sigterm"}
+    cfg = tiny_launch(staged_copy, "preempted", **EXACT, extra_env=timing | tracking)
+    status = preempt_at_random_step(cfg, 3, 30)
+    assert status["step"] < 40
+    assert re.search(rf"stopped by SIGTERM at step {status['step']}: checkpoint committed [\d.]+s after the signal "
+                     r"\(budget 100s\)", status["output"]), status["output"][-2000:]  # fmt: skip
+    launch(cfg)  # resume to the end
+    rows = read_metrics(cfg.run_paths)
+    assert_same_rows(rows, read_metrics(uninterrupted), f"after a SIGTERM at {status['step']}")
+
+    # TensorBoard's own reader: every chart's points at the rows' steps, each step once, the rows' values.
+    events = EventAccumulator(str(cfg.run_paths.tensorboard), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    expected = charted(rows)
+    assert set(expected) <= set(events.Tags()["scalars"])
+    for chart, series in expected.items():
+        assert_series([(e.step, e.value) for e in events.Scalars(chart)], series, chart)
+    notes = [e.step for e in events.Tensors("events/text_summary")]
+    assert notes == [0, status["step"], status["step"], 40], "started, stopped, resumed, stopped"
+    assert {e.step for e in events.Scalars("checkpoint/seconds")} == {10, 20, 30, 40} | {status["step"]}
+
+    # MLflow: one run for both starts, found by its tag, with config.json's settings and every chart's full history.
+    client = MlflowClient(mlflow_server.url)
+    experiment = client.get_experiment_by_name("sigterm")
+    (found,) = client.search_runs([experiment.experiment_id],
+                                  filter_string=f"tags.`{RUN_TAG}` = '{cfg.run_paths.root}'")  # fmt: skip
+    record = json.loads(cfg.run_paths.mlflow_run.read_text())
+    assert record["run_id"] == found.info.run_id and record["url"].startswith(mlflow_server.url + "/#/experiments/")
+    assert found.data.params == flat_params(json.loads(cfg.run_paths.config.read_text()))
+    for chart, series in expected.items():
+        history = sorted((m.step, m.value) for m in client.get_metric_history(found.info.run_id, chart))
+        assert_series(history, series, chart)
+    assert f"MLflow: continuing run {found.info.run_id}" in cfg.run_paths.rank_log(0).read_text()
+
+
+def assert_series(points: list[tuple[int, float]], expected: list[tuple[int, float]], chart: str) -> None:
+    """The same steps, in order, and the same values to float32's precision (TensorBoard keeps float32)."""
+    assert [step for step, _ in points] == [step for step, _ in expected], chart
+    assert [value for _, value in points] == pytest.approx([value for _, value in expected], rel=1e-6), chart
+
+
+def charted(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """The metrics rows as TensorBoard and MLflow should chart them: {chart: [(step, value)]}."""
+    from trainer.tracking import chart_points
+
+    series: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        for chart, value in chart_points(row).items():
+            series.setdefault(chart, []).append((row["step"], value))
+    return series
 
 
 def test_the_val_loss_of_an_eval_step_is_the_evaluations_of_that_steps_checkpoint(uninterrupted: RunPaths) -> None:
@@ -357,6 +400,13 @@ def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Pa
     assert [(e.start_step, e.kind) for e in schedule.extensions] == [(40, "continue")]
     assert rows == {step: schedule.lr_at(step) for step in rows}, "the checkpoint's schedule reproduces every lr"
     assert "learning-rate schedule extended at step 40 (max_steps: 60 -> 70): cosine from lr 0.00" in log_text
+    # TensorBoard's reader drops the events logged past step 40 before the resume (the writer's purge step): each
+    # step once, with the resumed run's values (its lr at 50 and 60 is not the first schedule's).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run.tensorboard), size_guidance={"scalars": 0})
+    events.Reload()
+    assert_series([(e.step, e.value) for e in events.Scalars("train/lr")], list(rows.items()), "train/lr")
 
 
 def test_world_size_2_to_1_repeats_and_skips_no_sample(staged_copy: Path) -> None:
@@ -396,7 +446,7 @@ def test_gradient_accumulation_matches_one_big_batch(staged_copy: Path, uninterr
         assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-4), mine["step"]
 
 
-def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path) -> None:
+def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path, mlflow_server) -> None:
     by_tokens = {"TRAINER_MAX_TOKENS": "20000", "TRAINER_GRACE_PERIOD_S": "0.01"}
     launch(tiny_launch(staged_copy, "by-tokens", max_steps=1000, log_every=5, extra_env=by_tokens))
     run = RunPaths.of(staged_copy, "by-tokens")
@@ -411,10 +461,45 @@ def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path) -> N
     assert json.loads(run.status.read_text())["reason"] == "max-tokens"
     assert "PREEMPTION WOULD LOSE WORK" in run.rank_log(0).read_text()  # 0.01 s cannot hold a step and a save
 
-    launch(tiny_launch(staged_copy, "by-time", max_steps=100000, extra_env={"TRAINER_MAX_TIME_S": "3"}))
-    status = json.loads(RunPaths.of(staged_copy, "by-time").status.read_text())
+    # By time, watched by an MLflow server that goes away midway (the relay in front of it stops answering once the
+    # MLflow run is open): the run trains to the end and says how many points were not sent.
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.mlflow_server import Relay
+
+    relay = Relay(mlflow_server.port)
+    by_time = tiny_launch(staged_copy, "by-time", max_steps=100000, log_every=2,
+                          extra_env={"TRAINER_MAX_TIME_S": "8", "TRAINER_MLFLOW_TRACKING_URI": relay.url,
+                                     "TRAINER_MLFLOW_EXPERIMENT": "server-gone"})  # fmt: skip
+    client = MlflowClient(mlflow_server.url)
+    proc = start_torchrun(by_time)
+
+    def points_arrived() -> bool:
+        if not by_time.run_paths.mlflow_run.exists():
+            return False
+        return bool(client.get_metric_history(json.loads(by_time.run_paths.mlflow_run.read_text())["run_id"],
+                                              "train/loss"))  # fmt: skip
+
+    deadline = time.monotonic() + 60
+    while not points_arrived() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    relay.stop()
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-3000:]
+    status = json.loads(by_time.run_paths.status.read_text())
     assert status["state"] == "done" and status["reason"] == "max-time" and status["step"] > 0
-    assert read_checkpoint(RunPaths.of(staged_copy, "by-time").latest_checkpoint)["step"] == status["step"]
+    assert read_checkpoint(by_time.run_paths.latest_checkpoint)["step"] == status["step"]
+    events = EventAccumulator(str(by_time.run_paths.tensorboard), size_guidance={"scalars": 0})
+    events.Reload()
+    made = {chart: len(events.Scalars(chart)) for chart in events.Tags()["scalars"]}  # every point, on the volume
+    run_id = json.loads(by_time.run_paths.mlflow_run.read_text())["run_id"]
+    sent = sum(len(client.get_metric_history(run_id, chart)) for chart in made)
+    log_text = by_time.run_paths.rank_log(0).read_text()
+    said = re.search(r"MLflow: (\d+) metric points of this run were not sent", log_text)
+    assert said, log_text[-3000:]
+    # A batch the server took as the relay stopped, its answer lost, counts as not sent: at most one batch over.
+    assert 0 < sum(made.values()) - sent <= int(said.group(1)) <= sum(made.values()) - sent + 100, (made, sent)
 
 
 def test_elastic_torchrun_restarts_preempted_workers_which_resume(staged_copy: Path) -> None:

@@ -119,6 +119,13 @@ class TrainConfig:
                            "row (val_loss, val_bpb) and log (0: none)", 0)  # fmt: skip
     eval_tokens: int = _opt(16384, "val tokens each validation reads at most: the split's first windows, as the "
                             "evaluation step reads them", 1)  # fmt: skip
+    tensorboard: bool = _opt(True, "write TensorBoard event files of every metrics row, checkpoint and restart under "
+                             "<run>/tensorboard/ (rank 0)")  # fmt: skip
+    mlflow_tracking_uri: str = _opt("", "also send them to this MLflow tracking server, one MLflow run per run (found "
+                                    "again on a resume): an http(s):// URL or a SageMaker MLflow ARN; credentials "
+                                    "from the environment (MLFLOW_TRACKING_TOKEN, the IAM role), never in the URI; "
+                                    "a slow or absent server never slows or fails training (empty: none)")  # fmt: skip
+    mlflow_experiment: str = _opt("hyperpod-pretrain", "the MLflow experiment of the run (made if missing)")
 
     @property
     def tokens_per_step(self) -> int:
@@ -178,6 +185,7 @@ _KINDS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> TrainConfig:
     """Flags, then TRAINER_* variables, then defaults; a bad value is one argparse error naming its source."""
     from trainer.model import PRESETS  # plain data: cheap
+    from trainer.tracking import check_tracking_uri  # imports its writers only when they start
 
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="train_ddp", description="DDP pretraining of a causal LM (under torchrun).")
@@ -206,6 +214,10 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     config = TrainConfig(**values)
     if config.checkpoint_s3_uri and not config.checkpoint_s3_uri.startswith("s3://"):
         parser.error(f"argument --checkpoint-s3-uri: {config.checkpoint_s3_uri!r} is not an s3://bucket/prefix URI")
+    try:
+        check_tracking_uri(config.mlflow_tracking_uri)
+    except ValueError as exc:
+        parser.error(f"argument --mlflow-tracking-uri: {exc}")
     if config.init_from_model:  # the architecture is the model's (its config.json): no preset
         if "preset" in values:
             parser.error(f"argument --preset: {config.preset!r} and --init-from-model both choose the architecture: "

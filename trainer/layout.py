@@ -194,6 +194,16 @@ class RunPaths:
         return self.root / "metrics.jsonl"
 
     @property
+    def tensorboard(self) -> Path:
+        """TensorBoard's event files, rank 0's and the evaluation step's (trainer/tracking.py)."""
+        return self.root / "tensorboard"
+
+    @property
+    def mlflow_run(self) -> Path:
+        """The run's MLflow run (tracking URI, experiment, run id, URL), when it has one."""
+        return self.root / "mlflow.json"
+
+    @property
     def status(self) -> Path:
         """The trainer's last word: running, done, preempted (and whether its checkpoint was committed), crashed."""
         return self.root / "status.json"

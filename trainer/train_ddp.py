@@ -19,6 +19,7 @@ import random
 import signal
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -74,6 +75,7 @@ from trainer.private_api import default_store, skip_update_if
 from trainer.published import PublishedModel, load_weights
 from trainer.schedule import LRSchedule, ScheduleSettings
 from trainer.snapshot import model_vocab, snapshot_record, training_snapshot
+from trainer.tracking import RunWatch, preload_mlflow
 from trainer.warm_start import warm_start_state
 
 log = logging.getLogger("trainer")
@@ -113,7 +115,8 @@ class TrainState:
                 getattr(self, name).load_state_dict(state[name])
 
 
-def train(cfg: TrainConfig) -> ExitCode:
+def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
+    """`cleanup`: what is left open on the way out (rank 0's TensorBoard writer and MLflow feed)."""
     use_cuda = torch.cuda.is_available()
     if cfg.ddp_comm_hook == "bf16" and not use_cuda:  # DDP refuses the hook under gloo
         raise SettingError("--ddp-comm-hook bf16 compresses NCCL's gradient all-reduce and needs GPUs; on a CPU "
@@ -131,6 +134,8 @@ def train(cfg: TrainConfig) -> ExitCode:
     if use_cuda:
         torch.cuda.set_device(device)
     setup_logging(rank, run.rank_log(rank))
+    if rank == 0 and cfg.mlflow_tracking_uri:
+        preload_mlflow()
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     log.info("rank %d of %d on %s (torchelastic restart count %s)", rank, world, device, restarts)
     stop = StopSignal(device)
@@ -249,6 +254,7 @@ def train(cfg: TrainConfig) -> ExitCode:
         del state, checkpoint
     write_status(run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts),
                  attempt=attempt)  # fmt: skip
+    watch = RunWatch.off()  # rank 0's TensorBoard files and MLflow run (trainer/tracking.py)
     if rank == 0:
         # The step this start went on from (0: from scratch), beside its time: the report marks each resume with it.
         write_json(run.comms_report(rank, attempt), report | {"start_step": progress.step})
@@ -261,6 +267,11 @@ def train(cfg: TrainConfig) -> ExitCode:
         resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset,
                     "init_from": warm_started, "hyperpod_pretrain": tool_version()}  # fmt: skip
         write_json(run.config, resolved)
+        watch = cleanup.enter_context(RunWatch.start(run.tensorboard if cfg.tensorboard else None, run.mlflow_run,
+                                                     progress.step, resolved, cfg.mlflow_tracking_uri,
+                                                     cfg.mlflow_experiment, run.root.name))  # fmt: skip
+        watch.note(progress.step, f"attempt {attempt}: {'resumed at' if progress.step else 'started from'} step "
+                   f"{progress.step} on {world} ranks (torchrun restart {restarts})")  # fmt: skip
 
     compute_precision = parallel.compute_precision(device)
     flops_per_step = flops_per_token(model, cfg.seq_len) * cfg.tokens_per_step * world
@@ -396,6 +407,8 @@ def train(cfg: TrainConfig) -> ExitCode:
                 if spikes.is_spike(progress.step, row["loss"]):
                     row["loss_spike"] = True
                 metrics.write(row)
+                watch.row(row)
+                watch.saved(checkpoints.last_save)  # a background save commits later: seen at the next row
                 write_status(run, rank, "running", step=progress.step, world_size=world, attempt=attempt, durable=False)
                 step_times.mark(progress.step, time.perf_counter())
                 eta_s = step_times.eta_s(progress.step, cfg.max_steps)
@@ -432,6 +445,7 @@ def train(cfg: TrainConfig) -> ExitCode:
         log.error("%s", reason)
         write_status(run, rank, "diverged", step=divergence.first_bad_step, exit_code=ExitCode.DIVERGED,
                      reason="diverged", error=reason, attempt=attempt)  # fmt: skip
+        watch.note(progress.step, reason)
         checkpoints.close(wait_for_mirror=False)
         dist.destroy_process_group()
         return ExitCode.DIVERGED
@@ -469,6 +483,9 @@ def train(cfg: TrainConfig) -> ExitCode:
     else:
         log.info("training stopped at step %d (%s), %d tokens seen", progress.step, stop_reason, progress.tokens_seen)
     code = ExitCode.PREEMPTED if preempted else ExitCode.DONE
+    watch.saved(checkpoints.last_save)
+    watch.note(progress.step, f"stopped at step {progress.step} ({stop_reason}), checkpoint committed")
+    watch.close(timeout_s=2.0 if preempted else 30.0)  # after a signal, the pod's grace period is running
     write_status(run, rank, "preempted" if preempted else "done", step=progress.step, exit_code=code, attempt=attempt,
                  reason=stop_reason, tokens_seen=progress.tokens_seen,
                  seconds_to_commit=round(stop.seconds_since(), 3) if preempted else None)  # fmt: skip
@@ -662,7 +679,8 @@ def main(argv: list[str] | None = None) -> int:
         write_status(run, rank, state, exit_code=code, failed_rank=rank, **details)
 
     try:
-        return train(cfg)
+        with ExitStack() as cleanup:
+            return train(cfg, cleanup)
     except (CheckpointError, DataError, SettingError) as exc:
         log.error("%s", exc)
         failed(exc, "bad-input", ExitCode.BAD_INPUT, error=str(exc))

@@ -35,6 +35,8 @@ def launch_pytorchjob(
     eval_every: int,
     checkpoint_s3_uri: str,
     s3_endpoint_url: str,
+    mlflow_tracking_uri: str,
+    mlflow_experiment: str,
     timeout_s: int,
     pending_timeout_s: int,
     recovery_timeout_s: int,
@@ -56,7 +58,8 @@ def launch_pytorchjob(
     decay going on from the current learning rate) or "rewarm" (also another lr or warmup_steps). With
     `checkpoint_s3_uri`, the trainer copies each committed checkpoint to <checkpoint_s3_uri>/<run_id>/ in S3. With
     `init_from_model` (a published model's directory on the volume, or an s3:// prefix, read where staging copied
-    it), the run starts from its weights and architecture, and `preset` is not used.
+    it), the run starts from its weights and architecture, and `preset` is not used. With `mlflow_tracking_uri`, the
+    trainer sends its metrics to that MLflow server too, in one MLflow run of `mlflow_experiment` per run.
     `platform` is compiled in (the job API, the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
     from collections import namedtuple
 
@@ -92,6 +95,8 @@ def launch_pytorchjob(
         eval_every=eval_every,
         checkpoint_s3_uri=checkpoint_s3_uri,
         s3_endpoint_url=s3_endpoint_url,
+        mlflow_tracking_uri=mlflow_tracking_uri,
+        mlflow_experiment=mlflow_experiment,
         timeout_s=timeout_s,
         pending_timeout_s=pending_timeout_s,
         recovery_timeout_s=recovery_timeout_s,

@@ -32,6 +32,7 @@ from trainer.config import EXTENSIONS, TRAIN_DEFAULTS, check_setting
 from trainer.durable import MirrorError, parse_mirror_uri
 from trainer.layout import META, DatasetPaths, ModelPaths, RunPaths
 from trainer.model import PRESETS
+from trainer.tracking import check_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,9 @@ class LaunchConfig:
     # newest back when the volume lost it (trainer/durable.py); "": no copies
     checkpoint_s3_uri: str = ""
     s3_endpoint_url: str = ""  # an S3-compatible endpoint for those copies (the trainer's AWS_ENDPOINT_URL)
+    # an MLflow tracking server (http(s):// or a SageMaker ARN) the trainer sends its metrics to; "": none
+    mlflow_tracking_uri: str = ""
+    mlflow_experiment: str = TRAIN_DEFAULTS["mlflow_experiment"]
     # The cluster (backend "kubernetes"): the job is named after the KFP run, so a retried step re-attaches.
     pipeline_run_id: str = ""
     image: str = ""
@@ -208,6 +212,12 @@ class LaunchConfig:
                 parse_mirror_uri(self.checkpoint_s3_uri)
             except MirrorError as exc:
                 raise InputError(str(exc).replace("checkpoint mirror", "checkpoint_s3_uri", 1)) from None
+        try:
+            check_tracking_uri(self.mlflow_tracking_uri)
+        except ValueError as exc:
+            raise InputError(f"mlflow_tracking_uri: {exc}") from None
+        if self.mlflow_tracking_uri and not self.mlflow_experiment.strip():
+            raise InputError("mlflow_experiment is empty: name the MLflow experiment the run goes in")
         if self.s3_endpoint_url and not self.s3_endpoint_url.startswith(("http://", "https://")):
             raise InputError(f"s3_endpoint_url {self.s3_endpoint_url!r} is not an http:// or https:// URL")
         if self.stream_logs not in ("worker-0", "all", "none"):
@@ -305,6 +315,8 @@ class LaunchConfig:
             str(self.log_every),
             "--eval-every",
             str(self.eval_every),
+            *(["--mlflow-tracking-uri", self.mlflow_tracking_uri, "--mlflow-experiment", self.mlflow_experiment]
+              if self.mlflow_tracking_uri else []),
             *(arg for key, value in self.job_options.items() if key in TRAINER_OPTIONS
               for arg in ("--" + key.replace("_", "-"), check_setting(key, value))),
         ]  # fmt: skip

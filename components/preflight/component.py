@@ -18,6 +18,7 @@ def preflight(
     nproc_per_node: int,
     preset: str,
     init_from_model: str,
+    mlflow_tracking_uri: str,
     image: str,
     namespace: str,
     instance_type: str,
@@ -27,7 +28,8 @@ def preflight(
     report: dsl.Output[dsl.Markdown],
 ):
     """Check the cluster for the job the launcher would create (job API, runtime, queue, permissions, FSx PVC,
-    checkpoint throughput, nodes, device plugins, image, memory); fails on any failed check unless `warn_only`."""
+    checkpoint throughput, nodes, device plugins, image, memory, the MLflow server); fails on any failed check unless
+    `warn_only`."""
     from common.errors import StepFailed
     from components.kfp_support import setup_logging
     from components.launch_pytorchjob.core import LaunchConfig
@@ -52,6 +54,7 @@ def preflight(
             nproc_per_node=nproc_per_node,
             preset=preset,
             init_from_model=init_from_model,
+            mlflow_tracking_uri=mlflow_tracking_uri,
             image=image,
             namespace=namespace,
             instance_type=instance_type,

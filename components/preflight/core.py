@@ -42,6 +42,7 @@ from components.launch_pytorchjob.trainjob import (
     trainjob_pod,
 )
 from components.preflight.access import JOBS, PROFILE_ACCOUNT, kubeflow_source, launcher_access
+from trainer.tracking import probe
 
 log = logging.getLogger(__name__)
 
@@ -1697,6 +1698,20 @@ def check_queue(ctx: Context) -> Check:
     return Check("queue", PASS, f"queue {queue!r}: {', '.join(reasons)}; Kueue {note}")
 
 
+def check_mlflow(ctx: Context) -> Check:
+    """The MLflow tracking server the trainer is to send its metrics to, asked once: one that does not answer is a
+    warning, never a failure (the trainer trains on without it and counts what it could not send)."""
+    uri = ctx.trainer_flag("--mlflow-tracking-uri", "")
+    if not uri:
+        return Check("mlflow", NOT_APPLICABLE, "no mlflow_tracking_uri: the run is watched in TensorBoard alone")
+    experiment = ctx.trainer_flag("--mlflow-experiment", "")
+    if why := probe(uri, experiment):
+        return Check("mlflow", WARN, f"{uri} did not answer as an MLflow tracking server ({why}); the run trains "
+                     "without it", "check the URI, the step's network to it and its credentials (the pods' IAM role "
+                     "for a SageMaker ARN, MLFLOW_TRACKING_TOKEN otherwise)")  # fmt: skip
+    return Check("mlflow", PASS, f"{uri} answers; the run goes in experiment {experiment!r}")
+
+
 CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("crd", check_crd),
     ("runtime", check_runtime),
@@ -1709,6 +1724,7 @@ CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("image", check_image),
     ("memory", check_memory),
     ("gpu-memory", check_gpu_memory),
+    ("mlflow", check_mlflow),
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
 # The checks that read the cluster; the others read the manifest.
