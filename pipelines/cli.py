@@ -141,6 +141,25 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="every N steps the trainer measures the loss on the val split (its first "
                    f"{d['eval_tokens']:,} tokens) into that step's metrics row (val_loss, val_bpb) and log; 0: never "
                    f"{default('eval_every')}")  # fmt: skip
+    add_mlflow_args(p)
+
+
+def add_mlflow_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mlflow-tracking-uri", type=tracking_uri, default="", metavar="URI",
+                   help="also send the trainer's metrics to this MLflow tracking server, one MLflow run per run: an "
+                   "http(s):// URL or a SageMaker MLflow ARN; credentials from the environment, never in the URI "
+                   "(default: none; TensorBoard's files are always written under <run>/tensorboard/)")  # fmt: skip
+    p.add_argument("--mlflow-experiment", default=TRAIN_DEFAULTS["mlflow_experiment"],
+                   help="the MLflow experiment (made if missing; default: %(default)s)")  # fmt: skip
+
+
+def tracking_uri(text: str) -> str:
+    from trainer.tracking import check_tracking_uri
+
+    try:
+        return check_tracking_uri(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def fill_train_args(args: argparse.Namespace, resumed: RunPaths | None) -> None:
@@ -197,7 +216,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     registry = [args.image_registry.rstrip("/")] if args.image_registry else []
     job = platform_from_args(args, namespaces=["kubeflow"], registries=registry)
     platform = PlatformOptions(job=job, node_selector=dict(args.node_selector), tolerations=args.toleration,
-                               image_pull_secrets=args.image_pull_secret, images=images)  # fmt: skip
+                               image_pull_secrets=args.image_pull_secret, images=images,
+                               mlflow_tracking_uri=args.mlflow_tracking_uri)  # fmt: skip
     output = Path(args.output)
     if not args.check:
         compile_pipeline(output, platform)
@@ -310,6 +330,8 @@ def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "eval_every": args.eval_every,
         "checkpoint_s3_uri": args.checkpoint_s3_uri,
         "s3_endpoint_url": args.endpoint_url,
+        "mlflow_tracking_uri": args.mlflow_tracking_uri,
+        "mlflow_experiment": args.mlflow_experiment,
         "eval_max_tokens": 65536,
     }
 
@@ -386,6 +408,8 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         eval_every=args.eval_every,
         checkpoint_s3_uri=args.checkpoint_s3_uri,
         s3_endpoint_url=args.endpoint_url,
+        mlflow_tracking_uri=args.mlflow_tracking_uri,
+        mlflow_experiment=args.mlflow_experiment,
         timeout_s=args.timeout_s,
         pending_timeout_s=args.pending_timeout_s,
         recovery_timeout_s=args.recovery_timeout_s,
@@ -933,6 +957,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "the steps run in REGISTRY/hyperpod-pretrain-components:TAG and trainer_image defaults to "
                    "REGISTRY/hyperpod-pretrain-trainer:TAG")  # fmt: skip
     p.add_argument("--tag", default="", help="the images' tag (default: the project's version)")
+    p.add_argument("--mlflow-tracking-uri", type=tracking_uri, default="", metavar="URI",
+                   help="the team's MLflow tracking server (http(s):// or a SageMaker MLflow ARN): the "
+                   "mlflow_tracking_uri parameter's default (default: none)")  # fmt: skip
     p.set_defaults(func=cmd_compile)
 
     p = command(sub, "run-local", "run the compiled pipeline end to end on this machine (kfp.local)")

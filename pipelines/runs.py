@@ -17,8 +17,9 @@ from components.run_summary.core import PIPELINE_RUN_MARKER, current_pipeline_ru
 from trainer.atomic import read_json_lines
 from trainer.layout import RunPaths
 from trainer.snapshot import config_snapshot
+from trainer.tracking import where_to_look
 
-COLUMNS = ("RUN", "DATASET", "STATE", "STEP", "VAL LOSS", "TRAINED", "UPDATED")
+COLUMNS = ("RUN", "DATASET", "STATE", "STEP", "VAL LOSS", "TRAINED", "UPDATED", "MLFLOW RUN")
 SNAPSHOT_SHOWN = 8  # characters of a snapshot id in the table: enough to tell a dataset's snapshots apart
 
 
@@ -34,6 +35,7 @@ class RunRow:
     val_step: int | None  # the step that evaluation was of
     trained_s: float  # time in training steps (the metrics rows' step times): no start-ups, no gaps between resumes
     updated: float | None  # when the run's state last changed (epoch seconds)
+    mlflow_run_id: str | None = None  # its MLflow run, when the trainer sent its metrics to one
 
     def cells(self, now: float) -> tuple[str, ...]:
         step = "-" if self.step is None else f"{self.step}/{self.max_steps}" if self.max_steps else str(self.step)
@@ -41,7 +43,7 @@ class RunRow:
         updated = "-" if self.updated is None else f"{duration(now - self.updated)} ago"
         data = "-" if self.dataset is None else f"{self.dataset}@{(self.snapshot or '')[:SNAPSHOT_SHOWN]}"
         trained = duration(self.trained_s) if self.trained_s else "-"
-        return self.run_id, data, self.state, step, val, trained, updated
+        return self.run_id, data, self.state, step, val, trained, updated, self.mlflow_run_id or "-"
 
 
 def duration(seconds: float) -> str:
@@ -87,6 +89,7 @@ def read_run(run: RunPaths) -> RunRow:
         val_step=newest.get("step"),
         trained_s=training_seconds(read_json_lines(run.metrics)),
         updated=updated,
+        mlflow_run_id=where_to_look(run.root).get("mlflow_run_id"),
     )
 
 

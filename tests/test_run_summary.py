@@ -340,7 +340,7 @@ def test_a_local_preflight_is_skipped_without_a_verdict(tmp_path: Path) -> None:
     report = dsl.Markdown(uri=str(tmp_path / "report.md"))
     preflight.python_func(storage_root=str(tmp_path), dataset="corpus", run_id="r1", resume_run_id="",
                           pipeline_run_id="kfp-1", backend="local", nnodes=1, max_nodes=0, nproc_per_node=2,
-                          preset="tiny", init_from_model="", image="", namespace="kubeflow",
+                          preset="tiny", init_from_model="", mlflow_tracking_uri="", image="", namespace="kubeflow",
                           instance_type="ml.p5.48xlarge",
                           job_options={}, platform={}, warn_only=False, report=report)  # fmt: skip
     record = json.loads(RunPaths.of(tmp_path, "r1").step_record("preflight").read_text())

@@ -30,6 +30,9 @@ def test_runs_lists_each_run_with_its_state_step_val_loss_and_time(
     rows = [json.loads(line) for line in running.metrics.read_text().splitlines()]
     running.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 30))
     write_status(running, 0, "running", step=30, world_size=2)
+    run_2_mlflow = {"tracking_uri": "http://mlflow:5000", "experiment": "hyperpod-pretrain", "run_id": "6b1f0c2d",
+                    "url": "http://mlflow:5000/#/experiments/1/runs/6b1f0c2d"}  # as trainer/tracking.py records it
+    running.mlflow_run.write_text(json.dumps(run_2_mlflow))
     # ...whose pipeline staged the dataset again since: the trainer keeps its snapshot, and so does the listing.
     with recorded_step(str(trained_copy), "run-2", "stage-data", {}) as record:
         record.details = {"dataset": "synthetic", "snapshot": "0123456789abcdef"}
@@ -45,7 +48,7 @@ def test_runs_lists_each_run_with_its_state_step_val_loss_and_time(
 
     assert main(["runs", "--storage-root", str(trained_copy)]) == 0
     header, *lines = capsys.readouterr().out.splitlines()
-    assert header.split() == ["RUN", "DATASET", "STATE", "STEP", "VAL", "LOSS", "TRAINED", "UPDATED"]
+    assert header.split() == ["RUN", "DATASET", "STATE", "STEP", "VAL", "LOSS", "TRAINED", "UPDATED", "MLFLOW", "RUN"]
     table = {line.split()[0]: line.split() for line in lines}
     assert [line.split()[0] for line in lines] == ["run-4", "run-3", "run-2", "run-1"]  # newest change first
     evaluation = json.loads(finished.eval_result.read_text())
@@ -57,6 +60,7 @@ def test_runs_lists_each_run_with_its_state_step_val_loss_and_time(
     assert table["run-3"][1:6] == ["-", "started", "-", "-", "-"]
     assert table["run-4"][1:3] == ["web@3f2a9c1d", "started"]
     assert table["run-2"][6].endswith("s") and table["run-2"][7] == "ago"
+    assert (table["run-2"][-1], table["run-1"][-1]) == ("6b1f0c2d", "-")
 
     assert main(["runs", "--storage-root", str(trained_copy), "--json"]) == 0
     listed = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
@@ -66,6 +70,7 @@ def test_runs_lists_each_run_with_its_state_step_val_loss_and_time(
         "run-1": ("synthetic", trained_on["snapshot"]), "run-2": ("synthetic", trained_on["snapshot"]),
         "run-3": (None, None), "run-4": ("web", "3f2a9c1d0e4b5a69"),
     }  # fmt: skip
+    assert (listed["run-2"]["mlflow_run_id"], listed["run-1"]["mlflow_run_id"]) == ("6b1f0c2d", None)
 
 
 def test_a_half_written_or_foreign_run_directory_does_not_break_the_listing(tmp_path: Path) -> None:

@@ -405,3 +405,68 @@ class RunWatch:
 def settings_table(flat: Mapping[str, str]) -> str:
     """The run's settings as a Markdown table for TensorBoard's text tab."""
     return "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in flat.items())
+
+
+def record_outcome(run_dir: Path, step: int | None, values: Mapping[str, float], files: Iterable[Path],
+                   tags: Mapping[str, str], artifact_path: str, timeout_s: float = 60.0) -> None:  # fmt: skip
+    """A step after training (the evaluation, the run's summary) adds to the run's charts: `values` at `step` in
+    TensorBoard's files of <run_dir>/tensorboard/, and to the run's MLflow run (<run_dir>/mlflow.json, when it has one)
+    those values, `files` as artifacts under `artifact_path` and `tags`. A server that fails is a warning: the step's
+    own files hold it all."""
+    if step is not None and values:
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(str(run_dir / "tensorboard"), filename_suffix=f".{artifact_path}") as events:
+            for chart, value in values.items():
+                events.add_scalar(chart, value, step)
+    record = run_dir / "mlflow.json"
+    if not record.exists():
+        return
+    said: list[str] = []
+
+    def send() -> None:
+        try:
+            from mlflow.entities import Metric, RunTag
+
+            mlflow_run = json.loads(record.read_text())
+            client = mlflow_client(mlflow_run["tracking_uri"], min(timeout_s, 30.0))
+            now = int(time.time() * 1000)
+            client.log_batch(
+                mlflow_run["run_id"],
+                tags=[RunTag(k, v[:5000]) for k, v in tags.items()],
+                metrics=[Metric(k, v, now, step or 0) for k, v in values.items() if step is not None],
+            )
+            for path in files:
+                if path.is_file():
+                    client.log_artifact(mlflow_run["run_id"], str(path), artifact_path)
+            said.append("")
+        except Exception as exc:  # unreachable, refused, a record of another server: never this step's failure
+            said.append(one_line(exc))
+
+    sending = threading.Thread(target=send, name="mlflow-outcome", daemon=True)
+    sending.start()
+    sending.join(timeout_s)
+    if not said or said[0]:
+        log.warning("MLflow: the %s of run %s was not recorded there (%s); its files on the volume have it",
+                    artifact_path, run_dir.name, said[0] if said else f"no answer within {timeout_s:.0f}s")  # fmt: skip
+
+
+def where_to_look(run_dir: Path) -> dict[str, str]:
+    """Where a run can be watched: its TensorBoard directory and the command that opens it, and its MLflow run."""
+    found: dict[str, str] = {}
+    if (run_dir / "tensorboard").is_dir():
+        found["tensorboard"] = str(run_dir / "tensorboard")
+        found["tensorboard_command"] = f"tensorboard --logdir {run_dir / 'tensorboard'}"
+    try:
+        mlflow_run = json.loads((run_dir / "mlflow.json").read_text())
+        found |= {"mlflow_run_id": str(mlflow_run["run_id"]), "mlflow_url": str(mlflow_run["url"])}
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not readable: nothing to point at
+        pass
+    return found
+
+
+def watch_line(found: Mapping[str, str]) -> str:
+    """where_to_look's findings as one line of Markdown ("" when there are none)."""
+    parts = [f"TensorBoard: `{found['tensorboard_command']}`"] if "tensorboard_command" in found else []
+    parts += [f"MLflow run [{found['mlflow_run_id']}]({found['mlflow_url']})"] if "mlflow_url" in found else []
+    return "Watch: " + "; ".join(parts) + "." if parts else ""

@@ -55,6 +55,7 @@ from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
 from trainer.layout import CHECKPOINT_COMMIT, META, TOKENIZER, DatasetPaths, RunPaths
 from trainer.model import build_model, config_from_dict
 from trainer.snapshot import config_snapshot, model_vocab
+from trainer.tracking import record_outcome
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +288,10 @@ def evaluate_checkpoint(
         upload_directory(Path(result.export_dir), export_s3_uri, S3Settings(endpoint_url=s3_endpoint_url))
         result.export_s3_uri = export_s3_uri
     save_evaluation(run, result, html_report(result, run))
+    charts = {"evaluation/val_loss": val_loss, "evaluation/bits_per_byte": result.val_bits_per_byte}
+    reports = [run.eval_step(result.step) / name for name in ("report.html", "report.md", "eval.json")]
+    export = {"export": result.export_s3_uri or result.export_dir, "export_step": str(result.export_step)}
+    record_outcome(run.root, result.step, charts, reports, export if result.export_dir else {}, "evaluation")
     export_note = f"; exported step {result.export_step} to {result.export_dir}" if result.export_dir else ""
     log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), untrained %.4f; %s%s", run_id,
              result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, untrained, result.gate_line(),

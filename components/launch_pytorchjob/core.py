@@ -32,7 +32,7 @@ from trainer.config import EXTENSIONS, TRAIN_DEFAULTS, check_setting
 from trainer.durable import MirrorError, parse_mirror_uri
 from trainer.layout import META, DatasetPaths, ModelPaths, RunPaths
 from trainer.model import PRESETS
-from trainer.tracking import check_tracking_uri
+from trainer.tracking import check_tracking_uri, watch_line, where_to_look
 
 log = logging.getLogger(__name__)
 
@@ -476,6 +476,8 @@ def summary_markdown(result: LaunchResult) -> str:
                  ("tokens/s (median)", "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"),
                  ("MFU (median)", "-" if result.mfu is None else f"{result.mfu:.1%}")]  # fmt: skip
     lines = ["## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+    if watch := watch_line(where_to_look(Path(result.run_dir))):
+        lines += ["", watch]
     if result.diagnosis:
         lines += ["", "### Seen on the way", "", *(f"- {line}" for line in result.diagnosis)]
     return "\n".join(lines)

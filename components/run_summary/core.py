@@ -43,6 +43,7 @@ from typing import Any
 from common.errors import InputError
 from trainer.atomic import atomic_open, write_json
 from trainer.layout import RunPaths
+from trainer.tracking import record_outcome, watch_line, where_to_look
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,7 @@ class RunSummary:
     cleanup: str = ""  # what the exit step did about a job still running
     kfp_error: str = ""  # KFP's error as given: empty from a real KFP, "Task exit-handler-1 failed." from kfp.local
     earlier: dict[str, str] = field(default_factory=dict)  # the run id's earlier pipeline runs -> their summary.md
+    watch: dict[str, str] = field(default_factory=dict)  # its TensorBoard directory and MLflow run: where to look
 
     def markdown(self) -> str:
         lines = [
@@ -203,6 +205,8 @@ class RunSummary:
             lines += ["", f"Error: {self.error}"]
         if self.cleanup:
             lines += ["", f"Clean-up: {self.cleanup}"]
+        if watch := self.watch_line():
+            lines += ["", watch]
         lines += ["", "| step | outcome | seconds | detail | reports |", "|---|---|---|---|---|"]
         for step in self.steps:
             reports = " ".join(f"[{name}]({where})" for name, where in sorted(step.get("reports", {}).items()))
@@ -212,6 +216,9 @@ class RunSummary:
             runs = ", ".join(f"[{run}]({where})" for run, where in self.earlier.items())
             lines += ["", f"Earlier pipeline runs of this run, newest first: {runs}."]
         return "\n".join(lines) + "\n"
+
+    def watch_line(self) -> str:
+        return watch_line(self.watch)
 
 
 def _detail(step: dict[str, Any]) -> str:
@@ -350,13 +357,15 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
     own = _summary_name(pipeline_run_id)
     _keep_previous_summary(paths)
     summary = RunSummary(run_id, pipeline_run_id, derived, why, _now(), job, steps, kfp_state=state, cleanup=cleaned,
-                         kfp_error=error, earlier=_earlier_summaries(paths, own))  # fmt: skip
+                         kfp_error=error, earlier=_earlier_summaries(paths, own),
+                         watch=where_to_look(paths.root))  # fmt: skip
     kept = paths.root / SUMMARIES
     for path in (kept / f"{own}.json", paths.summary):
         write_json(path, dataclasses.asdict(summary))
     for path in (kept / f"{own}.md", paths.summary_report):
         with atomic_open(path, "w") as f:
             f.write(summary.markdown())
+    record_outcome(paths.root, None, {}, [paths.summary_report, paths.summary], {"pipeline_state": derived}, "summary")
     return summary
 
 
