@@ -79,24 +79,6 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
         assert report["all_reduce_correct"] is True and report["attempt"] == 1
 
 
-def test_resumes_from_checkpoint(trained_root: Path, tmp_path: Path) -> None:
-    """The finished 60-step run goes on to 80 with --extend-schedule continue: at the learning rate it ended on."""
-    root = tmp_path / "fsx"
-    shutil.copytree(trained_root, root, symlinks=True)
-    launch(tiny_launch(root, "run-1", max_steps=80, extend_schedule="continue"))
-    run = RunPaths.of(root, "run-1")
-    records = read_metrics(run)
-    assert [r["step"] for r in records] == [10, 20, 30, 40, 50, 60, 70, 80]
-    assert records[-1]["tokens"] == 80 * 8 * 64 * 2
-    assert [r["lr"] for r in records[5:]] == pytest.approx([5e-4] * 3), "no re-warm: the end rate goes on"
-    log_text = run.rank_log(0).read_text()
-    assert "resumed at step 60" in log_text
-    assert resumes(run, records) == [Resume(2, 60)], "the second start's report records the step it went on from"
-    assert ("learning-rate schedule extended at step 60 (max_steps: 60 -> 80): cosine from lr 0.0005 to 0.0005 at "
-            "step 80, no re-warm") in log_text  # fmt: skip
-    assert read_checkpoint(run.latest_checkpoint)["step"] == 80
-
-
 def test_a_resume_with_another_architecture_is_refused_naming_the_fields(trained_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
     shutil.copytree(trained_root, root, symlinks=True)
@@ -167,12 +149,15 @@ def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_
     staged_copy: Path, uninterrupted: RunPaths, mlflow_server
 ) -> None:
     """With the environment the rendered job gives torchrun (its shutdown timeout from the pod's grace period, 120 s
-    less a margin, which the trainer takes as its save budget), a SIGTERM at a random step: the checkpoint committed
-    within that budget; resumed to the end, every row repeats the uninterrupted run's. The run is watched in
-    TensorBoard and MLflow through the stop and the resume: each logged step once, with its value."""
+    less a margin, which the trainer takes as its save budget) and asynchronous periodic saves, a SIGTERM at a random
+    step: the checkpoint committed within that budget; resumed to the end, every row repeats the uninterrupted run's,
+    and each checkpoint saved in the background holds exactly its step's weights (the copy overlaps the next steps),
+    each rank having staged only the share it writes. The run is watched in TensorBoard and MLflow through the stop,
+    the resume and the evaluation: each logged step once, with its value; the evaluation's reports as artifacts."""
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from components.evaluate_checkpoint.core import evaluate_checkpoint
     from trainer.tracking import RUN_TAG, flat_params
 
     pod = render_job(JobSpec(name="budget", image="img:1", trainer_args=[]))["spec"]["pytorchReplicaSpecs"]["Worker"]
@@ -180,7 +165,8 @@ def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_
     timing = {k: env[k] for k in ("TRAINER_GRACE_PERIOD_S", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")}
     assert timing == {"TRAINER_GRACE_PERIOD_S": "120", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "100"}
     tracking = {"TRAINER_MLFLOW_TRACKING_URI": mlflow_server.url, "TRAINER_MLFLOW_EXPERIMENT": "sigterm"}
-    cfg = tiny_launch(staged_copy, "preempted", **EXACT, extra_env=timing | tracking)
+    cfg = tiny_launch(staged_copy, "preempted", **EXACT,
+                      extra_env=timing | tracking | {"TRAINER_ASYNC_CHECKPOINT": "true"})  # fmt: skip
     status = preempt_at_random_step(cfg, 3, 30)
     assert status["step"] < 40
     assert re.search(rf"stopped by SIGTERM at step {status['step']}: checkpoint committed [\d.]+s after the signal "
@@ -188,6 +174,21 @@ def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_
     launch(cfg)  # resume to the end
     rows = read_metrics(cfg.run_paths)
     assert_same_rows(rows, read_metrics(uninterrupted), f"after a SIGTERM at {status['step']}")
+    for step in {10, 20, 30} - {status["step"]}:  # saved in the background (the stop's own save is blocking)
+        if (cfg.run_paths.checkpoints / f"step_{step:08d}").is_dir():  # the 3 newest are kept
+            mine = read_checkpoint(cfg.run_paths.checkpoints / f"step_{step:08d}")
+            theirs = read_checkpoint(uninterrupted.checkpoints / f"step_{step:08d}")
+            for name, tensor in theirs["model"].items():
+                assert torch.equal(mine["model"][name], tensor), f"{name} of the async step-{step} checkpoint differs"
+    shares = []
+    for rank in (0, 1):
+        line = re.search(r"this rank writes ([\d.]+) MB of the ([\d.]+) MB state \(2 ranks; the largest tensor is "
+                         r"([\d.]+) MB\)", cfg.run_paths.rank_log(rank).read_text())  # fmt: skip
+        staged, state, largest = map(float, line.groups())
+        assert 0 < staged <= state / 2 + largest, line.group(0)
+        shares.append(staged)
+    assert abs(sum(shares) - state) <= 0.002, "the two shares make the state, once"
+    evaluated = evaluate_checkpoint(str(staged_copy), "synthetic", "preempted")
 
     # TensorBoard's own reader: every chart's points at the rows' steps, each step once, the rows' values.
     events = EventAccumulator(str(cfg.run_paths.tensorboard), size_guidance={"scalars": 0, "tensors": 0})
@@ -199,6 +200,8 @@ def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_
     notes = [e.step for e in events.Tensors("events/text_summary")]
     assert notes == [0, status["step"], status["step"], 40], "started, stopped, resumed, stopped"
     assert {e.step for e in events.Scalars("checkpoint/seconds")} == {10, 20, 30, 40} | {status["step"]}
+    assert [(e.step, e.value) for e in events.Scalars("evaluation/val_loss")] == [(40, pytest.approx(
+        evaluated.val_loss, rel=1e-6))]  # fmt: skip
 
     # MLflow: one run for both starts, found by its tag, with config.json's settings and every chart's full history.
     client = MlflowClient(mlflow_server.url)
@@ -212,6 +215,11 @@ def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_
         history = sorted((m.step, m.value) for m in client.get_metric_history(found.info.run_id, chart))
         assert_series(history, series, chart)
     assert f"MLflow: continuing run {found.info.run_id}" in cfg.run_paths.rank_log(0).read_text()
+    assert [m.value for m in client.get_metric_history(found.info.run_id, "evaluation/val_loss")] == [
+        pytest.approx(evaluated.val_loss, rel=1e-6)]  # fmt: skip
+    artifacts = {a.path for a in client.list_artifacts(found.info.run_id, "evaluation")}
+    assert artifacts == {"evaluation/report.html", "evaluation/report.md", "evaluation/eval.json"}
+    assert client.get_run(found.info.run_id).data.tags["export"] == evaluated.export_dir
 
 
 def assert_series(points: list[tuple[int, float]], expected: list[tuple[int, float]], chart: str) -> None:
@@ -262,28 +270,6 @@ def test_the_val_loss_of_an_eval_step_is_the_evaluations_of_that_steps_checkpoin
     assert re.search(r"INFO trainer: eval step 40: val loss \d\.\d{4} \(\d\.\d{4} bits per byte, [\d,]+ tokens\)\n",
                      log_text), log_text[-2000:]  # fmt: skip
     assert "eval step" not in uninterrupted.rank_log(1).read_text()
-
-
-def test_async_checkpoints_hold_exactly_their_step(staged_copy: Path, uninterrupted: RunPaths) -> None:
-    """The background copy overlaps the next forward/backward; the weights it saves are still its step's own. Each
-    rank copies (stages) only the share it writes: at most the state over the world size plus its largest tensor."""
-    cfg = tiny_launch(staged_copy, "async", **EXACT, extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})
-    launch(cfg)
-    shares = []
-    for rank in (0, 1):
-        line = re.search(r"this rank writes ([\d.]+) MB of the ([\d.]+) MB state \(2 ranks; the largest tensor is "
-                         r"([\d.]+) MB\)", cfg.run_paths.rank_log(rank).read_text())  # fmt: skip
-        staged, state, largest = map(float, line.groups())
-        assert 0 < staged <= state / 2 + largest, line.group(0)
-        shares.append(staged)
-    assert abs(sum(shares) - state) <= 0.002, "the two shares make the state, once"
-    losses = [r["loss"] for r in read_metrics(cfg.run_paths)]
-    assert losses == [r["loss"] for r in read_metrics(uninterrupted)]
-    for step in (20, 30):  # saved asynchronously, while training went on
-        mine = read_checkpoint(cfg.run_paths.checkpoints / f"step_{step:08d}")
-        theirs = read_checkpoint(uninterrupted.checkpoints / f"step_{step:08d}")
-        for name, tensor in theirs["model"].items():
-            assert torch.equal(mine["model"][name], tensor), f"{name} of the async step-{step} checkpoint differs"
 
 
 def test_workers_exit_with_the_preempted_code(staged_copy: Path) -> None:
@@ -392,8 +378,10 @@ def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Pa
     assert state["step"] == 70
     # Resumed mid-decay with --extend-schedule continue: from step 40's lr (its row, logged before the resume) the
     # cosine goes on down to the end lr at the new max, with no jump and no re-warm.
-    rows = {r["step"]: r["lr"] for r in read_metrics(run)}
-    assert list(rows) == [10, 20, 30, 40, 50, 60, 70]
+    records = read_metrics(run)
+    rows = {r["step"]: r["lr"] for r in records}
+    assert list(rows) == [10, 20, 30, 40, 50, 60, 70] and records[-1]["tokens"] == 70 * 8 * 64 * 2
+    assert resumes(run, records) == [Resume(2, 40)], "the second start's report records the step it went on from"
     assert rows[40] > rows[50] > rows[60] > rows[70] == pytest.approx(5e-4)
     schedule = LRSchedule(ScheduleSettings(1.0, 1, 2, 0.0))
     schedule.load_state_dict(state["schedule"])
