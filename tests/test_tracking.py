@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.mlflow_server import Relay
+from tests.tensorboard_view import CHROMIUM
 from trainer.config import parse_config
 from trainer.tracking import RUN_TAG, MlflowFeed, Point, check_tracking_uri, flat_params
 
@@ -104,3 +105,21 @@ def test_a_slow_server_never_holds_up_put_and_the_queue_stays_bounded(mlflow_ser
                                 filter_string=f"tags.`{RUN_TAG}` = '{tmp_path / 'slow-run'}'")  # fmt: skip
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert run.data.params == {"trainer.lr": "0.003"} and len(steps) == report.sent and steps == sorted(steps)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (make test installs Debian's where it runs as root)")
+def test_tensorboard_shows_a_runs_loss_chart_in_a_browser(uninterrupted, tmp_path: Path) -> None:
+    """TensorBoard's own server on the uninterrupted run's event files (40 steps, every one logged), the page opened
+    in headless Chromium: the loss chart is drawn with a point per logged step, and its table ends at step 40."""
+    import json
+    import struct
+
+    from tests.tensorboard_view import TensorBoard, loss_chart
+
+    rows = [json.loads(line) for line in uninterrupted.metrics.read_text().splitlines()]
+    with TensorBoard(uninterrupted.tensorboard, tmp_path / "tensorboard.log") as board:
+        chart = loss_chart(board.url, tmp_path / "shot.png", 1400, 900)
+    assert chart.points == len(rows) == 40, chart
+    assert f" {rows[-1]['loss']:.4f} 40 " in f" {chart.table} ", chart.table  # value and step of the last point
+    header = (tmp_path / "shot.png").read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1400, 900)

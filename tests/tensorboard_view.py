@@ -1,0 +1,83 @@
+"""TensorBoard's own server on a run's event files, on loopback, and its loss chart opened in headless Chromium
+(Debian's, driven by Playwright): what a person watching the run sees. For tests/test_tracking.py, and for the
+README's picture: ``python -m tests.tensorboard_view <run>/tensorboard docs/images/tensorboard.png``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.s3_server import free_port
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# As the machine's Chromium must run here: no sandbox as root, no GPU, no calls home (refused on a closed network).
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+
+
+@dataclass
+class LossChart:
+    points: int  # vertices of the chart's raw (unsmoothed) line
+    table: str  # the card's data table: run, smoothed, value, step, relative time
+
+
+class TensorBoard:
+    """`tensorboard --logdir` on a free loopback port, in its own process."""
+
+    def __init__(self, logdir: Path, log_file: Path):
+        self.logdir, self.log_file = logdir, log_file
+        self.url = f"http://127.0.0.1:{free_port()}"
+
+    def __enter__(self) -> TensorBoard:
+        self._log = open(self.log_file, "w")
+        port = self.url.rsplit(":", 1)[1]
+        self.process = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(self.logdir),
+                                         "--host", "127.0.0.1", "--port", port], stdout=self._log,
+                                        stderr=subprocess.STDOUT)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/data/environment", timeout=2).close()
+                return self
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.__exit__()
+                    raise RuntimeError(f"tensorboard did not start: {self.log_file.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self._log.close()
+
+
+def loss_chart(url: str, screenshot: Path, width: int = 1400, height: int = 900) -> LossChart:
+    """The Time Series tab filtered to train/loss, drawn as SVG (TensorBoard's WebGL needs a GPU): the chart's raw
+    line and data table once drawn, and a screenshot of the page."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            page.goto(f"{url}/?forceSVG=true&tagFilter=train%2Floss#timeseries")
+            card = page.locator("scalar-card", has_text="train/loss").first
+            lines = card.locator(".series-view svg path")
+            lines.first.wait_for(timeout=60_000)  # the raw line, then the smoothed one over it
+            raw = lines.first.get_attribute("d") or ""
+            table = " ".join(card.locator(".data-table").inner_text().split())
+            page.screenshot(path=str(screenshot))
+        finally:
+            browser.close()
+    return LossChart(points=raw.count("L") + raw.count("M"), table=table)
+
+
+if __name__ == "__main__":
+    logdir, picture = Path(sys.argv[1]), Path(sys.argv[2])
+    with TensorBoard(logdir, picture.with_suffix(".log")) as board:
+        print(loss_chart(board.url, picture))
