@@ -25,6 +25,7 @@ from pipelines import CLUSTER_DEFAULTS, COMPILED_PIPELINE
 from trainer.config import CONTINUE, EXTENSIONS, TRAIN_DEFAULTS
 from trainer.layout import RunPaths
 from trainer.model import PRESETS
+from trainer.tracking import where_to_look
 
 if TYPE_CHECKING:
     from components.launch_pytorchjob.core import LaunchConfig
@@ -254,6 +255,13 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         "reports:",
     ]
     lines += [f"  {name:34s} {path}" for name, path in result.reports().items()]
+    watch = where_to_look(result.run_dir)
+    if watch:
+        lines.append("watch:")
+    if "tensorboard_command" in watch:
+        lines.append(f"  {'TensorBoard':34s} {watch['tensorboard_command']}")
+    if "mlflow_url" in watch:
+        lines.append(f"  {'MLflow run':34s} {watch['mlflow_url']}")
     print("\n".join(lines))
     return 0
 

@@ -87,7 +87,7 @@ def test_compiled_pipeline_chains_the_four_steps_inside_an_exit_handler() -> Non
     assert launcher["pipeline_run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
 
 
-def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_path: Path) -> None:
+def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_path: Path, mlflow_server) -> None:
     root = tmp_path / "fsx"
     result = subprocess.run(
         [
@@ -113,6 +113,10 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
             "64",
             "--checkpoint-every",
             "20",
+            "--mlflow-tracking-uri",
+            mlflow_server.url,
+            "--mlflow-experiment",
+            "e2e",
         ],
         capture_output=True,
         text=True,
@@ -157,6 +161,19 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     outcomes = {s["step"]: s["state"] for s in summary["steps"]}
     assert outcomes == dict.fromkeys(RECORDS, "succeeded") | {"preflight": "skipped"}  # no cluster to check locally
     assert str(run.summary_report) in result.stdout
+    # Watched: the summary and the launch report say where; the MLflow run has the training's curves, the
+    # evaluation's reports and the summary (the parameter went from run-local through the pipeline to each step).
+    mlflow_run = json.loads(run.mlflow_run.read_text())
+    watch = f"Watch: TensorBoard: `tensorboard --logdir {run.tensorboard}`; MLflow run [{mlflow_run['run_id']}]("
+    assert watch in run.summary_report.read_text() and watch in kfp_reports["launch-pytorchjob"].read_text()
+    assert f"TensorBoard                        tensorboard --logdir {run.tensorboard}" in result.stdout
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.url)
+    assert [m.step for m in client.get_metric_history(mlflow_run["run_id"], "train/loss")] == [10, 20, 30, 40]
+    stored = {a.path for where in ("evaluation", "summary") for a in client.list_artifacts(mlflow_run["run_id"], where)}
+    assert stored == {"evaluation/report.html", "evaluation/report.md", "evaluation/eval.json", "summary/summary.md",
+                      "summary/summary.json"}  # fmt: skip
 
     # Continue the same run to step 60 without staging again: the trainer resumes from its step-40 checkpoint and
     # extends its schedule to the new max_steps.
