@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -231,12 +232,18 @@ def parse_value(text: str, kind: str) -> Any:
 
 
 def shown(key: str, value: Any) -> str:
-    """A --param as a message names it: with its value, unless a list or dict (too long to repeat)."""
+    """A --param as a message names it: with its value, unless a list or dict (too long to repeat); a URL's password
+    masked (a message may reach a scheduler's logs)."""
     if isinstance(value, list | dict):
         return f"--param {key}"
     if isinstance(value, bool):
         return f"--param {key}={str(value).lower()}"
-    return f"--param {key}={value!r}" if isinstance(value, str) else f"--param {key}={value}"
+    if isinstance(value, str):
+        return f"--param {key}={URL_PASSWORD.sub(MASKED, value)!r}"
+    return f"--param {key}={value}"
+
+
+URL_PASSWORD, MASKED = re.compile(r"(://[^/@:]*:)[^/@]*@"), r"\1***@"
 
 
 # -- each step's checks, in pipeline order: the step's own, on its resolved inputs -------------------------------

@@ -177,6 +177,16 @@ PRESETS = "tiny, small, gpt2-124m, gpt2-350m, llama-1b, llama-3b, llama-8b"
             "--param init_from_model='gs://models/llama': init_from_model gs://models/llama: unsupported scheme",
         ),
         (
+            ["mlflow_tracking_uri=mlflow:5000"],
+            "--param mlflow_tracking_uri='mlflow:5000': mlflow_tracking_uri: 'mlflow:5000' is neither an http(s):// "
+            "URL of an MLflow tracking server nor a SageMaker MLflow ARN",
+        ),
+        (
+            ["mlflow_tracking_uri=https://ci:s3cret@mlflow.example.com"],
+            "--param mlflow_tracking_uri='https://ci:***@mlflow.example.com': mlflow_tracking_uri: the tracking "
+            "URI holds credentials",
+        ),
+        (
             ["trainer_image="],
             "the pipeline's defaults: the trainer image is empty (--image; a pipeline's trainer_image): the "
             "kubernetes backend needs one",

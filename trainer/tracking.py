@@ -58,12 +58,12 @@ def check_tracking_uri(uri: str) -> str:
         raise ValueError(f"{uri!r} is not a SageMaker MLflow ARN (arn:aws:sagemaker:<region>:<account>:"
                          "mlflow-tracking-server/<name> or ...:mlflow-app/<id>)")  # fmt: skip
     parts = urlsplit(uri)
+    if "@" in parts.netloc:  # said without the URI: it would repeat them
+        raise ValueError("the tracking URI holds credentials, which would show in the KFP UI and the logs: give the "
+                         "URL without them and the token in the pod's environment (MLFLOW_TRACKING_TOKEN)")  # fmt: skip
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{uri!r} is neither an http(s):// URL of an MLflow tracking server nor a SageMaker MLflow "
                          "ARN")  # fmt: skip
-    if parts.username or parts.password:
-        raise ValueError("the tracking URI holds credentials, which would show in the KFP UI and the logs: give the "
-                         "URL without them and the token in the pod's environment (MLFLOW_TRACKING_TOKEN)")  # fmt: skip
     if parts.query or parts.fragment:
         raise ValueError(f"{uri!r} has a query or fragment: give the tracking server's base URL")
     return uri
