@@ -175,10 +175,12 @@ def test_the_trainer_image_installs_what_the_trainer_imports() -> None:
     third_party = imported - set(sys.stdlib_module_names) - own - {"__future__"}
     python, pins = read_stack()
     # The image installs the pin and nothing else of the trainer's (the next test checks it installs the pin), so
-    # whatever trainer/ imports must be pinned (these packages' import names are their distribution names).
-    assert third_party <= set(pins), (
-        f"trainer/ imports {sorted(third_party - set(pins))}, which trainer/stack.txt does not pin"
-    )
+    # whatever trainer/ imports must be pinned: by one of the distributions that install that import name here
+    # (`mlflow` comes with mlflow-skinny, which the image pins, and with mlflow, which the tests' server needs).
+    providers = importlib.metadata.packages_distributions()
+    unpinned = [name for name in third_party
+                if not {d.lower().replace("_", "-") for d in providers.get(name, [name])} & set(pins)]  # fmt: skip
+    assert not unpinned, f"trainer/ imports {sorted(unpinned)}, which trainer/stack.txt does not pin"
     assert {"torch", "transformers", "tokenizers", "safetensors", "numpy"} <= set(pins)
     # The project installs under the pinned Python.
     minimum = re.fullmatch(r">=\s*3\.(\d+)", PYPROJECT["project"]["requires-python"])

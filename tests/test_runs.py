@@ -30,8 +30,12 @@ def test_runs_lists_each_run_with_its_state_step_val_loss_and_time(
     rows = [json.loads(line) for line in running.metrics.read_text().splitlines()]
     running.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 30))
     write_status(running, 0, "running", step=30, world_size=2)
-    run_2_mlflow = {"tracking_uri": "http://mlflow:5000", "experiment": "hyperpod-pretrain", "run_id": "6b1f0c2d",
-                    "url": "http://mlflow:5000/#/experiments/1/runs/6b1f0c2d"}  # as trainer/tracking.py records it
+    run_2_mlflow = {
+        "tracking_uri": "http://mlflow:5000",
+        "experiment": "hyperpod-pretrain",
+        "run_id": "6b1f0c2d",
+        "url": "http://mlflow:5000/#/experiments/1/runs/6b1f0c2d",
+    }  # as trainer/tracking.py records it
     running.mlflow_run.write_text(json.dumps(run_2_mlflow))
     # ...whose pipeline staged the dataset again since: the trainer keeps its snapshot, and so does the listing.
     with recorded_step(str(trained_copy), "run-2", "stage-data", {}) as record:
