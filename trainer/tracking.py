@@ -211,11 +211,12 @@ class MlflowFeed:
 
     def close(self, timeout_s: float) -> FeedReport:
         """Send what is queued within timeout_s, then say once what was not sent."""
+        deadline = time.monotonic() + timeout_s
         try:
             self.points.put(None, timeout=timeout_s)
         except queue.Full:
             pass
-        self._thread.join(timeout_s)
+        self._thread.join(max(deadline - time.monotonic(), 0.0))
         left = sum(1 for item in list(self.points.queue) if isinstance(item, Point))
         if self._thread.is_alive():  # out of time: the batch being sent counts as not sent (it may still land)
             left += self._in_flight
