@@ -4,6 +4,7 @@ or stop answering, as a slow or vanished tracking server does (tests/test_traine
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import subprocess
@@ -28,8 +29,11 @@ class MlflowServer:
         command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
                    "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
                    "--artifacts-destination", str(self.directory / "artifacts")]  # fmt: skip
+        # No job runner (mlflow 3's server starts one with a pool of huey consumers, for its GenAI jobs): nothing
+        # here uses it, and it would take the tests' CPUs and start-up time (mlflow/server/__init__.py, _run_server).
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.directory,
-                                        start_new_session=True)  # fmt: skip
+                                        env=env, start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + 120
         while True:
             try:
