@@ -11,10 +11,12 @@ the end) in three configurations, interleaved over rounds so that other work on 
 - slow: TensorBoard and MLflow through the relay. At 5 s it answers no write in time: a POST is two chunks (headers,
   body: 10 s, the feed's request timeout), and the server's 5 s keep-alive drops a reused connection meanwhile.
 
-Per run: the median tokens/s of metrics.jsonl's rows past the first 10 steps, the wall time of `launch()`, the ranks'
-peak RSS (the feed's queue stays bounded) and, from rank 0's log, the MLflow points not sent. Then, in this process,
-the cost of one `RunWatch.row` call with a real row (TensorBoard alone, and with the feed to the server). It is a
-measurement, not a test: it never asserts on times.
+Per run: the median tokens/s and step time of metrics.jsonl's rows past the first 10 steps, the wall time of
+`launch()`, the MLflow points not sent (rank 0's log), the MLflow server's CPU time meanwhile and the ranks' peak RSS
+(the feed's queue stays bounded). Then, in this process, the cost of a `RunWatch.row` call with a real row, one every
+off-run step (TensorBoard alone, then with the feed): the caller's time, this process's CPU and the server's. The
+server is left to settle first (its job runner starts workers for some 10 s after it answers). It is a measurement,
+not a test: it never asserts on times.
 
     .venv/bin/python bench/tracking.py [--rounds 3] [--steps 200] [--delay-s 5] [--write-results]
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import statistics
 import sys
@@ -49,7 +52,7 @@ log = logging.getLogger("bench-tracking")
 TARGET = 0.98  # on / off and slow / off tokens/s
 WARMUP = 10  # rows of the first steps left out of the median
 CLOSE_TIMEOUT_S = 30.0  # train_ddp.py: watch.close(timeout_s=30.0) at a normal end
-ROW_CALLS = 1000
+ROWS = 300
 UNSENT = re.compile(r"MLflow: (\d+) metric points of this run were not sent")
 CONFIGS = ("off", "on", "slow")
 
@@ -60,46 +63,82 @@ class Run:
     step_s: float  # median step_time_s over the same rows
     wall_s: float
     unsent: int  # from rank 0's log; 0 when it says nothing
-    points: int  # the metric points the rows made (the one checkpoint's 2 besides)
+    points: int  # the metric points the run made: its rows', and 2 of its one checkpoint
     rss_gib: float  # the peak rss_gib of the rows (the larger rank's)
+    server_cpu_s: float  # CPU seconds the MLflow server's processes used meanwhile
 
 
-def train(root: Path, name: str, steps: int, env: dict[str, str]) -> Run:
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds so far of process `root` and its descendants (/proc; children it reaped included)."""
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # field n of proc(5) at n - 3
+        except OSError:  # gone meanwhile
+            continue
+        pid = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu[pid] = sum(map(int, fields[11:15])) / os.sysconf("SC_CLK_TCK")
+    todo, total = [root], 0.0
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
+
+
+def settle(pid: int, timeout_s: float = 120.0) -> None:
+    """Wait for the MLflow server to go idle: it starts its job runner's workers for some 10 s after it answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = tree_cpu_s(pid)
+        time.sleep(2.0)
+        if tree_cpu_s(pid) - before < 0.1:
+            return
+
+
+def train(root: Path, name: str, steps: int, env: dict[str, str], server: int) -> Run:
     cfg = tiny_launch(root, name, max_steps=steps, log_every=1, checkpoint_every=steps, eval_every=0, timeout_s=900,
                       extra_env=env)  # fmt: skip
-    started = time.perf_counter()
+    started, served = time.perf_counter(), tree_cpu_s(server)
     launch(cfg)
-    wall = time.perf_counter() - started
+    wall, served = time.perf_counter() - started, tree_cpu_s(server) - served
     rows = [json.loads(line) for line in cfg.run_paths.metrics.read_text().splitlines() if line.strip()]
     steady = [r for r in rows if r["step"] > WARMUP]
     said = UNSENT.search(cfg.run_paths.rank_log(0).read_text())
     run = Run(statistics.median(r["tokens_per_s"] for r in steady), statistics.median(r["step_time_s"] for r in steady),
-              wall, int(said[1]) if said else 0, sum(map(len, map(chart_points, rows))),
-              max(r["rss_gib"] for r in rows))  # fmt: skip
+              wall, int(said[1]) if said else 0, sum(map(len, map(chart_points, rows))) + 2,
+              max(r["rss_gib"] for r in rows), served)  # fmt: skip
     log.info("  %s: %.0f tokens/s, %.1f s, %d points not sent", name, run.tokens_per_s, wall, run.unsent)
     return run
 
 
-def row_cost(url: str, directory: Path, row: dict[str, Any]) -> dict[str, float]:
-    """Microseconds of rank 0's time per RunWatch.row call (ROW_CALLS calls, back to back), TensorBoard alone and
-    with the MLflow feed; and the process's CPU time per row, the writer's and the feed's threads included."""
+def row_cost(server: MlflowServer, directory: Path, row: dict[str, Any], interval_s: float) -> dict[str, float]:
+    """Microseconds per RunWatch.row call, ROWS calls one every `interval_s` (the off runs' step: the feed sends about
+    a request a row, as in training): of the caller's time, of this process's CPU (the TensorBoard writer's and the
+    feed's threads included) and of the MLflow server's CPU; TensorBoard alone, then with the MLflow feed."""
     from torch.utils.tensorboard import SummaryWriter
 
     cost = {}
-    for kind in ("tensorboard", "tensorboard+mlflow"):
+    for kind in ("tensorboard", "mlflow"):
         events = SummaryWriter(str(directory / kind), max_queue=1000, flush_secs=10)
-        feed = MlflowFeed(url, "bench-rows", directory / kind, kind, {}) if "mlflow" in kind else None
+        feed = MlflowFeed(server.url, "bench-rows", directory / kind, kind, {}) if kind == "mlflow" else None
         watch = RunWatch(events, feed, directory / kind / "mlflow.json")
         watch.row(row)  # the first: imports
         deadline = time.monotonic() + 60
         while feed is not None and feed.run_id is None and time.monotonic() < deadline:
             time.sleep(0.1)  # the feed imports mlflow and opens its run
-        wall, cpu = time.perf_counter(), time.process_time()
-        for step in range(ROW_CALLS):
+        caller, cpu, served = 0.0, time.process_time(), tree_cpu_s(server.process.pid)
+        for step in range(ROWS):
+            started = time.perf_counter()
             watch.row(row | {"step": step + 1})
-        cost[kind] = (time.perf_counter() - wall) / ROW_CALLS * 1e6
+            caller += time.perf_counter() - started
+            time.sleep(interval_s)
         watch.close(CLOSE_TIMEOUT_S)  # writes and sends it all
-        cost[f"{kind} cpu"] = (time.process_time() - cpu) / ROW_CALLS * 1e6
+        cost[kind] = caller / ROWS * 1e6
+        cost[f"{kind} cpu"] = (time.process_time() - cpu) / ROWS * 1e6
+        cost[f"{kind} server"] = (tree_cpu_s(server.process.pid) - served) / ROWS * 1e6
     return cost
 
 
@@ -110,41 +149,42 @@ def median_ratio(runs: dict[str, list[Run]], config: str, field: str) -> float:
 
 def report(runs: dict[str, list[Run]], cost: dict[str, float], args: argparse.Namespace) -> list[str]:
     lines = ["| round | config | tokens/s (median, steps > 10) | step (ms) | / off | wall (s) | / off | "
-             "MLflow points not sent | peak RSS, either rank (GiB) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "MLflow points not sent | MLflow server CPU (s) | peak RSS, either rank (GiB) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for n in range(args.rounds):
         off = runs["off"][n]
         for config in CONFIGS:
             r = runs[config][n]
             lines.append(f"| {n + 1} | {config} | {r.tokens_per_s:.0f} | {r.step_s * 1e3:.2f} | "
                          f"{r.tokens_per_s / off.tokens_per_s:.3f} | {r.wall_s:.1f} | {r.wall_s / off.wall_s:.2f} | "
-                         f"{r.unsent} | {r.rss_gib:.2f} |")  # fmt: skip
+                         f"{r.unsent} of {r.points} | {r.server_cpu_s:.1f} | {r.rss_gib:.2f} |")  # fmt: skip
     on, slow = median_ratio(runs, "on", "tokens_per_s"), median_ratio(runs, "slow", "tokens_per_s")
     delays = [s.wall_s - o.wall_s for s, o in zip(runs["slow"], runs["off"], strict=True)]
     beyond_on = [s.wall_s - o.wall_s for s, o in zip(runs["slow"], runs["on"], strict=True)]
-    per_row_ms = cost["tensorboard+mlflow"] / 1e3
-    step_ms = statistics.median(r.step_s for r in runs["off"]) * 1e3
-    met = "met" if min(on, slow) >= TARGET else "NOT met"
-    lines += [
+    step = {c: statistics.median(r.step_s for r in runs[c]) * 1e3 for c in CONFIGS}  # ms
+    rank0, served = cost["mlflow cpu"] / 1e3, cost["mlflow server"] / 1e3  # ms per row
+    return lines + [
         "",
         f"Medians of per-round ratios: tokens/s on / off **{on:.3f}**, slow / off **{slow:.3f}** (target >= {TARGET}: "
-        f"{met}); wall time on / off {median_ratio(runs, 'on', 'wall_s'):.2f}, slow / off "
-        f"{median_ratio(runs, 'slow', 'wall_s'):.2f}. The slow runs ended {min(delays):.1f}-{max(delays):.1f} s after "
-        f"the off runs of their round, {min(beyond_on):.1f}-{max(beyond_on):.1f} s after the on runs (the feed's close "
-        f"timeout: {CLOSE_TIMEOUT_S:.0f} s; {'within it' if max(delays) <= CLOSE_TIMEOUT_S else 'PAST IT'}), with "
-        f"{', '.join(f'{r.unsent} of {r.points}' for r in runs['slow'])} MLflow points not sent.",
+        f"{'met' if min(on, slow) >= TARGET else 'NOT met'}); wall time on / off "
+        f"{median_ratio(runs, 'on', 'wall_s'):.2f}, slow / off {median_ratio(runs, 'slow', 'wall_s'):.2f}. Median "
+        f"step: off {step['off']:.1f} ms, on {step['on']:.1f} ms, slow {step['slow']:.1f} ms. The slow runs ended "
+        f"{min(delays):.1f}-{max(delays):.1f} s after the off runs of their round, {min(beyond_on):.1f}-"
+        f"{max(beyond_on):.1f} s after the on runs (the feed's close timeout: {CLOSE_TIMEOUT_S:.0f} s; "
+        f"{'within it' if max(beyond_on) <= CLOSE_TIMEOUT_S else 'PAST IT'}).",
         "",
-        f"One `RunWatch.row` call, in process ({ROW_CALLS} calls with a real row, back to back): TensorBoard alone "
-        f"{cost['tensorboard']:.0f} us, with the MLflow feed {cost['tensorboard+mlflow']:.0f} us of the caller's time; "
-        f"the process's CPU per row, the writer's and the feed's threads included: {cost['tensorboard cpu']:.0f} us "
-        f"and {cost['tensorboard+mlflow cpu']:.0f} us.",
+        f"Per `RunWatch.row` call, in process ({ROWS} calls with the last on run's last row, one every "
+        f"{step['off']:.1f} ms): TensorBoard alone {cost['tensorboard']:.0f} us of the caller's time, "
+        f"{cost['tensorboard cpu']:.0f} us of the process's CPU (its writer thread included); with the MLflow feed "
+        f"{cost['mlflow']:.0f} us of the caller's time, {cost['mlflow cpu']:.0f} us of the process's CPU (the feed's "
+        f"thread sending included), and {cost['mlflow server']:.0f} us of the MLflow server's CPU.",
         "",
-        f"PROJECTION (computed, not measured): a row costs rank 0 about {per_row_ms:.2f} ms, "
-        f"{per_row_ms / step_ms:.1%} of this CPU tiny model's {step_ms:.1f} ms step; on a GPU step of 100 ms it "
-        f"would be {per_row_ms / 100:.2%}, of 1 s {per_row_ms / 1000:.3%}, and a tenth of that at the default "
-        "log_every=10. Not shown here: a remote server (here it shares the 2 CPUs with the trainer), a full queue.",
+        f"PROJECTION (computed, not measured): a row with MLflow costs rank 0's process {rank0:.2f} ms of CPU and the "
+        f"server {served:.2f} ms; here both share 2 CPUs with 2 busy ranks, against a {step['off']:.1f} ms step. On a "
+        f"GPU node the server is elsewhere and rank 0's threads have spare cores: at most {rank0:.2f} ms a row on the "
+        f"critical path (the GIL), {rank0 / 100:.2%} of a 100 ms step, {rank0 / 1000:.3%} of a 1 s step, a tenth of "
+        "that at the default log_every=10.",
     ]
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[Run]] = {config: [] for config in CONFIGS}
         with MlflowServer(Path(tmp) / "mlflow") as server:
             relay = Relay(server.port, delay_s=args.delay_s)
+            settle(server.process.pid)
             tracking = {"TRAINER_TENSORBOARD": "true", "TRAINER_MLFLOW_EXPERIMENT": "bench-tracking"}
             envs = {"off": {"TRAINER_TENSORBOARD": "false"},
                     "on": tracking | {"TRAINER_MLFLOW_TRACKING_URI": server.url},
@@ -170,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
             for n in range(args.rounds):
                 log.info("round %d/%d", n + 1, args.rounds)
                 for config in CONFIGS:
-                    runs[config].append(train(root, f"{config}-{n}", args.steps, envs[config]))
+                    runs[config].append(train(root, f"{config}-{n}", args.steps, envs[config], server.process.pid))
             relay.stop()
             last = tiny_launch(root, f"on-{args.rounds - 1}").run_paths.metrics.read_text().splitlines()[-1]
-            cost = row_cost(server.url, Path(tmp) / "rows", json.loads(last))
+            interval_s = statistics.median(r.step_s for r in runs["off"])
+            cost = row_cost(server, Path(tmp) / "rows", json.loads(last), interval_s)
     options = f"--rounds {args.rounds} --steps {args.steps} --delay-s {args.delay_s:g}"
     command = f"`.venv/bin/python bench/tracking.py {options}`"
     body = [command, "",

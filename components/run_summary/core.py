@@ -205,7 +205,7 @@ class RunSummary:
             lines += ["", f"Error: {self.error}"]
         if self.cleanup:
             lines += ["", f"Clean-up: {self.cleanup}"]
-        if watch := self.watch_line():
+        if watch := watch_line(self.watch):
             lines += ["", watch]
         lines += ["", "| step | outcome | seconds | detail | reports |", "|---|---|---|---|---|"]
         for step in self.steps:
@@ -216,9 +216,6 @@ class RunSummary:
             runs = ", ".join(f"[{run}]({where})" for run, where in self.earlier.items())
             lines += ["", f"Earlier pipeline runs of this run, newest first: {runs}."]
         return "\n".join(lines) + "\n"
-
-    def watch_line(self) -> str:
-        return watch_line(self.watch)
 
 
 def _detail(step: dict[str, Any]) -> str:
