@@ -15,8 +15,8 @@ Per run: the median tokens/s and step time of metrics.jsonl's rows past the firs
 `launch()`, the MLflow points not sent (rank 0's log), the MLflow server's CPU time meanwhile and the ranks' peak RSS
 (the feed's queue stays bounded). Then, in this process, the cost of a `RunWatch.row` call with a real row, one every
 off-run step (TensorBoard alone, then with the feed): the caller's time, this process's CPU and the server's. The
-server is left to settle first (its job runner starts workers for some 10 s after it answers). It is a measurement,
-not a test: it never asserts on times.
+server is left to go idle first (mlflow 3's job runner, where on, starts workers for some 10 s after it answers). It
+is a measurement, not a test: it never asserts on times.
 
     .venv/bin/python bench/tracking.py [--rounds 3] [--steps 200] [--delay-s 5] [--write-results]
 """
@@ -89,7 +89,7 @@ def tree_cpu_s(root: int) -> float:
 
 
 def settle(pid: int, timeout_s: float = 120.0) -> None:
-    """Wait for the MLflow server to go idle: it starts its job runner's workers for some 10 s after it answers."""
+    """Wait for the MLflow server to go idle (its job runner, where on, starts workers for 10 s after it answers)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         before = tree_cpu_s(pid)

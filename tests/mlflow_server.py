@@ -57,16 +57,16 @@ class MlflowServer:
 
 
 class Relay:
-    """A TCP relay on a free loopback port to `target_port`: each chunk a client sends reaches the server
-    `delay_s` late (an HTTP request answered that much later), and `stop` closes the port and every connection
-    (connections refused from then on: the server is gone)."""
+    """A TCP relay on a free loopback port to `target_port`: the server's answer to each request reaches the client
+    `delay_s` after the request's first bytes (a server that takes that long to answer, however the client splits
+    its request), and `stop` closes the port and every connection (connections refused from then on: the server is
+    gone). A side that closes its end closes the other's, as a direct connection would."""
 
     def __init__(self, target_port: int, delay_s: float = 0.0):
         self.target_port, self.delay_s = target_port, delay_s
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.requests = 0
         self._stopped = threading.Event()
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
@@ -82,21 +82,27 @@ class Relay:
             threading.Thread(target=self._pump, args=(client, server), name="relay", daemon=True).start()
 
     def _pump(self, client: socket.socket, server: socket.socket) -> None:
+        asked_at: float | None = None  # when the request now waiting for its answer began
         with selectors.DefaultSelector() as selector:
             selector.register(client, selectors.EVENT_READ, server)
             selector.register(server, selectors.EVENT_READ, client)
-            while not self._stopped.is_set():
-                for key, _ in selector.select(timeout=0.2):
-                    try:
+            try:
+                while not self._stopped.is_set():
+                    for key, _ in selector.select(timeout=0.2):
                         data = key.fileobj.recv(65536)  # type: ignore[union-attr]
                         if not data:
                             return
-                        if key.fileobj is client:
-                            self.requests += 1
-                            time.sleep(self.delay_s)
+                        if key.fileobj is client and asked_at is None:
+                            asked_at = time.monotonic()
+                        elif key.fileobj is server and asked_at is not None:
+                            time.sleep(max(asked_at + self.delay_s - time.monotonic(), 0.0))
+                            asked_at = None
                         key.data.sendall(data)
-                    except OSError:
-                        return
+            except OSError:
+                return
+            finally:
+                for end in (client, server):
+                    end.close()
 
     def stop(self) -> None:
         self._stopped.set()

@@ -99,7 +99,7 @@ def test_a_slow_server_never_holds_up_put_and_the_queue_stays_bounded(mlflow_ser
         report = feed.close(timeout_s=60)
     finally:
         relay.stop()
-    assert report.sent + report.unsent == 5000 and 100 <= report.sent <= 200
+    assert report.sent + report.unsent == 5000 and 100 <= report.sent <= 1100  # the queue, and what the feed took
     client = MlflowClient(mlflow_server.url)
     (run,) = client.search_runs([client.get_experiment_by_name("slow").experiment_id],
                                 filter_string=f"tags.`{RUN_TAG}` = '{tmp_path / 'slow-run'}'")  # fmt: skip

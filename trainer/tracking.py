@@ -176,17 +176,18 @@ class FeedReport:
 class MlflowFeed:
     """One MLflow run per training run (found by its RUN_TAG, made on the first start), fed from a thread.
 
-    `put` never blocks: a full queue drops the point and counts it. The thread sends batches of up to 1,000 points
-    (MLflow's log_batch limit) with `attempts` tries each; a batch that fails them all is dropped and counted. The
-    first failure is logged as a warning, the count at the end (`close`)."""
+    `put` never blocks: a full queue drops the point and counts it. The thread sends what `flush_s` gathers, up to
+    1,000 points (MLflow's log_batch limit), with `attempts` tries each; a batch that fails them all is dropped and
+    counted. The first failure is logged as a warning, the count at the end (`close`)."""
 
     BATCH = 1000
 
     def __init__(self, uri: str, experiment: str, run_dir: Path, run_name: str, params: Mapping[str, str],
-                 step: int = 0, queue_size: int = 50_000, attempts: int = 3,
-                 request_timeout_s: float = 10.0):  # fmt: skip
+                 step: int = 0, queue_size: int = 50_000, attempts: int = 3, request_timeout_s: float = 10.0,
+                 flush_s: float = 2.0):  # fmt: skip
         self.uri, self.experiment, self.run_dir, self.run_name, self.step = uri, experiment, run_dir, run_name, step
         self.params, self.attempts, self.request_timeout_s = dict(params), attempts, request_timeout_s
+        self.flush_s = flush_s
         self.points: queue.Queue[Point | tuple[str, str] | None] = queue.Queue(maxsize=queue_size)
         self.report = FeedReport()
         self.run_id: str | None = None
@@ -262,22 +263,29 @@ class MlflowFeed:
             return f"{self.uri} run {run_id}"
         return f"{self.uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
+    def _next_batch(self) -> tuple[list[Point | tuple[str, str]], bool]:
+        """What arrives within flush_s of the first item, up to BATCH: a request every few seconds, not one a row (a
+        request costs the trainer's process ~3 ms of CPU and the server ~10 ms). True once the feed is closing."""
+        batch: list[Point | tuple[str, str]] = []
+        item = self.points.get()
+        deadline = time.monotonic() + self.flush_s
+        while item is not None:
+            batch.append(item)
+            if len(batch) >= self.BATCH:
+                return batch, False
+            try:
+                item = self.points.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                return batch, False
+        return batch, True
+
     def _run(self) -> None:
         from mlflow.entities import Metric, RunTag
 
         client = None
         finished = False
         while not finished:
-            batch: list[Point | tuple[str, str]] = []
-            item = self.points.get()
-            while item is not None and len(batch) < self.BATCH:
-                batch.append(item)
-                try:
-                    item = self.points.get_nowait()
-                except queue.Empty:
-                    item = False  # type: ignore[assignment]
-                    break
-            finished = item is None
+            batch, finished = self._next_batch()
             if not batch:
                 continue
             metrics = [Metric(p.key, p.value, int(p.wall_time * 1000), p.step) for p in batch if isinstance(p, Point)]
