@@ -1,15 +1,15 @@
 """Watching a run: the trainer's tokens/s with TensorBoard and MLflow on, against both off, side by side.
 
 Stages a small synthetic corpus once (tests.helpers.write_corpus, vocabulary 512), starts a real MLflow tracking
-server on loopback (tests/mlflow_server.py: `mlflow server`, SQLite) and a relay in front of it that delays each
-chunk a client sends by --delay-s (5 s), then trains the same short run (preset tiny, 2 processes under torchrun
-through the local launcher, seq 64, batch 8, a metrics row every step: the watchers' worst case; one checkpoint, at
-the end) in three configurations, interleaved over rounds so that other work on the machine hits all three alike:
+server on loopback (tests/mlflow_server.py: `mlflow server`, SQLite) and a relay in front of it that holds each
+answer until --delay-s (5 s) after its request began, then trains the same short run (preset tiny, 2 processes under
+torchrun through the local launcher, seq 64, batch 8, a metrics row every step: the watchers' worst case; one
+checkpoint, at the end) in three configurations, interleaved over rounds so that other work on the machine hits all
+three alike:
 
 - off: TRAINER_TENSORBOARD=false, no tracking URI;
 - on: TensorBoard's event files and MLflow to the loopback server;
-- slow: TensorBoard and MLflow through the relay. At 5 s it answers no write in time: a POST is two chunks (headers,
-  body: 10 s, the feed's request timeout), and the server's 5 s keep-alive drops a reused connection meanwhile.
+- slow: TensorBoard and MLflow through the relay: a server that answers every request 5 s late.
 
 Per run: the median tokens/s and step time of metrics.jsonl's rows past the first 10 steps, the wall time of
 `launch()`, the MLflow points not sent (rank 0's log), the MLflow server's CPU time meanwhile and the ranks' peak RSS
@@ -50,7 +50,7 @@ from trainer.tracking import MlflowFeed, RunWatch, chart_points  # noqa: E402
 log = logging.getLogger("bench-tracking")
 
 TARGET = 0.98  # on / off and slow / off tokens/s
-WARMUP = 10  # rows of the first steps left out of the median
+WARMUP = 10  # the first steps' rows, left out of the median unless --warmup-steps says more
 CLOSE_TIMEOUT_S = 30.0  # train_ddp.py: watch.close(timeout_s=30.0) at a normal end
 ROWS = 300
 UNSENT = re.compile(r"MLflow: (\d+) metric points of this run were not sent")
@@ -59,7 +59,7 @@ CONFIGS = ("off", "on", "slow")
 
 @dataclass
 class Run:
-    tokens_per_s: float  # median over the rows past WARMUP
+    tokens_per_s: float  # median over the rows past the warm-up
     step_s: float  # median step_time_s over the same rows
     wall_s: float
     unsent: int  # from rank 0's log; 0 when it says nothing
@@ -98,14 +98,15 @@ def settle(pid: int, timeout_s: float = 120.0) -> None:
             return
 
 
-def train(root: Path, name: str, steps: int, env: dict[str, str], server: int) -> Run:
-    cfg = tiny_launch(root, name, max_steps=steps, log_every=1, checkpoint_every=steps, eval_every=0, timeout_s=900,
-                      extra_env=env)  # fmt: skip
+def train(root: Path, name: str, steps: int, env: dict[str, str], server: int, warmup: int = WARMUP,
+          log_every: int = 1) -> Run:  # fmt: skip
+    cfg = tiny_launch(root, name, max_steps=steps, log_every=log_every, checkpoint_every=steps, eval_every=0,
+                      timeout_s=900, extra_env=env)  # fmt: skip
     started, served = time.perf_counter(), tree_cpu_s(server)
     launch(cfg)
     wall, served = time.perf_counter() - started, tree_cpu_s(server) - served
     rows = [json.loads(line) for line in cfg.run_paths.metrics.read_text().splitlines() if line.strip()]
-    steady = [r for r in rows if r["step"] > WARMUP]
+    steady = [r for r in rows if r["step"] > warmup]
     said = UNSENT.search(cfg.run_paths.rank_log(0).read_text())
     run = Run(statistics.median(r["tokens_per_s"] for r in steady), statistics.median(r["step_time_s"] for r in steady),
               wall, int(said[1]) if said else 0, sum(map(len, map(chart_points, rows))) + 2,
@@ -148,8 +149,8 @@ def median_ratio(runs: dict[str, list[Run]], config: str, field: str) -> float:
 
 
 def report(runs: dict[str, list[Run]], cost: dict[str, float], args: argparse.Namespace) -> list[str]:
-    lines = ["| round | config | tokens/s (median, steps > 10) | step (ms) | / off | wall (s) | / off | "
-             "MLflow points not sent | MLflow server CPU (s) | peak RSS, either rank (GiB) |",
+    lines = [f"| round | config | tokens/s (median, steps > {args.warmup_steps}) | step (ms) | / off | wall (s) | "
+             "/ off | MLflow points not sent | MLflow server CPU (s) | peak RSS, either rank (GiB) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for n in range(args.rounds):
         off = runs["off"][n]
@@ -191,11 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="rounds of off, on, slow")
     p.add_argument("--steps", type=int, default=200, help="steps per run (a metrics row each)")
-    p.add_argument("--delay-s", type=float, default=5.0, help="the relay's delay of each request chunk (slow)")
+    p.add_argument("--delay-s", type=float, default=5.0, help="how late the relay lets each answer through (slow)")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=WARMUP,
+        help="steps left out of the medians: the start, and the feed's import of MLflow (seconds of CPU)",
+    )
+    p.add_argument(
+        "--log-every",
+        type=int,
+        default=1,
+        help="steps between metrics rows (default 1: the watchers' worst case; the trainer's default is 10)",
+    )
     p.add_argument("--write-results", action="store_true", help=f"append a dated section to {RESULTS.name}")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.steps <= 2 * WARMUP:
-        p.error(f"--rounds must be at least 1 and --steps above {2 * WARMUP}")
+    if args.rounds < 1 or args.steps <= 2 * args.warmup_steps:
+        p.error(f"--rounds must be at least 1 and --steps above twice --warmup-steps ({2 * args.warmup_steps})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
         root = Path(tmp) / "fsx"
@@ -211,18 +224,32 @@ def main(argv: list[str] | None = None) -> int:
             for n in range(args.rounds):
                 log.info("round %d/%d", n + 1, args.rounds)
                 for config in CONFIGS:
-                    runs[config].append(train(root, f"{config}-{n}", args.steps, envs[config], server.process.pid))
+                    runs[config].append(
+                        train(
+                            root,
+                            f"{config}-{n}",
+                            args.steps,
+                            envs[config],
+                            server.process.pid,
+                            args.warmup_steps,
+                            args.log_every,
+                        )
+                    )
             relay.stop()
             last = tiny_launch(root, f"on-{args.rounds - 1}").run_paths.metrics.read_text().splitlines()[-1]
             interval_s = statistics.median(r.step_s for r in runs["off"])
             cost = row_cost(server, Path(tmp) / "rows", json.loads(last), interval_s)
-    options = f"--rounds {args.rounds} --steps {args.steps} --delay-s {args.delay_s:g}"
+    options = (
+        f"--rounds {args.rounds} --steps {args.steps} --warmup-steps {args.warmup_steps} --log-every "
+        f"{args.log_every} --delay-s {args.delay_s:g}"
+    )
     command = f"`.venv/bin/python bench/tracking.py {options}`"
     body = [command, "",
             f"The trainer (preset tiny, 2 processes under torchrun, gloo on CPU, seq 64, batch 8 per rank, a metrics "
-            f"row every step, {args.steps} steps) with TensorBoard and MLflow off, on (a real `mlflow server` with "
-            f"SQLite on loopback), and slow (the same server behind a relay delaying each chunk of a request "
-            f"{args.delay_s:g} s); {args.rounds} rounds of off, on, slow in turn.", "",
+            f"row every {args.log_every} step(s), {args.steps} steps) with TensorBoard and MLflow off, on (a real "
+            f"`mlflow server` with "
+            f"SQLite on loopback), and slow (the same server behind a relay answering each request "
+            f"{args.delay_s:g} s late); {args.rounds} rounds of off, on, slow in turn.", "",
             *report(runs, cost, args)]  # fmt: skip
     print("\n".join(body))
     if args.write_results:
