@@ -4,56 +4,31 @@ or stop answering, as a slow or vanished tracking server does (tests/test_traine
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
-from tests.s3_server import free_port
+from tests.servers import ServerProcess
 
 
-class MlflowServer:
+class MlflowServer(ServerProcess):
+    name = "MLflow test server"
+    ready_path = "/health"
+
     def __init__(self, directory: Path):
-        self.directory = directory
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> MlflowServer:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.directory / "server.log", "w")
-        command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-                   "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
-                   "--artifacts-destination", str(self.directory / "artifacts")]  # fmt: skip
+        directory.mkdir(parents=True, exist_ok=True)
         # No job runner (mlflow 3's server starts one with a pool of huey consumers, for its GenAI jobs): nothing
         # here uses it, and it would take the tests' CPUs and start-up time (mlflow/server/__init__.py, _run_server).
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.directory,
-                                        env=env, start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.url}/health", timeout=2).close()
-                return self
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__()
-                    log = (self.directory / "server.log").read_text()[-2000:]
-                    raise RuntimeError(f"the MLflow test server did not start: {log}") from None
-                time.sleep(0.2)
+        super().__init__(directory / "server.log", {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, cwd=directory)
+        self.directory = directory
 
-    def __exit__(self, *exc: object) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+                "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
+                "--artifacts-destination", str(self.directory / "artifacts")]  # fmt: skip
 
 
 class Relay:

@@ -11,66 +11,28 @@ import io
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.servers import ServerProcess
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class S3Server(ServerProcess):
+    name = "S3 test server"
+    ready_path = "/moto-api/"
 
-
-class S3Server:
     def __init__(self, log_file: Path, env: dict[str, str] | None = None, record: Path | None = None):
-        self.log_file, self.env, self.record = log_file, env or {}, record
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        super().__init__(log_file, env)
+        self.record = record
+        self.endpoint = self.url
 
-    def __enter__(self) -> S3Server:
-        self._log = open(self.log_file, "w")
+    def command(self) -> list[str]:
         if self.record is not None:
             self.record.write_text("")
-        command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
-        if self.record is not None:
-            command = [sys.executable, "-m", "tests.s3_server", str(self.port), str(self.record)]
-        self.process = subprocess.Popen(
-            command,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                 **self.env},
-            cwd=REPO,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2).close()
-                return self
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__()
-                    raise RuntimeError(
-                        f"the S3 test server did not start: {self.log_file.read_text()[-2000:]}"
-                    ) from None
-                time.sleep(0.1)
-
-    def __exit__(self, *exc: object) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
+            return [sys.executable, "-m", "tests.s3_server", str(self.port), str(self.record)]
+        return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
 
     def recorded(self) -> list[dict[str, Any]]:
         assert self.record is not None, "started without record"

@@ -5,14 +5,11 @@ README's picture: ``python -m tests.tensorboard_view <run>/tensorboard docs/imag
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.s3_server import free_port
+from tests.servers import ServerProcess
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # As the machine's Chromium must run here: no sandbox as root, no GPU, no calls home (refused on a closed network).
@@ -26,34 +23,19 @@ class LossChart:
     table: str  # the card's data table: run, smoothed, value, step, relative time
 
 
-class TensorBoard:
+class TensorBoard(ServerProcess):
     """`tensorboard --logdir` on a free loopback port, in its own process."""
 
+    name = "tensorboard"
+    ready_path = "/data/environment"
+
     def __init__(self, logdir: Path, log_file: Path):
-        self.logdir, self.log_file = logdir, log_file
-        self.url = f"http://127.0.0.1:{free_port()}"
+        super().__init__(log_file)
+        self.logdir = logdir
 
-    def __enter__(self) -> TensorBoard:
-        self._log = open(self.log_file, "w")
-        port = self.url.rsplit(":", 1)[1]
-        self.process = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(self.logdir),
-                                         "--host", "127.0.0.1", "--port", port], stdout=self._log,
-                                        stderr=subprocess.STDOUT)  # fmt: skip
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.url}/data/environment", timeout=2).close()
-                return self
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__()
-                    raise RuntimeError(f"tensorboard did not start: {self.log_file.read_text()[-2000:]}") from None
-                time.sleep(0.2)
-
-    def __exit__(self, *exc: object) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        self._log.close()
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "tensorboard.main", "--logdir", str(self.logdir), "--host", "127.0.0.1",
+                "--port", str(self.port)]  # fmt: skip
 
 
 def loss_chart(url: str, screenshot: Path, width: int = 1400, height: int = 900) -> LossChart:

@@ -19,7 +19,8 @@ import boto3
 import pytest
 
 from common.s3 import S3Settings
-from tests.s3_server import S3Server, free_port
+from tests.s3_server import S3Server
+from tests.servers import free_port
 from trainer.durable import COMMIT, CheckpointMirror, MirrorError
 
 pytestmark = pytest.mark.usefixtures("aws_env")

@@ -20,7 +20,7 @@ from common.errors import StepFailed
 from components.launch_pytorchjob.core import launch
 from components.launch_pytorchjob.progress import STALL_FLOOR_S, TrainingWatch
 from tests.helpers import snapshot_dir, tiny_launch
-from tests.s3_server import free_port
+from tests.servers import free_port
 from tests.test_trainer import read_metrics, start_torchrun, wait_for_step, worker_pids
 from trainer.checkpoint import newest_checkpoint, read_weights
 from trainer.health import Divergence, Heartbeat, SpikeWatch, announce_failure, collective_failed

@@ -1811,7 +1811,7 @@ def test_gpu_memory_and_the_checkpoint_of_a_published_model_come_from_its_config
 def test_an_mlflow_server_that_answers_passes_and_one_that_does_not_is_a_warning(site: Site, mlflow_server) -> None:
     """The trainer's tracking server asked once (a real MLflow server on loopback): a closed port or a server that is
     not MLflow warns, naming the URI, and the run goes ahead."""
-    from tests.s3_server import free_port
+    from tests.servers import free_port
 
     answered = site.run(mlflow_tracking_uri=mlflow_server.url)
     assert check(answered, "mlflow").status == PASS and answered.passed

@@ -175,7 +175,7 @@ def test_access_denied_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_an_unreachable_endpoint_fails_after_bounded_retries(tmp_path: Path) -> None:
-    from tests.s3_server import free_port
+    from tests.servers import free_port
 
     started = time.monotonic()
     with pytest.raises(StepFailed, match="cannot reach the S3 endpoint"):
