@@ -279,10 +279,25 @@ class MlflowFeed:
                 return batch, False
         return batch, True
 
+    def _failed(self, exc: BaseException) -> None:
+        """The first failure as a warning; each kind of reason once, for the count said at the end."""
+        reason = one_line(exc)
+        if not self._warned:
+            log.warning("MLflow: could not send to %s (%s); training goes on, retrying a few times per batch and "
+                        "counting what is dropped", self.uri, reason)  # fmt: skip
+            self._warned = True
+        if reason not in self.report.reasons:
+            self.report.reasons.append(reason)
+
     def _run(self) -> None:
+        client = None
+        try:  # the run at once, so that its link is known before the first batch (else: with the first batch)
+            client = mlflow_client(self.uri, self.request_timeout_s)
+            self._open_run(client)
+        except Exception as exc:  # a server down, refusing or slow: never the training's problem
+            self._failed(exc)
         from mlflow.entities import Metric, RunTag
 
-        client = None
         finished = False
         while not finished:
             batch, finished = self._next_batch()
@@ -302,13 +317,7 @@ class MlflowFeed:
                     self._down = False
                     break
                 except Exception as exc:  # a server down, refusing or slow: never the training's problem
-                    reason = one_line(exc)
-                    if not self._warned:
-                        log.warning("MLflow: could not send to %s (%s); training goes on, retrying a few times per "
-                                    "batch and counting what is dropped", self.uri, reason)  # fmt: skip
-                        self._warned = True
-                    if reason not in self.report.reasons:
-                        self.report.reasons.append(reason)
+                    self._failed(exc)
                     if isinstance(exc, ImportError):
                         self.report.unsent += len(metrics)
                         break
