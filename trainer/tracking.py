@@ -387,12 +387,13 @@ class RunWatch:
         if self.feed is not None:
             self.feed.put(Point(chart, value, report.step, time.time()) for chart, value in points.items())
 
-    def note(self, step: int, text: str) -> None:
-        """A start, resume, restart or stop: a text event, and the MLflow run's tag of that step."""
+    def note(self, step: int, kind: str, text: str) -> None:
+        """A start (or resume, restart) or a stop: a text event, and the MLflow run's tag of that step and kind (a
+        stop and the resume after it share their step)."""
         if self.events is not None:
             self.events.add_text("events", text, step)
         if self.feed is not None:
-            self.feed.tag(f"event.step_{step:08d}", text[:5000])
+            self.feed.tag(f"event.step_{step:08d}.{kind}", text[:5000])
 
     def _record_mlflow_run(self) -> None:
         """<run>/mlflow.json, once the feed has its run: for `runs`, the summary and the evaluation step."""

@@ -270,8 +270,9 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
         watch = cleanup.enter_context(RunWatch.start(run.tensorboard if cfg.tensorboard else None, run.mlflow_run,
                                                      progress.step, resolved, cfg.mlflow_tracking_uri,
                                                      cfg.mlflow_experiment, run.root.name))  # fmt: skip
-        watch.note(progress.step, f"attempt {attempt}: {'resumed at' if progress.step else 'started from'} step "
-                   f"{progress.step} on {world} ranks (torchrun restart {restarts})")  # fmt: skip
+        begun = "resumed at" if progress.step else "started from"
+        watch.note(progress.step, "start", f"attempt {attempt}: {begun} step {progress.step} on {world} ranks "
+                   f"(torchrun restart {restarts})")  # fmt: skip
 
     compute_precision = parallel.compute_precision(device)
     flops_per_step = flops_per_token(model, cfg.seq_len) * cfg.tokens_per_step * world
@@ -445,7 +446,7 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
         log.error("%s", reason)
         write_status(run, rank, "diverged", step=divergence.first_bad_step, exit_code=ExitCode.DIVERGED,
                      reason="diverged", error=reason, attempt=attempt)  # fmt: skip
-        watch.note(progress.step, reason)
+        watch.note(progress.step, "stop", reason)
         checkpoints.close(wait_for_mirror=False)
         dist.destroy_process_group()
         return ExitCode.DIVERGED
@@ -484,7 +485,7 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
         log.info("training stopped at step %d (%s), %d tokens seen", progress.step, stop_reason, progress.tokens_seen)
     code = ExitCode.PREEMPTED if preempted else ExitCode.DONE
     watch.saved(checkpoints.last_save)
-    watch.note(progress.step, f"stopped at step {progress.step} ({stop_reason}), checkpoint committed")
+    watch.note(progress.step, "stop", f"stopped at step {progress.step} ({stop_reason}), checkpoint committed")
     watch.close(timeout_s=2.0 if preempted else 30.0)  # after a signal, the pod's grace period is running
     write_status(run, rank, "preempted" if preempted else "done", step=progress.step, exit_code=code, attempt=attempt,
                  reason=stop_reason, tokens_seen=progress.tokens_seen,
