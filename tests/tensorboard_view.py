@@ -4,17 +4,12 @@ README's picture: ``python -m tests.tensorboard_view <run>/tensorboard docs/imag
 
 from __future__ import annotations
 
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.browser import CHROMIUM, CHROMIUM_FLAGS
 from tests.servers import ServerProcess
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-# As the machine's Chromium must run here: no sandbox as root, no GPU, no calls home (refused on a closed network).
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
 
 @dataclass

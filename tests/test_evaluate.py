@@ -17,6 +17,7 @@ import torch
 
 from common.errors import InputError, StepFailed
 from components.evaluate_checkpoint.core import EvalResult, Gate, evaluate_checkpoint
+from tests.browser import CHROMIUM, CHROMIUM_FLAGS, needs_chromium
 from tests.helpers import snapshot_dir
 from trainer.layout import RunPaths
 
@@ -464,7 +465,6 @@ def test_resumes_are_found_from_the_attempts_and_the_rows(trained_root: Path, tm
     assert [t.get_text() for t in loss.get_legend().get_texts()] == ["train (run-1)", "val (training)", "resume"]
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Reports, from the loaded page, what the tests check: images decoded, nothing wider than the window outside a
 # scrolling box, samples within their height cap, no empty cell in the eval and settings tables.
 PROBE = """<script>window.addEventListener("load", () => {
@@ -497,7 +497,7 @@ PROBE = """<script>window.addEventListener("load", () => {
 });</script>"""
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (make test installs Debian's where it runs as root)")
+@needs_chromium
 @pytest.mark.parametrize("width,height", [(1280, 900), (1920, 1080)])
 def test_the_html_report_renders_in_headless_chromium(
     report_run: tuple[Path, EvalResult, EvalResult], tmp_path: Path, width: int, height: int
@@ -516,9 +516,7 @@ def test_the_html_report_renders_in_headless_chromium(
     report.write_text(page)
     probed = tmp_path / "probed.html"
     probed.write_text(page.replace("</body>", PROBE + "</body>"))
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--window-size={width},{height}", "--virtual-time-budget=5000"]  # fmt: skip
+    flags = ["--headless", *CHROMIUM_FLAGS, f"--window-size={width},{height}", "--virtual-time-budget=5000"]
 
     def chromium(name: str, *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([CHROMIUM, *flags, f"--user-data-dir={tmp_path / name}", *extra], capture_output=True,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import needs_chromium
 from tests.mlflow_server import Relay
-from tests.tensorboard_view import CHROMIUM
 from trainer.config import parse_config
 from trainer.tracking import RUN_TAG, MlflowFeed, Point, check_tracking_uri, flat_params
 
@@ -107,7 +107,7 @@ def test_a_slow_server_never_holds_up_put_and_the_queue_stays_bounded(mlflow_ser
     assert run.data.params == {"trainer.lr": "0.003"} and len(steps) == report.sent and steps == sorted(steps)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (make test installs Debian's where it runs as root)")
+@needs_chromium
 def test_tensorboard_shows_a_runs_loss_chart_in_a_browser(uninterrupted, tmp_path: Path) -> None:
     """TensorBoard's own server on the uninterrupted run's event files (40 steps, every one logged), the page opened
     in headless Chromium: the loss chart is drawn with a point per logged step, and its table ends at step 40."""

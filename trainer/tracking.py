@@ -296,35 +296,39 @@ class MlflowFeed:
             self._open_run(client)
         except Exception as exc:  # a server down, refusing or slow: never the training's problem
             self._failed(exc)
-        from mlflow.entities import Metric, RunTag
-
         finished = False
         while not finished:
             batch, finished = self._next_batch()
             if not batch:
                 continue
-            metrics = [Metric(p.key, p.value, int(p.wall_time * 1000), p.step) for p in batch if isinstance(p, Point)]
-            tags = [RunTag(k, v) for k, v in (p for p in batch if isinstance(p, tuple))]
-            self._in_flight = len(metrics)
+            points = [p for p in batch if isinstance(p, Point)]
+            tags = [p for p in batch if isinstance(p, tuple)]
+            self._in_flight = len(points)
             attempts = 1 if self._down else self.attempts  # a server found down gets one try a batch until it answers
             for attempt in range(attempts):
                 try:
                     client = client or mlflow_client(self.uri, self.request_timeout_s)
                     if self.run_id is None:
                         self._open_run(client)
-                    client.log_batch(self.run_id, metrics=metrics, tags=tags)
-                    self.report.sent += len(metrics)
+                    from mlflow.entities import Metric, RunTag
+
+                    client.log_batch(
+                        self.run_id,
+                        tags=[RunTag(k, v) for k, v in tags],
+                        metrics=[Metric(p.key, p.value, int(p.wall_time * 1000), p.step) for p in points],
+                    )
+                    self.report.sent += len(points)
                     self._down = False
                     break
                 except Exception as exc:  # a server down, refusing or slow: never the training's problem
                     self._failed(exc)
                     if isinstance(exc, ImportError):
-                        self.report.unsent += len(metrics)
+                        self.report.unsent += len(points)
                         break
                     if attempt + 1 < attempts:
                         time.sleep(min(2.0**attempt, 4.0))
             else:
-                self.report.unsent += len(metrics)
+                self.report.unsent += len(points)
                 self._down = True
             self._in_flight = 0
 
