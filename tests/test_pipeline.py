@@ -132,7 +132,9 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     # under them with one time each; no line twice.
     logged = [line for line in console if re.match(r"\d\d:\d\d:\d\d\.\d{3} - [A-Z]+ - ", line)]
     assert logged and not [line for line in console if re.match(r"\s*\d{4}-\d\d-\d\d \d", line)], console
-    assert len(set(console)) == len(console), [line for line in console if console.count(line) > 1]
+    # The fan-out's tasks share a name: two finishing in the same millisecond print the same line (CI saw it).
+    fan_out_end = "Task 'tokenize-group' finished with status SUCCESS"
+    assert not [line for line in console if console.count(line) > 1 and not line.endswith(fan_out_end)]
     assert "Task 'launch-pytorchjob' finished with status SUCCESS" in result.stdout and "\x1b[" not in result.stdout
     assert not [line for line in console if "outputs:" in line or '"outputFile"' in line or "[default1]" in line]
     trainer_lines = [line.strip().split(" ", 1)[1] for line in console if line.startswith("    ")]
