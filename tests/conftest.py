@@ -13,7 +13,7 @@ import pytest
 
 from components.launch_pytorchjob.core import launch
 from components.stage_data.core import stage_data
-from tests.helpers import EXACT, tiny_launch, write_corpus
+from tests.helpers import EXACT, MIXED_RUN, snapshot_dir, tiny_launch, write_corpus
 from tests.s3_server import S3Server
 from trainer.layout import RunPaths
 
@@ -152,6 +152,29 @@ def staged_root(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     root = tmp_path_factory.mktemp("fsx")
     stage_data(str(corpus), str(root), "synthetic", vocab_size=512, val_fraction=0.1)
     return root
+
+
+@pytest.fixture(scope="session")
+def mixed_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) -> Path:
+    """staged_root and two more datasets staged with its tokenizer, for mixtures (MIXTURE; treat as read-only):
+    'code' a quarter of its size, 'math' a sixteenth, each with its own text."""
+    root = tmp_path_factory.mktemp("mixed")
+    shutil.copytree(staged_root, root, dirs_exist_ok=True)
+    tokenizer = str(snapshot_dir(root, "synthetic") / "tokenizer.json")
+    for dataset, files, sentences, seed in (("code", 4, 90, 7), ("math", 2, 45, 8)):
+        source = write_corpus(tmp_path_factory.mktemp(dataset), files=files, sentences=sentences, seed=seed)
+        stage_data(str(source), str(root), dataset, tokenizer_path=tokenizer, val_fraction=0.25)
+    return root
+
+
+@pytest.fixture(scope="session")
+def mixture_run(mixed_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
+    """Run 'mixed': 20 steps of the tiny preset on MIXTURE under DDP, every step logged, a checkpoint every 5, the
+    val losses every 10 (treat as read-only; its storage root holds mixed_root's datasets)."""
+    root = tmp_path_factory.mktemp("mixture-run")
+    shutil.copytree(mixed_root, root, dirs_exist_ok=True)
+    launch(tiny_launch(root, "mixed", **MIXED_RUN, eval_every=10))
+    return RunPaths.of(root, "mixed")
 
 
 @pytest.fixture

@@ -35,6 +35,10 @@ def write_corpus(directory: Path, files: int = 12, sentences: int = 120, seed: i
 
 # A run every step of which is logged: the runs that compare losses step by step.
 EXACT = dict(max_steps=40, log_every=1, checkpoint_every=10)
+# The mixture of the conftest's mixed_root: its three datasets, each far from its share in size.
+MIXTURE = [{"dataset": "synthetic", "weight": 0.6}, {"dataset": "code", "weight": 0.3},
+           {"dataset": "math", "weight": 0.1}]  # fmt: skip
+MIXED_RUN = dict(dataset="synthetic", mixture=MIXTURE, max_steps=20, log_every=1, checkpoint_every=5)
 
 
 def tiny_launch(root: Path, run_id: str, **overrides) -> LaunchConfig:

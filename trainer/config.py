@@ -32,13 +32,12 @@ class SettingError(Exception):
 
 @dataclass
 class TrainConfig:
-    data_dir: str = field(
-        metadata={
-            "help": "dataset snapshot directory (<root>/datasets/<name>/snapshots/<id>), or "
-            "the dataset's directory for its current snapshot"
-        }
-    )
     run_dir: str = field(metadata={"help": "run directory (<root>/runs/<run_id>); resumed if it holds a checkpoint"})
+    data_dir: str = _opt("", "dataset snapshot directory (<root>/datasets/<name>/snapshots/<id>), or the dataset's "
+                         "directory for its current snapshot; or --mixture")  # fmt: skip
+    mixture: str = _opt("", "train on several datasets, each global batch's sequences drawn in proportion to their "
+                        "weights: DIR=WEIGHT,... where each DIR is as --data-dir; all staged with one tokenizer; an "
+                        "exact resume keeps the weights (see trainer/mixture.py)")  # fmt: skip
     preset: str = _opt("small", "model preset (see trainer/model.py); none with --init-from-model")
     seed: int = _opt(1234, "seed of the initial weights and of the sample order")
     init_from: str = _opt(
@@ -212,6 +211,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             except ValueError as exc:
                 parser.error(f"{env}: {exc}")
     config = TrainConfig(**values)
+    if bool(config.data_dir) == bool(config.mixture):
+        parser.error("give --data-dir (one dataset) or --mixture (several), one of them")
     if config.checkpoint_s3_uri and not config.checkpoint_s3_uri.startswith("s3://"):
         parser.error(f"argument --checkpoint-s3-uri: {config.checkpoint_s3_uri!r} is not an s3://bucket/prefix URI")
     try:

@@ -113,7 +113,7 @@ class WindowOrder:
 
     ROUNDS = 6
 
-    def __init__(self, size: int, seed: int, epoch: int):
+    def __init__(self, size: int, seed: int | str, epoch: int):
         self.size = size
         bits = max(1, (size - 1).bit_length())
         self.low_bits = np.uint64(bits // 2)
@@ -159,12 +159,24 @@ class DataPosition:
     epoch: int = 0
     offset: int = 0  # windows of this epoch already consumed, by all ranks together
 
+    def copy(self) -> DataPosition:
+        return DataPosition(self.epoch, self.offset)
+
+    def assign(self, other: DataPosition) -> None:
+        self.epoch, self.offset = other.epoch, other.offset
+
+    def where(self) -> str:
+        return f"window {self.offset} of epoch {self.epoch}"
+
     def state_dict(self) -> dict[str, int | str]:
         return {"epoch": self.epoch, "offset": self.offset, "order": ORDER}
 
     def load_state_dict(self, state: dict[str, int | str]) -> None:
-        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
         order = state.get("order")
+        if order == "mixture-1":  # trainer/mixture.py MIXTURE_ORDER
+            raise DataError("this run trained on a data mixture: an exact resume keeps its data, so resume with its "
+                            "--mixture, or start a new run from its weights (--init-from)")  # fmt: skip
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
         if order is None:
             log.warning("the checkpoint's data position (epoch %d, window %d) comes from an older sample order: the "
                         "order from here on is %s, not the one the run started with, so some windows of this epoch "
@@ -212,6 +224,18 @@ class TokenBatches:
         windows = self.epoch_order(pos.epoch, start, start + self.batch_size)
         pos.offset += self.global_batch
         return windows
+
+    @property
+    def train_tokens(self) -> int:
+        return len(self.tokens)
+
+    def read(self, windows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The tokens of the windows `take` chose, into `out` (batch_size x seq_len + 1)."""
+        return self.tokens.windows(windows, self.seq_len, out=out)
+
+    def sample_ids(self, windows: np.ndarray) -> list[str]:
+        """For --log-samples: the window ids."""
+        return [str(w) for w in windows.tolist()]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's next (inputs, targets), read here and now (the trainer reads ahead: trainer/prefetch.py)."""

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from trainer.data import DataPosition, TokenBatches
+from trainer.mixture import MixtureBatches, MixturePosition
 
 log = logging.getLogger(__name__)
 
@@ -29,25 +30,26 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Batch:
     rows: torch.Tensor  # int32 [batch_size, seq_len + 1], on the host
-    windows: np.ndarray  # the window ids, for --log-samples
-    position: tuple[int, int]  # the data position (epoch, offset) after this batch
+    windows: np.ndarray  # the window ids (of a mixture: dataset index and window id), for --log-samples
+    position: DataPosition | MixturePosition  # the data position after this batch
 
 
 class Prefetcher:
     """Reads this rank's micro-batches ahead of the loop; `next()` hands them over on the device."""
 
-    def __init__(self, batches: TokenBatches, device: torch.device, depth: int = 2, read_latency_s: float = 0.0):
+    def __init__(self, batches: TokenBatches | MixtureBatches, device: torch.device, depth: int = 2,
+                 read_latency_s: float = 0.0):  # fmt: skip
         self.batches, self.device = batches, device
         self.read_latency_s = read_latency_s  # fault injection: a cold file system (--fault-read-latency-s)
         self.waited_s = 0.0  # time the loop waited for input, since the last `take_waited()`
         self._pin = device.type == "cuda"
         self._queue: queue.Queue[_Batch | BaseException] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        start = DataPosition(batches.position.epoch, batches.position.offset)
-        self._thread = threading.Thread(target=self._produce, args=(start,), name="prefetch", daemon=True)
+        self._thread = threading.Thread(target=self._produce, args=(batches.position.copy(),), name="prefetch",
+                                        daemon=True)  # fmt: skip
         self._thread.start()
 
-    def _produce(self, position: DataPosition) -> None:
+    def _produce(self, position: DataPosition | MixturePosition) -> None:
         b = self.batches
         try:
             while not self._stop.is_set():
@@ -55,8 +57,8 @@ class Prefetcher:
                 if self.read_latency_s:
                     time.sleep(self.read_latency_s)
                 rows = torch.empty((b.batch_size, b.seq_len + 1), dtype=torch.int32, pin_memory=self._pin)
-                b.tokens.windows(windows, b.seq_len, out=rows.numpy())
-                self._put(_Batch(rows, windows, (position.epoch, position.offset)))
+                b.read(windows, rows.numpy())
+                self._put(_Batch(rows, windows, position.copy()))
         except BaseException as exc:  # handed to the loop, which raises it where the batch was wanted
             self._put(exc)
 
@@ -75,7 +77,7 @@ class Prefetcher:
         self.waited_s += time.perf_counter() - started
         if isinstance(item, BaseException):
             raise item
-        self.batches.position.epoch, self.batches.position.offset = item.position
+        self.batches.position.assign(item.position)
         self.batches.last_windows = item.windows
         rows = item.rows.to(self.device, non_blocking=True).long()
         return rows[:, :-1], rows[:, 1:]

@@ -110,8 +110,13 @@ def flat_params(settings: Mapping[str, Any]) -> dict[str, str]:
 
 
 def chart_points(row: Mapping[str, Any]) -> dict[str, float]:
-    """A metrics row's numbers, by chart (fields with no number, such as a CPU's MFU, left out)."""
-    return {chart: float(row[name]) for name, chart in CHARTS.items() if isinstance(row.get(name), int | float)}
+    """A metrics row's numbers, by chart (fields with no number, such as a CPU's MFU, left out); a mixture's datasets'
+    figures (tokens, epochs, val loss and bits per byte) under data/<dataset>/."""
+    points = {chart: float(row[name]) for name, chart in CHARTS.items() if isinstance(row.get(name), int | float)}
+    for dataset, figures in (row.get("datasets") or {}).items():
+        points |= {f"data/{dataset}/{name}": float(value) for name, value in figures.items()
+                   if isinstance(value, int | float)}  # fmt: skip
+    return points
 
 
 def mlflow_client(uri: str, request_timeout_s: float) -> Any:

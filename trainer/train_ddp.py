@@ -67,6 +67,7 @@ from trainer.metrics import (
     rss_gib,
     step_line,
 )
+from trainer.mixture import MixtureBatches, mixture_plan, resolve_mixture, shares
 from trainer.model import SMALL_PRESETS, architecture_differences, config_from_dict, model_config, set_dropout
 from trainer.parallel import parallelize
 from trainer.preemption import ExitCode, StopSignal, save_budget_s
@@ -153,12 +154,21 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
                                     fail_from_step=cfg.fault_save_at_step)  # fmt: skip
     checkpoint = checkpoints.newest()
     state = checkpoint.trainer_state() if checkpoint is not None else None
-    data_dir = training_snapshot(Path(cfg.data_dir), state, cfg.on_new_snapshot)
+    # A mixture's datasets (trainer/mixture.py), the first of which stands for all where one is asked for (the
+    # tokenizer, the model's vocabulary: every dataset of a mixture has the same).
+    mixture = resolve_mixture(cfg.mixture, state, cfg.on_new_snapshot) if cfg.mixture else []
+    data_dir = mixture[0].directory if mixture else training_snapshot(Path(cfg.data_dir), state, cfg.on_new_snapshot)
 
     # Data, model, optimizer.
     meta = load_meta(data_dir)
-    batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
-    val, byte_lengths = validation_data(data_dir, meta, cfg.seq_len) if cfg.eval_every else (None, None)
+    if mixture:
+        splits = [load_split(e.directory, "train") for e in mixture]
+        batches = MixtureBatches([e.name for e in mixture], splits, [e.weight for e in mixture], cfg.seq_len,
+                                 cfg.batch_size, rank, world, cfg.seed)  # fmt: skip
+    else:
+        batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
+    val_dirs = {e.name: e.directory for e in mixture} or {snapshot_record(data_dir, meta)["dataset"]: data_dir}
+    val, byte_lengths = validation_data(val_dirs, meta, cfg.seq_len) if cfg.eval_every else (None, None)
     if cfg.init_from_model and cfg.init_from:
         raise SettingError("--init-from (a run's weights) and --init-from-model (a published model's) are two "
                            "starting points: give one")  # fmt: skip
@@ -245,9 +255,9 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
         log.info("resumed at step %d (%d tokens seen) from a checkpoint of %d ranks",
                  progress.step, progress.tokens_seen, state["world_size"])  # fmt: skip
         if state["world_size"] != world:
-            log.warning("world size changed from %d to %d: the data is re-partitioned from sample %d of epoch %d, "
-                        "nothing repeated or skipped; a step now takes %d sequences instead of %d",
-                        state["world_size"], world, batches.position.offset, batches.position.epoch,
+            log.warning("world size changed from %d to %d: the data is re-partitioned from %s, nothing repeated or "
+                        "skipped; a step now takes %d sequences instead of %d",
+                        state["world_size"], world, batches.position.where(),
                         cfg.batch_size * cfg.grad_accum_steps * world,
                         cfg.batch_size * cfg.grad_accum_steps * state["world_size"])  # fmt: skip
         metrics.truncate_after(progress.step)
@@ -264,6 +274,11 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
             "vocab_size": meta["vocab_size"],
             "model_vocab_size": model_vocab(meta),
         }  # the tokenizer's, and the model's (padded)
+        if mixture:  # each dataset's snapshot, weight and share: what the evaluation and the summary read
+            dataset["mixture"] = [{**snapshot_record(e.directory, meta), "tokenized_dir": str(e.directory),
+                                   "weight": e.weight, "share": round(share, 6), "train_tokens": len(split)}
+                                  for e, share, split in zip(mixture, shares(batches.weights), batches.splits,
+                                                             strict=True)]  # fmt: skip
         resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset,
                     "init_from": warm_started, "hyperpod_pretrain": tool_version()}  # fmt: skip
         write_json(run.config, resolved)
@@ -303,6 +318,8 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
         state = {**train_state.state_dict(), "schema": SCHEMA, "step": progress.step, "preset": cfg.preset,
                  "model_config": mconfig.to_dict(), "world_size": world,
                  "data_snapshot": snapshot_record(data_dir, meta), "init_from": warm_started}  # fmt: skip
+        if mixture:  # each dataset's, so that a resume reads the snapshots it trained on
+            state["data_snapshots"] = {e.name: snapshot_record(e.directory, meta) for e in mixture}
         return checkpoints.save(progress.step, model, optimizer, state, rng_state(), blocking=blocking)
 
     # The loop: one optimizer step of grad_accum_steps micro-batches per iteration. Nothing in it waits for the
@@ -311,7 +328,10 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     # (trainer/preemption.py).
     if rank == 0:
         parameters = sum(p.numel() for p in model.parameters())  # DTensors under fsdp: their global sizes
-        log.info("%s", plan_line(parameters, cfg.tokens_per_step * world, cfg.max_steps, len(batches.tokens)))
+        log.info("%s", plan_line(parameters, cfg.tokens_per_step * world, cfg.max_steps, batches.train_tokens))
+        if mixture:
+            sequences = cfg.batch_size * cfg.grad_accum_steps * world * cfg.max_steps
+            log.info("%s", mixture_plan(batches, sequences))
     started, throughput, budget_checked, resumed_at = time.monotonic(), Throughput(), False, progress.step
     step_times = StepTimes()  # for the ETA
     stop_reason = "max-steps" if progress.step >= cfg.max_steps else None
@@ -329,7 +349,8 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
             for micro in range(cfg.grad_accum_steps):
                 inputs, targets = prefetch.next()
                 if samples_log:
-                    samples_log.write(f"{progress.step + 1} {micro} {' '.join(map(str, batches.last_windows))}\n")
+                    ids = " ".join(batches.sample_ids(batches.last_windows))
+                    samples_log.write(f"{progress.step + 1} {micro} {ids}\n")
                 last_micro = micro == cfg.grad_accum_steps - 1
                 with parallel.accumulating(last_micro), compute_precision:
                     loss = parallel.forward_loss(inputs, targets)
@@ -401,9 +422,11 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
                     "gpu_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2) if use_cuda else None,
                     "rss_gib": round(max(rss_all), 2), "skipped_steps": divergence.skipped, "time": time.time(),
                 }  # fmt: skip
+                if mixture:  # each dataset's tokens and epochs so far
+                    row["datasets"] = batches.accounting()
                 sync_wait_s, save_stall_s, steps_since_log = 0.0, 0.0, 0
                 if evaluate and stop_reason in (None, "max-steps", "max-tokens"):  # not with a signal's budget running
-                    row |= validation(model, val, byte_lengths, cfg, device)  # every rank: a collective under fsdp
+                    row = merge_rows(row, validation(model, val, byte_lengths, cfg, device))  # a collective under fsdp
                     throughput.reset()  # its time is not training's
                 if spikes.is_spike(progress.step, row["loss"]):
                     row["loss_spike"] = True
@@ -417,8 +440,10 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
                     log.info("%s", step_line(progress.step, cfg.max_steps, row["loss"], row["lr"], row["grad_norm"],
                                              tokens_per_s, row["mfu"], eta_s))  # fmt: skip
                     if "val_loss" in row:
-                        log.info("eval step %d: val loss %.4f (%.4f bits per byte, %s tokens)", progress.step,
-                                 row["val_loss"], row["val_bpb"], f"{row['val_tokens']:,}")  # fmt: skip
+                        each = "".join(f"; {name} {figures['val_loss']:.4f}" for name, figures in
+                                       row.get("datasets", {}).items() if "val_loss" in figures)  # fmt: skip
+                        log.info("eval step %d: val loss %.4f (%.4f bits per byte, %s tokens)%s", progress.step,
+                                 row["val_loss"], row["val_bpb"], f"{row['val_tokens']:,}", each)  # fmt: skip
 
             if progress.step % cfg.checkpoint_every == 0 and stop_reason is None and divergence.streak:
                 log.warning("no checkpoint at step %d: its update was skipped (not finite)", progress.step)
@@ -508,28 +533,56 @@ def check_published_fits(published: PublishedModel, mconfig: Any, data_dir: Path
                            f"{published.path}")  # fmt: skip
 
 
-def validation_data(data_dir: Path, meta: dict[str, Any], seq_len: int) -> tuple[TokenSplit, np.ndarray]:
-    """--eval-every's data, read once: the snapshot's val split (memory-mapped), and the bytes each token stands for
-    (bits per byte). A split without one window is bad input at start, not a crash at the first evaluation."""
-    val = load_split(data_dir, "val")
-    if val.num_windows(seq_len) == 0:
-        raise DataError(f"--eval-every: the val split of {data_dir} has no window of {seq_len + 1} tokens in one shard "
-                        f"({len(val)} tokens in {len(val.shards)} shard(s)): evaluate with a shorter --seq-len, or "
-                        "turn it off (0)")  # fmt: skip
+def validation_data(snapshots: dict[str, Path], meta: dict[str, Any],
+                    seq_len: int) -> tuple[dict[str, TokenSplit], np.ndarray]:  # fmt: skip
+    """--eval-every's data, read once: each dataset's val split (memory-mapped; one, or a mixture's), and the bytes
+    each token stands for (bits per byte; a mixture's datasets share their tokenizer). A split without one window is
+    bad input at start, not a crash at the first evaluation."""
+    splits = {}
+    for name, data_dir in snapshots.items():
+        splits[name] = val = load_split(data_dir, "val")
+        if val.num_windows(seq_len) == 0:
+            raise DataError(f"--eval-every: the val split of {data_dir} has no window of {seq_len + 1} tokens in one "
+                            f"shard ({len(val)} tokens in {len(val.shards)} shard(s)): evaluate with a shorter "
+                            "--seq-len, or turn it off (0)")  # fmt: skip
     from tokenizers import Tokenizer
 
-    return val, token_byte_lengths(Tokenizer.from_file(str(data_dir / TOKENIZER)), model_vocab(meta))
+    tokenizer = Tokenizer.from_file(str(next(iter(snapshots.values())) / TOKENIZER))
+    return splits, token_byte_lengths(tokenizer, model_vocab(meta))
 
 
-def validation(model: torch.nn.Module, val: TokenSplit, byte_lengths: np.ndarray, cfg: TrainConfig,
-               device: torch.device) -> dict[str, float | int]:  # fmt: skip
-    """The val loss over the split's first --eval-tokens tokens, as the evaluation step measures a checkpoint
-    (trainer/evaluation.py), in training batches. No random numbers drawn and no training data read, so a run
-    evaluated along the way trains exactly as one that is not."""
+def validation(model: torch.nn.Module, val: dict[str, TokenSplit], byte_lengths: np.ndarray, cfg: TrainConfig,
+               device: torch.device) -> dict[str, Any]:  # fmt: skip
+    """The val loss over each split's first --eval-tokens tokens, as the evaluation step measures a checkpoint
+    (trainer/evaluation.py), in training batches; of a mixture, each dataset's too and the total over them all. No
+    random numbers drawn and no training data read, so a run evaluated along the way trains exactly as one that is
+    not."""
     training = model.training
-    loss, tokens, n_bytes = mean_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.batch_size, device, byte_lengths)
+    measured = {}
+    for name, split in val.items():
+        loss, tokens, n_bytes = mean_loss(model, split, cfg.seq_len, cfg.eval_tokens, cfg.batch_size, device,
+                                          byte_lengths)  # fmt: skip
+        measured[name] = (loss, tokens, n_bytes)
     model.train(training)
-    return {"val_loss": loss, "val_bpb": bits_per_byte(loss, tokens, n_bytes), "val_tokens": tokens}
+    tokens = sum(t for _, t, _ in measured.values())
+    loss = sum(loss * t for loss, t, _ in measured.values()) / tokens
+    row: dict[str, Any] = {"val_loss": loss, "val_bpb": bits_per_byte(loss, tokens, sum(b for *_, b in
+                                                                                        measured.values())),
+                           "val_tokens": tokens}  # fmt: skip
+    if len(val) > 1:
+        row["datasets"] = {name: {"val_loss": loss, "val_bpb": bits_per_byte(loss, t, b)}
+                           for name, (loss, t, b) in measured.items()}  # fmt: skip
+    return row
+
+
+def merge_rows(row: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """`row` with `more`'s fields, each dataset's figures (row["datasets"]) merged rather than replaced."""
+    datasets = {name: {**row.get("datasets", {}).get(name, {}), **figures}
+                for name, figures in more.pop("datasets", {}).items()}  # fmt: skip
+    merged = row | more
+    if datasets:
+        merged["datasets"] = {**row.get("datasets", {}), **datasets}
+    return merged
 
 
 def report_silent_ranks(run: RunPaths, rank: int, world: int, silent: list[int], step: int, exc: BaseException,

@@ -54,6 +54,9 @@ class LaunchConfig:
     dataset: str
     run_id: str
     snapshot: str = ""  # the dataset snapshot to train on (staging's output); "": the dataset's current one
+    # several datasets, each {"dataset": name, "weight": w, "snapshot": id ("": its current one)}, trained on in
+    # proportion to their weights (trainer/mixture.py); `dataset` is then the first's
+    mixture: list[dict[str, Any]] = field(default_factory=list)
     init_from_run_id: str = ""  # a new run from this run's weights (a warm start); "previous": the newest finished
     resume: bool = False  # the run directory must hold a checkpoint to continue from (resume_run_id)
     # a new run from a published model's weights and architecture (preset unused): a directory on the volume, or an
@@ -120,6 +123,36 @@ class LaunchConfig:
         current snapshot the trainer reads when it starts. (A resumed run trains on on the snapshot its checkpoint
         names, whatever this is: the trainer decides.)"""
         return self.dataset_paths.resolve_snapshot(self.snapshot) if self.snapshot else self.dataset_paths.root
+
+    def mixture_arg(self) -> str:
+        """The trainer's --mixture: each dataset's snapshot directory (or the dataset's, for its current one)."""
+        parts = []
+        for entry in self.mixture:
+            paths = DatasetPaths.of(self.storage_root, entry["dataset"])
+            directory = paths.resolve_snapshot(entry["snapshot"]) if entry.get("snapshot") else paths.root
+            parts.append(f"{directory}={entry['weight']!r}")
+        return ",".join(parts)
+
+    def check_mixture(self, check_storage: bool) -> None:
+        """Each entry a dataset name and a weight (numbers, none negative, not all 0, no dataset twice), staged."""
+        from trainer.mixture import check_weights
+
+        for entry in self.mixture:
+            if not isinstance(entry, dict) or set(entry) - {"dataset", "weight", "snapshot"} or "dataset" not in entry:
+                raise InputError(f"mixture: {entry!r} is not {{dataset, weight[, snapshot]}}")
+            if isinstance(entry.get("weight"), bool) or not isinstance(entry.get("weight"), int | float):
+                raise InputError(f"mixture: the weight of {entry['dataset']!r}, {entry.get('weight')!r}, is not a "
+                                 "number")  # fmt: skip
+        try:
+            check_weights([(str(e["dataset"]), float(e["weight"])) for e in self.mixture], "mixture")
+            for entry in self.mixture:
+                paths = DatasetPaths.of(self.storage_root, str(entry["dataset"]))
+                snapshot = paths.resolve_snapshot(str(entry.get("snapshot") or "")) if check_storage else None
+                if check_storage and (snapshot is None or not (snapshot / META).is_file()):
+                    raise InputError(f"mixture: dataset {entry['dataset']!r} is not staged under {self.storage_root} "
+                                     f"({snapshot / META if snapshot else paths.current} is missing)")  # fmt: skip
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
 
     @property
     def init_run(self) -> RunPaths:
@@ -230,7 +263,9 @@ class LaunchConfig:
         if self.backend == "kubernetes":
             self.check_under_mount()
             self.check_cluster_inputs()
-        if check_storage:
+        if self.mixture:
+            self.check_mixture(check_storage)
+        if check_storage and not self.mixture:
             try:
                 snapshot = self.dataset_paths.resolve_snapshot(self.snapshot)
             except ValueError as exc:
@@ -286,8 +321,7 @@ class LaunchConfig:
     def trainer_args(self) -> list[str]:
         """The trainer's command line, the same for every backend."""
         return [
-            "--data-dir",
-            str(self.data_dir),
+            *(["--mixture", self.mixture_arg()] if self.mixture else ["--data-dir", str(self.data_dir)]),
             *(["--init-from", str(self.init_run.root)] if self.init_from_run_id else []),
             *(["--init-from-model", self.model_dir] if self.init_from_model else []),
             "--run-dir",

@@ -1,0 +1,193 @@
+"""The mixture's sampler (trainer/mixture.py): shares, the same order on any world size, exact resume, bad weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from components.launch_pytorchjob.core import launch
+from components.stage_data.core import stage_data
+from tests.helpers import MIXED_RUN, MIXTURE, tiny_launch, write_corpus
+from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics, start_torchrun
+from trainer.checkpoint import read_checkpoint
+from trainer.data import DataError, DataPosition, TokenSplit
+from trainer.layout import RunPaths
+from trainer.mixture import DatasetChoice, MixtureBatches, MixturePosition, parse_weights
+from trainer.preemption import ExitCode
+
+
+def split_of(first_token: int, tokens: int) -> TokenSplit:
+    """One shard whose tokens number their place, starting at `first_token`: a window shows where it was read."""
+    return TokenSplit([np.arange(first_token, first_token + tokens, dtype=np.uint32)])
+
+
+NAMES = ["web", "code", "math"]
+# Sizes far from the weights: math, a tenth of the mixture, is the smallest and repeats; web never finishes an epoch.
+SPLITS = [split_of(0, 40_000), split_of(1_000_000, 3_000), split_of(2_000_000, 170)]
+SEQ_LEN = 16
+
+
+def batches(weights: list[float], rank: int = 0, world: int = 1, batch_size: int = 8, seed: int = 5) -> MixtureBatches:
+    return MixtureBatches(NAMES, SPLITS, weights, SEQ_LEN, batch_size, rank, world, seed)
+
+
+def dataset_of_token(token: int) -> int:
+    return int(token // 1_000_000)
+
+
+def test_shares_of_2000_sequences_are_within_2_points_of_the_weights() -> None:
+    for seed in range(20):  # not one lucky seed: every one
+        mix = batches([0.6, 0.3, 0.1], batch_size=16, seed=seed)
+        counts = np.zeros(3)
+        for _ in range(2000 // 16):
+            x, _ = mix.next_batch()
+            counts += np.bincount([dataset_of_token(t) for t in x[:, 0].tolist()], minlength=3)
+        assert counts.sum() == 2000
+        assert np.abs(counts / 2000 - [0.6, 0.3, 0.1]).max() <= 0.02, (seed, counts)
+        assert mix.position.consumed == dict(zip(NAMES, counts.astype(int).tolist(), strict=True))
+    # The choice alone, far into a long run: as close (a Weyl sequence's discrepancy grows as log n).
+    picks = DatasetChoice([0.6, 0.3, 0.1], seed=1)(np.arange(10**9, 10**9 + 100_000))
+    assert np.abs(np.bincount(picks, minlength=3) / 100_000 - [0.6, 0.3, 0.1]).max() < 0.001
+    assert set(DatasetChoice([0.0, 1.0, 0.0], seed=1)(np.arange(1000)).tolist()) == {1}  # a 0 weight: never drawn
+
+
+def test_the_same_seed_gives_the_same_order_on_1_and_2_ranks_and_another_seed_another() -> None:
+    one = batches([0.6, 0.3, 0.1], batch_size=8)
+    two = [batches([0.6, 0.3, 0.1], rank=r, world=2, batch_size=4) for r in (0, 1)]
+    for _ in range(60):  # math (10 windows) goes through several epochs
+        x1, y1 = one.next_batch()
+        halves = [b.next_batch() for b in two]
+        assert torch.equal(x1, torch.cat([h[0] for h in halves])) and torch.equal(y1, torch.cat([h[1] for h in halves]))
+        assert torch.equal(x1[:, 1:], y1[:, :-1])
+        assert one.position == two[0].position == two[1].position
+    assert one.accounting()["math"]["epochs"] > 3  # the small dataset repeated, counted
+    other = batches([0.6, 0.3, 0.1], batch_size=8, seed=6)
+    assert not torch.equal(other.next_batch()[0], batches([0.6, 0.3, 0.1], batch_size=8).next_batch()[0])
+
+
+def test_each_epoch_of_a_repeating_dataset_is_a_new_permutation_of_all_its_windows() -> None:
+    mix = batches([0.0, 0.0, 1.0], batch_size=5)  # math alone: 10 windows an epoch
+    seen = [mix.next_batch()[0][:, 0].tolist() for _ in range(6)]  # three epochs
+    epochs = [sum(seen[2 * e : 2 * e + 2], []) for e in range(3)]
+    assert all(sorted(e) == sorted(epochs[0]) and len(set(e)) == 10 for e in epochs)
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert mix.accounting() == {"web": {"tokens": 0, "epochs": 0.0}, "code": {"tokens": 0, "epochs": 0.0},
+                                "math": {"tokens": 30 * SEQ_LEN, "epochs": 3.0}}  # fmt: skip
+
+
+def test_a_restored_position_goes_on_exactly_and_other_weights_are_refused() -> None:
+    straight = batches([0.6, 0.3, 0.1])
+    expected = [straight.next_batch()[0] for _ in range(30)]
+    first = batches([0.6, 0.3, 0.1])
+    for _ in range(13):
+        first.next_batch()
+    resumed = batches([0.6, 0.3, 0.1], rank=1, world=2, batch_size=4)  # another world size: the same sequences
+    resumed_too = batches([0.6, 0.3, 0.1], rank=0, world=2, batch_size=4)
+    for b in (resumed, resumed_too):
+        b.position.load_state_dict(first.position.state_dict())
+    for step in range(13, 30):
+        x = torch.cat([resumed_too.next_batch()[0], resumed.next_batch()[0]])
+        assert torch.equal(x, expected[step])
+    refused = r"--mixture web=0.5,code=0.4,math=0.1 differs from the mixture this run trained on \(web=0.6,"
+    with pytest.raises(DataError, match=refused):
+        batches([0.5, 0.4, 0.1]).position.load_state_dict(first.position.state_dict())
+    with pytest.raises(DataError, match="trained on one dataset, not a mixture"):
+        batches([0.6, 0.3, 0.1]).position.load_state_dict(DataPosition(1, 8).state_dict())
+    with pytest.raises(DataError, match="trained on a data mixture"):
+        DataPosition().load_state_dict(first.position.state_dict())
+    assert MixturePosition({"a": 1.0}).state_dict()["order"] == "mixture-1"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("web=0.8,code=-0.2", "the weight of 'code' is -0.2: weights are numbers of 0 or more"),
+        ("web=0,code=0", "every weight is 0"),
+        ("web=lots", "the weight of 'web', 'lots', is not a number"),
+        ("web=nan", "the weight of 'web' is nan"),
+        ("web=0.5,web=0.5", "dataset 'web' is named twice"),
+        ("web", "'web' is not DATASET=WEIGHT"),
+        ("=0.3", "'=0.3' is not DATASET=WEIGHT"),
+    ],
+)
+def test_bad_weights_are_refused_in_one_line(text: str, error: str) -> None:
+    with pytest.raises(ValueError, match="^--mixture: " + error.replace("(", r"\(")):
+        parse_weights(text)
+
+
+def test_weights_are_kept_as_given_and_a_dataset_too_short_for_a_window_is_refused() -> None:
+    assert parse_weights(" web = 4, code=1 ") == [("web", 4.0), ("code", 1.0)]
+    with pytest.raises(DataError, match="dataset 'math'.*not one window of 201 tokens"):
+        MixtureBatches(NAMES, SPLITS, [1, 1, 1], 200, 4, 0, 1, 0)
+    MixtureBatches(NAMES, SPLITS, [1, 1, 0], 200, 4, 0, 1, 0)  # unused (weight 0): no windows needed
+
+
+def test_a_mixture_stopped_by_sigterm_resumes_bit_identical_with_each_datasets_tokens(
+    mixed_root: Path, mixture_run: RunPaths, tmp_path: Path
+) -> None:
+    """Under torchrun with 2 ranks and asynchronous saves, a SIGTERM at a random step: resumed to the end, every row
+    repeats the uninterrupted run's (mixture_run, which also measured each dataset's val loss: evaluating changes
+    nothing of the training), each dataset's tokens included. The rows' tokens add up; the plan says the shares."""
+    root = tmp_path / "fsx"
+    shutil.copytree(mixed_root, root)
+    stopped = tiny_launch(root, "mixed-resumed", **MIXED_RUN, extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})
+    status = preempt_at_random_step(stopped, 3, 16)
+    assert status["step"] < 20
+    launch(stopped)
+    log_text = stopped.run_paths.rank_log(0).read_text()
+    assert f"resumed at step {status['step']}" in log_text
+    straight, resumed = read_metrics(mixture_run), read_metrics(stopped.run_paths)
+    assert_same_rows(resumed, straight, f"after a SIGTERM at step {status['step']}")
+    assert [{k: v["tokens"] for k, v in r["datasets"].items()} for r in resumed] == [
+        {k: v["tokens"] for k, v in r["datasets"].items()} for r in straight]  # fmt: skip
+    last = straight[-1]
+    assert sum(d["tokens"] for d in last["datasets"].values()) == last["tokens"] == 20 * 8 * 2 * 64
+    shares = {name: d["tokens"] / last["tokens"] for name, d in last["datasets"].items()}
+    assert shares == pytest.approx({"synthetic": 0.6, "code": 0.3, "math": 0.1}, abs=0.02)
+    assert last["datasets"]["math"]["epochs"] > 1, "the smallest dataset repeated"
+    assert "mixture: synthetic 60.0% of " in log_text and "; math 10.0% of " in log_text
+    evaluated = [r for r in straight if "val_loss" in r]
+    assert [r["step"] for r in evaluated] == [10, 20]
+    for row in evaluated:
+        each = row["datasets"]
+        assert {name for name in each if "val_loss" in each[name]} == {"synthetic", "code", "math"}
+        low, high = min(d["val_loss"] for d in each.values()), max(d["val_loss"] for d in each.values())
+        assert low <= row["val_loss"] <= high, "the total is the datasets' token-weighted mean"
+    config = json.loads(stopped.run_paths.config.read_text())
+    assert [(m["dataset"], m["weight"], m["share"]) for m in config["dataset"]["mixture"]] == [
+        ("synthetic", 0.6, 0.6), ("code", 0.3, 0.3), ("math", 0.1, 0.1)]  # fmt: skip
+
+
+def test_a_resume_with_other_weights_or_tokenizers_is_refused_in_one_line(mixture_run: RunPaths,
+                                                                           tmp_path: Path) -> None:  # fmt: skip
+    """An exact resume keeps its mixture: other weights are bad input (exit 2) naming both, the run left as it was;
+    a dataset staged with another tokenizer is refused at the start of a new run."""
+    root = tmp_path / "fsx"
+    shutil.copytree(mixture_run.root.parent.parent, root, symlinks=True)
+    run = RunPaths.of(root, "mixed")
+    before = run.metrics.read_text()
+    other = [dict(e, weight=w) for e, w in zip(MIXTURE, (0.5, 0.4, 0.1), strict=True)]
+    assert refusal(tiny_launch(root, "mixed", **dict(MIXED_RUN, mixture=other))) == (
+        "--mixture synthetic=0.5,code=0.4,math=0.1 differs from the mixture this run trained on "
+        "(synthetic=0.6,code=0.3,math=0.1); an exact resume keeps its mixture: resume with it, or start a new run "
+        "from this one's weights (--init-from) with the new weights")  # fmt: skip
+    assert run.metrics.read_text() == before and read_checkpoint(run.latest_checkpoint)["step"] == 20
+    assert refusal(tiny_launch(root, "mixed", max_steps=20)).startswith("this run trained on a data mixture: ")
+    stage_data(str(write_corpus(tmp_path / "other", files=2, seed=9)), str(root), "other", vocab_size=300)
+    mixed = [*MIXTURE, {"dataset": "other", "weight": 1.0}]
+    assert refusal(tiny_launch(root, "new", **dict(MIXED_RUN, mixture=mixed))).startswith(
+        "--mixture: dataset 'other' was staged with another tokenizer than 'synthetic'")  # fmt: skip
+
+
+def refusal(cfg) -> str:
+    """The one line a trainer that exits on bad input (2) leaves in status.json."""
+    output, _ = start_torchrun(cfg).communicate(timeout=120)
+    assert f"exitcode  : {int(ExitCode.BAD_INPUT)}" in output, output[-3000:]
+    status = json.loads(cfg.run_paths.status.read_text())
+    assert status["state"] == "bad-input" and "\n" not in status["error"]
+    return status["error"]
