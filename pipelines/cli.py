@@ -88,8 +88,9 @@ def use_defaults(p: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
 
 
 def add_storage_args(
-    p: argparse.ArgumentParser, dataset: bool = True, run_id: bool = True, root_default: str | None = None
-) -> None:
+    p: argparse.ArgumentParser, dataset: bool = True, run_id: bool = True, root_default: str | None = None,
+    mixture: bool = False,
+) -> None:  # fmt: skip
     p.add_argument(
         "--storage-root",
         required=root_default is None,
@@ -97,9 +98,30 @@ def add_storage_args(
         help="root of the shared volume (/fsx on the cluster, any directory locally)",
     )
     if dataset:
-        p.add_argument("--dataset", required=True, help="dataset name: <root>/datasets/<name>")
+        p.add_argument("--dataset", required=not mixture, help="dataset name: <root>/datasets/<name>" +
+                       (" (or --mixture)" if mixture else ""))  # fmt: skip
+    if mixture:
+        add_mixture_arg(p, staged=True)
     if run_id:
         p.add_argument("--run-id", required=True, help="run id: <root>/runs/<run_id>")
+
+
+def add_mixture_arg(p: argparse._ActionsContainer, staged: bool) -> None:
+    p.add_argument("--mixture", type=mixture_weights, default=[], metavar="DATASET=WEIGHT,...",
+                   help="train on several datasets, each global batch drawn from them in proportion to the weights "
+                   "(e.g. web=0.8,code=0.2); all staged with one tokenizer" +
+                   (", staged before" if staged else "; each staged from its --mixture-source, or as staged "
+                    "before"))  # fmt: skip
+
+
+def mixture_weights(text: str) -> list[dict[str, Any]]:
+    """--mixture's text as the pipeline's and the launcher's entries, checked as the trainer checks its own."""
+    from trainer.mixture import parse_weights
+
+    try:
+        return [{"dataset": name, "weight": weight} for name, weight in parse_weights(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--mixture: ")) from None
 
 
 # The training settings a resume takes from the run's config.json when the command line does not give them (the
@@ -303,10 +325,17 @@ def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
     from pipelines.local_run import default_corpus, new_run_id
 
     fill_train_args(args, resumed_run(args.storage_root, args.resume_run_id) if args.resume_run_id else None)
-    include = args.include or (SOURCE_INCLUDE if args.source else DEMO_INCLUDE)
+    include = args.include or (SOURCE_INCLUDE if args.source or args.mixture else DEMO_INCLUDE)
+    sources = dict(args.mixture_source)
+    if unknown := sorted(set(sources) - {e["dataset"] for e in args.mixture}):
+        raise InputError(f"--mixture-source {unknown[0]}: not a dataset of --mixture")
+    if args.mixture and args.source:
+        raise InputError("--source stages one dataset, --mixture several: give each its --mixture-source instead")
+    mixture = [dict(e, source=absolute(sources.get(e["dataset"], ""))) for e in args.mixture]
     return {
-        "source": args.source or default_corpus(),
-        "dataset": args.dataset,
+        "source": "" if mixture else args.source or default_corpus(),
+        "dataset": mixture[0]["dataset"] if mixture else args.dataset,
+        "mixture": mixture,
         "include": include,
         # the pipeline's default too, given so that the check before the start selects with staging's very filters
         "exclude": list(DEFAULT_EXCLUDE),
@@ -393,9 +422,12 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
 
     run = resumed_run(args.storage_root, args.run_id) if args.command == "launch" else None
     fill_train_args(args, run if run is not None and run.has_checkpoint() else None)
+    if not args.dataset and not args.mixture:
+        raise InputError("give --dataset (one dataset) or --mixture (several)")
     return LaunchConfig(
         storage_root=args.storage_root,
-        dataset=args.dataset,
+        dataset=args.mixture[0]["dataset"] if args.mixture else args.dataset,
+        mixture=args.mixture,
         snapshot=args.snapshot,
         run_id=args.run_id,
         backend=args.backend,
@@ -981,6 +1013,10 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{DEMO_INCLUDE[0]!r} of the demo corpus; {' '.join(DEFAULT_EXCLUDE)} are left out "
                    "either way)")  # fmt: skip
     p.add_argument("--dataset", default="stdlib-email", help="the dataset's name under <root>/datasets/")
+    add_mixture_arg(p, staged=False)
+    p.add_argument("--mixture-source", type=key_value, action="append", default=[], metavar="DATASET=SOURCE",
+                   help="where a --mixture dataset's corpus is (a local path, file:// URI or s3://bucket/prefix), "
+                   "staged as --source is (repeatable)")  # fmt: skip
     p.add_argument("--run-id", default="", help="default: local-<UTC time>")
     p.add_argument("--resume-run-id", default="", help="continue this run's training from its newest checkpoint")
     p.add_argument("--skip-staging", action="store_true", help="train on the dataset as staged before")
@@ -1049,7 +1085,7 @@ def build_parser() -> argparse.ArgumentParser:
         run = p.add_argument_group("run" + without, "which run, on which data, on what")
         run.add_argument("--backend", choices=["local", "kubernetes"], default=backend,
                          help="local: torchrun on this machine; kubernetes: a job on the cluster")  # fmt: skip
-        add_storage_args(run)
+        add_storage_args(run, mixture=True)
         run.add_argument("--nnodes", type=positive_int, default=1, help="nodes (the minimum, when elastic)")
         run.add_argument("--snapshot", default="", help="the dataset snapshot to train on (default: the current one)")
         add_deadline_args(p.add_argument_group("deadlines" + without, "how long each phase may take before the step "

@@ -70,6 +70,9 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
             f"{KFP_LOCAL_REWRITES!r}; choose a directory whose path does not"
         )
     arguments = {**arguments, "source": safe_source(arguments["source"], storage_root)}
+    if arguments.get("mixture"):
+        arguments["mixture"] = [dict(e, source=safe_source(str(e.get("source") or ""), storage_root))
+                                for e in arguments["mixture"]]  # fmt: skip
     run_id = arguments["run_id"]
     pipeline_root = storage_root / "kfp-local" / run_id
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
@@ -226,6 +229,9 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
                           resume=bool(arguments["resume_run_id"]), s3_endpoint_url=arguments.get("s3_endpoint_url", ""),
                           **{k: arguments[k] for k in settings if k in arguments})  # fmt: skip
     config.validate(check_storage=False)
+    if arguments.get("mixture"):
+        check_mixture_before_start(storage_root, arguments)
+        return
     source = str(arguments["source"])
     if not arguments.get("skip_staging"):  # staging's own checks of its settings
         from components.stage_data.settings import StageSettings
@@ -245,6 +251,24 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     if config.resume and not config.run_paths.has_checkpoint() and not config.checkpoint_s3_uri:
         raise InputError(f"resume_run_id {run_id!r}: {config.run_paths.checkpoints} holds no checkpoint to continue "
                          "from")  # fmt: skip
+
+
+def check_mixture_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
+    """A mixture's entries (components/stage_data/mixture.py): each local source there with files its filters keep,
+    each entry without one staged before."""
+    from components.stage_data.mixture import mixture_sources
+    from trainer.layout import DatasetPaths
+
+    for entry in mixture_sources(arguments["mixture"]):
+        source = entry.source.removeprefix("file://")
+        if source and not arguments.get("skip_staging") and not source.startswith("s3://"):
+            if not Path(source).exists():
+                raise InputError(f"mixture source of {entry.dataset!r}, {entry.source}: no such file or directory")
+            check_selection(source, arguments.get("include", ["*"]), arguments.get("exclude", DEFAULT_EXCLUDE))
+        staged = DatasetPaths.of(storage_root, entry.dataset).current.is_file()
+        if (not source or arguments.get("skip_staging")) and not staged:
+            raise InputError(f"mixture: dataset {entry.dataset!r} has no source and was never staged under "
+                             f"{storage_root}: give its source (--mixture-source {entry.dataset}=PATH)")  # fmt: skip
 
 
 def checked_model(model: str) -> str:

@@ -193,9 +193,10 @@ def build_pipeline(platform: PlatformOptions):
         "components image, which carries kfp and this project: no step installs packages when it starts.",
     )
     def pretrain_pipeline(
-        source: str,
+        source: str = "",
         storage_root: str = platform.job.mount_path,
         dataset: str = str(CLUSTER_DEFAULTS["dataset"]),
+        mixture: list = [],  # noqa: B006 - {dataset, weight, source?, text_field?} each: several datasets by weight
         include: list = ["*"],  # noqa: B006 - KFP reads the default from the signature
         exclude: list = ["__pycache__/*", "*.pyc", ".*"],  # noqa: B006
         vocab_size: int = VOCAB_SIZE,
@@ -307,6 +308,7 @@ def build_pipeline(platform: PlatformOptions):
                 init_from_run_id=init_from_run_id,
                 init_from_model=init_from_model,
                 skip=skip_staging,
+                mixture=mixture,
                 run_id=run_id,
                 resume_run_id=resume_run_id,
                 pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
@@ -333,8 +335,9 @@ def build_pipeline(platform: PlatformOptions):
             platform.apply(finalized, "finalize-data")
             trained = launch(
                 storage_root=storage_root,
-                dataset=dataset,
+                dataset=finalized.outputs["dataset"],  # a mixture's first
                 snapshot=finalized.outputs["snapshot"],
+                mixture=finalized.outputs["mixture"],
                 init_from_run_id=finalized.outputs["init_from"],
                 init_from_model=init_from_model,  # staging copied an s3:// one to the place the launcher reads
                 run_id=run_id,
@@ -390,7 +393,7 @@ def build_pipeline(platform: PlatformOptions):
             platform.apply(verified, "verify-nccl")
             evaluated = evaluate(
                 storage_root=storage_root,
-                dataset=dataset,
+                dataset=finalized.outputs["dataset"],
                 run_id=trained.outputs["run_id"],
                 max_tokens=eval_max_tokens,
                 checkpoint="latest",

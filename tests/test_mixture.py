@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import InputError
 from components.launch_pytorchjob.core import launch
 from components.stage_data.core import stage_data
 from tests.helpers import MIXED_RUN, MIXTURE, tiny_launch, write_corpus
@@ -191,3 +192,116 @@ def refusal(cfg) -> str:
     status = json.loads(cfg.run_paths.status.read_text())
     assert status["state"] == "bad-input" and "\n" not in status["error"]
     return status["error"]
+
+
+def test_staging_a_mixture_gives_every_entry_the_first_ones_tokenizer_and_refuses_another(tmp_path: Path) -> None:
+    """The pipeline's staging of a mixture in process (components/stage_data/mixture.py): the first entry trains the
+    tokenizer, the second is staged with it, an entry without a source is its dataset as staged before; the groups'
+    work items name their dataset and weight; finalizing makes each snapshot current. An entry staged before with
+    another tokenizer is refused in one line when the snapshots are finalized."""
+    from components.stage_data.mixture import finish_mixture, mixture_sources, plan_mixture
+    from components.stage_data.settings import StageSettings
+    from components.stage_data.tokenization import encode_group
+    from tests.helpers import snapshot_dir
+    from trainer.data import load_meta
+    from trainer.layout import DatasetPaths
+
+    root = str(tmp_path / "fsx")
+    web, code = write_corpus(tmp_path / "web", seed=1), write_corpus(tmp_path / "code", files=4, seed=2)
+    stage_data(str(write_corpus(tmp_path / "old", files=3, seed=3)), root, "old", vocab_size=300)
+
+    def stage(entries: list[dict]) -> list[dict]:
+        sources = mixture_sources(entries)
+        work = plan_mixture(sources, StageSettings.of_step(sources[0].source, root, sources[0].dataset,
+                                                           vocab_size=400, tokenize_groups=2))  # fmt: skip
+        for item in work:
+            encode_group(DatasetPaths.of(root, item["dataset"]), item["snapshot"], item["group"])
+        return work
+
+    work = stage([{"dataset": "web", "weight": 3, "source": str(web)}, {"dataset": "code", "weight": 1,
+                                                                          "source": f"file://{code}"}])  # fmt: skip
+    planned = sorted((w["dataset"], w["group"], w["weight"]) for w in work)
+    assert planned == [("code", 0, 1.0), ("code", 1, 1.0), ("web", 0, 3.0), ("web", 1, 3.0)]
+    finished, report = finish_mixture(root, work)
+    assert [(f["dataset"], f["weight"]) for f in finished] == [("web", 3.0), ("code", 1.0)]
+    metas = [load_meta(snapshot_dir(Path(root), name)) for name in ("web", "code")]
+    assert metas[0]["tokenizer_sha256"] == metas[1]["tokenizer_sha256"] and metas[0]["vocab_size"] <= 400
+    assert [f["snapshot"] for f in finished] == [snapshot_dir(Path(root), n).name for n in ("web", "code")]
+    assert "| web | 3 | 75.0% |" in report and "| code | 1 | 25.0% |" in report
+    again = stage([{"dataset": "web", "weight": 1, "source": str(web)}, {"dataset": "code", "weight": 1,
+                                                                          "source": str(code)}])  # fmt: skip
+    assert {w["snapshot"] for w in again} == {f["snapshot"] for f in finished}, "staged again: nothing new"
+    as_staged = stage([{"dataset": "code", "weight": 1}, {"dataset": "web", "weight": 1}])
+    assert {w["snapshot"] for w in as_staged} == {f["snapshot"] for f in finished}
+    with pytest.raises(InputError, match="^mixture: dataset 'old' was staged with another tokenizer than 'web'"):
+        finish_mixture(root, stage([{"dataset": "web", "weight": 1}, {"dataset": "old", "weight": 1}]))
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        ({"dataset": "web"}, "mixture: {'dataset': 'web'} is not {dataset, weight, source?, text_field?}"),
+        ({"dataset": "web", "weight": 1, "url": "x"}, "is not {dataset, weight, source?, text_field?}"),
+        ({"dataset": "web", "weight": "lots"}, "mixture: the weight of 'web', 'lots', is not a number"),
+        ({"dataset": "web", "weight": True}, "mixture: the weight of 'web', True, is not a number"),
+        ({"dataset": "web", "weight": -1}, "mixture: the weight of 'web' is -1.0: weights are numbers of 0 or more"),
+        ({"dataset": "../web", "weight": 1}, "mixture: dataset '../web' is not a valid name"),
+        ({"dataset": "web", "weight": 1, "source": "ftp://x"}, "mixture source of 'web'"),
+    ],
+)
+def test_a_bad_mixture_entry_is_refused_in_one_line(entry: dict, error: str) -> None:
+    from components.stage_data.mixture import mixture_sources
+
+    with pytest.raises(InputError) as refused:
+        mixture_sources([entry, {"dataset": "code", "weight": 1}])
+    assert error in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(InputError, match="^mixture: every weight is 0"):
+        mixture_sources([{"dataset": "a", "weight": 0}, {"dataset": "b", "weight": 0.0}])
+    with pytest.raises(InputError, match="^mixture: dataset 'a' is named twice"):
+        mixture_sources([{"dataset": "a", "weight": 1}, {"dataset": "a", "weight": 2}])
+
+
+def test_the_cli_takes_a_mixture_to_the_pipeline_and_the_launcher_and_refuses_bad_ones(
+    mixed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run-local's --mixture and --mixture-source become the pipeline's `mixture` entries; launch's --mixture names
+    staged datasets, which the trainer gets as snapshot directories; bad ones are one line and exit 2."""
+    from pipelines.cli import build_parser, launch_config, main, run_local_arguments
+
+    def parsed(*argv: str):
+        return build_parser().parse_args(list(argv))
+
+    arguments = run_local_arguments(parsed("run-local", "--mixture", "web=0.8,code=0.2", "--mixture-source",
+                                           f"web={tmp_path}"))  # fmt: skip
+    assert arguments["mixture"] == [{"dataset": "web", "weight": 0.8, "source": str(tmp_path)},
+                                    {"dataset": "code", "weight": 0.2, "source": ""}]  # fmt: skip
+    assert arguments["dataset"] == "web" and arguments["source"] == ""
+    config = launch_config(parsed("launch", "--storage-root", str(mixed_root), "--run-id", "m", "--mixture",
+                                  "code=1,synthetic=3"))  # fmt: skip
+    config.validate()
+    args = config.trainer_args()
+    assert "--data-dir" not in args and config.dataset == "code"
+    assert args[args.index("--mixture") + 1] == f"{mixed_root}/datasets/code=1.0,{mixed_root}/datasets/synthetic=3.0"
+    root = tmp_path / "fsx"
+    for argv, message in [
+        (["run-local", "--mixture", "web=0.8,web=0.2"], "argument --mixture: dataset 'web' is named twice"),
+        (["run-local", "--mixture", "web=x"], "argument --mixture: the weight of 'web', 'x', is not a number"),
+        (["run-local", "--mixture", "web=1", "--mixture-source", "code=/x"],
+         "--mixture-source code: not a dataset of --mixture"),
+        (["run-local", "--mixture", "web=1", "--source", str(tmp_path)],
+         "--source stages one dataset, --mixture several: give each its --mixture-source instead"),
+        (["run-local", "--mixture", "web=1,code=1", "--mixture-source", f"web={tmp_path}/none"],
+         f"mixture source of 'web', {tmp_path}/none: no such file or directory"),
+        (["run-local", "--mixture", "web=1,code=1"],
+         "mixture: dataset 'web' has no source and was never staged under {root}: give its source (--mixture-source "
+         "web=PATH)"),
+        (["launch", "--run-id", "m", "--mixture", "synthetic=1,never=1"],
+         f"mixture: dataset 'never' is not staged under {mixed_root}"),
+    ]:  # fmt: skip
+        try:
+            code = main([*argv, "--storage-root", str(mixed_root if argv[0] == "launch" else root)])
+        except SystemExit as exc:  # argparse's own
+            code = exc.code
+        assert code == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) <= 2 and message.format(root=root) in err[-1], err  # argparse's usage line, then ours

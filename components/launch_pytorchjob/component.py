@@ -51,6 +51,7 @@ def launch_pytorchjob(
     platform: dict,
     metrics: dsl.Output[dsl.Metrics],
     report: dsl.Output[dsl.Markdown],
+    mixture: list = [],  # noqa: B006 - KFP reads the default from the signature
 ) -> NamedTuple("Outputs", run_id=str, job_name=str, namespace=str, state=str, attempt=int):  # noqa: UP014
     """Train with torchrun (locally, or as a PyTorchJob or TrainJob that a retried step re-attaches to, or replaces
     when it failed); returns the run id. With `resume_run_id`, training continues in that run's directory from its
@@ -60,6 +61,7 @@ def launch_pytorchjob(
     `init_from_model` (a published model's directory on the volume, or an s3:// prefix, read where staging copied
     it), the run starts from its weights and architecture, and `preset` is not used. With `mlflow_tracking_uri`, the
     trainer sends its metrics to that MLflow server too, in one MLflow run of `mlflow_experiment` per run.
+    With `mixture` (staging's: {dataset, weight, snapshot} each), it trains on those datasets by their weights.
     `platform` is compiled in (the job API, the FSx PVC and its mount path, the Kueue queue), not a run parameter."""
     from collections import namedtuple
 
@@ -73,6 +75,7 @@ def launch_pytorchjob(
         storage_root=storage_root,
         dataset=dataset,
         snapshot=snapshot,
+        mixture=mixture,
         init_from_run_id=init_from_run_id,
         init_from_model=init_from_model,
         run_id=run_id,

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
-from trainer.atomic import atomic_open, write_json
+from trainer.atomic import atomic_open, read_json_lines, write_json
 from trainer.layout import RunPaths
 from trainer.tracking import record_outcome, watch_line, where_to_look
 
@@ -191,6 +191,7 @@ class RunSummary:
     kfp_error: str = ""  # KFP's error as given: empty from a real KFP, "Task exit-handler-1 failed." from kfp.local
     earlier: dict[str, str] = field(default_factory=dict)  # the run id's earlier pipeline runs -> their summary.md
     watch: dict[str, str] = field(default_factory=dict)  # its TensorBoard directory and MLflow run: where to look
+    mixture: list[dict[str, Any]] = field(default_factory=list)  # a mixture's datasets: share, tokens, epochs so far
 
     def markdown(self) -> str:
         lines = [
@@ -207,6 +208,10 @@ class RunSummary:
             lines += ["", f"Clean-up: {self.cleanup}"]
         if watch := watch_line(self.watch):
             lines += ["", watch]
+        if self.mixture:
+            each = "; ".join(f"{m['dataset']} {m['share']:.1%} (weight {m['weight']:g}): {m['tokens']:,} tokens, "
+                             f"{m['epochs']:.2f} epochs" for m in self.mixture)  # fmt: skip
+            lines += ["", f"Mixture: {each}."]
         lines += ["", "| step | outcome | seconds | detail | reports |", "|---|---|---|---|---|"]
         for step in self.steps:
             reports = " ".join(f"[{name}]({where})" for name, where in sorted(step.get("reports", {}).items()))
@@ -355,7 +360,7 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
     _keep_previous_summary(paths)
     summary = RunSummary(run_id, pipeline_run_id, derived, why, _now(), job, steps, kfp_state=state, cleanup=cleaned,
                          kfp_error=error, earlier=_earlier_summaries(paths, own),
-                         watch=where_to_look(paths.root))  # fmt: skip
+                         watch=where_to_look(paths.root), mixture=mixture_accounting(paths))  # fmt: skip
     kept = paths.root / SUMMARIES
     for path in (kept / f"{own}.json", paths.summary):
         write_json(path, dataclasses.asdict(summary))
@@ -364,6 +369,20 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
             f.write(summary.markdown())
     record_outcome(paths.root, None, {}, [paths.summary_report, paths.summary], {"pipeline_state": derived}, "summary")
     return summary
+
+
+def mixture_accounting(paths: RunPaths) -> list[dict[str, Any]]:
+    """A mixture run's datasets (config.json) with the tokens and epochs of each the last metrics row counted; [] for
+    a run of one dataset, or one that never started."""
+    try:
+        mixture = json.loads(paths.config.read_text())["dataset"].get("mixture") or []
+    except (OSError, ValueError, KeyError, AttributeError):
+        return []
+    rows = [r for r in read_json_lines(paths.metrics) if isinstance(r.get("datasets"), dict)]
+    counted = rows[-1]["datasets"] if rows else {}
+    return [{"dataset": m["dataset"], "weight": m["weight"], "share": m["share"], "snapshot": m["snapshot"],
+             "tokens": counted.get(m["dataset"], {}).get("tokens", 0),
+             "epochs": counted.get(m["dataset"], {}).get("epochs", 0.0)} for m in mixture]  # fmt: skip
 
 
 def _summary_name(pipeline_run_id: str) -> str:
