@@ -187,6 +187,9 @@ class Package:
                     return pipeline_run_id if constant == PIPELINE_RUN_PLACEHOLDER else RUN_TIME
                 return constant
             name = source.get("componentInputParameter")
+            staged = (source.get("taskOutputParameter") or {}).get("outputParameterKey")
+            if name is None and staged in FORETOLD_OUTPUTS:  # what staging will say, the parameters tell now
+                return FORETOLD_OUTPUTS[staged](values)
             if name is None:  # another task's output, a task's final status
                 return RUN_TIME
             if owner == ROOT:
@@ -253,6 +256,26 @@ URL_PASSWORD, MASKED = re.compile(r"(://[^/@:]*:)[^/@]*@"), r"\1***@"
 STAGING_OUTPUTS = {"snapshot": "", "init_from_run_id": ""}
 
 
+def _foretold_mixture(values: dict[str, Any]) -> Any:
+    """The finalize step's `mixture`: the parameter's entries as the launcher takes them (no source, no text field;
+    the snapshot is staging's), malformed ones as given, for the launcher's check to refuse."""
+    mixture = values.get("mixture") or []
+    return [{k: v for k, v in e.items() if k not in ("source", "text_field")} if isinstance(e, dict) else e
+            for e in mixture] if isinstance(mixture, list) else mixture  # fmt: skip
+
+
+def _foretold_dataset(values: dict[str, Any]) -> Any:
+    """The finalize step's `dataset`: the mixture's first (when it names one), else the `dataset` parameter."""
+    mixture = values.get("mixture") or []
+    first = mixture[0] if isinstance(mixture, list) and mixture else None
+    return str(first["dataset"]) if isinstance(first, dict) and "dataset" in first else values.get("dataset", "")
+
+
+# Staging's outputs that the run's parameters tell before it runs (by the finalize step's output names).
+FORETOLD_OUTPUTS: dict[str, Callable[[dict[str, Any]], Any]] = {"dataset": _foretold_dataset,
+                                                                  "mixture": _foretold_mixture}  # fmt: skip
+
+
 def step_config(inputs: dict[str, Any]) -> LaunchConfig:
     """The LaunchConfig the launcher's or the preflight's step makes of its inputs (LaunchConfig.of_step), staging's
     outputs standing in as STAGING_OUTPUTS says; the step's other inputs (preflight's warn_only) are left out."""
@@ -287,8 +310,17 @@ def _check_staging(inputs: dict[str, Any]) -> None:
     from components.stage_data.settings import StageSettings
 
     resolve_run_id(inputs["run_id"], inputs["resume_run_id"], inputs["pipeline_run_id"])
-    if not inputs["skip"]:  # a skipped staging takes the dataset as staged: its settings are not read
-        StageSettings.of_step(**{k: v for k, v in inputs.items() if k in StageSettings.__dataclass_fields__}).check()
+    settings = {k: v for k, v in inputs.items() if k in StageSettings.__dataclass_fields__}
+    if inputs.get("mixture"):  # each entry's source and text field with the run's other settings
+        from components.stage_data.mixture import mixture_sources
+
+        for entry in mixture_sources(inputs["mixture"]):
+            if entry.source and not inputs["skip"]:
+                StageSettings.of_step(**settings | {"source": entry.source, "dataset": entry.dataset,
+                                                    "text_field": entry.text_field or settings.get("text_field", "")}
+                                      ).check()  # fmt: skip
+    elif not inputs["skip"]:  # a skipped staging takes the dataset as staged: its settings are not read
+        StageSettings.of_step(**settings).check()
 
 
 def _check_verification(inputs: dict[str, Any]) -> None:

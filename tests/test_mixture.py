@@ -305,3 +305,27 @@ def test_the_cli_takes_a_mixture_to_the_pipeline_and_the_launcher_and_refuses_ba
         assert code == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) <= 2 and message.format(root=root) in err[-1], err  # argparse's usage line, then ours
+
+
+def test_submit_checks_a_mixture_and_renders_the_job_it_will_train() -> None:
+    """`submit` and `render-job --pipeline-file` see the mixture before the run: staging's check of each entry, and
+    the launcher's trainer arguments with what the finalize step will hand it (each dataset, by weight)."""
+    from pipelines import COMPILED_PIPELINE
+    from pipelines.package import Package
+
+    package = Package.load(COMPILED_PIPELINE)
+    image = [("trainer_image", "123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-trainer:1")]
+    mixture = [("mixture", json.dumps([{"dataset": "web", "weight": 0.8, "source": "s3://b/web/"},
+                                       {"dataset": "code", "weight": 0.2, "text_field": "content"}]))]  # fmt: skip
+    assert package.checked(mixture + image)["mixture"][1] == {"dataset": "code", "weight": 0.2, "text_field": "content"}
+    config = package.launch_config(mixture + image, "launch-pytorchjob", "run-1")
+    args = config.trainer_args()
+    assert config.dataset == "web" and args[:2] == ["--mixture", "/fsx/datasets/web=0.8,/fsx/datasets/code=0.2"]
+    for entries, refusal in [
+        ([{"dataset": "web", "weight": -1, "source": "s3://b/web/"}], "the weight of 'web' is -1.0"),
+        ([{"dataset": "web", "weight": 1, "source": "ftp://b/web/"}], "mixture source of 'web' ftp://b/web/"),
+        ([{"dataset": "web", "weight": 1}, {"dataset": "web", "weight": 2}], "dataset 'web' is named twice"),
+    ]:
+        with pytest.raises(InputError, match="^--param mixture: ") as refused:
+            package.checked([("mixture", json.dumps(entries)), *image])
+        assert refusal in str(refused.value)
