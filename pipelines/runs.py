@@ -101,6 +101,8 @@ def trained_on(run: RunPaths, config: dict[str, Any]) -> tuple[str, str] | None:
     if config:
         try:
             found = config_snapshot(config)
+            if mixture := config["dataset"].get("mixture"):  # each dataset's name, the first's snapshot
+                found = ("+".join(m["dataset"] for m in mixture), found[1])
         except (KeyError, TypeError, AttributeError):  # a config.json from another tool, or half of one
             found = None
     if found is None:

@@ -159,6 +159,9 @@ def test_a_mixture_stopped_by_sigterm_resumes_bit_identical_with_each_datasets_t
         assert {name for name in each if "val_loss" in each[name]} == {"synthetic", "code", "math"}
         low, high = min(d["val_loss"] for d in each.values()), max(d["val_loss"] for d in each.values())
         assert low <= row["val_loss"] <= high, "the total is the datasets' token-weighted mean"
+    from pipelines.runs import read_run
+
+    assert read_run(stopped.run_paths).dataset == "synthetic+code+math", "runs' DATA column names each dataset"
     config = json.loads(stopped.run_paths.config.read_text())
     assert [(m["dataset"], m["weight"], m["share"]) for m in config["dataset"]["mixture"]] == [
         ("synthetic", 0.6, 0.6), ("code", 0.3, 0.3), ("math", 0.1, 0.1)]  # fmt: skip

@@ -100,6 +100,9 @@ class StageSettings:
 
 def check_source(source: str, what: str = "source") -> None:
     """s3://bucket/prefix, a file:// URI or a local path (whether it is there, only reading it tells)."""
+    if not source.strip():
+        raise InputError(f"{what} is empty: give the corpus to stage (s3://bucket/prefix, a file:// URI or a path)"
+                         + (", or a mixture of several" if what == "source" else ""))  # fmt: skip
     if source.startswith("s3://"):
         from common.s3 import parse_s3_uri
 
