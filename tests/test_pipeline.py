@@ -11,6 +11,7 @@ import yaml
 
 from components.launch_pytorchjob.platform import Platform
 from pipelines import COMPILED_PIPELINE
+from tests.helpers import write_corpus
 from trainer.layout import RunPaths
 
 CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
@@ -194,15 +195,31 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     outcomes = {s["step"]: s["state"] for s in json.loads(run.summary.read_text())["steps"]}
     assert outcomes["stage-data"] == "skipped" and outcomes["launch-pytorchjob"] == "succeeded"
 
-    # A new run from the finished one's weights (a warm start): the origin travels from staging to the trainer.
+    # A new run from the finished one's weights (a warm start), on a mixture of its dataset as staged and a second
+    # corpus staged now with the same tokenizer: the origin travels from staging to the trainer, the mixture from
+    # staging's fan-out (each group naming its dataset) through the finalize step to the trainer and the evaluation.
+    code = write_corpus(tmp_path / "code", files=4, sentences=90, seed=7)
     warm = subprocess.run(
-        [CLI, "run-local", "--storage-root", str(root), "--dataset", "synthetic", "--skip-staging", "--run-id",
-         "e2e-warm", "--init-from-run-id", "previous", "--preset", "tiny", "--max-steps", "10", "--seq-len", "64"],
+        [CLI, "run-local", "--storage-root", str(root), "--mixture", "synthetic=0.8,code=0.2", "--mixture-source",
+         f"code={code}", "--run-id", "e2e-warm", "--init-from-run-id", "previous", "--preset", "tiny",
+         "--max-steps", "10", "--seq-len", "64"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
-    config = json.loads(RunPaths.of(root, "e2e-warm").config.read_text())
+    warm_run = RunPaths.of(root, "e2e-warm")
+    config = json.loads(warm_run.config.read_text())
     assert config["init_from"]["run"] == "e2e" and config["init_from"]["step"] == 60
+    mixture = config["dataset"]["mixture"]
+    assert [(m["dataset"], m["weight"], m["share"]) for m in mixture] == [("synthetic", 0.8, 0.8), ("code", 0.2, 0.2)]
+    assert mixture[0]["snapshot"] == json.loads(run.config.read_text())["dataset"]["snapshot"], "as staged before"
+    assert len({m["tokenizer_sha256"] for m in mixture}) == 1
+    evaluated = json.loads(warm_run.eval_result.read_text())
+    assert [d["dataset"] for d in evaluated["datasets"]] == ["synthetic", "code"]
+    reports = {p.parent.name: p.read_text() for p in (root / "kfp-local" / "e2e-warm").rglob("report")}
+    assert "| synthetic | 0.8 | 80.0% |" in reports["finalize-snapshot"] and "| code | 0.2 |" in reports["stage-data"]
+    assert "Mixture: synthetic 80.0% (weight 0.8): " in warm_run.summary_report.read_text()
+    records = {p.stem for p in warm_run.steps.glob("tokenize-data-g*.json")}
+    assert records == {"tokenize-data-g000-synthetic", "tokenize-data-g000-code", "tokenize-data-g001-code"}
 
 
 def test_run_local_fails_when_a_step_fails(staged_copy: Path) -> None:

@@ -99,8 +99,8 @@ def test_a_changed_pipeline_file_adds_a_version(server: FakeKfp, env: dict[str, 
         (["--param", "source=s3://a", "--param", "include=*.txt"], "expected a JSON list"),
         (
             ["--param", "nnodes=2", "--param", f"trainer_image={IMAGE}"],
-            "the pipeline's defaults: source is empty: give the corpus to stage (s3://bucket/prefix, a file:// URI or a "
-            "path), or a mixture of several",
+            "the pipeline's defaults: source is empty: give the corpus to stage (s3://bucket/prefix, a file:// URI "
+            "or a path), or a mixture of several",
         ),
         (["--param", "source"], "'source' is not KEY=VALUE"),
     ],
