@@ -131,6 +131,25 @@ def describe_weights(weights: dict[str, float]) -> str:
     return ",".join(f"{name}={weight:g}" for name, weight in weights.items())
 
 
+AHEAD = 32  # global batches a rank plans at once
+
+
+@dataclass
+class _Plan:
+    """This rank's sequences of AHEAD global batches from `offset`: each batch's rows and each dataset's count in it,
+    and the counts before it (a position elsewhere, or restored with other counts, gets a plan of its own)."""
+
+    offset: int
+    global_batch: int
+    before: np.ndarray  # [batch, dataset]: sequences each dataset had given before the batch
+    counts: np.ndarray  # [batch, dataset]: sequences each dataset gives in the batch
+    rows: np.ndarray  # [batch, row, (dataset index, window id)]
+
+    def holds(self, offset: int, counted: np.ndarray) -> bool:
+        batch, within = divmod(offset - self.offset, self.global_batch)
+        return 0 <= batch < len(self.rows) and within == 0 and np.array_equal(self.before[batch], counted)
+
+
 class MixtureBatches:
     """Yields this rank's micro-batches of a mixture, advancing a MixturePosition; the interface of
     trainer/data.py TokenBatches (the loop and the prefetcher do not know which they read)."""
@@ -152,6 +171,7 @@ class MixtureBatches:
                                         dict.fromkeys(self.names, 0))  # fmt: skip
         self.last_windows = np.empty((0, 2), dtype=np.int64)  # (dataset index, window id) of the latest batch
         self._orders: dict[tuple[int, int], WindowOrder] = {}
+        self._plan: _Plan | None = None
 
     @property
     def train_tokens(self) -> int:
@@ -167,29 +187,40 @@ class MixtureBatches:
 
     def take(self, pos: MixturePosition) -> np.ndarray:
         """(dataset index, window id) of each of this rank's sequences at `pos`, advancing `pos` past the global
-        batch: every rank walks the whole global batch's choices (a few hundred numbers) to know each dataset's
-        count, and keeps its slice."""
-        picks = self.choice(np.arange(pos.offset, pos.offset + self.global_batch))
-        mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        rows = np.empty((self.batch_size, 2), dtype=np.int64)
-        rows[:, 0] = picks[mine]
-        for k, name in enumerate(self.names):
-            chosen = picks == k
-            if not chosen.any():
-                continue
-            number = pos.consumed[name] + np.cumsum(chosen) - 1  # the k-th sequence of dataset k at each slot
-            here = chosen[mine]
-            if here.any():
-                numbers = number[mine][here]
-                epochs, within = np.divmod(numbers, self.windows_of[k])
-                ids = np.empty(len(numbers), dtype=np.int64)
-                for epoch in np.unique(epochs).tolist():
-                    at = epochs == epoch
-                    ids[at] = self.order(k, epoch)(within[at])
-                rows[here, 1] = ids
-            pos.consumed[name] += int(chosen.sum())
+        batch. Planned AHEAD global batches at a time (numpy's cost per call, spread over them)."""
+        counted = np.array([pos.consumed[name] for name in self.names], dtype=np.int64)
+        plan = self._plan
+        if plan is None or not plan.holds(pos.offset, counted):
+            plan = self._plan = self.plan(pos.offset, counted)
+        batch = (pos.offset - plan.offset) // self.global_batch
+        for name, count in zip(self.names, plan.counts[batch].tolist(), strict=True):
+            pos.consumed[name] += count
         pos.offset += self.global_batch
-        return rows
+        return plan.rows[batch].copy()
+
+    def plan(self, offset: int, counted: np.ndarray) -> _Plan:
+        """This rank's sequences of the AHEAD global batches from `offset`, where each dataset has given `counted`
+        sequences: every rank walks all their choices (to count each dataset's) and keeps its slices."""
+        picks = self.choice(np.arange(offset, offset + AHEAD * self.global_batch))
+        number = np.empty(len(picks), dtype=np.int64)  # at each slot: which sequence of its dataset it is
+        for k in range(len(self.names)):
+            chosen = picks == k
+            number[chosen] = counted[k] + np.arange(int(chosen.sum()))
+        mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+        picks_mine = picks.reshape(AHEAD, self.global_batch)[:, mine]
+        number_mine = number.reshape(AHEAD, self.global_batch)[:, mine]
+        rows = np.empty((AHEAD, self.batch_size, 2), dtype=np.int64)
+        rows[..., 0] = picks_mine
+        for k in np.unique(picks_mine).tolist():
+            at = picks_mine == k
+            epochs, within = np.divmod(number_mine[at], self.windows_of[k])
+            ids = np.empty(len(within), dtype=np.int64)
+            for epoch in np.unique(epochs).tolist():
+                ids[epochs == epoch] = self.order(k, epoch)(within[epochs == epoch])
+            rows[..., 1][at] = ids
+        counts = np.stack([np.bincount(batch, minlength=len(self.names))
+                           for batch in picks.reshape(AHEAD, self.global_batch)])  # fmt: skip
+        return _Plan(offset, self.global_batch, counted + np.cumsum(counts, axis=0) - counts, counts, rows)
 
     def read(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The tokens of the sequences `take` chose, into `out` (batch_size x seq_len + 1)."""
