@@ -4,8 +4,8 @@ the sampler's cost per global batch at cluster sizes; the memory it holds agains
 1. Training: three corpora of the test grammar (tests.helpers.write_corpus, different seeds and sizes) are staged as
    datasets web, code and math with one tokenizer, and the same files once more as one dataset `one`. The same short
    run (preset tiny, 2 processes under torchrun through the local launcher, seq 64, batch 8, a metrics row every
-   step) trains on `--mixture web=0.6,code=0.3,math=0.1` and on `one`, interleaved over rounds so that other work on
-   the machine hits both alike; per run, the median tokens/s of the rows past the first 10 steps.
+   10 steps, the default) trains on `--mixture web=0.6,code=0.3,math=0.1` and on `one`, interleaved over rounds so
+   that other work on the machine hits both alike; per run, the median tokens/s of the rows past the first 10 steps.
 2. The sampler alone, in this process: `take` + `read` of one micro-batch of a rank of 64 (batch 8, seq 2048) from
    a mixture of 3 datasets of memory-mapped shards against the one-dataset sampler (trainer/data.py TokenBatches)
    over the same shards; microseconds per call, medians of repeats.
@@ -66,7 +66,7 @@ def train(root: Path, name: str, steps: int, mixture: bool) -> float:
     """One run; the median tokens/s of its rows past the warm-up."""
     data = ({"dataset": "web", "mixture": [{"dataset": d, "weight": w} for d, w in WEIGHTS.items()]} if mixture
             else {"dataset": "one"})  # fmt: skip
-    cfg = tiny_launch(root, name, max_steps=steps, log_every=1, checkpoint_every=steps, eval_every=0, **data)
+    cfg = tiny_launch(root, name, max_steps=steps, log_every=10, checkpoint_every=steps, eval_every=0, **data)
     launch(cfg)
     rows = [json.loads(line) for line in cfg.run_paths.metrics.read_text().splitlines()]
     return statistics.median(r["tokens_per_s"] for r in rows if r["step"] > WARMUP)
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     shares = {name: d["tokens"] / last["tokens"] for name, d in last["datasets"].items()}
     body = [
         "Data mixtures (`bench/mixture.py`). Training: the same run (preset tiny, 2 processes under torchrun, seq 64, "
-        f"batch 8, {args.steps} steps, a metrics row every step) on a mixture of three staged datasets "
-        "(web=0.6,code=0.3,math=0.1; "
+        f"batch 8, {args.steps} steps, a metrics row every 10 steps as by default) on a mixture of three staged "
+        "datasets (web=0.6,code=0.3,math=0.1; "
         + ", ".join(f"{m['dataset']} {m['train_tokens']:,} tokens" for m in config["dataset"]["mixture"])
         + ") and on the same files staged as one dataset, interleaved over "
         f"{args.rounds} rounds; median tokens/s of the rows past step {WARMUP}. Rerun with "

@@ -2,7 +2,8 @@
 
 - Numbers: mean loss, perplexity and bits per byte (tokenizer-independent: runs with different tokenizers
   compare) over up to `max_tokens` val tokens, beside the same model untrained; greedy samples from fixed
-  prompts for a person to read. bf16 on a GPU, fp32 on the CPU.
+  prompts for a person to read. bf16 on a GPU, fp32 on the CPU. A run trained on a mixture: each dataset on its own
+  val split (up to `max_tokens` of each), and the totals over them, as the trainer's --eval-every measures them.
 - Gate: an absolute ceiling on the val loss and/or no worse than a baseline run's evaluation plus a
   margin in bits per byte (which survive a change of tokenizer); the baseline is a run id or "previous" (the
   newest other run of the same dataset evaluated on the same fixed val set; any other is refused), at its newest
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import hashlib
 import html
 import io
 import json
@@ -50,7 +52,7 @@ from trainer.checkpoint import (
     committed_checkpoints,
     read_weights,
 )
-from trainer.data import DataError, load_meta, load_split
+from trainer.data import DataError, TokenSplit, load_meta, load_split
 from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
 from trainer.layout import CHECKPOINT_COMMIT, META, TOKENIZER, DatasetPaths, RunPaths
 from trainer.model import build_model, config_from_dict
@@ -119,7 +121,10 @@ class EvalResult:
     evaluated_at: str = ""  # UTC, ISO 8601: orders the history's evaluations of the same step
     report_dir: str = ""  # eval/step_<N>/: this evaluation's own files, whatever is evaluated after
     parameters: int = 0  # the model's weights (tied ones once)
-    train_split_tokens: int = 0  # the snapshot's train split: tokens trained over it give the epochs
+    train_split_tokens: int = 0  # the snapshot's train split (a mixture's: all its datasets'): gives the epochs
+    # A mixture's datasets (dataset_results), in its order; the val figures above are then their totals (the
+    # token-weighted mean loss; bits per byte of the summed nats and bytes). [] for a run of one dataset.
+    datasets: list[dict[str, Any]] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         values = {"val_loss": self.val_loss, "val_perplexity": self.val_perplexity,
@@ -127,6 +132,7 @@ class EvalResult:
                   "untrained_val_loss": self.untrained_val_loss, "val_tokens": self.val_tokens,
                   "train_tokens_per_s": self.train_tokens_per_s, "train_mfu": self.train_mfu,
                   "gate_passed": float(self.gate_passed)}  # fmt: skip
+        values |= {f"val_loss_{d['dataset']}": d["val_loss"] for d in self.datasets}
         return {k: float(v) for k, v in values.items() if v is not None}
 
     def table_columns(self) -> list[str]:
@@ -151,6 +157,22 @@ class EvalResult:
                   f"{self.baseline_bits_per_byte:.4f}")  # fmt: skip
         return [(*row, value) for row, value in zip(rows, theirs, strict=True)]
 
+    def dataset_columns(self) -> list[str]:
+        return ["dataset", "share", "tokens trained", "epochs", "val loss", "val bits per byte", f"{self.start} loss"]
+
+    def dataset_rows(self) -> list[tuple[str, ...]]:
+        """Each dataset of a mixture: its share of the mixture, the tokens trained on from it (and their fraction of
+        all trained) and the epochs they make of its train split, its own val figures and the starting model's."""
+        rows = []
+        for d in self.datasets:
+            tokens = NOT_RECORDED if d["tokens_trained"] is None else f"{d['tokens_trained']:,}"
+            if d["tokens_trained"] is not None and d["trained_fraction"] is not None:
+                tokens += f" ({d['trained_fraction']:.1%})"
+            rows.append((d["dataset"], f"{d['share']:.1%}", tokens,
+                         f"{d['epochs']:.2f}" if d["epochs"] is not None else NOT_RECORDED, f"{d['val_loss']:.4f}",
+                         f"{d['val_bits_per_byte']:.4f}", f"{d['untrained_val_loss']:.4f}"))  # fmt: skip
+        return rows
+
     def gate_line(self) -> str:
         if not self.gate_reasons:
             return "Gate: none set."
@@ -166,13 +188,23 @@ class EvalResult:
             "|" + " --- |" * len(self.table_columns()),
             *("| " + " | ".join(row) + " |" for row in self.table_rows()),
             "",
-            f"Evaluated on {self.val_tokens:,} held-out tokens; training lowered the loss by "
+            f"Evaluated on {self.val_tokens:,} held-out tokens{self.totals_note()}; training lowered the loss by "
             f"{self.loss_reduction:.4f} nats/token. {self.gate_line()}",
             "",
+            *(["Per dataset:", "", "| " + " | ".join(self.dataset_columns()) + " |",
+               "|" + " --- |" * len(self.dataset_columns()),
+               *("| " + " | ".join(row) + " |" for row in self.dataset_rows()), ""] if self.datasets else []),
             self.health_line(),
             "",
             *([self.export_line(), ""] if self.export_dir else []),
         ])  # fmt: skip
+
+    def totals_note(self) -> str:
+        """What the val figures of a mixture are: totals over each dataset's val split."""
+        if not self.datasets:
+            return ""
+        return (f" of the {len(self.datasets)} datasets' val splits (the figures are their totals, the loss their "
+                "token-weighted mean)")  # fmt: skip
 
     def export_line(self) -> str:
         """Which weights the export holds: an evaluation of another checkpoint replaces them later."""
@@ -215,7 +247,8 @@ def evaluate_checkpoint(
     config = json.loads(run.config.read_text())
     snapshot_dir = run_snapshot(storage_root, config, run_id, dataset)
     meta = load_meta(snapshot_dir)
-    val_set = meta.get("val_set_sha256", "")
+    mixture = mixture_snapshots(storage_root, config, run_id)
+    val_set = mixture_val_set(mixture) if mixture else meta.get("val_set_sha256", "")
     baseline = find_baseline(storage_root, dataset, run_id, gate.baseline_run_id, val_set, gate.baseline_step)
     try:
         found = find_checkpoint(run, checkpoint)
@@ -226,13 +259,8 @@ def evaluate_checkpoint(
     path = found.path
     model_config = config_from_dict(config["model"])
     seq_len = config["trainer"]["seq_len"]
-    try:
-        val = load_split(snapshot_dir, "val")
-    except DataError as exc:
-        raise InputError(str(exc)) from None
-    if len(val) < seq_len + 1:
-        raise InputError(f"dataset {dataset!r}: the val split has {len(val)} tokens, fewer than one sequence of "
-                         f"{seq_len}")  # fmt: skip
+    snapshots = {entry["dataset"]: directory for entry, directory in mixture} or {dataset: snapshot_dir}
+    vals = {name: val_split(directory, name, seq_len) for name, directory in snapshots.items()}
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(model_config)
@@ -242,14 +270,16 @@ def evaluate_checkpoint(
         raise InputError(f"checkpoint {path} does not fit the model in {run.config} (preset "
                          f"{state.get('preset')!r}): {str(exc).splitlines()[0]}") from None  # fmt: skip
     model.to(device)
-    tokenizer = Tokenizer.from_file(str(snapshot_dir / TOKENIZER))
+    tokenizer = Tokenizer.from_file(str(snapshot_dir / TOKENIZER))  # a mixture's datasets share it
     byte_lengths = token_byte_lengths(tokenizer, model_vocab(meta))
-    try:
-        val_loss, n_tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
-        start, started_from = starting_model(model_config, config)
-        untrained, _, _ = mean_loss(start.to(device), val, seq_len, max_tokens, batch_size, device, byte_lengths)
+    start, started_from = starting_model(model_config, config)
+    start.to(device)
+    try:  # up to max_tokens of each dataset's val split
+        measured = {name: measure(model, start, split, seq_len, max_tokens, batch_size, device, byte_lengths)
+                    for name, split in vals.items()}  # fmt: skip
     except DataError as exc:
         raise InputError(str(exc)) from None
+    val_loss, n_tokens, n_bytes, untrained = total(list(measured.values()))
     throughput = training_throughput(run)
     result = EvalResult(
         run_id=run_id,
@@ -277,6 +307,9 @@ def evaluate_checkpoint(
         parameters=sum(p.numel() for p in model.parameters()),
         train_split_tokens=int(meta.get("tokens", {}).get("train", 0)),
     )
+    if mixture:
+        result.datasets = dataset_results(mixture, measured, state, seq_len)
+        result.train_split_tokens = sum(d["train_split_tokens"] for d in result.datasets)
     apply_gate(result, gate, baseline)
     if export:
         dtype = (config.get("init_from") or {}).get("dtype", "float32")  # a published model's, kept
@@ -289,13 +322,18 @@ def evaluate_checkpoint(
         result.export_s3_uri = export_s3_uri
     save_evaluation(run, result, html_report(result, run))
     charts = {"evaluation/val_loss": val_loss, "evaluation/bits_per_byte": result.val_bits_per_byte}
+    for each in result.datasets:
+        charts[f"evaluation/{each['dataset']}/val_loss"] = each["val_loss"]
+        charts[f"evaluation/{each['dataset']}/bits_per_byte"] = each["val_bits_per_byte"]
     reports = [run.eval_step(result.step) / name for name in ("report.html", "report.md", "eval.json")]
     export = {"export": result.export_s3_uri or result.export_dir, "export_step": str(result.export_step)}
     record_outcome(run.root, result.step, charts, reports, export if result.export_dir else {}, "evaluation")
     export_note = f"; exported step {result.export_step} to {result.export_dir}" if result.export_dir else ""
-    log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), untrained %.4f; %s%s", run_id,
-             result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, untrained, result.gate_line(),
-             export_note)  # fmt: skip
+    each = ", ".join(f"{d['dataset']} {d['val_loss']:.4f}" for d in result.datasets)
+    per_dataset = f"; val loss per dataset: {each}" if each else ""
+    log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), untrained %.4f%s; %s%s", run_id,
+             result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, untrained, per_dataset,
+             result.gate_line(), export_note)  # fmt: skip
     if not result.gate_passed and not gate.warn_only:
         raise StepFailed(
             f"quality gate failed for run {run_id} at step {result.step}: {'; '.join(result.gate_reasons)}"
@@ -305,16 +343,110 @@ def evaluate_checkpoint(
 
 def run_snapshot(storage_root: str, config: dict[str, Any], run_id: str, dataset: str) -> Path:
     """The snapshot the run trained on (its config.json names it): its val split and tokenizer are the ones that
-    measure this checkpoint, whatever was staged since."""
+    measure this checkpoint, whatever was staged since. Of a mixture: its first dataset's."""
     trained_on, snapshot = config_snapshot(config)
     if trained_on != dataset:
         raise InputError(f"run {run_id!r} trained on dataset {trained_on!r}, not {dataset!r}: evaluate it with its "
                          "own dataset")  # fmt: skip
-    directory = DatasetPaths.of(storage_root, dataset).resolve_snapshot(snapshot)
+    return recorded_snapshot(storage_root, run_id, dataset, snapshot)
+
+
+def recorded_snapshot(storage_root: str, run_id: str, dataset: str, snapshot: str) -> Path:
+    """A snapshot a run's config.json names, refused in one line naming the dataset when it is gone."""
+    try:
+        directory = DatasetPaths.of(storage_root, dataset).resolve_snapshot(snapshot)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     if directory is None or not (directory / META).is_file():
         raise InputError(f"run {run_id!r} trained on snapshot {snapshot} of dataset {dataset!r}, which is gone "
                          f"({directory} has no {META}): it was pruned, or the run is incomplete")  # fmt: skip
     return directory
+
+
+def mixture_snapshots(storage_root: str, config: dict[str, Any], run_id: str) -> list[tuple[dict[str, Any], Path]]:
+    """A mixture run's datasets as its config.json records them (dataset, snapshot, weight, share, train_tokens), in
+    the mixture's order, each with the snapshot it trained on, whose val split measures the checkpoint on that
+    dataset; [] for a run of one dataset."""
+    return [(entry, recorded_snapshot(storage_root, run_id, entry["dataset"], entry["snapshot"]))
+            for entry in (config.get("dataset") or {}).get("mixture") or []]  # fmt: skip
+
+
+def mixture_val_set(mixture: list[tuple[dict[str, Any], Path]]) -> str:
+    """A mixture's val text's identity: a digest over each dataset's name and val set (in name order: the totals do
+    not depend on the order), so a baseline compares only with a run evaluated on the same datasets' val sets; ""
+    when a dataset's val set was not recorded (staged before), as for one such dataset."""
+    sets = {entry["dataset"]: load_meta(directory).get("val_set_sha256", "") for entry, directory in mixture}
+    if not all(sets.values()):
+        return ""
+    return hashlib.sha256("".join(f"{name}\n{sets[name]}\n" for name in sorted(sets)).encode()).hexdigest()
+
+
+def val_split(snapshot_dir: Path, dataset: str, seq_len: int) -> TokenSplit:
+    try:
+        val = load_split(snapshot_dir, "val")
+    except DataError as exc:
+        raise InputError(str(exc)) from None
+    if len(val) < seq_len + 1:
+        raise InputError(f"dataset {dataset!r}: the val split has {len(val)} tokens, fewer than one sequence of "
+                         f"{seq_len}")  # fmt: skip
+    return val
+
+
+def measure(model: torch.nn.Module, start: torch.nn.Module, val: TokenSplit, seq_len: int, max_tokens: int,
+            batch_size: int, device: torch.device,
+            byte_lengths: np.ndarray) -> tuple[float, int, int, float]:  # fmt: skip
+    """The trained and the starting model's mean loss over the same val windows: (loss, tokens, bytes, the starting
+    model's loss)."""
+    loss, tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
+    untrained, _, _ = mean_loss(start, val, seq_len, max_tokens, batch_size, device, byte_lengths)
+    return loss, tokens, n_bytes, untrained
+
+
+def total(measured: list[tuple[float, int, int, float]]) -> tuple[float, int, int, float]:
+    """Several val splits' measures as one, as the trainer's --eval-every totals a mixture's (train_ddp.validation):
+    the token-weighted mean losses, the summed tokens and bytes (so bits per byte are the summed nats over the
+    summed bytes). One split's are its own, exactly."""
+    if len(measured) == 1:
+        return measured[0]
+    tokens = sum(t for _, t, _, _ in measured)
+    loss = sum(loss * t for loss, t, _, _ in measured) / tokens
+    untrained = sum(u * t for _, t, _, u in measured) / tokens
+    return loss, tokens, sum(b for _, _, b, _ in measured), untrained
+
+
+def dataset_results(mixture: list[tuple[dict[str, Any], Path]], measured: dict[str, tuple[float, int, int, float]],
+                    state: dict[str, Any], seq_len: int) -> list[dict[str, Any]]:  # fmt: skip
+    """EvalResult.datasets: each dataset's share of the mixture, the tokens the checkpoint trained on from it (its
+    trainer state's sequences, data.consumed) and the epochs they make of its train split (over its windows, as the
+    trainer's metrics rows count them), and its own val figures. Tokens and epochs are None when the state does not
+    record the dataset's sequences."""
+    consumed = (state.get("data") or {}).get("consumed") or {}
+    trained = int(state["progress"]["tokens_seen"])
+    results = []
+    for entry, directory in mixture:
+        name = entry["dataset"]
+        loss, tokens, n_bytes, untrained = measured[name]
+        try:
+            train = load_split(directory, "train")
+        except DataError as exc:
+            raise InputError(f"dataset {name!r}: {exc}") from None
+        sequences = consumed.get(name)
+        windows = train.num_windows(seq_len)
+        results.append({
+            "dataset": name, "snapshot": directory.name, "weight": entry["weight"], "share": entry["share"],
+            "tokens_trained": int(sequences) * seq_len if sequences is not None else None,
+            "trained_fraction": round(int(sequences) * seq_len / trained, 6) if sequences is not None and trained
+            else None,
+            "epochs": round(int(sequences) / windows, 4) if sequences is not None and windows else None,
+            "train_split_tokens": len(train),
+            "val_set_sha256": load_meta(directory).get("val_set_sha256", ""),
+            "val_tokens": tokens,
+            "val_loss": round(loss, 6),
+            "val_bits_per_byte": round(bits_per_byte(loss, tokens, n_bytes), 6),
+            "untrained_val_loss": round(untrained, 6),
+            "untrained_bits_per_byte": round(bits_per_byte(untrained, tokens, n_bytes), 6),
+        })  # fmt: skip
+    return results
 
 
 def find_checkpoint(run: RunPaths, checkpoint: str) -> Checkpoint:
@@ -619,6 +751,8 @@ class Curves:
     baseline_run_id: str = ""
     baseline_rows: list[dict[str, Any]] = field(default_factory=list)
     baseline_evaluations: list[tuple[int, float]] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=list)  # a mixture's, in its order: their own plots
+    dataset_evaluations: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # name: (step, val loss)
 
     @classmethod
     def of(cls, run: RunPaths, result: EvalResult, config: dict[str, Any]) -> Curves:
@@ -626,6 +760,9 @@ class Curves:
         evaluations = evaluated_losses(run, result)
         curves = cls(result.run_id, rows, evaluations, sorted(set(checkpoint_times(run)) | {s for s, _ in evaluations}),
                      resumes(run, rows), float(config.get("trainer", {}).get("grad_clip", 0.0)))  # fmt: skip
+        if result.datasets:
+            curves.datasets = [d["dataset"] for d in result.datasets]
+            curves.dataset_evaluations = evaluated_dataset_losses(run, result)
         if result.baseline_run_id:
             baseline = RunPaths(run.root.parent / result.baseline_run_id)
             curves.baseline_run_id = result.baseline_run_id
@@ -640,6 +777,30 @@ class Curves:
         found = [(r["step"], float(r[key])) for r in rows if isinstance(r.get(key), int | float) and
                  math.isfinite(r[key])]  # fmt: skip
         return [s for s, _ in found], [v for _, v in found]
+
+    @staticmethod
+    def dataset_points(rows: list[dict[str, Any]], name: str, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one dataset's `key` in a mixture's rows (row["datasets"][name]), where finite."""
+        return Curves.points([{"step": r["step"], **r["datasets"][name]} for r in rows
+                              if isinstance(r.get("datasets"), dict) and isinstance(r["datasets"].get(name), dict)],
+                             key)  # fmt: skip
+
+
+def evaluated_dataset_losses(run: RunPaths, result: EvalResult) -> dict[str, list[tuple[int, float]]]:
+    """A mixture's datasets' val losses per evaluated step kept (eval/step_<N>/eval.json), this evaluation's (not yet
+    written) for its step: dataset -> [(step, val loss)]."""
+    losses: dict[str, dict[int, float]] = {name: {} for name in (d["dataset"] for d in result.datasets)}
+    for step in run.eval_steps():
+        try:
+            kept = json.loads((run.eval_step(step) / "eval.json").read_text())
+        except (OSError, ValueError):
+            continue
+        for each in (kept.get("datasets") or []) if isinstance(kept, dict) else []:
+            if isinstance(each, dict) and each.get("dataset") in losses and isinstance(each.get("val_loss"), float):
+                losses[each["dataset"]][step] = each["val_loss"]
+    for each in result.datasets:
+        losses[each["dataset"]][result.step] = each["val_loss"]
+    return {name: sorted(found.items()) for name, found in losses.items()}
 
 
 def evaluated_losses(run: RunPaths, result: EvalResult | None = None) -> list[tuple[int, float]]:
@@ -735,7 +896,7 @@ def curve_figures(curves: Curves) -> list[tuple[str, str, Any]]:
     # The loss keeps its natural range, not zero: it falls from about ln(vocab) toward the text's entropy, never to
     # zero, and an axis from zero would squeeze the late steps, where checkpoints and runs differ, into a thin band.
     axis.legend(fontsize="small")
-    figures = [("curve-loss", "loss against step", loss)]
+    figures = [("curve-loss", "loss against step", loss), *dataset_figures(curves, figure)]
     for key, title in (("lr", "learning rate"), ("grad_norm", "gradient norm (before clipping)"),
                        ("tokens_per_s", "throughput (tokens/s)")):  # fmt: skip
         steps, values = Curves.points(curves.rows, key)
@@ -748,6 +909,31 @@ def curve_figures(curves: Curves) -> list[tuple[str, str, Any]]:
             axis.legend(fontsize="small")
         axis.set_ylim(bottom=0)
         figures.append((f"curve-{key.replace('_', '-')}", f"{title} against step", made))
+    return figures
+
+
+def dataset_figures(curves: Curves, figure: Any) -> list[tuple[str, str, Any]]:
+    """A mixture's plots: each dataset's val loss (the rows' --eval-every measures, the evaluations' marked) and the
+    tokens trained on from it, against step; none for a run of one dataset."""
+    if not curves.datasets:
+        return []
+    made, axis = figure("val loss per dataset (nats/token)")
+    for k, name in enumerate(curves.datasets):
+        if during := Curves.dataset_points(curves.rows, name, "val_loss")[0]:
+            axis.plot(during, Curves.dataset_points(curves.rows, name, "val_loss")[1], "o-", ms=3, color=f"C{k}",
+                      label=f"{name} (training)")  # fmt: skip
+        if marks := curves.dataset_evaluations.get(name):
+            axis.plot(*zip(*marks, strict=True), "s", ms=6, mfc="none", color=f"C{k}", label=f"{name} (evaluations)")
+    axis.legend(fontsize="small")  # the loss keeps its natural range, as on the loss plot
+    figures = [("curve-dataset-val-loss", "val loss per dataset against step", made)]
+    drawn = [(name, Curves.dataset_points(curves.rows, name, "tokens")) for name in curves.datasets]
+    if any(steps for _, (steps, _) in drawn):
+        made, axis = figure("tokens trained per dataset")
+        for k, (name, (steps, values)) in enumerate(drawn):
+            axis.plot(steps, values, color=f"C{k}", label=name)
+        axis.set_ylim(bottom=0)
+        axis.legend(fontsize="small")
+        figures.append(("curve-dataset-tokens", "tokens trained per dataset against step", made))
     return figures
 
 
@@ -787,6 +973,11 @@ def run_settings(result: EvalResult, run: RunPaths, config: dict[str, Any]) -> l
         shape = f" ({len(hosts)} node(s) x {next(iter(hosts.values()))} process(es) per node)"
     batch, accum, seq_len = trainer.get("batch_size"), trainer.get("grad_accum_steps"), trainer.get("seq_len")
     lr, max_steps = trainer.get("lr"), trainer.get("max_steps")
+    trained_on, all_of = f"{result.dataset}, snapshot {result.snapshot}", ""
+    if result.datasets:  # a mixture: its datasets' train splits together; each one's epochs are in its own table
+        trained_on = "mixture of " + ", ".join(f"{d['dataset']} (snapshot {d['snapshot']}, weight {d['weight']:g})"
+                                               for d in result.datasets)  # fmt: skip
+        all_of = " of all the datasets; each one's: Per dataset"
     settings = [
         ("preset", str(trainer.get("preset", NOT_RECORDED))),
         ("parameters", f"{result.parameters:,}" if result.parameters else NOT_RECORDED),
@@ -811,9 +1002,9 @@ def run_settings(result: EvalResult, run: RunPaths, config: dict[str, Any]) -> l
     settings += [
         ("dropout", f"{trainer['dropout']:g}" if "dropout" in trainer else NOT_RECORDED),
         ("seed", str(trainer.get("seed", NOT_RECORDED))),
-        ("dataset", f"{result.dataset}, snapshot {result.snapshot}"),
+        ("dataset", trained_on),
         ("epochs over the train split", f"{result.train_tokens_seen / result.train_split_tokens:.2f} "
-         f"({result.train_tokens_seen:,} tokens trained / {result.train_split_tokens:,} train tokens)"
+         f"({result.train_tokens_seen:,} tokens trained / {result.train_split_tokens:,} train tokens{all_of})"
          if result.train_split_tokens else NOT_RECORDED),
         ("hyperpod-pretrain", f"{config.get('hyperpod_pretrain') or NOT_RECORDED} (training, config.json); "
          f"{tool_version()} (this evaluation)"),
@@ -846,6 +1037,8 @@ def html_report(result: EvalResult, run: RunPaths) -> str:
         for name, alt, figure in figures
     )
     resumed = "; ".join(f"attempt {r.attempt} went on from step {r.step}" for r in curves.resumes) or "none"
+    per_dataset = (f"<h3>Per dataset</h3>\n{html_table('datasets', result.dataset_columns(), result.dataset_rows())}\n"
+                   if result.datasets else "")  # fmt: skip
     samples = "".join(f'<li><b>{html.escape(s["prompt"])}</b><pre class="sample">{html.escape(s["text"])}</pre></li>'
                       for s in result.samples)  # fmt: skip
     return f"""<!doctype html>
@@ -867,7 +1060,7 @@ background:#f6f6f6;padding:6px;margin:0.3em 0 1em}}
 {result.val_tokens:,} held-out tokens evaluated. {html.escape(result.gate_line())}</p>
 <h2>Validation</h2>
 {html_table("eval", result.table_columns(), result.table_rows())}
-<h2>Training</h2>
+{per_dataset}<h2>Training</h2>
 <div class="plots">{plots or "<p>No training metrics.</p>"}</div>
 <p>Checkpoints (dotted): those kept and those evaluated. Resumes (dashed): {html.escape(resumed)}.</p>
 <p>{html.escape(result.health_line())}</p>
