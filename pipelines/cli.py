@@ -424,6 +424,8 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
     fill_train_args(args, run if run is not None and run.has_checkpoint() else None)
     if not args.dataset and not args.mixture:
         raise InputError("give --dataset (one dataset) or --mixture (several)")
+    if args.snapshot and args.mixture:
+        raise InputError("--snapshot names one dataset's snapshot: a --mixture trains on each dataset's current one")
     return LaunchConfig(
         storage_root=args.storage_root,
         dataset=args.mixture[0]["dataset"] if args.mixture else args.dataset,

@@ -564,11 +564,10 @@ def validation(model: torch.nn.Module, val: dict[str, TokenSplit], byte_lengths:
                                           byte_lengths)  # fmt: skip
         measured[name] = (loss, tokens, n_bytes)
     model.train(training)
-    tokens = sum(t for _, t, _ in measured.values())
-    loss = sum(loss * t for loss, t, _ in measured.values()) / tokens
-    row: dict[str, Any] = {"val_loss": loss, "val_bpb": bits_per_byte(loss, tokens, sum(b for *_, b in
-                                                                                        measured.values())),
-                           "val_tokens": tokens}  # fmt: skip
+    tokens, n_bytes = sum(t for _, t, _ in measured.values()), sum(b for *_, b in measured.values())
+    loss = next(iter(measured.values()))[0] if len(measured) == 1 else sum(
+        loss * t for loss, t, _ in measured.values()) / tokens  # fmt: skip
+    row: dict[str, Any] = {"val_loss": loss, "val_bpb": bits_per_byte(loss, tokens, n_bytes), "val_tokens": tokens}
     if len(val) > 1:
         row["datasets"] = {name: {"val_loss": loss, "val_bpb": bits_per_byte(loss, t, b)}
                            for name, (loss, t, b) in measured.items()}  # fmt: skip
