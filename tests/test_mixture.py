@@ -97,6 +97,10 @@ def test_a_restored_position_goes_on_exactly_and_other_weights_are_refused() -> 
     refused = r"--mixture web=0.5,code=0.4,math=0.1 differs from the mixture this run trained on \(web=0.6,"
     with pytest.raises(DataError, match=refused):
         batches([0.5, 0.4, 0.1]).position.load_state_dict(first.position.state_dict())
+    reordered = MixtureBatches([NAMES[1], NAMES[0], NAMES[2]], [SPLITS[1], SPLITS[0], SPLITS[2]], [0.3, 0.6, 0.1],
+                               SEQ_LEN, 8, 0, 1, 5)  # fmt: skip
+    with pytest.raises(DataError, match=r"--mixture code=0.3,web=0.6,math=0.1 differs from the mixture this run"):
+        reordered.position.load_state_dict(first.position.state_dict())  # the same weights, another order of cuts
     with pytest.raises(DataError, match="trained on one dataset, not a mixture"):
         batches([0.6, 0.3, 0.1]).position.load_state_dict(DataPosition(1, 8).state_dict())
     with pytest.raises(DataError, match="trained on a data mixture"):

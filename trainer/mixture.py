@@ -119,7 +119,7 @@ class MixturePosition:
             raise DataError("--mixture: this run trained on one dataset, not a mixture; an exact resume keeps its "
                             "data: resume without --mixture, or start a new run from its weights "
                             "(--init-from)")  # fmt: skip
-        if state["weights"] != self.weights:
+        if list(state["weights"].items()) != list(self.weights.items()):  # in order: the order cuts the intervals
             raise DataError(f"--mixture {describe_weights(self.weights)} differs from the mixture this run trained "
                             f"on ({describe_weights(state['weights'])}); an exact resume keeps its mixture: resume "
                             "with it, or start a new run from this one's weights (--init-from) with the new "
