@@ -90,6 +90,9 @@ class Package:
         missing = [k for k in required if k not in values]
         if missing and require:
             raise InputError(f"--param {missing[0]}=... is required (the pipeline has no default for it)")
+        if require and not any(values.get(k) for k in ("source", "mixture", "skip_staging")):
+            raise InputError("--param source=... is required (the corpus to stage), or mixture=... (several), or "
+                             "skip_staging=true (the dataset as staged before)")  # fmt: skip
         return values
 
     def checked(self, pairs: list[tuple[str, str]], pipeline_run_id: str = SUBMITTED_RUN,
@@ -320,7 +323,7 @@ def _check_staging(inputs: dict[str, Any]) -> None:
                                                     "text_field": entry.text_field or settings.get("text_field", "")}
                                       ).check()  # fmt: skip
     elif not inputs["skip"]:  # a skipped staging takes the dataset as staged: its settings are not read
-        StageSettings.of_step(**settings).check()
+        StageSettings.of_step(**settings).check(source_given=False)  # Package.typed requires it at submit
 
 
 def _check_verification(inputs: dict[str, Any]) -> None:

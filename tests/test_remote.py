@@ -97,11 +97,7 @@ def test_a_changed_pipeline_file_adds_a_version(server: FakeKfp, env: dict[str, 
         (["--param", "source=s3://a", "--param", "nnodes=two"], "--param nnodes='two': not an integer"),
         (["--param", "source=s3://a", "--param", "skip_staging=yes"], "expected true or false"),
         (["--param", "source=s3://a", "--param", "include=*.txt"], "expected a JSON list"),
-        (
-            ["--param", "nnodes=2", "--param", f"trainer_image={IMAGE}"],
-            "the pipeline's defaults: source is empty: give the corpus to stage (s3://bucket/prefix, a file:// URI "
-            "or a path), or a mixture of several",
-        ),
+        (["--param", "nnodes=2"], "--param source=... is required"),
         (["--param", "source"], "'source' is not KEY=VALUE"),
     ],
 )

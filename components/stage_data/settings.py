@@ -56,9 +56,13 @@ class StageSettings:
     def field_path(self) -> str:
         return self.text_field or TEXT_FIELD
 
-    def check(self) -> DatasetPaths:
+    def check(self, source_given: bool = True) -> DatasetPaths:
         """What staging refuses before it reads anything (settings out of bounds, a source of another form, a bad
-        dataset name), one line each; the dataset's paths."""
+        dataset name), one line each; the dataset's paths. Not `source_given`: the other settings only (a
+        submission's check, which requires the source itself)."""
+        if source_given and not self.source.strip():
+            raise InputError("source is empty: give the corpus to stage (s3://bucket/prefix, a file:// URI or a path), "
+                             "or a mixture of several")  # fmt: skip
         if not 256 < self.vocab_size <= 2**32:
             raise InputError(f"vocab size {self.vocab_size} is out of range: it must be above 256 (the byte alphabet)")
         if not 0 < self.val_fraction < 0.5:
@@ -85,7 +89,8 @@ class StageSettings:
         if self.init_from_model and self.init_from_run_id:
             raise InputError("init_from_run_id (a run's weights) and init_from_model (a published model's) are two "
                              "starting points: give one")  # fmt: skip
-        check_source(self.source)
+        if self.source:
+            check_source(self.source)
         if self.init_from_model:
             check_source(self.init_from_model, "init_from_model")
         if self.tokenizer_path.startswith("s3://"):
@@ -100,9 +105,6 @@ class StageSettings:
 
 def check_source(source: str, what: str = "source") -> None:
     """s3://bucket/prefix, a file:// URI or a local path (whether it is there, only reading it tells)."""
-    if not source.strip():
-        raise InputError(f"{what} is empty: give the corpus to stage (s3://bucket/prefix, a file:// URI or a path)"
-                         + (", or a mixture of several" if what == "source" else ""))  # fmt: skip
     if source.startswith("s3://"):
         from common.s3 import parse_s3_uri
 
