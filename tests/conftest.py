@@ -169,8 +169,8 @@ def mixed_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) -> P
 
 @pytest.fixture(scope="session")
 def mixture_run(mixed_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
-    """Run 'mixed': 20 steps of the tiny preset on MIXTURE under DDP, every step logged, a checkpoint every 5, the
-    val losses every 10 (treat as read-only; its storage root holds mixed_root's datasets)."""
+    """Run 'mixed': 20 steps of the tiny preset with dropout on MIXTURE under DDP, every step logged, a checkpoint
+    every 5, the val losses every 10 (treat as read-only; its storage root holds mixed_root's datasets)."""
     root = tmp_path_factory.mktemp("mixture-run")
     shutil.copytree(mixed_root, root, dirs_exist_ok=True)
     launch(tiny_launch(root, "mixed", **MIXED_RUN, eval_every=10))

@@ -38,7 +38,8 @@ EXACT = dict(max_steps=40, log_every=1, checkpoint_every=10)
 # The mixture of the conftest's mixed_root: its three datasets, each far from its share in size.
 MIXTURE = [{"dataset": "synthetic", "weight": 0.6}, {"dataset": "code", "weight": 0.3},
            {"dataset": "math", "weight": 0.1}]  # fmt: skip
-MIXED_RUN = dict(dataset="synthetic", mixture=MIXTURE, max_steps=20, log_every=1, checkpoint_every=5)
+# With dropout: its masks draw from each rank's RNG, which a resume must restore too.
+MIXED_RUN = dict(dataset="synthetic", mixture=MIXTURE, max_steps=20, log_every=1, checkpoint_every=5, dropout=0.1)
 
 
 def tiny_launch(root: Path, run_id: str, **overrides) -> LaunchConfig:

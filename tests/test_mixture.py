@@ -135,9 +135,11 @@ def test_weights_are_kept_as_given_and_a_dataset_too_short_for_a_window_is_refus
 def test_a_mixture_stopped_by_sigterm_resumes_bit_identical_with_each_datasets_tokens(
     mixed_root: Path, mixture_run: RunPaths, tmp_path: Path
 ) -> None:
-    """Under torchrun with 2 ranks and asynchronous saves, a SIGTERM at a random step: resumed to the end, every row
-    repeats the uninterrupted run's (mixture_run, which also measured each dataset's val loss: evaluating changes
-    nothing of the training), each dataset's tokens included. The rows' tokens add up; the plan says the shares."""
+    """Under torchrun with 2 ranks, dropout (its masks draw from each rank's RNG) and asynchronous saves every 5
+    steps, a SIGTERM at a random step: the run stops after the step the ranks agree on and commits it (after the
+    pending background save); resumed to the end, every row repeats the uninterrupted run's (mixture_run, which also
+    measured each dataset's val loss: evaluating, in eval mode, changes nothing of the training), each dataset's tokens
+    included. The rows' tokens add up; the plan says the shares."""
     root = tmp_path / "fsx"
     shutil.copytree(mixed_root, root)
     stopped = tiny_launch(root, "mixed-resumed", **MIXED_RUN, extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})
@@ -167,14 +169,20 @@ def test_a_mixture_stopped_by_sigterm_resumes_bit_identical_with_each_datasets_t
 
     assert read_run(stopped.run_paths).dataset == "synthetic+code+math", "runs' DATA column names each dataset"
     config = json.loads(stopped.run_paths.config.read_text())
+    model = config["model"]
+    assert (model["resid_pdrop"], model["embd_pdrop"], model["attn_pdrop"]) == (0.1, 0.1, 0.1)
     assert [(m["dataset"], m["weight"], m["share"]) for m in config["dataset"]["mixture"]] == [
         ("synthetic", 0.6, 0.6), ("code", 0.3, 0.3), ("math", 0.1, 0.1)]  # fmt: skip
 
 
 def test_a_resume_with_other_weights_or_tokenizers_is_refused_in_one_line(mixture_run: RunPaths,
                                                                            tmp_path: Path) -> None:  # fmt: skip
-    """An exact resume keeps its mixture: other weights are bad input (exit 2) naming both, the run left as it was;
-    a dataset staged with another tokenizer is refused at the start of a new run."""
+    """An exact resume keeps its mixture: under torchrun, other weights are bad input (exit 2) naming both, the run
+    left as it was. In process, as the trainer resolves its --mixture at start: a resume without the mixture, and a
+    dataset staged with another tokenizer, refused in one line each."""
+    from trainer.checkpoint import Checkpoint
+    from trainer.mixture import resolve_mixture
+
     root = tmp_path / "fsx"
     shutil.copytree(mixture_run.root.parent.parent, root, symlinks=True)
     run = RunPaths.of(root, "mixed")
@@ -185,11 +193,19 @@ def test_a_resume_with_other_weights_or_tokenizers_is_refused_in_one_line(mixtur
         "(synthetic=0.6,code=0.3,math=0.1); an exact resume keeps its mixture: resume with it, or start a new run "
         "from this one's weights (--init-from) with the new weights")  # fmt: skip
     assert run.metrics.read_text() == before and read_checkpoint(run.latest_checkpoint)["step"] == 20
-    assert refusal(tiny_launch(root, "mixed", max_steps=20)).startswith("this run trained on a data mixture: ")
+    state = Checkpoint(run.latest_checkpoint.resolve(), 0).trainer_state()
+    with pytest.raises(DataError, match="^this run trained on a data mixture: "):
+        DataPosition().load_state_dict(state["data"])
+    datasets = root / "datasets"
+    kept = resolve_mixture(f"{datasets}/synthetic=0.6,{datasets}/code=0.3,{datasets}/math=0.1", state, "keep")
+    assert [(e.name, e.directory.name) for e in kept] == [
+        (n, s["snapshot"]) for n, s in state["data_snapshots"].items()
+    ]
     stage_data(str(write_corpus(tmp_path / "other", files=2, seed=9)), str(root), "other", vocab_size=300)
-    mixed = [*MIXTURE, {"dataset": "other", "weight": 1.0}]
-    assert refusal(tiny_launch(root, "new", **dict(MIXED_RUN, mixture=mixed))).startswith(
-        "--mixture: dataset 'other' was staged with another tokenizer than 'synthetic'")  # fmt: skip
+    with pytest.raises(
+        DataError, match="^--mixture: dataset 'other' was staged with another tokenizer than 'synthetic'"
+    ):
+        resolve_mixture(f"{datasets}/synthetic=1,{datasets}/other=1", None, "keep")
 
 
 def refusal(cfg) -> str:

@@ -37,6 +37,7 @@ import shutil
 import threading
 import time
 import zipfile
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -223,6 +224,15 @@ class CheckpointManager:
         self._share_logged = False
         self._share_bytes = 0  # what this rank writes in a save: a volume with less free failed for want of space
         self.last_save: SaveReport | None = None
+        self._committed: deque[SaveReport] = deque()  # committed since the last take_committed (background ones too)
+
+    def take_committed(self) -> list[SaveReport]:
+        """The saves committed since the last call, oldest first: each is reported once, also a background one
+        that committed while the final save waited for it."""
+        reports = []
+        while self._committed:
+            reports.append(self._committed.popleft())
+        return reports
 
     @property
     def latest(self) -> Path:
@@ -346,6 +356,7 @@ class CheckpointManager:
         if self.mirror is not None:
             self._upload = self._uploads.submit(self._mirror, final, {c.path.name for c in kept})
         self.last_save = report  # also when committed in the background: the budget check reads it
+        self._committed.append(report)
         return report
 
     def _mirror(self, committed: Path, keep: set[str]) -> None:

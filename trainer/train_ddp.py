@@ -432,7 +432,8 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
                     row["loss_spike"] = True
                 metrics.write(row)
                 watch.row(row)
-                watch.saved(checkpoints.last_save)  # a background save commits later: seen at the next row
+                for committed in checkpoints.take_committed():  # a background save commits later: seen now
+                    watch.saved(committed)
                 write_status(run, rank, "running", step=progress.step, world_size=world, attempt=attempt, durable=False)
                 step_times.mark(progress.step, time.perf_counter())
                 eta_s = step_times.eta_s(progress.step, cfg.max_steps)
@@ -509,7 +510,8 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     else:
         log.info("training stopped at step %d (%s), %d tokens seen", progress.step, stop_reason, progress.tokens_seen)
     code = ExitCode.PREEMPTED if preempted else ExitCode.DONE
-    watch.saved(checkpoints.last_save)
+    for committed in checkpoints.take_committed():  # the final save, and a background one it waited for
+        watch.saved(committed)
     watch.note(progress.step, "stop", f"stopped at step {progress.step} ({stop_reason}), checkpoint committed")
     watch.close(timeout_s=2.0 if preempted else 30.0)  # after a signal, the pod's grace period is running
     write_status(run, rank, "preempted" if preempted else "done", step=progress.step, exit_code=code, attempt=attempt,
