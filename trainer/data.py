@@ -30,6 +30,7 @@ import torch
 log = logging.getLogger(__name__)
 
 ORDER = "feistel-1"  # the sample order's kind, saved with the data position
+MIXTURE_ORDER = "mixture-1"  # a mixture's (trainer/mixture.py), which a run of one dataset cannot resume
 
 
 class DataError(Exception):
@@ -173,7 +174,7 @@ class DataPosition:
 
     def load_state_dict(self, state: dict[str, int | str]) -> None:
         order = state.get("order")
-        if order == "mixture-1":  # trainer/mixture.py MIXTURE_ORDER
+        if order == MIXTURE_ORDER:
             raise DataError("this run trained on a data mixture: an exact resume keeps its data, so resume with its "
                             "--mixture, or start a new run from its weights (--init-from)")  # fmt: skip
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

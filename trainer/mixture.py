@@ -27,9 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.data import DataError, TokenSplit, WindowOrder
+from trainer.data import MIXTURE_ORDER, DataError, TokenSplit, WindowOrder
 
-MIXTURE_ORDER = "mixture-1"  # the sample order's kind, saved with the position
 WEYL_STEP = 0x9E3779B97F4A7C15  # 2^64 / golden ratio, odd: the Weyl sequence's step
 
 
@@ -71,6 +70,35 @@ def check_weights(entries: Sequence[tuple[str, float]], what: str = "--mixture")
             raise ValueError(f"{what}: the weight of {key!r} is {weight}: weights are numbers of 0 or more")
     if not sum(w for _, w in entries) > 0:
         raise ValueError(f"{what}: every weight is 0: give at least one dataset a positive weight")
+
+
+def entry_weights(entries: Sequence[Any], optional: set[str]) -> list[tuple[str, float]]:
+    """A mixture as the pipeline and the launcher take it, [{dataset, weight, <optional keys>}], checked as
+    parse_weights checks its text: [(dataset, weight)]; ValueError says what is wrong, in one line."""
+    keys = "{dataset, weight" + "".join(f", {k}?" for k in sorted(optional)) + "}"
+    pairs = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not {"dataset", "weight"} <= set(entry) <= {"dataset", "weight", *optional}:
+            raise ValueError(f"mixture: {entry!r} is not {keys}")
+        weight = entry["weight"]
+        try:
+            if isinstance(weight, bool):
+                raise ValueError
+            pairs.append((str(entry["dataset"]), float(weight)))
+        except (TypeError, ValueError):
+            raise ValueError(f"mixture: the weight of {entry['dataset']!r}, {weight!r}, is not a number") from None
+    check_weights(pairs, "mixture")
+    return pairs
+
+
+def one_tokenizer(tokenizers: dict[str, str], what: str, remedy: str) -> None:
+    """Every dataset of a mixture staged with the first's tokenizer (`tokenizers`: dataset -> tokenizer sha256), or
+    DataError naming the first that is not: their token ids would mean other strings."""
+    first = next(iter(tokenizers))
+    for name, digest in tokenizers.items():
+        if digest != tokenizers[first]:
+            raise DataError(f"{what}: dataset {name!r} was staged with another tokenizer than {first!r} (sha256 "
+                            f"{digest[:12]} vs {tokenizers[first][:12]}): {remedy}")  # fmt: skip
 
 
 def shares(weights: Sequence[float]) -> list[float]:
@@ -270,12 +298,7 @@ def resolve_mixture(text: str, checkpoint: dict[str, Any] | None, policy: str) -
             snapshot = training_snapshot(snapshot, {"data_snapshot": recorded.get(name)}, policy)
         entries.append(MixtureEntry(name, snapshot, weight))
         tokenizers[name] = load_meta(snapshot).get("tokenizer_sha256", "")
-    first = entries[0].name
-    for name, digest in tokenizers.items():
-        if digest != tokenizers[first]:
-            raise DataError(f"--mixture: dataset {name!r} was staged with another tokenizer than {first!r} (sha256 "
-                            f"{digest[:12]} vs {tokenizers[first][:12]}): stage every dataset of a mixture with the "
-                            "same tokenizer (tokenizer_path)")  # fmt: skip
+    one_tokenizer(tokenizers, "--mixture", "stage every dataset of a mixture with the same tokenizer (tokenizer_path)")
     return entries
 
 

@@ -135,24 +135,21 @@ class LaunchConfig:
 
     def check_mixture(self, check_storage: bool) -> None:
         """Each entry a dataset name and a weight (numbers, none negative, not all 0, no dataset twice), staged."""
-        from trainer.mixture import check_weights
+        from trainer.mixture import entry_weights
 
-        for entry in self.mixture:
-            if not isinstance(entry, dict) or set(entry) - {"dataset", "weight", "snapshot"} or "dataset" not in entry:
-                raise InputError(f"mixture: {entry!r} is not {{dataset, weight[, snapshot]}}")
-            if isinstance(entry.get("weight"), bool) or not isinstance(entry.get("weight"), int | float):
-                raise InputError(f"mixture: the weight of {entry['dataset']!r}, {entry.get('weight')!r}, is not a "
-                                 "number")  # fmt: skip
         try:
-            check_weights([(str(e["dataset"]), float(e["weight"])) for e in self.mixture], "mixture")
-            for entry in self.mixture:
-                paths = DatasetPaths.of(self.storage_root, str(entry["dataset"]))
-                snapshot = paths.resolve_snapshot(str(entry.get("snapshot") or "")) if check_storage else None
-                if check_storage and (snapshot is None or not (snapshot / META).is_file()):
-                    raise InputError(f"mixture: dataset {entry['dataset']!r} is not staged under {self.storage_root} "
-                                     f"({snapshot / META if snapshot else paths.current} is missing)")  # fmt: skip
+            weighed = entry_weights(self.mixture, {"snapshot"})
         except ValueError as exc:
             raise InputError(str(exc)) from None
+        for entry, (dataset, _) in zip(self.mixture, weighed, strict=True):
+            try:
+                paths = DatasetPaths.of(self.storage_root, dataset)
+                snapshot = paths.resolve_snapshot(str(entry.get("snapshot") or "")) if check_storage else None
+            except ValueError as exc:
+                raise InputError(f"mixture: {exc}") from None
+            if check_storage and (snapshot is None or not (snapshot / META).is_file()):
+                raise InputError(f"mixture: dataset {dataset!r} is not staged under {self.storage_root} "
+                                 f"({snapshot / META if snapshot else paths.current} is missing)")  # fmt: skip
 
     @property
     def init_run(self) -> RunPaths:

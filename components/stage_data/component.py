@@ -54,6 +54,27 @@ def stage_data(
 
     setup_logging()
     run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
+    settings = StageSettings.of_step(
+        source=source,
+        storage_root=storage_root,
+        dataset=dataset,
+        include=include,
+        exclude=exclude,
+        vocab_size=vocab_size,
+        val_fraction=val_fraction,
+        tokenizer_path=tokenizer_path,
+        text_field=text_field,
+        max_bad_records=max_bad_records,
+        endpoint_url=endpoint_url,
+        workers=workers,
+        chunk_size_mb=chunk_size_mb,
+        keep_deleted=keep_deleted,
+        tokenize_groups=tokenize_groups,
+        tokenizer_sample_mb=tokenizer_sample_mb,
+        init_from_run_id=init_from_run_id,
+        init_from_model=init_from_model,
+        run_id=run_id,
+    )  # each mixture entry: its own source, dataset and text field (components/stage_data/mixture.py)
     with recorded_step(storage_root, run_id, "stage-data", {"report": report.uri}) as record:
         if mixture:
             from components.stage_data.mixture import mixture_markdown, mixture_sources, plan_mixture
@@ -61,14 +82,7 @@ def stage_data(
             sources = mixture_sources(mixture)
             if skip:  # each dataset as staged before
                 sources = [replace(s, source="") for s in sources]
-            work = plan_mixture(sources, StageSettings.of_step(
-                source=sources[0].source, storage_root=storage_root, dataset=sources[0].dataset, include=include,
-                exclude=exclude, vocab_size=vocab_size, val_fraction=val_fraction, tokenizer_path=tokenizer_path,
-                text_field=text_field, max_bad_records=max_bad_records, endpoint_url=endpoint_url, workers=workers,
-                chunk_size_mb=chunk_size_mb, keep_deleted=keep_deleted, tokenize_groups=tokenize_groups,
-                tokenizer_sample_mb=tokenizer_sample_mb, init_from_run_id=init_from_run_id,
-                init_from_model=init_from_model, run_id=run_id,
-            ))  # fmt: skip
+            work = plan_mixture(sources, settings)
             record.details = {"mixture": {s.dataset: s.weight for s in sources}, "groups": len(work)}
             log_numbers(metrics, {"datasets": len(sources), "groups": len(work)})
             with open(report.path, "w") as f:
@@ -85,31 +99,9 @@ def stage_data(
                         f"`{directory}` ({meta['tokens']['train']} train and {meta['tokens']['val']} val "
                         "tokens).\n")  # fmt: skip
             init_from = resolve_init_run(storage_root, dataset, init_from_run_id, run_id)
-            starting_model(StageSettings.of_step(source, storage_root, dataset, init_from_model=init_from_model,
-                                                 endpoint_url=endpoint_url, workers=workers,
-                                                 chunk_size_mb=chunk_size_mb))  # fmt: skip
+            starting_model(settings)
             return [{"snapshot": directory.name, "group": 0, "init_from": init_from}]
-        result = mirror_and_plan(StageSettings.of_step(
-            source=source,
-            storage_root=storage_root,
-            dataset=dataset,
-            include=include,
-            exclude=exclude,
-            vocab_size=vocab_size,
-            val_fraction=val_fraction,
-            tokenizer_path=tokenizer_path,
-            text_field=text_field,
-            max_bad_records=max_bad_records,
-            endpoint_url=endpoint_url,
-            workers=workers,
-            chunk_size_mb=chunk_size_mb,
-            keep_deleted=keep_deleted,
-            tokenize_groups=tokenize_groups,
-            tokenizer_sample_mb=tokenizer_sample_mb,
-            init_from_run_id=init_from_run_id,
-            init_from_model=init_from_model,
-            run_id=run_id,
-        ))  # fmt: skip
+        result = mirror_and_plan(settings)
         record.details = {"files_copied": result.files_copied, "groups": result.groups, "dataset": dataset,
                           "snapshot": result.snapshot}  # fmt: skip
         if init_from_model:  # the published model to start from: as given, and where it is on the volume

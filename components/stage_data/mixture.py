@@ -17,12 +17,11 @@ from typing import Any
 
 from common.errors import InputError
 from components.stage_data.settings import StageSettings, check_source
+from trainer.data import DataError
 from trainer.layout import META, TOKENIZER, DatasetPaths, check_name
-from trainer.mixture import check_weights
+from trainer.mixture import entry_weights, one_tokenizer
 
 log = logging.getLogger(__name__)
-
-ENTRY_KEYS = {"dataset", "weight", "source", "text_field"}
 
 
 @dataclass(frozen=True)
@@ -35,29 +34,20 @@ class MixtureSource:
 
 def mixture_sources(entries: list[Any]) -> list[MixtureSource]:
     """The `mixture` parameter, checked: one line naming what is wrong."""
+    try:
+        weighed = entry_weights(entries, {"source", "text_field"})
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     sources = []
-    for entry in entries:
-        if not isinstance(entry, dict) or "dataset" not in entry or "weight" not in entry or set(entry) - ENTRY_KEYS:
-            raise InputError(f"mixture: {entry!r} is not {{dataset, weight, source?, text_field?}}")
-        weight = entry["weight"]
-        if isinstance(weight, bool) or not isinstance(weight, int | float | str):
-            raise InputError(f"mixture: the weight of {entry['dataset']!r}, {weight!r}, is not a number")
+    for entry, (dataset, weight) in zip(entries, weighed, strict=True):
         try:
-            weight = float(weight)
-        except ValueError:
-            raise InputError(f"mixture: the weight of {entry['dataset']!r}, {weight!r}, is not a number") from None
-        try:
-            dataset = check_name("dataset", str(entry["dataset"]))
+            check_name("dataset", dataset)
         except ValueError as exc:
             raise InputError(f"mixture: {exc}") from None
         source = str(entry.get("source") or "")
         if source:
             check_source(source, f"mixture source of {dataset!r}")
         sources.append(MixtureSource(dataset, weight, source, str(entry.get("text_field") or "")))
-    try:
-        check_weights([(s.dataset, s.weight) for s in sources], "mixture")
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
     return sources
 
 
@@ -116,12 +106,11 @@ def finish_mixture(storage_root: str, work: list[dict[str, Any]]) -> tuple[list[
         finished.append({"dataset": dataset, **entry, "train_tokens": result.train_tokens,
                          "val_tokens": result.val_tokens})  # fmt: skip
         sections.append(snapshot_markdown(result).replace("## Dataset snapshot", f"## Dataset {dataset!r}", 1))
-    first = next(iter(tokenizers))
-    for dataset, digest in tokenizers.items():
-        if digest != tokenizers[first]:
-            raise InputError(f"mixture: dataset {dataset!r} was staged with another tokenizer than {first!r} (sha256 "
-                             f"{digest[:12]} vs {tokenizers[first][:12]}): give it a source to stage it again with "
-                             f"{first!r}'s tokenizer, or stage both with the same tokenizer_path")  # fmt: skip
+    try:
+        one_tokenizer(tokenizers, "mixture", "give it a source to stage it again with the first's tokenizer, or stage "
+                      "both with the same tokenizer_path")  # fmt: skip
+    except DataError as exc:
+        raise InputError(str(exc)) from None
     total = sum(e["weight"] for e in finished)
     table = ["## Mixture", "", "| dataset | weight | share | snapshot | train tokens |", "|---|---:|---:|---|---:|"]
     table += [f"| {e['dataset']} | {e['weight']:g} | {e['weight'] / total:.1%} | `{e['snapshot']}` | "
