@@ -239,10 +239,8 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
         staging = {k: v for k, v in arguments.items() if k in StageSettings.__dataclass_fields__}
         StageSettings.of_step(storage_root=str(storage_root), tokenize_groups=arguments.get("tokenize_workers", 1),
                               **staging).check()  # fmt: skip
-    if not arguments.get("skip_staging") and not source.startswith("s3://"):
-        if not Path(source.removeprefix("file://")).exists():
-            raise InputError(f"source {source}: no such file or directory")
-        check_selection(source, arguments.get("include", ["*"]), arguments.get("exclude", DEFAULT_EXCLUDE))
+    if not arguments.get("skip_staging"):
+        check_local_source(source, "source", arguments)
     tokenizer = str(arguments.get("tokenizer_path") or "")
     if tokenizer and not tokenizer.startswith("s3://") and not Path(tokenizer).exists():
         raise InputError(f"tokenizer_path {tokenizer}: no such file or directory")
@@ -260,13 +258,9 @@ def check_mixture_before_start(storage_root: Path, arguments: dict[str, Any]) ->
     from trainer.layout import DatasetPaths
 
     for entry in mixture_sources(arguments["mixture"]):
-        source = entry.source.removeprefix("file://")
-        if source and not arguments.get("skip_staging") and not source.startswith("s3://"):
-            if not Path(source).exists():
-                raise InputError(f"mixture source of {entry.dataset!r}, {entry.source}: no such file or directory")
-            check_selection(source, arguments.get("include", ["*"]), arguments.get("exclude", DEFAULT_EXCLUDE))
-        staged = DatasetPaths.of(storage_root, entry.dataset).current.is_file()
-        if (not source or arguments.get("skip_staging")) and not staged:
+        if entry.source and not arguments.get("skip_staging"):
+            check_local_source(entry.source, f"mixture source of {entry.dataset!r},", arguments)
+        elif not DatasetPaths.of(storage_root, entry.dataset).current.is_file():
             raise InputError(f"mixture: dataset {entry.dataset!r} has no source and was never staged under "
                              f"{storage_root}: give its source (--mixture-source {entry.dataset}=PATH)")  # fmt: skip
 
@@ -279,6 +273,15 @@ def checked_model(model: str) -> str:
 
         published_model(model, storage_root="")
     return model
+
+
+def check_local_source(source: str, what: str, arguments: dict[str, Any]) -> None:
+    """A local source (not s3://) that is there and has files the run's filters keep; `what` names it."""
+    if source.startswith("s3://"):
+        return
+    if not Path(source.removeprefix("file://")).exists():
+        raise InputError(f"{what} {source}: no such file or directory")
+    check_selection(source, arguments.get("include", ["*"]), arguments.get("exclude", DEFAULT_EXCLUDE))
 
 
 def check_selection(source: str, include: list[str], exclude: list[str] | tuple[str, ...]) -> None:
