@@ -262,18 +262,21 @@ def one_process_group(tmp_path: Path) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def parallel_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/parallel_probe.py, run once on 2 processes for the tests that read it (one torchrun's start-up, not
-    several): its output directory, with the published models it loaded in llama/ and gpt2/."""
+    several): its output directory, with the published models it loaded: llama/ (sharded), gpt2/ (in the Hub's
+    layout, without its base model's prefix) and llama-unprefixed/."""
     import os
     import subprocess
     import sys
 
-    from tests.helpers import save_gpt2, save_llama
+    from tests.helpers import save_gpt2_as_the_hub_serves_it, save_llama, save_llama_without_its_prefix
 
     out = tmp_path_factory.mktemp("parallel-probe")
     save_llama(out / "llama")
-    save_gpt2(out / "gpt2")
+    save_gpt2_as_the_hub_serves_it(out / "gpt2")
+    save_llama_without_its_prefix(out / "llama-unprefixed")
+    models = [str(out / name) for name in ("llama", "gpt2", "llama-unprefixed")]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-               "tests.parallel_probe", str(out), str(out / "llama"), str(out / "gpt2")]  # fmt: skip
+               "tests.parallel_probe", str(out), *models]  # fmt: skip
     result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                             timeout=300, cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

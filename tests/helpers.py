@@ -141,3 +141,38 @@ def save_gpt2(path: Path) -> torch.nn.Module:
                                        bos_token_id=0, eos_token_id=0))  # fmt: skip
     model.save_pretrained(path)
     return model.eval()
+
+
+def save_gpt2_as_the_hub_serves_it(path: Path) -> torch.nn.Module:
+    """A small GPT-2 in the layout of the Hub's openai-community/gpt2 files: the base model's keys (`h.0.*`, `wte.*`,
+    `ln_f.*`, no `transformer.` prefix), no `lm_head` (tied), and the old causal masks `h.N.attn.bias` beside them.
+    Returned as transformers loads that directory (from_pretrained), which a test compares with the original."""
+    from safetensors.torch import save_file
+    from transformers import GPT2LMHeadModel
+
+    original = save_gpt2(path)
+    (path / "model.safetensors").unlink()
+    tensors = {key: value.contiguous() for key, value in original.transformer.state_dict().items()}
+    masks = torch.tril(torch.ones(128, 128)).view(1, 1, 128, 128)
+    tensors |= {f"h.{i}.attn.bias": masks.clone() for i in range(original.config.n_layer)}
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    loaded = GPT2LMHeadModel.from_pretrained(path).eval()
+    assert all(torch.equal(p, loaded.state_dict()[k]) for k, p in original.state_dict().items()), "transformers' load"
+    return loaded
+
+
+def save_llama_without_its_prefix(path: Path) -> torch.nn.Module:
+    """A small Llama (untied) whose files name the base model's weights without `model.` (`layers.0.*`,
+    `embed_tokens.*`) beside `lm_head.weight`, as some conversion scripts write them; transformers loads it whole."""
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
+
+    original = save_llama(path)
+    for written in [*path.glob("model*.safetensors"), path / "model.safetensors.index.json"]:
+        written.unlink()
+    tensors = {key.removeprefix("model."): value.to(torch.bfloat16).contiguous()
+               for key, value in original.state_dict().items()}  # fmt: skip
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    loaded = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert all(torch.equal(p, loaded.state_dict()[k]) for k, p in original.state_dict().items()), "transformers' load"
+    return loaded

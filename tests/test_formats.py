@@ -222,7 +222,7 @@ def test_each_tokenizer_family_stages_with_its_own_bos_and_eos(kind: str, tmp_pa
     snapshot = Path(result.tokenized_dir)
     meta = json.loads((snapshot / META).read_text())
     bos, eos = {"llama3": ("<|begin_of_text|>", "<|end_of_text|>"), "sentencepiece": ("<s>", "</s>"),
-                "gpt2": (None, "<|endoftext|>")}[kind]  # fmt: skip
+                "gpt2": (None, "<|endoftext|>"), "eos-only": (None, "</s>")}[kind.removesuffix("-bare")]  # fmt: skip
     assert (meta["bos"], meta["eos"]) == (bos, eos)
     tokenizer = Tokenizer.from_file(str(snapshot / TOKENIZER))
     assert meta["vocab_size"] == tokenizer.get_vocab_size() and meta["model_vocab_size"] % 64 == 0
@@ -313,7 +313,9 @@ def test_json_lines_of_arrays_and_lines_that_are_not_json(tmp_path: Path) -> Non
     assert allowed.documents["documents"]["train"] + allowed.documents["documents"]["val"] == 60 + 49
 
 
-def test_a_text_field_for_plain_text_and_tokenizers_without_an_end_token_are_refused(tmp_path: Path) -> None:
+def test_a_text_field_for_plain_text_and_tokenizers_without_an_end_token_or_that_cannot_encode_are_refused(
+    tmp_path: Path,
+) -> None:
     source = tmp_path / "plain"
     for i in range(3):
         (source / f"{i}.txt").parent.mkdir(exist_ok=True)
@@ -329,6 +331,16 @@ def test_a_text_field_for_plain_text_and_tokenizers_without_an_end_token_are_ref
     no_end.save(str(bare := tmp_path / "no-end.json"))
     refused(source, tmp_path / "fsx", r"it defines no end-of-document token .*tokenizer_config.json",
             tokenizer_path=str(bare))  # fmt: skip
+
+    words = Tokenizer(models.WordLevel(vocab={"</s>": 0, "plain": 1, "text": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()  # a word it lacks raises: its unknown token is not in it
+    words.save(str(unknown := tmp_path / "words.json"))
+    refused(
+        source,
+        tmp_path / "fsx",
+        r"words.json: cannot encode text \(WordLevel error: Missing \[UNK\] token",
+        tokenizer_path=str(unknown),
+    )
 
 
 def test_a_killed_encode_of_a_large_parquet_file_carries_on_after_its_last_row_group(tmp_path: Path) -> None:

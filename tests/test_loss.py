@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.allocations import LiveBytes
-from trainer.loss import CHUNK_ELEMENTS, OutputHead, linear_cross_entropy
+from trainer.loss import CHUNK_ELEMENTS, IGNORE_INDEX, OutputHead, linear_cross_entropy
 from trainer.memory import LOSS_BYTES_PER_CHUNK_ELEMENT, LOSS_CHUNK_ELEMENTS
 
 
@@ -73,3 +73,23 @@ def test_the_output_head_gives_logits_without_targets_and_the_chunked_loss_with_
     torch.testing.assert_close(loss, plain_loss(hidden.view(-1, 16), head.weight, targets.view(-1)))
     for ours, plain in zip(chunked, torch.autograd.grad(loss, (hidden, head.weight)), strict=True):
         torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-7)  # fp32: 18 chunks of 7 rows, the same sums
+
+
+def test_ignored_targets_in_many_chunks_have_the_plain_loss_and_gradients() -> None:
+    """IGNORE_INDEX (-100) as F.cross_entropy takes it: the mean over the other targets, no gradient from the
+    ignored rows, whatever the chunking (before: 24.59 against 29.51 with 50 of 300 ignored)."""
+    tokens, vocab, width = 300, 500, 16
+    torch.manual_seed(2)
+    hidden, weight = torch.randn(tokens, width) * 4, torch.randn(vocab, width)
+    targets = torch.randint(0, vocab, (tokens,))
+    targets[torch.randperm(tokens)[:50]] = IGNORE_INDEX
+
+    def chunked(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return linear_cross_entropy(hidden, weight, targets, chunk_elements=7 * vocab)  # 43 chunks of 7 rows
+
+    loss, grads, _ = loss_and_grads(chunked, hidden, weight, targets)
+    plain, plain_grads, _ = loss_and_grads(plain_loss, hidden, weight, targets)
+    torch.testing.assert_close(loss, plain, rtol=1e-5, atol=0)
+    for name, ours, theirs in zip(("hidden", "weight"), grads, plain_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6, msg=f"d loss / d {name}")
+    assert grads[0][targets == IGNORE_INDEX].abs().max() == 0

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import PUBLISHED_VOCAB as VOCAB
-from tests.helpers import save_gpt2, save_llama
+from tests.helpers import save_gpt2, save_gpt2_as_the_hub_serves_it, save_llama, save_llama_without_its_prefix
 from trainer.checkpoint import CheckpointError
 from trainer.parallel import parallelize
 from trainer.published import PublishedModel, load_weights
@@ -23,14 +23,15 @@ def plain_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
 
 
-@pytest.mark.parametrize("save", [save_llama, save_gpt2])
+@pytest.mark.parametrize("save", [save_llama, save_gpt2, save_gpt2_as_the_hub_serves_it, save_llama_without_its_prefix])
 @pytest.mark.usefixtures("one_process_group")
 def test_the_trainers_model_loads_a_published_model_and_computes_its_loss(save, tmp_path: Path) -> None:  # noqa: ANN001
     """Under ddp (every weight whole) and fsdp (sharded DTensors, read piece by piece by DCP's Hugging Face reader):
-    the loss of a batch is transformers' own on the same weights."""
+    the loss of a batch is transformers' own on the same weights; with or without the base model's prefix in the
+    files' names (the Hub's GPT-2: `h.0.*`, no head), as transformers loads them."""
     original = save(tmp_path / "model")
     published = PublishedModel.read(tmp_path / "model")
-    assert (len(published.files) > 1) == (published.config["model_type"] == "llama")
+    assert (len(published.files) > 1) == (save is save_llama)
     tokens = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = plain_loss(original, tokens)
@@ -87,10 +88,11 @@ def test_a_weight_of_another_shape_is_named(tmp_path: Path) -> None:
 
 def test_the_trainers_model_loads_a_published_model_on_two_processes(parallel_probe: Path) -> None:
     """tests/parallel_probe.py: on each of 2 processes, its own batch; under ddp and fsdp (each rank reading only
-    its shards of the sharded Llama's files) the loss the training loop calls is transformers' own."""
+    its shards of the sharded Llama's files; the Hub's GPT-2 layout and a Llama without `model.` in its names, as
+    transformers loads them) the loss the training loop calls is transformers' own."""
     for rank in (0, 1):
         losses = json.loads((parallel_probe / f"published_rank_{rank}.json").read_text())
-        assert set(losses) == {"llama", "gpt2"}
+        assert set(losses) == {"llama", "gpt2", "llama-unprefixed"}
         for model, by in losses.items():
             for kind in ("ddp", "fsdp"):
                 assert by[kind] == pytest.approx(by["transformers"], rel=1e-5), (rank, model, kind, by)

@@ -1,7 +1,10 @@
 """Tokenizers of the three families teams bring, made here with the tokenizers library and written with
 transformers' save_pretrained (nothing downloaded): Llama 3's shape (byte-level BPE, <|begin_of_text|> put first by
 its post-processor, <|end_of_text|>), Llama 2's and Mistral's (SentencePiece-style BPE with a prefix space marker and
-byte fallback, <s> and </s>), and GPT-2's (byte-level BPE, <|endoftext|> as both)."""
+byte fallback, <s> and </s>), and GPT-2's (byte-level BPE, <|endoftext|> as both). A team's own tokenizer, trained
+with the tokenizers library has no post-processor: the `-bare` kinds are the first two so (tokenizer.json as the
+library saves it, their BOS named only in tokenizer_config.json), and `eos-only` names an end token and no BOS
+(save_pretrained's tokenizer.json, whose post-processor transformers 5 writes as a template of the text alone)."""
 
 from __future__ import annotations
 
@@ -11,10 +14,15 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-KINDS = ("llama3", "sentencepiece", "gpt2")
+KINDS = ("llama3", "sentencepiece", "gpt2", "llama3-bare", "sentencepiece-bare", "eos-only")
 
 
 def make_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 400) -> Tokenizer:
+    if kind.endswith("-bare"):  # the family's tokenizer as the tokenizers library trains it: no post-processor
+        tokenizer = make_tokenizer(kind.removesuffix("-bare"), texts, vocab_size)
+        data = json.loads(tokenizer.to_str())
+        data["post_processor"] = None
+        return Tokenizer.from_str(json.dumps(data))
     if kind == "sentencepiece":
         tokenizer = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
         tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
@@ -28,7 +36,9 @@ def make_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 400) -> To
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
-        specials = ["<|begin_of_text|>", "<|end_of_text|>"] if kind == "llama3" else ["<|endoftext|>"]
+        specials = {"llama3": ["<|begin_of_text|>", "<|end_of_text|>"], "eos-only": ["</s>"]}.get(
+            kind, ["<|endoftext|>"]
+        )
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     tokenizer.train_from_iterator(texts, trainer=trainer)
@@ -59,6 +69,9 @@ def save_pretrained(kind: str, tokenizer: Tokenizer, directory: Path) -> Path:
         "llama3": {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
         "sentencepiece": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
         "gpt2": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
-    }[kind]
+        "eos-only": {"eos_token": "</s>"},
+    }[kind.removesuffix("-bare")]
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, **names).save_pretrained(directory)
+    if kind.endswith("-bare"):  # transformers 5 writes an empty template as the post-processor; the library, none
+        tokenizer.save(str(directory / "tokenizer.json"))
     return directory

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 CHUNK_ELEMENTS = 2**26  # fp32 logits per chunk: 256 MB
+IGNORE_INDEX = -100  # a target that takes no part in the loss: F.cross_entropy's default ignore_index
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -50,8 +51,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad = (h @ weight.T).float()  # the chunk's logits, turned into d(loss)/d(logits) in place:
             grad -= grad.logsumexp(-1, keepdim=True)
             grad.exp_()  # softmax
-            grad[torch.arange(len(t), device=t.device), t] -= 1.0
-            grad *= grad_total
+            kept = t != IGNORE_INDEX
+            grad[kept.nonzero().squeeze(1), t[kept]] -= 1.0
+            grad *= kept.unsqueeze(1) * grad_total  # an ignored target's row has no gradient
             grad_hidden[rows] = grad.to(weight.dtype) @ weight
             grad_weight.addmm_(grad.T, h.float())
             del grad
@@ -62,13 +64,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
                          chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:  # fmt: skip
     """The mean next-token cross-entropy (fp32) of the logits `hidden` [..., h] @ `weight` [vocab, h].T against
     `targets` [...], one chunk of at most `chunk_elements` fp32 logits at a time (the plain form when they all fit
-    in one)."""
+    in one). Targets equal to `IGNORE_INDEX` take no part, as in `F.cross_entropy`: the mean is over the others."""
     flat_hidden, flat_targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
     vocab = weight.size(0)
     if flat_targets.numel() * vocab <= chunk_elements:
         return plain_cross_entropy(F.linear(flat_hidden, weight), flat_targets)
     rows = max(1, chunk_elements // vocab)
-    return _LinearCrossEntropy.apply(flat_hidden, weight, flat_targets, rows) / flat_targets.numel()
+    return _LinearCrossEntropy.apply(flat_hidden, weight, flat_targets, rows) / (flat_targets != IGNORE_INDEX).sum()
 
 
 def plain_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

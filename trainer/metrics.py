@@ -77,7 +77,8 @@ def peak_flops(device: torch.device, given_tflops: float) -> float | None:
 def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
     """Training FLOPs per token: 6 per weight (forward and backward) plus attention over the context.
 
-    The PaLM paper's estimate, 6N + 12 * layers * width * seq_len, with N the weights that take part in a matmul:
+    The PaLM paper's estimate, 6N + 12 * layers * heads * head_dim * seq_len (heads * head_dim is the width unless a
+    config sets head_dim apart, as some published Llamas do), with N the weights that take part in a matmul:
     not the position embeddings nor an untied token embedding (lookups); a tied one counts once, as the output
     projection (torchtitan counts the same way). At llama-8b (untied) counting the token embedding overstated MFU by
     about 5% at seq 8192.
@@ -86,7 +87,9 @@ def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
     lookup = model.get_input_embeddings().weight
     tied = bool(getattr(config, "tie_word_embeddings", False))  # the config's word, whatever sharding did to the tie
     n = sum(p.numel() for name, p in model.named_parameters() if "wpe" not in name and (tied or p is not lookup))
-    return 6 * n + 12 * config.num_hidden_layers * config.hidden_size * seq_len
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads  # a Llama may set it apart
+    return 6 * n + 12 * config.num_hidden_layers * heads * head_dim * seq_len
 
 
 class MetricsLog:

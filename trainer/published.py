@@ -130,27 +130,42 @@ class PublishedModel:
 def load_weights(model: torch.nn.Module, published: PublishedModel) -> None:
     """Fill `model`'s parameters (plain, or FSDP's DTensors) from the published safetensors, collectively under a
     process group: each rank reads the pieces it holds. A tied weight is read once (save_pretrained leaves out its
-    alias); the rotary frequencies and other buffers are the model's own. A tensor missing from the files or of
-    another shape is named."""
+    alias); the rotary frequencies and other buffers are the model's own; names with or without the base model's
+    prefix are taken as transformers takes them (`model_key`), and tensors the model lacks (GPT-2's old attention
+    masks) are left. A tensor missing from the files or of another shape is named."""
     import torch.distributed as dist
     from safetensors import safe_open
 
-    state = dict(model.named_parameters())  # a tied weight once, by its first name (save_pretrained's too)
+    parameters = dict(model.named_parameters())  # a tied weight once, by its first name (save_pretrained's too)
     shapes: dict[str, tuple[int, ...]] = {}
     for name in published.files:
         with safe_open(published.path / name, "pt") as f:
             shapes |= {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    file_keys = {model_key(key, model.base_model_prefix, parameters): key for key in shapes}
     where = f"--init-from-model {published.path}"
-    if missing := sorted(set(state) - set(shapes)):
+    if missing := sorted(set(parameters) - set(file_keys)):
         raise CheckpointError(f"{where}: {len(missing)} weight(s) of the model are not in its files: "
                               f"{', '.join(missing[:3])}")  # fmt: skip
-    for name, parameter in state.items():
-        if shapes[name] != tuple(parameter.shape):
-            raise CheckpointError(f"{where}: {name} is {list(shapes[name])} in the files and {list(parameter.shape)} "
+    state = {file_keys[name]: parameter for name, parameter in parameters.items()}  # as the files name them
+    for key, parameter in state.items():
+        if shapes[key] != tuple(parameter.shape):
+            raise CheckpointError(f"{where}: {key} is {list(shapes[key])} in the files and {list(parameter.shape)} "
                                   "in the model its config.json describes")  # fmt: skip
     with warnings.catch_warnings():  # one process (the evaluation's baseline) is meant: DCP warns it assumes so
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, storage_reader=TensorAtATimeReader(str(published.path)), no_dist=not dist.is_initialized())
+
+
+def model_key(file_key: str, prefix: str, model_keys: Any) -> str:
+    """The model's name for a tensor the files name `file_key`, as transformers loads them
+    (transformers 5.24 core_model_loading.py rename_source_key): the base model's prefix (GPT-2's `transformer`,
+    Llama's `model`) taken off where only the name without it is the model's, or put on where only the name with it
+    is: the Hub's GPT-2 files name its weights `h.0.*`, `wte.*`, as the base model saved them."""
+    if file_key.startswith(f"{prefix}.") and file_key.removeprefix(f"{prefix}.") in model_keys:
+        return file_key.removeprefix(f"{prefix}.")
+    if f"{prefix}.{file_key}" in model_keys:
+        return f"{prefix}.{file_key}"
+    return file_key
 
 
 class TensorAtATimeReader(dcp.HuggingFaceStorageReader):

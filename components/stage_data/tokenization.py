@@ -52,6 +52,7 @@ from components.stage_data.tokenizer import (
     Specials,
     as_trained,
     block_safe,
+    check_encodes,
     model_vocab_size,
     special_tokens,
     train_tokenizer,
@@ -503,6 +504,7 @@ def _plan(
 def load_given(given: GivenTokenizer) -> tuple[Tokenizer, Specials]:
     """The given tokenizer as the snapshot keeps it (tokenizer.as_trained), and its special tokens."""
     tokenizer = given.load()
+    check_encodes(tokenizer, given.where)
     specials = special_tokens(tokenizer, given.config, given.where)
     log.info("tokenizer %s: %d tokens; documents are written as %sEOS %s", given.where, tokenizer.get_vocab_size(),
              f"BOS {specials.bos} + text + " if specials.bos else "text + ", specials.eos)  # fmt: skip

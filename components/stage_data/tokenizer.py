@@ -137,6 +137,16 @@ def _s3_files(uri: str, endpoint_url: str) -> dict[str, bytes]:
         source.close()
 
 
+def check_encodes(tokenizer: Tokenizer, where: str) -> None:
+    """An InputError, in one line, for a tokenizer that cannot encode ordinary text (a word-level vocabulary without
+    an unknown token raises on the first word it lacks), before any document reaches it."""
+    probe = "The 3 quick brown foxes, naïve café: 東京.\n\tdef f(x): return x\n"
+    try:
+        tokenizer.encode(probe, add_special_tokens=True)
+    except Exception as exc:  # the library raises a bare Exception
+        raise InputError(f"tokenizer {where}: cannot encode text ({str(exc).splitlines()[0]})") from None
+
+
 def _config_token(config: dict[str, Any], key: str) -> str | None:
     value = config.get(key)
     if isinstance(value, dict):
@@ -193,10 +203,10 @@ def as_trained(tokenizer: Tokenizer, specials: Specials) -> Tokenizer:
     wanted = ([specials.bos_id] if specials.bos_id is not None else []) + plain
     if tokenizer.encode(probe, add_special_tokens=True).ids != wanted:
         kept = [p for p in _processors(data.get("post_processor")) if p.get("type") == "ByteLevel"]
-        template = ([f"{specials.bos}:0"] if specials.bos is not None else []) + ["$A:0"]
-        ours = processors.TemplateProcessing(
-            single=" ".join(template),
-            pair=" ".join(template + [t.replace(":0", ":1") for t in template]),
+        bos = [specials.bos] if specials.bos is not None else []
+        ours = processors.TemplateProcessing(  # a pair as two documents: [BOS] $A [BOS] $B
+            single=[*bos, "$A"],
+            pair=[*bos, "$A", *(f"{b}:1" for b in bos), "$B:1"],
             special_tokens=[(specials.bos, specials.bos_id)] if specials.bos is not None else [],
         )
         data["post_processor"] = {"type": "Sequence", "processors": [*kept, json.loads(ours.__getstate__())]} \
