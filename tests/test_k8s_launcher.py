@@ -33,7 +33,7 @@ from common.errors import InputError, StepFailed
 from components.kube import Kube, KubeSettings, api_client_from_environment
 from components.launch_pytorchjob.core import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig, launch
 from components.launch_pytorchjob.job_api import JOB_APIS
-from components.launch_pytorchjob.k8s_backend import WatchSettings, create_or_attach, run_job
+from components.launch_pytorchjob.k8s_backend import DIAGNOSE_EVERY_S, WatchSettings, create_or_attach, run_job
 from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, job_name, render_job
 from components.launch_pytorchjob.platform import Platform
 from components.run_summary.core import job_cleanup, summarize_run
@@ -311,6 +311,37 @@ def test_a_crash_loop_fails_at_the_backoff_limit_with_the_lines_kept_at_each_res
     # the exit code as kept at a restart, or as the diagnosis says it when the pods could still be read at the end
     assert "exit code 1 (Error)" in message
     wait_for(lambda: cluster.pods(job_name("pipeline-crash-loop", "crash-loop")) == [], 10, "pods deleted")
+
+
+def test_an_exit_code_job_whose_worker_is_oom_killed_and_made_anew_ends_at_its_restart_budget(
+    staged_root: Path, make_cluster
+) -> None:
+    """restartPolicy ExitCode: the operator gives the pods restartPolicy Never, deletes a worker that exits 137
+    (OOMKilled) and makes a new pod (restartCount 0), and its backoff limit, counting restarts of Running pods, never
+    fires (1.8.1 ReconcilePods, PastBackoffLimit). The launcher counts each new pod of a replica as a restart: the
+    budget (1 on 2 nodes: backoffLimit 3) is used up at the third, and the step fails then, naming the exit code."""
+    made_anew: list[float] = []
+
+    def oom_and_made_anew(job: Any) -> None:
+        job.exit(1, 137, "OOMKilled")
+        job.start_recreated(1)
+        made_anew.append(time.monotonic())
+
+    timeline = Timeline.started(2)
+    for _ in range(8):  # more than the budget: the old launcher watched this loop until its deadline
+        timeline = timeline.then(0.3, oom_and_made_anew)
+    cluster = make_cluster(timeline=timeline)
+    options = {**FAILS_AT_THIRD_RESTART, "restart_policy": "ExitCode", "auto_resume": False}
+    cfg = cluster_config(staged_root, "oom-anew", cluster.namespace, job_options=options)
+    job = render_job(cfg.job_spec())
+    with pytest.raises(StepFailed) as failure:
+        run_job(Kube(cluster.runner()), job, fast(logs="none", diagnose_every_s=DIAGNOSE_EVERY_S), threading.Event())
+    ended = time.monotonic()
+    message = str(failure.value)
+    assert "used up its restart budget: 3 restarts (backoffLimit 3)" in message, message
+    assert "worker-1: exit code 137 (OOMKilled)" in message
+    assert len(made_anew) >= 3 and ended - made_anew[2] < 5, f"{ended - made_anew[2]:.1f}s after the third restart"
+    assert deleted_jobs(cluster) == [(job["metadata"]["name"], "Foreground")]
 
 
 def test_a_failure_without_the_events_permission_says_so(staged_root: Path, make_cluster, caplog) -> None:
@@ -707,13 +738,16 @@ def test_a_failed_job_whose_pods_were_deleted_still_names_the_trainers_last_line
 
 def test_an_elastic_job_running_on_its_minimum_with_pods_pending_succeeds(staged_root: Path, make_cluster,
                                                                           caplog) -> None:  # fmt: skip
-    """A 2:4 job runs on 2 nodes while 2 pods wait Pending for room: that is elasticity, not a stuck job. The
-    operator creates maxReplicas pods and calls an elastic job Succeeded when one worker succeeded (#1752)."""
+    """A 2:4 job runs on 2 nodes while 2 pods wait Pending for room, past the Pending deadline: that is elasticity,
+    not a stuck job. The operator creates maxReplicas pods and calls an elastic job Succeeded when one worker
+    succeeded (#1752). (It was once deleted as "never started: no pods made" once it ran longer than the deadline.)"""
     caplog.set_level(logging.INFO)
-    timeline = Timeline.started(2, pending=2) + Timeline.lines(LINES[:3], [0, 1], 0.3) + Timeline.exits([0, 1])
+    timeline = Timeline.started(2, pending=2) + Timeline.lines(LINES[:6], [0, 1], 1.0) + Timeline.exits([0, 1])
     cluster = make_cluster(timeline=timeline)
     job = render_job(cluster_config(staged_root, "elastic", cluster.namespace, nnodes=2, max_nodes=4).job_spec())
-    outcome = run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=2.5), threading.Event())
+    # the pods read at the launcher's own pace (every 10 s), not the other tests' 0.2 s
+    settings = fast(pending_timeout_s=2.5, diagnose_every_s=DIAGNOSE_EVERY_S)
+    outcome = run_job(Kube(cluster.runner()), job, settings, threading.Event())
     assert outcome.state == "Succeeded" and deleted_jobs(cluster) == []
     assert "Pending beyond the minimum of 2" in caplog.text
     assert not [f for f in outcome.diagnosis if f.startswith("Pod stuck in Pending")], outcome.diagnosis
@@ -729,6 +763,28 @@ def test_a_job_that_never_starts_is_deleted_at_the_pending_deadline(api: str, st
     with pytest.raises(StepFailed, match=r"never started: pods Pending .* Insufficient nvidia.com/gpu"):
         run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=3), threading.Event())
     assert [policy for _, policy in deleted_jobs(cluster)] == [cluster.api.propagation]
+
+
+def test_a_job_that_gets_no_pod_at_all_fails_at_the_pending_deadline_with_the_operators_reason(
+    staged_root: Path, make_cluster
+) -> None:
+    """A namespace whose ResourceQuota allows no pod: the operator's creates are refused (its FailedCreate events on
+    the job), and with no pod to key it on, the Pending clock runs from the job's creation."""
+    cluster = make_cluster(timeline=Timeline())
+    core = kubernetes.client.CoreV1Api(cluster.admin)
+    quota = {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+    core.create_namespaced_resource_quota(cluster.namespace, quota)
+    # what kube-controller-manager's resourcequota controller (not run here) writes before admission enforces it
+    status = {"status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}}
+    core.patch_namespaced_resource_quota_status("no-pods", cluster.namespace, status)
+    job = render_job(cluster_config(staged_root, "no-pod", **on(cluster)).job_spec())
+    with pytest.raises(StepFailed) as failed:
+        run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=3, diagnose_every_s=DIAGNOSE_EVERY_S),
+                threading.Event())  # fmt: skip
+    message = str(failed.value)
+    assert "never started: no pods made for" in message and "past the Pending deadline of 3s" in message
+    assert "FailedCreate: Error creating: pods" in message and "exceeded quota: no-pods" in message, message
+    assert cluster.pods(job["metadata"]["name"]) == []
 
 
 @BOTH_APIS

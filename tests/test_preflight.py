@@ -249,8 +249,8 @@ def test_a_cluster_where_everything_fits_passes(site: Site) -> None:
         "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 (kubeflow/training-operator, image tag "
         "v1-04f9f13)"
     ), "a standard install's image is tagged with a commit, not the version"
-    assert check(result, "permissions").reason == (f"all 7 permissions the launcher uses, in namespace {ns}, for "
-                                                   "kubeflow/pipeline-runner (7 from render-rbac's Roles)")  # fmt: skip
+    assert check(result, "permissions").reason == (f"all 8 permissions the launcher uses, in namespace {ns}, for "
+                                                   "kubeflow/pipeline-runner (8 from render-rbac's Roles)")  # fmt: skip
     assert check(result, "fsx-pvc").reason == f"fsx-lustre-pvc in {ns}: Bound, ReadWriteMany, 1200Gi"
     throughput = check(result, "checkpoint-throughput").reason
     assert throughput.startswith("the small checkpoint, ") and throughput.endswith(
@@ -591,10 +591,10 @@ def test_a_kubeflow_profiles_default_editor_passes_with_what_kubeflow_and_render
     assert statuses(result) == all_pass(api=api), result.markdown()
     job_role = "kubeflow-trainer-edit" if api == TRAINJOB.name else "kubeflow-training-edit"
     # A TrainJob's JobSet (a new attempt waits for it to go) is not Kubeflow's to grant: render-rbac's Role does.
-    count, ours = (8, "1 from render-rbac's Roles; ") if api == TRAINJOB.name else (7, "")
+    count, ours = (9, "1 from render-rbac's Roles; ") if api == TRAINJOB.name else (8, "")
     assert check(result, "permissions").reason == (
         f"all {count} permissions the launcher uses, in namespace {site.namespace}, for {site.namespace}/default-editor"
-        f" (4 from Kubeflow's {job_role} (kubeflow-edit); {ours}3 from Kubeflow's kubeflow-kubernetes-view "
+        f" (4 from Kubeflow's {job_role} (kubeflow-edit); {ours}4 from Kubeflow's kubeflow-kubernetes-view "
         "(kubeflow-edit))"
     )
 
@@ -789,11 +789,11 @@ def test_a_trainjob_preflight_asks_for_the_trainjob_verbs(trainer_site: Site) ->
     the PyTorchJob's: granted by the deploy files, and the ones named when cut."""
     site = trainer_site
     permissions = check(site.run(platform=TRAINJOB_PLATFORM), "permissions")
-    assert len(launcher_access(TRAINJOB)) == 8 and {a[1:3] for a in launcher_access(TRAINJOB)} == {
+    assert len(launcher_access(TRAINJOB)) == 9 and {a[1:3] for a in launcher_access(TRAINJOB)} == {
         ("trainer.kubeflow.org", "trainjobs"), ("jobset.x-k8s.io", "jobsets"), ("", "pods"),
         ("", "events")}  # fmt: skip
-    assert (permissions.status, permissions.reason) == (PASS, "all 8 permissions the launcher uses, in namespace "
-                                                        f"{site.namespace}, for kubeflow/pipeline-runner (8 from "
+    assert (permissions.status, permissions.reason) == (PASS, "all 9 permissions the launcher uses, in namespace "
+                                                        f"{site.namespace}, for kubeflow/pipeline-runner (9 from "
                                                         "render-rbac's Roles)")  # fmt: skip
     pytorchjobs_cut = site.with_grants(deploy_grants(without=("create pytorchjobs", "delete pytorchjobs")))
     assert check(pytorchjobs_cut.run(platform=TRAINJOB_PLATFORM), "permissions").status == PASS
@@ -840,8 +840,8 @@ def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(make_site: Callable
     permissions = check(site.run(namespace=team), "permissions")
     assert permissions.status == FAIL and permissions.reason.startswith(
         f"{site.namespace}/{LESS_GRANTED} may not, in namespace {team}: create pytorchjobs.kubeflow.org, get "
-        "pytorchjobs.kubeflow.org, watch pytorchjobs.kubeflow.org, delete pytorchjobs.kubeflow.org, get pods/log; "
-        "also list events"  # list pods: granted in every namespace by deploy/rbac-cluster-read.yaml
+        "pytorchjobs.kubeflow.org, watch pytorchjobs.kubeflow.org, delete pytorchjobs.kubeflow.org, watch pods, get "
+        "pods/log; also list events"  # list pods: granted in every namespace by deploy/rbac-cluster-read.yaml
     )
     assert permissions.fix == (f"hyperpod-pretrain render-rbac --namespace {site.namespace} --jobs-namespace "
                                f"{team} --service-account {LESS_GRANTED} --job-api pytorchjob | kubectl apply -f "

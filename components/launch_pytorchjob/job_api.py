@@ -113,6 +113,11 @@ class JobApi:
         """Restarts so far: of containers, and of the whole group where the API restarts it."""
         raise NotImplementedError
 
+    def restart_limit(self, job: dict[str, Any]) -> int | None:
+        """The restarts the launcher fails the job at, counting pods made anew for a replica (restarts.py) where the
+        operator's own count misses them; None where the operator counts every restart itself."""
+        return None
+
     def times(self, job: dict[str, Any]) -> tuple[float | None, float | None]:
         """(queued, running) seconds from the job's own timestamps: creation to start, start to end."""
         raise NotImplementedError

@@ -53,6 +53,7 @@ from components.launch_pytorchjob.evidence import TrainerEvidence, last_lines_of
 from components.launch_pytorchjob.job_api import JobApi, api_of
 from components.launch_pytorchjob.manifest import ATTEMPT_ANNOTATION, AUTO_RESUME, SPEC_HASH_ANNOTATION, render_job
 from components.launch_pytorchjob.progress import TrainingWatch
+from components.launch_pytorchjob.restarts import Restarts
 from components.launch_pytorchjob.trainjob import runtime_grace_period
 
 log = logging.getLogger(__name__)
@@ -382,6 +383,68 @@ class JobWatcher(Reader):
             watch.stop()
 
 
+class PodWatcher(Reader):
+    """Puts every state of the job's pods on `pods`: a list, then a watch from it, both again after an interruption.
+    A pod that its operator deletes and makes anew after a failure lives for moments between two readings of the
+    diagnosis; the restart budget counts each (restarts.py). Without the watch verb it says so once and stops: the
+    diagnosis's readings still count what they see."""
+
+    def __init__(self, kube: Kube, api: JobApi, ns: str, name: str, settings: WatchSettings, stop: threading.Event):
+        super().__init__("pod-watch", stop)
+        self.kube, self.api, self.ns, self.settings = kube, api, ns, settings
+        self.selector = api.pod_selector(name)
+        self.pods: queue.Queue[Any] = queue.Queue()
+
+    def run(self) -> None:
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                listed = self.kube.call("list pods", self.kube.core.list_namespaced_pod, self.ns,
+                                        label_selector=self.selector)  # fmt: skip
+                for pod in listed.items:
+                    self.pods.put(pod)
+                self._watch_from(listed.metadata.resource_version)
+                failures = 0
+            except Exception as exc:
+                if not is_transient(exc) and not isinstance(exc, StepFailed):
+                    if not self.stop.is_set():
+                        log.warning("not watching the job's pods (%s): restarts are counted as the diagnosis reads "
+                                    "them, every %gs", describe(exc), self.settings.diagnose_every_s)  # fmt: skip
+                    return
+                failures += 1
+                self.stop.wait(min(8.0, 0.25 * 2 ** (failures - 1)))
+
+    def _watch_from(self, resource_version: str) -> None:
+        list_pods = self.kube.core.list_namespaced_pod
+
+        @functools.wraps(list_pods)  # Watch reads the docstring for what to deserialize
+        def opened(*args: Any, **kwargs: Any) -> Any:
+            return self.reading(list_pods(*args, **kwargs))
+
+        watch = Watch()
+        stream = watch.stream(
+            opened, self.ns, label_selector=self.selector, resource_version=resource_version,
+            timeout_seconds=self.settings.watch_timeout_s,
+            _request_timeout=(self.kube.settings.request_timeout_s, self.settings.watch_timeout_s + 15),
+        )  # fmt: skip
+        try:
+            for event in stream:
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    self.pods.put(event["object"])
+                if self.stop.is_set():
+                    return
+        finally:
+            watch.stop()
+
+
+def drained(pods: queue.Queue[Any]) -> list[Any]:
+    taken = []
+    with contextlib.suppress(queue.Empty):
+        while True:
+            taken.append(pods.get_nowait())
+    return taken
+
+
 # -- logs -------------------------------------------------------------------------------------------------
 
 
@@ -684,6 +747,15 @@ class Diagnoser:
                 log.warning("%s restarted (%s)", name, self.restart_tails[name])
 
 
+def not_started_for(diagnoser: Diagnoser, diagnosis: Diagnosis, deadlines: Deadlines) -> tuple[str, float]:
+    """What keeps a job that has not started, and for how long, from the pods last read: pods Pending count from the
+    oldest one; no pods at all, from when the job could run (created, or admitted by Kueue), since an operator that
+    cannot make them says so only in its events."""
+    if any(not p.metadata.deletion_timestamp for p in diagnoser.pods or []):
+        return "pods Pending", diagnosis.pending_for()
+    return "no pods made", deadlines.runnable_for()
+
+
 def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: threading.Event,
             diagnosis: Diagnosis | None = None, evidence: Callable[[], TrainerEvidence | None] = lambda: None,
             on_owned: Callable[[str], None] = lambda uid: None,
@@ -710,6 +782,9 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     watcher = JobWatcher(kube, stored, settings, stop)
     watcher.updates.put(stored)
     watcher.start()
+    restart_count, restart_limit = Restarts(), api.restart_limit(stored)
+    pod_watcher = PodWatcher(kube, api, ns, name, settings, stop)
+    pod_watcher.start()
     nodes = {"none": [], "all": list(range(workers))}.get(settings.logs, [0])
     streamers = [LogStreamer(kube, api, ns, name, node, settings, stop, diagnosis.observe_line) for node in nodes]
     for streamer in streamers:
@@ -745,20 +820,31 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
             if diagnoser.pods is not None:
                 deadlines.pods_changed(diagnoser.pods, current)
                 diagnosis.started = deadlines.started
+            if deadlines.queued or api.is_failed(current):
+                restart_count.forget_pods()  # Kueue's preemption, HyperPod's auto-resume: pods made anew by design
+            # the watch's states in order; the diagnosis's readings where the watch is refused
+            for pod in drained(pod_watcher.pods) + ([] if pod_watcher.is_alive() else diagnoser.pods or []):
+                restart_count.observe(api.pod_label(pod.metadata.name, name), pod)
+            if restart_count.past(restart_limit):
+                give_up(f"used up its restart budget: {restart_count.count} restarts (backoffLimit {restart_limit}), "
+                        f"{restart_count.summary()}")  # fmt: skip
             if deadlines.queued:
                 if settings.queue_timeout_s and deadlines.queued_for() > settings.queue_timeout_s:
                     give_up(f"was queued (suspended, not admitted) for {deadlines.queued_for():.0f}s, past the queue "
                             f"deadline of {settings.queue_timeout_s:.0f}s")  # fmt: skip
             elif not deadlines.started:
-                # Pods Pending count from the oldest one; no pods at all, from when the job could run (created, or
-                # admitted by Kueue): an operator that cannot make them says so only in its events.
-                live = any(not p.metadata.deletion_timestamp for p in diagnoser.pods or [])
-                waited = diagnosis.pending_for() if live else deadlines.runnable_for()
                 limit = settings.pending_timeout_s or (settings.creation_timeout_s if diagnosis.not_created else 0)
-                if limit and waited > limit:
-                    what = "pods Pending" if live else "no pods made"
-                    deadline = "Pending" if settings.pending_timeout_s else "creation"
-                    give_up(f"never started: {what} for {waited:.0f}s, past the {deadline} deadline of {limit:.0f}s")
+                if limit and not_started_for(diagnoser, diagnosis, deadlines)[1] > limit:
+                    # decided on the pods as they are now: the last reading may be from before they were made, or
+                    # ran (the diagnosis reads them every diagnose_every_s, longer than a Pending deadline may be)
+                    diagnoser.tick(force=True)
+                    if diagnoser.pods is not None:
+                        deadlines.pods_changed(diagnoser.pods, current)
+                    what, waited = not_started_for(diagnoser, diagnosis, deadlines)
+                    if not deadlines.started and waited > limit:
+                        deadline = "Pending" if settings.pending_timeout_s else "creation"
+                        give_up(f"never started: {what} for {waited:.0f}s, past the {deadline} deadline of "
+                                f"{limit:.0f}s")  # fmt: skip
             elif settings.recovery_timeout_s and deadlines.degraded_for() > settings.recovery_timeout_s:
                 give_up(f"ran with fewer than its minimum of {min_pods} pod(s) for {deadlines.degraded_for():.0f}s "
                         f"(a lost node not replaced), past the recovery deadline of "
@@ -808,9 +894,9 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
         for streamer in streamers:
             streamer.join(timeout=max(0.0, drain_until - time.monotonic()))
     finally:
-        end_readers([watcher, *streamers], stop)
+        end_readers([watcher, pod_watcher, *streamers], stop)
     queued, running = api.times(current)
-    restarts = api.restarts(current, job_pods(kube, api, ns, name))
+    restarts = max(api.restarts(current, job_pods(kube, api, ns, name)), restart_count.count)
     findings = [f.line() for f in diagnosis.findings]
     state = "Succeeded" if api.is_succeeded(current) else "Failed"
     outcome = JobOutcome(name, ns, state, reattached, attempt, queued, running, restarts, api.conditions(current),

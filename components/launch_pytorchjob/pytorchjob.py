@@ -88,6 +88,11 @@ class PyTorchJobApi(JobApi):
         in_place = sum(c.restart_count or 0 for pod in pods for c in pod.status.container_statuses or [])
         return in_place + sum(1 for c in self.conditions(job) if c["type"] == "Restarting")
 
+    def restart_limit(self, job: dict[str, Any]) -> int | None:
+        """The job's backoffLimit: the operator's own count misses the pods it makes anew (restartPolicy ExitCode)."""
+        limit = (job["spec"].get("runPolicy") or {}).get("backoffLimit")
+        return None if limit is None else int(limit)
+
     def times(self, job: dict[str, Any]) -> tuple[float | None, float | None]:
         created = seconds(job.get("metadata", {}).get("creationTimestamp"))
         by_type = {c["type"]: seconds(c.get("lastTransitionTime")) for c in self.conditions(job)}

@@ -43,11 +43,13 @@ class RoleSpec:
 LAUNCHER_ROLE = "hyperpod-pretrain-launcher"
 
 LAUNCHER = RoleSpec(LAUNCHER_ROLE, JOBS, "rbac.yaml", (
-    Rule("", ("pods",), ("list",), """\
+    Rule("", ("pods",), ("list", "watch"), """\
 list: the job's pods by label (JobApi.pod_selector: training.kubeflow.org/job-name for a PyTorchJob,
   jobset.sigs.k8s.io/jobset-name for a TrainJob): k8s_backend.job_pods (pod_summary, describe_failure,
-  Diagnoser.tick, the restarts at the end); verify_nccl.fetch_pod_logs; one node's pods by label
-  (JobApi.node_selector): LogStreamer.restarted_since_last_read. Pods are never read one by one (get) nor watched."""),
+  Diagnoser.tick, the restarts at the end), PodWatcher.run; verify_nccl.fetch_pod_logs; one node's pods by label
+  (JobApi.node_selector): LogStreamer.restarted_since_last_read.
+watch: PodWatcher._watch_from, the job's pods by the same label: a pod made anew after a failure counts against the
+  restart budget (restarts.py). Pods are never read one by one (get)."""),
     Rule("", ("pods/log",), ("get",), """\
 get: LogStreamer._follow (following node 0's or every node's log), describe_failure, current_lines and last_lines
   (a failed or restarted container's last lines), verify_nccl.fetch_pod_logs."""),

@@ -11,6 +11,10 @@ Sources, kubeflow/training-operator at tag v1.8.1 (each function below names its
   ``PastBackoffLimit`` sums the container restarts of the job's Running pods (job-wide).
 - ``pkg/controller.v1/common/pod.go`` ``ReconcilePods`` / ``createNewPod``: ``<job>-<type>-<index>`` pods with the
   ``training.kubeflow.org/*`` labels and a controller ownerReference; restartPolicy ExitCode becomes Never on the pod;
+  a Failed pod with a retryable exit code (ExitCode: >= 128, ``pkg/util/train/train_util.go``
+  ``IsRetryableExitCode``; OnFailure/Always: any) is deleted and made anew, a new pod with a restartCount of 0;
+  ``pkg/controller.v1/control/pod_control.go`` ``createPods``: a refused create is a Warning event ``FailedCreate``
+  ("Error creating: <the API's error>") on the job;
   ``pkg/controller.v1/common/service.go``: a headless Service per pod, port ``pytorchjob-port`` 23456.
 - ``pkg/util/status.go`` ``UpdateJobConditions`` / ``setCondition`` / ``filterOutCondition``: a Failed job's
   conditions never change again; Running and Restarting replace each other; Succeeded or Failed set Running False.
@@ -217,6 +221,7 @@ class TrainingOperator(PolledController):
         self._versions: dict[str, tuple[str, ...]] = {}  # job uid -> the job's and its pods' versions reconciled
         self._deadline_timers: dict[str, float] = {}  # job uid -> when its activeDeadlineSeconds reconcile is due
         self._services: set[str] = set()  # job uids whose services exist
+        self._failed_creates: set[tuple[str, str]] = set()  # (job uid, message) of the FailedCreate events made
         self.start()
 
     def reconcile_all(self) -> None:
@@ -388,8 +393,27 @@ class TrainingOperator(PolledController):
                             "ownerReferences": [self._owner(job)],
                             "annotations": (template.get("metadata") or {}).get("annotations", {})},
                "spec": spec}  # fmt: skip
-        with contextlib.suppress(ApiException):  # 409: created by the previous pass
+        try:
             self.core.create_namespaced_pod(self.namespace, pod, _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: created by the previous pass
+                self._failed_create(job, f"Error creating: {json.loads(exc.body or '{}').get('message', exc.reason)}")
+
+    def _failed_create(self, job: dict[str, Any], message: str) -> None:
+        """The recorder's Warning event on the job, once per message (client-go's correlator counts repeats)."""
+        key = (job["metadata"]["uid"], message)
+        if key in self._failed_creates:
+            return
+        self._failed_creates.add(key)
+        meta, stamp = job["metadata"], now()
+        self.core.create_namespaced_event(self.namespace, {
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": self.namespace},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"],
+                               "namespace": self.namespace, "uid": meta["uid"]},
+            "reason": "FailedCreate", "message": message, "type": "Warning",
+            "source": {"component": "pytorchjob-controller"}, "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "count": 1,
+        }, _preload_content=False)  # fmt: skip
 
     def _reconcile_services(self, job: dict[str, Any], rtype: str, rspec: dict[str, Any],
                             pods: list[dict[str, Any]]) -> None:  # fmt: skip
