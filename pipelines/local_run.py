@@ -76,15 +76,16 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
     run_id = arguments["run_id"]
     pipeline_root = storage_root / "kfp-local" / run_id
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
-    pipeline = components.load_component_from_file(str(pipeline_file))
+    pipeline = components.load_component_from_text(without_retries(pipeline_file.read_text()))
     started = time.monotonic()
     with warnings.catch_warnings():
         # kfp.local warns that our components image is not a python image: locally it runs in this venv.
         warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
-        # ...and, once per step, that the step's CPU and memory limits, timeout and retries mean nothing here
+        # ...and, once per step, that the step's CPU and memory limits and timeout mean nothing here
         # (kfp/local/orchestrator/task_executor.py, _warn_local_only_noops): true of every step, said once here.
         warnings.filterwarnings("ignore", message=r"Task '.*': settings \[.*", category=UserWarning)
-        log.info("kfp.local ignores each step's CPU and memory limits, timeout and retries")
+        log.info("kfp.local ignores each step's CPU and memory limits and timeout; each step runs once (the "
+                 "pipeline's retries are for a pod lost on the cluster)")  # fmt: skip
         try:
             with quiet_console(verbose):
                 pipeline(**arguments, storage_root=str(storage_root))
@@ -93,6 +94,21 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
             message = f"local pipeline run {run_id} failed: {reason or ANSI_ESCAPE.sub('', str(exc)).splitlines()[0]}"
             raise (InputError if on_input else StepFailed)(message) from None  # the step's exit code: 2 or 1
     return LocalRun(RunPaths.of(storage_root, run_id).root, pipeline_root, time.monotonic() - started)
+
+
+def without_retries(pipeline_yaml: str) -> str:
+    """The compiled pipeline less its steps' retry policies. kfp 2.17's local runner honours them
+    (kfp/local/orchestrator/task_executor.py: up to 2 retries after 10 s and 20 s), and neither it nor KFP retries
+    on some exit codes only: a step refused on its input (exit 2) would run three times. They are there for a pod
+    lost on the cluster (a node gone, an eviction), which a local run has not."""
+    import yaml
+
+    documents = list(yaml.safe_load_all(pipeline_yaml))
+    spec = documents[0]
+    for dag in [spec["root"].get("dag", {}), *(c.get("dag", {}) for c in spec.get("components", {}).values())]:
+        for task in dag.get("tasks", {}).values():
+            task.pop("retryPolicy", None)
+    return "\n---\n".join(yaml.safe_dump(d, sort_keys=False) for d in documents)
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -126,7 +142,7 @@ def keep_line(line: str) -> bool:
         return True
     step = STEP_LOG.match(line)
     if step is None:  # kfp.local's separators and dumps of inputs and outputs; a traceback's lines are kept
-        return line.lstrip().startswith(("Traceback", 'File "')) or bool(re.match(r"\s*\w+(Error|Exception)\b", line))
+        return line.lstrip().startswith(("Traceback", 'File "')) or bool(EXCEPTION_LINE.match(line))
     level, name, text = step.group("level", "name", "text")
     if level in ("WARNING", "ERROR", "CRITICAL"):
         return True
@@ -135,23 +151,58 @@ def keep_line(line: str) -> bool:
     return name.startswith(KEPT_LOGGERS)
 
 
-class LineFilter(io.TextIOBase):
-    """A stdout that writes whole lines `keep` accepts, with terminal colours removed when it is not a terminal."""
+EXCEPTION_LINE = re.compile(r"\s*[\w.]+(Error|Exception)\b")  # a traceback's last line: common.errors.InputError: ...
+INPUT_ERROR = re.compile(r"\s*(common\.errors\.)?InputError\b")
 
-    def __init__(self, out: Any, keep: Any, show: Any = lambda line: line) -> None:
+
+class LineFilter(io.TextIOBase):
+    """A stdout that writes whole lines `keep` accepts, with terminal colours removed when it is not a terminal. With
+    `hide_bad_input`, a traceback that ends in an InputError is not shown: a step refused on its input says why in
+    one line, which run-local's own last line repeats."""
+
+    def __init__(self, out: Any, keep: Any, show: Any = lambda line: line, hide_bad_input: bool = False) -> None:
         self.out, self.keep, self.show, self.pending = out, keep, show, ""
         self.colour = bool(getattr(out, "isatty", lambda: False)())
+        self.hide_bad_input = hide_bad_input
+        self.traceback: list[str] | None = None  # the lines of a traceback held until its last one
 
     def write(self, text: str) -> int:
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
             plain = ANSI_ESCAPE.sub("", line)
-            if self.keep(plain):
-                self.out.write(self.show(line if self.colour else plain) + "\n")
+            if self.hide_bad_input and plain.lstrip().startswith("Traceback"):
+                self._release()  # one left unfinished
+                self.traceback = []
+            if self.traceback is not None:
+                if STEP_LOG.match(plain) or KFP_PROGRESS.search(plain):
+                    self._release()  # the traceback ended without its exception line: shown as it was
+                else:
+                    self.traceback.append(line)
+                    if EXCEPTION_LINE.match(plain):
+                        held, self.traceback = self.traceback, None
+                        if not INPUT_ERROR.match(plain):
+                            self._emit(held)
+                    continue
+            self._emit([line])
         return len(text)
 
+    def _release(self) -> None:
+        held, self.traceback = self.traceback or [], None
+        self._emit(held)
+
+    def _emit(self, lines: list[str]) -> None:
+        for line in lines:
+            plain = ANSI_ESCAPE.sub("", line)
+            if self.keep(plain):
+                self.out.write(self.show(line if self.colour else plain) + "\n")
+
     def flush(self) -> None:
+        self.out.flush()
+
+    def finish(self) -> None:
+        """Show a traceback left unfinished (a step killed while printing it)."""
+        self._release()
         self.out.flush()
 
 
@@ -160,14 +211,15 @@ def quiet_console(verbose: bool) -> Any:
     """kfp.local prints each step's whole executor input and outputs (hundreds of lines for a short run): only what
     `keep_line` accepts reaches the console, unless `verbose`. Installed before kfp.local's logger takes sys.stdout."""
     real, real_print = sys.stdout, builtins.print
-    sys.stdout = LineFilter(real, lambda line: True) if verbose else LineFilter(real, keep_line, shown)
+    console = LineFilter(real, lambda line: True) if verbose else LineFilter(real, keep_line, shown, True)
+    sys.stdout = console
     # kfp.local swaps the root logger's handlers per task; with parallel tasks one may log through ours meanwhile
     plain = KfpRecords(colour=bool(getattr(real, "isatty", lambda: False)()), quiet=not verbose)
     logging.getLogger().addFilter(plain)
     try:
         yield
     finally:
-        sys.stdout.flush()
+        console.finish()
         sys.stdout = real
         logging.getLogger().removeFilter(plain)
         # kfp.local indents a task's prints by replacing builtins.print for the task and putting back the one it

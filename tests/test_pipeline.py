@@ -277,6 +277,48 @@ def test_a_local_run_failed_on_a_steps_input_exits_2_with_that_steps_reason(tmp_
     assert failed_step_reason(run) == ("step stage-data failed: the volume went away", False)
 
 
+def test_a_step_refused_on_its_input_runs_once_and_says_why_in_one_line(tmp_path: Path) -> None:
+    """kfp 2.17's local runner honours the compiled retry policies (task_executor.py: 2 retries after 10 s and 20 s),
+    and nothing retries on some exit codes only: a Parquet source without the text column took 42-72 s and three
+    truncated tracebacks. run-local runs each step once, and a traceback that ends in an InputError is not shown."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "corpus"
+    source.mkdir()
+    pq.write_table(pa.table({"body": ["the cat sat on the mat. " * 20] * 50}), source / "a.parquet")
+    result = subprocess.run([CLI, "run-local", "--storage-root", str(tmp_path / "fsx"), "--source", str(source),
+                             "--run-id", "bad"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert output.count("Task 'stage-data' finished with status FAILURE") == 1, output
+    assert "Traceback" not in output and 'File "' not in output, output
+    assert "each step runs once" in output and "ignores each step's CPU and memory limits and timeout;" in output
+    last = result.stderr.splitlines()[-1]
+    assert last.endswith("step stage-data failed: source file a.parquet: no column 'text'; its columns are body: "
+                         "name the text column with text_field"), last  # fmt: skip
+    record = json.loads(RunPaths.of(tmp_path / "fsx", "bad").step_record("stage-data").read_text())
+    assert (record["attempt"], record["permanent"]) == (1, True)
+
+
+def test_the_quiet_console_shows_a_crash_whole_and_hides_a_refusal() -> None:
+    """A traceback that ends in another exception (a crash) is shown with its last line, dotted names too; one that
+    ends in an InputError is not (the step's reason is run-local's last line)."""
+    import io
+
+    from pipelines.local_run import LineFilter, keep_line, shown
+
+    out = io.StringIO()
+    console = LineFilter(out, keep_line, shown, hide_bad_input=True)
+    refusal = ["Traceback (most recent call last):", '  File "/x/core.py", line 1, in plan', "    plan()",
+               "common.errors.InputError: source a.parquet: no column 'text'"]  # fmt: skip
+    crash = ["Traceback (most recent call last):", '  File "/x/train.py", line 9, in step',
+             "torch.OutOfMemoryError: CUDA out of memory"]  # fmt: skip
+    console.write("\n".join(refusal + crash) + "\n")
+    console.finish()
+    assert out.getvalue().splitlines() == crash
+
+
 def executor_of(spec: dict, task: str) -> str:
     return all_tasks(spec)[task]["componentRef"]["name"].replace("comp-", "exec-")
 
