@@ -15,10 +15,15 @@ TORCH_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
 .PHONY: setup browser run-local test compile bench clean
 
+# The pipeline needs the project alone; the tests add the dev extra (an MLflow server, Playwright, moto, ruff, ...).
 $(BIN)/hyperpod-pretrain: pyproject.toml $(STACK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARGS) -c $(STACK) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -c $(STACK) -e .
+	touch $@
+
+$(VENV)/dev-installed: $(BIN)/hyperpod-pretrain
 	$(BIN)/python -m pip install --quiet -c $(STACK) -e '.[dev]'
 	touch $@
 
@@ -36,13 +41,13 @@ browser:
 	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; } ; } || \
 	  echo "no Chromium: the HTML report's browser test will be skipped"
 
-test: setup browser
+test: $(VENV)/dev-installed browser
 	$(BIN)/python -m pytest $(ARGS)
 
 compile: setup
 	$(BIN)/hyperpod-pretrain compile
 
-bench: setup
+bench: $(VENV)/dev-installed
 	$(BIN)/python bench/bench_run_local.py $(ARGS)
 
 clean:
