@@ -309,4 +309,7 @@ def mixture_plan(batches: MixtureBatches, sequences: int) -> str:
                                            shares(batches.weights), strict=True):  # fmt: skip
         epochs = share * sequences / windows if windows else 0.0
         parts.append(f"{name} {share:.1%} of {len(split):,} tokens ({epochs:.2g} epochs)")
-    return "mixture: " + "; ".join(parts)
+    total = sum(batches.weights)
+    scaled = f" (the weights sum to {total:g}, not 1: each share is its weight over the sum)" \
+        if abs(total - 1) > 1e-9 else ""  # fmt: skip
+    return "mixture: " + "; ".join(parts) + scaled
