@@ -127,7 +127,7 @@ def save_llama(path: Path) -> torch.nn.Module:
     model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=160,
                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=PUBLISHED_VOCAB,
                                          max_position_embeddings=128, tie_word_embeddings=False,
-                                         bos_token_id=0, eos_token_id=1, rope_scaling=LLAMA3_ROPE))  # fmt: skip
+                                         bos_token_id=0, eos_token_id=1, rope_scaling=dict(LLAMA3_ROPE)))  # fmt: skip
     model.to(torch.bfloat16).save_pretrained(path, max_shard_size="40KB")  # several shards and an index
     return model.float().eval()
 

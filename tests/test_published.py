@@ -304,3 +304,84 @@ def test_the_trainer_refuses_a_snapshot_staged_with_another_tokenizer(tmp_path: 
                                         r"tokenizer \(the tokenizer is not the model's own: "):  # fmt: skip
         check_published_fits(published, published.model_config(), snapshot, 32)
     check_published_fits(published, published.model_config(), tmp_path / "model", 32)  # its own: fits
+
+
+def rope_as_transformers_4_reads_it(config: dict) -> torch.Tensor:
+    """The rotary inverse frequencies transformers 4.57 builds from a Llama's config.json, by its own rules
+    (huggingface/transformers v4.57.6, as its wheel ships them): src/transformers/models/llama/configuration_llama.py
+    LlamaConfig.__init__ takes `rope_theta` (default 10000.0) and `rope_scaling` (default None; a "type" is copied to
+    "rope_type"), and keeps any other key, such as 5.x's `rope_parameters`, as an attribute it never reads;
+    src/transformers/models/llama/modeling_llama.py LlamaRotaryEmbedding takes the rope type from rope_scaling
+    ("default" without one); src/transformers/modeling_rope_utils.py _validate_llama3_parameters requires factor,
+    low_freq_factor, high_freq_factor and original_max_position_embeddings (a KeyError without them), and
+    _compute_default_rope_parameters and _compute_llama3_parameters compute the frequencies as below."""
+    import math
+
+    theta = config.get("rope_theta", 10000.0)
+    scaling = config.get("rope_scaling")
+    if scaling is not None and "type" in scaling:
+        scaling = scaling | {"rope_type": scaling["type"]}
+    rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else "default"
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim))
+    if rope_type == "default":
+        return inv_freq
+    assert rope_type == "llama3", f"rope type {rope_type} is not read here"
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context_len / low, old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low) / (high - low)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+@pytest.mark.parametrize("rope_scaling", [None, "llama3"])
+def test_the_export_of_a_llama_reads_the_same_under_transformers_4_and_5(
+    rope_scaling: str | None, tmp_path: Path
+) -> None:
+    """A Llama 3 (rope_theta 500000, Llama 3's rope scaling) and one without scaling, exported: transformers 5.24
+    loads the export to the model's own rope settings, and transformers 4.x's reading of its config.json (serving
+    stacks still on 4.x) gives the same rotary frequencies. 5.x writes only `rope_parameters`, which 4.57 read as
+    rope_theta 10000.0 and no scaling: positions silently wrong. The 4.x rules are checked against 5.24's own
+    arithmetic on the same settings first, so what differs is the config, never the re-implementation."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+    from components.evaluate_checkpoint.core import export_model
+    from tests.helpers import LLAMA3_ROPE
+    from trainer.model import build_model
+
+    # save_llama hands LLAMA3_ROPE itself to LlamaConfig, which puts its rope_theta in: leave that out
+    scaling = {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"} if rope_scaling else None
+    sizes = {
+        "num_hidden_layers": 1,
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 64,
+        "max_position_embeddings": 128,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    }
+    config = LlamaConfig(**sizes, rope_theta=500000.0, rope_scaling=scaling and dict(scaling))  # it fills it in
+    model = build_model(config)
+    expected = model.model.rotary_emb.inv_freq.clone()  # the export casts the model to bfloat16, buffers and all
+    as_4x_wrote_it = {"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 500000.0, "rope_scaling": scaling}
+    torch.testing.assert_close(rope_as_transformers_4_reads_it(as_4x_wrote_it), expected)
+
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    vocab = {"<bos>": 0, "<eos>": 1} | {f"w{i}": i for i in range(2, 64)}
+    Tokenizer(models.WordLevel(vocab, unk_token="w2")).save(str(snapshot / "tokenizer.json"))
+    (snapshot / "meta.json").write_text(json.dumps({"bos": "<bos>", "eos": "<eos>"}))
+    export = export_model(model, snapshot, tmp_path / "export", {"step": 0}, "bfloat16")
+
+    assert AutoConfig.from_pretrained(export).rope_parameters == config.rope_parameters  # 5.24: the model's own
+    inv_freq = AutoModelForCausalLM.from_pretrained(export).model.rotary_emb.inv_freq
+    torch.testing.assert_close(inv_freq, expected, rtol=0, atol=0)
+    written = json.loads((export / "config.json").read_text())
+    torch.testing.assert_close(rope_as_transformers_4_reads_it(written), inv_freq)

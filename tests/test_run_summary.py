@@ -350,3 +350,51 @@ def test_a_local_preflight_is_skipped_without_a_verdict(tmp_path: Path) -> None:
     row = next(line for line in markdown.splitlines() if line.startswith("| preflight |"))
     assert row.startswith("| preflight | skipped |") and "backend local: no cluster to check" in row
     assert "verdict" not in row and f"[report]({tmp_path / 'report.md'})" in row
+
+
+@pytest.mark.parametrize(
+    ("last", "how", "kfp_state", "status"),
+    [
+        ("evaluate-checkpoint", "succeeded", "COMPLETE", "FINISHED"),
+        ("verify-nccl", "failed", "FAILED", "FAILED"),
+        ("launch-pytorchjob", "killed", "RUNNING", "KILLED"),  # terminated: the launcher was stopped while running
+        ("stage-data", "succeeded", "CANCELED", "KILLED"),  # cancelled before its next step started
+        ("stage-data", "succeeded", "FAILED", "FAILED"),  # the next step never started (its driver failed)
+    ],
+)
+def test_the_summary_ends_the_mlflow_run_with_the_runs_outcome(
+    mlflow_server, tmp_path: Path, last: str, how: str, kfp_state: str, status: str
+) -> None:
+    """The exit step ends the run's MLflow run (<run>/mlflow.json, as the trainer records it): FINISHED, FAILED or
+    KILLED, with an end time, rather than leaving it RUNNING for ever."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.url)
+    experiment = client.get_experiment_by_name("summaries") or client.create_experiment("summaries")
+    run = client.create_run(getattr(experiment, "experiment_id", experiment), run_name="r1")
+    paths = RunPaths.of(tmp_path, "r1")
+    steps_ending(str(tmp_path), "r1", last, how)
+    paths.mlflow_run.write_text(json.dumps({"tracking_uri": mlflow_server.url, "run_id": run.info.run_id}))
+    summarize_run(str(tmp_path), "r1", "kfp-uuid", kfp_state)
+    ended = client.get_run(run.info.run_id)
+    assert ended.info.status == status and ended.info.end_time >= ended.info.start_time
+    assert ended.data.tags["pipeline_state"] == json.loads(paths.summary.read_text())["state"]
+
+
+def test_a_tracking_server_that_is_gone_does_not_fail_the_summary(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The MLflow run cannot be ended: a warning, and the summary is written all the same."""
+    import logging
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    paths = RunPaths.of(tmp_path, "r1")
+    steps_ending(str(tmp_path), "r1", "evaluate-checkpoint", "succeeded")
+    paths.mlflow_run.write_text(json.dumps({"tracking_uri": f"http://127.0.0.1:{port}", "run_id": "0" * 32}))
+    with caplog.at_level(logging.WARNING, "trainer.tracking"):
+        summary = summarize_run(str(tmp_path), "r1", "kfp-uuid", "COMPLETE")
+    assert summary.state == "SUCCEEDED" and paths.summary.exists()
+    assert "MLflow: the run of r1 was not ended FINISHED" in caplog.text

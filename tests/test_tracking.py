@@ -123,3 +123,25 @@ def test_tensorboard_shows_a_runs_loss_chart_in_a_browser(uninterrupted, tmp_pat
     assert f" {rows[-1]['loss']:.4f} 40 " in f" {chart.table} ", chart.table  # value and step of the last point
     header = (tmp_path / "shot.png").read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1400, 900)
+
+
+def test_the_experiment_is_model_training_and_a_resume_reopens_an_ended_run(mlflow_server, tmp_path: Path) -> None:
+    """The experiment the feed makes carries MLflow 3's kind tag for model training (its UI would otherwise guess,
+    and may show it as a GenAI experiment); a run the pipeline's summary ended (tests/test_run_summary.py) is set
+    running again when the trainer continues it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.url)
+    feed = MlflowFeed(mlflow_server.url, "kind-and-resume", tmp_path / "run", "run", {"trainer.lr": "0.003"})
+    feed.put([Point("train/loss", 2.0, 1, time.time())])
+    assert feed.close(timeout_s=60).sent == 1
+    experiment = client.get_experiment_by_name("kind-and-resume")
+    assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development"
+    client.set_terminated(feed.run_id, "FINISHED")
+    assert client.get_run(feed.run_id).info.status == "FINISHED"
+
+    resumed = MlflowFeed(mlflow_server.url, "kind-and-resume", tmp_path / "run", "run", {"trainer.lr": "0.003"}, 1)
+    resumed.put([Point("train/loss", 1.5, 2, time.time())])
+    assert resumed.close(timeout_s=60).sent == 1
+    assert resumed.run_id == feed.run_id and client.get_run(feed.run_id).info.status == "RUNNING"
+    assert [m.step for m in client.get_metric_history(feed.run_id, "train/loss")] == [1, 2]

@@ -44,6 +44,11 @@ CHARTS = {
     "val_bpb": "eval/bits_per_byte",
 }
 RUN_TAG = "hyperpod_pretrain.run_dir"  # the MLflow run's tag that names the training run it records
+# MLflow 3's UI shows an experiment by its kind, this tag's value (server/js: ExperimentKind; the onboarding skill,
+# mlflow/assistant/skills/mlflow-onboarding/SKILL.md): "genai_development" for traces, "custom_model_development"
+# for model training. Without it the UI guesses, and may open the experiment in its GenAI view.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+ENDED = ("FINISHED", "FAILED", "KILLED")  # MLflow's RunStatus values of a run that has ended
 ARN = re.compile(r"arn:aws(-us-gov)?:sagemaker:[a-z0-9-]+:\d{12}:(mlflow-tracking-server|mlflow-app)/[A-Za-z0-9-]+")
 PLUGIN_EXTRA = "pip install 'hyperpod-pretrain[sagemaker-mlflow]' (the trainer image has it)"
 
@@ -125,6 +130,8 @@ def mlflow_client(uri: str, request_timeout_s: float) -> Any:
     check_plugin(uri)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(request_timeout_s)))
+    # set_terminated prints the run's URL to stdout (after one more request for it): our log says where it is
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -237,7 +244,10 @@ class MlflowFeed:
     def _open_run(self, client: Any) -> None:
         """The MLflow run of this training run: found by its tag (a resume, a restart), else made."""
         experiment = client.get_experiment_by_name(self.experiment)
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
+        if experiment is None:  # made with the kind of MLflow experiment it is
+            experiment_id = client.create_experiment(self.experiment, tags=EXPERIMENT_KIND)
+        else:
+            experiment_id = experiment.experiment_id
         found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{self.run_dir}'",
                                    max_results=1)  # fmt: skip
         if found:
@@ -246,6 +256,9 @@ class MlflowFeed:
             changed = {k: (old[k], v) for k, v in self.params.items() if k in old and old[k] != v}
             new = {k: v for k, v in self.params.items() if k not in old}
             log.info("MLflow: continuing run %s (%s)", run.info.run_id, self._url(experiment_id, run.info.run_id))
+            if run.info.status != "RUNNING":  # ended by an earlier pipeline run's summary: it trains again
+                client.update_run(run.info.run_id, status="RUNNING")
+                log.info("MLflow: run %s was %s: running again", run.info.run_id, run.info.status)
             if changed:  # params cannot change in MLflow: the new values go in a tag
                 text = "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in sorted(changed.items()))
                 client.set_tag(run.info.run_id, f"params_changed_at_step_{self.step}", text[:5000])
@@ -477,6 +490,57 @@ def record_outcome(run_dir: Path, step: int | None, values: Mapping[str, float],
     if not said or said[0]:
         log.warning("MLflow: the %s of run %s was not recorded there (%s); its files on the volume have it",
                     artifact_path, run_dir.name, said[0] if said else f"no answer within {timeout_s:.0f}s")  # fmt: skip
+
+
+def end_run(run_dir: Path, status: str, timeout_s: float = 60.0, attempts: int = 3) -> str:
+    """End the run's MLflow run (<run_dir>/mlflow.json, when it has one) as `status` (FINISHED, FAILED or KILLED) at
+    this time: only the pipeline's exit step knows how the run ended (the trainer does not: a step after it may fail,
+    and a resume reopens the run). Transient errors are tried `attempts` times; a server that fails is a warning,
+    never the step's failure. Returns what happened, in a few words ("" when there is no MLflow run)."""
+    if status not in ENDED:
+        raise ValueError(f"MLflow run status {status!r} is not one of {', '.join(ENDED)}")
+    record = run_dir / "mlflow.json"
+    if not record.exists():
+        return ""
+    said: list[str] = []
+
+    def send() -> None:
+        try:
+            mlflow_run = json.loads(record.read_text())
+            client = mlflow_client(mlflow_run["tracking_uri"], min(timeout_s, 30.0))
+        except Exception as exc:  # an unreadable record, the plugin missing: nothing to retry
+            said.append(one_line(exc))
+            return
+        for attempt in range(attempts):
+            try:
+                client.set_terminated(mlflow_run["run_id"], status)
+                said.append("")
+                return
+            except Exception as exc:  # unreachable, refused, a record of another server
+                if attempt + 1 == attempts or not transient(exc):
+                    said.append(one_line(exc))
+                    return
+                time.sleep(min(2.0**attempt, 4.0))
+
+    sending = threading.Thread(target=send, name="mlflow-end", daemon=True)
+    sending.start()
+    sending.join(timeout_s)
+    if said and not said[0]:
+        log.info("MLflow: the run of %s ended %s", run_dir.name, status)
+        return f"ended {status}"
+    reason = said[0] if said else f"no answer within {timeout_s:.0f}s"
+    log.warning("MLflow: the run of %s was not ended %s (%s); it shows as running there", run_dir.name, status, reason)
+    return f"not ended: {reason}"
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether an MLflow request that failed may succeed if sent again: no answer, a 5xx or a 429 (MLflow's client
+    says a connection refused or timed out as an MlflowException of status 500); not a refusal of the request."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, MlflowException):
+        return exc.get_http_status_code() >= 500 or exc.get_http_status_code() == 429
+    return isinstance(exc, OSError)
 
 
 def where_to_look(run_dir: Path) -> dict[str, str]:

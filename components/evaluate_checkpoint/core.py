@@ -1089,7 +1089,7 @@ def export_model(model: torch.nn.Module, snapshot_dir: Path, directory: Path, re
     encodes as training did (the snapshot keeps its post-processor so: [BOS] text), with the snapshot's own BOS and
     EOS named; `record` (export_record) goes in beside them as export.json, so the directory says which checkpoint
     it holds. The model's other config fields (rope scaling, special token ids) are the run's, so a published
-    model's."""
+    model's, in the keys both transformers 4.x and 5.x read (transformers_4_rope)."""
     from transformers import PreTrainedTokenizerFast
 
     from components.stage_data.tokenizer import EOS
@@ -1097,7 +1097,8 @@ def export_model(model: torch.nn.Module, snapshot_dir: Path, directory: Path, re
     meta = load_meta(snapshot_dir)
     staging = directory.with_name(f".{directory.name}.new")
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
-    model.to("cpu", getattr(torch, dtype)).save_pretrained(staging, safe_serialization=True)
+    model.to("cpu", getattr(torch, dtype)).save_pretrained(staging)  # safetensors: transformers 5 writes no other
+    write_json(staging / "config.json", transformers_4_rope(json.loads((staging / "config.json").read_text())))
     bos = meta["bos"] if "bos" in meta else EOS  # a snapshot staged before BOS: the trained tokenizer's one token
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(snapshot_dir / TOKENIZER), eos_token=meta.get("eos", EOS),
                                         bos_token=bos)  # fmt: skip
@@ -1108,6 +1109,21 @@ def export_model(model: torch.nn.Module, snapshot_dir: Path, directory: Path, re
     log.info("exported step %s (%s) in Hugging Face format to %s", record.get("step"), record.get("checkpoint"),
              directory)  # fmt: skip
     return directory
+
+
+def transformers_4_rope(config: dict[str, Any]) -> dict[str, Any]:
+    """A config.json of transformers 5 with the rope keys transformers 4 reads beside `rope_parameters`: 5.x writes
+    only rope_parameters (rope_theta inside it), which 4.57 does not read (its LlamaConfig takes `rope_theta`, default
+    10000.0, and `rope_scaling`, default None), so a serving stack on 4.x would run a Llama 3 export with the wrong
+    positions, silently. 5.x reads `rope_scaling` in place of rope_parameters and `rope_theta` into it
+    (modeling_rope_utils.py, convert_rope_params_to_dict): both keys say what rope_parameters says, so both versions
+    build the same rotary frequencies. A config without rope (GPT-2), or with rope per layer type, is left as it is."""
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" not in rope or any(isinstance(v, dict) for v in rope.values()):
+        return config
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}  # 4.x warns on a key its rope type does not take
+    legacy = None if scaling.get("rope_type", "default") == "default" else scaling  # what 4.x writes for no scaling
+    return config | {"rope_theta": rope["rope_theta"], "rope_scaling": legacy}
 
 
 def readable_by_the_team(directory: Path) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 from common.errors import InputError
 from trainer.atomic import atomic_open, read_json_lines, write_json
 from trainer.layout import RunPaths
-from trainer.tracking import record_outcome, watch_line, where_to_look
+from trainer.tracking import end_run, record_outcome, watch_line, where_to_look
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +333,8 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
                   cleanup: Callable[[], str] | None = None) -> RunSummary:  # fmt: skip
     """Gather this pipeline run's step records into summary.json and summary.md under the run's directory, and keep
     them as summaries/<pipeline run>.json and .md. `state` and `error` are KFP's final status; `cleanup` (the
-    job's) is called when the run did not succeed."""
+    job's) is called when the run did not succeed. The run's MLflow run, if it has one, gets the summary and ends
+    with the run's outcome (mlflow_status); a resume's trainer sets it running again."""
     paths = RunPaths.of(storage_root, run_id)
     fanned = [read_step(paths, record.stem) for record in sorted(paths.steps.glob(f"{GROUP_STEPS}.json"))]
     marked = current_pipeline_run(paths.steps / PIPELINE_RUN_MARKER)
@@ -368,7 +369,18 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
         with atomic_open(path, "w") as f:
             f.write(summary.markdown())
     record_outcome(paths.root, None, {}, [paths.summary_report, paths.summary], {"pipeline_state": derived}, "summary")
+    end_run(paths.root, mlflow_status(derived, state))
     return summary
+
+
+def mlflow_status(state: str, kfp_state: str) -> str:
+    """How the run's MLflow run ends: FINISHED when it succeeded, KILLED when it was stopped from outside (a step
+    killed while running, or a run KFP says was cancelled before its next step), else FAILED."""
+    if state == SUCCEEDED:
+        return "FINISHED"
+    if state == TERMINATED or (state == INCOMPLETE and kfp_state.upper().startswith("CANCEL")):
+        return "KILLED"
+    return "FAILED"
 
 
 def mixture_accounting(paths: RunPaths) -> list[dict[str, Any]]:
