@@ -123,7 +123,8 @@ def test_a_named_step_and_the_samples(trained_copy: Path) -> None:
     result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint="40", export=False)
     assert result.step == 40 and result.checkpoint.endswith("step_00000040")
     assert [s["prompt"] for s in result.samples] == ["The", "def ", "import ", "In the"]
-    assert all(len(s["text"]) > len(s["prompt"]) for s in result.samples)
+    assert all(len(s["text"]) > len(s["prompt"]) and s["text"].startswith(s["prompt"]) for s in result.samples)
+    assert "## Samples" in result.markdown() and f"- **'def '**: {result.samples[1]['text']!r}" in result.markdown()
     with pytest.raises(InputError, match="holds no committed checkpoint \\(step 41's\\)"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint="41")
 

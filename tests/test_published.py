@@ -184,6 +184,10 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     # The baseline is the published model's val loss: transformers' own model on the same val split.
     evaluation = json.loads(run.eval_result.read_text())
     assert evaluation["start"] == "start (tiny-llama)"
+    assert all(s["text"].startswith(s["prompt"]) for s in evaluation["samples"]), "no literal <|begin_of_text|>"
+    report = (run.eval_step(evaluation["step"]) / "report.html").read_text()
+    assert "none: the architecture of tiny-llama" in report, "the settings' preset row of a published start"
+    assert f"(start (tiny-llama) {evaluation['untrained_val_loss']:.3f})" in result.stderr + result.stdout
     meta = json.loads((snapshot / "meta.json").read_text())
     reference = AutoModelForCausalLM.from_pretrained(given, dtype=torch.float32)
     byte_lengths = token_byte_lengths(staged, meta["model_vocab_size"])

@@ -197,6 +197,8 @@ class EvalResult:
             self.health_line(),
             "",
             *([self.export_line(), ""] if self.export_dir else []),
+            *(["## Samples", "", "Greedy continuations of each prompt:", ""] if self.samples else []),
+            *(f"- **{s['prompt']!r}**: {s['text']!r}" for s in self.samples),
         ])  # fmt: skip
 
     def totals_note(self) -> str:
@@ -331,9 +333,9 @@ def evaluate_checkpoint(
     export_note = f"; exported step {result.export_step} to {result.export_dir}" if result.export_dir else ""
     each = ", ".join(f"{d['dataset']} {d['val_loss']:.4f}" for d in result.datasets)
     per_dataset = f"; val loss per dataset: {each}" if each else ""
-    log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), untrained %.4f%s; %s%s", run_id,
-             result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, untrained, per_dataset,
-             result.gate_line(), export_note)  # fmt: skip
+    log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), %s %.4f%s; %s%s", run_id,
+             result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, result.start, untrained,
+             per_dataset, result.gate_line(), export_note)  # fmt: skip
     if not result.gate_passed and not gate.warn_only:
         raise StepFailed(
             f"quality gate failed for run {run_id} at step {result.step}: {'; '.join(result.gate_reasons)}"
@@ -476,7 +478,8 @@ def greedy_samples(model: torch.nn.Module, tokenizer: Tokenizer, device: torch.d
             window = ids[:, -context:]
             next_id = model(input_ids=window).logits[0, -1].argmax()
             ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
-        samples.append({"prompt": prompt, "text": tokenizer.decode(ids[0].tolist(), skip_special_tokens=False)})
+        # the prompt is encoded as training saw a document ([BOS] text); the BOS is not part of the text
+        samples.append({"prompt": prompt, "text": tokenizer.decode(ids[0].tolist(), skip_special_tokens=True)})
     return samples
 
 
@@ -978,8 +981,11 @@ def run_settings(result: EvalResult, run: RunPaths, config: dict[str, Any]) -> l
         trained_on = "mixture of " + ", ".join(f"{d['dataset']} (snapshot {d['snapshot']}, weight {d['weight']:g})"
                                                for d in result.datasets)  # fmt: skip
         all_of = " of all the datasets; each one's: Per dataset"
+    preset = str(trainer.get("preset", NOT_RECORDED))
+    if not preset:  # a published model's architecture instead
+        preset = f"none: the architecture of {result.start.removeprefix('start ').strip('()')}"
     settings = [
-        ("preset", str(trainer.get("preset", NOT_RECORDED))),
+        ("preset", preset),
         ("parameters", f"{result.parameters:,}" if result.parameters else NOT_RECORDED),
         ("world size", f"{world}{shape}" if world else NOT_RECORDED),
         ("parallelism", str(trainer.get("parallelism", NOT_RECORDED))),
