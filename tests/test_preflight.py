@@ -590,11 +590,12 @@ def test_a_kubeflow_profiles_default_editor_passes_with_what_kubeflow_and_render
         result = site.run(platform=platform)
     assert statuses(result) == all_pass(api=api), result.markdown()
     job_role = "kubeflow-trainer-edit" if api == TRAINJOB.name else "kubeflow-training-edit"
-    # A TrainJob's JobSet (a new attempt waits for it to go) is not Kubeflow's to grant: render-rbac's Role does.
-    count, ours = (9, "1 from render-rbac's Roles; ") if api == TRAINJOB.name else (8, "")
+    # A TrainJob's JobSet (a new attempt waits for it to go) is not Kubeflow's to grant: render-rbac's Role does. Its
+    # Jobs (a delete waits until they are gone or going) are listed under kubeflow-kubernetes-view's grant.
+    count, ours, views = (10, "1 from render-rbac's Roles; ", 5) if api == TRAINJOB.name else (8, "", 4)
     assert check(result, "permissions").reason == (
         f"all {count} permissions the launcher uses, in namespace {site.namespace}, for {site.namespace}/default-editor"
-        f" (4 from Kubeflow's {job_role} (kubeflow-edit); {ours}4 from Kubeflow's kubeflow-kubernetes-view "
+        f" (4 from Kubeflow's {job_role} (kubeflow-edit); {ours}{views} from Kubeflow's kubeflow-kubernetes-view "
         "(kubeflow-edit))"
     )
 
@@ -789,11 +790,11 @@ def test_a_trainjob_preflight_asks_for_the_trainjob_verbs(trainer_site: Site) ->
     the PyTorchJob's: granted by the deploy files, and the ones named when cut."""
     site = trainer_site
     permissions = check(site.run(platform=TRAINJOB_PLATFORM), "permissions")
-    assert len(launcher_access(TRAINJOB)) == 9 and {a[1:3] for a in launcher_access(TRAINJOB)} == {
-        ("trainer.kubeflow.org", "trainjobs"), ("jobset.x-k8s.io", "jobsets"), ("", "pods"),
+    assert len(launcher_access(TRAINJOB)) == 10 and {a[1:3] for a in launcher_access(TRAINJOB)} == {
+        ("trainer.kubeflow.org", "trainjobs"), ("jobset.x-k8s.io", "jobsets"), ("batch", "jobs"), ("", "pods"),
         ("", "events")}  # fmt: skip
-    assert (permissions.status, permissions.reason) == (PASS, "all 9 permissions the launcher uses, in namespace "
-                                                        f"{site.namespace}, for kubeflow/pipeline-runner (9 from "
+    assert (permissions.status, permissions.reason) == (PASS, "all 10 permissions the launcher uses, in namespace "
+                                                        f"{site.namespace}, for kubeflow/pipeline-runner (10 from "
                                                         "render-rbac's Roles)")  # fmt: skip
     pytorchjobs_cut = site.with_grants(deploy_grants(without=("create pytorchjobs", "delete pytorchjobs")))
     assert check(pytorchjobs_cut.run(platform=TRAINJOB_PLATFORM), "permissions").status == PASS

@@ -5,10 +5,12 @@ Kubeflow Trainer v2.3.0 played on the real API server and Job controller):
   JobSet's webhook then refuses Trainer's re-apply of the suspended JobSet: the TrainJob never gets a pod.
 - JobSet's ttlSecondsAfterFinished removes a Failed TrainJob's JobSet, and Trainer v2.3.0 builds a new one: the run
   trains again, unattended.
-- Trainer v2.3.0 reconciles a TrainJob that is being deleted: a foreground delete lets it build a new JobSet.
+- Trainer v2.3.0 reconciles a TrainJob that is being deleted: a foreground delete lets it build a new JobSet; and
+  after a background delete the JobSet's Jobs make pods until the garbage collector reaches them.
 
 Each test here failed on the launcher before it deleted TrainJobs in the background, deleted Failed ones, refused a
-queued TrainJob's grace period that is not its runtime's and kept its Pending clock without pods.
+queued TrainJob's grace period that is not its runtime's, kept its Pending clock without pods and returned from a
+delete only once nothing of the TrainJob could make a pod.
 """
 
 from __future__ import annotations
@@ -45,6 +47,37 @@ def jobsets(cluster: Any, name: str) -> list[dict[str, Any]]:
 
 def uids(objects: list[dict[str, Any]]) -> set[str]:
     return {o["metadata"]["uid"] for o in objects}
+
+
+def live(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Those not being deleted: JobSet v0.12.0 makes no Job for a JobSet being deleted (jobset#561), and the Job
+    controller no pod for a Job being deleted (job_controller.go syncJob: manageJob only without a
+    deletionTimestamp); a TrainJob makes its JobSet again either way (Trainer v2.3.0 never looks)."""
+    return [o for o in objects if not o["metadata"].get("deletionTimestamp")]
+
+
+def deleted(cluster: Any, name: str) -> bool:
+    """TrainJob `name` gone and its JobSet gone or being deleted: what no pass of Trainer's or JobSet's begun from now
+    on will make anything again from."""
+    return cluster.job(name) is None and not live(jobsets(cluster, name))
+
+
+def everything_of(cluster: Any, name: str) -> dict[str, set[str]]:
+    """The uids of TrainJob `name` and of what was made for it: its JobSet, the JobSet's Jobs (by JobSet's label)
+    and their pods, and which of the JobSets and Jobs are not being deleted."""
+    batch = kubernetes.client.BatchV1Api(cluster.admin)
+    selector = cluster.api.pod_selector(name)  # JobSet labels its Jobs as it labels their pods
+    response = batch.list_namespaced_job(cluster.namespace, label_selector=selector, _preload_content=False)
+    jobs = json.loads(response.data)["items"]
+    trainjob, sets = cluster.job(name), jobsets(cluster, name)
+    return {
+        "trainjob": uids([trainjob] if trainjob else []),
+        "jobsets": uids(sets),
+        "live jobsets": uids(live(sets)),
+        "jobs": uids(jobs),
+        "live jobs": uids(live(jobs)),
+        "pods": uids(cluster.pods(name)),
+    }
 
 
 def test_a_queued_trainjob_whose_grace_period_is_not_the_runtimes_is_refused_before_anything_is_created(
@@ -111,45 +144,67 @@ def test_no_pod_and_no_jobset_is_made_after_a_cancel_returned_over_ten_cancels(s
                                                                                 make_cluster) -> None:  # fmt: skip
     """SIGTERM's delete (the loop's, here) while the TrainJob runs, ten times: Trainer v2.3.0 reconciles a TrainJob
     that still exists without its JobSet, so a foreground delete (the JobSet removed first, the TrainJob held by its
-    finalizer) let it build another. In the background the TrainJob goes first, and nothing of it is made again."""
+    finalizer) let it build another. In the background the TrainJob goes first, and nothing of it is made again.
+
+    The cancel returns only once nothing of the TrainJob can make a pod: until the garbage collector reaches them its
+    JobSet's Jobs do (the Job controller makes pods for a Job not being deleted), and a cancel that returned at its
+    delete met pods made after it on a loaded machine. Trainer and JobSet are held between two of their passes while
+    the delete lands: a reconcile already under way, on a TrainJob (or JobSet) read before it went, would apply a new
+    JobSet (or Job) once the collector removed the old one, as the released controllers do from their caches, and no
+    client can stop that (the collector removes what it makes). Every wait is on a state, none on time."""
     cluster = make_cluster(api="trainjob", timeline=Timeline.running(2))
+    jobset_controller, trainer_controller = cluster.controllers
     core = kubernetes.client.CoreV1Api(cluster.admin)
     made_after: list[str] = []
     names: list[str] = []
     for attempt in range(10):
         cfg = cluster_config(staged_root, f"cancel-{attempt}", **on(cluster))
-        names.append(cfg.job_name)
+        name = cfg.job_name
+        names.append(name)
         job = render_job(cfg.job_spec())
         cancel = threading.Event()
         outcome: list[BaseException] = []
+        at_return: list[dict[str, set[str]]] = []
 
-        def launcher(job: dict[str, Any] = job, cancel: threading.Event = cancel,
-                     outcome: list[BaseException] = outcome) -> None:  # fmt: skip
+        def launcher(
+            job: dict[str, Any] = job,
+            cancel: threading.Event = cancel,
+            outcome: list[BaseException] = outcome,
+            at_return: list[dict[str, set[str]]] = at_return,
+            name: str = name,
+        ) -> None:
             try:
                 run_job(Kube(cluster.runner()), job, fast(logs="none"), cancel)
             except BaseException as exc:  # noqa: BLE001 (asserted below)
+                at_return.append(everything_of(cluster, name))  # as the cancel returns
                 outcome.append(exc)
 
         thread = threading.Thread(target=launcher)
         thread.start()
-        wait_for(lambda name=cfg.job_name: running(cluster.job(name)), 30, "the TrainJob runs")
-        cancel.set()
-        thread.join(30)
+        wait_for(lambda name=name: running(cluster.job(name)), 120, "the TrainJob runs")
+        with trainer_controller.between_passes(), jobset_controller.between_passes():
+            cancel.set()
+            wait_for(lambda name=name: deleted(cluster, name), 120, "the TrainJob gone, its JobSet gone or going")
+        thread.join(240)
+        assert not thread.is_alive(), f"{name}: the cancel did not return"
         assert len(outcome) == 1 and isinstance(outcome[0], Cancelled), outcome
-        seen_sets, seen_pods = uids(jobsets(cluster, cfg.job_name)), uids(cluster.pods(cfg.job_name))
-        until = time.monotonic() + 30
-        while time.monotonic() < until:
-            sets, pods = jobsets(cluster, cfg.job_name), cluster.pods(cfg.job_name)
-            made_after += [f"{cfg.job_name}: JobSet {u}" for u in uids(sets) - seen_sets]
-            made_after += [f"{cfg.job_name}: pod {u}" for u in uids(pods) - seen_pods]
-            seen_sets |= uids(sets)
-            seen_pods |= uids(pods)
-            if cluster.job(cfg.job_name) is None and not sets and not pods:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"{cfg.job_name}: not collected within 30 s")
-    time.sleep(1)  # a late reconcile of Trainer's, for any of them
+        seen = at_return[0]
+        assert not seen["trainjob"] and not seen["live jobsets"] and not seen["live jobs"], (
+            f"{name}: the cancel returned while these could still make pods: {seen}"
+        )
+
+        def collected(name: str = name, seen: dict[str, set[str]] = seen) -> bool:
+            """All of it gone; whatever was made after the cancel returned is added to made_after on the way."""
+            now = everything_of(cluster, name)
+            for kind in ("jobsets", "jobs", "pods"):
+                made_after.extend(f"{name}: {kind} {uid}" for uid in sorted(now[kind] - seen[kind]))
+                seen[kind] |= now[kind]
+            return not any(now.values())
+
+        wait_for(collected, 120, f"{name}: its JobSet, Jobs and pods collected")
+        trainer_controller.wait_for_pass()  # each has read that all of it is gone, and acted on that
+        jobset_controller.wait_for_pass()
+        assert collected(), f"{name}: made again after it was collected"
     made_after += [f"{n}: JobSet {u} (late)" for n in names for u in uids(jobsets(cluster, n))]
     assert made_after == []
     assert {policy for _, policy in deleted_jobs(cluster)} == {"Background"}

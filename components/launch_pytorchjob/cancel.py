@@ -10,6 +10,12 @@ Argo's `argoexec kill 15 1`, the emissary forwarding to the process group). So:
    (`delete_unfinished_job`);
 3. the job's own deadline (a PyTorchJob's runPolicy.activeDeadlineSeconds, a TrainJob's spec.activeDeadlineSeconds)
    lets its operator stop it whatever happened.
+
+A TrainJob's delete returns only once nothing of it can make a pod any more (`wait_until_inert`): it is deleted in
+the background (trainjob.py), so when the delete answers, its JobSet and the JobSet's Jobs are still there, and a Job
+that is not being deleted still makes pods (kubernetes pkg/controller/job/job_controller.go `syncJob` calls
+`manageJob` only while `job.DeletionTimestamp == nil`); Trainer v2.3.0 may even apply a new JobSet from a reconcile
+that read the TrainJob before it went. The garbage collector removes all of it, within moments.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,9 +41,19 @@ class Cancelled(StepFailed):
     """SIGTERM: the job was deleted."""
 
 
-def delete_job(kube: Kube, api: JobApi, ns: str, name: str, uid: str | None = None) -> None:
+SETTLE_TIMEOUT_S = 120.0  # the garbage collector removes a deleted TrainJob's JobSet and Jobs within seconds
+SETTLE_POLL_S = 0.5
+
+
+def delete_job(
+    kube: Kube, api: JobApi, ns: str, name: str, uid: str | None = None, settle_timeout_s: float = SETTLE_TIMEOUT_S
+) -> None:
     """With the API's propagation (a PyTorchJob: Foreground, it goes when its pods have gone; a TrainJob: Background,
-    it goes at once and its JobSet and pods after it, see trainjob.py). Not waited for. `uid`: only that object."""
+    it goes at once and its JobSet and pods after it, see trainjob.py). `uid`: only that object.
+
+    A PyTorchJob is not waited for: once it is being deleted the Training Operator makes no pod for it. A TrainJob is,
+    until nothing of it can make a pod (`wait_until_inert`), so that no trainer starts after the step said it stopped.
+    """
     body: dict[str, Any] = {"propagationPolicy": api.propagation}
     if uid:
         body["preconditions"] = {"uid": uid}
@@ -48,6 +65,67 @@ def delete_job(kube: Kube, api: JobApi, ns: str, name: str, uid: str | None = No
     except ApiException as exc:
         if exc.status not in (404, 409):  # 409: the precondition failed, another object holds the name now
             raise
+    if api.pod_makers:
+        wait_until_inert(kube, api, ns, name, uid, settle_timeout_s)
+
+
+def wait_until_inert(
+    kube: Kube, api: JobApi, ns: str, name: str, uid: str | None, timeout_s: float, poll_s: float = SETTLE_POLL_S
+) -> None:
+    """Until nothing of the deleted job `uid` can make a pod: the job gone (Trainer v2.3.0 reconciles a TrainJob that
+    is being deleted), its children of its name (a JobSet) gone or being deleted (JobSet v0.12.0 leaves one being
+    deleted alone, jobset#561), and their pod makers (the JobSet's batch Jobs) gone or being deleted (the Job
+    controller makes pods only for a Job that is not). Raises StepFailed, naming what is left, past `timeout_s`."""
+    deadline, said = time.monotonic() + timeout_s, ""
+    while True:
+        left = _pod_makers_left(kube, api, ns, name, uid)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            kinds = ",".join(plural for _, _, plural in (*api.children, *api.pod_makers))
+            raise StepFailed(
+                f"{api.kind} {ns}/{name} was deleted, but {left} can still make its pods {timeout_s:.0f}s later: is "
+                f"the garbage collector running? Check `kubectl get {kinds} -n {ns} -l {api.pod_selector(name)}`"
+            )
+        if left != said:
+            log.info("%s %s/%s deleted; waiting until nothing of it can make a pod: %s", api.kind, ns, name, left)
+            said = left
+        time.sleep(poll_s)
+
+
+def _pod_makers_left(kube: Kube, api: JobApi, ns: str, name: str, uid: str | None) -> str:
+    """What of the deleted job can still make a pod, in words; "" when nothing can."""
+    try:
+        job = kube.call(
+            f"get {api.kind}", kube.custom.get_namespaced_custom_object, api.group, api.version, ns, api.plural, name
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        job = None
+    if job is not None:
+        if uid and job["metadata"]["uid"] != uid:
+            return ""  # ours is gone and the name is another job's: what is there now is not ours to wait for
+        return f"the {api.kind} itself"
+    for group, version, plural in api.children:
+        try:
+            child = kube.call(
+                f"get {plural}", kube.custom.get_namespaced_custom_object, group, version, ns, plural, name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            continue
+        owners = {o.get("uid") for o in child["metadata"].get("ownerReferences") or []}
+        if not child["metadata"].get("deletionTimestamp") and (not uid or uid in owners):
+            return f"{plural} {ns}/{name}"
+    for group, version, plural in api.pod_makers:
+        lister = kube.custom.list_namespaced_custom_object
+        found = kube.call(f"list {plural}", lister, group, version, ns, plural, label_selector=api.pod_selector(name))
+        live = [i["metadata"]["name"] for i in found.get("items") or [] if not i["metadata"].get("deletionTimestamp")]
+        if live:
+            return f"{plural} {', '.join(sorted(live))}"
+    return ""
 
 
 class SigtermToEvent:

@@ -52,6 +52,10 @@ class JobApi:
     # What the job's controller makes under the job's own name and the garbage collector deletes after it, as
     # (group, version, plural): a new attempt of the job waits until they are gone (k8s_backend.wait_until_gone).
     children: tuple[tuple[str, str, str], ...] = ()
+    # What those children make that makes the pods, found by the job's pod selector, as (group, version, plural): when
+    # there is any, deleting a job returns only once the job is gone and they and its children are gone or being
+    # deleted (cancel.wait_until_inert), as its controllers would otherwise still make pods.
+    pod_makers: tuple[tuple[str, str, str], ...] = ()
     # A Failed job is deleted once the launcher has read why it failed, when its controller would run it again.
     delete_failed = False
     # The cluster-scoped runtime the job names, read at launch for what the job must agree with ("": none).

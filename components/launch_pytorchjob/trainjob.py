@@ -28,6 +28,10 @@ Three things of the released controllers decide how a TrainJob is made and remov
   ttlSecondsAfterFinished removed (trainer#3779, fixed after v2.3.0). So the launcher deletes TrainJobs in the
   background (no finalizer holds one: it is gone at once, and the collector then removes the JobSet, its Jobs and
   pods), waits for the JobSet and the pods before a new attempt, and deletes a Failed TrainJob once it has read why.
+  A delete returns only once the JobSet and its Jobs are gone or being deleted (cancel.wait_until_inert): until the
+  collector reaches them the Jobs still make pods, and a reconcile of Trainer's that read the TrainJob from its cache
+  before it went applies a new JobSet if the old one is already gone (`Reconcile` reads through the manager's cache;
+  the JobSet plugin's `Build` applies one whenever its cache has none), which the collector then removes too.
 - Kueue up to v0.19.2 is built on Trainer v2.2.1's API (its go.mod) and writes an admitted or preempted TrainJob back
   whole (pkg/controller/jobs/trainjob/trainjob_controller.go, `RunWithPodSetsInfo` and `Stop`: `c.Update`), dropping
   what v2.2.1 does not know: a runtime patch's terminationGracePeriodSeconds (new in v2.3.0, trainer#3324). Trainer
@@ -89,6 +93,7 @@ class TrainJobApi(JobApi):
     }
     propagation = "Background"  # see the module's docstring: Trainer v2.3.0 rebuilds a deleting TrainJob's JobSet
     children = (("jobset.x-k8s.io", "v1alpha2", "jobsets"),)
+    pod_makers = (("batch", "v1", "jobs"),)  # the JobSet's Jobs: the Job controller makes the pods
     delete_failed = True  # Trainer v2.3.0 runs a Failed TrainJob again once its JobSet is gone (trainer#3779)
     runtime_plural = "clustertrainingruntimes"
 

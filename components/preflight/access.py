@@ -80,16 +80,27 @@ delete: cancel.delete_job (a failed attempt replaced, a deadline passed, SIGTERM
   handler's own delete)."""
 JOB_VERBS = ("create", "get", "watch", "delete")
 
+_MAKERS_WHY = """\
+list: cancel.wait_until_inert, by the pod label (JobApi.pod_selector): deleting a {kind} (a failed attempt
+  replaced, a deadline passed, SIGTERM seen by the loop, a Failed one once its failure is read, the exit step's
+  clean-up) returns only once its {plural} are gone or being deleted: the Job controller makes pods for any other.
+  Never read one by one, never written."""
+
 
 def job_role(api: JobApi) -> RoleSpec:
-    """The launcher's verbs on the compiled job API's jobs, in the jobs' namespace, and a get of what the job's
-    controller makes under its name (a TrainJob's JobSet)."""
+    """The launcher's verbs on the compiled job API's jobs, in the jobs' namespace, a get of what the job's controller
+    makes under its name (a TrainJob's JobSet) and a list of what makes its pods (the JobSet's Jobs)."""
     children = tuple(Rule(group, (plural,), ("get",), f"""\
 get: k8s_backend.wait_until_gone: before a new attempt, until the {api.kind}'s child of its name in {plural} is
-  gone (the garbage collector deletes it after the {api.kind}; one still there would be taken for the new one's).""")
+  gone (the garbage collector deletes it after the {api.kind}; one still there would be taken for the new one's);
+  cancel.wait_until_inert: after a delete, until it is gone or being deleted.""")
                      for group, _version, plural in api.children)  # fmt: skip
+    makers = tuple(
+        Rule(group, (plural,), ("list",), _MAKERS_WHY.format(kind=api.kind, plural=plural))
+        for group, _version, plural in api.pod_makers
+    )
     return RoleSpec(f"hyperpod-pretrain-{api.name}", JOBS, f"rbac-{api.name}.yaml",
-                    (Rule(api.group, (api.plural,), JOB_VERBS, _JOB_WHY), *children))  # fmt: skip
+                    (Rule(api.group, (api.plural,), JOB_VERBS, _JOB_WHY), *children, *makers))  # fmt: skip
 
 
 OPERATOR_READ = RoleSpec("hyperpod-pretrain-operator-read", OPERATOR, "rbac-pytorchjob.yaml", (
@@ -171,6 +182,7 @@ KUBEFLOW_GRANTS = (
     KubeflowGrant("kubeflow-kubernetes-view", "kubeflow/manifests v1.11.0 common/kubeflow-roles", (
         ("", ("pods", "persistentvolumeclaims"), ("get", "list", "watch")),
         ("", ("events", "pods/log"), ("get", "list", "watch")),
+        ("batch", ("jobs",), ("get", "list", "watch")),
     )),
     KubeflowGrant("kubeflow-training-edit",
                   "kubeflow/training-operator v1.8.1 manifests/overlays/kubeflow/kubeflow-training-roles.yaml", (
