@@ -64,6 +64,28 @@ def dropout(text: str) -> float:
     return value
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse as this command line wants it: no abbreviations (`--max-step 5` is not `--max-steps 5`), and an
+    unknown flag answered with the command's closest one (`--text_field`: did you mean --text-field?)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            flags = list(self._option_string_actions)
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction) and getattr(parsed, action.dest, None):
+                    flags += list(action.choices[getattr(parsed, action.dest)]._option_string_actions)
+            given = [extra.split("=")[0] for extra in extras if extra.startswith("--")]
+            guesses = {flag: difflib.get_close_matches(flag.replace("_", "-"), flags, 1, 0.8) for flag in given}
+            hints = "".join(f"; {flag}: did you mean {close[0]}?" for flag, close in guesses.items() if close)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hints}")
+        return parsed
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Every flag's help ends with its default, unless the help already says it or there is nothing to say (an
     off switch, an empty list); examples (the epilog) keep their lines."""
@@ -273,7 +295,7 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     lines = [
         f"local pipeline run {arguments['run_id']} succeeded in {result.seconds:.0f}s: val loss "
         f"{evaluation['val_loss']:.3f} after {evaluation['step']} steps "
-        f"(untrained {evaluation['untrained_val_loss']:.3f})",
+        f"({evaluation.get('start', 'untrained')} {evaluation['untrained_val_loss']:.3f})",
         "reports:",
     ]
     lines += [f"  {name:34s} {path}" for name, path in result.reports().items()]
@@ -326,12 +348,21 @@ def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
 
     fill_train_args(args, resumed_run(args.storage_root, args.resume_run_id) if args.resume_run_id else None)
     include = args.include or (SOURCE_INCLUDE if args.source or args.mixture else DEMO_INCLUDE)
-    sources = dict(args.mixture_source)
-    if unknown := sorted(set(sources) - {e["dataset"] for e in args.mixture}):
-        raise InputError(f"--mixture-source {unknown[0]}: not a dataset of --mixture")
+    sources, fields = dict(args.mixture_source), dict(args.mixture_text_field)
+    for flag, given in (("--mixture-source", sources), ("--mixture-text-field", fields)):
+        if unknown := sorted(set(given) - {e["dataset"] for e in args.mixture}):
+            raise InputError(f"{flag} {unknown[0]}: not a dataset of --mixture")
     if args.mixture and args.source:
         raise InputError("--source stages one dataset, --mixture several: give each its --mixture-source instead")
     mixture = [dict(e, source=absolute(sources.get(e["dataset"], ""))) for e in args.mixture]
+    for entry in mixture:  # the pipeline's own entry field; without it, the run's text_field (--text-field)
+        if entry["dataset"] in fields and not entry["source"]:
+            raise InputError(
+                f"--mixture-text-field {entry['dataset']}: the dataset has no --mixture-source, so it is trained on "
+                "as staged before, with the text field it was staged with"
+            )
+        if fields.get(entry["dataset"]):
+            entry["text_field"] = fields[entry["dataset"]]
     return {
         "source": "" if mixture else args.source or default_corpus(),
         "dataset": mixture[0]["dataset"] if mixture else args.dataset,
@@ -980,7 +1011,7 @@ def command(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hyperpod-pretrain", description=__doc__)
+    parser = Parser(prog="hyperpod-pretrain", description=__doc__)
     parser.add_argument("--version", action="version", version=f"hyperpod-pretrain {tool_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -1019,6 +1050,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mixture-source", type=key_value, action="append", default=[], metavar="DATASET=SOURCE",
                    help="where a --mixture dataset's corpus is (a local path, file:// URI or s3://bucket/prefix), "
                    "staged as --source is (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--mixture-text-field",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="DATASET=FIELD",
+        help="the field or column of a --mixture dataset's records that holds the text, where it is not "
+        "--text-field's (the pipeline's mixture entry's text_field; repeatable)",
+    )
     p.add_argument("--run-id", default="", help="default: local-<UTC time>")
     p.add_argument("--resume-run-id", default="", help="continue this run's training from its newest checkpoint")
     p.add_argument("--skip-staging", action="store_true", help="train on the dataset as staged before")

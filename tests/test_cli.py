@@ -390,3 +390,22 @@ def test_run_local_refuses_a_starting_model_with_a_preset_or_unreadable(
         assert main(["run-local", "--storage-root", str(root), *args]) == 2
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith(line)
     assert not root.exists()
+
+
+MISSPELT = [
+    (["--max-step", "5"], "--max-step: did you mean --max-steps?"),
+    (["--text_field", "body"], "--text_field: did you mean --text-field?"),
+]
+
+
+@pytest.mark.parametrize(("flag", "hint"), MISSPELT)
+def test_an_abbreviated_or_misspelt_flag_is_refused_with_the_flag_meant(
+    flag: list[str], hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse took `--max-step 5` for `--max-steps 5` (its abbreviations); `--text_field` got no suggestion."""
+    from pipelines.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["run-local", *flag])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"unrecognized arguments: {' '.join(flag)}; {hint}")

@@ -313,6 +313,52 @@ def test_json_lines_of_arrays_and_lines_that_are_not_json(tmp_path: Path) -> Non
     assert allowed.documents["documents"]["train"] + allowed.documents["documents"]["val"] == 60 + 49
 
 
+def test_records_whose_text_is_in_another_field_are_refused_at_the_plan_naming_the_fields_they_have(
+    tmp_path: Path,
+) -> None:
+    """A source whose records all lack the text field staged to nothing and failed at the finalize step ("the train
+    split has only 0 tokens"), after training a tokenizer on nothing; the dry run showed it as skipped records. Each
+    is refused at the plan, before the tokenizer, naming the file, its dataset, the field and the fields there are
+    (the one with the most text first among the hints). Records that only now and then lack it still stage."""
+    from components.stage_data.preview import dry_run
+
+    rng = random.Random(4)
+    (web := tmp_path / "web").mkdir()
+    write_jsonl(web / "web.jsonl", [{"id": i, "body": document(rng)} for i in range(40)])
+    said = (
+        r"^source file web.jsonl of dataset 'bad': none of its 40 records has the text field 'text'; they have id, "
+        r"body: name the text field with text_field \(--text-field body; a mixture entry's own: --mixture-text-field "
+        r"bad=body\)$"
+    )
+    refused(web, tmp_path / "fsx", said)
+    with pytest.raises(InputError, match=said.replace("'bad'", "'web'").replace("bad=", "web=")):
+        dry_run(StageSettings(str(web), str(tmp_path / "dry"), "web", vocab_size=300))
+    assert not (tmp_path / "dry").exists(), "a dry run writes nothing"
+
+    code = two_good_files(tmp_path / "code")
+    rows = [{"repo": "r", "path": f"f{i}.py", "content": f"def f{i}():\n    return {i}\n"} for i in range(30)]
+    write_jsonl(code / "code.jsonl.zst", rows, "zstd")
+    field = r"of dataset 'bad': none of its (30|40) records has the text field"
+    refused(
+        code,
+        tmp_path / "fsx",
+        rf"code.jsonl.zst {field} 'text'; they have repo, path, content: .*--text-field content;",
+    )
+    refused(code, tmp_path / "fsx", rf"good-1.jsonl {field} 'content'; they have text: ", text_field="content")
+    refused(
+        web, tmp_path / "fsx", rf"web.jsonl {field} 'body.text'; they have body \(a string\): ", text_field="body.text"
+    )
+
+    (some := tmp_path / "some").mkdir()
+    write_jsonl(some / "a.jsonl", [{"id": 0}, {"id": 1}] + [{"text": document(rng)} for _ in range(30)])
+    staged = stage_data(str(some), str(tmp_path / "ok"), "ok", vocab_size=300, val_fraction=0.2)
+    assert staged.documents["skipped"] == {"missing": 2}, "records that now and then lack the field are skipped"
+    (nulls := tmp_path / "nulls").mkdir()
+    write_jsonl(nulls / "a.jsonl", [{"text": None}] * 20)
+    said = r"^dataset 'bad': the train split has only 0 tokens \(skipped records, text field 'text': 20 null\): the "
+    refused(nulls, tmp_path / "fsx", said + "corpus is too small$")
+
+
 def test_a_text_field_for_plain_text_and_tokenizers_without_an_end_token_or_that_cannot_encode_are_refused(
     tmp_path: Path,
 ) -> None:

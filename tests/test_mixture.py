@@ -287,8 +287,9 @@ def test_a_bad_mixture_entry_is_refused_in_one_line(entry: dict, error: str) -> 
 def test_the_cli_takes_a_mixture_to_the_pipeline_and_the_launcher_and_refuses_bad_ones(
     mixed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """run-local's --mixture and --mixture-source become the pipeline's `mixture` entries; launch's --mixture names
-    staged datasets, which the trainer gets as snapshot directories; bad ones are one line and exit 2."""
+    """run-local's --mixture, --mixture-source and --mixture-text-field become the pipeline's `mixture` entries;
+    launch's --mixture names staged datasets, which the trainer gets as snapshot directories; bad ones are one line
+    and exit 2."""
     from pipelines.cli import build_parser, launch_config, main, run_local_arguments
 
     def parsed(*argv: str):
@@ -299,6 +300,12 @@ def test_the_cli_takes_a_mixture_to_the_pipeline_and_the_launcher_and_refuses_ba
     assert arguments["mixture"] == [{"dataset": "web", "weight": 0.8, "source": str(tmp_path)},
                                     {"dataset": "code", "weight": 0.2, "source": ""}]  # fmt: skip
     assert arguments["dataset"] == "web" and arguments["source"] == ""
+    code = ["--mixture-source", f"code={tmp_path}", "--mixture-text-field", "code=content", "--text-field", "body"]
+    own = run_local_arguments(
+        parsed("run-local", "--mixture", "web=0.8,code=0.2", "--mixture-source", f"web={tmp_path}", *code)
+    )
+    assert [e.get("text_field") for e in own["mixture"]] == [None, "content"]
+    assert own["text_field"] == "body", "the run's, for the entries without their own"
     config = launch_config(parsed("launch", "--storage-root", str(mixed_root), "--run-id", "m", "--mixture",
                                   "code=1,synthetic=3"))  # fmt: skip
     config.validate()
@@ -311,6 +318,13 @@ def test_the_cli_takes_a_mixture_to_the_pipeline_and_the_launcher_and_refuses_ba
         (["run-local", "--mixture", "web=x"], "argument --mixture: the weight of 'web', 'x', is not a number"),
         (["run-local", "--mixture", "web=1", "--mixture-source", "code=/x"],
          "--mixture-source code: not a dataset of --mixture"),
+        (["run-local", "--mixture", "web=1", "--mixture-source", f"web={tmp_path}", "--mixture-text-field",
+          "code=content"], "--mixture-text-field code: not a dataset of --mixture"),
+        (["run-local", "--mixture", "web=1,code=1", "--mixture-source", f"web={tmp_path}", "--mixture-text-field",
+          "code=content"], "--mixture-text-field code: the dataset has no --mixture-source, so it is trained on as "
+         "staged before, with the text field it was staged with"),
+        (["run-local", "--mixture", "web=1", "--mixture-text-field", "web"],
+         "argument --mixture-text-field: 'web' is not KEY=VALUE"),
         (["run-local", "--mixture", "web=1", "--source", str(tmp_path)],
          "--source stages one dataset, --mixture several: give each its --mixture-source instead"),
         (["run-local", "--mixture", "web=1,code=1", "--mixture-source", f"web={tmp_path}/none"],

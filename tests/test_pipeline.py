@@ -177,6 +177,8 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     stored = {a.path for where in ("evaluation", "summary") for a in client.list_artifacts(mlflow_run["run_id"], where)}
     assert stored == {"evaluation/report.html", "evaluation/report.md", "evaluation/eval.json", "summary/summary.md",
                       "summary/summary.json"}  # fmt: skip
+    ended = client.get_run(mlflow_run["run_id"]).info
+    assert (ended.status, bool(ended.end_time)) == ("FINISHED", True), "the pipeline's outcome ends the MLflow run"
 
     # Continue the same run to step 60 without staging again: the trainer resumes from its step-40 checkpoint and
     # extends its schedule to the new max_steps.
@@ -198,11 +200,17 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     # A new run from the finished one's weights (a warm start), on a mixture of its dataset as staged and a second
     # corpus staged now with the same tokenizer: the origin travels from staging to the trainer, the mixture from
     # staging's fan-out (each group naming its dataset) through the finalize step to the trainer and the evaluation.
-    code = write_corpus(tmp_path / "code", files=4, sentences=90, seed=7)
+    # The second corpus is JSON Lines with its text in `content`: its entry's own text field (--mixture-text-field).
+    code = tmp_path / "code"
+    code.mkdir()
+    texts = sorted(write_corpus(tmp_path / "code-text", files=4, sentences=90, seed=7).rglob("*.txt"))
+    for i, text in enumerate(texts):
+        rows = [{"path": f"{i}/{n}.py", "content": line} for n, line in enumerate(text.read_text().splitlines())]
+        (code / f"part-{i}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     warm = subprocess.run(
         [CLI, "run-local", "--storage-root", str(root), "--mixture", "synthetic=0.8,code=0.2", "--mixture-source",
-         f"code={code}", "--run-id", "e2e-warm", "--init-from-run-id", "previous", "--preset", "tiny",
-         "--max-steps", "10", "--seq-len", "64"],
+         f"code={code}", "--mixture-text-field", "code=content", "--val-fraction", "0.1", "--run-id", "e2e-warm",
+         "--init-from-run-id", "previous", "--preset", "tiny", "--max-steps", "10", "--seq-len", "64"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
@@ -217,6 +225,7 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     assert [d["dataset"] for d in evaluated["datasets"]] == ["synthetic", "code"]
     reports = {p.parent.name: p.read_text() for p in (root / "kfp-local" / "e2e-warm").rglob("report")}
     assert "| synthetic | 0.8 | 80.0% |" in reports["finalize-snapshot"] and "| code | 0.2 |" in reports["stage-data"]
+    assert "| jsonl | 4 | 360 |" in reports["finalize-snapshot"], "every record's `content` staged, none skipped"
     assert "Mixture: synthetic 80.0% (weight 0.8): " in warm_run.summary_report.read_text()
     records = {p.stem for p in warm_run.steps.glob("tokenize-data-g*.json")}
     assert records == {"tokenize-data-g000-synthetic", "tokenize-data-g000-code", "tokenize-data-g001-code"}

@@ -72,7 +72,7 @@ def _preview(settings: StageSettings, given, files: int, paths: dict[str, Path],
     formats = {}
     for key, path in paths.items():
         formats[key] = detect(path, key)
-        check_file(path, key, formats[key], settings.field_path)
+        check_file(path, key, formats[key], settings.field_path, settings.dataset)
     if settings.text_field and not any(f.records for f in formats.values()):
         raise InputError(f"text field {settings.text_field!r}: the sampled files are plain text, where a whole file "
                          "is the document: leave text_field out, or stage JSON Lines or Parquet")  # fmt: skip

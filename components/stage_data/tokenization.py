@@ -44,6 +44,7 @@ from common.errors import InputError, StepFailed
 from components.stage_data import report
 from components.stage_data.formats import FileFormat, Piece, Skipped, check_file, detect, reader_for
 from components.stage_data.mirror import checksum_field
+from components.stage_data.progress import GroupProgress, Progress, SampleProgress
 from components.stage_data.settings import StageSettings
 from components.stage_data.shards import ShardWriter
 from components.stage_data.tokenizer import (
@@ -261,6 +262,8 @@ class GroupWriter:
         self.document_tokens = 0
         self.pending: PartDone | None = None
         self.flushed = time.monotonic()
+        self.files_done = 0  # by this attempt, written whole: for progress lines, as is text_written (characters)
+        self.text_written = 0
 
     def write(self, payload: Any, ids: list[int] | None) -> None:
         if isinstance(payload, FileStart):
@@ -269,6 +272,8 @@ class GroupWriter:
         if isinstance(payload, PartDone):
             self.tally.replaced_bytes += payload.replaced_bytes
             self.pending = payload
+            if payload.part == 0:  # the next part is the next file's first: this one is written whole
+                self.files_done += 1
             if time.monotonic() - self.flushed >= JOURNAL_EVERY_S:
                 self.flush()
             return
@@ -290,10 +295,14 @@ class GroupWriter:
                 self.document_tokens += 1
         writer.write(np.asarray(ids, dtype=self.dtype))
         self.document_tokens += len(ids)
+        self.text_written += len(item.text)
         self.tally.format(entry.format.name)["text_bytes"] += len(item.text.encode())
         if item.last:
             writer.write(self.eos)
             self.tally.document(entry.format.name, split, self.document_tokens + 1)
+
+    def tokens_written(self) -> int:
+        return sum(w.written for w in self.writers.values())
 
     def flush(self) -> None:
         if self.pending is None:
@@ -311,14 +320,16 @@ class GroupWriter:
 
 
 def group_items(
-    raw: Path, plan: Plan, entries: list[Entry], start: tuple[int, int]
+    raw: Path, plan: Plan, entries: list[Entry], start: tuple[int, int], progress: GroupProgress | None = None
 ) -> Iterator[tuple[str | None, Any]]:
     """The group's documents from `start` (entry, part) on, as (text, payload) for encode_in_order, with a PartDone
-    after each part."""
+    after each part; `progress` is told which file is being read, and how much text."""
     first_entry, first_part = start
     for index in range(first_entry, len(entries)):
         entry = entries[index]
         reader = reader_for(raw / entry.key, entry.key, entry.format, plan.text_field, plan.block_bytes)
+        if progress is not None:
+            progress.reading(index, reader)
         begin = first_part if index == first_entry else 0
         if begin == 0:
             yield None, FileStart(entry.format.name)
@@ -326,6 +337,8 @@ def group_items(
         for part in range(begin, parts):
             for item in reader.read(part):
                 split = entry.split_of(item.record, plan.val_fraction)
+                if progress is not None and isinstance(item, Piece):
+                    progress.text_read += len(item.text)
                 yield (item.text if isinstance(item, Piece) else None), (entry, split, item)
             replaced, reader.replaced_bytes = reader.replaced_bytes, 0
             yield None, PartDone(index, part + 1, replaced) if part + 1 < parts else PartDone(index + 1, 0, replaced)
@@ -377,14 +390,18 @@ def _encode(paths: DatasetPaths, plan: Plan, group: int, building: Path, started
     tally = report.Tally.from_dict(last["tally"]) if "tally" in last else report.Tally()
     entries = [Entry.of(row) for row in plan.groups[group]]
     out = GroupWriter(plan, group, writers, tally, journal_path)
-    encode_in_order(group_items(paths.raw, plan, entries, tuple(last["next"])), tokenizer, out.write)
+    sizes = [(paths.raw / e.key).stat().st_size for e in entries]
+    name = f"group {group} of {paths.name!r} ({len(plan.groups)} groups)"
+    progress = GroupProgress(name, sizes, last["next"][0], out)
+    with Progress(progress.line):  # a line every PROGRESS_EVERY_S: a large group takes minutes
+        encode_in_order(group_items(paths.raw, plan, entries, tuple(last["next"]), progress), tokenizer, out.write)
     out.flush()
     tokens = {s: w.close() for s, w in writers.items()}
     return GroupResult(
         group=group,
         files=len(entries),
         files_resumed=last["next"][0],
-        text_bytes=sum((paths.raw / e.key).stat().st_size for e in entries),
+        text_bytes=sum(sizes),
         tokens=tokens,
         shards={s: w.shards for s, w in writers.items()},
         seconds=round(time.perf_counter() - started, 3),
@@ -414,12 +431,12 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def detect_formats(raw: Path, keys: list[str], text_field: str) -> dict[str, FileFormat]:
+def detect_formats(raw: Path, keys: list[str], text_field: str, dataset: str = "") -> dict[str, FileFormat]:
     """Every file's format, checked as the run will read it; refused by name at the first that cannot be."""
 
     def one(key: str) -> FileFormat:
         fmt = detect(raw / key, key)
-        check_file(raw / key, key, fmt, text_field)
+        check_file(raw / key, key, fmt, text_field, dataset)
         return fmt
 
     with ThreadPoolExecutor(8, thread_name_prefix="detect") as pool:
@@ -430,7 +447,7 @@ def plan_snapshot(paths: DatasetPaths, settings: StageSettings, keys: list[str],
                   given: GivenTokenizer | None = None) -> Plan | None:  # fmt: skip
     """Plan the snapshot of these inputs: None when it exists already (it is made current); else its Plan, with
     the tokenizer in place. A killed plan or encode left its building directory: the same inputs carry on in it."""
-    formats = detect_formats(paths.raw, keys, settings.field_path)
+    formats = detect_formats(paths.raw, keys, settings.field_path, paths.name)
     plain = [k for k in keys if not formats[k].records]
     records = [k for k in keys if formats[k].records]
     if settings.text_field and not records:
@@ -471,8 +488,10 @@ def _plan(
     keys = [e.key for e in entries]
     if tokenizer is None:
         started = time.perf_counter()
-        tokenizer = train_tokenizer(sample_texts(paths.raw, entries, settings, settings.tokenizer_sample_mb * 2**20),
-                                    settings.vocab_size)  # fmt: skip
+        sample = SampleProgress(settings.tokenizer_sample_mb)
+        texts = sample_texts(paths.raw, entries, settings, settings.tokenizer_sample_mb * 2**20)
+        with Progress(sample.line):  # its merges alone take minutes on a large sample
+            tokenizer = train_tokenizer(sample.counted(texts), settings.vocab_size)
         specials = Specials(EOS, tokenizer.token_to_id(EOS))
         got = tokenizer.get_vocab_size()
         short = f" ({settings.vocab_size} asked: the sample holds no more merges)" if got < settings.vocab_size else ""
@@ -596,13 +615,30 @@ def finalize_snapshot(
     make_current(paths, snapshot)
     seconds = round(time.perf_counter() - started, 3)
     if not skipped:
-        log.info("tokenized %d files (%d held out for val) into snapshot %s: %d train + %d val tokens, vocabulary "
-                 "%d, in %.1fs", meta.get("files", meta["documents"]), meta["val_files"], snapshot,
-                 meta["tokens"]["train"], meta["tokens"]["val"], meta["vocab_size"], seconds)  # fmt: skip
+        log.info("%s", tokenized_line(meta, snapshot, seconds))
     return TokenizeResult(meta["tokens"]["train"], meta["tokens"]["val"], meta["vocab_size"], meta["val_files"],
                           seconds, skipped=skipped, snapshot=snapshot, snapshot_dir=str(directory),
                           model_vocab_size=meta.get("model_vocab_size", meta["vocab_size"]),
                           documents=meta.get("document_report", {}))  # fmt: skip
+
+
+def tokenized_line(meta: dict[str, Any], snapshot: str, seconds: float) -> str:
+    """The finalize step's line: what the snapshot holds, and how its val split was held out (plain-text files whole,
+    a fraction of the record files' documents, or both), so that its figures agree with one another. A snapshot
+    staged before documents had records has no document report (and counted its files as documents)."""
+    held_out = []
+    if meta["val_files"]:
+        held_out.append(f"{meta['val_files']:,} plain-text file{'s' if meta['val_files'] != 1 else ''} whole")
+    if "documents" in meta.get("inputs", {}):  # record files: each document by itself
+        held_out.append(f"{meta['val_fraction'] * 100:g}% of the records' documents")
+    counts = (meta.get("document_report") or {}).get("documents")
+    documents = f", {counts['val']:,} of {counts['train'] + counts['val']:,} documents" if counts else ""
+    files, tokens = meta.get("files", meta["documents"]), meta["tokens"]
+    of = f" of {meta['dataset']!r}" if meta.get("dataset") else ""
+    return (
+        f"tokenized {files:,} files{of} into snapshot {snapshot}: {tokens['train']:,} train + {tokens['val']:,} val "
+        f"tokens (val: {' and '.join(held_out)}{documents}), vocabulary {meta['vocab_size']:,}, in {seconds:.1f}s"
+    )
 
 
 def group_results(building: Path, plan: Plan) -> list[GroupResult]:
@@ -660,7 +696,12 @@ def write_snapshot(paths: DatasetPaths, snapshot: str) -> dict[str, Any]:
         if tokens[split] < 2:
             shutil.rmtree(building, ignore_errors=True)
             hint = " (raise val_fraction, or stage more documents)" if split == "val" else ""
-            raise InputError(f"the {split} split has only {tokens[split]} tokens: the corpus is too small{hint}")
+            causes = ", ".join(f"{n:,} {cause}" for cause, n in sorted(tally.skipped.items()))
+            skipped = f" (skipped records, text field {plan.text_field!r}: {causes})" if causes else ""
+            raise InputError(
+                f"dataset {paths.name!r}: the {split} split has only {tokens[split]} tokens{skipped}: the corpus is "
+                f"too small{hint}"
+            )
     tokenizer_json = (building / TOKENIZER).read_text()
     documents = report.summary(tally, first_documents(building, plan, results, tally))
     meta = {

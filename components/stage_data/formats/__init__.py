@@ -73,6 +73,8 @@ class Skipped:
 class Reader(Protocol):
     """One file's documents, a part at a time (a killed encode redoes at most one part)."""
 
+    bytes_read: int  # of the file so far (compressed; Parquet: its row groups begun), for progress lines
+
     def parts(self) -> int: ...
 
     def read(self, part: int) -> Iterator[Piece | Skipped]: ...
@@ -138,9 +140,10 @@ def reader_for(path: Path, key: str, fmt: FileFormat, text_field: str, block_byt
     return PlainTextReader(path, key, fmt.compression, block_bytes)
 
 
-def check_file(path: Path, key: str, fmt: FileFormat, text_field: str) -> dict[str, Any]:
+def check_file(path: Path, key: str, fmt: FileFormat, text_field: str, dataset: str = "") -> dict[str, Any]:
     """What planning needs of a file beyond its format (Parquet: its row groups), refusing at once what cannot be
-    read as the run asks (a Parquet file without the text column, a JSON Lines file of arrays)."""
+    read as the run asks (a Parquet file without the text column, a JSON Lines file of arrays or whose records lack
+    the text field; `dataset` names the file's dataset there, which a mixture needs)."""
     if fmt.kind == "parquet":
         from components.stage_data.formats.parquet import check_parquet
 
@@ -148,5 +151,5 @@ def check_file(path: Path, key: str, fmt: FileFormat, text_field: str) -> dict[s
     if fmt.kind == "jsonl":
         from components.stage_data.formats.json_lines import check_json_lines
 
-        check_json_lines(path, key, fmt.compression, text_field)
+        check_json_lines(path, key, fmt.compression, text_field, dataset)
     return {}

@@ -80,6 +80,7 @@ class ParquetReader:
         self.file = open_parquet(path, key)
         self.metadata = self.file.metadata
         self.replaced_bytes = 0
+        self.bytes_read = 0  # of the file: the row groups read, by their compressed size (for progress lines)
 
     def parts(self) -> int:
         return self.metadata.num_row_groups
@@ -87,6 +88,7 @@ class ParquetReader:
     def read(self, part: int) -> Iterator[Piece | Skipped]:
         group = self.metadata.row_group(part)
         first_row = sum(self.metadata.row_group(g).num_rows for g in range(part))
+        self.bytes_read += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
         if not group.num_rows:
             return
         column_bytes = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)

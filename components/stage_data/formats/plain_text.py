@@ -14,6 +14,7 @@ class PlainTextReader:
     def __init__(self, path: Path, key: str, compression: str, block_bytes: int):
         self.path, self.key, self.compression, self.block_bytes = path, key, compression, block_bytes
         self.replaced_bytes = 0  # invalid UTF-8 bytes replaced so far
+        self.bytes_read = 0  # of the file (compressed), for progress lines
 
     def parts(self) -> int:
         return 1
@@ -32,7 +33,7 @@ class PlainTextReader:
         """Blocks of about block_bytes, each ending at a newline (UTF-8 safe: '\\n' is one byte, never inside a
         character), but a line longer than four blocks is cut where it stands."""
         carry = b""
-        for chunk in byte_chunks(self.path, self.compression, self.key):
+        for chunk in byte_chunks(self.path, self.compression, self.key, self._count):
             carry += chunk
             while len(carry) >= self.block_bytes:
                 cut = carry.rfind(b"\n", 0, self.block_bytes) + 1 or carry.find(b"\n", self.block_bytes) + 1
@@ -46,6 +47,9 @@ class PlainTextReader:
                 yield self._decode(block)
         if carry:
             yield self._decode(carry)
+
+    def _count(self, size: int) -> None:
+        self.bytes_read += size
 
     def _decode(self, data: bytes) -> str:
         try:

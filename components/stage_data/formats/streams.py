@@ -4,7 +4,7 @@ stream that ends early or is corrupt is refused by the file's name, not read as 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import zstandard
@@ -28,23 +28,32 @@ BINARY_MAGIC = (  # formats a source directory often holds beside text, named in
 )
 
 
-def byte_chunks(path: Path, compression: str, key: str) -> Iterator[bytes]:
-    """The file's content in chunks, decompressed; an InputError if a compressed stream is corrupt or cut short."""
+def byte_chunks(
+    path: Path, compression: str, key: str, on_read: Callable[[int], None] | None = None
+) -> Iterator[bytes]:
+    """The file's content in chunks, decompressed; an InputError if a compressed stream is corrupt or cut short.
+    `on_read` is told each read's size in the file (compressed), for progress lines."""
     if compression == "gzip":
-        yield from _decompressed(path, key, "gzip", lambda: zlib.decompressobj(wbits=16 + zlib.MAX_WBITS))
+        yield from _decompressed(path, key, "gzip", lambda: zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), on_read)
     elif compression == "zstd":
-        yield from _decompressed(path, key, "zstd", lambda: zstandard.ZstdDecompressor().decompressobj())
+        yield from _decompressed(path, key, "zstd", lambda: zstandard.ZstdDecompressor().decompressobj(), on_read)
     else:
         with open(path, "rb") as f:
             while chunk := f.read(READ_BYTES):
+                if on_read is not None:
+                    on_read(len(chunk))
                 yield chunk
 
 
-def _decompressed(path: Path, key: str, kind: str, new_decompressor) -> Iterator[bytes]:
+def _decompressed(
+    path: Path, key: str, kind: str, new_decompressor, on_read: Callable[[int], None] | None
+) -> Iterator[bytes]:
     """Members (gzip) or frames (zstd) one after another, as their tools write them when appending."""
     decompressor, complete = new_decompressor(), True
     with open(path, "rb") as f:
         while chunk := f.read(READ_BYTES):
+            if on_read is not None:
+                on_read(len(chunk))
             while chunk:
                 complete = False
                 try:
