@@ -162,17 +162,24 @@ def save_gpt2_as_the_hub_serves_it(path: Path) -> torch.nn.Module:
 
 
 def save_llama_without_its_prefix(path: Path) -> torch.nn.Module:
-    """A small Llama (untied) whose files name the base model's weights without `model.` (`layers.0.*`,
-    `embed_tokens.*`) beside `lm_head.weight`, as some conversion scripts write them; transformers loads it whole."""
+    """save_llama's model (untied, in bf16 shards with their index) whose files name the base model's weights without
+    `model.` (`layers.0.*`, `embed_tokens.*`) beside `lm_head.weight`, as some conversion scripts write them. Returned
+    as transformers loads that directory (whole: from_pretrained takes either naming)."""
+    import json
+
+    from safetensors import safe_open
     from safetensors.torch import save_file
     from transformers import LlamaForCausalLM
 
     original = save_llama(path)
-    for written in [*path.glob("model*.safetensors"), path / "model.safetensors.index.json"]:
-        written.unlink()
-    tensors = {key.removeprefix("model."): value.to(torch.bfloat16).contiguous()
-               for key, value in original.state_dict().items()}  # fmt: skip
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    index_file = path / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        with safe_open(path / shard, "pt") as f:
+            tensors = {key.removeprefix("model."): f.get_tensor(key) for key in f.keys()}
+        save_file(tensors, path / shard, metadata={"format": "pt"})
+    index["weight_map"] = {key.removeprefix("model."): shard for key, shard in index["weight_map"].items()}
+    index_file.write_text(json.dumps(index))
     loaded = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert all(torch.equal(p, loaded.state_dict()[k]) for k, p in original.state_dict().items()), "transformers' load"
     return loaded

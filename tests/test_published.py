@@ -31,7 +31,7 @@ def test_the_trainers_model_loads_a_published_model_and_computes_its_loss(save, 
     files' names (the Hub's GPT-2: `h.0.*`, no head), as transformers loads them."""
     original = save(tmp_path / "model")
     published = PublishedModel.read(tmp_path / "model")
-    assert (len(published.files) > 1) == (save is save_llama)
+    assert (len(published.files) > 1) == (save in (save_llama, save_llama_without_its_prefix))
     tokens = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = plain_loss(original, tokens)
@@ -118,9 +118,10 @@ def test_evaluation_compares_with_the_published_model_the_run_started_from(tmp_p
 def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_it(
     s3_endpoint: str, aws_env: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """`run-local --init-from-model s3://...`: staging copies the model onto the volume and stages with its own
-    tokenizer; the trainer starts from its weights (fresh optimizer and schedule) and records where they came from;
-    the evaluation's baseline is that model; the export keeps its config (bfloat16, Llama 3's rope scaling, special
+    """`run-local --init-from-model s3://...`: staging copies the model (its files naming the weights without the
+    base model's prefix) onto the volume and stages with its own tokenizer; the trainer starts from its weights (fresh
+    optimizer and schedule) and records where they came from; the evaluation's baseline is that model, its loss
+    transformers' own; the export keeps its config (bfloat16, Llama 3's rope scaling, special
     token ids), loads and generates; the run resumes to the bit without the model's files; the next run copies
     nothing."""
     import logging
@@ -146,7 +147,7 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
 
     source = corpus_of_every_format(tmp_path / "corpus")
     given = tmp_path / "tiny-llama"
-    original = save_llama(given)
+    original = save_llama_without_its_prefix(given)  # its files name the weights without `model.`
     save_pretrained("llama3", make_tokenizer("llama3", [t for _, _, t in expected_documents(source)], 320), given)
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket="published")
