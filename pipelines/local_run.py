@@ -84,8 +84,10 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
         # ...and, once per step, that the step's CPU and memory limits and timeout mean nothing here
         # (kfp/local/orchestrator/task_executor.py, _warn_local_only_noops): true of every step, said once here.
         warnings.filterwarnings("ignore", message=r"Task '.*': settings \[.*", category=UserWarning)
-        log.info("kfp.local ignores each step's CPU and memory limits and timeout; each step runs once (the "
-                 "pipeline's retries are for a pod lost on the cluster)")  # fmt: skip
+        log.info(
+            "kfp.local ignores each step's CPU and memory limits and timeout; each step runs once (the "
+            "pipeline's retries are for a pod lost on the cluster)"
+        )
         try:
             with quiet_console(verbose):
                 pipeline(**arguments, storage_root=str(storage_root))

@@ -310,6 +310,9 @@ def mixture_plan(batches: MixtureBatches, sequences: int) -> str:
         epochs = share * sequences / windows if windows else 0.0
         parts.append(f"{name} {share:.1%} of {len(split):,} tokens ({epochs:.2g} epochs)")
     total = sum(batches.weights)
-    scaled = f" (the weights sum to {total:g}, not 1: each share is its weight over the sum)" \
-        if abs(total - 1) > 1e-9 else ""  # fmt: skip
+    scaled = (
+        f" (the weights sum to {total:g}, not 1: each share is its weight over the sum)"
+        if abs(total - 1) > 1e-9
+        else ""
+    )
     return "mixture: " + "; ".join(parts) + scaled

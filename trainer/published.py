@@ -71,10 +71,12 @@ class PublishedModel:
         elif (path / SINGLE).is_file():
             files = (SINGLE,)
         elif pickles := sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth") for p in path.glob(pattern)):
-            raise CheckpointError(f"{where}: its weights are a pickle checkpoint ({pickles[0]}), which runs code when "
-                                  "loaded: convert it to safetensors (transformers: from_pretrained, then "
-                                  "save_pretrained, which writes safetensors; save its tokenizer into the same "
-                                  "directory)")  # fmt: skip
+            raise CheckpointError(
+                f"{where}: its weights are a pickle checkpoint ({pickles[0]}), which runs code when "
+                "loaded: convert it to safetensors (transformers: from_pretrained, then "
+                "save_pretrained, which writes safetensors; save its tokenizer into the same "
+                "directory)"
+            )
         else:
             raise CheckpointError(f"{where}: no {SINGLE} nor {INDEX} there")
         return cls(path, config, files)

@@ -333,9 +333,19 @@ def evaluate_checkpoint(
     export_note = f"; exported step {result.export_step} to {result.export_dir}" if result.export_dir else ""
     each = ", ".join(f"{d['dataset']} {d['val_loss']:.4f}" for d in result.datasets)
     per_dataset = f"; val loss per dataset: {each}" if each else ""
-    log.info("run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), %s %.4f%s; %s%s", run_id,
-             result.step, val_loss, result.val_perplexity, result.val_bits_per_byte, result.start, untrained,
-             per_dataset, result.gate_line(), export_note)  # fmt: skip
+    log.info(
+        "run %s step %d: val loss %.4f (perplexity %.2f, %.4f bits/byte), %s %.4f%s; %s%s",
+        run_id,
+        result.step,
+        val_loss,
+        result.val_perplexity,
+        result.val_bits_per_byte,
+        result.start,
+        untrained,
+        per_dataset,
+        result.gate_line(),
+        export_note,
+    )
     if not result.gate_passed and not gate.warn_only:
         raise StepFailed(
             f"quality gate failed for run {run_id} at step {result.step}: {'; '.join(result.gate_reasons)}"

@@ -269,6 +269,23 @@ class Reader(threading.Thread):
             self.interrupt()
         return response
 
+    def watch(
+        self, kube: Kube, settings: WatchSettings, listing: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> tuple[Watch, Any]:
+        """A watch through `listing` (a list call of the client), each request ending after settings.watch_timeout_s,
+        its response one `interrupt()` ends."""
+
+        @functools.wraps(listing)  # Watch reads the docstring for what to deserialize
+        def opened(*args: Any, **kwargs: Any) -> Any:
+            return self.reading(listing(*args, **kwargs))
+
+        watch = Watch()
+        limits = {
+            "timeout_seconds": settings.watch_timeout_s,
+            "_request_timeout": (kube.settings.request_timeout_s, settings.watch_timeout_s + 15),
+        }
+        return watch, watch.stream(opened, *args, **kwargs, **limits)
+
     def interrupt(self) -> None:
         response = self._response
         if response is not None:
@@ -355,18 +372,10 @@ class JobWatcher(Reader):
         self.updates.put(job)
 
     def _watch_once(self) -> None:
-        list_jobs = self.kube.custom.list_namespaced_custom_object
-
-        @functools.wraps(list_jobs)  # Watch reads the docstring for what to deserialize
-        def opened(*args: Any, **kwargs: Any) -> Any:
-            return self.reading(list_jobs(*args, **kwargs))
-
-        watch = Watch()
-        stream = watch.stream(
-            opened, self.api.group, self.api.version, self.ns, self.api.plural,
-            field_selector=f"metadata.name={self.name}", resource_version=self.resource_version,
-            timeout_seconds=self.settings.watch_timeout_s,
-            _request_timeout=(self.kube.settings.request_timeout_s, self.settings.watch_timeout_s + 15),
+        watch, stream = self.watch(
+            self.kube, self.settings, self.kube.custom.list_namespaced_custom_object, self.api.group,
+            self.api.version, self.ns, self.api.plural, field_selector=f"metadata.name={self.name}",
+            resource_version=self.resource_version,
         )  # fmt: skip
         try:
             for event in stream:
@@ -399,8 +408,9 @@ class PodWatcher(Reader):
         failures = 0
         while not self.stop.is_set():
             try:
-                listed = self.kube.call("list pods", self.kube.core.list_namespaced_pod, self.ns,
-                                        label_selector=self.selector)  # fmt: skip
+                listed = self.kube.call(
+                    "list pods", self.kube.core.list_namespaced_pod, self.ns, label_selector=self.selector
+                )
                 for pod in listed.items:
                     self.pods.put(pod)
                 self._watch_from(listed.metadata.resource_version)
@@ -408,25 +418,25 @@ class PodWatcher(Reader):
             except Exception as exc:
                 if not is_transient(exc) and not isinstance(exc, StepFailed):
                     if not self.stop.is_set():
-                        log.warning("not watching the job's pods (%s): restarts are counted as the diagnosis reads "
-                                    "them, every %gs", describe(exc), self.settings.diagnose_every_s)  # fmt: skip
+                        log.warning(
+                            "not watching the job's pods (%s): restarts are counted as the diagnosis reads "
+                            "them, every %gs",
+                            describe(exc),
+                            self.settings.diagnose_every_s,
+                        )
                     return
                 failures += 1
                 self.stop.wait(min(8.0, 0.25 * 2 ** (failures - 1)))
 
     def _watch_from(self, resource_version: str) -> None:
-        list_pods = self.kube.core.list_namespaced_pod
-
-        @functools.wraps(list_pods)  # Watch reads the docstring for what to deserialize
-        def opened(*args: Any, **kwargs: Any) -> Any:
-            return self.reading(list_pods(*args, **kwargs))
-
-        watch = Watch()
-        stream = watch.stream(
-            opened, self.ns, label_selector=self.selector, resource_version=resource_version,
-            timeout_seconds=self.settings.watch_timeout_s,
-            _request_timeout=(self.kube.settings.request_timeout_s, self.settings.watch_timeout_s + 15),
-        )  # fmt: skip
+        watch, stream = self.watch(
+            self.kube,
+            self.settings,
+            self.kube.core.list_namespaced_pod,
+            self.ns,
+            label_selector=self.selector,
+            resource_version=resource_version,
+        )
         try:
             for event in stream:
                 if event["type"] in ("ADDED", "MODIFIED"):
@@ -826,8 +836,10 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
             for pod in drained(pod_watcher.pods) + ([] if pod_watcher.is_alive() else diagnoser.pods or []):
                 restart_count.observe(api.pod_label(pod.metadata.name, name), pod)
             if restart_count.past(restart_limit):
-                give_up(f"used up its restart budget: {restart_count.count} restarts (backoffLimit {restart_limit}), "
-                        f"{restart_count.summary()}")  # fmt: skip
+                give_up(
+                    f"used up its restart budget: {restart_count.count} restarts (backoffLimit {restart_limit}), "
+                    f"{restart_count.summary()}"
+                )
             if deadlines.queued:
                 if settings.queue_timeout_s and deadlines.queued_for() > settings.queue_timeout_s:
                     give_up(f"was queued (suspended, not admitted) for {deadlines.queued_for():.0f}s, past the queue "
@@ -843,8 +855,9 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                     what, waited = not_started_for(diagnoser, diagnosis, deadlines)
                     if not deadlines.started and waited > limit:
                         deadline = "Pending" if settings.pending_timeout_s else "creation"
-                        give_up(f"never started: {what} for {waited:.0f}s, past the {deadline} deadline of "
-                                f"{limit:.0f}s")  # fmt: skip
+                        give_up(
+                            f"never started: {what} for {waited:.0f}s, past the {deadline} deadline of {limit:.0f}s"
+                        )
             elif settings.recovery_timeout_s and deadlines.degraded_for() > settings.recovery_timeout_s:
                 give_up(f"ran with fewer than its minimum of {min_pods} pod(s) for {deadlines.degraded_for():.0f}s "
                         f"(a lost node not replaced), past the recovery deadline of "
