@@ -84,6 +84,23 @@ def test_include_filters(corpus: Path, tmp_path: Path) -> None:
     assert result.files == len(keys) == 6 and all(k.startswith("part-a/") for k in keys)
 
 
+def test_a_symlinked_subdirectory_is_staged_like_a_symlinked_file(corpus: Path, tmp_path: Path) -> None:
+    """A source of links (to the corpus's directories and one of its files, and a link back up the tree) stages what
+    they reach, each file once; Path.rglob followed the file and not the directories: "no files to stage"."""
+    source = tmp_path / "links"
+    source.mkdir()
+    (source / "a").symlink_to(corpus / "part-a", target_is_directory=True)
+    first = sorted((corpus / "part-b").iterdir())[0]
+    (source / "one.txt").symlink_to(first)
+    (source / "a-again").symlink_to(source, target_is_directory=True)  # a loop: read once
+    result = stage_data(str(source), str(tmp_path / "fsx"), "linked", vocab_size=300)
+    keys = sorted(
+        e["key"] for e in json.loads(DatasetPaths.of(tmp_path / "fsx", "linked").manifest.read_text())["files"]
+    )
+    assert keys == sorted([f"a/{p.name}" for p in (corpus / "part-a").iterdir()] + ["one.txt"])
+    assert result.files == len(keys)
+
+
 @pytest.mark.parametrize(
     "files, include, message",
     [

@@ -13,7 +13,8 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -48,6 +49,19 @@ def select(
     return chosen
 
 
+def files_under(root: Path) -> Iterator[Path]:
+    """Every file under `root`, through symlinked directories as through symlinked files (Path.rglob follows neither
+    before Python 3.13); a directory reached twice (a link back up the tree) is read once."""
+    seen: set[str] = set()
+    for directory, subdirectories, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(directory)
+        if real in seen:
+            subdirectories.clear()
+            continue
+        seen.add(real)
+        yield from (path for name in names if (path := Path(directory, name)).is_file())
+
+
 class LocalSource:
     """A directory (every file under it) or a single file, given as a path or a file:// URI."""
 
@@ -61,7 +75,7 @@ class LocalSource:
         if self.root.is_file():
             paths = [(self.root.name, self.root)]
         else:
-            paths = [(p.relative_to(self.root).as_posix(), p) for p in self.root.rglob("*") if p.is_file()]
+            paths = [(p.relative_to(self.root).as_posix(), p) for p in files_under(self.root)]
         objects = []
         for key, path in paths:
             stat = path.stat()
