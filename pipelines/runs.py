@@ -15,7 +15,7 @@ from typing import Any
 from common.errors import InputError
 from components.run_summary.core import PIPELINE_RUN_MARKER, current_pipeline_run, read_step
 from trainer.atomic import read_json_lines
-from trainer.layout import RunPaths
+from trainer.layout import META, DatasetPaths, RunPaths
 from trainer.snapshot import config_snapshot
 from trainer.tracking import where_to_look
 
@@ -41,7 +41,12 @@ class RunRow:
         step = "-" if self.step is None else f"{self.step}/{self.max_steps}" if self.max_steps else str(self.step)
         val = "-" if self.val_loss is None else f"{self.val_loss:.3f}@{self.val_step}"
         updated = "-" if self.updated is None else f"{duration(now - self.updated)} ago"
-        data = "-" if self.dataset is None else f"{self.dataset}@{(self.snapshot or '')[:SNAPSHOT_SHOWN]}"
+        if self.dataset is None:
+            data = "-"
+        elif self.snapshot:
+            data = f"{self.dataset}@{self.snapshot[:SNAPSHOT_SHOWN]}"
+        else:  # its staging failed before the snapshot was written
+            data = f"{self.dataset} (no snapshot)"
         trained = duration(self.trained_s) if self.trained_s else "-"
         return self.run_id, data, self.state, step, val, trained, updated, self.mlflow_run_id or "-"
 
@@ -108,7 +113,18 @@ def trained_on(run: RunPaths, config: dict[str, Any]) -> tuple[str, str] | None:
     if found is None:
         details = read_step(run, "stage-data").get("details")
         found = (details.get("dataset"), details.get("snapshot")) if isinstance(details, dict) else None
-    return found if found is not None and all(isinstance(v, str) and v for v in found) else None
+        if found is not None and not snapshot_written(run, *found):
+            found = (found[0], "")  # planned, and its staging failed before the snapshot was written
+    ok = found is not None and isinstance(found[0], str) and found[0] and isinstance(found[1], str)
+    return (found[0], found[1]) if ok else None
+
+
+def snapshot_written(run: RunPaths, dataset: Any, snapshot: Any) -> bool:
+    """Whether staging finished the snapshot its record names (its meta.json, written last, is there)."""
+    try:
+        return (DatasetPaths.of(run.root.parent.parent, str(dataset)).snapshot(str(snapshot)) / META).is_file()
+    except InputError:  # a name that is no dataset's or snapshot's
+        return False
 
 
 def training_seconds(rows: list[dict[str, Any]]) -> float:

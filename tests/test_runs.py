@@ -15,7 +15,7 @@ from components.evaluate_checkpoint.core import evaluate_checkpoint
 from components.run_summary.core import recorded_step
 from pipelines.cli import main
 from pipelines.runs import duration, list_runs, render_table, training_seconds
-from trainer.layout import RunPaths
+from trainer.layout import DatasetPaths, RunPaths
 from trainer.train_ddp import write_status
 
 
@@ -49,12 +49,20 @@ def test_runs_lists_each_run_with_its_state_step_val_loss_and_time(
     RunPaths.of(trained_copy, "run-4").root.mkdir(parents=True)
     with recorded_step(str(trained_copy), "run-4", "stage-data", {}, pipeline_run_id="kfp-run-4") as record:
         record.details = {"files_copied": 3, "groups": 1, "dataset": "web", "snapshot": "3f2a9c1d0e4b5a69"}
+    written = DatasetPaths.of(trained_copy, "web").snapshot("3f2a9c1d0e4b5a69")
+    written.mkdir(parents=True)
+    (written / "meta.json").write_text("{}")
+    # A fifth: its staging planned a snapshot and failed before writing it (the finalize step refused the corpus).
+    RunPaths.of(trained_copy, "run-5").root.mkdir(parents=True)
+    with recorded_step(str(trained_copy), "run-5", "stage-data", {}, pipeline_run_id="kfp-run-5") as record:
+        record.details = {"dataset": "web", "snapshot": "77aa00bb11cc22dd"}
 
     assert main(["runs", "--storage-root", str(trained_copy)]) == 0
     header, *lines = capsys.readouterr().out.splitlines()
     assert header.split() == ["RUN", "DATASET", "STATE", "STEP", "VAL", "LOSS", "TRAINED", "UPDATED", "MLFLOW", "RUN"]
     table = {line.split()[0]: line.split() for line in lines}
-    assert [line.split()[0] for line in lines] == ["run-4", "run-3", "run-2", "run-1"]  # newest change first
+    assert [line.split()[0] for line in lines] == ["run-5", "run-4", "run-3", "run-2", "run-1"]  # newest first
+    assert "web (no snapshot)" in lines[0], "its dataset, and no snapshot that was never written"
     evaluation = json.loads(finished.eval_result.read_text())
     trained_on = json.loads(finished.config.read_text())["dataset"]
     assert len(trained_on["snapshot"]) > 8, "a snapshot id the table cuts"
@@ -72,7 +80,7 @@ def test_runs_lists_each_run_with_its_state_step_val_loss_and_time(
     assert listed["run-1"]["trained_s"] == pytest.approx(full) and 0 < listed["run-2"]["trained_s"] < full
     assert {run: (r["dataset"], r["snapshot"]) for run, r in listed.items()} == {
         "run-1": ("synthetic", trained_on["snapshot"]), "run-2": ("synthetic", trained_on["snapshot"]),
-        "run-3": (None, None), "run-4": ("web", "3f2a9c1d0e4b5a69"),
+        "run-3": (None, None), "run-4": ("web", "3f2a9c1d0e4b5a69"), "run-5": ("web", ""),
     }  # fmt: skip
     assert (listed["run-2"]["mlflow_run_id"], listed["run-1"]["mlflow_run_id"]) == ("6b1f0c2d", None)
 
