@@ -29,7 +29,7 @@ class Restarts:
 
     def observe(self, replica: str, pod: Any) -> None:
         uid = pod.metadata.uid
-        statuses = pod.status.container_statuses or [] if pod.status else []
+        statuses = (pod.status.container_statuses or []) if pod.status else []
         self.in_place[uid] = max(self.in_place.get(uid, 0), sum(s.restart_count or 0 for s in statuses))
         for status in statuses:
             ended = status.state.terminated if status.state else None
@@ -45,7 +45,8 @@ class Restarts:
         self.pod_by_replica[replica] = uid
 
     def forget_pods(self) -> None:
-        """The job was suspended (Kueue): its pods are deleted by design and the ones made on admission are new."""
+        """The job was suspended (Kueue) or failed (HyperPod auto-resume may bring it back): its pods go by design, and
+        the ones made when it runs again are new pods, not restarts."""
         self.pod_by_replica.clear()
 
     @property
