@@ -16,7 +16,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -460,36 +460,47 @@ def record_outcome(run_dir: Path, step: int | None, values: Mapping[str, float],
         with SummaryWriter(str(run_dir / "tensorboard"), filename_suffix=f".{artifact_path}") as events:
             for chart, value in values.items():
                 events.add_scalar(chart, value, step)
+
+    def send(client: Any, run_id: str) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        now = int(time.time() * 1000)
+        client.log_batch(
+            run_id,
+            tags=[RunTag(k, v[:5000]) for k, v in tags.items()],
+            metrics=[Metric(k, v, now, step or 0) for k, v in values.items() if step is not None],
+        )
+        for path in files:
+            if path.is_file():
+                client.log_artifact(run_id, str(path), artifact_path)
+
+    failed = with_mlflow_run(run_dir, send, "mlflow-outcome", timeout_s)
+    if failed:
+        log.warning("MLflow: the %s of run %s was not recorded there (%s); its files on the volume have it",
+                    artifact_path, run_dir.name, failed)  # fmt: skip
+
+
+def with_mlflow_run(run_dir: Path, work: Callable[[Any, str], None], name: str, timeout_s: float) -> str | None:
+    """Run `work(client, run id)` against the run's MLflow run (<run_dir>/mlflow.json) in a thread, waited for at
+    most `timeout_s`: None when the run has no MLflow run, "" when the work was done, else why not in one line (an
+    unreachable or refusing server is never the calling step's failure)."""
     record = run_dir / "mlflow.json"
     if not record.exists():
-        return
+        return None
     said: list[str] = []
 
     def send() -> None:
         try:
-            from mlflow.entities import Metric, RunTag
-
             mlflow_run = json.loads(record.read_text())
-            client = mlflow_client(mlflow_run["tracking_uri"], min(timeout_s, 30.0))
-            now = int(time.time() * 1000)
-            client.log_batch(
-                mlflow_run["run_id"],
-                tags=[RunTag(k, v[:5000]) for k, v in tags.items()],
-                metrics=[Metric(k, v, now, step or 0) for k, v in values.items() if step is not None],
-            )
-            for path in files:
-                if path.is_file():
-                    client.log_artifact(mlflow_run["run_id"], str(path), artifact_path)
+            work(mlflow_client(mlflow_run["tracking_uri"], min(timeout_s, 30.0)), mlflow_run["run_id"])
             said.append("")
-        except Exception as exc:  # unreachable, refused, a record of another server: never this step's failure
+        except Exception as exc:  # unreachable, refused, an unreadable record, a record of another server
             said.append(one_line(exc))
 
-    sending = threading.Thread(target=send, name="mlflow-outcome", daemon=True)
+    sending = threading.Thread(target=send, name=name, daemon=True)
     sending.start()
     sending.join(timeout_s)
-    if not said or said[0]:
-        log.warning("MLflow: the %s of run %s was not recorded there (%s); its files on the volume have it",
-                    artifact_path, run_dir.name, said[0] if said else f"no answer within {timeout_s:.0f}s")  # fmt: skip
+    return said[0] if said else f"no answer within {timeout_s:.0f}s"
 
 
 def end_run(run_dir: Path, status: str, timeout_s: float = 60.0, attempts: int = 3) -> str:
@@ -499,38 +510,25 @@ def end_run(run_dir: Path, status: str, timeout_s: float = 60.0, attempts: int =
     never the step's failure. Returns what happened, in a few words ("" when there is no MLflow run)."""
     if status not in ENDED:
         raise ValueError(f"MLflow run status {status!r} is not one of {', '.join(ENDED)}")
-    record = run_dir / "mlflow.json"
-    if not record.exists():
-        return ""
-    said: list[str] = []
 
-    def send() -> None:
-        try:
-            mlflow_run = json.loads(record.read_text())
-            client = mlflow_client(mlflow_run["tracking_uri"], min(timeout_s, 30.0))
-        except Exception as exc:  # an unreadable record, the plugin missing: nothing to retry
-            said.append(one_line(exc))
-            return
+    def send(client: Any, run_id: str) -> None:
         for attempt in range(attempts):
             try:
-                client.set_terminated(mlflow_run["run_id"], status)
-                said.append("")
+                client.set_terminated(run_id, status)
                 return
-            except Exception as exc:  # unreachable, refused, a record of another server
+            except Exception as exc:
                 if attempt + 1 == attempts or not transient(exc):
-                    said.append(one_line(exc))
-                    return
+                    raise
                 time.sleep(min(2.0**attempt, 4.0))
 
-    sending = threading.Thread(target=send, name="mlflow-end", daemon=True)
-    sending.start()
-    sending.join(timeout_s)
-    if said and not said[0]:
+    failed = with_mlflow_run(run_dir, send, "mlflow-end", timeout_s)
+    if failed is None:
+        return ""
+    if not failed:
         log.info("MLflow: the run of %s ended %s", run_dir.name, status)
         return f"ended {status}"
-    reason = said[0] if said else f"no answer within {timeout_s:.0f}s"
-    log.warning("MLflow: the run of %s was not ended %s (%s); it shows as running there", run_dir.name, status, reason)
-    return f"not ended: {reason}"
+    log.warning("MLflow: the run of %s was not ended %s (%s); it shows as running there", run_dir.name, status, failed)
+    return f"not ended: {failed}"
 
 
 def transient(exc: BaseException) -> bool:
