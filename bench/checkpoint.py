@@ -83,8 +83,14 @@ PROJECTION_PRESET, PROJECTION_VOCAB, PROJECTION_RANKS = "llama-1b", 32000, 16
 BYTES_PER_PARAMETER = 12  # fp32 weights, exp_avg, exp_avg_sq (components/preflight/core.py)
 CAPACITIES_GIB = (1200, 2400, 4800, 9600)  # FSx's size steps; it counts 1,000 GiB per TiB of throughput
 FSX_GIB_PER_TIB = 1000
-TIERS = (("SCRATCH_2", 100), ("PERSISTENT_2", 125), ("PERSISTENT_2", 250), ("PERSISTENT_2", 500),
-         ("PERSISTENT_2", 1000))  # fmt: skip  # baseline write MB/s per TiB
+# Baseline write MB/s per TiB.
+TIERS = (
+    ("SCRATCH_2", 100),
+    ("PERSISTENT_2", 125),
+    ("PERSISTENT_2", 250),
+    ("PERSISTENT_2", 500),
+    ("PERSISTENT_2", 1000),
+)
 MARGIN_S = 20  # of the launcher's grace period, kept for the step in flight and the exit
 
 
@@ -140,8 +146,9 @@ class Training:
         Every rank trains on the same tokens, so the replicas stay equal without DDP's all-reduce (which would
         only add gloo traffic to what is timed).
         """
-        tokens = torch.randint(0, VOCAB_SIZE, (1, STEP_TOKENS), generator=torch.Generator().manual_seed(
-            self.progress.step))  # fmt: skip
+        tokens = torch.randint(
+            0, VOCAB_SIZE, (1, STEP_TOKENS), generator=torch.Generator().manual_seed(self.progress.step)
+        )
         self.model(input_ids=tokens, labels=tokens).loss.backward()
         waited = checkpoints.wait_until_staged() if checkpoints is not None else 0.0
         for group in self.optimizer.param_groups:
@@ -327,8 +334,15 @@ class Rank:
         manager.wait()
         committed = time.perf_counter() - started  # rank 0's: the commit runs there
         self.done()
-        return {STALL: call + staged, CALL: call, STAGED: staged, SLOWER: slower, AFTER: after,
-                COMMITTED: committed, STEP: plain}  # fmt: skip
+        return {
+            STALL: call + staged,
+            CALL: call,
+            STAGED: staged,
+            SLOWER: slower,
+            AFTER: after,
+            COMMITTED: committed,
+            STEP: plain,
+        }
 
     def warm_up(self) -> None:
         """Untimed: a first single-file save, and a first async save (which allocates the stager's buffers)."""
@@ -362,8 +376,12 @@ def worker(rank: int, preset: str, repeats: int, directory: str, port: int, resu
     try:
         group = dist.new_group(backend="gloo")  # the checkpoints' own, as train_ddp makes it
         training = Training(preset)
-        me = Rank(training, group, Path(directory), CheckpointManager(Path(directory), keep=KEEP, async_save=True,
-                                                                      group=group))  # fmt: skip
+        me = Rank(
+            training,
+            group,
+            Path(directory),
+            CheckpointManager(Path(directory), keep=KEEP, async_save=True, group=group),
+        )
         try:
             me.warm_up()
             measured = []
@@ -425,8 +443,12 @@ def summarise(state: int, repeats: list[dict[str, float]]) -> list[Row]:
     def rate(key: str) -> list[float]:
         return [state / 1e9 / r[key] for r in repeats]
 
-    throughput = Row("DCP sync throughput / single-writer throughput", [r[SINGLE_SAVE] / r[DCP_SAVE] for r in repeats],
-                     "x", f">= {THROUGHPUT_TARGET}")  # fmt: skip
+    throughput = Row(
+        "DCP sync throughput / single-writer throughput",
+        [r[SINGLE_SAVE] / r[DCP_SAVE] for r in repeats],
+        "x",
+        f">= {THROUGHPUT_TARGET}",
+    )
     throughput.met = throughput.median >= THROUGHPUT_TARGET
     stall = Row("async stall / DCP sync save", [r[STALL] / r[DCP_SAVE] for r in repeats], "%", f"<= {STALL_TARGET:.0%}")
     stall.met = stall.median <= STALL_TARGET
@@ -454,7 +476,7 @@ def summarise(state: int, repeats: list[dict[str, float]]) -> list[Row]:
             f"this machine's ceiling for {WORLD} writers: single-writer time / {WORLD} plain writers' time",
             [r[SINGLE_SAVE] / r[HALVES_SAVE] for r in repeats],
             "x",
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -687,8 +709,11 @@ def main(argv: list[str] | None = None) -> int:
         conditions.state_bytes, repeats = measure(args.preset, args.repeats, directory)
         conditions.others_cpus = others_cpus(start, CpuSample.now())
         conditions.load_end = loadavg()
-        log.info("CPUs busy outside the benchmark: %.2f on average; load average %s",
-                 conditions.others_cpus, loads(conditions))  # fmt: skip
+        log.info(
+            "CPUs busy outside the benchmark: %.2f on average; load average %s",
+            conditions.others_cpus,
+            loads(conditions),
+        )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         if made_parent and not any(parent.iterdir()):

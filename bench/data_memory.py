@@ -71,8 +71,14 @@ def write_dataset(tokenized: Path, shards: int, shard_tokens: int, seed: int) ->
         for _ in range(shards):
             writer.write(rng.integers(0, VOCAB, size=shard_tokens, dtype=np.uint16))
         tokens[split], meta_shards[split] = writer.close(), writer.shards
-    meta = {"format": FORMAT, "vocab_size": VOCAB, "dtype": "uint16", "eos_id": VOCAB - 1, "shards": meta_shards,
-            "tokens": tokens}  # fmt: skip
+    meta = {
+        "format": FORMAT,
+        "vocab_size": VOCAB,
+        "dtype": "uint16",
+        "eos_id": VOCAB - 1,
+        "shards": meta_shards,
+        "tokens": tokens,
+    }
     (tokenized / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
@@ -142,10 +148,18 @@ def measure(kind: str, tokenized: Path) -> dict[str, object]:
 
 
 def run_child(kind: str, tokenized: Path) -> dict[str, dict[str, float]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
-    out = subprocess.run([sys.executable, __file__, "--measure", kind, "--data", str(tokenized)], env=env, check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure", kind, "--data", str(tokenized)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -155,8 +169,18 @@ def train_rss(root: Path, dataset: str) -> float:
     from trainer.layout import RunPaths
 
     run_id = f"rss-{dataset}"
-    launch(LaunchConfig(storage_root=str(root), dataset=dataset, run_id=run_id, nproc_per_node=2, preset="tiny",
-                        checkpoint_every=10**6, timeout_s=600, **TORCHRUN))  # fmt: skip
+    launch(
+        LaunchConfig(
+            storage_root=str(root),
+            dataset=dataset,
+            run_id=run_id,
+            nproc_per_node=2,
+            preset="tiny",
+            checkpoint_every=10**6,
+            timeout_s=600,
+            **TORCHRUN,
+        )
+    )
     rows = [json.loads(line) for line in RunPaths.of(root, run_id).metrics.read_text().splitlines() if line.strip()]
     return max(r["rss_gib"] for r in rows)
 
@@ -248,8 +272,13 @@ def main(argv: list[str] | None = None) -> int:
             results[n] = {}
             for kind in ("new", "baseline") if n % 2 else ("baseline", "new"):
                 results[n][kind] = run_child(kind, tokenized)
-                log.info("%d shard(s), %s: private %.0f MiB, resident %.0f MiB", n, kind,
-                         results[n][kind]["eval"]["RssAnon"], results[n][kind]["eval"]["VmRSS"])  # fmt: skip
+                log.info(
+                    "%d shard(s), %s: private %.0f MiB, resident %.0f MiB",
+                    n,
+                    kind,
+                    results[n][kind]["eval"]["RssAnon"],
+                    results[n][kind]["eval"]["VmRSS"],
+                )
         for n in (SHARD_COUNTS[0], SHARD_COUNTS[-1]):
             trained[n] = train_rss(root, f"shards-{n}")
             log.info("torchrun on %d shard(s): rss_gib %.2f", n, trained[n])

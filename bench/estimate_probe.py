@@ -22,8 +22,15 @@ from trainer.memory import GIB, estimate, model_shape
 from trainer.parallel import parallelize
 
 
-def main(layers: int, batch: int, seq_len: int, checkpointing: str, vocab: int = 128256, hidden: int = 4096,
-         inner: int = 14336) -> None:  # fmt: skip
+def main(
+    layers: int,
+    batch: int,
+    seq_len: int,
+    checkpointing: str,
+    vocab: int = 128256,
+    hidden: int = 4096,
+    inner: int = 14336,
+) -> None:
     from transformers import AutoConfig
 
     cuda = torch.cuda.is_available()
@@ -31,10 +38,17 @@ def main(layers: int, batch: int, seq_len: int, checkpointing: str, vocab: int =
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    config = AutoConfig.for_model("llama", num_hidden_layers=layers, hidden_size=hidden, intermediate_size=inner,
-                                  num_attention_heads=hidden // 128 or 1, num_key_value_heads=max(1, hidden // 512),
-                                  vocab_size=vocab, max_position_embeddings=seq_len,
-                                  tie_word_embeddings=False)  # fmt: skip
+    config = AutoConfig.for_model(
+        "llama",
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=inner,
+        num_attention_heads=hidden // 128 or 1,
+        num_key_value_heads=max(1, hidden // 512),
+        vocab_size=vocab,
+        max_position_embeddings=seq_len,
+        tie_word_embeddings=False,
+    )
     parallel = parallelize(config, "fsdp", device, seed=1, local_world=1, activation_checkpointing=checkpointing)
     optimizer = torch.optim.AdamW(parallel.model.parameters(), lr=1e-4, fused=True)
     tokens = torch.randint(0, vocab, (batch, seq_len + 1), device=device)
@@ -46,11 +60,22 @@ def main(layers: int, batch: int, seq_len: int, checkpointing: str, vocab: int =
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     need = estimate(model_shape(config), "fsdp", 1, 1, batch, seq_len, checkpointing)
-    measured = {"allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
-                "reserved_gib": torch.cuda.max_memory_reserved(device) / GIB if cuda else None}  # fmt: skip
-    print(json.dumps({**measured, "estimate_gib": need.total / GIB, "estimate_allocated_gib": need.allocated / GIB,
-                      "parts_gib": {k: v / GIB for k, v in asdict(need).items()}, "loss": loss.item(),
-                      "device": torch.cuda.get_device_name(device) if cuda else "cpu"}))  # fmt: skip
+    measured = {
+        "allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
+        "reserved_gib": torch.cuda.max_memory_reserved(device) / GIB if cuda else None,
+    }
+    print(
+        json.dumps(
+            {
+                **measured,
+                "estimate_gib": need.total / GIB,
+                "estimate_allocated_gib": need.allocated / GIB,
+                "parts_gib": {k: v / GIB for k, v in asdict(need).items()},
+                "loss": loss.item(),
+                "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+            }
+        )
+    )
     dist.destroy_process_group()
 
 

@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("components").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(sysconfig.get_paths()["stdlib"]) / "email"
-        snapshot = Path(stage_data(str(source), tmp, "email", vocab_size=2048, val_fraction=0.3,
-                                   include=["*.py"]).tokenized_dir)  # fmt: skip
+        snapshot = Path(
+            stage_data(str(source), tmp, "email", vocab_size=2048, val_fraction=0.3, include=["*.py"]).tokenized_dir
+        )
         meta = load_meta(snapshot)
         val = load_split(snapshot, "val")
         lengths = token_byte_lengths(Tokenizer.from_file(str(snapshot / TOKENIZER)), meta["vocab_size"])
@@ -90,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[float]] = {"component": [], "minimal": []}
         losses = {}
         for n in range(args.repeats):
-            for name, call in (("component", component), ("minimal", minimal)) if n % 2 == 0 else (
-                ("minimal", minimal), ("component", component)):  # fmt: skip
+            for name, call in (
+                (("component", component), ("minimal", minimal))
+                if n % 2 == 0
+                else (("minimal", minimal), ("component", component))
+            ):
                 started = time.perf_counter()
                 losses[name] = call()[0]
                 runs[name].append(time.perf_counter() - started)

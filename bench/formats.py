@@ -71,8 +71,17 @@ CHUNK_BYTES = 64 * 10**6  # text generated at a time
 TARGET = 0.9  # ours over the ceiling
 MEMORY_TARGET = 0.10  # peak memory of the large row group over the small one, within this
 PARQUET, JSONL = "parquet", "jsonl.zst"
-SEPARATORS = ((" ", 0.80), (", ", 0.07), (". ", 0.06), (".\n", 0.025), (".\n\n", 0.015), ("? ", 0.005),
-              ("! ", 0.003), (": ", 0.006), ("; ", 0.006))  # fmt: skip
+SEPARATORS = (
+    (" ", 0.80),
+    (", ", 0.07),
+    (". ", 0.06),
+    (".\n", 0.025),
+    (".\n\n", 0.015),
+    ("? ", 0.005),
+    ("! ", 0.003),
+    (": ", 0.006),
+    ("; ", 0.006),
+)
 WIDTH = 24  # bytes of the widest word and separator
 
 
@@ -80,8 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a smoke run: 64 MB corpora, 1 repeat, 200 MB row group")
     p.add_argument("--text-mb", type=int, help="text per corpus (MB; default 1000, --quick 64)")
-    p.add_argument("--memory-mb", type=int, help="text in the large row group (MB; the small one is a tenth; "
-                   "default 2000, --quick 200)")  # fmt: skip
+    p.add_argument(
+        "--memory-mb",
+        type=int,
+        help="text in the large row group (MB; the small one is a tenth; default 2000, --quick 200)",
+    )
     p.add_argument("--repeats", type=int, help="runs of each variant, alternately (default 2, --quick 1)")
     p.add_argument("--part", choices=("all", "throughput", "memory"), default="all")
     p.add_argument("--formats", default=f"{PARQUET},{JSONL}", help="the corpora timed (throughput)")
@@ -105,8 +117,36 @@ class TextMaker:
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
         letters = np.frombuffer(b"etaoinshrdlcumwfgypbvkjxqz", dtype=np.uint8)
-        frequency = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.4, 2.2, 2.0,
-                              2.0, 1.9, 1.5, 1.0, 0.8, 0.15, 0.15, 0.1, 0.07])  # English's, in order  # fmt: skip
+        frequency = np.array(
+            [
+                12.7,
+                9.1,
+                8.2,
+                7.5,
+                7.0,
+                6.7,
+                6.3,
+                6.1,
+                6.0,
+                4.3,
+                4.0,
+                2.8,
+                2.8,
+                2.4,
+                2.4,
+                2.2,
+                2.0,
+                2.0,
+                1.9,
+                1.5,
+                1.0,
+                0.8,
+                0.15,
+                0.15,
+                0.1,
+                0.07,
+            ]
+        )  # English's, in order
         seen: set[str] = set()
         words: list[str] = []
         while len(words) < VOCAB_WORDS:
@@ -144,8 +184,9 @@ class TextMaker:
         ends = np.unique(blanks[np.minimum(np.searchsorted(blanks, targets), len(blanks) - 1)])
         starts = np.concatenate([[0], ends[:-1] + 1])
         while True:  # a document begins after the whitespace that ended the one before
-            white = (data[np.minimum(starts, len(data) - 1)] == ord(" ")) | (data[np.minimum(starts, len(data) - 1)]
-                                                                            == ord("\n"))  # fmt: skip
+            white = (data[np.minimum(starts, len(data) - 1)] == ord(" ")) | (
+                data[np.minimum(starts, len(data) - 1)] == ord("\n")
+            )
             if not white.any():
                 break
             starts = starts + white
@@ -177,25 +218,30 @@ def write_corpus(work: Path, text_bytes: int, maker: TextMaker) -> dict[str, Any
     for f in range(FILES):
         name = f"part-{f:04d}"
         written = 0
-        with pq.ParquetWriter(work / "src-parquet" / f"{name}.parquet", schema, compression="snappy") as parquet, \
-                open(work / "src-jsonl" / f"{name}.jsonl.zst", "wb") as raw, \
-                zstandard.ZstdCompressor(level=3).stream_writer(raw) as jsonl:  # fmt: skip
+        with (
+            pq.ParquetWriter(work / "src-parquet" / f"{name}.parquet", schema, compression="snappy") as parquet,
+            open(work / "src-jsonl" / f"{name}.jsonl.zst", "wb") as raw,
+            zstandard.ZstdCompressor(level=3).stream_writer(raw) as jsonl,
+        ):
             while written < per_file:
                 pieces, offsets = maker.chunk(min(CHUNK_BYTES, per_file - written + 10_000))
                 texts = text_array(pieces, offsets)
                 ids = pa.array(np.arange(documents, documents + len(texts), dtype=np.int64))
                 parquet.write_table(pa.table([ids, texts], schema=schema), row_group_size=ROW_GROUP_ROWS)
                 strings = texts.to_pylist()
-                jsonl.write("".join(json.dumps({"id": documents + i, "text": t}, ensure_ascii=False) + "\n"
-                                    for i, t in enumerate(strings)).encode())  # fmt: skip
+                jsonl.write(
+                    "".join(
+                        json.dumps({"id": documents + i, "text": t}, ensure_ascii=False) + "\n"
+                        for i, t in enumerate(strings)
+                    ).encode()
+                )
                 if len(sample) < 2 and sum(map(len, sample)) < SAMPLE_BYTES:
                     sample.append(bytes(pieces[: SAMPLE_BYTES - sum(map(len, sample))]).decode(errors="ignore"))
                 written += len(pieces)
                 documents += len(texts)
         total += written
         log.info("wrote %s: %.0f MB of text", name, written / 1e6)
-    tokenizer = train_tokenizer(iter([s[i : i + 4000] for s in sample for i in range(0, len(s), 4000)]),
-                                TOKENIZE_VOCAB)  # fmt: skip
+    tokenizer = train_tokenizer(iter([s[i : i + 4000] for s in sample for i in range(0, len(s), 4000)]), TOKENIZE_VOCAB)
     tokenizer.save(str(work / "tokenizer.json"))
     pf = pq.ParquetFile(next((work / "src-parquet").iterdir()))
     return {
@@ -237,8 +283,11 @@ def peak_mb() -> float:
 def cpu_now() -> dict[str, float]:
     """CPU seconds so far: the whole process (every thread: rayon's too) and the main thread alone (the serial
     Python work: reading, copying ids, writing; the caller of encode_batch_fast waits without using a core)."""
-    return {"cpu_s": time.process_time(), "main_cpu_s": time.thread_time(),
-            "machine_cpu_s": busy_jiffies() / os.sysconf("SC_CLK_TCK")}  # fmt: skip
+    return {
+        "cpu_s": time.process_time(),
+        "main_cpu_s": time.thread_time(),
+        "machine_cpu_s": busy_jiffies() / os.sysconf("SC_CLK_TCK"),
+    }
 
 
 def cpu_used(before: dict[str, float]) -> dict[str, float]:
@@ -253,9 +302,14 @@ def ours_child(spec: dict[str, Any]) -> dict[str, Any]:
     result = encode_group(paths, spec["snapshot"], 0)
     seconds = time.perf_counter() - started
     formats = result.tally["formats"]
-    return {"seconds": seconds, "peak_mb": peak_mb(), **cpu_used(cpu),
-            "text_bytes": sum(f["text_bytes"] for f in formats.values()), "tokens": sum(result.tokens.values()),
-            "documents": sum(f["documents"] for f in formats.values())}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "peak_mb": peak_mb(),
+        **cpu_used(cpu),
+        "text_bytes": sum(f["text_bytes"] for f in formats.values()),
+        "tokens": sum(result.tokens.values()),
+        "documents": sum(f["documents"] for f in formats.values()),
+    }
 
 
 def group_files(spec: dict[str, Any]) -> list[Path]:
@@ -311,8 +365,14 @@ def ceiling_child(spec: dict[str, Any]) -> dict[str, Any]:
     if batch:
         tokens += sum(map(len, tokenizer.encode_batch_fast(batch, add_special_tokens=False)))
         documents += len(batch)
-    return {"seconds": time.perf_counter() - started, "peak_mb": peak_mb(), **cpu_used(cpu),
-            "text_bytes": spec["text_bytes"], "tokens": tokens, "documents": documents}  # fmt: skip
+    return {
+        "seconds": time.perf_counter() - started,
+        "peak_mb": peak_mb(),
+        **cpu_used(cpu),
+        "text_bytes": spec["text_bytes"],
+        "tokens": tokens,
+        "documents": documents,
+    }
 
 
 def read_child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -327,8 +387,12 @@ def read_child(spec: dict[str, Any]) -> dict[str, Any]:
             for item in reader.read(part):
                 documents += 1
                 text_bytes += len(item.text)
-    return {"seconds": time.perf_counter() - started, "peak_mb": peak_mb(), "text_bytes": text_bytes,
-            "documents": documents}  # fmt: skip
+    return {
+        "seconds": time.perf_counter() - started,
+        "peak_mb": peak_mb(),
+        "text_bytes": text_bytes,
+        "documents": documents,
+    }
 
 
 def finish_child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -336,13 +400,19 @@ def finish_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     started = time.perf_counter()
     result = finish_snapshot(spec["storage"], spec["dataset"], spec["snapshot"])
-    return {"seconds": time.perf_counter() - started, "peak_mb": peak_mb(),
-            "tokens": result.train_tokens + result.val_tokens}  # fmt: skip
+    return {
+        "seconds": time.perf_counter() - started,
+        "peak_mb": peak_mb(),
+        "tokens": result.train_tokens + result.val_tokens,
+    }
 
 
 CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "ours": ours_child, "ceiling": ceiling_child, "read": read_child, "finish": finish_child,
-}  # fmt: skip
+    "ours": ours_child,
+    "ceiling": ceiling_child,
+    "read": read_child,
+    "finish": finish_child,
+}
 
 
 def run_child(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
@@ -351,8 +421,12 @@ def run_child(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
     spec_path.write_text(json.dumps({**spec, "out": str(out)}))
     out.unlink(missing_ok=True)
     threads = str(len(os.sched_getaffinity(0)))
-    env = {**os.environ, "RAYON_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "true",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}  # fmt: skip
+    env = {
+        **os.environ,
+        "RAYON_NUM_THREADS": threads,
+        "TOKENIZERS_PARALLELISM": "true",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+    }
     os.sync()  # the previous run's shards on disk, not in this one's time
     subprocess.run([sys.executable, __file__, "--child", str(spec_path)], env=env, check=True)
     result = json.loads(out.read_text())
@@ -379,16 +453,29 @@ class Planned:
         from components.stage_data.tokenization import building_dir
 
         self.storage = work / "storage"
-        planned = mirror_and_plan(StageSettings(source=str(source), storage_root=str(self.storage), dataset=dataset,
-                                                tokenizer_path=str(tokenizer), tokenize_groups=1))  # fmt: skip
+        planned = mirror_and_plan(
+            StageSettings(
+                source=str(source),
+                storage_root=str(self.storage),
+                dataset=dataset,
+                tokenizer_path=str(tokenizer),
+                tokenize_groups=1,
+            )
+        )
         self.dataset, self.snapshot, self.tokenizer = dataset, planned.snapshot, tokenizer
         self.building = building_dir(DatasetPaths.of(self.storage, dataset), self.snapshot)
         self.pristine = work / f"planned-{dataset}"
         shutil.copytree(self.building, self.pristine)
 
     def spec(self, kind: str, **more: Any) -> dict[str, Any]:
-        return {"kind": kind, "storage": str(self.storage), "dataset": self.dataset, "snapshot": self.snapshot,
-                "tokenizer": str(self.tokenizer), **more}  # fmt: skip
+        return {
+            "kind": kind,
+            "storage": str(self.storage),
+            "dataset": self.dataset,
+            "snapshot": self.snapshot,
+            "tokenizer": str(self.tokenizer),
+            **more,
+        }
 
     def reset(self) -> None:
         shutil.rmtree(self.building)
@@ -405,8 +492,10 @@ def throughput_part(work: Path, args: argparse.Namespace, maker: TextMaker) -> t
     log.info("writing %d MB of text as Parquet and as .jsonl.zst", args.text_mb)
     corpus = write_corpus(work, args.text_mb * 10**6, maker)
     formats = [f for f in (PARQUET, JSONL) if f in args.formats.split(",")]
-    planned = {fmt: Planned(work, work / f"src-{fmt.split('.')[0]}", fmt.replace(".", "-"), work / "tokenizer.json")
-               for fmt in formats}  # fmt: skip
+    planned = {
+        fmt: Planned(work, work / f"src-{fmt.split('.')[0]}", fmt.replace(".", "-"), work / "tokenizer.json")
+        for fmt in formats
+    }
     for fmt in (PARQUET, JSONL):
         shutil.rmtree(work / f"src-{fmt.split('.')[0]}")  # the mirror holds the same files (or they are not timed)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {fmt: {"ceiling": [], "ours": []} for fmt in planned}
@@ -416,8 +505,15 @@ def throughput_part(work: Path, args: argparse.Namespace, maker: TextMaker) -> t
                 plan.reset()
                 result = run_child(work, plan.spec(kind, format=fmt, text_bytes=corpus["text_bytes"]))
                 runs[fmt][kind].append(result)
-                log.info("%s repeat %d: %s %.1fs, %.2f MB/s, peak %.0f MB", fmt, n + 1, kind, result["seconds"],
-                         result["text_bytes"] / result["seconds"] / 1e6, result["peak_mb"])  # fmt: skip
+                log.info(
+                    "%s repeat %d: %s %.1fs, %.2f MB/s, peak %.0f MB",
+                    fmt,
+                    n + 1,
+                    kind,
+                    result["seconds"],
+                    result["text_bytes"] / result["seconds"] / 1e6,
+                    result["peak_mb"],
+                )
         runs[fmt]["finish"] = [run_child(work, plan.spec("finish"))]
         plan.drop_raw()  # the disk back: the mirrored corpus and its shards
     return throughput_lines(args, corpus, runs), {"corpus": corpus, "runs": runs}
@@ -434,8 +530,14 @@ def memory_part(work: Path, args: argparse.Namespace, maker: TextMaker) -> tuple
         shutil.rmtree(source)
         read = run_child(work, plan.spec("read"))
         ours = run_child(work, plan.spec("ours"))
-        log.info("%s (%d MB): read alone peak %.0f MB; encode peak %.0f MB in %.0fs", label, megabytes,
-                 read["peak_mb"], ours["peak_mb"], ours["seconds"])  # fmt: skip
+        log.info(
+            "%s (%d MB): read alone peak %.0f MB; encode peak %.0f MB in %.0fs",
+            label,
+            megabytes,
+            read["peak_mb"],
+            ours["peak_mb"],
+            ours["seconds"],
+        )
         plan.drop_raw()
         rows[label] = {**made, "read": read, "ours": ours}
     return memory_lines(args, rows), rows
@@ -448,8 +550,9 @@ def mb_s(run: dict[str, Any]) -> float:
     return run["text_bytes"] / run["seconds"] / 1e6
 
 
-def throughput_lines(args: argparse.Namespace, corpus: dict[str, Any],
-                     runs: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:  # fmt: skip
+def throughput_lines(
+    args: argparse.Namespace, corpus: dict[str, Any], runs: dict[str, dict[str, list[dict[str, Any]]]]
+) -> list[str]:
     cores = len(os.sched_getaffinity(0))
     lines = [
         f"Throughput (`bench/formats.py{' --quick' if args.quick else ''}`): one synthetic corpus of "
@@ -478,10 +581,12 @@ def throughput_lines(args: argparse.Namespace, corpus: dict[str, Any],
             best = min(kinds[kind], key=lambda r: r["seconds"])
             seconds = ", ".join(f"{r['seconds']:.1f}" for r in kinds[kind])
             elsewhere = ", ".join(f"{r['busy_elsewhere']:.2f}" for r in kinds[kind])
-            lines.append(f"| {fmt} | {kind} | {seconds} | "
-                         f"{best['seconds']:.1f} | {mb_s(best):.2f} | {mb_s(best) / cores:.2f} | {best['cpu_s']:.1f} | "
-                         f"{best['main_cpu_s']:.1f} | {elsewhere} | {best['tokens']:,} | "
-                         f"{max(r['peak_mb'] for r in kinds[kind]):.0f} |")  # fmt: skip
+            lines.append(
+                f"| {fmt} | {kind} | {seconds} | "
+                f"{best['seconds']:.1f} | {mb_s(best):.2f} | {mb_s(best) / cores:.2f} | {best['cpu_s']:.1f} | "
+                f"{best['main_cpu_s']:.1f} | {elsewhere} | {best['tokens']:,} | "
+                f"{max(r['peak_mb'] for r in kinds[kind]):.0f} |"
+            )
         ours = min(kinds["ours"], key=lambda r: r["seconds"])
         ceiling = min(kinds["ceiling"], key=lambda r: r["seconds"])
         ratio = mb_s(ours) / mb_s(ceiling)
@@ -489,13 +594,15 @@ def throughput_lines(args: argparse.Namespace, corpus: dict[str, Any],
         pairs = [c["seconds"] / o["seconds"] for c, o in zip(kinds["ceiling"], kinds["ours"], strict=True)]
         cpu = min(r["cpu_s"] for r in kinds["ceiling"]) / min(r["cpu_s"] for r in kinds["ours"])
         met = "met" if ratio >= TARGET else "NOT met"
-        summary.append(f"{fmt}: ours / ceiling {ratio:.3f} (target >= {TARGET}: {met}"
-                       f"; per repeat {', '.join(f'{p:.3f}' for p in pairs)}; in CPU seconds, least of each: "
-                       f"{cpu:.3f}); same work: "
-                       f"{'yes' if same else 'NO'} (ours {ours['tokens']:,} tokens = ceiling's "
-                       f"{ceiling['tokens']:,} + one EOS per document ({ours['documents']:,}); text bytes "
-                       f"{ours['text_bytes']:,}). finish_snapshot after: {kinds['finish'][0]['seconds']:.2f} s, peak "
-                       f"{kinds['finish'][0]['peak_mb']:.0f} MB.")  # fmt: skip
+        summary.append(
+            f"{fmt}: ours / ceiling {ratio:.3f} (target >= {TARGET}: {met}"
+            f"; per repeat {', '.join(f'{p:.3f}' for p in pairs)}; in CPU seconds, least of each: "
+            f"{cpu:.3f}); same work: "
+            f"{'yes' if same else 'NO'} (ours {ours['tokens']:,} tokens = ceiling's "
+            f"{ceiling['tokens']:,} + one EOS per document ({ours['documents']:,}); text bytes "
+            f"{ours['text_bytes']:,}). finish_snapshot after: {kinds['finish'][0]['seconds']:.2f} s, peak "
+            f"{kinds['finish'][0]['peak_mb']:.0f} MB."
+        )
     return lines + [""] + summary + [""] + projection_lines(runs)
 
 
@@ -547,12 +654,17 @@ def memory_lines(args: argparse.Namespace, rows: dict[str, dict[str, Any]]) -> l
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for label, row in rows.items():
-        lines.append(f"| {label} | {row['text_bytes'] / 1e6:,.0f} | {row['documents']:,} | "
-                     f"{row['file_bytes'] / 1e6:,.0f} | {row['ours']['peak_mb']:.0f} | {row['ours']['seconds']:.1f} | "
-                     f"{row['read']['peak_mb']:.0f} |")  # fmt: skip
-    lines += ["", f"Encode peak, large / small: {ratio:.3f} (target: equal within {MEMORY_TARGET:.0%}: "
-                  f"{'met' if met else 'NOT met'}); read alone: "
-                  f"{large['read']['peak_mb'] / small['read']['peak_mb']:.3f}."]  # fmt: skip
+        lines.append(
+            f"| {label} | {row['text_bytes'] / 1e6:,.0f} | {row['documents']:,} | "
+            f"{row['file_bytes'] / 1e6:,.0f} | {row['ours']['peak_mb']:.0f} | {row['ours']['seconds']:.1f} | "
+            f"{row['read']['peak_mb']:.0f} |"
+        )
+    lines += [
+        "",
+        f"Encode peak, large / small: {ratio:.3f} (target: equal within {MEMORY_TARGET:.0%}: "
+        f"{'met' if met else 'NOT met'}); read alone: "
+        f"{large['read']['peak_mb'] / small['read']['peak_mb']:.3f}.",
+    ]
     return lines
 
 
@@ -580,12 +692,18 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     load_after = os.getloadavg()
     before, after = (", ".join(f"{x:.2f}" for x in load) for load in (load_before, load_after))
-    text += ["", f"Whole run {time.perf_counter() - started:.0f} s. Load average (1, 5, 15 min) at the start: "
-             f"{before}; at the end: {after}."]  # fmt: skip
+    text += [
+        "",
+        f"Whole run {time.perf_counter() - started:.0f} s. Load average (1, 5, 15 min) at the start: "
+        f"{before}; at the end: {after}.",
+    ]
     print("\n".join(text))
     if args.write_results:
-        append_section("staging Parquet and .jsonl.zst against the ceiling; memory against row-group size", text,
-                       machine_lines("pyarrow", "zstandard", "tokenizers", "numpy"))  # fmt: skip
+        append_section(
+            "staging Parquet and .jsonl.zst against the ceiling; memory against row-group size",
+            text,
+            machine_lines("pyarrow", "zstandard", "tokenizers", "numpy"),
+        )
         log.info("appended results to %s", RESULTS)
     return 0
 

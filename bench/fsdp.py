@@ -146,10 +146,16 @@ def throughput_table(pairs: list[Pair]) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for n, r in enumerate(pairs, 1):
-        lines.append(f"| {n} | {r.first} | {r.trainer.tokens_per_s:.0f} | {r.minimal.tokens_per_s:.0f} | "
-                     f"{r.ratio:.3f} | {r.median_ratio:.3f} | {cpus(r.busy_elsewhere)} |")  # fmt: skip
-    columns = [[r.trainer.tokens_per_s for r in pairs], [r.minimal.tokens_per_s for r in pairs],
-               [r.ratio for r in pairs], [r.median_ratio for r in pairs]]  # fmt: skip
+        lines.append(
+            f"| {n} | {r.first} | {r.trainer.tokens_per_s:.0f} | {r.minimal.tokens_per_s:.0f} | "
+            f"{r.ratio:.3f} | {r.median_ratio:.3f} | {cpus(r.busy_elsewhere)} |"
+        )
+    columns = [
+        [r.trainer.tokens_per_s for r in pairs],
+        [r.minimal.tokens_per_s for r in pairs],
+        [r.ratio for r in pairs],
+        [r.median_ratio for r in pairs],
+    ]
     return "\n".join(lines + summary_rows(columns, ["{:.0f}", "{:.0f}", "{:.3f}", "{:.3f}"]))
 
 
@@ -190,11 +196,22 @@ def measure_memory(root: Path, parallelism: str, args: argparse.Namespace) -> Me
     ranks = result["ranks"]
     grown = max(ranks, key=lambda r: r["after_step_gib"] - r["baseline_gib"])
     live = None if grown["live_gib"] is None else grown["live_gib"] - grown["baseline_gib"]
-    memory = Memory(result["parallelism"], result["parameters"], result["loss"], grown["baseline_gib"],
-                    grown["after_step_gib"] - grown["baseline_gib"], live,
-                    1 if parallelism == "ddp" else len(ranks))  # fmt: skip
-    log.info("  %s: RssAnon grew %.2f GiB (%s live) on the rank that grew most; its state: %.2f GiB", parallelism,
-             memory.growth_gib, gib(memory.live_growth_gib), memory.state_gib)  # fmt: skip
+    memory = Memory(
+        result["parallelism"],
+        result["parameters"],
+        result["loss"],
+        grown["baseline_gib"],
+        grown["after_step_gib"] - grown["baseline_gib"],
+        live,
+        1 if parallelism == "ddp" else len(ranks),
+    )
+    log.info(
+        "  %s: RssAnon grew %.2f GiB (%s live) on the rank that grew most; its state: %.2f GiB",
+        parallelism,
+        memory.growth_gib,
+        gib(memory.live_growth_gib),
+        memory.state_gib,
+    )
     return memory
 
 
@@ -224,11 +241,14 @@ def memory_table(ddp: Memory, fsdp: Memory) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for m in (ddp, fsdp):
-        lines.append(f"| {m.parallelism} | {m.baseline_gib:.2f} | {m.growth_gib:.2f} | {gib(m.live_growth_gib)} "
-                     f"| {m.state_gib:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {m.parallelism} | {m.baseline_gib:.2f} | {m.growth_gib:.2f} | {gib(m.live_growth_gib)} "
+            f"| {m.state_gib:.2f} |"
+        )
     live = live_ratio(ddp, fsdp)
-    lines.append(f"| fsdp / ddp | | {fsdp.growth_gib / ddp.growth_gib:.3f} | {live} | "
-                 f"{fsdp.state_gib / ddp.state_gib:.3f} |")  # fmt: skip
+    lines.append(
+        f"| fsdp / ddp | | {fsdp.growth_gib / ddp.growth_gib:.3f} | {live} | {fsdp.state_gib / ddp.state_gib:.3f} |"
+    )
     return "\n".join(lines)
 
 
@@ -262,8 +282,9 @@ def measure_losses(root: Path, data_dir: Path, args: argparse.Namespace) -> Loss
     """The trainer under ddp and under fsdp for LOSS_STEPS steps, a row every step."""
     curves = {}
     for parallelism in ("ddp", "fsdp"):
-        rows, _ = trainer_rows(root, data_dir, f"loss-{parallelism}", args, LOSS_STEPS, 1,
-                               ["--parallelism", parallelism])  # fmt: skip
+        rows, _ = trainer_rows(
+            root, data_dir, f"loss-{parallelism}", args, LOSS_STEPS, 1, ["--parallelism", parallelism]
+        )
         curves[parallelism] = rows
     ddp, fsdp = curves["ddp"], curves["fsdp"]
     steps = list(range(1, LOSS_STEPS + 1))
@@ -272,8 +293,9 @@ def measure_losses(root: Path, data_dir: Path, args: argparse.Namespace) -> Loss
     losses = LossCurves({s: ddp[s]["loss"] for s in steps}, {s: fsdp[s]["loss"] for s in steps})
     step, largest = losses.largest
     if largest > LOSS_RTOL:
-        raise BenchFailed(f"fsdp and ddp did different math: loss {losses.fsdp[step]!r} against {losses.ddp[step]!r} "
-                          f"at step {step}")  # fmt: skip
+        raise BenchFailed(
+            f"fsdp and ddp did different math: loss {losses.fsdp[step]!r} against {losses.ddp[step]!r} at step {step}"
+        )
     log.info("  largest relative loss difference %.2e (step %d)", largest, step)
     return losses
 
@@ -327,8 +349,9 @@ def projection() -> str:
     shape = model_shape(model_config(PROJECTION_PRESET, PROJECTION_VOCAB, PROJECTION_SEQ, eos_token_id=0))
     gpus, gpu_gb = INSTANCE_TYPES[INSTANCE].gpus, GPU_MEMORY_GIB[INSTANCE]
     job = JobSpec(name="projection", image="", trainer_args=[])  # the launcher's defaults: the grace period
-    need = CheckpointNeed(PROJECTION_PRESET, shape.parameters, PROJECTION_VOCAB, False, job.grace_period_s,
-                          job.shutdown_timeout)  # fmt: skip
+    need = CheckpointNeed(
+        PROJECTION_PRESET, shape.parameters, PROJECTION_VOCAB, False, job.grace_period_s, job.shutdown_timeout
+    )
     fsx_mbps = FSX_GIB / 1000 * FSX_MBPS_PER_TIB  # FSx counts 1,000 GiB per TiB of throughput
     save_s = float(need.seconds_at(Decimal(fsx_mbps)))
     tokens = PROJECTION_BATCH * PROJECTION_SEQ  # per GPU and step: one micro-batch, no accumulation
@@ -390,11 +413,20 @@ def main(argv: list[str] | None = None) -> int:
         log.info("loss over %d steps", LOSS_STEPS)
         losses = measure_losses(root, data_dir, args)
         return [
-            throughput_caption(pairs, args), "", throughput_table(pairs), "",
-            memory_caption(ddp, fsdp, args), "", memory_table(ddp, fsdp), "",
-            loss_caption(losses, args), "", loss_table(losses), "",
+            throughput_caption(pairs, args),
+            "",
+            throughput_table(pairs),
+            "",
+            memory_caption(ddp, fsdp, args),
+            "",
+            memory_table(ddp, fsdp),
+            "",
+            loss_caption(losses, args),
+            "",
+            loss_table(losses),
+            "",
             projection(),
-        ]  # fmt: skip
+        ]
 
     return run_bench("fsdp", "FSDP (issue 27)", args, measure)
 

@@ -37,8 +37,14 @@ from trainer.parallel import Parallelized, parallelize
 # Llama-shaped, 16 blocks of hidden 1024 and an untied vocabulary of 16,384: 277M parameters. Under DDP each of
 # 2 ranks holds 4.4 GB of state (8.9 GB for both: within a 16 GB machine); small blocks (61 MB) keep what FSDP
 # all-gathers at once small beside a rank's share.
-SHAPE = {"num_hidden_layers": 16, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4,
-         "intermediate_size": 4096, "tie_word_embeddings": False}  # fmt: skip
+SHAPE = {
+    "num_hidden_layers": 16,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "intermediate_size": 4096,
+    "tie_word_embeddings": False,
+}
 VOCAB = 16384
 SMALL = {**SHAPE, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128}
 BATCH, SEQ_LEN = 1, 64  # a tiny batch: the activations stay small beside the state
@@ -48,8 +54,9 @@ def one_step(config: Any, parallelism: str) -> tuple[Parallelized, torch.optim.O
     """The model as the trainer spreads it, after one training step; the step's loss."""
     world = dist.get_world_size()
     parallel = parallelize(config, parallelism, torch.device("cpu"), D["seed"], local_world=world)
-    optimizer = torch.optim.AdamW(param_groups(parallel.model, D["weight_decay"]), lr=D["lr"], betas=(0.9, 0.95),
-                                  fused=True)  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        param_groups(parallel.model, D["weight_decay"]), lr=D["lr"], betas=(0.9, 0.95), fused=True
+    )
     generator = torch.Generator().manual_seed(dist.get_rank())
     tokens = torch.randint(config.vocab_size, (BATCH, SEQ_LEN + 1), generator=generator)
     loss = parallel.forward_loss(tokens[:, :-1], tokens[:, 1:])

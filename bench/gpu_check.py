@@ -101,7 +101,7 @@ def plan(dry_run: bool) -> tuple[list[Case], int, int]:
             [*compiled, "--async-checkpoint", "--checkpoint-every", str(steps // 3 or 1)],
             timeout_s=45,
             checkpoints=2,
-        ),  # fmt: skip
+        ),
         Case("8b-geometry", "llama-8b", 1, 3, entry="bench.estimate_probe", timeout_s=50, checkpoints=0),
         Case(
             "published-fsdp",
@@ -111,7 +111,7 @@ def plan(dry_run: bool) -> tuple[list[Case], int, int]:
             ["--parallelism", "fsdp", "--compile", "off"],
             timeout_s=30,
             published=True,
-        ),  # fmt: skip
+        ),
     ]
     return cases, 1024 if big else 64, REAL_VOCAB if big else 512
 
@@ -130,12 +130,25 @@ def published_config(vocab: int, big: bool) -> Any:
     """A small Llama as teams publish theirs: untied, Llama 3's rope scaling, in bf16."""
     from transformers import LlamaConfig
 
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 256}  # fmt: skip
-    return LlamaConfig(num_hidden_layers=4 if big else 2, hidden_size=512 if big else 64,
-                       intermediate_size=1536 if big else 128, num_attention_heads=8 if big else 4,
-                       num_key_value_heads=4 if big else 2, vocab_size=vocab, max_position_embeddings=2048,
-                       tie_word_embeddings=False, rope_scaling=rope, dtype="bfloat16")  # fmt: skip
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
+    return LlamaConfig(
+        num_hidden_layers=4 if big else 2,
+        hidden_size=512 if big else 64,
+        intermediate_size=1536 if big else 128,
+        num_attention_heads=8 if big else 4,
+        num_key_value_heads=4 if big else 2,
+        vocab_size=vocab,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        rope_scaling=rope,
+        dtype="bfloat16",
+    )
 
 
 def save_published(work: Path, vocab: int, big: bool) -> Path:
@@ -165,8 +178,15 @@ def stage(work: Path, vocab: int) -> Path:
     from components.stage_data.core import stage_data
     from trainer.layout import DatasetPaths
 
-    stage_data(sysconfig.get_paths()["stdlib"], str(work), "stdlib", vocab_size=vocab, val_fraction=0.01,
-               include=["*.py"], exclude=["site-packages/*", "dist-packages/*", "__pycache__/*", ".*"])  # fmt: skip
+    stage_data(
+        sysconfig.get_paths()["stdlib"],
+        str(work),
+        "stdlib",
+        vocab_size=vocab,
+        val_fraction=0.01,
+        include=["*.py"],
+        exclude=["site-packages/*", "dist-packages/*", "__pycache__/*", ".*"],
+    )
     return DatasetPaths.of(work, "stdlib").current_snapshot()
 
 
@@ -178,13 +198,40 @@ def run_case(case: Case, data_dir: Path, work: Path, seq_len: int, dry_run: bool
         args = ["-m", case.entry, *sizes]
     else:
         model = ["--init-from-model", str(work / "published")] if case.published else ["--preset", case.preset]
-        args = ["-m", case.entry, "--data-dir", str(data_dir), "--run-dir", str(run_dir), *model,
-                "--batch-size", str(case.batch), "--seq-len", str(seq_len), "--max-steps", str(case.steps),
-                "--warmup-steps", "10", "--lr", "6e-4", "--log-every", "5", "--checkpoint-every", "100000",
-                "--keep-checkpoints", "1", *case.flags]  # fmt: skip
+        args = [
+            "-m",
+            case.entry,
+            "--data-dir",
+            str(data_dir),
+            "--run-dir",
+            str(run_dir),
+            *model,
+            "--batch-size",
+            str(case.batch),
+            "--seq-len",
+            str(seq_len),
+            "--max-steps",
+            str(case.steps),
+            "--warmup-steps",
+            "10",
+            "--lr",
+            "6e-4",
+            "--log-every",
+            "5",
+            "--checkpoint-every",
+            "100000",
+            "--keep-checkpoints",
+            "1",
+            *case.flags,
+        ]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TORCH_LOGS": "graph_breaks,recompiles",
-           "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_LOGS": "graph_breaks,recompiles",
+        "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
+    }
     try:
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=case.timeout_s)
     except subprocess.TimeoutExpired as exc:
@@ -202,9 +249,11 @@ def row(case: Case, ended: str, run_dir: Path, output: str) -> str:
         if probe is None:
             return f"| {case.name} | | | | | | | {breaks} | {recompiles} | | {ended} |"
         fmt = lambda v: "—" if v is None else f"{v:.1f}"  # noqa: E731
-        return (f"| {case.name} | | | | {fmt(probe['allocated_gib'])} | {fmt(probe['reserved_gib'])} | "
-                f"{probe['estimate_allocated_gib']:.1f} / {probe['estimate_gib']:.1f} | {breaks} | {recompiles} | "
-                f"{probe['loss']:.3f} | {ended} |")  # fmt: skip
+        return (
+            f"| {case.name} | | | | {fmt(probe['allocated_gib'])} | {fmt(probe['reserved_gib'])} | "
+            f"{probe['estimate_allocated_gib']:.1f} / {probe['estimate_gib']:.1f} | {breaks} | {recompiles} | "
+            f"{probe['loss']:.3f} | {ended} |"
+        )
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(r) for r in metrics.read_text().splitlines()] if metrics.exists() else []
     steady = [r for r in rows if r["step"] > case.steps // 3] or rows[-1:]
@@ -222,10 +271,12 @@ def row(case: Case, ended: str, run_dir: Path, output: str) -> str:
     reserved = max((r["gpu_reserved_gib"] for r in rows if r.get("gpu_reserved_gib") is not None), default=None)
     stall = max((r["checkpoint_stall_s"] for r in rows), default=None)
     stalled = f", checkpoint stall {stall:.3f}s" if case.checkpoints == 2 and stall is not None else ""
-    return (f"| {case.name} | {shown(median('tokens_per_s'), ',.0f')} | {shown(median('mfu'), '.1%')} | "
-            f"{shown(median('step_time_s'), '.4f')} | {shown(peak, '.1f')} | {shown(reserved, '.1f')} | "
-            f"{estimate.group(1) if estimate else '—'} | {breaks} | {recompiles} | "
-            f"{shown(rows[-1]['loss'] if rows else None, '.3f')} | {ended}{stalled} |")  # fmt: skip
+    return (
+        f"| {case.name} | {shown(median('tokens_per_s'), ',.0f')} | {shown(median('mfu'), '.1%')} | "
+        f"{shown(median('step_time_s'), '.4f')} | {shown(peak, '.1f')} | {shown(reserved, '.1f')} | "
+        f"{estimate.group(1) if estimate else '—'} | {breaks} | {recompiles} | "
+        f"{shown(rows[-1]['loss'] if rows else None, '.3f')} | {ended}{stalled} |"
+    )
 
 
 def main() -> int:
@@ -239,12 +290,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     real_cases, _, real_vocab = plan(dry_run=False)
     disk, seconds = budgets(real_cases, real_vocab)
-    say = [f"budget of the real plan: {len(real_cases)} cases, at most {disk / GIB:.1f} GiB of disk at once (limit "
-           f"{DISK_LIMIT / GIB:.0f} GiB), timeouts summing to {seconds} s (at most {DEADLINE_S} s)"]  # fmt: skip
+    say = [
+        f"budget of the real plan: {len(real_cases)} cases, at most {disk / GIB:.1f} GiB of disk at once (limit "
+        f"{DISK_LIMIT / GIB:.0f} GiB), timeouts summing to {seconds} s (at most {DEADLINE_S} s)"
+    ]
     print(say[0], flush=True)
     if disk > DISK_LIMIT or seconds > DEADLINE_S:
-        print(f"gpu_check: the plan does not fit: {disk / GIB:.1f} GiB of disk (at most {DISK_LIMIT / GIB:.0f}), "
-              f"{seconds} s of timeouts (at most {DEADLINE_S})", file=sys.stderr)  # fmt: skip
+        print(
+            f"gpu_check: the plan does not fit: {disk / GIB:.1f} GiB of disk (at most {DISK_LIMIT / GIB:.0f}), "
+            f"{seconds} s of timeouts (at most {DEADLINE_S})",
+            file=sys.stderr,
+        )
         return 1
     cases, seq_len, vocab = plan(dry_run)
     work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
@@ -260,7 +316,7 @@ def main() -> int:
         "\n\n| case | tokens/s | MFU | step time (s) | peak allocated (GiB) | peak reserved (GiB) | estimate (GiB) "
         "| graph breaks | recompiles | last loss | ended |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
         "| ---: | ---: | --- |\n"
-    )  # fmt: skip
+    )
     started, failures = time.monotonic(), 0
     try:
         data_dir = stage(work, vocab)

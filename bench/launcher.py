@@ -79,9 +79,16 @@ class SucceededClock(threading.Thread):
     def run(self) -> None:
         while not self.stopped.is_set():  # short watches, so that stop() is heard
             watch = kubernetes.watch.Watch()
-            for event in watch.stream(self.api.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
-                                      field_selector=self.selector, resource_version=self.resource_version,
-                                      timeout_seconds=2):  # fmt: skip
+            for event in watch.stream(
+                self.api.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                field_selector=self.selector,
+                resource_version=self.resource_version,
+                timeout_seconds=2,
+            ):
                 job = event["raw_object"]
                 if is_true(job, "Succeeded"):
                     self.at = time.perf_counter()
@@ -95,15 +102,28 @@ class SucceededClock(threading.Thread):
 
 def one_run(plane: ControlPlane, tmp: Path, root: Path, n: int, mode: str) -> float:
     """Seconds from the Succeeded condition to launch() returning, in a fresh namespace."""
-    cluster = Cluster(plane, plane.kueue, tmp / f"kubelet-{n}-{mode}",
-                      timeline=Timeline.success(workers=1, log_lines=["step 1 loss 4.2"]),
-                      grants=deploy_grants(without=("watch pytorchjobs",)) if mode == "polling" else None)  # fmt: skip
+    cluster = Cluster(
+        plane,
+        plane.kueue,
+        tmp / f"kubelet-{n}-{mode}",
+        timeline=Timeline.success(workers=1, log_lines=["step 1 loss 4.2"]),
+        grants=deploy_grants(without=("watch pytorchjobs",)) if mode == "polling" else None,
+    )
     clock: SucceededClock | None = None
     try:
         # One node of the default instance type (8 GPUs: nproc_per_node must match them): one worker pod.
-        cfg = LaunchConfig(storage_root=str(root), dataset="bench", run_id=f"bench-{n}-{mode}", backend="kubernetes",
-                           nnodes=1, nproc_per_node=8, image=IMAGE, owner_reference=False, timeout_s=120,
-                           namespace=cluster.namespace)  # fmt: skip
+        cfg = LaunchConfig(
+            storage_root=str(root),
+            dataset="bench",
+            run_id=f"bench-{n}-{mode}",
+            backend="kubernetes",
+            nnodes=1,
+            nproc_per_node=8,
+            image=IMAGE,
+            owner_reference=False,
+            timeout_s=120,
+            namespace=cluster.namespace,
+        )
         clock = SucceededClock(plane.admin, cluster.namespace, cfg.job_name)
         clock.start()
         result = launch(cfg, cluster.runner())

@@ -109,8 +109,11 @@ def baseline(model_dir: Path, cold: bool) -> dict[str, float]:
     from safetensors.torch import load_file
 
     files = sorted(model_dir.glob("*.safetensors"))
-    ways = {"mmap+clone": lambda f: {k: v.clone() for k, v in load_file(f).items()},
-            "pread": lambda f: load_file(f, backend="pread"), "mmap, lazy": load_file}  # fmt: skip
+    ways = {
+        "mmap+clone": lambda f: {k: v.clone() for k, v in load_file(f).items()},
+        "pread": lambda f: load_file(f, backend="pread"),
+        "mmap, lazy": load_file,
+    }
     times = {}
     for way, load in ways.items():
         for kind in kinds(cold):
@@ -138,8 +141,9 @@ def fsdp(model_dir: Path, small_dir: Path, out: Path, cold: bool) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def build(published: PublishedModel) -> torch.nn.Module:
-        return parallelize(published.model_config(), "fsdp", torch.device("cpu"), seed=1, local_world=world,
-                           initial_weights=False).model  # fmt: skip
+        return parallelize(
+            published.model_config(), "fsdp", torch.device("cpu"), seed=1, local_world=world, initial_weights=False
+        ).model
 
     small = PublishedModel.read(small_dir)
     load_weights(build(small), small)
@@ -163,8 +167,11 @@ def fsdp(model_dir: Path, small_dir: Path, out: Path, cold: bool) -> None:
         dist.barrier()
         started = time.perf_counter()
         load_weights(model, published)
-        record[kind] = {"seconds": time.perf_counter() - started, "peak": status("VmHWM")["VmHWM"],
-                        "growth": {k: v - start[k] for k, v in sampler.stop().items()}}  # fmt: skip
+        record[kind] = {
+            "seconds": time.perf_counter() - started,
+            "peak": status("VmHWM")["VmHWM"],
+            "growth": {k: v - start[k] for k, v in sampler.stop().items()},
+        }
     with safe_open(model_dir / published.files[-1], "pt") as f:  # the weights are the files' (this rank's rows)
         for key in f.keys():
             rows = local[key].shape[0]
@@ -239,18 +246,23 @@ def verdict(met: bool) -> str:
 def memory_table(runs: list[list[Record]], kind: str) -> list[str]:
     """Per rank, medians over the rounds: growth over the peak RSS before `parallelize`."""
     model = runs[0][0]["model_bytes"]
-    lines = ["| rank | shard held (GB) | after `parallelize`: peak growth (GB) | during `load_weights`: peak growth "
-             "(GB) | the start's peak / model (range) | the load's make-up: largest RssAnon, RssFile growth (GB) | "
-             "`parallelize`, `load_weights` (s) |", "|---:|---:|---:|---:|---:|---|---|"]  # fmt: skip
+    lines = [
+        "| rank | shard held (GB) | after `parallelize`: peak growth (GB) | during `load_weights`: peak growth "
+        "(GB) | the start's peak / model (range) | the load's make-up: largest RssAnon, RssFile growth (GB) | "
+        "`parallelize`, `load_weights` (s) |",
+        "|---:|---:|---:|---:|---:|---|---|",
+    ]
     for rank in (0, 1):
         rs = [run[rank] for run in runs]
         build, load = med([r["build_peak"] - r["before"] for r in rs]), med([r[kind]["peak"] - r["before"] for r in rs])
         ratios = [(max(r["build_peak"], r[kind]["peak"]) - r["before"]) / model for r in rs]
         anon, file = (med([r[kind]["growth"][k] for r in rs]) for k in ("RssAnon", "RssFile"))
         seconds = f"{med([r['build_seconds'] for r in rs]):.2f}, {med([r[kind]['seconds'] for r in rs]):.2f}"
-        lines.append(f"| {rank} | {gb(rs[0]['local_bytes'])} | {gb(build)} | {gb(load)} | {med(ratios):.3f} "
-                     f"({min(ratios):.3f}-{max(ratios):.3f}, {verdict(med(ratios) <= TARGET_RSS)}) | {gb(anon)}, "
-                     f"{gb(file)} | {seconds} |")  # fmt: skip
+        lines.append(
+            f"| {rank} | {gb(rs[0]['local_bytes'])} | {gb(build)} | {gb(load)} | {med(ratios):.3f} "
+            f"({min(ratios):.3f}-{max(ratios):.3f}, {verdict(med(ratios) <= TARGET_RSS)}) | {gb(anon)}, "
+            f"{gb(file)} | {seconds} |"
+        )
     return lines
 
 
@@ -262,16 +274,24 @@ def time_table(cold: bool, base: list[dict[str, float]], runs: list[list[Record]
     def ratio(k: str, fsdp: list[float], *ways: str) -> float:  # several ways: the fastest of them
         return med([min(b[f"{way} {k}"] for way in ways) / t for b, t in zip(base, fsdp, strict=True)])
 
-    lines = ["| side | " + " | ".join(f"{k} (s) | {k}: baseline / fsdp" for k in kinds(cold)) + " |",
-             "|---|" + "---:|---:|" * len(kinds(cold)),
-             "| fsdp, 2 ranks: `load_weights`, the slower rank | "
-             + " | ".join(f"{med(load[k]):.3f} | (the reference)" for k in kinds(cold)) + " |",
-             "| fsdp, 2 ranks: `parallelize(initial_weights=False)` + `load_weights`: the run's start | "
-             + " | ".join(f"{med(start[k]):.3f} | {ratio(k, start[k], 'mmap+clone', 'pread'):.2f} (faster "
-                          "baseline / this)" for k in kinds(cold)) + " |"]  # fmt: skip
-    for way, label in (("mmap+clone", "`load_file` (mmap), its tensors cloned"),
-                       ("pread", '`load_file(backend="pread")`'),
-                       ("mmap, lazy", "`load_file` (mmap) alone: no tensor resident, not a load")):  # fmt: skip
+    lines = [
+        "| side | " + " | ".join(f"{k} (s) | {k}: baseline / fsdp" for k in kinds(cold)) + " |",
+        "|---|" + "---:|---:|" * len(kinds(cold)),
+        "| fsdp, 2 ranks: `load_weights`, the slower rank | "
+        + " | ".join(f"{med(load[k]):.3f} | (the reference)" for k in kinds(cold))
+        + " |",
+        "| fsdp, 2 ranks: `parallelize(initial_weights=False)` + `load_weights`: the run's start | "
+        + " | ".join(
+            f"{med(start[k]):.3f} | {ratio(k, start[k], 'mmap+clone', 'pread'):.2f} (faster baseline / this)"
+            for k in kinds(cold)
+        )
+        + " |",
+    ]
+    for way, label in (
+        ("mmap+clone", "`load_file` (mmap), its tensors cloned"),
+        ("pread", '`load_file(backend="pread")`'),
+        ("mmap, lazy", "`load_file` (mmap) alone: no tensor resident, not a load"),
+    ):
         cells = []
         for k in kinds(cold):
             r = ratio(k, load[k], way)
@@ -292,32 +312,37 @@ def projection(per_rank_rate: float) -> list[str]:
     slice_bf16 = config.vocab_size * config.hidden_size * 2 / P5_GPUS  # a rank's rows of the embedding, on disk
     host = 3 * slice_bf16  # its pages mapped, and its fp32 copy
     fsx = FSX_GIB / 1000 * FSX_MBPS_PER_TIB * 1e6  # FSx counts 1,000 GiB per TiB of throughput
-    lines = [f"PROJECTION (computed, not measured): Llama 3.1 8B as published ({on_disk / 1e9:.2f} GB of bf16 in "
-             f"four safetensors files, the largest {largest / 1e9:.2f} GB; {shape.parameters / 1e9:.2f}B parameters "
-             f"the trainer holds in fp32), started as above (`parallelize(initial_weights=False)`, then "
-             f"`load_weights`) under hsdp (fsdp on several nodes) on p5.48xlarge ({P5_GPUS} H100 of 80 GiB a node). "
-             f"hsdp shards within a node: each rank reads 1/{P5_GPUS} of every tensor and every node reads the "
-             f"whole model from FSx. Load time = max(a rank's bytes / the per-rank rate measured here, "
-             f"{per_rank_rate / 1e9:.2f} GB/s (cold, CPU, fp32 to fp32); all nodes' bytes / FSx for Lustre "
-             f"PERSISTENT_2 of {FSX_GIB:,} GiB at {FSX_MBPS_PER_TIB:,} MB/s per TiB = {fsx / 1e9:.1f} GB/s, "
-             f"bench/fsdp.py's assumption). Peak host memory per rank: `parallelize` gives the weights GPU storage "
-             f"(nothing on the host); during the load, the largest piece a rank reads, mapped (trainer/published.py "
-             f"TensorAtATimeReader opens a file per piece: {slice_bf16 / 1e9:.2f} GB, a rank's rows of the 128,256 "
-             f"x 4,096 embedding in bf16), plus its fp32 copy ({2 * slice_bf16 / 1e9:.2f} GB: a blocking CPU-to-GPU "
-             f"`copy_` that changes dtype converts on the CPU first, ATen/native/cuda/Copy.cu `copy_kernel_cuda`). "
-             f"GPU memory per GPU: trainer/memory.py's estimate; the "
-             f"load holds only the fp32 weight shard; the run's peak at 1 x 8,192 tokens with selective activation "
-             f"checkpointing (as bench/memory_8b.py).", "",
-             "| nodes x GPUs | ranks | read per rank (GB) | read from FSx in all (GB) | load time (s) | peak host "
-             "memory per rank (GB) | GPU per GPU: after the load / the run's peak (GiB) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"PROJECTION (computed, not measured): Llama 3.1 8B as published ({on_disk / 1e9:.2f} GB of bf16 in "
+        f"four safetensors files, the largest {largest / 1e9:.2f} GB; {shape.parameters / 1e9:.2f}B parameters "
+        f"the trainer holds in fp32), started as above (`parallelize(initial_weights=False)`, then "
+        f"`load_weights`) under hsdp (fsdp on several nodes) on p5.48xlarge ({P5_GPUS} H100 of 80 GiB a node). "
+        f"hsdp shards within a node: each rank reads 1/{P5_GPUS} of every tensor and every node reads the "
+        f"whole model from FSx. Load time = max(a rank's bytes / the per-rank rate measured here, "
+        f"{per_rank_rate / 1e9:.2f} GB/s (cold, CPU, fp32 to fp32); all nodes' bytes / FSx for Lustre "
+        f"PERSISTENT_2 of {FSX_GIB:,} GiB at {FSX_MBPS_PER_TIB:,} MB/s per TiB = {fsx / 1e9:.1f} GB/s, "
+        f"bench/fsdp.py's assumption). Peak host memory per rank: `parallelize` gives the weights GPU storage "
+        f"(nothing on the host); during the load, the largest piece a rank reads, mapped (trainer/published.py "
+        f"TensorAtATimeReader opens a file per piece: {slice_bf16 / 1e9:.2f} GB, a rank's rows of the 128,256 "
+        f"x 4,096 embedding in bf16), plus its fp32 copy ({2 * slice_bf16 / 1e9:.2f} GB: a blocking CPU-to-GPU "
+        f"`copy_` that changes dtype converts on the CPU first, ATen/native/cuda/Copy.cu `copy_kernel_cuda`). "
+        f"GPU memory per GPU: trainer/memory.py's estimate; the "
+        f"load holds only the fp32 weight shard; the run's peak at 1 x 8,192 tokens with selective activation "
+        f"checkpointing (as bench/memory_8b.py).",
+        "",
+        "| nodes x GPUs | ranks | read per rank (GB) | read from FSx in all (GB) | load time (s) | peak host "
+        "memory per rank (GB) | GPU per GPU: after the load / the run's peak (GiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for nodes in NODES:
         per_rank, total = on_disk / P5_GPUS, on_disk * nodes
         bound = "FSx" if total / fsx > per_rank / per_rank_rate else "per-rank rate"
         gpu = estimate(shape, "hsdp", nodes * P5_GPUS, P5_GPUS, 1, 8192, "selective")
-        lines.append(f"| {nodes} x {P5_GPUS} | {nodes * P5_GPUS} | {per_rank / 1e9:.2f} | {total / 1e9:.1f} | "
-                     f"{max(per_rank / per_rank_rate, total / fsx):.1f} ({bound}-bound) | {host / 1e9:.2f} | "
-                     f"{gpu.weights / GIB:.2f} / {gpu.total / GIB:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {nodes} x {P5_GPUS} | {nodes * P5_GPUS} | {per_rank / 1e9:.2f} | {total / 1e9:.1f} | "
+            f"{max(per_rank / per_rank_rate, total / fsx):.1f} ({bound}-bound) | {host / 1e9:.2f} | "
+            f"{gpu.weights / GIB:.2f} / {gpu.total / GIB:.1f} |"
+        )
     return lines
 
 
@@ -326,18 +351,27 @@ def report(cold: bool, shard: str, base: list[dict[str, float]], runs: list[list
     per_rank_rate = med([run[0]["local_bytes"] / max(r[kind]["seconds"] for r in run) for run in runs])
     return [
         f"Model: llama-shaped (tests/memory_probe.py's SHAPE, vocabulary {VOCAB:,}), {model / 1e9:.2f} GB of "
-        f"weights in float32, saved by transformers' `save_pretrained(max_shard_size=\"{shard}\")`. Medians of "
+        f'weights in float32, saved by transformers\' `save_pretrained(max_shard_size="{shard}")`. Medians of '
         f"{len(runs)} rounds, each one baseline process and one torchrun, their order alternating. "
-        + ("Cold: the page cache dropped (as root) just before each timed load; warm: right after."
-           if cold else "The page cache could not be dropped: every file was read once first, all loads warm."),
-        "", f"Peak host RSS per rank, fsdp on 2 ranks (torchrun, gloo, CPU), the {kind} load: growth over the peak "
-        f"RSS before `parallelize` (target: the start's peak <= {TARGET_RSS} of the model's bytes):", "",
-        *memory_table(runs, kind), "",
-        f"Load time, the same {model / 1e9:.2f} GB (target: baseline / fsdp >= {TARGET_TIME}):", "",
-        *time_table(cold, base, runs), "",
-        f"Per-rank read rate under fsdp ({kind}): {per_rank_rate / 1e9:.2f} GB/s.", "",
+        + (
+            "Cold: the page cache dropped (as root) just before each timed load; warm: right after."
+            if cold
+            else "The page cache could not be dropped: every file was read once first, all loads warm."
+        ),
+        "",
+        f"Peak host RSS per rank, fsdp on 2 ranks (torchrun, gloo, CPU), the {kind} load: growth over the peak "
+        f"RSS before `parallelize` (target: the start's peak <= {TARGET_RSS} of the model's bytes):",
+        "",
+        *memory_table(runs, kind),
+        "",
+        f"Load time, the same {model / 1e9:.2f} GB (target: baseline / fsdp >= {TARGET_TIME}):",
+        "",
+        *time_table(cold, base, runs),
+        "",
+        f"Per-rank read rate under fsdp ({kind}): {per_rank_rate / 1e9:.2f} GB/s.",
+        "",
         *projection(per_rank_rate),
-    ]  # fmt: skip
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,8 +399,11 @@ def main(argv: list[str] | None = None) -> int:
     body = [f"`{command}`", "", *report(cold, args.shard_size, base, runs)]
     print("\n".join([*body, "", load]))
     if args.write_results:
-        append_section("starting from a published model under fsdp: host memory per rank, load time", body,
-                       [*machine_lines("torch", "safetensors", "transformers"), load])  # fmt: skip
+        append_section(
+            "starting from a published model under fsdp: host memory per rank, load time",
+            body,
+            [*machine_lines("torch", "safetensors", "transformers"), load],
+        )
     return 0
 
 

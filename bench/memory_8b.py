@@ -82,7 +82,7 @@ def main() -> int:
         f"(measured by torchtitan) | {torchtitan.total / GIB / TORCHTITAN_GIB:.3f} |",
         f"| hsdp 2 x 8, llama-8b + AdamW ({state:.1f} GiB): staged per rank (GiB) | {now:.2f} | {before:.2f} (every "
         f"piece held) | {now / before:.2f} |",
-    ]  # fmt: skip
+    ]
     projection = [
         "",
         f"PROJECTION (computed from trainer/memory.py, not measured): llama-8b (vocabulary 128,256, "
@@ -92,7 +92,7 @@ def main() -> int:
         "",
         "| micro-batch | none | selective | full |",
         "|---:|---:|---:|---:|",
-    ]  # fmt: skip
+    ]
     for batch in (1, 2, 4):
         cells = []
         for mode in ("none", "selective", "full"):

@@ -74,8 +74,13 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
 
 
-def train(forward: Callable[[torch.Tensor], torch.Tensor], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-          batches: TokenBatches, args: argparse.Namespace) -> None:  # fmt: skip
+def train(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: TokenBatches,
+    args: argparse.Namespace,
+) -> None:
     """The loop: `forward` (inputs -> logits), the cross-entropy, backward, clipping at 1.0, the optimizer step at the
     schedule's learning rate. Times steps [warmup, max_steps); rank 0 prints the result line."""
     rank, world = dist.get_rank(), dist.get_world_size()

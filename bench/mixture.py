@@ -58,14 +58,22 @@ def stage(root: Path, scratch: Path) -> None:
         tokenizer = {} if name == "web" else {"tokenizer_path": str(snapshot_dir(root, "web") / "tokenizer.json")}
         stage_data(str(corpus), str(root), name, vocab_size=512, val_fraction=0.1, **tokenizer)
         shutil.copytree(corpus, together / name)
-    stage_data(str(together), str(root), "one", tokenizer_path=str(snapshot_dir(root, "web") / "tokenizer.json"),
-               val_fraction=0.1)  # fmt: skip
+    stage_data(
+        str(together),
+        str(root),
+        "one",
+        tokenizer_path=str(snapshot_dir(root, "web") / "tokenizer.json"),
+        val_fraction=0.1,
+    )
 
 
 def train(root: Path, name: str, steps: int, mixture: bool) -> float:
     """One run; the median tokens/s of its rows past the warm-up."""
-    data = ({"dataset": "web", "mixture": [{"dataset": d, "weight": w} for d, w in WEIGHTS.items()]} if mixture
-            else {"dataset": "one"})  # fmt: skip
+    data = (
+        {"dataset": "web", "mixture": [{"dataset": d, "weight": w} for d, w in WEIGHTS.items()]}
+        if mixture
+        else {"dataset": "one"}
+    )
     cfg = tiny_launch(root, name, max_steps=steps, log_every=10, checkpoint_every=steps, eval_every=0, **data)
     launch(cfg)
     rows = [json.loads(line) for line in cfg.run_paths.metrics.read_text().splitlines()]
@@ -152,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         *(
             f"| {kind} | {statistics.median(v):,.0f} | {', '.join(f'{x:,.0f}' for x in v)} |"
             for kind, v in speeds.items()
-        ),  # fmt: skip
+        ),
         "",
         f"mixture / one: **{ratio:.3f}** (target >= {TARGET}; per round {', '.join(f'{x:.3f}' for x in ratios)}). "
         "Shares of the tokens trained at the end of a mixture run: "
@@ -171,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print("\n".join(body))
     if args.write_results:
-        append_section("Data mixtures: tokens/s, sampler cost, memory (bench/mixture.py)", body,
-                       machine_lines("torch", "numpy"))  # fmt: skip
+        append_section(
+            "Data mixtures: tokens/s, sampler cost, memory (bench/mixture.py)", body, machine_lines("torch", "numpy")
+        )
     return 0
 
 

@@ -72,8 +72,17 @@ def parse_child(paths: list[str]) -> None:
     seconds = time.perf_counter() - started
     # The reader's worker processes count too: the larger of this process's peak and any child's.
     peak_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
-    print(json.dumps({"seconds": seconds, "peak_mb": peak_mb, "passed": result.passed, "lines": result.nccl.lines,
-                      "ranks": result.ranks_initialized()}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "peak_mb": peak_mb,
+                "passed": result.passed,
+                "lines": result.nccl.lines,
+                "ranks": result.ranks_initialized(),
+            }
+        )
+    )
 
 
 def grep_seconds(paths: list[Path]) -> float:
@@ -84,8 +93,9 @@ def grep_seconds(paths: list[Path]) -> float:
 
 
 def parse_run(paths: list[Path]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--parse-child", *map(str, paths)], check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, __file__, "--parse-child", *map(str, paths)], check=True, capture_output=True, text=True
+    ).stdout
     return json.loads(out)
 
 
@@ -111,8 +121,16 @@ def main(argv: list[str] | None = None) -> int:
                 grep_s = grep_seconds(subset)
                 parsed = parse_run(subset)
                 rows[name].append({"grep": grep_s, **parsed})
-                log.info("repeat %d, %s: grep %.2fs, parse %.2fs (peak %.0f MB, %d lines, passed %s)", n + 1, name,
-                         grep_s, parsed["seconds"], parsed["peak_mb"], parsed["lines"], parsed["passed"])  # fmt: skip
+                log.info(
+                    "repeat %d, %s: grep %.2fs, parse %.2fs (peak %.0f MB, %d lines, passed %s)",
+                    n + 1,
+                    name,
+                    grep_s,
+                    parsed["seconds"],
+                    parsed["peak_mb"],
+                    parsed["lines"],
+                    parsed["passed"],
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -133,10 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in (("all", size), ("quarter", quarter_size)):
-        text.append(f"| {name} ({s / 1e9:.2f} GB) | {med(name, 'grep'):.2f} | {s / 1e6 / med(name, 'grep'):,.0f} | "
-                    f"{med(name, 'seconds'):.2f} | {s / 1e6 / med(name, 'seconds'):,.0f} | "
-                    f"{statistics.median(r['grep'] / r['seconds'] for r in rows[name]):.3f} | "
-                    f"{max(r['peak_mb'] for r in rows[name]):.0f} |")  # fmt: skip
+        text.append(
+            f"| {name} ({s / 1e9:.2f} GB) | {med(name, 'grep'):.2f} | {s / 1e6 / med(name, 'grep'):,.0f} | "
+            f"{med(name, 'seconds'):.2f} | {s / 1e6 / med(name, 'seconds'):,.0f} | "
+            f"{statistics.median(r['grep'] / r['seconds'] for r in rows[name]):.3f} | "
+            f"{max(r['peak_mb'] for r in rows[name]):.0f} |"
+        )
     text += [
         "",
         f"Targets: parse / grep >= {TARGET_RATIO} ({'met' if ratio >= TARGET_RATIO else 'not met'}: {ratio:.3f}); "

@@ -59,9 +59,11 @@ def rows(vocab_size: int, seq_len: int) -> list[str]:
             shares = [sum(t.nbytes for t in share(tensors, rank, world).values()) for rank in range(world)]
             if sum(shares) != state or max(shares) > state / world + largest:
                 raise SystemExit(f"{preset} on {world} ranks: the shares ({max(shares)} bytes at most) break the bound")
-            lines.append(f"| {preset} | {world} | {state / 1e9:.2f} | {largest / 1e6:.0f} | {state / 1e9:.2f} "
-                         f"| {max(shares) / 1e9:.3f} | {(state / world + largest) / 1e9:.3f} "
-                         f"| {max(shares) / state:.3f} |")  # fmt: skip
+            lines.append(
+                f"| {preset} | {world} | {state / 1e9:.2f} | {largest / 1e6:.0f} | {state / 1e9:.2f} "
+                f"| {max(shares) / 1e9:.3f} | {(state / world + largest) / 1e9:.3f} "
+                f"| {max(shares) / state:.3f} |"
+            )
     return lines
 
 

@@ -80,8 +80,12 @@ PROJECT_GB = 100  # the corpus the projection is for
 SMALL_TARGET = LARGE_TARGET = 0.85
 
 SEQUENTIAL, CEILING, STAGING, DOWNLOAD_FILE, STAGING_LARGE = (
-    "sequential", "ceiling", "staging", "download_file", "staging large"
-)  # fmt: skip
+    "sequential",
+    "ceiling",
+    "staging",
+    "download_file",
+    "staging large",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,8 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--write-results", action="store_true", help=f"append a dated section to {RESULTS.name}")
     p.add_argument("--part", choices=("all", "s3", "tokenization"), default="all", help="what to measure")
     p.add_argument("--encode-mb", type=int, default=100, help="the corpus encoded (MB)")
-    p.add_argument("--train-mb", default="25,50,100", help="corpus sizes the tokenizer is trained on (MB, each at "
-                   "most --encode-mb)")  # fmt: skip
+    p.add_argument(
+        "--train-mb",
+        default="25,50,100",
+        help="corpus sizes the tokenizer is trained on (MB, each at most --encode-mb)",
+    )
     p.add_argument("--sample-mb", type=int, default=16, help="the fixed tokenizer sample (MiB)")
     p.add_argument("--child", metavar="SPEC", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -120,8 +127,12 @@ def text_of(size: int, seed: int) -> bytes:
 def upload(client, n_small: int) -> tuple[int, int]:
     sizes = [SMALL_MIN + (i * 7919) % (SMALL_MAX - SMALL_MIN) for i in range(n_small)]
     with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(lambda i: client.put_object(Bucket=BUCKET, Key=f"small/{i:05d}.txt", Body=text_of(sizes[i], i)),
-                      range(n_small)))  # fmt: skip
+        list(
+            pool.map(
+                lambda i: client.put_object(Bucket=BUCKET, Key=f"small/{i:05d}.txt", Body=text_of(sizes[i], i)),
+                range(n_small),
+            )
+        )
     config = TransferConfig(multipart_threshold=CHUNK, multipart_chunksize=CHUNK, max_concurrency=THREADS)
     for i in range(LARGE_FILES):
         with tempfile.NamedTemporaryFile() as f:
@@ -235,8 +246,13 @@ def child_result(started_wall: float, seconds: float, **fields: Any) -> dict[str
     """The child's timings, and its peak memory: VmHWM, which starts afresh at exec (ru_maxrss keeps the parent's
     peak across fork and exec)."""
     peak_kb = proc_field(Path("/proc/self/status"), "VmHWM").removesuffix("kB").strip()
-    return {"start": started_wall, "end": started_wall + seconds, "seconds": seconds,
-            "peak_mb": int(peak_kb) / 1024 if peak_kb.isdigit() else float("nan"), **fields}  # fmt: skip
+    return {
+        "start": started_wall,
+        "end": started_wall + seconds,
+        "seconds": seconds,
+        "peak_mb": int(peak_kb) / 1024 if peak_kb.isdigit() else float("nan"),
+        **fields,
+    }
 
 
 def train_child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -268,8 +284,9 @@ def encode_child(spec: dict[str, Any]) -> dict[str, Any]:
     paths = DatasetPaths.of(spec["storage"], spec["dataset"])
     wall, started = time.time(), time.perf_counter()
     result = encode_group(paths, spec["snapshot"], spec["group"])
-    return child_result(wall, time.perf_counter() - started, text_bytes=result.text_bytes,
-                        tokens=sum(result.tokens.values()))  # fmt: skip
+    return child_result(
+        wall, time.perf_counter() - started, text_bytes=result.text_bytes, tokens=sum(result.tokens.values())
+    )
 
 
 def baseline_child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -298,8 +315,10 @@ def baseline_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "train": train_child, "encode": encode_child, "baseline": baseline_child,
-}  # fmt: skip
+    "train": train_child,
+    "encode": encode_child,
+    "baseline": baseline_child,
+}
 
 
 def start_child(work: Path, name: str, spec: dict[str, Any], threads: int) -> tuple[subprocess.Popen, Path]:
@@ -330,8 +349,13 @@ class Planned:
     pristine: Path  # the building directory as planned: restored before every encode
 
     def spec(self, kind: str, group: int) -> dict[str, Any]:
-        return {"kind": kind, "storage": self.storage, "dataset": self.dataset, "snapshot": self.snapshot,
-                "group": group}  # fmt: skip
+        return {
+            "kind": kind,
+            "storage": self.storage,
+            "dataset": self.dataset,
+            "snapshot": self.snapshot,
+            "group": group,
+        }
 
     def reset(self) -> None:
         """Back to planned and not encoded: encode_group does the whole work again."""
@@ -346,9 +370,17 @@ def plan(work: Path, corpus: Path, dataset: str, groups: int, sample_mb: int, to
     from components.stage_data.tokenization import building_dir
 
     storage = work / "storage"
-    planned = mirror_and_plan(StageSettings(str(corpus), str(storage), dataset, vocab_size=TOKENIZE_VOCAB,
-                                            tokenizer_path=tokenizer, tokenize_groups=groups,
-                                            tokenizer_sample_mb=sample_mb))  # fmt: skip
+    planned = mirror_and_plan(
+        StageSettings(
+            str(corpus),
+            str(storage),
+            dataset,
+            vocab_size=TOKENIZE_VOCAB,
+            tokenizer_path=tokenizer,
+            tokenize_groups=groups,
+            tokenizer_sample_mb=sample_mb,
+        )
+    )
     building = building_dir(DatasetPaths.of(storage, dataset), planned.snapshot)
     pristine = work / f"planned-{dataset}"
     shutil.copytree(building, pristine)
@@ -356,8 +388,11 @@ def plan(work: Path, corpus: Path, dataset: str, groups: int, sample_mb: int, to
 
 
 ONE_GROUP, BASELINE, TWO_GROUPS, TWO_GROUPS_1T = (
-    "encode_group, 1 group", "encode_batch_fast", "2 groups at once", "2 groups at once, 1 thread each"
-)  # fmt: skip
+    "encode_group, 1 group",
+    "encode_batch_fast",
+    "2 groups at once",
+    "2 groups at once, 1 thread each",
+)
 
 
 def measure_encoding(work: Path, corpus: Path, sample_mb: int, repeats: int) -> tuple[list[dict[str, Any]], int]:
@@ -403,20 +438,31 @@ def text_mb(groups: dict[str, dict[str, Any]]) -> float:
     return sum(g["text_bytes"] for g in groups.values()) / 1e6
 
 
-def measure_training(work: Path, files: list[tuple[str, int]], corpus: Path, train_mb: list[int],
-                     sample_mb: int) -> list[dict[str, Any]]:  # fmt: skip
+def measure_training(
+    work: Path, files: list[tuple[str, int]], corpus: Path, train_mb: list[int], sample_mb: int
+) -> list[dict[str, Any]]:
     """Train on a fixed sample as the corpus grows, then on the whole corpus; each a fresh process."""
     rows = []
     for whole in (False, True):
         for megabytes in train_mb:
             keys = prefix(files, megabytes)
             sample_bytes = sum(dict(files)[k] for k in keys) if whole else sample_mb * 2**20
-            spec = {"kind": "train", "corpus": str(corpus), "keys": keys, "sample_bytes": sample_bytes,
-                    "vocab": TOKENIZE_VOCAB}  # fmt: skip
+            spec = {
+                "kind": "train",
+                "corpus": str(corpus),
+                "keys": keys,
+                "sample_bytes": sample_bytes,
+                "vocab": TOKENIZE_VOCAB,
+            }
             result = run_children(work, {"train": spec}, len(os.sched_getaffinity(0)))["train"]
             row = {"corpus_mb": sum(dict(files)[k] for k in keys) / 1e6, "whole": whole, **result}
-            log.info("trained on %.0f MB of a %.0f MB corpus in %.1fs, peak memory %.0f MB",
-                     row["sample_bytes"] / 1e6, row["corpus_mb"], row["seconds"], row["peak_mb"])  # fmt: skip
+            log.info(
+                "trained on %.0f MB of a %.0f MB corpus in %.1fs, peak memory %.0f MB",
+                row["sample_bytes"] / 1e6,
+                row["corpus_mb"],
+                row["seconds"],
+                row["peak_mb"],
+            )
             rows.append(row)
     return rows
 
@@ -442,10 +488,12 @@ def table(results: list[dict[str, float]], small_bytes: int, large_bytes: int) -
         "|---|---:|---:|---:|---:|",
     ]
     for name, files, size in (
-        (SEQUENTIAL, SMALL_FILES, small_bytes), (CEILING, SMALL_FILES, small_bytes),
-        (STAGING, SMALL_FILES, small_bytes), (DOWNLOAD_FILE, LARGE_FILES, large_bytes),
+        (SEQUENTIAL, SMALL_FILES, small_bytes),
+        (CEILING, SMALL_FILES, small_bytes),
+        (STAGING, SMALL_FILES, small_bytes),
+        (DOWNLOAD_FILE, LARGE_FILES, large_bytes),
         (STAGING_LARGE, LARGE_FILES, large_bytes),
-    ):  # fmt: skip
+    ):
         rows.append(f"| {name} | {files} | {med(name):.2f} | {size / 1e6 / med(name):.1f} | {files / med(name):.0f} |")
     rows += [
         "",
@@ -485,17 +533,20 @@ def encode_table(results: list[dict[str, Any]], cores: int) -> tuple[list[str], 
         mb_s = med(name, rate)
         figures[name] = mb_s
         tokens = int(med(name, lambda g: sum(x["tokens"] for x in g.values())))
-        lines.append(f"| {name} | {processes} x {threads} | {med(name, text_mb):.1f} | {tokens:,} | "
-                     f"{med(name, wall_seconds):.2f} | {mb_s:.2f} | {mb_s / cores:.2f} | "
-                     f"{med(name, group_rate):.2f} | {med(name, peak):.0f} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {processes} x {threads} | {med(name, text_mb):.1f} | {tokens:,} | "
+            f"{med(name, wall_seconds):.2f} | {mb_s:.2f} | {mb_s / cores:.2f} | "
+            f"{med(name, group_rate):.2f} | {med(name, peak):.0f} |"
+        )
     ratios = {
         "encode_group / encode_batch_fast": statistics.median(
-            wall_seconds(r[BASELINE]) / wall_seconds(r[ONE_GROUP]) for r in results),
-        "2 groups / 1 group": statistics.median(
-            rate(r[TWO_GROUPS]) / rate(r[ONE_GROUP]) for r in results),
+            wall_seconds(r[BASELINE]) / wall_seconds(r[ONE_GROUP]) for r in results
+        ),
+        "2 groups / 1 group": statistics.median(rate(r[TWO_GROUPS]) / rate(r[ONE_GROUP]) for r in results),
         "2 groups of 1 thread / 1 group": statistics.median(
-            rate(r[TWO_GROUPS_1T]) / rate(r[ONE_GROUP]) for r in results),
-    }  # fmt: skip
+            rate(r[TWO_GROUPS_1T]) / rate(r[ONE_GROUP]) for r in results
+        ),
+    }
     met = "met" if ratios["encode_group / encode_batch_fast"] >= ENCODE_TARGET else "NOT met"
     lines += [
         "",
@@ -513,8 +564,10 @@ def training_table(rows: list[dict[str, Any]], sample_mb: int) -> tuple[list[str
     lines = ["| corpus (MB) | sample | sample read (MB) | seconds | peak memory (MB) |", "|---:|---|---:|---:|---:|"]
     for r in rows:
         sample = "whole corpus" if r["whole"] else f"fixed, {sample_mb} MiB"
-        lines.append(f"| {r['corpus_mb']:.0f} | {sample} | {r['sample_bytes'] / 1e6:.1f} | {r['seconds']:.1f} | "
-                     f"{r['peak_mb']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r['corpus_mb']:.0f} | {sample} | {r['sample_bytes'] / 1e6:.1f} | {r['seconds']:.1f} | "
+            f"{r['peak_mb']:.0f} |"
+        )
     fixed = [r["seconds"] for r in rows if not r["whole"]]
     whole = [r for r in rows if r["whole"]]
     fit = statistics.linear_regression([r["sample_bytes"] / 1e6 for r in whole], [r["seconds"] for r in whole])
@@ -542,9 +595,11 @@ def projection(figures: dict[str, float], cores: int, train_1gb_s: float) -> lis
     ]
     for pods in (1, 2, 4):
         encode_s = corpus_mb / (per_core * 16 * pods)
-        lines.append(f"| {pods} x 16 | {encode_s / 60:.0f} | {train_1gb_s / 60:.1f} | "
-                     f"{(encode_s + train_1gb_s) / 60:.0f} | {corpus_mb / encode_s:.0f} | "
-                     f"{corpus_mb * shard_bytes / encode_s:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {pods} x 16 | {encode_s / 60:.0f} | {train_1gb_s / 60:.1f} | "
+            f"{(encode_s + train_1gb_s) / 60:.0f} | {corpus_mb / encode_s:.0f} | "
+            f"{corpus_mb * shard_bytes / encode_s:.0f} |"
+        )
     four = corpus_mb / (per_core * 64) + train_1gb_s
     old_pod = corpus_mb / (per_core * 4) + train_1gb_s
     return [
@@ -577,8 +632,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.child:
         return answer_child(args.child, CHILDREN)
-    for name, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):  # fmt: skip
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "bench"),
+        ("AWS_SECRET_ACCESS_KEY", "bench"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(name, value)
     for quiet in ("components.stage_data.mirror", "components.stage_data.tokenization", "components.stage_data.core"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
@@ -594,12 +652,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     load_after = os.getloadavg()
-    text += ["", f"Load average (1, 5, 15 min) at the start: {', '.join(f'{x:.2f}' for x in load_before)}; at the "
-             f"end: {', '.join(f'{x:.2f}' for x in load_after)}."]  # fmt: skip
+    text += [
+        "",
+        f"Load average (1, 5, 15 min) at the start: {', '.join(f'{x:.2f}' for x in load_before)}; at the "
+        f"end: {', '.join(f'{x:.2f}' for x in load_after)}.",
+    ]
     print("\n".join(text))
     if args.write_results:
-        title = {"all": "S3 staging and tokenization at scale", "s3": "S3 staging",
-                 "tokenization": "tokenization at scale"}[args.part]  # fmt: skip
+        title = {
+            "all": "S3 staging and tokenization at scale",
+            "s3": "S3 staging",
+            "tokenization": "tokenization at scale",
+        }[args.part]
         append_section(title, text, machine_lines("boto3", "s3transfer", "moto", "tokenizers"))
         log.info("appended results to %s", RESULTS)
     return 0

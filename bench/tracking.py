@@ -98,19 +98,34 @@ def settle(pid: int, timeout_s: float = 120.0) -> None:
             return
 
 
-def train(root: Path, name: str, steps: int, env: dict[str, str], server: int, warmup: int = WARMUP,
-          log_every: int = 1) -> Run:  # fmt: skip
-    cfg = tiny_launch(root, name, max_steps=steps, log_every=log_every, checkpoint_every=steps, eval_every=0,
-                      timeout_s=900, extra_env=env)  # fmt: skip
+def train(
+    root: Path, name: str, steps: int, env: dict[str, str], server: int, warmup: int = WARMUP, log_every: int = 1
+) -> Run:
+    cfg = tiny_launch(
+        root,
+        name,
+        max_steps=steps,
+        log_every=log_every,
+        checkpoint_every=steps,
+        eval_every=0,
+        timeout_s=900,
+        extra_env=env,
+    )
     started, served = time.perf_counter(), tree_cpu_s(server)
     launch(cfg)
     wall, served = time.perf_counter() - started, tree_cpu_s(server) - served
     rows = [json.loads(line) for line in cfg.run_paths.metrics.read_text().splitlines() if line.strip()]
     steady = [r for r in rows if r["step"] > warmup]
     said = UNSENT.search(cfg.run_paths.rank_log(0).read_text())
-    run = Run(statistics.median(r["tokens_per_s"] for r in steady), statistics.median(r["step_time_s"] for r in steady),
-              wall, int(said[1]) if said else 0, sum(map(len, map(chart_points, rows))) + 2,
-              max(r["rss_gib"] for r in rows), served)  # fmt: skip
+    run = Run(
+        statistics.median(r["tokens_per_s"] for r in steady),
+        statistics.median(r["step_time_s"] for r in steady),
+        wall,
+        int(said[1]) if said else 0,
+        sum(map(len, map(chart_points, rows))) + 2,
+        max(r["rss_gib"] for r in rows),
+        served,
+    )
     log.info("  %s: %.0f tokens/s, %.1f s, %d points not sent", name, run.tokens_per_s, wall, run.unsent)
     return run
 
@@ -149,16 +164,20 @@ def median_ratio(runs: dict[str, list[Run]], config: str, field: str) -> float:
 
 
 def report(runs: dict[str, list[Run]], cost: dict[str, float], args: argparse.Namespace) -> list[str]:
-    lines = [f"| round | config | tokens/s (median, steps > {args.warmup_steps}) | step (ms) | / off | wall (s) | "
-             "/ off | MLflow points not sent | MLflow server CPU (s) | peak RSS, either rank (GiB) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"| round | config | tokens/s (median, steps > {args.warmup_steps}) | step (ms) | / off | wall (s) | "
+        "/ off | MLflow points not sent | MLflow server CPU (s) | peak RSS, either rank (GiB) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for n in range(args.rounds):
         off = runs["off"][n]
         for config in CONFIGS:
             r = runs[config][n]
-            lines.append(f"| {n + 1} | {config} | {r.tokens_per_s:.0f} | {r.step_s * 1e3:.2f} | "
-                         f"{r.tokens_per_s / off.tokens_per_s:.3f} | {r.wall_s:.1f} | {r.wall_s / off.wall_s:.2f} | "
-                         f"{r.unsent} of {r.points} | {r.server_cpu_s:.1f} | {r.rss_gib:.2f} |")  # fmt: skip
+            lines.append(
+                f"| {n + 1} | {config} | {r.tokens_per_s:.0f} | {r.step_s * 1e3:.2f} | "
+                f"{r.tokens_per_s / off.tokens_per_s:.3f} | {r.wall_s:.1f} | {r.wall_s / off.wall_s:.2f} | "
+                f"{r.unsent} of {r.points} | {r.server_cpu_s:.1f} | {r.rss_gib:.2f} |"
+            )
     on, slow = median_ratio(runs, "on", "tokens_per_s"), median_ratio(runs, "slow", "tokens_per_s")
     delays = [s.wall_s - o.wall_s for s, o in zip(runs["slow"], runs["off"], strict=True)]
     beyond_on = [s.wall_s - o.wall_s for s, o in zip(runs["slow"], runs["on"], strict=True)]
@@ -218,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             relay = Relay(server.port, delay_s=args.delay_s)
             settle(server.process.pid)
             tracking = {"TRAINER_TENSORBOARD": "true", "TRAINER_MLFLOW_EXPERIMENT": "bench-tracking"}
-            envs = {"off": {"TRAINER_TENSORBOARD": "false"},
-                    "on": tracking | {"TRAINER_MLFLOW_TRACKING_URI": server.url},
-                    "slow": tracking | {"TRAINER_MLFLOW_TRACKING_URI": relay.url}}  # fmt: skip
+            envs = {
+                "off": {"TRAINER_TENSORBOARD": "false"},
+                "on": tracking | {"TRAINER_MLFLOW_TRACKING_URI": server.url},
+                "slow": tracking | {"TRAINER_MLFLOW_TRACKING_URI": relay.url},
+            }
             for n in range(args.rounds):
                 log.info("round %d/%d", n + 1, args.rounds)
                 for config in CONFIGS:
@@ -244,17 +265,24 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.log_every} --delay-s {args.delay_s:g}"
     )
     command = f"`.venv/bin/python bench/tracking.py {options}`"
-    body = [command, "",
-            f"The trainer (preset tiny, 2 processes under torchrun, gloo on CPU, seq 64, batch 8 per rank, a metrics "
-            f"row every {args.log_every} step(s), {args.steps} steps) with TensorBoard and MLflow off, on (a real "
-            f"`mlflow server` with "
-            f"SQLite on loopback), and slow (the same server behind a relay answering each request "
-            f"{args.delay_s:g} s late); {args.rounds} rounds of off, on, slow in turn.", "",
-            *report(runs, cost, args)]  # fmt: skip
+    body = [
+        command,
+        "",
+        f"The trainer (preset tiny, 2 processes under torchrun, gloo on CPU, seq 64, batch 8 per rank, a metrics "
+        f"row every {args.log_every} step(s), {args.steps} steps) with TensorBoard and MLflow off, on (a real "
+        f"`mlflow server` with "
+        f"SQLite on loopback), and slow (the same server behind a relay answering each request "
+        f"{args.delay_s:g} s late); {args.rounds} rounds of off, on, slow in turn.",
+        "",
+        *report(runs, cost, args),
+    ]
     print("\n".join(body))
     if args.write_results:
-        append_section("Watching a run: TensorBoard and MLflow overhead (bench/tracking.py)", body,
-                       machine_lines("torch", "tensorboard", "mlflow"))  # fmt: skip
+        append_section(
+            "Watching a run: TensorBoard and MLflow overhead (bench/tracking.py)",
+            body,
+            machine_lines("torch", "tensorboard", "mlflow"),
+        )
     return 0
 
 

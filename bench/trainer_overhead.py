@@ -267,8 +267,9 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def trainer_rows(root: Path, data_dir: Path, name: str, args: argparse.Namespace, steps: int, log_every: int,
-                 flags: list[str]) -> tuple[dict[int, dict], float | None]:  # fmt: skip
+def trainer_rows(
+    root: Path, data_dir: Path, name: str, args: argparse.Namespace, steps: int, log_every: int, flags: list[str]
+) -> tuple[dict[int, dict], float | None]:
     """The real trainer in a fresh run directory `name`, with the benchmark's model and batch, a metrics row every
     `log_every` steps and one checkpoint at the very end, and `flags`: its rows by step, once it finished all `steps`,
     and the CPUs busy elsewhere meanwhile."""
@@ -294,8 +295,9 @@ def trainer_rows(root: Path, data_dir: Path, name: str, args: argparse.Namespace
     return rows, busy
 
 
-def run_trainer(root: Path, data_dir: Path, n: int, args: argparse.Namespace, read_latency_s: float = 0.0,
-                parallelism: str = "ddp") -> Side:  # fmt: skip
+def run_trainer(
+    root: Path, data_dir: Path, n: int, args: argparse.Namespace, read_latency_s: float = 0.0, parallelism: str = "ddp"
+) -> Side:
     """The trainer over the timed window, a metrics row every LOG_EVERY steps; with `read_latency_s`, that much
     injected before every batch's read."""
     name = f"trainer-{n}{'-delayed' if read_latency_s else ''}{'' if parallelism == 'ddp' else '-' + parallelism}"
@@ -308,9 +310,14 @@ def run_trainer(root: Path, data_dir: Path, n: int, args: argparse.Namespace, re
         raise BenchFailed(f"the trainer's run {name} has no metrics row for step {exc}") from None
     tokens, seconds = last["tokens"] - first["tokens"], last["time"] - first["time"]
     side = Side(tokens, seconds, last["loss"], statistics.median(step_seconds), busy)
-    log.info("  train_ddp.py --parallelism %s%s: %.0f tokens/s over steps %d-%d", parallelism,
-             f" (read latency {read_latency_s:.3f}s)" if read_latency_s else "", side.tokens_per_s, args.warmup,
-             args.steps)  # fmt: skip
+    log.info(
+        "  train_ddp.py --parallelism %s%s: %.0f tokens/s over steps %d-%d",
+        parallelism,
+        f" (read latency {read_latency_s:.3f}s)" if read_latency_s else "",
+        side.tokens_per_s,
+        args.warmup,
+        args.steps,
+    )
     return side
 
 
@@ -368,8 +375,12 @@ def measure_once(root: Path, data_dir: Path, n: int, args: argparse.Namespace) -
     check_same_work(trainer, minimal)
     check_same_work(delayed, minimal)
     repeat = Repeat("trainer" if n % 2 == 0 else "minimal", trainer, minimal, delayed)
-    log.info("  ratio %.3f (from median step times %.3f); with read latency / without %.3f", repeat.ratio,
-             repeat.median_ratio, repeat.latency_ratio)  # fmt: skip
+    log.info(
+        "  ratio %.3f (from median step times %.3f); with read latency / without %.3f",
+        repeat.ratio,
+        repeat.median_ratio,
+        repeat.latency_ratio,
+    )
     return repeat
 
 
@@ -387,10 +398,13 @@ def table(repeats: list[Repeat]) -> str:
             f"| {cpus(r.busy_elsewhere)} |"
         )
     columns = [
-        [r.trainer.tokens_per_s for r in repeats], [r.minimal.tokens_per_s for r in repeats],
-        [r.ratio for r in repeats], [r.median_ratio for r in repeats], [r.delayed.tokens_per_s for r in repeats],
+        [r.trainer.tokens_per_s for r in repeats],
+        [r.minimal.tokens_per_s for r in repeats],
+        [r.ratio for r in repeats],
+        [r.median_ratio for r in repeats],
+        [r.delayed.tokens_per_s for r in repeats],
         [r.latency_ratio for r in repeats],
-    ]  # fmt: skip
+    ]
     formats = ["{:.0f}", "{:.0f}", "{:.3f}", "{:.3f}", "{:.0f}", "{:.3f}"]
     return "\n".join(lines + summary_rows(columns, formats))
 

@@ -103,8 +103,10 @@ class S3Source:
         """One line for what went wrong, in the user's terms; unknown errors keep their own message."""
         where = f"{self.what} {self.uri}"
         if isinstance(exc, NoCredentialsError):
-            return InputError(f"{where}: no AWS credentials found (on EKS: the service account's IAM role; "
-                              "elsewhere: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")  # fmt: skip
+            return InputError(
+                f"{where}: no AWS credentials found (on EKS: the service account's IAM role; "
+                "elsewhere: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+            )
         if isinstance(exc, EndpointConnectionError):
             return StepFailed(f"{where}: cannot reach the S3 endpoint while {doing} ({exc})")
         if isinstance(exc, ClientError):
@@ -113,8 +115,10 @@ class S3Source:
             if code == "NoSuchBucket":
                 return InputError(f"{where}: bucket {self.bucket} does not exist")
             if code in ("AccessDenied", "AllAccessDisabled", "403", "Forbidden"):
-                return InputError(f"{where}: access denied while {doing} (check the IAM role's s3:ListBucket "
-                                  f"and s3:GetObject on this bucket and prefix): {message}")  # fmt: skip
+                return InputError(
+                    f"{where}: access denied while {doing} (check the IAM role's s3:ListBucket "
+                    f"and s3:GetObject on this bucket and prefix): {message}"
+                )
             if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"):
                 return InputError(f"{where}: the AWS credentials were refused ({code}: {message})")
             if code in ("PreconditionFailed", "412"):
@@ -175,8 +179,14 @@ class S3Source:
             except _STREAM_ERRORS as exc:
                 if attempt == STREAM_ATTEMPTS:
                     raise
-                log.warning("s3://%s/%s: the download broke off (%s); attempt %d of %d",
-                            self.bucket, obj.location, exc, attempt + 1, STREAM_ATTEMPTS)  # fmt: skip
+                log.warning(
+                    "s3://%s/%s: the download broke off (%s); attempt %d of %d",
+                    self.bucket,
+                    obj.location,
+                    exc,
+                    attempt + 1,
+                    STREAM_ATTEMPTS,
+                )
             finally:
                 response["Body"].close()
         self._verify(obj, copied, digest.hexdigest(), response.get("ServerSideEncryption", ""))

@@ -45,8 +45,9 @@ def api_client_from_environment(kubeconfig: str = "", context: str = "") -> clie
     except config.ConfigException:
         pass
     try:
-        config.load_kube_config(config_file=kubeconfig or None, context=context or None,
-                                client_configuration=configuration)  # fmt: skip
+        config.load_kube_config(
+            config_file=kubeconfig or None, context=context or None, client_configuration=configuration
+        )
     except (config.ConfigException, OSError) as exc:
         raise InputError(f"no Kubernetes credentials: not in a cluster, and no usable kubeconfig ({exc})") from None
     return client.ApiClient(configuration)
@@ -98,8 +99,14 @@ class Kube:
                 if delay is None:
                     delay = min(self.settings.max_backoff_s, self.settings.backoff_s * 2 ** (attempt - 1))
                     delay *= random.uniform(0.5, 1.0)
-                log.warning("Kubernetes API: %s: %s; retrying in %.1fs (attempt %d of %d)", what, describe(exc),
-                            delay, attempt + 1, attempts)  # fmt: skip
+                log.warning(
+                    "Kubernetes API: %s: %s; retrying in %.1fs (attempt %d of %d)",
+                    what,
+                    describe(exc),
+                    delay,
+                    attempt + 1,
+                    attempts,
+                )
                 time.sleep(delay)
         raise AssertionError("unreachable")
 

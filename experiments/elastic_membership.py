@@ -76,12 +76,22 @@ class Agent:
         return self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
 
 
-def job_command(cfg: LaunchConfig, min_nodes: int, max_nodes: int, worker: str, workdir: Path,
-                with_fix: bool) -> tuple[list, dict]:  # fmt: skip
+def job_command(
+    cfg: LaunchConfig, min_nodes: int, max_nodes: int, worker: str, workdir: Path, with_fix: bool
+) -> tuple[list, dict]:
     """The container's command and environment as the launcher renders them, with what the operator adds."""
-    spec = JobSpec(name="elastic-exp", image="local", trainer_args=cfg.trainer_args(), gpus_per_node=0,
-                   efa_per_node=0, nproc_per_node=1, min_nodes=min_nodes, max_nodes=max_nodes, auto_resume=False,
-                   env=cfg.trainer_env())  # fmt: skip
+    spec = JobSpec(
+        name="elastic-exp",
+        image="local",
+        trainer_args=cfg.trainer_args(),
+        gpus_per_node=0,
+        efa_per_node=0,
+        nproc_per_node=1,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        auto_resume=False,
+        env=cfg.trainer_env(),
+    )
     container = render_job(spec)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     endpoint = f"localhost:{RDZV_PORT}"  # <job>-worker-0:23456 on the cluster
     command = [endpoint if part == "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)" else part for part in container["command"]]
@@ -96,17 +106,24 @@ def job_command(cfg: LaunchConfig, min_nodes: int, max_nodes: int, worker: str, 
     env = {e["name"]: e["value"] for e in container["env"]}
     if not with_fix:
         env.pop(RDZV_STORE_OPT_OUT, None)
-    env |= {"PET_NPROC_PER_NODE": "1", "PET_NNODES": f"{min_nodes}:{max_nodes}", "PET_RDZV_ENDPOINT": endpoint,
-            "PET_RDZV_BACKEND": "c10d", "PET_MAX_RESTARTS": str(spec.max_restarts), "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env |= {
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NNODES": f"{min_nodes}:{max_nodes}",
+        "PET_RDZV_ENDPOINT": endpoint,
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_MAX_RESTARTS": str(spec.max_restarts),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     return command, env
 
 
 def start_agent(name: str, command: list[str], env: dict[str, str], workdir: Path) -> Agent:
     path = workdir / f"{name}.log"
     out = path.open("w")
-    proc = subprocess.Popen(command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+    )
     log.info("started %s (pid %d)", name, proc.pid)
     return Agent(name, proc, path)
 
@@ -179,9 +196,20 @@ def stop(agents: list[Agent]) -> None:
 
 def scenario(kind: str, worker: str, root: Path, workdir: Path, settle_s: float, with_fix: bool) -> str:
     run_id = f"{kind}-{worker}" + ("" if with_fix else "-torch-default")
-    cfg = LaunchConfig(storage_root=str(root), dataset="email", run_id=run_id, nproc_per_node=1, preset="tiny",
-                       max_steps=100000, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=5, checkpoint_every=25,
-                       log_every=5)  # fmt: skip
+    cfg = LaunchConfig(
+        storage_root=str(root),
+        dataset="email",
+        run_id=run_id,
+        nproc_per_node=1,
+        preset="tiny",
+        max_steps=100000,
+        batch_size=8,
+        seq_len=64,
+        lr=3e-3,
+        warmup_steps=5,
+        checkpoint_every=25,
+        log_every=5,
+    )
     run_dir = cfg.run_paths.root
     command, env = job_command(cfg, 1, 2, worker, workdir, with_fix)
     log.info("[%s] the agents' command: %s", run_id, " ".join(command))
@@ -209,8 +237,9 @@ def scenario(kind: str, worker: str, root: Path, workdir: Path, settle_s: float,
         target = 2
     else:
         lost = 0 if kind == "leave-store" else 1
-        log.info("[%s] training at step %d with two agents: agent %d and its worker are SIGKILLed", run_id,
-                 step_before, lost)  # fmt: skip
+        log.info(
+            "[%s] training at step %d with two agents: agent %d and its worker are SIGKILLed", run_id, step_before, lost
+        )
         lose_node(agents[lost])
         agents = [agents[1 - lost], agents[lost]]
         target = 1
@@ -219,8 +248,10 @@ def scenario(kind: str, worker: str, root: Path, workdir: Path, settle_s: float,
     codes = [a.proc.poll() for a in agents]
     stop(agents)
     verdict = "carried on" if ok else "did not carry on"
-    return (f"{run_id}: {verdict} at world size {target} (step {step_before} before, {step_after} after at "
-            f"world size {world_after}; agents' exit codes while it ran: {codes})")  # fmt: skip
+    return (
+        f"{run_id}: {verdict} at world size {target} (step {step_before} before, {step_after} after at "
+        f"world size {world_after}; agents' exit codes while it ran: {codes})"
+    )
 
 
 def main() -> int:

@@ -110,9 +110,12 @@ def use_defaults(p: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
 
 
 def add_storage_args(
-    p: argparse.ArgumentParser, dataset: bool = True, run_id: bool = True, root_default: str | None = None,
+    p: argparse.ArgumentParser,
+    dataset: bool = True,
+    run_id: bool = True,
+    root_default: str | None = None,
     mixture: bool = False,
-) -> None:  # fmt: skip
+) -> None:
     p.add_argument(
         "--storage-root",
         required=root_default is None,
@@ -120,8 +123,11 @@ def add_storage_args(
         help="root of the shared volume (/fsx on the cluster, any directory locally)",
     )
     if dataset:
-        p.add_argument("--dataset", required=not mixture, help="dataset name: <root>/datasets/<name>" +
-                       (" (or --mixture)" if mixture else ""))  # fmt: skip
+        p.add_argument(
+            "--dataset",
+            required=not mixture,
+            help="dataset name: <root>/datasets/<name>" + (" (or --mixture)" if mixture else ""),
+        )
     if mixture:
         add_mixture_arg(p, staged=True)
     if run_id:
@@ -129,11 +135,15 @@ def add_storage_args(
 
 
 def add_mixture_arg(p: argparse._ActionsContainer, staged: bool) -> None:
-    p.add_argument("--mixture", type=mixture_weights, default=[], metavar="DATASET=WEIGHT,...",
-                   help="train on several datasets, each global batch drawn from them in proportion to the weights "
-                   "(e.g. web=0.8,code=0.2); all staged with one tokenizer" +
-                   (", staged before" if staged else "; each staged from its --mixture-source, or as staged "
-                    "before"))  # fmt: skip
+    p.add_argument(
+        "--mixture",
+        type=mixture_weights,
+        default=[],
+        metavar="DATASET=WEIGHT,...",
+        help="train on several datasets, each global batch drawn from them in proportion to the weights "
+        "(e.g. web=0.8,code=0.2); all staged with one tokenizer"
+        + (", staged before" if staged else "; each staged from its --mixture-source, or as staged before"),
+    )
 
 
 def mixture_weights(text: str) -> list[dict[str, Any]]:
@@ -148,8 +158,20 @@ def mixture_weights(text: str) -> list[dict[str, Any]]:
 
 # The training settings a resume takes from the run's config.json when the command line does not give them (the
 # trainer's names; --extend-schedule is not one: it is what this resume does, not a setting of the run).
-RESUMED_SETTINGS = ("preset", "init_from_model", "max_steps", "seed", "batch_size", "seq_len", "lr", "warmup_steps",
-                    "dropout", "checkpoint_every", "log_every", "eval_every")  # fmt: skip
+RESUMED_SETTINGS = (
+    "preset",
+    "init_from_model",
+    "max_steps",
+    "seed",
+    "batch_size",
+    "seq_len",
+    "lr",
+    "warmup_steps",
+    "dropout",
+    "checkpoint_every",
+    "log_every",
+    "eval_every",
+)
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -162,40 +184,60 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--nproc-per-node", type=positive_int, default=2, help="processes (GPUs) per node")
     p.add_argument("--preset", choices=sorted(PRESETS), help=f"model preset {default('preset')}")
-    p.add_argument("--init-from-model", metavar="DIR",
-                   help="start from a published model (its architecture, weights and tokenizer): a directory "
-                   "save_pretrained wrote, or an s3:// prefix of one, copied once to <root>/models/; not with "
-                   "--preset")  # fmt: skip
+    p.add_argument(
+        "--init-from-model",
+        metavar="DIR",
+        help="start from a published model (its architecture, weights and tokenizer): a directory "
+        "save_pretrained wrote, or an s3:// prefix of one, copied once to <root>/models/; not with "
+        "--preset",
+    )
     p.add_argument("--max-steps", type=positive_int, help=f"optimizer steps {default('max_steps')}")
     p.add_argument("--seed", type=int, help=f"seeds the model and the data order {default('seed')}")
     p.add_argument("--batch-size", type=positive_int, help=f"sequences per process per step {default('batch_size')}")
     p.add_argument("--seq-len", type=positive_int, help=f"tokens per sequence {default('seq_len')}")
     p.add_argument("--lr", type=float, help=f"peak learning rate {default('lr')}")
     p.add_argument("--warmup-steps", type=positive_int, help=f"linear warm-up steps {default('warmup_steps')}")
-    p.add_argument("--extend-schedule", nargs="?", const=CONTINUE, default="", choices=EXTENSIONS,
-                   help="a resume goes on from the current learning rate to other settings: continue (given bare: the "
-                   "cosine from there down to the end learning rate at a new --max-steps, no re-warm; --lr and "
-                   "--warmup-steps stay the run's) or rewarm (linear to a new --lr over --warmup-steps, then a "
-                   "cosine to the new --max-steps); without it, other settings are refused")  # fmt: skip
+    p.add_argument(
+        "--extend-schedule",
+        nargs="?",
+        const=CONTINUE,
+        default="",
+        choices=EXTENSIONS,
+        help="a resume goes on from the current learning rate to other settings: continue (given bare: the "
+        "cosine from there down to the end learning rate at a new --max-steps, no re-warm; --lr and "
+        "--warmup-steps stay the run's) or rewarm (linear to a new --lr over --warmup-steps, then a "
+        "cosine to the new --max-steps); without it, other settings are refused",
+    )
     p.add_argument("--dropout", type=dropout, help=f"dropout probability (0: none) {default('dropout')}")
     p.add_argument(
         "--checkpoint-every", type=positive_int, help=f"steps between checkpoints {default('checkpoint_every')}"
     )
     p.add_argument("--log-every", type=positive_int, help=f"steps between metrics rows {default('log_every')}")
-    p.add_argument("--eval-every", type=non_negative_int,
-                   help="every N steps the trainer measures the loss on the val split (its first "
-                   f"{d['eval_tokens']:,} tokens) into that step's metrics row (val_loss, val_bpb) and log; 0: never "
-                   f"{default('eval_every')}")  # fmt: skip
+    p.add_argument(
+        "--eval-every",
+        type=non_negative_int,
+        help="every N steps the trainer measures the loss on the val split (its first "
+        f"{d['eval_tokens']:,} tokens) into that step's metrics row (val_loss, val_bpb) and log; 0: never "
+        f"{default('eval_every')}",
+    )
     add_mlflow_args(p)
 
 
 def add_mlflow_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mlflow-tracking-uri", type=tracking_uri, default="", metavar="URI",
-                   help="also send the trainer's metrics to this MLflow tracking server, one MLflow run per run: an "
-                   "http(s):// URL or a SageMaker MLflow ARN; credentials from the environment, never in the URI "
-                   "(default: none; TensorBoard's files are always written under <run>/tensorboard/)")  # fmt: skip
-    p.add_argument("--mlflow-experiment", default=TRAIN_DEFAULTS["mlflow_experiment"],
-                   help="the MLflow experiment (made if missing; default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--mlflow-tracking-uri",
+        type=tracking_uri,
+        default="",
+        metavar="URI",
+        help="also send the trainer's metrics to this MLflow tracking server, one MLflow run per run: an "
+        "http(s):// URL or a SageMaker MLflow ARN; credentials from the environment, never in the URI "
+        "(default: none; TensorBoard's files are always written under <run>/tensorboard/)",
+    )
+    p.add_argument(
+        "--mlflow-experiment",
+        default=TRAIN_DEFAULTS["mlflow_experiment"],
+        help="the MLflow experiment (made if missing; default: %(default)s)",
+    )
 
 
 def tracking_uri(text: str) -> str:
@@ -220,22 +262,31 @@ def fill_train_args(args: argparse.Namespace, resumed: RunPaths | None) -> None:
             if not isinstance(recorded, dict):
                 raise TypeError(f"its 'trainer' is a {type(recorded).__name__}, not an object")
         except FileNotFoundError:
-            raise InputError(f"run {resumed.root.name!r} holds a checkpoint to resume, but not {resumed.config}, "
-                             "which records its settings: the run directory is incomplete") from None  # fmt: skip
+            raise InputError(
+                f"run {resumed.root.name!r} holds a checkpoint to resume, but not {resumed.config}, "
+                "which records its settings: the run directory is incomplete"
+            ) from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"run {resumed.root.name!r}: its settings in {resumed.config} are unreadable "
-                             f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+            raise InputError(
+                f"run {resumed.root.name!r}: its settings in {resumed.config} are unreadable "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
     if getattr(args, "init_from_model", None) and args.preset is not None:
-        raise InputError(f"--preset {args.preset} and --init-from-model both choose the architecture: leave --preset "
-                         "out (the model's config.json gives it)")  # fmt: skip
+        raise InputError(
+            f"--preset {args.preset} and --init-from-model both choose the architecture: leave --preset "
+            "out (the model's config.json gives it)"
+        )
     taken = []
     for name in RESUMED_SETTINGS:
         if getattr(args, name) is None:
             setattr(args, name, recorded.get(name, TRAIN_DEFAULTS[name]))
             taken += [f"{name} {getattr(args, name)}"] if name in recorded else []
     if resumed is not None and recorded:
-        log.info("run %s resumes with its own settings where none are given: %s", resumed.root.name,
-                 ", ".join(taken) or "none taken")  # fmt: skip
+        log.info(
+            "run %s resumes with its own settings where none are given: %s",
+            resumed.root.name,
+            ", ".join(taken) or "none taken",
+        )
 
 
 def resumed_run(storage_root: str, run_id: str) -> RunPaths:
@@ -246,9 +297,13 @@ def resumed_run(storage_root: str, run_id: str) -> RunPaths:
 
 
 def add_checkpoint_s3_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint-s3-uri", default="", metavar="s3://BUCKET/PREFIX",
-                   help="copy each committed checkpoint to PREFIX/<run id>/ in S3, and fetch the newest back when "
-                   "the volume lost it (default: no copies)")  # fmt: skip
+    p.add_argument(
+        "--checkpoint-s3-uri",
+        default="",
+        metavar="s3://BUCKET/PREFIX",
+        help="copy each committed checkpoint to PREFIX/<run id>/ in S3, and fetch the newest back when "
+        "the volume lost it (default: no copies)",
+    )
     p.add_argument("--endpoint-url", default="", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS)")
 
 
@@ -260,9 +315,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     images = Images.in_registry(args.image_registry, args.tag) if args.image_registry else Images()
     registry = [args.image_registry.rstrip("/")] if args.image_registry else []
     job = platform_from_args(args, namespaces=["kubeflow"], registries=registry)
-    platform = PlatformOptions(job=job, node_selector=dict(args.node_selector), tolerations=args.toleration,
-                               image_pull_secrets=args.image_pull_secret, images=images,
-                               mlflow_tracking_uri=args.mlflow_tracking_uri)  # fmt: skip
+    platform = PlatformOptions(
+        job=job,
+        node_selector=dict(args.node_selector),
+        tolerations=args.toleration,
+        image_pull_secrets=args.image_pull_secret,
+        images=images,
+        mlflow_tracking_uri=args.mlflow_tracking_uri,
+    )
     output = Path(args.output)
     if not args.check:
         compile_pipeline(output, platform)
@@ -288,8 +348,7 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     arguments = run_local_arguments(args)
     if not args.verbose:  # this command's own lines as kfp.local writes its lines beside them: one format
         for handler in logging.getLogger().handlers:
-            handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d - %(levelname)s - %(message)s",
-                                                   "%H:%M:%S"))  # fmt: skip
+            handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d - %(levelname)s - %(message)s", "%H:%M:%S"))
     result = run_local(Path(args.pipeline_file), Path(args.storage_root), arguments, verbose=args.verbose)
     evaluation = json.loads(RunPaths(result.run_dir).eval_result.read_text())
     lines = [
@@ -318,21 +377,41 @@ SOURCE_INCLUDE = ["*"]
 
 def add_corpus_args(p: argparse._ActionsContainer) -> None:
     """The corpus settings of stage-data and run-local (the pipeline's parameters of the same names)."""
-    p.add_argument("--tokenizer-path", default="",
-                   help="a Hugging Face tokenizer: a tokenizer.json file, or a directory as save_pretrained writes "
-                   "it, or s3://bucket/prefix/ of one (default: train a BPE tokenizer on the corpus)")  # fmt: skip
-    p.add_argument("--vocab-size", type=positive_int, default=VOCAB_SIZE,
-                   help="the trained BPE tokenizer's vocabulary size (not used with --tokenizer-path)")  # fmt: skip
-    p.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
-                   help="share held out for the val split: of the documents of JSON Lines and Parquet files, and of "
-                   "plain-text files (each one document)")  # fmt: skip
-    p.add_argument("--text-field", default="", metavar="FIELD",
-                   help=f"JSON Lines and Parquet: the field or column holding each record's text, a dotted path "
-                   f"for nested JSON (content.body) (default: {TEXT_FIELD}; refused for a corpus of plain "
-                   "text)")  # fmt: skip
-    p.add_argument("--max-bad-records", type=int, default=0, metavar="N",
-                   help="JSON Lines: skip and count up to N malformed lines (not JSON, not an object) instead of "
-                   "failing on the first")  # fmt: skip
+    p.add_argument(
+        "--tokenizer-path",
+        default="",
+        help="a Hugging Face tokenizer: a tokenizer.json file, or a directory as save_pretrained writes "
+        "it, or s3://bucket/prefix/ of one (default: train a BPE tokenizer on the corpus)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=positive_int,
+        default=VOCAB_SIZE,
+        help="the trained BPE tokenizer's vocabulary size (not used with --tokenizer-path)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=VAL_FRACTION,
+        help="share held out for the val split: of the documents of JSON Lines and Parquet files, and of "
+        "plain-text files (each one document)",
+    )
+    p.add_argument(
+        "--text-field",
+        default="",
+        metavar="FIELD",
+        help=f"JSON Lines and Parquet: the field or column holding each record's text, a dotted path "
+        f"for nested JSON (content.body) (default: {TEXT_FIELD}; refused for a corpus of plain "
+        "text)",
+    )
+    p.add_argument(
+        "--max-bad-records",
+        type=int,
+        default=0,
+        metavar="N",
+        help="JSON Lines: skip and count up to N malformed lines (not JSON, not an object) instead of "
+        "failing on the first",
+    )
 
 
 def absolute(path: str) -> str:
@@ -522,15 +601,25 @@ PACKAGE_FLAGS = frozenset({"--pipeline-file", "--param", "--pipeline-run-id", "-
 
 def add_package_args(p: argparse.ArgumentParser, verb: str) -> None:
     """render-job's and preflight's job as a submission of a compiled pipeline would create it."""
-    p.add_argument("--pipeline-file", default="", metavar="PATH",
-                   help=f"{verb} the job a submission of this compiled pipeline creates: its defaults and compiled "
-                   "platform settings, overridden by --param, typed and checked as submit does. The flags that set "
-                   "the job are refused beside it (give them as --param: --param nnodes=4, not --nnodes 4); "
-                   "--pipeline-run-id stands for the KFP run's id (default: example). Staging's outputs are known "
-                   "only once it ran: the job trains on the dataset's current snapshot, with no warm "
-                   "start")  # fmt: skip
-    p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a parameter of --pipeline-file, as submit takes it (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--pipeline-file",
+        default="",
+        metavar="PATH",
+        help=f"{verb} the job a submission of this compiled pipeline creates: its defaults and compiled "
+        "platform settings, overridden by --param, typed and checked as submit does. The flags that set "
+        "the job are refused beside it (give them as --param: --param nnodes=4, not --nnodes 4); "
+        "--pipeline-run-id stands for the KFP run's id (default: example). Staging's outputs are known "
+        "only once it ran: the job trains on the dataset's current snapshot, with no warm "
+        "start",
+    )
+    p.add_argument(
+        "--param",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter of --pipeline-file, as submit takes it (repeatable)",
+    )
 
 
 def note_given_flags(p: argparse.ArgumentParser) -> None:
@@ -574,14 +663,17 @@ def submitted_inputs(args: argparse.Namespace, step: str) -> dict[str, Any] | No
 
     if not args.pipeline_file:
         if args.param:
-            raise InputError("--param sets a parameter of --pipeline-file: give the file too (without it, the flags "
-                             "set the job)")  # fmt: skip
+            raise InputError(
+                "--param sets a parameter of --pipeline-file: give the file too (without it, the flags set the job)"
+            )
         return None
     mixed = sorted(args.given_flags - PACKAGE_FLAGS)
     if mixed:
-        raise InputError(f"{mixed[0]}: with --pipeline-file, the package's defaults and --param values set the job "
-                         "(and its platform settings are compiled in): give pipeline parameters as --param "
-                         "KEY=VALUE")  # fmt: skip
+        raise InputError(
+            f"{mixed[0]}: with --pipeline-file, the package's defaults and --param values set the job "
+            "(and its platform settings are compiled in): give pipeline parameters as --param "
+            "KEY=VALUE"
+        )
     run = args.pipeline_run_id or str(CLUSTER_DEFAULTS["run_id"])
     return Package.load(Path(args.pipeline_file)).submitted_inputs(args.param, step, run)
 
@@ -616,22 +708,35 @@ def cmd_render_runtime(args: argparse.Namespace) -> int:
         config = step_config(inputs)
         platform, image, instance_type = config.platform, config.image, config.instance_type
         if platform.job_api != "trainjob":
-            raise InputError(f"--pipeline-file {args.pipeline_file}: compiled for --job-api {platform.job_api}; a "
-                             "ClusterTrainingRuntime is for a --job-api trainjob pipeline")  # fmt: skip
+            raise InputError(
+                f"--pipeline-file {args.pipeline_file}: compiled for --job-api {platform.job_api}; a "
+                "ClusterTrainingRuntime is for a --job-api trainjob pipeline"
+            )
         options = run_options(config.job_options, platform.job_api)
         grace_s, budget = options.get("grace_period_s", grace_s), options.get("restart_budget", budget)
     else:
         platform = platform_from_args(args, namespaces=[], registries=[])
         if image:
             platform.check_image(image)
-    spec = JobSpec(name=platform.runtime_name, image=image, trainer_args=[], job_api="trainjob",
-                   runtime_name=platform.runtime_name, instance_type=instance_type, mount_path=platform.mount_path,
-                   pvc_name=platform.pvc_name, grace_period_s=grace_s, restart_budget=budget,
-                   service_account=platform.service_account,
-                   automount_service_account_token=platform.automount_service_account_token,
-                   tolerations=[GPU_TOLERATION, *platform.tolerations], health_affinity=platform.health_affinity,
-                   node_selector=dict(platform.node_selector), image_pull_secrets=list(platform.image_pull_secrets),
-                   env=dict(platform.env))  # fmt: skip
+    spec = JobSpec(
+        name=platform.runtime_name,
+        image=image,
+        trainer_args=[],
+        job_api="trainjob",
+        runtime_name=platform.runtime_name,
+        instance_type=instance_type,
+        mount_path=platform.mount_path,
+        pvc_name=platform.pvc_name,
+        grace_period_s=grace_s,
+        restart_budget=budget,
+        service_account=platform.service_account,
+        automount_service_account_token=platform.automount_service_account_token,
+        tolerations=[GPU_TOLERATION, *platform.tolerations],
+        health_affinity=platform.health_affinity,
+        node_selector=dict(platform.node_selector),
+        image_pull_secrets=list(platform.image_pull_secrets),
+        env=dict(platform.env),
+    )
     print(yaml.safe_dump(render_runtime(spec), sort_keys=False), end="")
     return 0
 
@@ -642,8 +747,9 @@ def cmd_render_rbac(args: argparse.Namespace) -> int:
     subject = Subject(args.namespace, args.service_account, args.jobs_namespace)
     if args.split:
         if args.kubeflow_profile or args.cluster_read:
-            raise InputError("--split writes deploy/'s files, all of them in full: leave out --kubeflow-profile and "
-                             "--cluster-read")  # fmt: skip
+            raise InputError(
+                "--split writes deploy/'s files, all of them in full: leave out --kubeflow-profile and --cluster-read"
+            )
         if not Path(args.split).is_dir():
             raise InputError(f"--split {args.split}: not a directory")
         for path in write_deploy(Path(args.split), subject, args.runtime_name):
@@ -656,24 +762,42 @@ def cmd_render_rbac(args: argparse.Namespace) -> int:
 def cmd_render_iam_policy(args: argparse.Namespace) -> int:
     from pipelines.deploy.iam import render_policy
 
-    print(render_policy(source=args.source, tokenizer=args.tokenizer_path, checkpoints=args.checkpoint_s3_uri,
-                        export=args.export_s3_uri, partition=args.partition), end="")  # fmt: skip
+    print(
+        render_policy(
+            source=args.source,
+            tokenizer=args.tokenizer_path,
+            checkpoints=args.checkpoint_s3_uri,
+            export=args.export_s3_uri,
+            partition=args.partition,
+        ),
+        end="",
+    )
     return 0
 
 
 def cmd_render_service_account(args: argparse.Namespace) -> int:
     from pipelines.deploy.iam import service_account
 
-    print(service_account(args.namespace, args.name, args.role_arn, args.pod_identity, args.oidc_issuer,
-                          args.cluster_name), end="")  # fmt: skip
+    print(
+        service_account(
+            args.namespace, args.name, args.role_arn, args.pod_identity, args.oidc_issuer, args.cluster_name
+        ),
+        end="",
+    )
     return 0
 
 
 def cmd_render_storage(args: argparse.Namespace) -> int:
     from pipelines.deploy.storage import FileSystem, render
 
-    file_system = FileSystem(args.file_system_id, args.dns_name, args.mount_name, args.capacity,
-                             args.deployment_type, args.per_unit_storage_throughput)  # fmt: skip
+    file_system = FileSystem(
+        args.file_system_id,
+        args.dns_name,
+        args.mount_name,
+        args.capacity,
+        args.deployment_type,
+        args.per_unit_storage_throughput,
+    )
     print(render(file_system, args.namespace, args.pvc_name), end="")
     return 0
 
@@ -689,8 +813,9 @@ def toleration(text: str) -> dict[str, str]:
     """KEY:EFFECT (operator Exists) or KEY=VALUE:EFFECT (operator Equal), as kubectl taint writes taints."""
     spec, sep, effect = text.rpartition(":")
     if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute") or not spec:
-        raise argparse.ArgumentTypeError(f"{text!r}: write KEY:EFFECT or KEY=VALUE:EFFECT, EFFECT one of NoSchedule, "
-                                         "PreferNoSchedule, NoExecute")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write KEY:EFFECT or KEY=VALUE:EFFECT, EFFECT one of NoSchedule, PreferNoSchedule, NoExecute"
+        )
     key, eq, value = spec.partition("=")
     if eq:
         return {"key": key, "operator": "Equal", "value": value, "effect": effect}
@@ -717,10 +842,20 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instance-type", default="p5.48xlarge", help="sets GPUs and EFA devices per node")
     p.add_argument("--max-nodes", type=int, default=0, help="elastic: up to this many nodes (0: --nnodes)")
     p.add_argument("--pipeline-run-id", default="", help="names the job, so that a retry re-attaches (default: run id)")
-    p.add_argument("--job-option", type=job_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="any other JobSpec setting, e.g. memory=512Gi or auto_resume=false")  # fmt: skip
-    p.add_argument("--stream-logs", choices=["worker-0", "all", "none"], default="worker-0",
-                   help="whose log the launcher prints as the job runs: node 0's pod, every pod's or none")  # fmt: skip
+    p.add_argument(
+        "--job-option",
+        type=job_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other JobSpec setting, e.g. memory=512Gi or auto_resume=false",
+    )
+    p.add_argument(
+        "--stream-logs",
+        choices=["worker-0", "all", "none"],
+        default="worker-0",
+        help="whose log the launcher prints as the job runs: node 0's pod, every pod's or none",
+    )
     p.add_argument("--no-owner-reference", action="store_true", help="do not tie the job's life to the launcher pod")
 
 
@@ -757,16 +892,24 @@ def add_deadline_args(p: argparse.ArgumentParser) -> None:
 def add_platform_args(p: argparse.ArgumentParser, mount_path: str, mount_help: str) -> None:
     """The platform team's settings of the training job (components/launch_pytorchjob/platform.py), compiled into
     the pipeline: no run can change them."""
-    p.add_argument("--job-api", choices=JOB_APIS, default=DEFAULT_JOB_API,
-                   help="pytorchjob: a kubeflow.org/v1 PyTorchJob (Training Operator v1, what HyperPod runs and "
-                   "auto-resumes); trainjob: a trainer.kubeflow.org/v1alpha1 TrainJob (Kubeflow Trainer v2, what the "
-                   "Kubeflow distribution installs since July 2026). Default: %(default)s")  # fmt: skip
-    p.add_argument("--runtime-name", default=DEFAULT_RUNTIME,
-                   help="trainjob: the ClusterTrainingRuntime every TrainJob names (render-runtime prints it; "
-                   "default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--job-api",
+        choices=JOB_APIS,
+        default=DEFAULT_JOB_API,
+        help="pytorchjob: a kubeflow.org/v1 PyTorchJob (Training Operator v1, what HyperPod runs and "
+        "auto-resumes); trainjob: a trainer.kubeflow.org/v1alpha1 TrainJob (Kubeflow Trainer v2, what the "
+        "Kubeflow distribution installs since July 2026). Default: %(default)s",
+    )
+    p.add_argument(
+        "--runtime-name",
+        default=DEFAULT_RUNTIME,
+        help="trainjob: the ClusterTrainingRuntime every TrainJob names (render-runtime prints it; "
+        "default: %(default)s)",
+    )
     p.add_argument("--fsx-pvc", default="fsx-lustre-pvc", help="the FSx PVC every step and the training job mount")
-    p.add_argument("--mount-path", default=mount_path,
-                   help=f"where they mount it; a storage root must lie under it ({mount_help})")  # fmt: skip
+    p.add_argument(
+        "--mount-path", default=mount_path, help=f"where they mount it; a storage root must lie under it ({mount_help})"
+    )
     p.add_argument("--queue-name", default="", help="Kueue LocalQueue of the job (HyperPod task governance)")
     p.add_argument("--priority-class", default="", help="Kueue WorkloadPriorityClass of the job")
     p.add_argument(
@@ -821,23 +964,33 @@ def add_platform_args(p: argparse.ArgumentParser, mount_path: str, mount_help: s
         metavar="KEY=VALUE",
         help="extra environment of the trainer, e.g. NCCL or EFA settings (repeatable)",
     )
-    p.add_argument("--no-health-affinity", action="store_true",
-                   help="do not require HyperPod's node-health label (a cluster without HyperPod)")  # fmt: skip
+    p.add_argument(
+        "--no-health-affinity",
+        action="store_true",
+        help="do not require HyperPod's node-health label (a cluster without HyperPod)",
+    )
 
 
 def platform_from_args(args: argparse.Namespace, namespaces: list[str], registries: list[str]) -> Platform:
     from components.launch_pytorchjob.platform import Platform
 
     return Platform(
-        job_api=args.job_api, runtime_name=args.runtime_name, pvc_name=args.fsx_pvc, mount_path=args.mount_path,
+        job_api=args.job_api,
+        runtime_name=args.runtime_name,
+        pvc_name=args.fsx_pvc,
+        mount_path=args.mount_path,
         queue_name=args.queue_name,
-        priority_class=args.priority_class, namespaces=tuple(args.job_namespace or namespaces),
-        registries=tuple(args.allowed_registry or registries), service_account=args.trainer_service_account,
+        priority_class=args.priority_class,
+        namespaces=tuple(args.job_namespace or namespaces),
+        registries=tuple(args.allowed_registry or registries),
+        service_account=args.trainer_service_account,
         automount_service_account_token=args.automount_service_account_token,
-        tolerations=tuple(args.trainer_toleration), node_selector=dict(args.trainer_node_selector),
-        image_pull_secrets=tuple(args.trainer_image_pull_secret), env=dict(args.trainer_env),
+        tolerations=tuple(args.trainer_toleration),
+        node_selector=dict(args.trainer_node_selector),
+        image_pull_secrets=tuple(args.trainer_image_pull_secret),
+        env=dict(args.trainer_env),
         health_affinity=not args.no_health_affinity,
-    )  # fmt: skip
+    )
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -859,14 +1012,20 @@ def cmd_verify_nccl(args: argparse.Namespace) -> int:
         low_size, high_size = int(low or 0), int(high or low or 0)
     except ValueError:
         raise InputError(f"--expect-world-size-range {args.expect_world_size_range!r}: MIN:MAX, e.g. 16:32") from None
-    expect = Expectations(world_size=args.expect_world_size, transport=args.expect_transport,
-                          instance_type=args.instance_type, bandwidth_fails=args.bandwidth_fails,
-                          min_world_size=low_size, max_world_size=high_size)  # fmt: skip
+    expect = Expectations(
+        world_size=args.expect_world_size,
+        transport=args.expect_transport,
+        instance_type=args.instance_type,
+        bandwidth_fails=args.bandwidth_fails,
+        min_world_size=low_size,
+        max_world_size=high_size,
+    )
     if bool(args.storage_root) != bool(args.run_id):
         raise InputError("give --storage-root and --run-id together (a run), or neither (only the PATHs)")
     if args.run_id:
-        result = verify_nccl(args.storage_root, args.run_id, extra_logs=args.logs, expect=expect,
-                             all_attempts=args.all_attempts)  # fmt: skip
+        result = verify_nccl(
+            args.storage_root, args.run_id, extra_logs=args.logs, expect=expect, all_attempts=args.all_attempts
+        )
     elif args.logs:
         result = verify_logs(args.logs, expect)
     else:
@@ -880,12 +1039,24 @@ def cmd_verify_nccl(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from components.evaluate_checkpoint.core import Gate, evaluate_checkpoint
 
-    gate = Gate(max_val_loss=args.max_val_loss, baseline_run_id=args.baseline_run_id,
-                baseline_margin=args.baseline_margin, baseline_step=args.baseline_step,
-                warn_only=args.gate_warn_only)  # fmt: skip
-    result = evaluate_checkpoint(args.storage_root, args.dataset, args.run_id, max_tokens=args.max_tokens,
-                                 checkpoint=args.checkpoint, gate=gate, export=not args.no_export,
-                                 export_s3_uri=args.export_s3_uri, s3_endpoint_url=args.endpoint_url)  # fmt: skip
+    gate = Gate(
+        max_val_loss=args.max_val_loss,
+        baseline_run_id=args.baseline_run_id,
+        baseline_margin=args.baseline_margin,
+        baseline_step=args.baseline_step,
+        warn_only=args.gate_warn_only,
+    )
+    result = evaluate_checkpoint(
+        args.storage_root,
+        args.dataset,
+        args.run_id,
+        max_tokens=args.max_tokens,
+        checkpoint=args.checkpoint,
+        gate=gate,
+        export=not args.no_export,
+        export_s3_uri=args.export_s3_uri,
+        s3_endpoint_url=args.endpoint_url,
+    )
     print(result.markdown())
     return 0
 
@@ -910,8 +1081,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         version = remote.ensure_pipeline_version(client, package, args.pipeline_name)
         experiment = remote.experiment_id(client, args.experiment, args.namespace)
         run_id = remote.submit_run(client, version, experiment, run_name, parameters)
-        print(f"run {run_name!r} created ({'new' if version.uploaded else 'existing'} version {version.name}): "
-              f"{remote.run_link(ui, run_id)}", flush=True)  # fmt: skip
+        print(
+            f"run {run_name!r} created ({'new' if version.uploaded else 'existing'} version {version.name}): "
+            f"{remote.run_link(ui, run_id)}",
+            flush=True,
+        )
         if not args.wait:
             return 0
         run = remote.wait_for_run(client, run_id, args.wait_timeout_s, args.poll_s)
@@ -945,31 +1119,49 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         if action == "create":
             if existing:
                 link = remote.recurring_run_link(ui, existing)
-                raise InputError(f"--name {args.name!r}: a recurring run of that name exists ({link}): --delete it "
-                                 "first or pick another name")  # fmt: skip
+                raise InputError(
+                    f"--name {args.name!r}: a recurring run of that name exists ({link}): --delete it "
+                    "first or pick another name"
+                )
             version = remote.ensure_pipeline_version(client, package, args.pipeline_name)
             created = remote.create_recurring_run(client, version, experiment, args.name, cron, parameters)
-            print(f"recurring run {args.name!r} created ({cron}, one run at a time, no catch-up): "
-                  f"{remote.recurring_run_link(ui, created)}")  # fmt: skip
+            print(
+                f"recurring run {args.name!r} created ({cron}, one run at a time, no catch-up): "
+                f"{remote.recurring_run_link(ui, created)}"
+            )
             return 0
         if existing is None:
             raise InputError(f"--name {args.name!r}: no recurring run of that name in experiment {args.experiment!r}")
-        {"disable": client.disable_recurring_run, "enable": client.enable_recurring_run,
-         "delete": client.delete_recurring_run}[action](existing)  # fmt: skip
+        {
+            "disable": client.disable_recurring_run,
+            "enable": client.enable_recurring_run,
+            "delete": client.delete_recurring_run,
+        }[action](existing)
     print(f"recurring run {args.name!r} {action}d: {remote.recurring_run_link(ui, existing)}")
     return 0
 
 
 def add_kfp_args(p: argparse.ArgumentParser) -> None:
     """Where the KFP API is, and the pipeline to upload."""
-    p.add_argument("--host", default="", help="the KFP API, e.g. http://localhost:8080 (default: "
-                   "KF_PIPELINES_ENDPOINT, else in-cluster or the current kubeconfig context)")  # fmt: skip
-    p.add_argument("--namespace", default="", help="the profile namespace of a multi-user KFP: its experiment, runs "
-                   "and recurring runs go there")  # fmt: skip
-    p.add_argument("--token-file", default="", metavar="PATH",
-                   help="a bearer token for a multi-user KFP (a service account's, with the audience "
-                   "pipelines.kubeflow.org: kubectl create token SA -n NS --audience pipelines.kubeflow.org); "
-                   "default: KF_PIPELINES_SA_TOKEN_PATH, or the pod's projected token when there")  # fmt: skip
+    p.add_argument(
+        "--host",
+        default="",
+        help="the KFP API, e.g. http://localhost:8080 (default: "
+        "KF_PIPELINES_ENDPOINT, else in-cluster or the current kubeconfig context)",
+    )
+    p.add_argument(
+        "--namespace",
+        default="",
+        help="the profile namespace of a multi-user KFP: its experiment, runs and recurring runs go there",
+    )
+    p.add_argument(
+        "--token-file",
+        default="",
+        metavar="PATH",
+        help="a bearer token for a multi-user KFP (a service account's, with the audience "
+        "pipelines.kubeflow.org: kubectl create token SA -n NS --audience pipelines.kubeflow.org); "
+        "default: KF_PIPELINES_SA_TOKEN_PATH, or the pod's projected token when there",
+    )
     p.add_argument("--experiment", default="hyperpod-pretrain", help="created when missing")
     p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE), help="the compiled pipeline to upload")
     p.add_argument("--pipeline-name", default="hyperpod-pretrain", help="the pipeline's name in KFP")
@@ -1006,8 +1198,14 @@ EXAMPLES = {
 def command(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser:
     """A subcommand whose --help ends with an example of its use (EXAMPLES, which a test parses)."""
     usage = f"%(prog)s [options]{' [PATH ...]' if name == 'verify-nccl' else ''}"  # the flags are listed below
-    return sub.add_parser(name, help=helptext, description=helptext, usage=usage, formatter_class=HelpFormatter,
-                          epilog=f"example:\n  hyperpod-pretrain {EXAMPLES[name]}")  # fmt: skip
+    return sub.add_parser(
+        name,
+        help=helptext,
+        description=helptext,
+        usage=usage,
+        formatter_class=HelpFormatter,
+        epilog=f"example:\n  hyperpod-pretrain {EXAMPLES[name]}",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1018,38 +1216,78 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(sub, "compile", "compile the pipeline to YAML")
     p.add_argument("--output", default=str(COMPILED_PIPELINE), help="where to write the pipeline YAML")
     p.add_argument("--check", action="store_true", help="exit non-zero if --output differs from a fresh compile")
-    add_platform_args(p.add_argument_group("platform", "the training job's platform settings: no run can change them"),
-                      mount_path="/fsx", mount_help="also storage_root's default")  # fmt: skip
-    p.add_argument("--node-selector", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="schedule the steps on nodes with this label (repeatable)")  # fmt: skip
-    p.add_argument("--toleration", type=toleration, action="append", default=[], metavar="KEY[=VALUE]:EFFECT",
-                   help="let the steps run on nodes with this taint (repeatable)")  # fmt: skip
+    add_platform_args(
+        p.add_argument_group("platform", "the training job's platform settings: no run can change them"),
+        mount_path="/fsx",
+        mount_help="also storage_root's default",
+    )
+    p.add_argument(
+        "--node-selector",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="schedule the steps on nodes with this label (repeatable)",
+    )
+    p.add_argument(
+        "--toleration",
+        type=toleration,
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE]:EFFECT",
+        help="let the steps run on nodes with this taint (repeatable)",
+    )
     p.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME", help="(repeatable)")
-    p.add_argument("--image-registry", default="", metavar="REGISTRY",
-                   help="where docker/build.sh pushed the images, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com: "
-                   "the steps run in REGISTRY/hyperpod-pretrain-components:TAG and trainer_image defaults to "
-                   "REGISTRY/hyperpod-pretrain-trainer:TAG")  # fmt: skip
+    p.add_argument(
+        "--image-registry",
+        default="",
+        metavar="REGISTRY",
+        help="where docker/build.sh pushed the images, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com: "
+        "the steps run in REGISTRY/hyperpod-pretrain-components:TAG and trainer_image defaults to "
+        "REGISTRY/hyperpod-pretrain-trainer:TAG",
+    )
     p.add_argument("--tag", default="", help="the images' tag (default: the project's version)")
-    p.add_argument("--mlflow-tracking-uri", type=tracking_uri, default="", metavar="URI",
-                   help="the team's MLflow tracking server (http(s):// or a SageMaker MLflow ARN): the "
-                   "mlflow_tracking_uri parameter's default (default: none)")  # fmt: skip
+    p.add_argument(
+        "--mlflow-tracking-uri",
+        type=tracking_uri,
+        default="",
+        metavar="URI",
+        help="the team's MLflow tracking server (http(s):// or a SageMaker MLflow ARN): the "
+        "mlflow_tracking_uri parameter's default (default: none)",
+    )
     p.set_defaults(func=cmd_compile)
 
     p = command(sub, "run-local", "run the compiled pipeline end to end on this machine (kfp.local)")
-    p.add_argument("--verbose", action="store_true",
-                   help="show all kfp.local prints: each step's inputs and outputs, every rank's lines")  # fmt: skip
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show all kfp.local prints: each step's inputs and outputs, every rank's lines",
+    )
     add_storage_args(p, dataset=False, run_id=False, root_default="local-runs")
-    p.add_argument("--source", help="a local path, file:// URI or s3://bucket/prefix of the corpus to stage (default: "
-                   "the built-in demo corpus, the stdlib's email package)")  # fmt: skip
-    p.add_argument("--include", nargs="+", metavar="GLOB",
-                   help=f"glob patterns of files to stage (default: every file, {SOURCE_INCLUDE[0]!r}, of a --source; "
-                   f"{DEMO_INCLUDE[0]!r} of the demo corpus; {' '.join(DEFAULT_EXCLUDE)} are left out "
-                   "either way)")  # fmt: skip
+    p.add_argument(
+        "--source",
+        help="a local path, file:// URI or s3://bucket/prefix of the corpus to stage (default: "
+        "the built-in demo corpus, the stdlib's email package)",
+    )
+    p.add_argument(
+        "--include",
+        nargs="+",
+        metavar="GLOB",
+        help=f"glob patterns of files to stage (default: every file, {SOURCE_INCLUDE[0]!r}, of a --source; "
+        f"{DEMO_INCLUDE[0]!r} of the demo corpus; {' '.join(DEFAULT_EXCLUDE)} are left out "
+        "either way)",
+    )
     p.add_argument("--dataset", default="stdlib-email", help="the dataset's name under <root>/datasets/")
     add_mixture_arg(p, staged=False)
-    p.add_argument("--mixture-source", type=key_value, action="append", default=[], metavar="DATASET=SOURCE",
-                   help="where a --mixture dataset's corpus is (a local path, file:// URI or s3://bucket/prefix), "
-                   "staged as --source is (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--mixture-source",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="DATASET=SOURCE",
+        help="where a --mixture dataset's corpus is (a local path, file:// URI or s3://bucket/prefix), "
+        "staged as --source is (repeatable)",
+    )
     p.add_argument(
         "--mixture-text-field",
         type=key_value,
@@ -1062,11 +1300,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", default="", help="default: local-<UTC time>")
     p.add_argument("--resume-run-id", default="", help="continue this run's training from its newest checkpoint")
     p.add_argument("--skip-staging", action="store_true", help="train on the dataset as staged before")
-    p.add_argument("--init-from-run-id", default="",
-                   help="start from this run's weights ('previous': the dataset's newest finished run)")  # fmt: skip
+    p.add_argument(
+        "--init-from-run-id",
+        default="",
+        help="start from this run's weights ('previous': the dataset's newest finished run)",
+    )
     add_corpus_args(p.add_argument_group("corpus", "how the corpus is read, split and tokenized"))
-    p.add_argument("--tokenize-workers", type=positive_int, default=2,
-                   help="groups of files tokenized by parallel steps (the pipeline's fan-out)")  # fmt: skip
+    p.add_argument(
+        "--tokenize-workers",
+        type=positive_int,
+        default=2,
+        help="groups of files tokenized by parallel steps (the pipeline's fan-out)",
+    )
     p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE), help="the compiled pipeline to run")
     add_train_args(p.add_argument_group("training", "the trainer's settings"))
     add_checkpoint_s3_args(p.add_argument_group("checkpoint copies"))
@@ -1078,20 +1323,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include", nargs="+", default=["*"], help="glob patterns of files to stage")
     p.add_argument("--exclude", nargs="*", default=list(DEFAULT_EXCLUDE), help="glob patterns of files to leave out")
     add_corpus_args(p.add_argument_group("corpus", "how the corpus is read, split and tokenized"))
-    p.add_argument("--dry-run", action="store_true",
-                   help="read a sample of the source and show what staging would find and the model would read "
-                   "(formats, documents, tokens, skipped records, each format's first document); write "
-                   "nothing")  # fmt: skip
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="read a sample of the source and show what staging would find and the model would read "
+        "(formats, documents, tokens, skipped records, each format's first document); write "
+        "nothing",
+    )
     p.add_argument("--endpoint-url", default="", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS)")
     p.add_argument("--workers", type=positive_int, default=16, help="concurrent downloads")
     p.add_argument("--chunk-size-mb", type=positive_int, default=8, help="multipart threshold and part size")
     p.add_argument("--keep-deleted", action="store_true", help="keep mirrored files that are gone from the source")
     p.add_argument("--shard-tokens", type=positive_int, default=SHARD_TOKENS, help="tokens per shard file")
-    p.add_argument("--tokenize-groups", type=positive_int, default=1,
-                   help="encode the files in this many groups, each with its own shards (the pipeline runs them in "
-                   "parallel pods; here they run in turn)")  # fmt: skip
-    p.add_argument("--tokenizer-sample-mb", type=positive_int, default=SAMPLE_MB,
-                   help="train the tokenizer on this much of the train text (a deterministic sample)")  # fmt: skip
+    p.add_argument(
+        "--tokenize-groups",
+        type=positive_int,
+        default=1,
+        help="encode the files in this many groups, each with its own shards (the pipeline runs them in "
+        "parallel pods; here they run in turn)",
+    )
+    p.add_argument(
+        "--tokenizer-sample-mb",
+        type=positive_int,
+        default=SAMPLE_MB,
+        help="train the tokenizer on this much of the train text (a deterministic sample)",
+    )
     p.set_defaults(func=cmd_stage_data)
 
     p = command(sub, "prune-snapshots", "remove a dataset's snapshots that are not current and no run uses")
@@ -1112,26 +1368,35 @@ def build_parser() -> argparse.ArgumentParser:
         p = command(sub, name, helptext)
         # A platform engineer's flags first (argparse shows groups in the order they are made): with --pipeline-file,
         # the job is the compiled pipeline's, and the rest are not needed.
-        first = p.add_argument_group("the compiled pipeline", "the job a submission of it creates") if (
-            backend == "kubernetes") else p  # fmt: skip
+        first = (
+            p.add_argument_group("the compiled pipeline", "the job a submission of it creates")
+            if (backend == "kubernetes")
+            else p
+        )
         if backend == "kubernetes":
             add_package_args(first, "render" if name == "render-job" else "check")
         if name == "preflight":
             first.add_argument("--warn-only", action="store_true", help="report failed checks, but exit 0")
-            first.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown "
-                               "report")  # fmt: skip
+            first.add_argument(
+                "--json", action="store_true", help="print one JSON object instead of the Markdown report"
+            )
         without = " (without --pipeline-file)" if backend == "kubernetes" else ""
         add_cluster_args(p.add_argument_group("cluster" + without, "where the kubernetes backend runs the job"))
         platform = p.add_argument_group("platform" + without, "the platform team's settings, compiled in")
         add_platform_args(platform, mount_path="", mount_help="default: the storage root")
         run = p.add_argument_group("run" + without, "which run, on which data, on what")
-        run.add_argument("--backend", choices=["local", "kubernetes"], default=backend,
-                         help="local: torchrun on this machine; kubernetes: a job on the cluster")  # fmt: skip
+        run.add_argument(
+            "--backend",
+            choices=["local", "kubernetes"],
+            default=backend,
+            help="local: torchrun on this machine; kubernetes: a job on the cluster",
+        )
         add_storage_args(run, mixture=True)
         run.add_argument("--nnodes", type=positive_int, default=1, help="nodes (the minimum, when elastic)")
         run.add_argument("--snapshot", default="", help="the dataset snapshot to train on (default: the current one)")
-        add_deadline_args(p.add_argument_group("deadlines" + without, "how long each phase may take before the step "
-                                               "fails"))  # fmt: skip
+        add_deadline_args(
+            p.add_argument_group("deadlines" + without, "how long each phase may take before the step fails")
+        )
         add_train_args(p.add_argument_group("training" + without, "the trainer's settings"))
         add_checkpoint_s3_args(p.add_argument_group("checkpoint copies" + without))
         p.set_defaults(func=func)
@@ -1146,18 +1411,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_platform_args(p, mount_path="/fsx", mount_help="default: %(default)s")
     p.add_argument("--instance-type", default="p5.48xlarge", help="sets GPUs, EFA devices and memory per node")
-    p.add_argument("--restart-budget", type=int, default=3,
-                   help="whole-group restarts a TrainJob survives (JobSet failurePolicy.maxRestarts; default: "
-                   "%(default)s)")  # fmt: skip
-    p.add_argument("--grace-period-s", type=positive_int, default=120,
-                   help="the pods' default termination grace period, the SIGTERM checkpoint's time (a run may change "
-                   "it: job option grace_period_s; default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--restart-budget",
+        type=int,
+        default=3,
+        help="whole-group restarts a TrainJob survives (JobSet failurePolicy.maxRestarts; default: %(default)s)",
+    )
+    p.add_argument(
+        "--grace-period-s",
+        type=positive_int,
+        default=120,
+        help="the pods' default termination grace period, the SIGTERM checkpoint's time (a run may change "
+        "it: job option grace_period_s; default: %(default)s)",
+    )
     p.add_argument("--image", default="", help="a default trainer image (each TrainJob names its own)")
-    p.add_argument("--pipeline-file", default="", metavar="PATH",
-                   help="the runtime a compiled --job-api trainjob pipeline's TrainJobs need, from its compiled "
-                   "platform settings and defaults (overridden by --param), as its preflight compares it; the "
-                   "platform flags are refused beside it (--restart-budget and --grace-period-s stay the runtime's "
-                   "own)")  # fmt: skip
+    p.add_argument(
+        "--pipeline-file",
+        default="",
+        metavar="PATH",
+        help="the runtime a compiled --job-api trainjob pipeline's TrainJobs need, from its compiled "
+        "platform settings and defaults (overridden by --param), as its preflight compares it; the "
+        "platform flags are refused beside it (--restart-budget and --grace-period-s stay the runtime's "
+        "own)",
+    )
     p.add_argument(
         "--param",
         type=key_value,
@@ -1171,35 +1447,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_render_runtime)
 
     p = command(sub, "render-rbac", "print the Roles and bindings the pipeline's service account needs")
-    p.add_argument("--namespace", default="kubeflow",
-                   help="the service account's namespace, where the jobs go (a Kubeflow profile's; default: "
-                   "%(default)s, standalone KFP's)")  # fmt: skip
-    p.add_argument("--service-account", default="pipeline-runner",
-                   help="what the pipeline's pods run as (default: %(default)s, standalone KFP's; a profile's: "
-                   "default-editor)")  # fmt: skip
+    p.add_argument(
+        "--namespace",
+        default="kubeflow",
+        help="the service account's namespace, where the jobs go (a Kubeflow profile's; default: "
+        "%(default)s, standalone KFP's)",
+    )
+    p.add_argument(
+        "--service-account",
+        default="pipeline-runner",
+        help="what the pipeline's pods run as (default: %(default)s, standalone KFP's; a profile's: default-editor)",
+    )
     p.add_argument("--jobs-namespace", default="", help="where the jobs go, if not in the service account's namespace")
     p.add_argument("--job-api", choices=JOB_APIS, default=DEFAULT_JOB_API, help="the compiled pipeline's job API")
     p.add_argument("--runtime-name", default=DEFAULT_RUNTIME, help="trainjob: the ClusterTrainingRuntime's name")
-    p.add_argument("--kubeflow-profile", action="store_true",
-                   help="the service account is a Kubeflow profile's default-editor: leave out what kubeflow-edit and "
-                   "Kubeflow's own grants already give it")  # fmt: skip
-    p.add_argument("--cluster-read", action="store_true",
-                   help="add the preflight's optional cluster-wide reads (deploy/rbac-cluster-read.yaml)")  # fmt: skip
-    p.add_argument("--split", metavar="DIR",
-                   help="write one file per deploy/ file, for every job API, instead (render-rbac --split deploy "
-                   "writes deploy/ as checked in)")  # fmt: skip
+    p.add_argument(
+        "--kubeflow-profile",
+        action="store_true",
+        help="the service account is a Kubeflow profile's default-editor: leave out what kubeflow-edit and "
+        "Kubeflow's own grants already give it",
+    )
+    p.add_argument(
+        "--cluster-read",
+        action="store_true",
+        help="add the preflight's optional cluster-wide reads (deploy/rbac-cluster-read.yaml)",
+    )
+    p.add_argument(
+        "--split",
+        metavar="DIR",
+        help="write one file per deploy/ file, for every job API, instead (render-rbac --split deploy "
+        "writes deploy/ as checked in)",
+    )
     p.set_defaults(func=cmd_render_rbac)
 
     p = command(sub, "render-storage", "print a PV and PVC per namespace for one FSx for Lustre file system")
-    p.add_argument("--namespace", action="append", required=True, metavar="NS",
-                   help="a namespace whose runs use the file system (repeatable: one PV and PVC each)")  # fmt: skip
+    p.add_argument(
+        "--namespace",
+        action="append",
+        required=True,
+        metavar="NS",
+        help="a namespace whose runs use the file system (repeatable: one PV and PVC each)",
+    )
     p.add_argument("--file-system-id", required=True, help="the FSx file system (aws fsx describe-file-systems)")
     p.add_argument("--dns-name", required=True, help="its DNSName")
     p.add_argument("--mount-name", required=True, help="its LustreConfiguration.MountName")
     p.add_argument("--capacity", required=True, help="its StorageCapacity, e.g. 2400Gi")
     p.add_argument("--pvc-name", default="fsx-lustre-pvc", help="the PVC's name (compile --fsx-pvc)")
-    p.add_argument("--deployment-type", default="", help="its DeploymentType, recorded on the PVs for the preflight's "
-                   "checkpoint-throughput check (a static PV has no StorageClass to say it)")  # fmt: skip
+    p.add_argument(
+        "--deployment-type",
+        default="",
+        help="its DeploymentType, recorded on the PVs for the preflight's "
+        "checkpoint-throughput check (a static PV has no StorageClass to say it)",
+    )
     p.add_argument(
         "--per-unit-storage-throughput",
         type=non_negative_int,
@@ -1224,20 +1523,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", required=True, help="its namespace (a profile's, or where the jobs run)")
     p.add_argument("--name", required=True, help="its name (compile --trainer-service-account for the trainer's)")
     p.add_argument("--role-arn", required=True, help="the IAM role its pods assume")
-    p.add_argument("--pod-identity", action="store_true",
-                   help="EKS Pod Identity instead of IRSA: no annotation; prints the association to make")  # fmt: skip
-    p.add_argument("--oidc-issuer", default="",
-                   help="IRSA: the cluster's OIDC issuer URL, for the trust policy (aws eks describe-cluster --query "
-                        "cluster.identity.oidc.issuer); default: placeholders")  # fmt: skip
+    p.add_argument(
+        "--pod-identity",
+        action="store_true",
+        help="EKS Pod Identity instead of IRSA: no annotation; prints the association to make",
+    )
+    p.add_argument(
+        "--oidc-issuer",
+        default="",
+        help="IRSA: the cluster's OIDC issuer URL, for the trust policy (aws eks describe-cluster --query "
+        "cluster.identity.oidc.issuer); default: placeholders",
+    )
     p.add_argument("--cluster-name", default="", help="the EKS cluster, for the commands printed")
     p.set_defaults(func=cmd_render_service_account)
 
     p = command(sub, "submit", "upload the compiled pipeline (once per content) and start a run on KFP")
     add_kfp_args(p)
     p.add_argument("--run-name", default="", help="default: the pipeline's name and the UTC time")
-    p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a pipeline parameter, typed by the pipeline (lists, dicts as JSON; repeatable); the steps' "
-                   "own checks of the run's values run here first")  # fmt: skip
+    p.add_argument(
+        "--param",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a pipeline parameter, typed by the pipeline (lists, dicts as JSON; repeatable); the steps' "
+        "own checks of the run's values run here first",
+    )
     p.add_argument("--wait", action="store_true", help="wait for the run to finish: exit 0 only if it succeeded")
     p.add_argument("--wait-timeout-s", type=positive_int, default=7 * 24 * 3600, help="with --wait: give up after this")
     p.add_argument("--poll-s", type=float, default=15.0, help="seconds between checks of the run's state")
@@ -1247,8 +1558,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_kfp_args(p)
     p.add_argument("--name", required=True, help="the recurring run's name")
     p.add_argument("--cron", default="", help="6 fields, seconds first: '0 0 2 * * *' is 02:00 every day")
-    p.add_argument("--param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a pipeline parameter, typed by the pipeline and checked as submit's (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--param",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a pipeline parameter, typed by the pipeline and checked as submit's (repeatable)",
+    )
     action = p.add_mutually_exclusive_group()
     action.add_argument("--disable", action="store_true", help="pause the recurring run --name")
     action.add_argument("--enable", action="store_true", help="resume the recurring run --name")
@@ -1258,8 +1575,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(sub, "verify-nccl", "check NCCL logs (and a run's comms self-test reports): exit 1 on a failure")
     p.add_argument("--storage-root", default="", help="with --run-id: read the run's self-test reports and nccl/")
     p.add_argument("--run-id", default="", help="with --storage-root: the run whose reports and nccl/ to read")
-    p.add_argument("--expect-world-size", "--world-size", type=int, default=0,
-                   help="expected ranks (default: what the logs and reports claim)")  # fmt: skip
+    p.add_argument(
+        "--expect-world-size",
+        "--world-size",
+        type=int,
+        default=0,
+        help="expected ranks (default: what the logs and reports claim)",
+    )
     p.add_argument(
         "--expect-world-size-range",
         default="",
@@ -1271,8 +1593,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a run's earlier attempts fail the check too (default: only the latest is judged)",
     )
-    p.add_argument("--expect-transport", choices=["efa", "ib", "socket", "any"], default="",
-                   help="inter-node transport (default: efa on EFA instance types, else any)")  # fmt: skip
+    p.add_argument(
+        "--expect-transport",
+        choices=["efa", "ib", "socket", "any"],
+        default="",
+        help="inter-node transport (default: efa on EFA instance types, else any)",
+    )
     p.add_argument("--instance-type", default="", help="sets the default transport and the bandwidth floor")
     p.add_argument("--bandwidth-fails", action="store_true", help="a bus bandwidth below the floor fails, not warns")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown report")
@@ -1293,8 +1619,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--baseline-margin", type=float, default=0.0, help="gate: val bits per byte allowed above the baseline's"
     )
-    p.add_argument("--baseline-step", type=int, default=0,
-                   help="gate: the baseline's evaluation of this step (0: its newest evaluated)")  # fmt: skip
+    p.add_argument(
+        "--baseline-step",
+        type=int,
+        default=0,
+        help="gate: the baseline's evaluation of this step (0: its newest evaluated)",
+    )
     p.add_argument("--gate-warn-only", action="store_true", help="a failed gate warns instead of failing")
     p.add_argument("--no-export", action="store_true", help="skip the Hugging Face export to <run>/export/")
     p.add_argument("--export-s3-uri", default="", help="also upload the export to s3://bucket/prefix")

@@ -71,8 +71,9 @@ def run_local(pipeline_file: Path, storage_root: Path, arguments: dict[str, Any]
         )
     arguments = {**arguments, "source": safe_source(arguments["source"], storage_root)}
     if arguments.get("mixture"):
-        arguments["mixture"] = [dict(e, source=safe_source(str(e.get("source") or ""), storage_root))
-                                for e in arguments["mixture"]]  # fmt: skip
+        arguments["mixture"] = [
+            dict(e, source=safe_source(str(e.get("source") or ""), storage_root)) for e in arguments["mixture"]
+        ]
     run_id = arguments["run_id"]
     pipeline_root = storage_root / "kfp-local" / run_id
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
@@ -117,13 +118,17 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 # What a person follows a local run by (the rest is behind --verbose): kfp.local's line at each step's end and the
 # pipeline's; the steps' own log lines at WARNING and above, and at INFO those of staging and of the trainer's rank 0
 # (relayed by the local backend); a traceback's lines.
-KFP_PROGRESS = re.compile(r" - (INFO - (Task .* finished with status|Pipeline .* finished with status|Running "
-                          r"pipeline)|WARNING - |ERROR - )")  # fmt: skip
+KFP_PROGRESS = re.compile(
+    r" - (INFO - (Task .* finished with status|Pipeline .* finished with status|Running "
+    r"pipeline)|WARNING - |ERROR - )"
+)
 STEP_LOG = re.compile(r"^\s*\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<name>[\w.]+): (?P<text>.*)$")
 KEPT_LOGGERS = ("components.stage_data", "pipelines.")
 TRAINER_RANK_0 = re.compile(r"\[default0\]:.* \[rank 0\] (INFO|WARNING|ERROR) trainer")
-RELAYED = re.compile(r"^\[default\d+\]:\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+ \[rank \d+\] (?P<level>[A-Z]+) "
-                     r"[\w.]+: (?P<text>.*)$")  # fmt: skip
+RELAYED = re.compile(
+    r"^\[default\d+\]:\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+ \[rank \d+\] (?P<level>[A-Z]+) "
+    r"[\w.]+: (?P<text>.*)$"
+)
 
 
 def shown(line: str) -> str:
@@ -273,15 +278,33 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     from components.launch_pytorchjob.core import LaunchConfig
     from trainer.layout import DatasetPaths
 
-    settings = ("nproc_per_node", "preset", "max_steps", "seed", "batch_size", "seq_len", "lr", "warmup_steps",
-                "extend_schedule", "dropout", "checkpoint_every", "log_every", "eval_every",
-                "checkpoint_s3_uri")  # fmt: skip
+    settings = (
+        "nproc_per_node",
+        "preset",
+        "max_steps",
+        "seed",
+        "batch_size",
+        "seq_len",
+        "lr",
+        "warmup_steps",
+        "extend_schedule",
+        "dropout",
+        "checkpoint_every",
+        "log_every",
+        "eval_every",
+        "checkpoint_s3_uri",
+    )
     run_id = arguments["resume_run_id"] or arguments["run_id"]
-    config = LaunchConfig(storage_root=str(storage_root), dataset=arguments["dataset"], run_id=run_id,
-                          init_from_run_id=arguments.get("init_from_run_id", ""),
-                          init_from_model=checked_model(arguments.get("init_from_model", "")),
-                          resume=bool(arguments["resume_run_id"]), s3_endpoint_url=arguments.get("s3_endpoint_url", ""),
-                          **{k: arguments[k] for k in settings if k in arguments})  # fmt: skip
+    config = LaunchConfig(
+        storage_root=str(storage_root),
+        dataset=arguments["dataset"],
+        run_id=run_id,
+        init_from_run_id=arguments.get("init_from_run_id", ""),
+        init_from_model=checked_model(arguments.get("init_from_model", "")),
+        resume=bool(arguments["resume_run_id"]),
+        s3_endpoint_url=arguments.get("s3_endpoint_url", ""),
+        **{k: arguments[k] for k in settings if k in arguments},
+    )
     config.validate(check_storage=False)
     if arguments.get("mixture"):
         check_mixture_before_start(storage_root, arguments)
@@ -291,8 +314,9 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
         from components.stage_data.settings import StageSettings
 
         staging = {k: v for k, v in arguments.items() if k in StageSettings.__dataclass_fields__}
-        StageSettings.of_step(storage_root=str(storage_root), tokenize_groups=arguments.get("tokenize_workers", 1),
-                              **staging).check()  # fmt: skip
+        StageSettings.of_step(
+            storage_root=str(storage_root), tokenize_groups=arguments.get("tokenize_workers", 1), **staging
+        ).check()
     if not arguments.get("skip_staging"):
         check_local_source(source, "source", arguments)
     tokenizer = str(arguments.get("tokenizer_path") or "")
@@ -301,8 +325,9 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     if arguments.get("skip_staging") and not DatasetPaths.of(storage_root, arguments["dataset"]).current.is_file():
         raise InputError(f"skip_staging: dataset {arguments['dataset']!r} was never staged under {storage_root}")
     if config.resume and not config.run_paths.has_checkpoint() and not config.checkpoint_s3_uri:
-        raise InputError(f"resume_run_id {run_id!r}: {config.run_paths.checkpoints} holds no checkpoint to continue "
-                         "from")  # fmt: skip
+        raise InputError(
+            f"resume_run_id {run_id!r}: {config.run_paths.checkpoints} holds no checkpoint to continue from"
+        )
 
 
 def check_mixture_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
@@ -315,8 +340,10 @@ def check_mixture_before_start(storage_root: Path, arguments: dict[str, Any]) ->
         if entry.source and not arguments.get("skip_staging"):
             check_local_source(entry.source, f"mixture source of {entry.dataset!r},", arguments)
         elif not DatasetPaths.of(storage_root, entry.dataset).current.is_file():
-            raise InputError(f"mixture: dataset {entry.dataset!r} has no source and was never staged under "
-                             f"{storage_root}: give its source (--mixture-source {entry.dataset}=PATH)")  # fmt: skip
+            raise InputError(
+                f"mixture: dataset {entry.dataset!r} has no source and was never staged under "
+                f"{storage_root}: give its source (--mixture-source {entry.dataset}=PATH)"
+            )
 
 
 def checked_model(model: str) -> str:

@@ -32,8 +32,14 @@ SUBMITTED_RUN = "00000000-0000-4000-8000-000000000000"  # stands for a KFP run's
 ROOT = ""  # the pipeline's own DAG, among the components that hold one
 # Empty values of each parameter type: what a required parameter (it has no default) is set back to when finding out
 # which --param a refusal comes from.
-EMPTY: dict[str, Any] = {"STRING": "", "NUMBER_INTEGER": 0, "NUMBER_DOUBLE": 0.0, "BOOLEAN": False, "LIST": [],
-                         "STRUCT": {}}  # fmt: skip
+EMPTY: dict[str, Any] = {
+    "STRING": "",
+    "NUMBER_INTEGER": 0,
+    "NUMBER_DOUBLE": 0.0,
+    "BOOLEAN": False,
+    "LIST": [],
+    "STRUCT": {},
+}
 
 
 class _RunTime:
@@ -67,8 +73,11 @@ class Package:
 
     def defaults(self) -> dict[str, Any]:
         """Each parameter's default, of its type (KFP writes an integer's as a number: 2.0)."""
-        return {name: int(d["defaultValue"]) if d["parameterType"] == "NUMBER_INTEGER" else d["defaultValue"]
-                for name, d in self.inputs.items() if "defaultValue" in d}  # fmt: skip
+        return {
+            name: int(d["defaultValue"]) if d["parameterType"] == "NUMBER_INTEGER" else d["defaultValue"]
+            for name, d in self.inputs.items()
+            if "defaultValue" in d
+        }
 
     def empty(self) -> dict[str, Any]:
         """Each parameter's empty value, of its type."""
@@ -80,8 +89,9 @@ class Package:
         values: dict[str, Any] = {}
         for key, text in pairs:
             if key not in self.inputs:
-                raise InputError(f"--param {key}: the pipeline has no such parameter (see the README's parameter "
-                                 "table)")  # fmt: skip
+                raise InputError(
+                    f"--param {key}: the pipeline has no such parameter (see the README's parameter table)"
+                )
             try:
                 values[key] = parse_value(text, self.inputs[key]["parameterType"])
             except ValueError as exc:
@@ -91,20 +101,25 @@ class Package:
         if missing and require:
             raise InputError(f"--param {missing[0]}=... is required (the pipeline has no default for it)")
         if require and not any(values.get(k) for k in ("source", "mixture", "skip_staging")):
-            raise InputError("--param source=... is required (the corpus to stage), or mixture=... (several), or "
-                             "skip_staging=true (the dataset as staged before)")  # fmt: skip
+            raise InputError(
+                "--param source=... is required (the corpus to stage), or mixture=... (several), or "
+                "skip_staging=true (the dataset as staged before)"
+            )
         return values
 
-    def checked(self, pairs: list[tuple[str, str]], pipeline_run_id: str = SUBMITTED_RUN,
-                require: bool = True) -> dict[str, Any]:  # fmt: skip
+    def checked(
+        self, pairs: list[tuple[str, str]], pipeline_run_id: str = SUBMITTED_RUN, require: bool = True
+    ) -> dict[str, Any]:
         """The given parameters, typed, once every step takes them with the package's defaults for the rest; else the
         first step's refusal in one line, after the --param values it comes from: those that, set back to their
         defaults, change that step's refusal, into none or one the defaults themselves do not get (an empty
         trainer_image) if any do so. A required parameter not `require`d and not given is empty (its type's)."""
         given = self.typed(pairs, require)
         if "preset" in given and given.get("init_from_model"):  # a package's default preset is no choice; a given one
-            raise InputError(f"{shown('preset', given['preset'])} and --param init_from_model both choose the "
-                             "architecture: leave preset out (the model's config.json gives it)")  # fmt: skip
+            raise InputError(
+                f"{shown('preset', given['preset'])} and --param init_from_model both choose the "
+                "architecture: leave preset out (the model's config.json gives it)"
+            )
         defaults = self.defaults()
         values = self.empty() | defaults | given
         first = self.refusal(values, pipeline_run_id)
@@ -180,8 +195,11 @@ class Package:
         found = self._task(task)
         if found is None:
             raise InputError(f"pipeline file {self.path}: no step {task}")
-        callers = {t["componentRef"]["name"]: (owner, t) for owner, dag in self._dags().items()
-                   for t in (dag.get("tasks") or {}).values()}  # fmt: skip
+        callers = {
+            t["componentRef"]["name"]: (owner, t)
+            for owner, dag in self._dags().items()
+            for t in (dag.get("tasks") or {}).values()
+        }
 
         def resolve(owner: str, source: dict[str, Any]) -> Any:
             if "runtimeValue" in source:
@@ -263,8 +281,14 @@ def _foretold_mixture(values: dict[str, Any]) -> Any:
     """The finalize step's `mixture`: the parameter's entries as the launcher takes them (no source, no text field;
     the snapshot is staging's), malformed ones as given, for the launcher's check to refuse."""
     mixture = values.get("mixture") or []
-    return [{k: v for k, v in e.items() if k not in ("source", "text_field")} if isinstance(e, dict) else e
-            for e in mixture] if isinstance(mixture, list) else mixture  # fmt: skip
+    return (
+        [
+            {k: v for k, v in e.items() if k not in ("source", "text_field")} if isinstance(e, dict) else e
+            for e in mixture
+        ]
+        if isinstance(mixture, list)
+        else mixture
+    )
 
 
 def _foretold_dataset(values: dict[str, Any]) -> Any:
@@ -275,8 +299,10 @@ def _foretold_dataset(values: dict[str, Any]) -> Any:
 
 
 # Staging's outputs that the run's parameters tell before it runs (by the finalize step's output names).
-FORETOLD_OUTPUTS: dict[str, Callable[[dict[str, Any]], Any]] = {"dataset": _foretold_dataset,
-                                                                  "mixture": _foretold_mixture}  # fmt: skip
+FORETOLD_OUTPUTS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "dataset": _foretold_dataset,
+    "mixture": _foretold_mixture,
+}
 
 
 def step_config(inputs: dict[str, Any]) -> LaunchConfig:
@@ -289,8 +315,10 @@ def step_config(inputs: dict[str, Any]) -> LaunchConfig:
     known = {k: STAGING_OUTPUTS.get(k, v) if v is RUN_TIME else v for k, v in inputs.items() if k in names}
     unknown = [k for k, v in known.items() if v is RUN_TIME]
     if unknown:
-        raise InputError(f"the launcher's input {unknown[0]} is known only at run time in this pipeline file: it "
-                         "cannot be checked or rendered beforehand")  # fmt: skip
+        raise InputError(
+            f"the launcher's input {unknown[0]} is known only at run time in this pipeline file: it "
+            "cannot be checked or rendered beforehand"
+        )
     return LaunchConfig.of_step(**known)
 
 
@@ -319,9 +347,14 @@ def _check_staging(inputs: dict[str, Any]) -> None:
 
         for entry in mixture_sources(inputs["mixture"]):
             if entry.source and not inputs["skip"]:
-                StageSettings.of_step(**settings | {"source": entry.source, "dataset": entry.dataset,
-                                                    "text_field": entry.text_field or settings.get("text_field", "")}
-                                      ).check()  # fmt: skip
+                StageSettings.of_step(
+                    **settings
+                    | {
+                        "source": entry.source,
+                        "dataset": entry.dataset,
+                        "text_field": entry.text_field or settings.get("text_field", ""),
+                    }
+                ).check()
     elif not inputs["skip"]:  # a skipped staging takes the dataset as staged: its settings are not read
         StageSettings.of_step(**settings).check(source_given=False)  # Package.typed requires it at submit
 

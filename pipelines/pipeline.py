@@ -55,8 +55,10 @@ class Images:
         """Both images as docker/build.sh pushes them: <registry>/<repository>:<tag>."""
         registry, tag = registry.rstrip("/"), tag or version("hyperpod-pretrain")
         if not _REGISTRY.match(registry):
-            raise InputError(f"image registry {registry!r} is not a registry host (and path), e.g. "
-                             "123456789012.dkr.ecr.us-east-1.amazonaws.com")  # fmt: skip
+            raise InputError(
+                f"image registry {registry!r} is not a registry host (and path), e.g. "
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+            )
         if not _TAG.match(tag):
             raise InputError(f"image tag {tag!r}: up to 128 of [A-Za-z0-9_.-], not starting with . or -")
         return cls(f"{registry}/{COMPONENTS_REPOSITORY}:{tag}", f"{registry}/{TRAINER_REPOSITORY}:{tag}")
@@ -131,18 +133,22 @@ class PlatformOptions:
         job = self.job
 
         def listed(values: dict[str, str] | tuple[str, ...] | list[str]) -> str:
-            return ", ".join(f"{k}={v}" for k, v in values.items()) if isinstance(values, dict) else (
-                ", ".join(str(v) for v in values))  # fmt: skip
+            return (
+                ", ".join(f"{k}={v}" for k, v in values.items())
+                if isinstance(values, dict)
+                else (", ".join(str(v) for v in values))
+            )
 
         def tolerations(values: tuple[dict[str, Any], ...] | list[dict[str, str]]) -> str:
-            return ", ".join(f"{t.get('key', '')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect', '')}"
-                             for t in values)  # fmt: skip
+            return ", ".join(
+                f"{t.get('key', '')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect', '')}" for t in values
+            )
 
         return [
             f"images: components {self.images.components}; trainer {self.images.trainer or 'none (each run sets it)'};"
             f" allowed registries {listed(job.registries) or 'any'}",
-            f"job API: {job.job_api}" + (f" (ClusterTrainingRuntime {job.runtime_name})" if job.job_api == "trainjob"
-                                         else ""),
+            f"job API: {job.job_api}"
+            + (f" (ClusterTrainingRuntime {job.runtime_name})" if job.job_api == "trainjob" else ""),
             f"jobs' namespaces: {listed(job.namespaces) or 'any'} (a run's namespace parameter picks one)",
             f"volume: PVC {job.pvc_name} mounted at {job.mount_path} in every step and in the job's pods",
             f"Kueue: {'queue ' + job.queue_name if job.queue_name else 'no queue'}"
@@ -156,7 +162,7 @@ class PlatformOptions:
             f"MLflow: {self.mlflow_tracking_uri or 'none'} by default (a run's mlflow_tracking_uri parameter)",
             f"steps: node selector {listed(self.node_selector) or 'none'}; tolerations "
             f"{tolerations(self.tolerations) or 'none'}; pull secrets {listed(self.image_pull_secrets) or 'none'}",
-        ]  # fmt: skip
+        ]
 
     def apply(self, task: dsl.PipelineTask, step: str) -> None:
         settings = self.steps[step]
@@ -174,8 +180,12 @@ class PlatformOptions:
         if settings.timeout_s:
             k8s.set_timeout(task, settings.timeout_s)
         if settings.retries:
-            task.set_retry(num_retries=settings.retries, backoff_duration=f"{RETRY_BACKOFF_S}s", backoff_factor=2.0,
-                           backoff_max_duration=f"{settings.retry_window_s()}s")  # fmt: skip
+            task.set_retry(
+                num_retries=settings.retries,
+                backoff_duration=f"{RETRY_BACKOFF_S}s",
+                backoff_factor=2.0,
+                backoff_max_duration=f"{settings.retry_window_s()}s",
+            )
         task.set_caching_options(CACHING)
 
 

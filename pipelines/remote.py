@@ -41,8 +41,15 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 10, 120  # an upload of the compiled file takes well under a second
 # Transient failures are retried with backoff: connection errors on any request, 429/5xx only on the idempotent
 # methods (a POST that created a run and then failed must not create a second one).
-RETRY = urllib3.Retry(total=4, connect=3, read=2, status=3, backoff_factor=1.0,
-                      status_forcelist=(429, 500, 502, 503, 504), raise_on_status=False)  # fmt: skip
+RETRY = urllib3.Retry(
+    total=4,
+    connect=3,
+    read=2,
+    status=3,
+    backoff_factor=1.0,
+    status_forcelist=(429, 500, 502, 503, 504),
+    raise_on_status=False,
+)
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED")
 DEFAULT_SA_TOKEN = "/var/run/secrets/kubeflow/pipelines/token"  # where KFP mounts a pod's token
 
@@ -173,12 +180,18 @@ def check_backend(client: Client) -> None:
     if match is None:
         said = f"healthz says tag_name {tag!r}" if tag is not None else "healthz has no tag_name"
         why = client.healthz_problem or said
-        log.warning("could not check the KFP backend's version (%s): this pipeline needs KFP %s or later, as %s; going "
-                    "on", why, MIN_KFP_BACKEND, MIN_KFP_BACKEND_WHY)  # fmt: skip
+        log.warning(
+            "could not check the KFP backend's version (%s): this pipeline needs KFP %s or later, as %s; going on",
+            why,
+            MIN_KFP_BACKEND,
+            MIN_KFP_BACKEND_WHY,
+        )
         return
     if tuple(int(part) for part in match.groups()) < tuple(int(part) for part in MIN_KFP_BACKEND.split(".")):
-        raise StepFailed(f"the KFP backend is version {tag}; this pipeline needs {MIN_KFP_BACKEND} or later, as "
-                         f"{MIN_KFP_BACKEND_WHY}: upgrade KFP (nothing was uploaded)")  # fmt: skip
+        raise StepFailed(
+            f"the KFP backend is version {tag}; this pipeline needs {MIN_KFP_BACKEND} or later, as "
+            f"{MIN_KFP_BACKEND_WHY}: upgrade KFP (nothing was uploaded)"
+        )
     log.info("KFP backend %s (this pipeline needs %s or later)", tag, MIN_KFP_BACKEND)
 
 
@@ -268,10 +281,16 @@ def experiment_id(client: Client, name: str, namespace: str, create: bool = True
         raise InputError(f"--experiment {name!r}: no experiment of that name") from None
 
 
-def submit_run(client: Client, version: PipelineVersion, experiment: str, run_name: str,
-               parameters: dict[str, Any]) -> str:  # fmt: skip
-    run = client.run_pipeline(experiment_id=experiment, job_name=run_name, pipeline_id=version.pipeline_id,
-                              version_id=version.version_id, params=parameters)  # fmt: skip
+def submit_run(
+    client: Client, version: PipelineVersion, experiment: str, run_name: str, parameters: dict[str, Any]
+) -> str:
+    run = client.run_pipeline(
+        experiment_id=experiment,
+        job_name=run_name,
+        pipeline_id=version.pipeline_id,
+        version_id=version.version_id,
+        params=parameters,
+    )
     return run.run_id
 
 
@@ -303,8 +322,12 @@ def container_tasks(package: Path) -> set[str]:
     spec = next(yaml.safe_load_all(package.read_text()))
     components = spec.get("components") or {}
     dags = [spec["root"]["dag"]] + [c["dag"] for c in components.values() if "dag" in c]
-    return {name for dag in dags for name, task in (dag.get("tasks") or {}).items()
-            if "dag" not in components.get(task["componentRef"]["name"], {})}  # fmt: skip
+    return {
+        name
+        for dag in dags
+        for name, task in (dag.get("tasks") or {}).items()
+        if "dag" not in components.get(task["componentRef"]["name"], {})
+    }
 
 
 def failure_lines(run: kfp_server_api.V2beta1Run, package: Path) -> list[str]:
@@ -320,15 +343,21 @@ def failure_lines(run: kfp_server_api.V2beta1Run, package: Path) -> list[str]:
     or every failed node when none is.
     """
     steps = container_tasks(package)
-    failed = [t.display_name or "" for t in (run.run_details.task_details if run.run_details else None) or []
-              if t.state == "FAILED"]  # fmt: skip
+    failed = [
+        t.display_name or ""
+        for t in (run.run_details.task_details if run.run_details else None) or []
+        if t.state == "FAILED"
+    ]
     named = [n for n in failed if n.removesuffix("-driver") in steps]
-    lines = [f"step {n} FAILED" if n in steps else f"step {n.removesuffix('-driver')} FAILED in its driver"
-             for n in named] or [f"{n} FAILED" for n in failed if n]  # fmt: skip
+    lines = [
+        f"step {n} FAILED" if n in steps else f"step {n.removesuffix('-driver')} FAILED in its driver" for n in named
+    ] or [f"{n} FAILED" for n in failed if n]
     if not lines:
         lines.append(f"run {run.run_id}: KFP reports no failed task yet")
-    lines.append("KFP keeps no error message for a step, and a failed step uploads no outputs: the step's log says "
-                 "why (the UI: the run's graph, the step, Logs)")  # fmt: skip
+    lines.append(
+        "KFP keeps no error message for a step, and a failed step uploads no outputs: the step's log says "
+        "why (the UI: the run's graph, the step, Logs)"
+    )
     return lines
 
 
@@ -340,24 +369,35 @@ CRON_FIELDS = 6  # KFP's scheduler takes seconds first: "0 0 2 * * *" is 02:00 e
 def check_cron(cron: str) -> str:
     fields = cron.split()
     if len(fields) != CRON_FIELDS:
-        raise InputError(f"--cron {cron!r}: KFP's cron has 6 fields, seconds first, e.g. '0 0 2 * * *' for 02:00 "
-                         "every day")  # fmt: skip
+        raise InputError(
+            f"--cron {cron!r}: KFP's cron has 6 fields, seconds first, e.g. '0 0 2 * * *' for 02:00 every day"
+        )
     return cron
 
 
 def find_recurring_run(client: Client, name: str, experiment: str, namespace: str) -> str | None:
-    found = client.list_recurring_runs(experiment_id=experiment, namespace=namespace or None, page_size=2,
-                                       filter=_name_filter("display_name", name))  # fmt: skip
+    found = client.list_recurring_runs(
+        experiment_id=experiment, namespace=namespace or None, page_size=2, filter=_name_filter("display_name", name)
+    )
     runs = found.recurring_runs or []
     if len(runs) > 1:
         raise InputError(f"--name {name!r}: more than one recurring run has this name; manage them in the UI")
     return runs[0].recurring_run_id if runs else None
 
 
-def create_recurring_run(client: Client, version: PipelineVersion, experiment: str, name: str, cron: str,
-                         parameters: dict[str, Any]) -> str:  # fmt: skip
+def create_recurring_run(
+    client: Client, version: PipelineVersion, experiment: str, name: str, cron: str, parameters: dict[str, Any]
+) -> str:
     """At most one run at a time, and no catch-up of the runs missed while disabled or down."""
-    recurring = client.create_recurring_run(experiment_id=experiment, job_name=name, cron_expression=cron,
-                                            max_concurrency=1, no_catchup=True, pipeline_id=version.pipeline_id,
-                                            version_id=version.version_id, params=parameters, enabled=True)  # fmt: skip
+    recurring = client.create_recurring_run(
+        experiment_id=experiment,
+        job_name=name,
+        cron_expression=cron,
+        max_concurrency=1,
+        no_catchup=True,
+        pipeline_id=version.pipeline_id,
+        version_id=version.version_id,
+        params=parameters,
+        enabled=True,
+    )
     return recurring.recurring_run_id

@@ -6,7 +6,15 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # As Chromium must run here: no sandbox as root, no GPU, no calls home (refused on a closed network).
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (make test installs Debian's where it "
-                                    "runs as root)")  # fmt: skip
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium here (make test installs Debian's where it runs as root)"
+)

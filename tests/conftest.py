@@ -275,9 +275,24 @@ def parallel_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save_gpt2_as_the_hub_serves_it(out / "gpt2")
     save_llama_without_its_prefix(out / "llama-unprefixed")
     models = [str(out / name) for name in ("llama", "gpt2", "llama-unprefixed")]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-               "tests.parallel_probe", str(out), *models]  # fmt: skip
-    result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                            timeout=300, cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "tests.parallel_probe",
+        str(out),
+        *models,
+    ]
+    result = subprocess.run(
+        command,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out

@@ -36,8 +36,11 @@ def write_corpus(directory: Path, files: int = 12, sentences: int = 120, seed: i
 # A run every step of which is logged: the runs that compare losses step by step.
 EXACT = dict(max_steps=40, log_every=1, checkpoint_every=10)
 # The mixture of the conftest's mixed_root: its three datasets, each far from its share in size.
-MIXTURE = [{"dataset": "synthetic", "weight": 0.6}, {"dataset": "code", "weight": 0.3},
-           {"dataset": "math", "weight": 0.1}]  # fmt: skip
+MIXTURE = [
+    {"dataset": "synthetic", "weight": 0.6},
+    {"dataset": "code", "weight": 0.3},
+    {"dataset": "math", "weight": 0.1},
+]
 # With dropout: its masks draw from each rank's RNG, which a resume must restore too.
 MIXED_RUN = dict(dataset="synthetic", mixture=MIXTURE, max_steps=20, log_every=1, checkpoint_every=5, dropout=0.1)
 
@@ -99,8 +102,9 @@ t.encode_group(DatasetPaths.of(sys.argv[1], sys.argv[2]), sys.argv[3], 0)
 
 def encode_until_killed(root: Path, dataset: str, snapshot: str, journal: Path, lines: int) -> None:
     """Encode group 0 of a planned snapshot in a process of its own, SIGKILLed once its journal has `lines` lines."""
-    group = subprocess.Popen([sys.executable, "-c", ENCODE_SLOWLY, str(root), dataset, snapshot],
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    group = subprocess.Popen(
+        [sys.executable, "-c", ENCODE_SLOWLY, str(root), dataset, snapshot], stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and group.poll() is None:
         if journal.exists() and len(journal.read_text().splitlines()) >= lines:
@@ -114,8 +118,13 @@ def encode_until_killed(root: Path, dataset: str, snapshot: str, journal: Path, 
 PUBLISHED_VOCAB = 384  # the published test models' vocabulary
 
 
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 32}  # fmt: skip
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 
 
 def save_llama(path: Path) -> torch.nn.Module:
@@ -124,10 +133,21 @@ def save_llama(path: Path) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(3)
-    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=160,
-                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=PUBLISHED_VOCAB,
-                                         max_position_embeddings=128, tie_word_embeddings=False,
-                                         bos_token_id=0, eos_token_id=1, rope_scaling=dict(LLAMA3_ROPE)))  # fmt: skip
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=160,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=PUBLISHED_VOCAB,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=1,
+            rope_scaling=dict(LLAMA3_ROPE),
+        )
+    )
     model.to(torch.bfloat16).save_pretrained(path, max_shard_size="40KB")  # several shards and an index
     return model.float().eval()
 
@@ -137,8 +157,11 @@ def save_gpt2(path: Path) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(4)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=PUBLISHED_VOCAB, n_positions=128,
-                                       bos_token_id=0, eos_token_id=0))  # fmt: skip
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=PUBLISHED_VOCAB, n_positions=128, bos_token_id=0, eos_token_id=0
+        )
+    )
     model.save_pretrained(path)
     return model.eval()
 

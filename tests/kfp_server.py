@@ -517,8 +517,14 @@ def _split_inline_spec(body_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[
 def _parameter_violations(spec: Mapping[str, Any], parameters: Mapping[str, Any]) -> list[str]:
     """What validatePipelineJobInputs says of ``parameters``, in its words (it returns at the first)."""
     declared: dict[str, Any] = ((spec.get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {}
-    words = {"NUMBER_INTEGER": "double or integer", "NUMBER_DOUBLE": "double or integer", "STRING": "string",
-             "BOOLEAN": "bool", "LIST": "list", "STRUCT": "struct"}  # fmt: skip
+    words = {
+        "NUMBER_INTEGER": "double or integer",
+        "NUMBER_DOUBLE": "double or integer",
+        "STRING": "string",
+        "BOOLEAN": "bool",
+        "LIST": "list",
+        "STRUCT": "struct",
+    }
     for name, decl in declared.items():
         if name not in parameters:
             if "defaultValue" not in decl and not decl.get("isOptional"):
@@ -529,8 +535,10 @@ def _parameter_violations(spec: Mapping[str, Any], parameters: Mapping[str, Any]
         if json_types is None:
             continue
         if not isinstance(value, json_types) or (isinstance(value, bool) and bool not in json_types):
-            return [f"input parameter {name} requires type {words[kind]}, but the parameter value is not of "
-                    f"{'number' if kind.startswith('NUMBER') else words[kind]} value type"]  # fmt: skip
+            return [
+                f"input parameter {name} requires type {words[kind]}, but the parameter value is not of "
+                f"{'number' if kind.startswith('NUMBER') else words[kind]} value type"
+            ]
     extra = [name for name in parameters if name not in declared]
     return [f"parameter(s) provided are not required by pipeline: {', '.join(extra)}"] if extra else []
 
@@ -749,24 +757,43 @@ class KubernetesAuthorizer:
     def user(self, headers: Mapping[str, str]) -> str:
         header = headers.get("authorization", "")
         if not header.startswith("Bearer "):
-            raise KfpError(401, "Failed to check authorization. User identity is empty in the request header: Request "
-                           "header error: there is no user identity header.", violation=False)  # fmt: skip
-        review = self.authn.create_token_review({"spec": {"token": header.removeprefix("Bearer "),
-                                                          "audiences": [self.AUDIENCE]}})  # fmt: skip
+            raise KfpError(
+                401,
+                "Failed to check authorization. User identity is empty in the request header: Request "
+                "header error: there is no user identity header.",
+                violation=False,
+            )
+        review = self.authn.create_token_review(
+            {"spec": {"token": header.removeprefix("Bearer "), "audiences": [self.AUDIENCE]}}
+        )
         if not review.status.authenticated or self.AUDIENCE not in (review.status.audiences or []):
-            raise KfpError(401, "Failed to check authorization. User identity is empty in the request header: "
-                           "Authentication failure: Review.Status.Authenticated is false. Error "
-                           f"{review.status.error or ''}", violation=False)  # fmt: skip
+            raise KfpError(
+                401,
+                "Failed to check authorization. User identity is empty in the request header: "
+                "Authentication failure: Review.Status.Authenticated is false. Error "
+                f"{review.status.error or ''}",
+                violation=False,
+            )
         return review.status.user.username
 
     def authorize(self, headers: Mapping[str, str], resource: str, verb: str, namespace: str, name: str = "") -> None:
         user = self.user(headers)
-        attributes = {"group": self.GROUP, "version": self.VERSION, "resource": resource, "verb": verb,
-                      "namespace": namespace, **({"name": name} if name else {})}  # fmt: skip
+        attributes = {
+            "group": self.GROUP,
+            "version": self.VERSION,
+            "resource": resource,
+            "verb": verb,
+            "namespace": namespace,
+            **({"name": name} if name else {}),
+        }
         review = self.authz.create_subject_access_review({"spec": {"user": user, "resourceAttributes": attributes}})
         if not review.status.allowed:
-            raise KfpError(403, f"User '{user}' is not authorized with reason: {review.status.reason or ''} "
-                           f"(request: {attributes}): Unauthorized access", violation=False)  # fmt: skip
+            raise KfpError(
+                403,
+                f"User '{user}' is not authorized with reason: {review.status.reason or ''} "
+                f"(request: {attributes}): Unauthorized access",
+                violation=False,
+            )
 
 
 class FakeKfp:
@@ -1102,8 +1129,9 @@ class FakeKfp:
             "pipeline_store": "database",
         }
 
-    def _access(self, call: _Call, resource: str, verb: str, namespace: str, wrap: str, empty: str,
-                name: str = "") -> None:  # fmt: skip
+    def _access(
+        self, call: _Call, resource: str, verb: str, namespace: str, wrap: str, empty: str, name: str = ""
+    ) -> None:
         """Multi-user mode's check of a call (the servers' canAccessExperiment, canAccessRun, canAccessJob): a
         namespace is required, then the authorizer decides; its refusal is wrapped as the server wraps it."""
         if not (self.multi_user and self.authorizer is not None):
@@ -1121,8 +1149,15 @@ class FakeKfp:
         if not name:
             raise KfpError(400, "Invalid input error: Experiment display_name is empty")
         namespace = body.get("namespace") or ""
-        self._access(call, "experiments", "create", namespace, "Failed to authorize the request: Failed to authorize "
-                     "with API", "An experiment cannot have an empty namespace in multi-user mode", name)  # fmt: skip
+        self._access(
+            call,
+            "experiments",
+            "create",
+            namespace,
+            "Failed to authorize the request: Failed to authorize with API",
+            "An experiment cannot have an empty namespace in multi-user mode",
+            name,
+        )
         if any(
             e.get("display_name") == name and e.get("namespace", "") == namespace for e in self.experiments.values()
         ):
@@ -1152,15 +1187,27 @@ class FakeKfp:
 
     def _get_experiment(self, call: _Call) -> tuple[str, Any]:
         record = self._experiment(call.params["experiment_id"])
-        self._access(call, "experiments", "get", record.get("namespace", ""), "Failed to authorize the request: "
-                     "Failed to authorize with API", "An experiment cannot have an empty namespace in multi-user mode",
-                     record["display_name"])  # fmt: skip
+        self._access(
+            call,
+            "experiments",
+            "get",
+            record.get("namespace", ""),
+            "Failed to authorize the request: Failed to authorize with API",
+            "An experiment cannot have an empty namespace in multi-user mode",
+            record["display_name"],
+        )
         return "V2beta1Experiment", record.resource
 
     def _list_experiments(self, call: _Call) -> tuple[str, Any]:
         namespace = call.query.get("namespace", "")
-        self._access(call, "experiments", "list", namespace, "Failed to authorize with API: Failed to authorize with "
-                     "API", "An experiment cannot have an empty namespace in multi-user mode")  # fmt: skip
+        self._access(
+            call,
+            "experiments",
+            "list",
+            namespace,
+            "Failed to authorize with API: Failed to authorize with API",
+            "An experiment cannot have an empty namespace in multi-user mode",
+        )
         records = [e for e in self.experiments.values() if not namespace or e.get("namespace", "") == namespace]
         return "V2beta1ListExperimentsResponse", self._page(records, call.query, "V2beta1Experiment", "experiments")
 
@@ -1321,9 +1368,15 @@ class FakeKfp:
         self._check_runtime_config(body, spec, "run")
         experiment_id = self._experiment_for(body, call.query)
         namespace = self.experiments[experiment_id].get("namespace", "")
-        self._access(call, "runs", "create", namespace, "Failed to create a run due to authorization error. Check if "
-                     f"you have write permissions to namespace {namespace}: Failed to authorize with API",
-                     "A run cannot have an empty namespace in multi-user mode")  # fmt: skip
+        self._access(
+            call,
+            "runs",
+            "create",
+            namespace,
+            "Failed to create a run due to authorization error. Check if "
+            f"you have write permissions to namespace {namespace}: Failed to authorize with API",
+            "A run cannot have an empty namespace in multi-user mode",
+        )
         created = now_rfc3339()
         resource = {
             **body,
@@ -1371,11 +1424,18 @@ class FakeKfp:
                 raise KfpError(500, f"{message} ({', '.join(steps + drivers)})", violation=True)
             record.resource["run_details"] = {
                 "task_details": [
-                    {"run_id": record.id, "task_id": str(uuid.uuid4()), "display_name": name, "create_time": updated,
-                     "start_time": updated, "end_time": updated, "state": node_state}
+                    {
+                        "run_id": record.id,
+                        "task_id": str(uuid.uuid4()),
+                        "display_name": name,
+                        "create_time": updated,
+                        "start_time": updated,
+                        "end_time": updated,
+                        "state": node_state,
+                    }
                     for name, node_state in _argo_nodes(record.spec, failing)
                 ]
-            }  # fmt: skip
+            }
         record.resource["state"] = state
         record.resource["state_history"].append({"update_time": updated, "state": state})
         if state in TERMINAL_STATES:
@@ -1384,8 +1444,14 @@ class FakeKfp:
     def _get_run(self, call: _Call) -> tuple[str, Any]:
         record = self._run(call.params["run_id"])
         namespace = self.experiments[record["experiment_id"]].get("namespace", "")
-        self._access(call, "runs", "get", namespace, "Failed to authorize the request: Failed to authorize with API",
-                     "A run cannot have an empty namespace in multi-user mode")  # fmt: skip
+        self._access(
+            call,
+            "runs",
+            "get",
+            namespace,
+            "Failed to authorize the request: Failed to authorize with API",
+            "A run cannot have an empty namespace in multi-user mode",
+        )
         self._advance(record)
         return "V2beta1Run", record.resource
 
@@ -1419,9 +1485,15 @@ class FakeKfp:
         self._check_runtime_config(body, spec, "recurring run")
         experiment_id = self._experiment_for(body, call.query)
         namespace = self.experiments[experiment_id].get("namespace", "")
-        self._access(call, "jobs", "create", namespace, "Failed to create a recurring run due to authorization error. "
-                     f"Check if you have write permission to namespace {namespace}: failed to authorize with API",
-                     "a recurring run cannot have an empty namespace in multi-user mode")  # fmt: skip
+        self._access(
+            call,
+            "jobs",
+            "create",
+            namespace,
+            "Failed to create a recurring run due to authorization error. "
+            f"Check if you have write permission to namespace {namespace}: failed to authorize with API",
+            "a recurring run cannot have an empty namespace in multi-user mode",
+        )
         mode = body.get("mode") or "MODE_UNSPECIFIED"
         created = now_rfc3339()
         resource = {
@@ -1454,9 +1526,15 @@ class FakeKfp:
         namespace = call.query.get("namespace", "")
         if experiment_id and not namespace:  # job_server.go listJobs: the experiment's namespace
             namespace = self._experiment(experiment_id).get("namespace", "")
-        self._access(call, "jobs", "list", namespace, "Failed to list recurring runs due to authorization error. Check "
-                     f"if you have permission to access namespace {namespace}: failed to authorize with API",
-                     "a recurring run cannot have an empty namespace in multi-user mode")  # fmt: skip
+        self._access(
+            call,
+            "jobs",
+            "list",
+            namespace,
+            "Failed to list recurring runs due to authorization error. Check "
+            f"if you have permission to access namespace {namespace}: failed to authorize with API",
+            "a recurring run cannot have an empty namespace in multi-user mode",
+        )
         records = [r for r in self.recurring_runs.values() if not experiment_id or r["experiment_id"] == experiment_id]
         # The proto field is literally named recurringRuns, so that is the JSON key (and the model's attribute_map).
         response = self._page(records, call.query, "V2beta1RecurringRun", "recurringRuns")
@@ -1465,9 +1543,15 @@ class FakeKfp:
     def _job_access(self, call: _Call, verb: str) -> RecurringRunRecord:
         record = self._recurring_run(call.params["recurring_run_id"])
         namespace = self.experiments[record["experiment_id"]].get("namespace", "")
-        self._access(call, "jobs", verb, namespace, "Failed to authorize the request: failed to authorize with API",
-                     "a recurring run cannot have an empty namespace in multi-user mode",
-                     record["display_name"])  # fmt: skip
+        self._access(
+            call,
+            "jobs",
+            verb,
+            namespace,
+            "Failed to authorize the request: failed to authorize with API",
+            "a recurring run cannot have an empty namespace in multi-user mode",
+            record["display_name"],
+        )
         return record
 
     def _set_mode(self, recurring_run_id: str, mode: str) -> tuple[None, Any]:

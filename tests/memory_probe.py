@@ -26,8 +26,14 @@ from trainer.parallel import parallelize
 
 # Llama-shaped, 24 blocks of hidden 1024: 436M parameters, 1.74 GB in fp32. Many small blocks keep the one unit an
 # initialisation holds whole (a block, 67 MB) small beside a rank's share.
-SHAPE = {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4,
-         "intermediate_size": 4096, "tie_word_embeddings": False}  # fmt: skip
+SHAPE = {
+    "num_hidden_layers": 24,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "intermediate_size": 4096,
+    "tie_word_embeddings": False,
+}
 VOCAB = 16384
 
 
@@ -65,8 +71,11 @@ def main(out: Path, parallelism: str) -> None:
     after_build = peak_rss_bytes()
     checkpoint = out / "checkpoint"
     dcp.save(get_model_state_dict(model), storage_writer=dcp_io.writer(checkpoint))
-    expected = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v)[:2].clone()
-                for k, v in get_model_state_dict(model).items() if k.endswith("q_proj.weight")}  # fmt: skip
+    expected = {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v)[:2].clone()
+        for k, v in get_model_state_dict(model).items()
+        if k.endswith("q_proj.weight")
+    }
     after_save = peak_rss_bytes()
     del model
     gc.collect()  # FSDP's hooks hold the module in reference cycles

@@ -26,9 +26,22 @@ class MlflowServer(ServerProcess):
         self.directory = directory
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
-                "--artifacts-destination", str(self.directory / "artifacts")]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{self.directory / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(self.directory / "artifacts"),
+        ]
 
 
 class Relay:

@@ -59,18 +59,41 @@ class NcclFormats:
 
     def library_strings(self) -> list[bytes]:
         """The literals that must be in this version's libnccl.so, byte for byte."""
-        pieces = [self.info_prefix, self.warn_prefix, self.warn_prefix_func, self.host_prefix, self.timestamp,
-                  self.version_line, self.bootstrap, self.network, self.send, self.receive, self.rings, self.trees,
-                  self.nvls, self.init_complete, self.split_complete]  # fmt: skip
+        pieces = [
+            self.info_prefix,
+            self.warn_prefix,
+            self.warn_prefix_func,
+            self.host_prefix,
+            self.timestamp,
+            self.version_line,
+            self.bootstrap,
+            self.network,
+            self.send,
+            self.receive,
+            self.rings,
+            self.trees,
+            self.nvls,
+            self.init_complete,
+            self.split_complete,
+        ]
         return [p.encode() for p in pieces if p]
 
 
-OLD_PREFIX = dict(info_prefix="%s:%d:%d [%d] NCCL INFO ", warn_prefix="\n%s:%d:%d [%d] %s:%d NCCL WARN ",
-                  warn_prefix_func="", host_prefix="", timestamp="")  # fmt: skip
-OLD_CHANNELS = dict(send="Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s",
-                    receive="Channel %02d/%d : %d[%d] -> %d[%d] [receive] via NET/%s/%d%s%s")  # fmt: skip
-NEW_CHANNELS = dict(send="Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s%s",
-                    receive="Channel %02d/%d : %d[%d] -> %d[%d] [receive] via NET/%s/%d%s%s%s")  # fmt: skip
+OLD_PREFIX = dict(
+    info_prefix="%s:%d:%d [%d] NCCL INFO ",
+    warn_prefix="\n%s:%d:%d [%d] %s:%d NCCL WARN ",
+    warn_prefix_func="",
+    host_prefix="",
+    timestamp="",
+)
+OLD_CHANNELS = dict(
+    send="Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s",
+    receive="Channel %02d/%d : %d[%d] -> %d[%d] [receive] via NET/%s/%d%s%s",
+)
+NEW_CHANNELS = dict(
+    send="Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s%s",
+    receive="Channel %02d/%d : %d[%d] -> %d[%d] [receive] via NET/%s/%d%s%s%s",
+)
 INIT_SUFFIX = "comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx commId 0x%llx - Init COMPLETE"
 SPLIT = "%s comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx {}parent %p {}color %d key %d - Init COMPLETE"
 CONNECTED = dict(trees="Connected all trees", nvls="Connected NVLS tree", network="Using network %s")
@@ -78,30 +101,83 @@ CONNECTED = dict(trees="Connected all trees", nvls="Connected NVLS tree", networ
 NCCL_VERSIONS: dict[str, NcclFormats] = {
     f.version: f
     for f in (
-        NcclFormats("2.18.3", "12.1", **OLD_PREFIX, bootstrap="Bootstrap : Using%s", **OLD_CHANNELS,
-                    rings="Connected all rings", **CONNECTED, init_complete=INIT_SUFFIX, init_function="",
-                    split_complete="", lazy=False),
-        NcclFormats("2.21.5", "12.4", **OLD_PREFIX, bootstrap="Bootstrap : Using%s", **OLD_CHANNELS,
-                    rings="Connected all rings", **CONNECTED, init_complete="ncclCommInitRank " + INIT_SUFFIX,
-                    init_function="", split_complete="ncclCommSplit comm %p rank %d nranks %d cudaDev %d nvmlDev %d "
-                    "busId %lx parent %p color %d key %d commId 0x%llx - Init COMPLETE", lazy=False),
-        NcclFormats("2.23.4", "12.6", **OLD_PREFIX, bootstrap="Bootstrap : Using%s", **OLD_CHANNELS,
-                    rings="Connected all rings", **CONNECTED, init_complete="%s " + INIT_SUFFIX,
-                    init_function="ncclCommInitRankConfig", split_complete=SPLIT.format("", ""), lazy=True),
-        NcclFormats("2.27.7", "12.9", info_prefix="[%d] NCCL INFO ", warn_prefix="[%d] %s:%d NCCL WARN ",
-                    warn_prefix_func="", host_prefix="%s:%d:%d ", timestamp="[%F %T] ",
-                    bootstrap="Bootstrap: Using%s", **NEW_CHANNELS, rings="Connected all rings, use ring PXN %d GDR %d",
-                    **CONNECTED, init_complete="%s " + INIT_SUFFIX, init_function="ncclCommInitRankConfig",
-                    split_complete=SPLIT.format("", "splitCount %d "), lazy=True),
-        NcclFormats("2.32.3", "12.9", info_prefix="[%d] NCCL INFO %s", warn_prefix="[%d] %s:%d NCCL WARN %s",
-                    warn_prefix_func="[%d] %s:%d (%s) NCCL WARN %s", host_prefix="%s:%d:%d ", timestamp="[%F %T] ",
-                    bootstrap="Bootstrap: Using%s", send=NEW_CHANNELS["send"],
-                    receive="Channel %02d/%d : %d[%d] -> %d[%d] [receive] via NET/%s/%d%s%s%s%s%s",
-                    rings="Connected all rings, use ring PXN %d GDR %d", **CONNECTED,
-                    init_complete="%s " + INIT_SUFFIX, init_function="ncclCommInitRankConfig",
-                    split_complete=SPLIT.format("commId 0x%lx ", "childCount %d "), lazy=True),
+        NcclFormats(
+            "2.18.3",
+            "12.1",
+            **OLD_PREFIX,
+            bootstrap="Bootstrap : Using%s",
+            **OLD_CHANNELS,
+            rings="Connected all rings",
+            **CONNECTED,
+            init_complete=INIT_SUFFIX,
+            init_function="",
+            split_complete="",
+            lazy=False,
+        ),
+        NcclFormats(
+            "2.21.5",
+            "12.4",
+            **OLD_PREFIX,
+            bootstrap="Bootstrap : Using%s",
+            **OLD_CHANNELS,
+            rings="Connected all rings",
+            **CONNECTED,
+            init_complete="ncclCommInitRank " + INIT_SUFFIX,
+            init_function="",
+            split_complete="ncclCommSplit comm %p rank %d nranks %d cudaDev %d nvmlDev %d "
+            "busId %lx parent %p color %d key %d commId 0x%llx - Init COMPLETE",
+            lazy=False,
+        ),
+        NcclFormats(
+            "2.23.4",
+            "12.6",
+            **OLD_PREFIX,
+            bootstrap="Bootstrap : Using%s",
+            **OLD_CHANNELS,
+            rings="Connected all rings",
+            **CONNECTED,
+            init_complete="%s " + INIT_SUFFIX,
+            init_function="ncclCommInitRankConfig",
+            split_complete=SPLIT.format("", ""),
+            lazy=True,
+        ),
+        NcclFormats(
+            "2.27.7",
+            "12.9",
+            info_prefix="[%d] NCCL INFO ",
+            warn_prefix="[%d] %s:%d NCCL WARN ",
+            warn_prefix_func="",
+            host_prefix="%s:%d:%d ",
+            timestamp="[%F %T] ",
+            bootstrap="Bootstrap: Using%s",
+            **NEW_CHANNELS,
+            rings="Connected all rings, use ring PXN %d GDR %d",
+            **CONNECTED,
+            init_complete="%s " + INIT_SUFFIX,
+            init_function="ncclCommInitRankConfig",
+            split_complete=SPLIT.format("", "splitCount %d "),
+            lazy=True,
+        ),
+        NcclFormats(
+            "2.32.3",
+            "12.9",
+            info_prefix="[%d] NCCL INFO %s",
+            warn_prefix="[%d] %s:%d NCCL WARN %s",
+            warn_prefix_func="[%d] %s:%d (%s) NCCL WARN %s",
+            host_prefix="%s:%d:%d ",
+            timestamp="[%F %T] ",
+            bootstrap="Bootstrap: Using%s",
+            send=NEW_CHANNELS["send"],
+            receive="Channel %02d/%d : %d[%d] -> %d[%d] [receive] via NET/%s/%d%s%s%s%s%s",
+            rings="Connected all rings, use ring PXN %d GDR %d",
+            **CONNECTED,
+            init_complete="%s " + INIT_SUFFIX,
+            init_function="ncclCommInitRankConfig",
+            split_complete=SPLIT.format("commId 0x%lx ", "childCount %d "),
+            lazy=True,
+        ),
     )
-}  # fmt: skip
+}
 SUPPORTED = tuple(NCCL_VERSIONS)
 
 

@@ -89,8 +89,9 @@ class Job:
             return [world]
         node, local = divmod(rank, self.gpus)
         shard = Communicator("shard", tuple(node * self.gpus + g for g in range(self.gpus)), 1 + node, all_reduce=False)
-        replica = Communicator("replica", tuple(n * self.gpus + local for n in range(self.nodes)),
-                               1 + self.nodes + local, all_reduce=True)  # fmt: skip
+        replica = Communicator(
+            "replica", tuple(n * self.gpus + local for n in range(self.nodes)), 1 + self.nodes + local, all_reduce=True
+        )
         return [world, replica, shard] if self.split else [world, shard, replica]
 
     def comm_hash(self, comm: Communicator) -> int:
@@ -147,16 +148,35 @@ def process_lines(job: Job, rank: int) -> list[str]:
         on_my_node = [m for m in comm.members if m // job.gpus == rank // job.gpus]
         nodes = len({m // job.gpus for m in comm.members})
         out.append(info(worker, announce[-1]))  # "Using network %s": once per communicator
-        out.append(info(worker, f"comm {pointer} rank {me} nRanks {len(comm.members)} nNodes {nodes} localRanks "
-                                f"{len(on_my_node)} localRank {on_my_node.index(rank)} MNNVL 0"))  # fmt: skip
+        out.append(
+            info(
+                worker,
+                f"comm {pointer} rank {me} nRanks {len(comm.members)} nNodes {nodes} localRanks "
+                f"{len(on_my_node)} localRank {on_my_node.index(rank)} MNNVL 0",
+            )
+        )
         if rank in job.silent_ranks:
             return out
         split = job.split and comm.serial > 0
-        values = dict(comm=pointer, rank=me, nranks=len(comm.members), cudaDev=local, nvmlDev=local,
-                      busId=0x53000 + local * 0x10000, commId=job.comm_hash(comm), parent=f"0x7f{rank:04x}",
-                      splitCount=made, childCount=made, color=comm.color(), key=rank)  # fmt: skip
-        init = (c_format_named(f.split_complete, **values, function="ncclCommSplit") if split and f.split_complete
-                else c_format_named(f.init_complete, **values, function=f.init_function))  # fmt: skip
+        values = dict(
+            comm=pointer,
+            rank=me,
+            nranks=len(comm.members),
+            cudaDev=local,
+            nvmlDev=local,
+            busId=0x53000 + local * 0x10000,
+            commId=job.comm_hash(comm),
+            parent=f"0x7f{rank:04x}",
+            splitCount=made,
+            childCount=made,
+            color=comm.color(),
+            key=rank,
+        )
+        init = (
+            c_format_named(f.split_complete, **values, function="ncclCommSplit")
+            if split and f.split_complete
+            else c_format_named(f.init_complete, **values, function=f.init_function)
+        )
         never = rank in job.unconnected_ranks or (comm.name == "replica" and local in job.unconnected_replicas)
         connections = [] if never else connection_lines(job, f, comm, rank, net)
         if f.lazy:  # NCCL_RUNTIME_CONNECT: channels connect when the communicator's first collective runs
@@ -169,8 +189,11 @@ def process_lines(job: Job, rank: int) -> list[str]:
         out += warn(worker, message, i)
     for i in range(job.filler):
         right = (rank + 1) % job.world
-        out.append(info(worker, f"Channel {i % 32:02d}/1 : {rank}[{local}] -> {right}[{right % job.gpus}] via "
-                                "SHM/direct/direct"))  # fmt: skip
+        out.append(
+            info(
+                worker, f"Channel {i % 32:02d}/1 : {rank}[{local}] -> {right}[{right % job.gpus}] via SHM/direct/direct"
+            )
+        )
         out.append(info(worker, "threadThresholds 8/8/64 | 128/8/64 | 512 | 512"))
     return out
 
@@ -222,8 +245,9 @@ def write_debug_files(job: Job, directory: Path, gz: bool = False) -> list[Path]
     return paths
 
 
-def write_pod_logs(job: Job, directory: Path, prefix: bool = True, timestamps: bool = True, crlf: bool = False,
-                   ansi: bool = False) -> list[Path]:  # fmt: skip
+def write_pod_logs(
+    job: Job, directory: Path, prefix: bool = True, timestamps: bool = True, crlf: bool = False, ansi: bool = False
+) -> list[Path]:
     """One pod log per node, its ranks' lines interleaved, as `kubectl logs [--prefix] [--timestamps]` shows it."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -36,9 +36,16 @@ from trainer import dcp_io
 from trainer.parallel import parallelize
 from trainer.published import PublishedModel, load_weights
 
-SHAPE = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "intermediate_size": 256, "tie_word_embeddings": False, "vocab_size": 1024,
-         "max_position_embeddings": 64}  # fmt: skip
+SHAPE = {
+    "num_hidden_layers": 4,
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 256,
+    "tie_word_embeddings": False,
+    "vocab_size": 1024,
+    "max_position_embeddings": 64,
+}
 
 
 def main(out: Path, model_dirs: list[Path]) -> None:
@@ -79,16 +86,18 @@ def published_losses(model_dirs: list[Path], rank: int) -> dict[str, dict[str, f
     losses = {}
     for path in model_dirs:
         published = PublishedModel.read(path)
-        tokens = torch.randint(0, published.config["vocab_size"], (2, 33),
-                               generator=torch.Generator().manual_seed(20 + rank))  # fmt: skip
+        tokens = torch.randint(
+            0, published.config["vocab_size"], (2, 33), generator=torch.Generator().manual_seed(20 + rank)
+        )
         # in fp32, the trainer's dtype (the Llama is saved in bfloat16, which from_pretrained would compute in)
         reference = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
         with torch.no_grad():
             logits = reference(input_ids=tokens[:, :-1]).logits
             losses[path.name] = {"transformers": F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item()}
         for kind in ("ddp", "fsdp"):
-            parallel = parallelize(published.model_config(), kind, torch.device("cpu"), seed=1, local_world=2,
-                                   initial_weights=False)  # fmt: skip
+            parallel = parallelize(
+                published.model_config(), kind, torch.device("cpu"), seed=1, local_world=2, initial_weights=False
+            )
             load_weights(parallel.model, published)
             with torch.no_grad():
                 losses[path.name][kind] = parallel.forward_loss(tokens[:, :-1], tokens[:, 1:]).item()
@@ -105,9 +114,11 @@ def checkpoint_shares(model: torch.nn.Module, path: Path) -> dict[str, object]:
     dcp.save(mine, storage_writer=dcp_io.writer(path))
     loaded = {key: torch.zeros_like(tensor) for key, tensor in tensors.items()}
     dcp.load(loaded, storage_reader=dcp_io.VerifyingReader(path))
-    return {"held_bytes": sum(local(t).nbytes for t in tensors.values()),
-            "share_bytes": sum(local(t).nbytes for t in mine.values()),
-            "loads_back": all(torch.equal(local(loaded[k]), local(t)) for k, t in tensors.items())}  # fmt: skip
+    return {
+        "held_bytes": sum(local(t).nbytes for t in tensors.values()),
+        "share_bytes": sum(local(t).nbytes for t in mine.values()),
+        "loads_back": all(torch.equal(local(loaded[k]), local(t)) for k, t in tensors.items()),
+    }
 
 
 if __name__ == "__main__":

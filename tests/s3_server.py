@@ -62,9 +62,14 @@ def _recording(app: Any, record: Path) -> Any:
             return start_response(code, headers, *rest)
 
         response = app(environ, recording_start)
-        line = {"method": environ["REQUEST_METHOD"], "path": environ.get("PATH_INFO", ""), "query": query,
-                "key_id": found.group(1) if found else "", "status": int(status[0].split()[0]) if status else 0,
-                "delete_keys": keys}  # fmt: skip
+        line = {
+            "method": environ["REQUEST_METHOD"],
+            "path": environ.get("PATH_INFO", ""),
+            "query": query,
+            "key_id": found.group(1) if found else "",
+            "status": int(status[0].split()[0]) if status else 0,
+            "delete_keys": keys,
+        }
         with lock, open(record, "a") as f:
             f.write(json.dumps(line) + "\n")
         return response

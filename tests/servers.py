@@ -37,9 +37,14 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         self._log = open(self.log_file, "w")
         path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-        self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, cwd=self.cwd,
-                                        env={**os.environ, "PYTHONPATH": path, **self.env},
-                                        start_new_session=True)  # fmt: skip
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.cwd,
+            env={**os.environ, "PYTHONPATH": path, **self.env},
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 120
         while True:
             try:

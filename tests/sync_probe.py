@@ -64,8 +64,9 @@ class Probe:
             # A collective called without async_op waits for itself inside c10d (FSDP's all-gathers and
             # reduce-scatters): the host waits under gloo; under NCCL only the stream does.
             collective_itself = sys._getframe(1).f_code.co_filename.endswith("distributed_c10d.py")
-            self.record("Work.wait", earlier=began is not None and began < self.segment,
-                        collective_itself=collective_itself)  # fmt: skip
+            self.record(
+                "Work.wait", earlier=began is not None and began < self.segment, collective_itself=collective_itself
+            )
             return original_wait(work, *args, **kwargs)
 
         dist.Work.wait = wait

@@ -29,8 +29,17 @@ class TensorBoard(ServerProcess):
         self.logdir = logdir
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "tensorboard.main", "--logdir", str(self.logdir), "--host", "127.0.0.1",
-                "--port", str(self.port)]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(self.logdir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
 
 
 def loss_chart(url: str, screenshot: Path, width: int = 1400, height: int = 900) -> LossChart:

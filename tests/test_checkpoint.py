@@ -64,13 +64,15 @@ def test_commits_links_latest_and_keeps_the_last_n(tmp_path: Path) -> None:
     restored = Trained()
     CheckpointManager(tmp_path).restore(newest_checkpoint(tmp_path), restored.model, restored.optimizer)
     assert torch.equal(restored.model.weight, torch.full((32, 32), 30.0))
-    assert torch.equal(restored.optimizer.state_dict()["state"][0]["exp_avg"],
-                       trained.optimizer.state_dict()["state"][0]["exp_avg"])  # fmt: skip
+    assert torch.equal(
+        restored.optimizer.state_dict()["state"][0]["exp_avg"], trained.optimizer.state_dict()["state"][0]["exp_avg"]
+    )
 
 
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "async"])
-def test_a_save_that_fails_is_one_error_of_ours_and_the_last_good_checkpoint_stands(tmp_path: Path,
-                                                                                   blocking: bool) -> None:  # fmt: skip
+def test_a_save_that_fails_is_one_error_of_ours_and_the_last_good_checkpoint_stands(
+    tmp_path: Path, blocking: bool
+) -> None:
     """DCP raises CheckpointException, a BaseException that no `except Exception` catches; the manager turns every
     save failure into SaveFailed, naming the step and the cause, and whether a restart can help (ENOSPC: no)."""
     manager, trained = CheckpointManager(tmp_path, async_save=True, fail_from_step=20), Trained()
@@ -173,8 +175,12 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path)
 
 def test_a_single_file_checkpoint_from_before_dcp_loads_and_is_superseded(tmp_path: Path) -> None:
     trained = Trained().at(7)
-    state = {**state_of(7), "model": trained.model.state_dict(), "optimizer": trained.optimizer.state_dict(),
-             "rng": [rng_state()]}  # fmt: skip
+    state = {
+        **state_of(7),
+        "model": trained.model.state_dict(),
+        "optimizer": trained.optimizer.state_dict(),
+        "rng": [rng_state()],
+    }
     write_single_file_checkpoint(tmp_path, state)
     found = newest_checkpoint(tmp_path)
     assert not found.sharded and found.step == 7 and read_checkpoint(found.path)["step"] == 7
@@ -206,8 +212,12 @@ print("third committed", flush=True)
 
 
 def test_kill_9_during_a_write_leaves_the_previous_checkpoint_in_use(tmp_path: Path) -> None:
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})  # fmt: skip
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
     assert writer.stdout.readline().strip() == "first committed"
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".step_00000003.attempt-1.tmp/__0_*.distcp")) and time.monotonic() < deadline:
@@ -230,8 +240,10 @@ def test_the_schema_says_what_an_old_checkpoint_cannot_have_checked() -> None:
     current, old = {**state_of(5), "schema": SCHEMA}, state_of(5)  # schema 1: no key
     assert unchecked_by_old_checkpoint(current) == []
     unchecked = unchecked_by_old_checkpoint(old)
-    assert unchecked == ["its learning-rate schedule (this run's flags set it)",
-                         "its dataset snapshot (it goes on with --data-dir's)"]  # fmt: skip
+    assert unchecked == [
+        "its learning-rate schedule (this run's flags set it)",
+        "its dataset snapshot (it goes on with --data-dir's)",
+    ]
     assert old_checkpoint_warning(unchecked[:1]) == (
         "the checkpoint predates schema 2: its learning-rate schedule (this run's flags set it) is not recorded, "
         "so not checked"
@@ -304,6 +316,9 @@ def test_every_file_of_a_trained_run_is_readable_by_the_team(trained_root: Path)
     from trainer.atomic import file_mode
 
     files = [p for p in trained_root.rglob("*") if p.is_file() and not p.is_symlink()]
-    wrong = {str(p.relative_to(trained_root)): oct(p.stat().st_mode & 0o777) for p in files
-             if p.stat().st_mode & 0o777 != file_mode()}  # fmt: skip
+    wrong = {
+        str(p.relative_to(trained_root)): oct(p.stat().st_mode & 0o777)
+        for p in files
+        if p.stat().st_mode & 0o777 != file_mode()
+    }
     assert len(files) > 20 and not wrong, wrong

@@ -40,8 +40,16 @@ def test_every_flag_of_every_command_is_explained_and_every_example_parses() -> 
         args = build_parser().parse_args(shlex.split(EXAMPLES[name]))
         assert args.command == name
     preflight = commands["preflight"].format_help()
-    order = [preflight.index(f"\n{g}") for g in ("the compiled pipeline:", "cluster (without --pipeline-file):",
-                                                 "platform (without", "run (without", "training (without")]  # fmt: skip
+    order = [
+        preflight.index(f"\n{g}")
+        for g in (
+            "the compiled pipeline:",
+            "cluster (without --pipeline-file):",
+            "platform (without",
+            "run (without",
+            "training (without",
+        )
+    ]
     assert order == sorted(order), "a platform engineer's flags first, the trainer's last"
     launch = commands["launch"].format_help()
     assert [g in launch for g in ("\nrun:", "\ntraining:", "\ncluster:", "\ndeadlines:", "\nplatform:")] == [True] * 5
@@ -136,17 +144,24 @@ def test_bad_training_arguments(command: str, args: list[str], message: str, tmp
     ("args", "message"),
     [
         (["--lr", "-1"], "lr must be positive, got -1.0"),
-        (["--dropout", "0.5", "--warmup-steps", "3", "--source", "/nonexistent/corpus"],
-         "source /nonexistent/corpus: no such file or directory"),
-        (["--resume-run-id", "never-ran"], "resume_run_id 'never-ran': {root}/runs/never-ran/checkpoints holds no "
-         "checkpoint to continue from"),
+        (
+            ["--dropout", "0.5", "--warmup-steps", "3", "--source", "/nonexistent/corpus"],
+            "source /nonexistent/corpus: no such file or directory",
+        ),
+        (
+            ["--resume-run-id", "never-ran"],
+            "resume_run_id 'never-ran': {root}/runs/never-ran/checkpoints holds no checkpoint to continue from",
+        ),
         (["--skip-staging", "--dataset", "never"], "skip_staging: dataset 'never' was never staged under {root}"),
-        (["--tokenizer-path", "/nonexistent/tokenizer.json"],
-         "tokenizer_path /nonexistent/tokenizer.json: no such file or directory"),
+        (
+            ["--tokenizer-path", "/nonexistent/tokenizer.json"],
+            "tokenizer_path /nonexistent/tokenizer.json: no such file or directory",
+        ),
     ],
-)  # fmt: skip
-def test_run_local_refuses_bad_input_before_anything_runs(args: list[str], message: str, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+)
+def test_run_local_refuses_bad_input_before_anything_runs(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Checked before the pipeline starts (before a minute of staging and tokenizing): one line, exit 2, nothing
     written. In process: the pipeline would be the first thing to load kfp.local."""
     from pipelines.cli import main
@@ -174,8 +189,9 @@ def test_run_local_stages_all_of_a_given_source_and_refuses_filters_that_keep_no
     tokenizer = tmp_path / "tokenizer"
     tokenizer.mkdir()
     root = tmp_path / "fsx"
-    own = run_local_arguments(parsed("run-local", "--storage-root", str(root), "--source", str(corpus),
-                                     "--tokenizer-path", str(tokenizer)))  # fmt: skip
+    own = run_local_arguments(
+        parsed("run-local", "--storage-root", str(root), "--source", str(corpus), "--tokenizer-path", str(tokenizer))
+    )
     demo = run_local_arguments(parsed("run-local", "--storage-root", str(root)))
     assert (own["source"], own["include"], own["tokenizer_path"]) == (str(corpus), ["*"], str(tokenizer))
     assert (demo["source"], demo["include"], demo["tokenizer_path"]) == (default_corpus(), ["*.py"], "")
@@ -227,17 +243,38 @@ def test_a_resume_takes_the_runs_recorded_settings_where_none_are_given(trained_
     root = str(trained_root)
     recorded = json.loads(RunPaths.of(trained_root, "run-1").config.read_text())["trainer"]
     assert {n: recorded[n] for n in ("preset", "max_steps", "seq_len", "lr", "warmup_steps", "checkpoint_every")} == {
-        "preset": "tiny", "max_steps": 60, "seq_len": 64, "lr": 5e-3, "warmup_steps": 5, "checkpoint_every": 20
-    }, "settings other than the defaults, or this test would show nothing"  # fmt: skip
+        "preset": "tiny",
+        "max_steps": 60,
+        "seq_len": 64,
+        "lr": 5e-3,
+        "warmup_steps": 5,
+        "checkpoint_every": 20,
+    }, "settings other than the defaults, or this test would show nothing"
     own = {name: recorded[name] for name in RESUMED_SETTINGS}
 
-    resumed = run_local_arguments(parsed("run-local", "--storage-root", root, "--resume-run-id", "run-1",
-                                         "--max-steps", "80", "--extend-schedule"))  # fmt: skip
+    resumed = run_local_arguments(
+        parsed(
+            "run-local", "--storage-root", root, "--resume-run-id", "run-1", "--max-steps", "80", "--extend-schedule"
+        )
+    )
     assert {name: resumed[name] for name in RESUMED_SETTINGS} == {**own, "max_steps": 80}
     assert (resumed["run_id"], resumed["extend_schedule"]) == ("run-1", "continue"), "not a setting of the run"
 
-    relaunched = launch_config(parsed("launch", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-1",
-                                      "--lr", "1e-3", "--extend-schedule", "rewarm"))  # fmt: skip
+    relaunched = launch_config(
+        parsed(
+            "launch",
+            "--storage-root",
+            root,
+            "--dataset",
+            "synthetic",
+            "--run-id",
+            "run-1",
+            "--lr",
+            "1e-3",
+            "--extend-schedule",
+            "rewarm",
+        )
+    )
     assert {name: getattr(relaunched, name) for name in RESUMED_SETTINGS} == {**own, "lr": 1e-3}
     args = relaunched.trainer_args()
     assert args[args.index("--seq-len") + 1] == "64" and args[args.index("--extend-schedule") + 1] == "rewarm"
@@ -247,11 +284,13 @@ def test_a_resume_takes_the_runs_recorded_settings_where_none_are_given(trained_
     assert {name: new[name] for name in RESUMED_SETTINGS} == defaults and new["extend_schedule"] == ""
     fresh = launch_config(parsed("launch", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-2"))
     assert {name: getattr(fresh, name) for name in RESUMED_SETTINGS} == defaults
-    rendered = launch_config(parsed("render-job", "--storage-root", root, "--dataset", "synthetic", "--run-id",
-                                    "run-1"))  # fmt: skip
-    assert {name: getattr(rendered, name) for name in RESUMED_SETTINGS} == {**defaults, **{
-        name: CLUSTER_DEFAULTS[name] for name in RESUMED_SETTINGS if name in CLUSTER_DEFAULTS}}, (
-        "render-job: the pipeline's defaults")  # fmt: skip
+    rendered = launch_config(
+        parsed("render-job", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-1")
+    )
+    assert {name: getattr(rendered, name) for name in RESUMED_SETTINGS} == {
+        **defaults,
+        **{name: CLUSTER_DEFAULTS[name] for name in RESUMED_SETTINGS if name in CLUSTER_DEFAULTS},
+    }, "render-job: the pipeline's defaults"
 
 
 def test_a_resume_whose_recorded_settings_are_missing_or_unreadable_is_refused_in_one_line(
@@ -261,9 +300,10 @@ def test_a_resume_whose_recorded_settings_are_missing_or_unreadable_is_refused_i
 
     run = RunPaths.of(trained_copy, "run-1")
     root = str(trained_copy)
-    commands = [["run-local", "--storage-root", root, "--dataset", "synthetic", "--skip-staging", "--resume-run-id",
-                 "run-1"],
-                ["launch", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-1"]]  # fmt: skip
+    commands = [
+        ["run-local", "--storage-root", root, "--dataset", "synthetic", "--skip-staging", "--resume-run-id", "run-1"],
+        ["launch", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-1"],
+    ]
     run.config.unlink()
     for command in commands:
         assert main([*command, "--max-steps", "80"]) == 2
@@ -295,25 +335,37 @@ def test_render_rbac_for_a_profile_leaves_out_what_kubeflow_grants_and_refuses_b
         ("Role", "hyperpod-pretrain-operator-read"),
         ("RoleBinding", "hyperpod-pretrain-operator-read:team-a:default-editor"),
     ]
-    assert all(d["subjects"] == [{"kind": "ServiceAccount", "name": "default-editor", "namespace": "team-a"}]
-               for d in docs if d["kind"].endswith("Binding"))  # fmt: skip
+    assert all(
+        d["subjects"] == [{"kind": "ServiceAccount", "name": "default-editor", "namespace": "team-a"}]
+        for d in docs
+        if d["kind"].endswith("Binding")
+    )
     assert "# Left out, as Kubeflow grants them to default-editor already:" in profile.stdout
     assert "kubeflow-training-edit (through kubeflow-edit in team-a" in profile.stdout
     full = list(yaml.safe_load_all(cli("render-rbac", "--namespace", "team-a", "--job-api", "trainjob").stdout))
-    assert {d["metadata"]["name"] for d in full if d["kind"] == "Role"} == {"hyperpod-pretrain-launcher",
-                                                                          "hyperpod-pretrain-trainjob"}  # fmt: skip
+    assert {d["metadata"]["name"] for d in full if d["kind"] == "Role"} == {
+        "hyperpod-pretrain-launcher",
+        "hyperpod-pretrain-trainjob",
+    }
     assert all(d["metadata"]["namespace"] == "team-a" for d in full if d["kind"] == "Role")
     for args, line in (
         (["--namespace", "Team_A"], "--namespace 'Team_A' is not a namespace name (a DNS-1123 label)"),
-        (["--namespace", "a", "--jobs-namespace", "b", "--kubeflow-profile"], "--kubeflow-profile: a profile's "
-         "default-editor holds kubeflow-edit in its own namespace only: leave out --jobs-namespace"),
+        (
+            ["--namespace", "a", "--jobs-namespace", "b", "--kubeflow-profile"],
+            "--kubeflow-profile: a profile's "
+            "default-editor holds kubeflow-edit in its own namespace only: leave out --jobs-namespace",
+        ),
         (["--split", str(tmp_path / "missing")], f"--split {tmp_path / 'missing'}: not a directory"),
-    ):  # fmt: skip
+    ):
         refused = cli("render-rbac", *args)
         assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(line), refused.stderr
     assert cli("render-rbac", "--split", str(tmp_path)).returncode == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rbac-cluster-read.yaml", "rbac-pytorchjob.yaml",
-                                                         "rbac-trainjob.yaml", "rbac.yaml"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "rbac-cluster-read.yaml",
+        "rbac-pytorchjob.yaml",
+        "rbac-trainjob.yaml",
+        "rbac.yaml",
+    ]
 
 
 def test_render_storage_gives_each_namespace_a_pv_on_the_same_file_system_and_refuses_bad_values() -> None:
@@ -321,27 +373,43 @@ def test_render_storage_gives_each_namespace_a_pv_on_the_same_file_system_and_re
     applies them and runs the preflight in two profiles."""
     import yaml
 
-    fsx = ["--file-system-id", "fs-0123456789abcdef0", "--dns-name", "fs-0123456789abcdef0.fsx.us-west-2.amazonaws.com",
-           "--mount-name", "abcdefgh", "--capacity", "1200Gi"]  # fmt: skip
+    fsx = [
+        "--file-system-id",
+        "fs-0123456789abcdef0",
+        "--dns-name",
+        "fs-0123456789abcdef0.fsx.us-west-2.amazonaws.com",
+        "--mount-name",
+        "abcdefgh",
+        "--capacity",
+        "1200Gi",
+    ]
     made = cli("render-storage", "--namespace", "team-a", "--namespace", "team-b", *fsx)
     assert made.returncode == 0, made.stderr
     docs = list(yaml.safe_load_all(made.stdout))
     pvs = [d for d in docs if d["kind"] == "PersistentVolume"]
     claims = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
     assert [(p["spec"]["claimRef"]["namespace"], p["spec"]["claimRef"]["name"]) for p in pvs] == [
-        ("team-a", "fsx-lustre-pvc"), ("team-b", "fsx-lustre-pvc")]  # fmt: skip
+        ("team-a", "fsx-lustre-pvc"),
+        ("team-b", "fsx-lustre-pvc"),
+    ]
     assert {p["spec"]["csi"]["volumeHandle"] for p in pvs} == {"fs-0123456789abcdef0"}
     assert [c["spec"]["volumeName"] for c in claims] == [p["metadata"]["name"] for p in pvs]
-    assert all(p["spec"]["persistentVolumeReclaimPolicy"] == "Retain" and p["spec"]["storageClassName"] == ""
-               for p in pvs)  # fmt: skip
+    assert all(
+        p["spec"]["persistentVolumeReclaimPolicy"] == "Retain" and p["spec"]["storageClassName"] == "" for p in pvs
+    )
     for args, line in (
-        (["--namespace", "a", *fsx, "--file-system-id", "fs-1"], "--file-system-id 'fs-1' is not an FSx file system "
-         "id (fs-...)"),
+        (
+            ["--namespace", "a", *fsx, "--file-system-id", "fs-1"],
+            "--file-system-id 'fs-1' is not an FSx file system id (fs-...)",
+        ),
         (["--namespace", "a", *fsx, "--mount-name", "short"], "--mount-name 'short' is not an FSx mount name"),
-        (["--namespace", "a", *fsx, "--per-unit-storage-throughput", "250"], "--per-unit-storage-throughput is a "
-         "PERSISTENT_1 or PERSISTENT_2 file system's: give --deployment-type with it"),
+        (
+            ["--namespace", "a", *fsx, "--per-unit-storage-throughput", "250"],
+            "--per-unit-storage-throughput is a "
+            "PERSISTENT_1 or PERSISTENT_2 file system's: give --deployment-type with it",
+        ),
         (["--namespace", "a", "--namespace", "a", *fsx], "--namespace: each namespace once"),
-    ):  # fmt: skip
+    ):
         refused = cli("render-storage", *args)
         line_got = refused.stderr.strip().splitlines()[-1] if refused.stderr.strip() else ""
         assert refused.returncode == 2 and line in line_got, refused.stderr
@@ -352,16 +420,43 @@ def test_render_runtime_from_a_compiled_pipeline_is_the_one_its_flags_give(tmp_p
     runtime cannot drift from the pipeline; a pytorchjob pipeline, or a platform flag beside the file, is refused."""
     registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
     pipeline = tmp_path / "trainjob.yaml"
-    compiled = cli("compile", "--output", str(pipeline), "--job-api", "trainjob", "--fsx-pvc", "team-fsx",
-                   "--image-registry", registry, "--tag", "v3", "--trainer-env", "NCCL_DEBUG=WARN")  # fmt: skip
+    compiled = cli(
+        "compile",
+        "--output",
+        str(pipeline),
+        "--job-api",
+        "trainjob",
+        "--fsx-pvc",
+        "team-fsx",
+        "--image-registry",
+        registry,
+        "--tag",
+        "v3",
+        "--trainer-env",
+        "NCCL_DEBUG=WARN",
+    )
     assert compiled.returncode == 0, compiled.stderr
     from_file = cli("render-runtime", "--pipeline-file", str(pipeline), "--restart-budget", "5")
-    from_flags = cli("render-runtime", "--fsx-pvc", "team-fsx", "--image", f"{registry}/hyperpod-pretrain-trainer:v3",
-                     "--trainer-env", "NCCL_DEBUG=WARN", "--restart-budget", "5")  # fmt: skip
+    from_flags = cli(
+        "render-runtime",
+        "--fsx-pvc",
+        "team-fsx",
+        "--image",
+        f"{registry}/hyperpod-pretrain-trainer:v3",
+        "--trainer-env",
+        "NCCL_DEBUG=WARN",
+        "--restart-budget",
+        "5",
+    )
     assert from_file.returncode == 0 and from_file.stdout == from_flags.stdout, from_file.stderr
     assert "maxRestarts: 5" in from_file.stdout and "team-fsx" in from_file.stdout
-    pytorchjob = cli("render-runtime", "--pipeline-file", str(REPO / "compiled/pretrain_pipeline.yaml"), "--param",
-                     f"trainer_image={registry}/t:1")  # fmt: skip
+    pytorchjob = cli(
+        "render-runtime",
+        "--pipeline-file",
+        str(REPO / "compiled/pretrain_pipeline.yaml"),
+        "--param",
+        f"trainer_image={registry}/t:1",
+    )
     assert (
         pytorchjob.returncode == 2
         and "a ClusterTrainingRuntime is for a --job-api trainjob pipeline"
@@ -382,11 +477,16 @@ def test_run_local_refuses_a_starting_model_with_a_preset_or_unreadable(
 
     root = tmp_path / "fsx"
     for args, line in (
-        (["--init-from-model", str(tmp_path), "--preset", "tiny"], "--preset tiny and --init-from-model both choose "
-         "the architecture: leave --preset out (the model's config.json gives it)"),
-        (["--init-from-model", str(tmp_path)], f"init_from_model {tmp_path}: no config.json there: give a directory "
-         "that save_pretrained wrote"),
-    ):  # fmt: skip
+        (
+            ["--init-from-model", str(tmp_path), "--preset", "tiny"],
+            "--preset tiny and --init-from-model both choose "
+            "the architecture: leave --preset out (the model's config.json gives it)",
+        ),
+        (
+            ["--init-from-model", str(tmp_path)],
+            f"init_from_model {tmp_path}: no config.json there: give a directory that save_pretrained wrote",
+        ),
+    ):
         assert main(["run-local", "--storage-root", str(root), *args]) == 2
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith(line)
     assert not root.exists()

@@ -13,8 +13,12 @@ def test_flag_beats_env_beats_default() -> None:
 
 
 def test_everything_from_the_environment() -> None:
-    env = {"TRAINER_DATA_DIR": "d", "TRAINER_RUN_DIR": "r", "TRAINER_ASYNC_CHECKPOINT": "true",
-           "TRAINER_GRAD_ACCUM_STEPS": "4"}  # fmt: skip
+    env = {
+        "TRAINER_DATA_DIR": "d",
+        "TRAINER_RUN_DIR": "r",
+        "TRAINER_ASYNC_CHECKPOINT": "true",
+        "TRAINER_GRAD_ACCUM_STEPS": "4",
+    }
     cfg = parse_config([], env)
     assert (cfg.data_dir, cfg.async_checkpoint, cfg.grad_accum_steps) == ("d", True, 4)
     assert parse_config([*REQUIRED, "--compile", "on"], {"TRAINER_COMPILE": "off"}).compile == "on"

@@ -41,8 +41,11 @@ def test_windows_of_several_shards_stay_inside_their_shard() -> None:
         assert np.all(np.diff(row) == 1) and np.searchsorted(bounds, row[0], "right") == np.searchsorted(
             bounds, row[-1], "right"
         )
-    assert split.windows(np.array([12, 0, 6]), seq_len).tolist() == [expected[12].tolist(), expected[0].tolist(),
-                                                                      expected[6].tolist()]  # fmt: skip
+    assert split.windows(np.array([12, 0, 6]), seq_len).tolist() == [
+        expected[12].tolist(),
+        expected[0].tolist(),
+        expected[6].tolist(),
+    ]
     with pytest.raises(IndexError):
         split.windows(np.array([13]), seq_len)
     assert len(split) == sum(sizes) and split[45:60].tolist() == list(range(45, 60))  # a range across shards
@@ -61,8 +64,10 @@ def test_load_split_reads_the_staged_shards_and_names_a_missing_split(tmp_path: 
     sizes = [40, 25, 30]
     for i, shard in enumerate(shards_of(sizes)):
         shard.astype(np.uint16).tofile(tmp_path / f"train_{i:04d}.bin")
-    meta = {"dtype": "uint16", "shards": {"train": [{"file": f"train_{i:04d}.bin", "tokens": n} for i, n in
-                                                    enumerate(sizes)], "val": []}}  # fmt: skip
+    meta = {
+        "dtype": "uint16",
+        "shards": {"train": [{"file": f"train_{i:04d}.bin", "tokens": n} for i, n in enumerate(sizes)], "val": []},
+    }
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     split = load_split(tmp_path, "train")
     assert all(isinstance(s, np.memmap) for s in split.shards)  # mapped, not read into memory

@@ -30,10 +30,20 @@ def diagnose_often(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def config(root: Path, run_id: str, namespace: str, **overrides: Any) -> LaunchConfig:
-    settings: dict[str, Any] = dict(storage_root=str(root), dataset="synthetic", run_id=run_id, backend="kubernetes",
-                                    nnodes=2, nproc_per_node=8, pipeline_run_id=f"p-{run_id}", image="trainer:1",
-                                    owner_reference=False, timeout_s=30, stream_logs="all",
-                                    namespace=namespace)  # fmt: skip
+    settings: dict[str, Any] = dict(
+        storage_root=str(root),
+        dataset="synthetic",
+        run_id=run_id,
+        backend="kubernetes",
+        nnodes=2,
+        nproc_per_node=8,
+        pipeline_run_id=f"p-{run_id}",
+        image="trainer:1",
+        owner_reference=False,
+        timeout_s=30,
+        stream_logs="all",
+        namespace=namespace,
+    )
     return LaunchConfig(**{**settings, **overrides})
 
 
@@ -43,8 +53,9 @@ def findings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-def test_pods_pending_past_the_pending_deadline_fail_early_and_delete_the_job(staged_root: Path, make_cluster,
-                                                                             caplog) -> None:  # fmt: skip
+def test_pods_pending_past_the_pending_deadline_fail_early_and_delete_the_job(
+    staged_root: Path, make_cluster, caplog
+) -> None:
     cluster = make_cluster(timeline=Timeline.stuck_pending())
     with pytest.raises(StepFailed) as failure:
         launch(config(staged_root, "pending", cluster.namespace, pending_timeout_s=2, timeout_s=60), cluster.runner())

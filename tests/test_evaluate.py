@@ -148,8 +148,9 @@ def test_the_gate_against_a_ceiling(trained_copy: Path) -> None:
         StepFailed, match=r"quality gate failed for run run-1 at step 60: val loss \d+\.\d+ > ceiling 0.1000"
     ):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(max_val_loss=0.1), export=False)
-    warned = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(max_val_loss=0.1, warn_only=True),
-                                 export=False)  # fmt: skip
+    warned = evaluate_checkpoint(
+        str(trained_copy), "synthetic", "run-1", gate=Gate(max_val_loss=0.1, warn_only=True), export=False
+    )
     assert not warned.gate_passed
     assert json.loads(RunPaths.of(trained_copy, "run-1").eval_result.read_text())["gate_passed"] is False
 
@@ -159,8 +160,9 @@ def test_the_gate_against_a_baseline_run(trained_copy: Path) -> None:
     runs = trained_copy / "runs"
     shutil.copytree(runs / "run-1", runs / "run-0")
     baseline = evaluate_checkpoint(str(trained_copy), "synthetic", "run-0", checkpoint="20", export=False)
-    better = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="previous"),
-                                 export=False)  # fmt: skip
+    better = evaluate_checkpoint(
+        str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="previous"), export=False
+    )
     assert better.gate_passed and better.baseline_run_id == "run-0" and better.baseline_step == 20
     assert better.baseline_val_loss == baseline.val_loss > better.val_loss
     # the verdict names the baseline's run and step, and says it is the baseline's newest evaluation, not its newest
@@ -170,10 +172,19 @@ def test_the_gate_against_a_baseline_run(trained_copy: Path) -> None:
         "bits/byte "
     ), better.gate_reasons
     # run-0 at step 20 against run-1 at 60 as its baseline: worse, even with a small margin
-    with pytest.raises(StepFailed, match=r"at step 20: baseline run run-1 at step 60 \(its newest evaluation\): val "
-                       r"bits/byte \d+\.\d+ > \d+\.\d+ \+ margin 0.0100"):  # fmt: skip
-        evaluate_checkpoint(str(trained_copy), "synthetic", "run-0", checkpoint="20", export=False,
-                            gate=Gate(baseline_run_id="run-1", baseline_margin=0.01))  # fmt: skip
+    with pytest.raises(
+        StepFailed,
+        match=r"at step 20: baseline run run-1 at step 60 \(its newest evaluation\): val "
+        r"bits/byte \d+\.\d+ > \d+\.\d+ \+ margin 0.0100",
+    ):
+        evaluate_checkpoint(
+            str(trained_copy),
+            "synthetic",
+            "run-0",
+            checkpoint="20",
+            export=False,
+            gate=Gate(baseline_run_id="run-1", baseline_margin=0.01),
+        )
     with pytest.raises(InputError, match="baseline run 'run-9': no evaluation"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="run-9"))
 
@@ -191,15 +202,23 @@ def test_the_gate_names_the_baseline_step_it_compared_with(trained_copy: Path) -
     assert "baseline run run-0 at step 40 (its newest evaluation; its checkpoint of step 60 is not evaluated)" in (
         newest.gate_line()
     )
-    asked = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=Gate(baseline_run_id="run-0",
-                                baseline_step=20, baseline_margin=-10.0, warn_only=True), **QUICK)  # fmt: skip
+    asked = evaluate_checkpoint(
+        str(trained_copy),
+        "synthetic",
+        "run-1",
+        gate=Gate(baseline_run_id="run-0", baseline_step=20, baseline_margin=-10.0, warn_only=True),
+        **QUICK,
+    )
     assert not asked.gate_passed and asked.baseline_step == 20
     assert asked.gate_reasons[0].startswith("baseline run run-0 at step 20 (as asked): val bits/byte ")
     saved = json.loads(RunPaths.of(trained_copy, "run-1").eval_result.read_text())
     assert (saved["baseline_run_id"], saved["baseline_step"]) == ("run-0", 20)
     missing = Gate(baseline_run_id="run-0", baseline_step=30)
-    with pytest.raises(InputError, match=r"baseline run 'run-0': no evaluation of step 30 .* \(evaluated steps: 20, "
-                       r"40\)"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"baseline run 'run-0': no evaluation of step 30 .* \(evaluated steps: 20, "
+        r"40\)",
+    ):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", gate=missing)
 
 
@@ -208,8 +227,10 @@ def test_two_evaluations_of_a_run_keep_both(trained_copy: Path) -> None:
     """Evaluations of steps 40, 60 and then 20: each keeps its own directory and a history line; the run's
     eval/eval.json and reports are the newest step's (60), whatever order they ran in."""
     run = RunPaths.of(trained_copy, "run-1")
-    results = {s: evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint=str(s), **QUICK)
-               for s in (40, 60, 20)}  # fmt: skip
+    results = {
+        s: evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", checkpoint=str(s), **QUICK)
+        for s in (40, 60, 20)
+    }
     assert run.eval_steps() == [20, 40, 60]
     for step, result in results.items():
         kept = json.loads((run.eval_step(step) / "eval.json").read_text())
@@ -275,8 +296,9 @@ def test_the_export_says_which_checkpoint_it_holds_and_has_the_umasks_modes(
     trained_on = json.loads(run.config.read_text())["dataset"]
 
     def modes() -> dict[str, str]:
-        return {p.relative_to(export).as_posix(): oct(p.stat().st_mode & 0o777) for p in export.rglob("*")
-                if p.is_file()}  # fmt: skip
+        return {
+            p.relative_to(export).as_posix(): oct(p.stat().st_mode & 0o777) for p in export.rglob("*") if p.is_file()
+        }
 
     previous = os.umask(0o027)
     try:
@@ -293,13 +315,21 @@ def test_the_export_says_which_checkpoint_it_holds_and_has_the_umasks_modes(
     assert (newest.export_step, older.export_step, older.export_dir) == (60, 40, str(export))
     record = json.loads((export / "export.json").read_text())
     exported_at = record.pop("exported_at")
-    assert record == {"run_id": "run-1", "step": 40, "checkpoint": older.checkpoint, "dataset": "synthetic",
-                      "snapshot": trained_on["snapshot"]}  # fmt: skip
+    assert record == {
+        "run_id": "run-1",
+        "step": 40,
+        "checkpoint": older.checkpoint,
+        "dataset": "synthetic",
+        "snapshot": trained_on["snapshot"],
+    }
     assert older.checkpoint.endswith("step_00000040") and exported_at >= older.evaluated_at
     assert json.loads(run.eval_result.read_text())["step"] == 60, "the newest evaluation stays the run's"
     assert f"Exported step 40's weights to `{export}`" in (run.eval_step(40) / "report.md").read_text()
-    assert any(r.getMessage().startswith("run run-1 step 40: val loss ") and r.getMessage().endswith(
-        f"; exported step 40 to {export}") for r in caplog.records), caplog.text  # fmt: skip
+    assert any(
+        r.getMessage().startswith("run run-1 step 40: val loss ")
+        and r.getMessage().endswith(f"; exported step 40 to {export}")
+        for r in caplog.records
+    ), caplog.text
 
 
 def test_an_empty_val_split_is_one_clear_error(trained_copy: Path) -> None:
@@ -319,11 +349,15 @@ def test_the_export_is_uploaded_to_s3(trained_copy: Path, s3_endpoint: str) -> N
 
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket="models")
-    result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export_s3_uri="s3://models/nightly/run-1",
-                                 s3_endpoint_url=s3_endpoint)  # fmt: skip
+    result = evaluate_checkpoint(
+        str(trained_copy), "synthetic", "run-1", export_s3_uri="s3://models/nightly/run-1", s3_endpoint_url=s3_endpoint
+    )
     listed = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket="models", Prefix="nightly/run-1/")["Contents"]}
-    local = {f"nightly/run-1/{p.relative_to(result.export_dir).as_posix()}": p.stat().st_size
-             for p in Path(result.export_dir).rglob("*") if p.is_file()}  # fmt: skip
+    local = {
+        f"nightly/run-1/{p.relative_to(result.export_dir).as_posix()}": p.stat().st_size
+        for p in Path(result.export_dir).rglob("*")
+        if p.is_file()
+    }
     assert listed == local and "nightly/run-1/model.safetensors" in listed
     with pytest.raises(InputError, match="give s3://bucket/prefix"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export_s3_uri="models/nightly")
@@ -363,8 +397,9 @@ def report_run(trained_root: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("components.evaluate_checkpoint.core.SAMPLE_TOKENS", 2)
         baseline = evaluate_checkpoint(str(root), "synthetic", "run-0", checkpoint="20", **QUICK)
-    result = evaluate_checkpoint(str(root), "synthetic", "run-1", export=False,
-                                 gate=Gate(baseline_run_id="run-0", warn_only=True))  # fmt: skip
+    result = evaluate_checkpoint(
+        str(root), "synthetic", "run-1", export=False, gate=Gate(baseline_run_id="run-0", warn_only=True)
+    )
     return root, result, baseline
 
 
@@ -372,8 +407,10 @@ def table(page: str, table_id: str) -> list[list[str]]:
     """A table of the report as rows of cell texts (header row first)."""
     body = re.search(f'<table id="{table_id}">(.*?)</table>', page, re.S)
     assert body, f"no table {table_id}"
-    return [[html.unescape(c) for c in re.findall(r"<t[dh]>(.*?)</t[dh]>", row, re.S)]
-            for row in re.findall(r"<tr>(.*?)</tr>", body.group(1), re.S)]  # fmt: skip
+    return [
+        [html.unescape(c) for c in re.findall(r"<t[dh]>(.*?)</t[dh]>", row, re.S)]
+        for row in re.findall(r"<tr>(.*?)</tr>", body.group(1), re.S)
+    ]
 
 
 def test_the_report_has_the_plots_the_tables_and_the_samples(report_run: tuple[Path, EvalResult, EvalResult]) -> None:
@@ -385,19 +422,26 @@ def test_the_report_has_the_plots_the_tables_and_the_samples(report_run: tuple[P
         assert f'<img id="{name}" ' in page and 'src="data:image/png;base64,iVBORw0KGgo' in page
     evaluation = table(page, "eval")
     assert evaluation[0] == ["metric", "trained", "untrained", "baseline run-0 at step 20"]
-    assert evaluation[3] == ["val bits per byte", f"{result.val_bits_per_byte:.4f}",
-                             f"{result.untrained_bits_per_byte:.4f}", f"{baseline.val_bits_per_byte:.4f}"]  # fmt: skip
+    assert evaluation[3] == [
+        "val bits per byte",
+        f"{result.val_bits_per_byte:.4f}",
+        f"{result.untrained_bits_per_byte:.4f}",
+        f"{baseline.val_bits_per_byte:.4f}",
+    ]
     # the untrained model's bits per byte come from the same tokens and bytes as the trained one's
     assert result.untrained_bits_per_byte / result.val_bits_per_byte == pytest.approx(
-        result.untrained_val_loss / result.val_loss, rel=1e-4)  # fmt: skip
+        result.untrained_val_loss / result.val_loss, rel=1e-4
+    )
     assert "| metric | trained | untrained | baseline run-0 at step 20 |" in run.eval_report.read_text()
     settings = dict(table(page, "settings")[1:])
     config = json.loads(run.config.read_text())
     train_tokens = json.loads((snapshot_dir(root, "synthetic") / "meta.json").read_text())["tokens"]["train"]
     assert result.train_tokens_seen == 60 * 8 * 64 * 2 and result.train_split_tokens == train_tokens
-    assert settings["epochs over the train split"] == (f"{result.train_tokens_seen / train_tokens:.2f} "
-                                                       f"({result.train_tokens_seen:,} tokens trained / "
-                                                       f"{train_tokens:,} train tokens)")  # fmt: skip
+    assert settings["epochs over the train split"] == (
+        f"{result.train_tokens_seen / train_tokens:.2f} "
+        f"({result.train_tokens_seen:,} tokens trained / "
+        f"{train_tokens:,} train tokens)"
+    )
     assert settings["world size"] == "2 (1 node(s) x 2 process(es) per node)"
     assert settings["tokens per step"] == "1,024" and settings["preset"] == "tiny"
     assert settings["parameters"] == f"{result.parameters:,}" and result.parameters > 10_000
@@ -408,8 +452,10 @@ def test_the_report_has_the_plots_the_tables_and_the_samples(report_run: tuple[P
     # one dataset: no per-dataset figures anywhere, its val set its snapshot's
     assert result.datasets == [] and json.loads(run.eval_result.read_text())["datasets"] == []
     assert '<table id="datasets">' not in page and "Per dataset" not in run.eval_report.read_text()
-    assert result.val_set_sha256 == json.loads((snapshot_dir(root, "synthetic") / "meta.json").read_text())[
-        "val_set_sha256"]  # fmt: skip
+    assert (
+        result.val_set_sha256
+        == json.loads((snapshot_dir(root, "synthetic") / "meta.json").read_text())["val_set_sha256"]
+    )
 
 
 def test_the_curves_are_what_the_run_recorded(report_run: tuple[Path, EvalResult, EvalResult]) -> None:
@@ -428,8 +474,13 @@ def test_the_curves_are_what_the_run_recorded(report_run: tuple[Path, EvalResult
     figures = {name: figure.axes[0] for name, _, figure in curve_figures(curves)}
     assert list(figures) == ["curve-loss", "curve-lr", "curve-grad-norm", "curve-tokens-per-s"]
     labels = [t.get_text() for t in figures["curve-loss"].get_legend().get_texts()]
-    assert labels == ["baseline run-0: train", "baseline run-0: val", "train (run-1)", "val (evaluations)",
-                      "checkpoint"]  # fmt: skip
+    assert labels == [
+        "baseline run-0: train",
+        "baseline run-0: val",
+        "train (run-1)",
+        "val (evaluations)",
+        "checkpoint",
+    ]
     assert figures["curve-loss"].get_ylim()[0] > 0.5
     assert all(figures[name].get_ylim()[0] == 0 for name in ("curve-lr", "curve-grad-norm", "curve-tokens-per-s"))
 
@@ -464,8 +515,9 @@ def test_resumes_are_found_from_the_attempts_and_the_rows(trained_root: Path, tm
     # Recorded: the second start went on from step 30 (step 40's checkpoint found damaged), which the rows cannot tell.
     run.comms_report(0, 2).write_text(json.dumps(start | {"attempt": 2, "time": restarted, "start_step": 30}))
     assert resumes(run, rows) == [Resume(2, 30), Resume(3, 0)]
-    curves = Curves(run_id="run-1", rows=rows, evaluations=[], checkpoints=[], resumes=resumes(run, rows),
-                    grad_clip=0.0)  # fmt: skip
+    curves = Curves(
+        run_id="run-1", rows=rows, evaluations=[], checkpoints=[], resumes=resumes(run, rows), grad_clip=0.0
+    )
     assert Curves.points(rows, "val_loss") == ([50, 60, 10], [2.0, 2.1, 1.6])
     loss = curve_figures(curves)[0][2].axes[0]
     assert [t.get_text() for t in loss.get_legend().get_texts()] == ["train (run-1)", "val (training)", "resume"]
@@ -525,8 +577,12 @@ def test_the_html_report_renders_in_headless_chromium(
     flags = ["--headless", *CHROMIUM_FLAGS, f"--window-size={width},{height}", "--virtual-time-budget=5000"]
 
     def chromium(name: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([CHROMIUM, *flags, f"--user-data-dir={tmp_path / name}", *extra], capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [CHROMIUM, *flags, f"--user-data-dir={tmp_path / name}", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     shot = tmp_path / "shot.png"
     done = chromium("profile-shot", f"--screenshot={shot}", report.as_uri())
@@ -563,8 +619,9 @@ class Messages(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def mixture_eval(mixture_run: RunPaths, tmp_path_factory: pytest.TempPathFactory) -> tuple[RunPaths, EvalResult,
-                                                                                           list[str]]:  # fmt: skip
+def mixture_eval(
+    mixture_run: RunPaths, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[RunPaths, EvalResult, list[str]]:
     """The mixed run (conftest's mixture_run, copied: evaluation writes into the run) evaluated once at its newest
     checkpoint (step 20) over up to 16384 tokens of each val split in batches of 8, as its --eval-every rows were
     measured: (the copy's run, the result, the evaluation's log lines). Samples of 2 tokens (not read here)."""
@@ -611,10 +668,14 @@ def test_a_mixture_is_evaluated_on_each_datasets_val_split(
     assert saved["val_tokens"] == tokens
     assert min(losses) <= saved["val_loss"] <= max(losses)
     assert saved["val_loss"] == pytest.approx(sum(d["val_loss"] * d["val_tokens"] for d in datasets) / tokens, abs=2e-6)
-    assert saved["untrained_val_loss"] == pytest.approx(sum(d["untrained_val_loss"] * d["val_tokens"]
-                                                            for d in datasets) / tokens, abs=2e-6)  # fmt: skip
-    assert min(d["val_bits_per_byte"] for d in datasets) <= saved["val_bits_per_byte"] <= max(
-        d["val_bits_per_byte"] for d in datasets)  # fmt: skip
+    assert saved["untrained_val_loss"] == pytest.approx(
+        sum(d["untrained_val_loss"] * d["val_tokens"] for d in datasets) / tokens, abs=2e-6
+    )
+    assert (
+        min(d["val_bits_per_byte"] for d in datasets)
+        <= saved["val_bits_per_byte"]
+        <= max(d["val_bits_per_byte"] for d in datasets)
+    )
 
     # the tokens trained on from each dataset: the checkpoint's sequences of it, together all the tokens trained
     state = find_checkpoint(run, "20").trainer_state()
@@ -634,7 +695,8 @@ def test_a_mixture_is_evaluated_on_each_datasets_val_split(
     assert saved["val_bits_per_byte"] == pytest.approx(row["val_bpb"], rel=1e-5)
 
     assert {k: v for k, v in result.metrics().items() if k.startswith("val_loss_")} == {
-        f"val_loss_{d['dataset']}": d["val_loss"] for d in datasets}  # fmt: skip
+        f"val_loss_{d['dataset']}": d["val_loss"] for d in datasets
+    }
     (line,) = [line for line in lines if line.startswith("run mixed step 20: val loss ")]
     assert "; val loss per dataset: " + ", ".join(f"{d['dataset']} {d['val_loss']:.4f}" for d in datasets) in line
 
@@ -656,10 +718,12 @@ def test_each_dataset_of_a_mixture_measures_as_its_val_split_alone(
     run, result, _ = mixture_eval
     config = json.loads(run.config.read_text())
     root, cpu = run.root.parent.parent, torch.device("cpu")
-    snapshots = {m["dataset"]: DatasetPaths.of(root, m["dataset"]).snapshot(m["snapshot"])
-                 for m in config["dataset"]["mixture"]}  # fmt: skip
-    lengths = token_byte_lengths(Tokenizer.from_file(str(snapshots["code"] / TOKENIZER)),
-                                 config["dataset"]["model_vocab_size"])  # fmt: skip
+    snapshots = {
+        m["dataset"]: DatasetPaths.of(root, m["dataset"]).snapshot(m["snapshot"]) for m in config["dataset"]["mixture"]
+    }
+    lengths = token_byte_lengths(
+        Tokenizer.from_file(str(snapshots["code"] / TOKENIZER)), config["dataset"]["model_vocab_size"]
+    )
     model = build_model(config_from_dict(config["model"]))
     model.load_state_dict(read_weights(find_checkpoint(run, "20")))
     torch.manual_seed(config["trainer"]["seed"])
@@ -672,13 +736,15 @@ def test_each_dataset_of_a_mixture_measures_as_its_val_split_alone(
         mine = {d["dataset"]: d for d in result.datasets}[name]
         assert (mine["val_loss"], mine["val_tokens"]) == (pytest.approx(measured[name][0], abs=1e-6), measured[name][1])
         assert mine["val_bits_per_byte"] == pytest.approx(bits_per_byte(*measured[name]), abs=1e-6)
-        assert mine["untrained_val_loss"] == pytest.approx(mean_loss(untrained, val, 64, 16384, 8, cpu, lengths)[0],
-                                                           abs=1e-6)  # fmt: skip
+        assert mine["untrained_val_loss"] == pytest.approx(
+            mean_loss(untrained, val, 64, 16384, 8, cpu, lengths)[0], abs=1e-6
+        )
     tokens = sum(t for _, t, _ in measured.values())
     loss = sum(x * t for x, t, _ in measured.values()) / tokens
     assert result.val_loss == pytest.approx(loss, abs=1e-6)
-    assert result.val_bits_per_byte == pytest.approx(bits_per_byte(loss, tokens, sum(b for *_, b in measured.values())),
-                                                     abs=1e-6)  # fmt: skip
+    assert result.val_bits_per_byte == pytest.approx(
+        bits_per_byte(loss, tokens, sum(b for *_, b in measured.values())), abs=1e-6
+    )
 
 
 def test_the_report_of_a_mixture_has_each_dataset(mixture_eval: tuple[RunPaths, EvalResult, list[str]]) -> None:
@@ -688,9 +754,18 @@ def test_the_report_of_a_mixture_has_each_dataset(mixture_eval: tuple[RunPaths, 
 
     run, result, _ = mixture_eval
     datasets = json.loads(run.eval_result.read_text())["datasets"]
-    expected = [[d["dataset"], f"{d['share']:.1%}", f"{d['tokens_trained']:,} ({d['trained_fraction']:.1%})",
-                 f"{d['epochs']:.2f}", f"{d['val_loss']:.4f}", f"{d['val_bits_per_byte']:.4f}",
-                 f"{d['untrained_val_loss']:.4f}"] for d in datasets]  # fmt: skip
+    expected = [
+        [
+            d["dataset"],
+            f"{d['share']:.1%}",
+            f"{d['tokens_trained']:,} ({d['trained_fraction']:.1%})",
+            f"{d['epochs']:.2f}",
+            f"{d['val_loss']:.4f}",
+            f"{d['val_bits_per_byte']:.4f}",
+            f"{d['untrained_val_loss']:.4f}",
+        ]
+        for d in datasets
+    ]
     assert expected[0][:3] == ["synthetic", "60.0%", f"{datasets[0]['tokens_trained']:,} (60.0%)"]
     header = ["dataset", "share", "tokens trained", "epochs", "val loss", "val bits per byte", "untrained loss"]
     page = (run.eval_step(20) / "report.html").read_text()
@@ -702,8 +777,9 @@ def test_the_report_of_a_mixture_has_each_dataset(mixture_eval: tuple[RunPaths, 
     for name in ("curve-loss", "curve-dataset-val-loss", "curve-dataset-tokens"):
         assert re.search(f'<img id="{name}" alt="[^"]+" src="data:image/png;base64,iVBORw0KGgo', page), name
     settings = dict(table(page, "settings")[1:])
-    assert settings["dataset"] == "mixture of " + ", ".join(f"{d['dataset']} (snapshot {d['snapshot']}, weight "
-                                                            f"{d['weight']:g})" for d in datasets)  # fmt: skip
+    assert settings["dataset"] == "mixture of " + ", ".join(
+        f"{d['dataset']} (snapshot {d['snapshot']}, weight {d['weight']:g})" for d in datasets
+    )
     split_tokens = sum(d["train_split_tokens"] for d in datasets)
     assert result.train_split_tokens == split_tokens
     assert settings["epochs over the train split"].startswith(f"{result.train_tokens_seen / split_tokens:.2f} (")
@@ -726,20 +802,31 @@ def test_the_mixture_plots_are_what_the_rows_and_the_evaluations_recorded(
     copy = RunPaths(tmp_path / "runs" / "mixed")
     shutil.copytree(run.root, copy.root, symlinks=True)
     rows = {r["step"]: r for r in read_metrics(copy)}
-    older = {"step": 10, "datasets": [{"dataset": n, "val_loss": rows[10]["datasets"][n]["val_loss"] + 0.5}
-                                      for n in MIXED]}  # fmt: skip
+    older = {
+        "step": 10,
+        "datasets": [{"dataset": n, "val_loss": rows[10]["datasets"][n]["val_loss"] + 0.5} for n in MIXED],
+    }
     copy.eval_step(10).mkdir(parents=True)
     (copy.eval_step(10) / "eval.json").write_text(json.dumps(older))
     curves = Curves.of(copy, result, json.loads(copy.config.read_text()))
     assert curves.datasets == MIXED
-    assert curves.dataset_evaluations == {d["dataset"]: [(10, rows[10]["datasets"][d["dataset"]]["val_loss"] + 0.5),
-                                                         (20, d["val_loss"])] for d in result.datasets}  # fmt: skip
+    assert curves.dataset_evaluations == {
+        d["dataset"]: [(10, rows[10]["datasets"][d["dataset"]]["val_loss"] + 0.5), (20, d["val_loss"])]
+        for d in result.datasets
+    }
     figures = {name: figure.axes[0] for name, _, figure in curve_figures(curves)}
-    assert list(figures) == ["curve-loss", "curve-dataset-val-loss", "curve-dataset-tokens", "curve-lr",
-                             "curve-grad-norm", "curve-tokens-per-s"]  # fmt: skip
+    assert list(figures) == [
+        "curve-loss",
+        "curve-dataset-val-loss",
+        "curve-dataset-tokens",
+        "curve-lr",
+        "curve-grad-norm",
+        "curve-tokens-per-s",
+    ]
     losses = figures["curve-dataset-val-loss"]
     assert [t.get_text() for t in losses.get_legend().get_texts()] == [
-        f"{n} ({what})" for n in MIXED for what in ("training", "evaluations")]  # fmt: skip
+        f"{n} ({what})" for n in MIXED for what in ("training", "evaluations")
+    ]
     drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in losses.get_lines()}
     for name in MIXED:
         assert drawn[f"{name} (training)"] == ([10, 20], [rows[s]["datasets"][name]["val_loss"] for s in (10, 20)])
@@ -764,11 +851,19 @@ def test_a_mixture_is_compared_only_with_evaluations_on_the_same_datasets_val_se
     assert all(per_dataset.values()) and result.val_set_sha256 not in per_dataset.values()
     single = RunPaths.of(root, "single")
     single.eval.mkdir(parents=True)
-    alone = {"step": 20, "dataset": "synthetic", "val_loss": 2.5, "val_bits_per_byte": 0.8,
-             "val_set_sha256": per_dataset["synthetic"]}  # fmt: skip
+    alone = {
+        "step": 20,
+        "dataset": "synthetic",
+        "val_loss": 2.5,
+        "val_bits_per_byte": 0.8,
+        "val_set_sha256": per_dataset["synthetic"],
+    }
     single.eval_result.write_text(json.dumps(alone))
-    with pytest.raises(InputError, match="baseline 'previous': no other run of dataset 'synthetic' evaluated on the "
-                       f"same val set \\({result.val_set_sha256}\\)"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match="baseline 'previous': no other run of dataset 'synthetic' evaluated on the "
+        f"same val set \\({result.val_set_sha256}\\)",
+    ):
         find_baseline(str(root), "synthetic", "mixed", "previous", result.val_set_sha256)
     with pytest.raises(InputError, match="baseline run 'single' was evaluated on another val set"):
         find_baseline(str(root), "synthetic", "mixed", "single", result.val_set_sha256)
@@ -782,8 +877,9 @@ def test_a_mixture_whose_snapshot_is_gone_is_refused_naming_the_dataset(mixture_
     shutil.copytree(mixture_run.root.parent.parent, root, symlinks=True)
     code = next(m for m in json.loads(mixture_run.config.read_text())["dataset"]["mixture"] if m["dataset"] == "code")
     shutil.rmtree(root / "datasets" / "code" / "snapshots" / code["snapshot"])
-    with pytest.raises(InputError, match=f"run 'mixed' trained on snapshot {code['snapshot']} of dataset 'code', "
-                       "which is gone") as refused:  # fmt: skip
+    with pytest.raises(
+        InputError, match=f"run 'mixed' trained on snapshot {code['snapshot']} of dataset 'code', which is gone"
+    ) as refused:
         evaluate_checkpoint(str(root), "synthetic", "mixed", **QUICK)
     assert "\n" not in str(refused.value)
     assert not RunPaths.of(root, "mixed").eval.exists(), "refused before anything was written"

@@ -85,8 +85,9 @@ def test_cut_watch_after_events(control_plane: Any, make_cluster: Any, fault_pro
     fault_proxy.cut_watch_after(2, path_regex=pods_path(cluster.namespace))
     ended_before = watches_ended(control_plane)
 
-    stream = kubernetes.watch.Watch().stream(core.list_namespaced_pod, cluster.namespace, resource_version=since,
-                                             timeout_seconds=10)  # fmt: skip
+    stream = kubernetes.watch.Watch().stream(
+        core.list_namespaced_pod, cluster.namespace, resource_version=since, timeout_seconds=10
+    )
     seen: list[str] = []
     with pytest.raises(urllib3.exceptions.ProtocolError):  # the chunked body ended without its last chunk
         for event in stream:  # bounded: the server ends the watch after 10 s
@@ -99,8 +100,9 @@ def test_cut_watch_after_events(control_plane: Any, make_cluster: Any, fault_pro
     wait_for_watches_ended(control_plane, ended_before + 1)  # the cut closed the upstream side too
 
     # A client that hangs up mid-watch: the proxy closes the upstream side as well.
-    response = core.list_namespaced_pod(cluster.namespace, watch=True, resource_version=since, timeout_seconds=30,
-                                        _preload_content=False)  # fmt: skip
+    response = core.list_namespaced_pod(
+        cluster.namespace, watch=True, resource_version=since, timeout_seconds=30, _preload_content=False
+    )
     assert json.loads(next(kubernetes.watch.watch.iter_resp_lines(response)))["object"]["metadata"]["name"] == "p1"
     response.close()
     wait_for_watches_ended(control_plane, ended_before + 2)
@@ -154,8 +156,9 @@ def test_followed_log_streams_through(control_plane: Any, make_cluster: Any, fau
     cluster.kubelet.start("w")
     cluster.kubelet.print("w", "first")
     core = kubernetes.client.CoreV1Api(cluster.runner(fault_proxy.url))
-    response = core.read_namespaced_pod_log("w", cluster.namespace, container="c", follow=True,
-                                            _preload_content=False, _request_timeout=10)  # fmt: skip
+    response = core.read_namespaced_pod_log(
+        "w", cluster.namespace, container="c", follow=True, _preload_content=False, _request_timeout=10
+    )
     pieces = response.stream(amt=None)
     assert next(pieces) == b"first\n"
     cluster.kubelet.print("w", "second")

@@ -110,8 +110,11 @@ def expected_documents(directory: Path, text_field: str = "text") -> list[tuple[
         elif ".jsonl" in key:
             raw = path.read_bytes()
             raw = gzip.decompress(raw) if key.endswith(".gz") else raw
-            raw = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read() \
-                if key.endswith(".zst") else raw  # fmt: skip
+            raw = (
+                zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read()
+                if key.endswith(".zst")
+                else raw
+            )
             for number, line in enumerate(raw.decode().splitlines()):
                 value = json.loads(line)
                 for name in text_field.split("."):
@@ -125,8 +128,9 @@ def expected_documents(directory: Path, text_field: str = "text") -> list[tuple[
 
 def split_stream(snapshot: Path, split: str) -> list[int]:
     meta = json.loads((snapshot / META).read_text())
-    return np.concatenate([np.fromfile(snapshot / s["file"], dtype=meta["dtype"]) for s in meta["shards"][split]]
-                          ).tolist()  # fmt: skip
+    return np.concatenate(
+        [np.fromfile(snapshot / s["file"], dtype=meta["dtype"]) for s in meta["shards"][split]]
+    ).tolist()
 
 
 def decoded_documents(snapshot: Path, split: str) -> list[str]:
@@ -150,8 +154,9 @@ def decoded_documents(snapshot: Path, split: str) -> list[str]:
 
 def test_every_format_decodes_back_to_its_documents_in_order(tmp_path: Path) -> None:
     source = corpus_of_every_format(tmp_path / "corpus")
-    result = stage_data(str(source), str(tmp_path / "fsx"), "mixed", vocab_size=400, val_fraction=0.2,
-                        tokenize_groups=2)  # fmt: skip
+    result = stage_data(
+        str(source), str(tmp_path / "fsx"), "mixed", vocab_size=400, val_fraction=0.2, tokenize_groups=2
+    )
     snapshot = Path(result.tokenized_dir)
     meta = json.loads((snapshot / META).read_text())
     val_books = set(json.loads(DatasetPaths.of(tmp_path / "fsx", "mixed").val_set.read_text())["keys"])
@@ -179,8 +184,9 @@ def test_every_format_decodes_back_to_its_documents_in_order(tmp_path: Path) -> 
     for name, count in rows.items():  # every record is a document or a skipped one, and nothing else
         assert report["formats"][name]["documents"] <= count
     assert sum(without_text.values()) + sum(report["formats"][n]["documents"] for n in rows) == sum(rows.values())
-    first_parquet = next(text for key, record, text in expected if key.endswith(".parquet")
-                         and split_of(key, record) == "train")  # fmt: skip
+    first_parquet = next(
+        text for key, record, text in expected if key.endswith(".parquet") and split_of(key, record) == "train"
+    )
     assert report["first_documents"]["parquet"] == first_parquet + "<|endoftext|>"
     assert 0 < report["tokens_per_document"]["median"] <= report["tokens_per_document"]["p99"]
     assert meta["model_vocab_size"] % 64 == 0 and meta["model_vocab_size"] >= meta["vocab_size"]
@@ -193,8 +199,9 @@ def test_a_nested_field_and_the_report_of_records_without_text(tmp_path: Path) -
     rows[5] = {"content": {"title": "no body"}}
     rows[9] = {"content": None}
     write_jsonl(source / "a.jsonl.zst", rows, "zstd")
-    result = stage_data(str(source), str(tmp_path / "fsx"), "nested", vocab_size=300, val_fraction=0.2,
-                        text_field="content.body")  # fmt: skip
+    result = stage_data(
+        str(source), str(tmp_path / "fsx"), "nested", vocab_size=300, val_fraction=0.2, text_field="content.body"
+    )
     snapshot = Path(result.tokenized_dir)
     texts = [text for _, _, text in expected_documents(source, "content.body")]
     assert sorted(decoded_documents(snapshot, "train") + decoded_documents(snapshot, "val")) == sorted(texts)
@@ -221,8 +228,12 @@ def test_each_tokenizer_family_stages_with_its_own_bos_and_eos(kind: str, tmp_pa
     result = stage_data(str(source), str(tmp_path / "fsx"), kind, tokenizer_path=str(given), val_fraction=0.2)
     snapshot = Path(result.tokenized_dir)
     meta = json.loads((snapshot / META).read_text())
-    bos, eos = {"llama3": ("<|begin_of_text|>", "<|end_of_text|>"), "sentencepiece": ("<s>", "</s>"),
-                "gpt2": (None, "<|endoftext|>"), "eos-only": (None, "</s>")}[kind.removesuffix("-bare")]  # fmt: skip
+    bos, eos = {
+        "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
+        "sentencepiece": ("<s>", "</s>"),
+        "gpt2": (None, "<|endoftext|>"),
+        "eos-only": (None, "</s>"),
+    }[kind.removesuffix("-bare")]
     assert (meta["bos"], meta["eos"]) == (bos, eos)
     tokenizer = Tokenizer.from_file(str(snapshot / TOKENIZER))
     assert meta["vocab_size"] == tokenizer.get_vocab_size() and meta["model_vocab_size"] % 64 == 0
@@ -283,8 +294,9 @@ def test_truncated_corrupt_and_binary_files_are_refused_by_name(tmp_path: Path) 
     refused(source, tmp_path / "fsx", r"cut.jsonl.gz: the gzip stream ends early")
     (source / "cut.jsonl.gz").unlink()
 
-    zst = bytearray(write_jsonl(tmp_path / "x.jsonl.zst", [{"text": document(rng)} for _ in range(200)],
-                                "zstd").read_bytes())  # fmt: skip
+    zst = bytearray(
+        write_jsonl(tmp_path / "x.jsonl.zst", [{"text": document(rng)} for _ in range(200)], "zstd").read_bytes()
+    )
     zst[40:80] = bytes(40)
     (source / "bad.jsonl.zst").write_bytes(bytes(zst))
     refused(source, tmp_path / "fsx", r"bad.jsonl.zst: corrupt zstd data")
@@ -375,8 +387,12 @@ def test_a_text_field_for_plain_text_and_tokenizers_without_an_end_token_or_that
     no_end.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     no_end.train_from_iterator(["plain text number"] * 20, trainers.BpeTrainer(vocab_size=300, show_progress=False))
     no_end.save(str(bare := tmp_path / "no-end.json"))
-    refused(source, tmp_path / "fsx", r"it defines no end-of-document token .*tokenizer_config.json",
-            tokenizer_path=str(bare))  # fmt: skip
+    refused(
+        source,
+        tmp_path / "fsx",
+        r"it defines no end-of-document token .*tokenizer_config.json",
+        tokenizer_path=str(bare),
+    )
 
     words = Tokenizer(models.WordLevel(vocab={"</s>": 0, "plain": 1, "text": 2}, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()  # a word it lacks raises: its unknown token is not in it
@@ -414,9 +430,26 @@ CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
 def test_a_dry_run_shows_what_the_model_will_read_and_writes_nothing(tmp_path: Path) -> None:
     source = corpus_of_every_format(tmp_path / "corpus")
     root = tmp_path / "fsx"
-    shown = subprocess.run([CLI, "stage-data", "--source", str(source), "--storage-root", str(root), "--dataset", "d",
-                            "--vocab-size", "300", "--val-fraction", "0.2", "--dry-run"],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    shown = subprocess.run(
+        [
+            CLI,
+            "stage-data",
+            "--source",
+            str(source),
+            "--storage-root",
+            str(root),
+            "--dataset",
+            "d",
+            "--vocab-size",
+            "300",
+            "--val-fraction",
+            "0.2",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "of 7 files sampled" in shown.stdout and "| jsonl.zst | 1 |" in shown.stdout
     assert "First train document of the parquet files" in shown.stdout
@@ -431,11 +464,28 @@ def test_the_command_line_refuses_bad_input_in_one_line_with_exit_code_2(tmp_pat
     source = two_good_files(tmp_path / "a")
     (source / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
     for dry_run in ([], ["--dry-run"]):
-        result = subprocess.run([CLI, "stage-data", "--source", str(source), "--storage-root", str(tmp_path / "fsx"),
-                                 "--dataset", "d", *dry_run], capture_output=True, text=True, timeout=120)  # fmt: skip
+        result = subprocess.run(
+            [
+                CLI,
+                "stage-data",
+                "--source",
+                str(source),
+                "--storage-root",
+                str(tmp_path / "fsx"),
+                "--dataset",
+                "d",
+                *dry_run,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 2, result.stderr[-2000:]
-        assert result.stderr.strip().splitlines()[-1].endswith("photo.png: a PNG image, not text: leave it out with "
-                                                               "--exclude")  # fmt: skip
+        assert (
+            result.stderr.strip()
+            .splitlines()[-1]
+            .endswith("photo.png: a PNG image, not text: leave it out with --exclude")
+        )
     snapshots = DatasetPaths.of(tmp_path / "fsx", "d").snapshots
     assert not snapshots.exists() or not any(snapshots.iterdir())
 
@@ -452,8 +502,9 @@ def test_a_plain_text_corpus_stages_to_the_snapshot_it_had_before_documents_had_
     result = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300, val_fraction=0.25)
     snapshot = Path(result.tokenized_dir)
     meta = json.loads((snapshot / META).read_text())
-    digest = hashlib.sha256(b"".join((snapshot / s["file"]).read_bytes() for split in ("train", "val")
-                                     for s in meta["shards"][split]))  # fmt: skip
+    digest = hashlib.sha256(
+        b"".join((snapshot / s["file"]).read_bytes() for split in ("train", "val") for s in meta["shards"][split])
+    )
     assert result.snapshot == "66e598da93a24e62" and (result.train_tokens, result.val_tokens) == (1049, 385)
     assert digest.hexdigest() == "cae5c98f4fc0bf94f5ece31cee23f91dbfd7297c426ce050ebea5c0b7afd55f1"
     assert hashlib.sha256((snapshot / TOKENIZER).read_bytes()).hexdigest()[:16] == "e91a0fdb6b602062"

@@ -32,8 +32,11 @@ from trainer.train_ddp import write_status
 def test_a_nonfinite_streak_past_the_limit_is_divergence_and_a_finite_step_resets_it() -> None:
     divergence = Divergence(limit=2)
     assert [divergence.record(s, finite) for s, finite in [(1, True), (2, False), (3, False), (4, True)]] == [
-        False, False, False, False
-    ]  # fmt: skip
+        False,
+        False,
+        False,
+        False,
+    ]
     assert divergence.skipped == 2 and divergence.streak == 0
     assert [divergence.record(s, False) for s in (5, 6, 7)] == [False, False, True]
     assert divergence.reason().startswith("diverged at step 5: the loss or gradient norm was not finite for 3 steps")
@@ -69,8 +72,10 @@ def torch_round_trip(state: dict) -> dict:
 
 def test_an_out_of_memory_or_a_shape_error_is_not_taken_for_a_collectives_failure() -> None:
     """Those are reported at once, not after three heartbeats spent looking for silent ranks."""
-    gloo_timeout = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
-                                "waiting 2000ms for recv operation to complete")  # fmt: skip
+    gloo_timeout = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+        "waiting 2000ms for recv operation to complete"
+    )
     assert collective_failed(gloo_timeout) and collective_failed(torch.distributed.DistBackendError("NCCL error"))
     assert not collective_failed(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not collective_failed(RuntimeError("mat1 and mat2 shapes cannot be multiplied (8x64 and 32x64)"))
@@ -79,8 +84,14 @@ def test_an_out_of_memory_or_a_shape_error_is_not_taken_for_a_collectives_failur
 def test_a_run_that_diverges_stops_with_its_code_and_keeps_the_last_good_checkpoint(staged_copy: Path) -> None:
     """NaN from step 25 (--fault-nan-at-step): steps 25-28 are skipped, the fourth in a row stops the run; the
     step-20 checkpoint stays the newest (the periodic one at 30 is never reached), with finite weights."""
-    cfg = tiny_launch(staged_copy, "diverges", max_steps=60, log_every=1, checkpoint_every=10,
-                      extra_env={"TRAINER_FAULT_NAN_AT_STEP": "25"})  # fmt: skip
+    cfg = tiny_launch(
+        staged_copy,
+        "diverges",
+        max_steps=60,
+        log_every=1,
+        checkpoint_every=10,
+        extra_env={"TRAINER_FAULT_NAN_AT_STEP": "25"},
+    )
     with pytest.raises(StepFailed) as failure:
         launch(cfg)
     first_line, message = str(failure.value).splitlines()[0], str(failure.value)
@@ -100,8 +111,9 @@ def test_a_stopped_worker_is_named_within_the_collective_timeout(staged_copy: Pa
     """Rank 1 is stopped with SIGSTOP mid-run: rank 0's next collective times out after 5 s and it names rank 1,
     from the heartbeat counters in the rendezvous store (rank 1's stopped moving); its heartbeat thread named it
     already, before the timeout, in its log and in status.json."""
-    cfg = tiny_launch(staged_copy, "silent", max_steps=100000, log_every=1,
-                      extra_env={"TRAINER_COLLECTIVE_TIMEOUT_S": "5"})  # fmt: skip
+    cfg = tiny_launch(
+        staged_copy, "silent", max_steps=100000, log_every=1, extra_env={"TRAINER_COLLECTIVE_TIMEOUT_S": "5"}
+    )
     proc = start_torchrun(cfg)
     try:
         wait_for_step(cfg.run_paths, 3, proc)
@@ -135,8 +147,14 @@ def test_a_stopped_worker_is_named_within_the_collective_timeout(staged_copy: Pa
 def test_a_local_run_that_stalls_is_stopped_with_every_ranks_last_lines(staged_copy: Path) -> None:
     """Both workers stopped (SIGSTOP) after step 3: no step for the 4 s stall timeout, the launcher stops torchrun
     and fails the step with what each rank last logged."""
-    cfg = tiny_launch(staged_copy, "stalls", max_steps=100000, log_every=1, stall_timeout_s=4,
-                      extra_env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"})  # fmt: skip
+    cfg = tiny_launch(
+        staged_copy,
+        "stalls",
+        max_steps=100000,
+        log_every=1,
+        stall_timeout_s=4,
+        extra_env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"},
+    )
 
     def stop_workers_at_step_3() -> None:
         deadline = time.monotonic() + 120
@@ -193,8 +211,15 @@ def test_the_evaluation_report_counts_skipped_steps_and_lists_the_spikes(tmp_pat
     run.root.mkdir()
     metrics = MetricsLog(run.metrics, enabled=True)
     spikes = SpikeWatch(factor=3.0)
-    for step, loss, skipped in [(10, 4.0, 0), (20, 3.0, 0), (30, 2.5, 0), (40, 2.4, 0), (50, 2.3, 1), (60, 9.0, 1),
-                                (70, 2.2, 1)]:  # fmt: skip
+    for step, loss, skipped in [
+        (10, 4.0, 0),
+        (20, 3.0, 0),
+        (30, 2.5, 0),
+        (40, 2.4, 0),
+        (50, 2.3, 1),
+        (60, 9.0, 1),
+        (70, 2.2, 1),
+    ]:
         row = {"step": step, "loss": loss, "skipped_steps": skipped}
         if spikes.is_spike(step, loss):
             row["loss_spike"] = True
@@ -226,21 +251,58 @@ def test_a_rank_that_raises_ends_the_rank_waiting_for_it(staged_root: Path, tmp_
     all-reduce. gloo sees the peer's socket close and fails the collective; the peer's announcement names why."""
     run_dir = tmp_path / "run"
     port = free_port()
-    command = [sys.executable, "-m", "trainer.train_ddp", "--data-dir", str(snapshot_dir(staged_root, "synthetic")),
-               "--run-dir", str(run_dir), "--preset", "tiny", "--batch-size", "4", "--seq-len", "64",
-               "--max-steps", "50", "--log-every", "100", "--checkpoint-every", "100", "--fault-crash-at-step", "3",
-               "--collective-timeout-s", "300"]  # fmt: skip
-    node = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
-    ranks = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, **node, "RANK": str(rank)}) for rank in (0, 1)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "trainer.train_ddp",
+        "--data-dir",
+        str(snapshot_dir(staged_root, "synthetic")),
+        "--run-dir",
+        str(run_dir),
+        "--preset",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "64",
+        "--max-steps",
+        "50",
+        "--log-every",
+        "100",
+        "--checkpoint-every",
+        "100",
+        "--fault-crash-at-step",
+        "3",
+        "--collective-timeout-s",
+        "300",
+    ]
+    node = {
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+    }
+    ranks = [
+        subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **node, "RANK": str(rank)},
+        )
+        for rank in (0, 1)
+    ]
     outputs = [process.communicate(timeout=120)[0] for process in ranks]
     ended = time.time()
     status = json.loads(RunPaths(run_dir).status.read_text())
     assert [process.returncode for process in ranks] == [ExitCode.CRASHED, ExitCode.CRASHED], outputs
     assert status["state"] == "crashed" and status["failed_rank"] == 1, status
-    assert status["error"].startswith("rank 1 failed: RuntimeError: fault injection (--fault-crash-at-step): rank 1 "
-                                      "fails at step 3"), status  # fmt: skip
+    assert status["error"].startswith(
+        "rank 1 failed: RuntimeError: fault injection (--fault-crash-at-step): rank 1 fails at step 3"
+    ), status
     logs = [RunPaths(run_dir).rank_log(rank).read_text() for rank in (0, 1)]
     assert "ending this rank: rank 1 failed (RuntimeError: fault injection" in logs[0]
     crashed = next(line for line in logs[1].splitlines() if "training crashed" in line)
@@ -254,8 +316,14 @@ def test_the_heartbeat_ends_a_rank_whose_peer_announced_a_failure_after_a_grace(
     store = torch.distributed.HashStore()
     ended: list[tuple[int, str]] = []
     done = threading.Event()
-    heartbeat = Heartbeat(store, 0, 2, timeout_s=600, on_peer_failure=lambda *failed: (ended.append(failed),
-                          done.set()), failure_grace_s=0.5)  # fmt: skip
+    heartbeat = Heartbeat(
+        store,
+        0,
+        2,
+        timeout_s=600,
+        on_peer_failure=lambda *failed: (ended.append(failed), done.set()),
+        failure_grace_s=0.5,
+    )
     announce_failure(store, 0, "its own failure is not a peer's")
     assert heartbeat.peer_failure() is None
     store.delete_key("hyperpod-pretrain/failed")

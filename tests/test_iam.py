@@ -44,8 +44,12 @@ from tests.tokenizer_kinds import make_tokenizer, save_pretrained
 from trainer.durable import CheckpointMirror, MirrorError
 
 BUCKET = "iam-run"
-SETTINGS = {"source": f"s3://{BUCKET}/corpus/", "tokenizer": f"s3://{BUCKET}/tokenizers/llama3/",
-            "checkpoints": f"s3://{BUCKET}/checkpoints/", "export": f"s3://{BUCKET}/exports/"}  # fmt: skip
+SETTINGS = {
+    "source": f"s3://{BUCKET}/corpus/",
+    "tokenizer": f"s3://{BUCKET}/tokenizers/llama3/",
+    "checkpoints": f"s3://{BUCKET}/checkpoints/",
+    "export": f"s3://{BUCKET}/exports/",
+}
 PROJECT_KEY, SETUP_KEY = "project-role", "test-setup"
 # What no request here reaches: s3transfer aborts a multipart upload only after one of its parts failed for good.
 NOT_REACHED = {"s3:AbortMultipartUpload": "s3transfer's abort of a multipart upload that failed"}
@@ -98,8 +102,9 @@ def allowing(statements: list[dict[str, Any]], auth: Authorization) -> list[tupl
             continue
         if condition:
             assert set(condition) == {"StringLike"} and set(condition["StringLike"]) == {"s3:prefix"}, condition
-            if auth.prefix is None or not any(fnmatch.fnmatchcase(auth.prefix, p)
-                                              for p in condition["StringLike"]["s3:prefix"]):  # fmt: skip
+            if auth.prefix is None or not any(
+                fnmatch.fnmatchcase(auth.prefix, p) for p in condition["StringLike"]["s3:prefix"]
+            ):
                 continue
         found += [(index, auth.action, r) for r in resources if _arn_matches(r, auth.resource)]
     return found
@@ -119,19 +124,31 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         env.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
         env.setenv("AWS_EC2_METADATA_DISABLED", "true")
         with S3Server(work / "server.log", record=work / "requests.jsonl") as server:
-            setup = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=SETUP_KEY,
-                                 aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+            setup = boto3.client(
+                "s3",
+                endpoint_url=server.endpoint,
+                aws_access_key_id=SETUP_KEY,
+                aws_secret_access_key="testing",
+                region_name="us-east-1",
+            )
             setup.create_bucket(Bucket=BUCKET)
             corpus = corpus_of_every_format(work / "corpus")
             texts = [t for _, _, t in expected_documents(corpus)]
             tokenizer = save_pretrained("llama3", make_tokenizer("llama3", texts), work / "tok")
             for prefix, directory in (("corpus/", corpus), ("tokenizers/llama3/", tokenizer)):
                 for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-                    setup.put_object(Bucket=BUCKET, Key=prefix + path.relative_to(directory).as_posix(),
-                                     Body=path.read_bytes())  # fmt: skip
+                    setup.put_object(
+                        Bucket=BUCKET, Key=prefix + path.relative_to(directory).as_posix(), Body=path.read_bytes()
+                    )
             s3 = S3Settings(endpoint_url=server.endpoint, chunk_size=CHUNK)  # a 3 MB checkpoint file: multipart
-            stage_data(SETTINGS["source"], str(work / "fsx"), "web", endpoint_url=server.endpoint,
-                       tokenizer_path=SETTINGS["tokenizer"], val_fraction=0.2)  # fmt: skip
+            stage_data(
+                SETTINGS["source"],
+                str(work / "fsx"),
+                "web",
+                endpoint_url=server.endpoint,
+                tokenizer_path=SETTINGS["tokenizer"],
+                val_fraction=0.2,
+            )
             with CheckpointMirror(f"{SETTINGS['checkpoints']}run-1", s3) as mirror:
                 mirror.upload(committed(work / "ckpt", 10, large=True))
                 mirror.upload(committed(work / "ckpt", 20))
@@ -155,8 +172,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 def test_the_policy_allows_every_s3_call_of_a_run(recorded: list[dict[str, Any]]) -> None:
     statements = policy(**SETTINGS)["Statement"]
-    refused = [(r["method"], r["path"], r["query"], r["status"], auth.action) for r in recorded
-               for auth in authorizations(r) if not allowing(statements, auth)]  # fmt: skip
+    refused = [
+        (r["method"], r["path"], r["query"], r["status"], auth.action)
+        for r in recorded
+        for auth in authorizations(r)
+        if not allowing(statements, auth)
+    ]
     assert not refused, "S3 calls the rendered policy would refuse:\n" + "\n".join(map(str, refused))
     operations = {(r["method"], "uploads" in r["query"] or "uploadId" in r["query"]) for r in recorded}
     assert ("POST", True) in operations and ("PUT", True) in operations, "a multipart upload was measured"
@@ -171,12 +192,20 @@ def test_every_grant_of_the_policy_is_used_by_a_call(recorded: list[dict[str, An
     for index, statement in enumerate(statements):
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
         resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-        unused += [(statement["Sid"], a, r) for a in actions for r in resources
-                   if (index, a, r) not in used and a not in NOT_REACHED]  # fmt: skip
+        unused += [
+            (statement["Sid"], a, r)
+            for a in actions
+            for r in resources
+            if (index, a, r) not in used and a not in NOT_REACHED
+        ]
     assert not unused, "grants no call used:\n" + "\n".join(map(str, unused))
     listed = [a.prefix for r in recorded for a in authorizations(r) if a.prefix is not None]
-    unused_prefixes = [value for s in statements for value in s.get("Condition", {}).get("StringLike", {}).get(
-        "s3:prefix", []) if not any(fnmatch.fnmatchcase(p, value) for p in listed)]  # fmt: skip
+    unused_prefixes = [
+        value
+        for s in statements
+        for value in s.get("Condition", {}).get("StringLike", {}).get("s3:prefix", [])
+        if not any(fnmatch.fnmatchcase(p, value) for p in listed)
+    ]
     assert not unused_prefixes, f"s3:prefix values no listing used: {unused_prefixes}"
     assert {a for s in statements for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])} == {
         "s3:ListBucket",
@@ -189,8 +218,13 @@ def test_every_grant_of_the_policy_is_used_by_a_call(recorded: list[dict[str, An
 
 def test_the_matching_reads_policies_as_iam_does() -> None:
     """So that the tests above cannot pass by a kind matcher."""
-    listing = {"Sid": "L", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::b",
-               "Condition": {"StringLike": {"s3:prefix": ["data/*"]}}}  # fmt: skip
+    listing = {
+        "Sid": "L",
+        "Effect": "Allow",
+        "Action": "s3:ListBucket",
+        "Resource": "arn:aws:s3:::b",
+        "Condition": {"StringLike": {"s3:prefix": ["data/*"]}},
+    }
     assert allowing([listing], Authorization("s3:ListBucket", "arn:aws:s3:::b", "data/"))
     assert not allowing([listing], Authorization("s3:ListBucket", "arn:aws:s3:::b", "other/"))
     assert not allowing([listing], Authorization("s3:ListBucket", "arn:aws:s3:::b", ""))
@@ -199,12 +233,16 @@ def test_the_matching_reads_policies_as_iam_does() -> None:
     assert not allowing([objects], Authorization("s3:GetObject", "arn:aws:s3:::b/database"))
     assert not allowing([objects], Authorization("s3:PutObject", "arn:aws:s3:::b/data/x"))
     missing = {"method": "HEAD", "path": "/b/data/x", "query": "", "status": 404}
-    assert authorizations(missing) == [Authorization("s3:GetObject", "arn:aws:s3:::b/data/x"),
-                                       Authorization("s3:ListBucket", "arn:aws:s3:::b")]  # fmt: skip
+    assert authorizations(missing) == [
+        Authorization("s3:GetObject", "arn:aws:s3:::b/data/x"),
+        Authorization("s3:ListBucket", "arn:aws:s3:::b"),
+    ]
     assert not allowing([listing], authorizations(missing)[1]), "a listing only of a prefix: AWS answers it 403"
     delete = {"method": "POST", "path": "/b", "query": "delete", "delete_keys": ["a", "c/d"]}
-    assert authorizations(delete) == [Authorization("s3:DeleteObject", "arn:aws:s3:::b/a"),
-                                      Authorization("s3:DeleteObject", "arn:aws:s3:::b/c/d")]  # fmt: skip
+    assert authorizations(delete) == [
+        Authorization("s3:DeleteObject", "arn:aws:s3:::b/a"),
+        Authorization("s3:DeleteObject", "arn:aws:s3:::b/c/d"),
+    ]
 
 
 def test_a_setting_without_a_trailing_slash_may_name_one_object_or_a_directory() -> None:
@@ -219,41 +257,72 @@ def test_a_setting_without_a_trailing_slash_may_name_one_object_or_a_directory()
 
 def test_render_iam_policy_and_service_account_commands() -> None:
     cli = [sys.executable, "-m", "pipelines.cli"]
-    made = subprocess.run([*cli, "render-iam-policy", "--source", SETTINGS["source"], "--checkpoint-s3-uri",
-                           SETTINGS["checkpoints"]], capture_output=True, text=True, timeout=60)  # fmt: skip
+    made = subprocess.run(
+        [*cli, "render-iam-policy", "--source", SETTINGS["source"], "--checkpoint-s3-uri", SETTINGS["checkpoints"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout) == policy(source=SETTINGS["source"], checkpoints=SETTINGS["checkpoints"])
-    refused = subprocess.run([*cli, "render-iam-policy", "--source", "gs://bucket/x"], capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+    refused = subprocess.run(
+        [*cli, "render-iam-policy", "--source", "gs://bucket/x"], capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
         "--source 'gs://bucket/x' is not an s3:// URI"
     )
     role = "arn:aws:iam::123456789012:role/team-a-trainer"
-    irsa = subprocess.run([*cli, "render-service-account", "--namespace", "team-a", "--name", "trainer",
-                           "--role-arn", role], capture_output=True, text=True, timeout=60)  # fmt: skip
+    irsa = subprocess.run(
+        [*cli, "render-service-account", "--namespace", "team-a", "--name", "trainer", "--role-arn", role],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     account = json.loads("".join(line for line in irsa.stdout.splitlines(True) if not line.startswith("#")))
     assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role}
     assert '"system:serviceaccount:team-a:trainer"' in irsa.stdout
-    pod_identity = subprocess.run([*cli, "render-service-account", "--namespace", "team-a", "--name", "trainer",
-                                   "--role-arn", role, "--pod-identity"], capture_output=True, text=True,
-                                  timeout=60)  # fmt: skip
+    pod_identity = subprocess.run(
+        [
+            *cli,
+            "render-service-account",
+            "--namespace",
+            "team-a",
+            "--name",
+            "trainer",
+            "--role-arn",
+            role,
+            "--pod-identity",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "aws eks create-pod-identity-association --cluster-name <cluster>" in pod_identity.stdout
     assert "annotations" not in pod_identity.stdout and '"pods.eks.amazonaws.com"' in pod_identity.stdout
 
 
 def test_the_irsa_trust_policy_names_the_clusters_provider_in_the_roles_partition() -> None:
     issuer = "https://oidc.eks.cn-north-1.amazonaws.com.cn/id/5C6B0A1F2E"
-    text = service_account("team-a", "trainer", "arn:aws-cn:iam::123456789012:role/t", oidc_issuer=issuer,
-                           cluster="hp-1")  # fmt: skip
+    text = service_account(
+        "team-a", "trainer", "arn:aws-cn:iam::123456789012:role/t", oidc_issuer=issuer, cluster="hp-1"
+    )
     comments = [line.removeprefix("# ") for line in text.splitlines() if line.startswith("# ")]
     start = comments.index("The role's trust policy:") + 1
     trust = json.loads("\n".join(comments[start : comments.index("}", start) + 1]))
     provider = issuer.removeprefix("https://")
-    assert trust["Statement"] == [{
-        "Effect": "Allow", "Principal": {"Federated": f"arn:aws-cn:iam::123456789012:oidc-provider/{provider}"},
-        "Action": "sts:AssumeRoleWithWebIdentity",
-        "Condition": {"StringEquals": {f"{provider}:sub": "system:serviceaccount:team-a:trainer",
-                                       f"{provider}:aud": "sts.amazonaws.com"}}}]  # fmt: skip
+    assert trust["Statement"] == [
+        {
+            "Effect": "Allow",
+            "Principal": {"Federated": f"arn:aws-cn:iam::123456789012:oidc-provider/{provider}"},
+            "Action": "sts:AssumeRoleWithWebIdentity",
+            "Condition": {
+                "StringEquals": {
+                    f"{provider}:sub": "system:serviceaccount:team-a:trainer",
+                    f"{provider}:aud": "sts.amazonaws.com",
+                }
+            },
+        }
+    ]
     assert "aws eks describe-cluster --name hp-1 " in text
     with pytest.raises(InputError, match=r"^--oidc-issuer 'oidc.eks.x' is not an EKS cluster's OIDC issuer"):
         service_account("team-a", "trainer", "arn:aws:iam::123456789012:role/t", oidc_issuer="oidc.eks.x")

@@ -55,8 +55,10 @@ BOTH_APIS = pytest.mark.parametrize("api", JOB_APIS)
 def on(cluster: Any, **platform: Any) -> dict[str, Any]:
     """The settings that put a run on `cluster`: its namespace, and its job API (and runtime) as compiled in."""
     runtime = cluster.runtime_name or DEFAULT_RUNTIME
-    return {"namespace": cluster.namespace,
-            "platform": Platform(job_api=cluster.api.name, runtime_name=runtime, **platform)}  # fmt: skip
+    return {
+        "namespace": cluster.namespace,
+        "platform": Platform(job_api=cluster.api.name, runtime_name=runtime, **platform),
+    }
 
 
 def restart_budget(api: str, budget: int) -> dict[str, Any]:
@@ -122,8 +124,12 @@ def pod_lines(caplog: pytest.LogCaptureFixture, pod: str) -> list[str]:
 
 def forbidden(cluster: Any) -> list[str]:
     """The runner's requests that RBAC refused (audit: a 403 without an allow decision)."""
-    return [f"{e['verb']} {e['objectRef']}" for e in cluster.audit() if e["responseStatus"]["code"] == 403
-            and e.get("annotations", {}).get("authorization.k8s.io/decision") != "allow"]  # fmt: skip
+    return [
+        f"{e['verb']} {e['objectRef']}"
+        for e in cluster.audit()
+        if e["responseStatus"]["code"] == 403
+        and e.get("annotations", {}).get("authorization.k8s.io/decision") != "allow"
+    ]
 
 
 def running(job: dict[str, Any] | None) -> bool:
@@ -146,8 +152,10 @@ def wait_for(predicate: Any, timeout_s: float = 30, what: str = "") -> None:
 
 def deleted_jobs(cluster: Any) -> list[tuple[str, str]]:
     """(name, propagationPolicy) of every job the runner deleted (audit log; the policy from the body)."""
-    return [(e["objectRef"]["name"], e.get("requestObject", {}).get("propagationPolicy", ""))
-            for e in cluster.requests("delete", cluster.api.plural)]  # fmt: skip
+    return [
+        (e["objectRef"]["name"], e.get("requestObject", {}).get("propagationPolicy", ""))
+        for e in cluster.requests("delete", cluster.api.plural)
+    ]
 
 
 # -- a launch from start to end ---------------------------------------------------------------------------------
@@ -166,8 +174,9 @@ def test_success_streams_worker_0_and_reports(api: str, staged_root: Path, make_
     assert forbidden(cluster) == [], "deploy/rbac*.yaml grant every request the launcher makes"
     # Events are read for the job's Pending pods, each by name, and for the job's own warnings while it has no pod:
     # never the namespace's (KFP's pods live there).
-    selectors = {unquote(e["requestURI"]).split("fieldSelector=")[1].split("&")[0]
-                 for e in cluster.requests("list", "events")}  # fmt: skip
+    selectors = {
+        unquote(e["requestURI"]).split("fieldSelector=")[1].split("&")[0] for e in cluster.requests("list", "events")
+    }
     names = {p["metadata"]["name"] for p in cluster.pods(result.job_name)}
     allowed = {f"involvedObject.kind=Pod,involvedObject.name={pod}" for pod in names}
     assert selectors <= allowed | {f"involvedObject.name={result.job_name},type=Warning"}, selectors
@@ -180,19 +189,22 @@ def test_success_streams_worker_0_and_reports(api: str, staged_root: Path, make_
         # v2.3.0 copies JobSet's Completed as Complete (plugins/jobset/jobset.go Status), with the child jobs' counts.
         assert job["spec"]["trainer"]["numNodes"] == 2 and result.job_kind == "TrainJob"
         assert "TrainJob " + result.job_name + ": Complete (AllJobsCompleted)" in caplog.text
-        assert job["status"]["jobsStatus"] == [{"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0,
-                                                "suspended": 0}]  # fmt: skip
+        assert job["status"]["jobsStatus"] == [
+            {"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}
+        ]
 
 
 @BOTH_APIS
-def test_a_profiles_default_editor_launches_verifies_and_cleans_up(api: str, staged_root: Path, make_cluster,
-                                                                   kubeflow: None, tmp_path: Path) -> None:  # fmt: skip
+def test_a_profiles_default_editor_launches_verifies_and_cleans_up(
+    api: str, staged_root: Path, make_cluster, kubeflow: None, tmp_path: Path
+) -> None:
     """In a Kubeflow profile's namespace, as its default-editor (kubeflow-edit from the profile controller, and only
     what `render-rbac --kubeflow-profile` adds): the launch, verification's read of the pods' logs and the exit step's
     clean-up meet no refusal; tests/test_rbac.py holds each rendered rule to a request made here. A TrainJob run
     first finds a Failed TrainJob of its name left behind, and replaces it once its JobSet is gone."""
-    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES), api=api, profile=True,
-                           restart_budget=0)  # fmt: skip
+    cluster = make_cluster(
+        timeline=Timeline.success(workers=2, log_lines=LINES), api=api, profile=True, restart_budget=0
+    )
     cfg = cluster_config(staged_root, "in-profile", **on(cluster))
     if api == "trainjob":
         cluster.timeline = Timeline.failure()
@@ -209,15 +221,19 @@ def test_a_profiles_default_editor_launches_verifies_and_cleans_up(api: str, sta
     assert forbidden(cluster) == [], "kubeflow-edit and render-rbac --kubeflow-profile grant every request"
 
 
-def test_the_live_log_of_rank_0_is_read_once_across_a_container_restart(staged_root: Path, make_cluster,
-                                                                          caplog) -> None:  # fmt: skip
+def test_the_live_log_of_rank_0_is_read_once_across_a_container_restart(
+    staged_root: Path, make_cluster, caplog
+) -> None:
     """Worker-0's container crashes and the kubelet restarts it in place (OnFailure): the stream of the first
     instance ends, the launcher reconnects to the second, and every line of both reaches the step's log once."""
     caplog.set_level(logging.INFO)
     first, second = LINES[:5], LINES[5:]
-    timeline = (Timeline.started(2) + Timeline.lines(first, [0, 1], tick_s=0.1)
-                .then(0.1, lambda job: job.exit(0, 1)) + Timeline.lines(second, [0, 1], tick_s=0.1)
-                + Timeline.exits([0, 1], 0))  # fmt: skip
+    timeline = (
+        Timeline.started(2)
+        + Timeline.lines(first, [0, 1], tick_s=0.1).then(0.1, lambda job: job.exit(0, 1))
+        + Timeline.lines(second, [0, 1], tick_s=0.1)
+        + Timeline.exits([0, 1], 0)
+    )
     cluster = make_cluster(timeline=timeline)
     result = launch(cluster_config(staged_root, "restart-log", cluster.namespace), cluster.runner())
     assert result.state == "Succeeded" and result.restarts >= 1
@@ -226,8 +242,9 @@ def test_the_live_log_of_rank_0_is_read_once_across_a_container_restart(staged_r
     assert len(reads) >= 2, "the first instance's stream ended at its exit; the second was read on a new request"
 
 
-def test_a_whole_launch_while_no_kubelet_answers_reads_logs_at_most_twice_a_second(staged_root: Path, make_cluster,
-                                                                                    caplog) -> None:  # fmt: skip
+def test_a_whole_launch_while_no_kubelet_answers_reads_logs_at_most_twice_a_second(
+    staged_root: Path, make_cluster, caplog
+) -> None:
     """With no kubelet to reach, the real API server answers pods/log with 500: the launch still succeeds, on the
     job's status, and its log requests (apiserver_request_total) stay under 2 a second."""
     caplog.set_level(logging.INFO)
@@ -235,8 +252,7 @@ def test_a_whole_launch_while_no_kubelet_answers_reads_logs_at_most_twice_a_seco
     plane = cluster.control_plane
     before = plane.request_counts("pods", "log")
     started = time.monotonic()
-    result = launch(cluster_config(staged_root, "no-kubelet", cluster.namespace, stream_logs="all"),
-                    cluster.runner())  # fmt: skip
+    result = launch(cluster_config(staged_root, "no-kubelet", cluster.namespace, stream_logs="all"), cluster.runner())
     seconds = time.monotonic() - started
     after = plane.request_counts("pods", "log")
     requests = sum(after.values()) - sum(before.values())
@@ -256,13 +272,15 @@ def test_what_the_operators_webhook_refuses_is_refused_at_create(staged_root: Pa
         create_or_attach(Kube(cluster.runner()), job)
     message = str(failure.value)
     assert "HTTP 403" in message and 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied'
-    assert 'spec.pytorchReplicaSpecs[worker]: Unsupported value: "worker": supported values: "Master", "Worker"' in \
-        message  # fmt: skip
+    assert (
+        'spec.pytorchReplicaSpecs[worker]: Unsupported value: "worker": supported values: "Master", "Worker"' in message
+    )
     assert cluster.job(job["metadata"]["name"]) is None
 
 
-def test_a_failed_worker_of_a_never_restarted_job_fails_it_with_the_pods_last_lines(staged_root: Path,
-                                                                                   make_cluster) -> None:  # fmt: skip
+def test_a_failed_worker_of_a_never_restarted_job_fails_it_with_the_pods_last_lines(
+    staged_root: Path, make_cluster
+) -> None:
     """restartPolicy Never: the pod fails, the operator fails the job at once ("... is failed because 1 Worker
     replica(s) failed."), and the failed pod (left by cleanPodPolicy Running) shows its last lines and events."""
     lines = ["Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"]
@@ -273,8 +291,10 @@ def test_a_failed_worker_of_a_never_restarted_job_fails_it_with_the_pods_last_li
     with pytest.raises(StepFailed) as failure:
         launch(cfg, cluster.runner())
     message = str(failure.value)
-    assert f"failed (attempt 1): PyTorchJobFailed: PyTorchJob {cfg.job_name} is failed because 1 Worker replica(s) " \
-           "failed." in message  # fmt: skip
+    assert (
+        f"failed (attempt 1): PyTorchJobFailed: PyTorchJob {cfg.job_name} is failed because 1 Worker replica(s) "
+        "failed." in message
+    )
     assert "RuntimeError: CUDA error: out of memory" in message, "the failed pod's last lines"
     (failed,) = [p for p in cluster.pods(cfg.job_name) if p["status"]["phase"] == "Failed"]
     assert failed["metadata"]["name"].endswith("worker-1")
@@ -294,8 +314,9 @@ def test_a_field_the_crd_does_not_list_is_pruned_by_the_api_server_and_the_launc
     assert stored is not None and "cleanPodPolicy" not in stored["spec"], "created, without the field"
 
 
-def test_a_crash_loop_fails_at_the_backoff_limit_with_the_lines_kept_at_each_restart(staged_root: Path,
-                                                                                     make_cluster) -> None:  # fmt: skip
+def test_a_crash_loop_fails_at_the_backoff_limit_with_the_lines_kept_at_each_restart(
+    staged_root: Path, make_cluster
+) -> None:
     """OnFailure: the kubelet restarts the container in place; at the backoff limit (restart budget 1 on 2 nodes:
     3 restarts, job-wide) the operator deletes every pod before it writes Failed. The lines read at each restart
     (the diagnosis looks more often than the kubelet's back-off restarts) are the evidence."""
@@ -357,8 +378,9 @@ def test_a_failure_without_the_events_permission_says_so(staged_root: Path, make
 
 def test_polls_when_watching_is_refused(staged_root: Path, make_cluster, caplog) -> None:
     caplog.set_level(logging.INFO)
-    cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:3]),
-                           grants=deploy_grants(without=("watch pytorchjobs",)))  # fmt: skip
+    cluster = make_cluster(
+        timeline=Timeline.success(workers=2, log_lines=LINES[:3]), grants=deploy_grants(without=("watch pytorchjobs",))
+    )
     job = render_job(cluster_config(staged_root, "polled", cluster.namespace).job_spec())
     outcome = run_job(Kube(cluster.runner()), job, WatchSettings(poll_interval_s=0.2), threading.Event())
     assert outcome.state == "Succeeded" and "polling every 0.2s instead" in caplog.text
@@ -367,8 +389,12 @@ def test_polls_when_watching_is_refused(staged_root: Path, make_cluster, caplog)
 
 def test_a_restarted_worker_is_reported_and_the_job_carries_on(staged_root: Path, make_cluster, caplog) -> None:
     caplog.set_level(logging.INFO)
-    timeline = (Timeline.started(2) + Timeline.lines(LINES[:2], [0, 1]).then(0.1, lambda job: job.exit(1, 1))
-                + Timeline.lines(LINES[2:4], [0, 1], tick_s=0.5) + Timeline.exits([0, 1], 0))  # fmt: skip
+    timeline = (
+        Timeline.started(2)
+        + Timeline.lines(LINES[:2], [0, 1]).then(0.1, lambda job: job.exit(1, 1))
+        + Timeline.lines(LINES[2:4], [0, 1], tick_s=0.5)
+        + Timeline.exits([0, 1], 0)
+    )
     cluster = make_cluster(timeline=timeline)
     job = render_job(cluster_config(staged_root, "restart", cluster.namespace).job_spec())
     outcome = run_job(Kube(cluster.runner()), job, fast(), threading.Event())
@@ -380,16 +406,20 @@ def test_every_agent_restarting_at_once_is_one_restart_of_the_budget(staged_root
     """worker-0 holds the c10d store: when it goes, every agent's container exits and restarts (OnFailure), and the
     Training Operator counts each towards the job-wide backoffLimit (1.8.1 PastBackoffLimit). A 3-node job survives
     it with the default budget; with a backoffLimit of 3 (the default before) it failed here."""
-    timeline = (Timeline.started(3) + Timeline.lines(LINES[:2], range(3)) + Timeline.exits(range(3), 1)
-                + Timeline.lines(LINES[2:4], range(3), tick_s=0.3) + Timeline.exits(range(3), 0))  # fmt: skip
+    timeline = (
+        Timeline.started(3)
+        + Timeline.lines(LINES[:2], range(3))
+        + Timeline.exits(range(3), 1)
+        + Timeline.lines(LINES[2:4], range(3), tick_s=0.3)
+        + Timeline.exits(range(3), 0)
+    )
     cluster = make_cluster(timeline=timeline)
     job = render_job(cluster_config(staged_root, "all-restart", cluster.namespace, nnodes=3).job_spec())
     outcome = run_job(Kube(cluster.runner()), job, fast(logs="none"), threading.Event())
     assert outcome.state == "Succeeded" and outcome.restarts >= 3
 
 
-def test_transient_faults_and_cut_streams_are_survived(staged_root: Path, make_cluster, fault_proxy,
-                                                       caplog) -> None:  # fmt: skip
+def test_transient_faults_and_cut_streams_are_survived(staged_root: Path, make_cluster, fault_proxy, caplog) -> None:
     """Between the launcher and the real API server, the fault proxy answers 503 and 429 (with Retry-After) to the
     create, 500 to pod lists, and cuts two watches mid-stream; the kubelet ends two log streams early. The launch
     succeeds and every line of both workers' logs is shown once, in order."""
@@ -407,8 +437,9 @@ def test_transient_faults_and_cut_streams_are_survived(staged_root: Path, make_c
     kinds = [kind for kind, _, _ in fault_proxy.injected]
     assert result.state == "Succeeded"
     assert kinds.count("fail") == 5 and kinds.count("cut_watch") == 2 and kinds.count("delay") == 1, kinds
-    assert [e["responseStatus"]["code"] for e in cluster.requests("create", "pytorchjobs")] == [201], \
-        "the faults were the proxy's: the API server saw one create"  # fmt: skip
+    assert [e["responseStatus"]["code"] for e in cluster.requests("create", "pytorchjobs")] == [201], (
+        "the faults were the proxy's: the API server saw one create"
+    )
     for worker in (0, 1):
         assert pod_lines(caplog, f"{result.job_name}-worker-{worker}") == LINES, "every line once, in order"
 
@@ -426,8 +457,14 @@ def test_an_expired_watch_reads_the_job_again(staged_root: Path, make_cluster, f
         wait_for(lambda: any(kind == "cut_watch" for kind, _, _ in fault_proxy.injected), 30, "the cut")
         api = kubernetes.client.CustomObjectsApi(cluster.admin)
         for i in range(2):
-            api.patch_namespaced_custom_object("kubeflow.org", "v1", cluster.namespace, "pytorchjobs", name,
-                                               {"metadata": {"annotations": {"test/touched": str(i)}}})  # fmt: skip
+            api.patch_namespaced_custom_object(
+                "kubeflow.org",
+                "v1",
+                cluster.namespace,
+                "pytorchjobs",
+                name,
+                {"metadata": {"annotations": {"test/touched": str(i)}}},
+            )
         cluster.control_plane.compact()
 
     name = job_name("pipeline-gone", "gone")
@@ -438,8 +475,9 @@ def test_an_expired_watch_reads_the_job_again(staged_root: Path, make_cluster, f
     assert result.state == "Succeeded" and "watch expired (410 Gone)" in caplog.text
 
 
-def test_an_api_server_that_goes_away_fails_the_step_instead_of_hanging(staged_root: Path, make_cluster,
-                                                                         fault_proxy) -> None:  # fmt: skip
+def test_an_api_server_that_goes_away_fails_the_step_instead_of_hanging(
+    staged_root: Path, make_cluster, fault_proxy
+) -> None:
     cluster = make_cluster(timeline=Timeline.running(1))
     job = render_job(cluster_config(staged_root, "vanishing", cluster.namespace, nnodes=1).job_spec())
     kube = Kube(cluster.runner(fault_proxy.url), KubeSettings(attempts=2, backoff_s=0.05))
@@ -480,8 +518,9 @@ def test_a_different_job_under_the_same_name_is_refused(staged_root: Path, make_
 
 
 @BOTH_APIS
-def test_the_deadline_deletes_the_job_and_the_garbage_collector_its_pods(api: str, staged_root: Path, make_cluster,
-                                                                          garbage_collector) -> None:  # fmt: skip
+def test_the_deadline_deletes_the_job_and_the_garbage_collector_its_pods(
+    api: str, staged_root: Path, make_cluster, garbage_collector
+) -> None:
     """A PyTorchJob in the foreground: it goes once its pods have gone. A TrainJob in the background (Trainer v2.3.0
     would build a new JobSet for one still there without its JobSet): it goes first, its JobSet, Jobs and pods after."""
     cluster = make_cluster(timeline=Timeline.stuck_pending(), api=api)
@@ -489,27 +528,53 @@ def test_the_deadline_deletes_the_job_and_the_garbage_collector_its_pods(api: st
     with pytest.raises(StepFailed, match=r"did not finish within 2s .*Pending.*it was deleted"):
         launch(cfg, cluster.runner())
     assert [name for name, _ in deleted_jobs(cluster)] == [cfg.job_name]
-    wait_for(lambda: cluster.job(cfg.job_name) is None and cluster.pods(cfg.job_name) == [], 30,
-             "the deletion finished: the job and its pods gone")  # fmt: skip
+    wait_for(
+        lambda: cluster.job(cfg.job_name) is None and cluster.pods(cfg.job_name) == [],
+        30,
+        "the deletion finished: the job and its pods gone",
+    )
 
 
 def launcher_command(staged_root: Path, run_id: str, namespace: str, cluster: Any = None) -> list[str]:
     """The launch subcommand on the cluster (its job API and runtime as the compile flags give them)."""
     api = ["--job-api", cluster.api.name, "--runtime-name", cluster.runtime_name or DEFAULT_RUNTIME] if cluster else []
-    return [sys.executable, "-m", "pipelines.cli", "launch", "--backend", "kubernetes", "--storage-root",
-            str(staged_root), "--dataset", "synthetic", "--run-id", run_id, "--nnodes", "2", "--nproc-per-node", "8",
-            "--image", "img:1", "--no-owner-reference", "--namespace", namespace, *api]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "launch",
+        "--backend",
+        "kubernetes",
+        "--storage-root",
+        str(staged_root),
+        "--dataset",
+        "synthetic",
+        "--run-id",
+        run_id,
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--image",
+        "img:1",
+        "--no-owner-reference",
+        "--namespace",
+        namespace,
+        *api,
+    ]
 
 
 @BOTH_APIS
-def test_sigterm_deletes_the_job_and_exits_within_5_s(api: str, staged_root: Path, make_cluster,
-                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_sigterm_deletes_the_job_and_exits_within_5_s(
+    api: str, staged_root: Path, make_cluster, tmp_path: Path
+) -> None:
     """KFP terminates a run by signalling the step's process: the job must not outlive it."""
     cluster = make_cluster(timeline=Timeline.running(2), api=api)
     kubeconfig = cluster.control_plane.write_kubeconfig(tmp_path / "kubeconfig")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    launcher = subprocess.Popen(launcher_command(staged_root, "cancel", cluster.namespace, cluster), env=env,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+    launcher = subprocess.Popen(
+        launcher_command(staged_root, "cancel", cluster.namespace, cluster), env=env, stderr=subprocess.PIPE, text=True
+    )
     name = job_name("cancel", "cancel")
     wait_for(lambda: running(cluster.job(name)), 60, "the job runs")
     signalled = time.monotonic()
@@ -522,14 +587,16 @@ def test_sigterm_deletes_the_job_and_exits_within_5_s(api: str, staged_root: Pat
     assert {policy for _, policy in deleted_jobs(cluster)} == {cluster.api.propagation}
 
 
-def test_sigterm_deletes_the_job_even_when_the_process_is_killed_right_after(staged_root: Path, make_cluster,
-                                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_sigterm_deletes_the_job_even_when_the_process_is_killed_right_after(
+    staged_root: Path, make_cluster, tmp_path: Path
+) -> None:
     """KFP signals the step's process group: its Go launcher dies at once, the container ends, and this process is
     killed moments later (reference/kfp_backend_support.md, "Terminate"). The delete must already be out by then."""
     cluster = make_cluster(timeline=Timeline.running(2))
     env = {**os.environ, "KUBECONFIG": str(cluster.control_plane.write_kubeconfig(tmp_path / "kubeconfig"))}
-    launcher = subprocess.Popen(launcher_command(staged_root, "killed", cluster.namespace), env=env,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+    launcher = subprocess.Popen(
+        launcher_command(staged_root, "killed", cluster.namespace), env=env, stderr=subprocess.DEVNULL
+    )
     name = job_name("killed", "killed")
     wait_for(lambda: running(cluster.job(name)), 60, "the job runs")
     launcher.send_signal(signal.SIGTERM)
@@ -539,8 +606,9 @@ def test_sigterm_deletes_the_job_even_when_the_process_is_killed_right_after(sta
     assert deleted_jobs(cluster)[:1] == [(name, "Foreground")]
 
 
-def test_the_in_cluster_login_is_the_service_accounts(staged_root: Path, make_cluster, tmp_path: Path,
-                                                      monkeypatch) -> None:  # fmt: skip
+def test_the_in_cluster_login_is_the_service_accounts(
+    staged_root: Path, make_cluster, tmp_path: Path, monkeypatch
+) -> None:
     """In a KFP step pod the launcher logs in with the mounted service-account token and CA (load_incluster_config):
     the same files, pointed at here, reach the real API server as the pipeline runner."""
     from kubernetes.config import incluster_config
@@ -553,8 +621,9 @@ def test_the_in_cluster_login_is_the_service_accounts(staged_root: Path, make_cl
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(plane.port))
-    result = launch(cluster_config(staged_root, "in-cluster", cluster.namespace, nnodes=1),
-                    api_client_from_environment())  # fmt: skip
+    result = launch(
+        cluster_config(staged_root, "in-cluster", cluster.namespace, nnodes=1), api_client_from_environment()
+    )
     assert result.state == "Succeeded"
     users = {e["user"]["username"] for e in cluster.audit()}
     assert users == {"system:serviceaccount:kubeflow:pipeline-runner"}
@@ -601,8 +670,9 @@ def test_a_failed_job_that_auto_resume_brings_back_runs_to_success(staged_root: 
     assert deleted_jobs(cluster) == []
 
 
-def test_a_failed_job_that_auto_resume_leaves_failed_fails_the_step_after_the_wait(staged_root: Path,
-                                                                                   make_cluster) -> None:  # fmt: skip
+def test_a_failed_job_that_auto_resume_leaves_failed_fails_the_step_after_the_wait(
+    staged_root: Path, make_cluster
+) -> None:
     cluster = make_cluster(timeline=back_after_auto_resume(comebacks=0))
     cfg = cluster_config(
         staged_root,
@@ -617,8 +687,9 @@ def test_a_failed_job_that_auto_resume_leaves_failed_fails_the_step_after_the_wa
 
 
 @BOTH_APIS
-def test_a_retried_run_after_a_failed_job_trains_again(api: str, staged_root: Path, make_cluster, garbage_collector,
-                                                       caplog) -> None:  # fmt: skip
+def test_a_retried_run_after_a_failed_job_trains_again(
+    api: str, staged_root: Path, make_cluster, garbage_collector, caplog
+) -> None:
     """KFP's run-level Retry keeps the run id, so the job name: the failed job is replaced, not re-reported. The
     foreground deletion of the failed job ends only when the garbage collector has removed its pods. A Failed TrainJob
     is deleted by the launch that saw it fail (Trainer v2.3.0 would run it again once its JobSet's TTL removed the
@@ -662,10 +733,12 @@ def test_a_failed_trainjob_left_behind_is_replaced_once_its_jobset_and_pods_are_
 
 
 @BOTH_APIS
-def test_a_job_of_a_run_that_is_still_running_is_reattached_not_replaced(api: str, staged_root: Path,
-                                                                         make_cluster) -> None:  # fmt: skip
-    cluster = make_cluster(timeline=Timeline.running(2).then(1.5, lambda job: [job.exit(i, 0) for i in (0, 1)]),
-                           api=api)  # fmt: skip
+def test_a_job_of_a_run_that_is_still_running_is_reattached_not_replaced(
+    api: str, staged_root: Path, make_cluster
+) -> None:
+    cluster = make_cluster(
+        timeline=Timeline.running(2).then(1.5, lambda job: [job.exit(i, 0) for i in (0, 1)]), api=api
+    )
     cfg = cluster_config(staged_root, "still-running", **on(cluster))
     cluster.create_job(render_job(cfg.job_spec()))
     wait_for(lambda: running(cluster.job(cfg.job_name)), 30, "the job runs")
@@ -681,8 +754,11 @@ def test_the_job_is_owned_by_the_launcher_pod_in_its_namespace(staged_root: Path
     namespace_file.write_text("kubeflow")
     cfg = cluster_config(staged_root, "owned", owner_reference=True)
     (owner,) = render_job(cfg.job_spec())["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", "pretrain-launch-pytorchjob-123",
-                                                            "6f1c9a52-0000-4000-8000-000000000001")  # fmt: skip
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "Pod",
+        "pretrain-launch-pytorchjob-123",
+        "6f1c9a52-0000-4000-8000-000000000001",
+    )
     namespace_file.write_text("kubeflow-user")  # owners cannot cross namespaces: none rather than a broken one
     assert "ownerReferences" not in render_job(cfg.job_spec())["metadata"]
     assert "ownerReferences" not in render_job(cluster_config(staged_root, "owned").job_spec())["metadata"]
@@ -711,20 +787,30 @@ def write_trainer_logs(run: RunPaths, failing_rank: int, world: int = 4) -> None
     for rank in range(world):  # the others die in the collective later
         with open(run.rank_log(rank), "a") as f:
             if rank != failing_rank:
-                f.write(logging.Formatter(LOG_FORMAT.replace("{rank}", str(rank))).format(logging.makeLogRecord(
-                    {"name": "trainer", "levelname": "ERROR", "levelno": logging.ERROR,
-                     "msg": "training crashed: Connection reset by peer"})) + "\n")  # fmt: skip
+                f.write(
+                    logging.Formatter(LOG_FORMAT.replace("{rank}", str(rank))).format(
+                        logging.makeLogRecord(
+                            {
+                                "name": "trainer",
+                                "levelname": "ERROR",
+                                "levelno": logging.ERROR,
+                                "msg": "training crashed: Connection reset by peer",
+                            }
+                        )
+                    )
+                    + "\n"
+                )
     write_status(run, 0, "crashed", exit_code=1, step=30, error="RuntimeError('Connection reset by peer')")
 
 
 @BOTH_APIS
-def test_a_failed_job_whose_pods_were_deleted_still_names_the_trainers_last_lines(api: str, staged_copy: Path,
-                                                                                   make_cluster) -> None:  # fmt: skip
+def test_a_failed_job_whose_pods_were_deleted_still_names_the_trainers_last_lines(
+    api: str, staged_copy: Path, make_cluster
+) -> None:
     """Training Operator 1.8.1 deletes every pod at the backoff limit before it writes Failed; JobSet deletes a
     failed group's Jobs, and with them their pods, at each restart: the evidence comes from the trainer's own logs on
     the volume."""
-    cluster = make_cluster(timeline=crash_until_failed(api, log_lines=["boom"], tick_s=0.05), api=api,
-                           restart_budget=1)  # fmt: skip
+    cluster = make_cluster(timeline=crash_until_failed(api, log_lines=["boom"], tick_s=0.05), api=api, restart_budget=1)
     cfg = cluster_config(staged_copy, "evidence", **on(cluster), job_options=restart_budget(api, 1))
     write_trainer_logs(cfg.run_paths, failing_rank=3)
     with pytest.raises(StepFailed) as failure:
@@ -736,8 +822,9 @@ def test_a_failed_job_whose_pods_were_deleted_still_names_the_trainers_last_line
     assert "RuntimeError: CUDA error: an illegal memory access was encountered" in message
 
 
-def test_an_elastic_job_running_on_its_minimum_with_pods_pending_succeeds(staged_root: Path, make_cluster,
-                                                                          caplog) -> None:  # fmt: skip
+def test_an_elastic_job_running_on_its_minimum_with_pods_pending_succeeds(
+    staged_root: Path, make_cluster, caplog
+) -> None:
     """A 2:4 job runs on 2 nodes while 2 pods wait Pending for room, past the Pending deadline: that is elasticity,
     not a stuck job. The operator creates maxReplicas pods and calls an elastic job Succeeded when one worker
     succeeded (#1752). (It was once deleted as "never started: no pods made" once it ran longer than the deadline.)"""
@@ -754,8 +841,7 @@ def test_an_elastic_job_running_on_its_minimum_with_pods_pending_succeeds(staged
 
 
 @BOTH_APIS
-def test_a_job_that_never_starts_is_deleted_at_the_pending_deadline(api: str, staged_root: Path,
-                                                                    make_cluster) -> None:  # fmt: skip
+def test_a_job_that_never_starts_is_deleted_at_the_pending_deadline(api: str, staged_root: Path, make_cluster) -> None:
     cluster = make_cluster(timeline=Timeline.stuck_pending(), api=api)
     job = render_job(cluster_config(staged_root, "never", **on(cluster)).job_spec())
     # 3 s: a TrainJob's pods come from JobSet's Jobs through the Job controller, and the scheduler's warning follows
@@ -779,8 +865,9 @@ def test_a_job_that_gets_no_pod_at_all_fails_at_the_pending_deadline_with_the_op
     core.patch_namespaced_resource_quota_status("no-pods", cluster.namespace, status)
     job = render_job(cluster_config(staged_root, "no-pod", **on(cluster)).job_spec())
     with pytest.raises(StepFailed) as failed:
-        run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=3, diagnose_every_s=DIAGNOSE_EVERY_S),
-                threading.Event())  # fmt: skip
+        run_job(
+            Kube(cluster.runner()), job, fast(pending_timeout_s=3, diagnose_every_s=DIAGNOSE_EVERY_S), threading.Event()
+        )
     message = str(failed.value)
     assert "never started: no pods made for" in message and "past the Pending deadline of 3s" in message
     assert "FailedCreate: Error creating: pods" in message and "exceeded quota: no-pods" in message, message
@@ -822,14 +909,18 @@ def test_a_pod_stuck_terminating_on_a_lost_node_counts_as_lost(staged_root: Path
 
 
 @BOTH_APIS
-def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(api: str, staged_root: Path, make_cluster,
-                                                                          caplog) -> None:  # fmt: skip
+def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(
+    api: str, staged_root: Path, make_cluster, caplog
+) -> None:
     """HyperPod task governance (Kueue) creates the job suspended and admits it later: waiting in the queue is not
     being stuck in Pending."""
     caplog.set_level(logging.INFO)
     cluster = make_cluster(timeline=Timeline.queued(admit_after_s=3.5, log_lines=LINES[:2]), api=api)
-    cfg = cluster_config(staged_root, "queued", **on(cluster, queue_name="hyperpod-ns-team-a-localqueue",
-                                                     priority_class="training-priority"))  # fmt: skip
+    cfg = cluster_config(
+        staged_root,
+        "queued",
+        **on(cluster, queue_name="hyperpod-ns-team-a-localqueue", priority_class="training-priority"),
+    )
     job = render_job(cfg.job_spec())
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-team-a-localqueue"
     assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training-priority"
@@ -861,8 +952,7 @@ def test_a_job_preempted_by_kueue_and_admitted_again_is_not_taken_for_a_lost_nod
     cluster = make_cluster(timeline=Timeline.preempted(queued_s=3.0, pending_s=2.0, log_lines=LINES[:3]), api=api)
     cfg = cluster_config(staged_root, "preempted", **on(cluster, queue_name="team-a"))
     job = render_job(cfg.job_spec())
-    outcome = run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=6, recovery_timeout_s=1.5),
-                      threading.Event())  # fmt: skip
+    outcome = run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=6, recovery_timeout_s=1.5), threading.Event())
     conditions = {c["type"]: c for c in outcome.conditions}
     assert outcome.state == "Succeeded" and deleted_jobs(cluster) == []
     resumed = "PyTorchJobResumed" if api == "pytorchjob" else "Resumed"  # TrainJobResumedReason (v2.3.0)
@@ -920,8 +1010,9 @@ def test_the_training_deadline_reaches_the_operator(staged_root: Path) -> None:
     assert "activeDeadlineSeconds" not in unbounded
 
 
-def test_after_a_kueue_resume_the_operators_deadline_waits_for_the_jobs_next_change(staged_root: Path,
-                                                                                    make_cluster) -> None:  # fmt: skip
+def test_after_a_kueue_resume_the_operators_deadline_waits_for_the_jobs_next_change(
+    staged_root: Path, make_cluster
+) -> None:
     """Why cancel layer 3 is not enough alone after a preemption (README, "Cancelling"): on resume 1.8.1 sets
     startTime anew and queues no deadline timer (the one it queued at the first start fires, finds the new startTime
     not yet past, and none follows), so the job runs past activeDeadlineSeconds until something about it changes."""
@@ -933,8 +1024,9 @@ def test_after_a_kueue_resume_the_operators_deadline_waits_for_the_jobs_next_cha
         )
     )
     cluster = make_cluster(timeline=timeline)
-    spec = cluster_config(staged_root, "resumed-deadline", cluster.namespace,
-                          platform=Platform(queue_name="team-a")).job_spec()  # fmt: skip
+    spec = cluster_config(
+        staged_root, "resumed-deadline", cluster.namespace, platform=Platform(queue_name="team-a")
+    ).job_spec()
     spec.active_deadline_s = 2
     name = cluster.create_job(render_job(spec))["metadata"]["name"]
 
@@ -948,13 +1040,17 @@ def test_after_a_kueue_resume_the_operators_deadline_waits_for_the_jobs_next_cha
     assert running(cluster.job(name)), "no deadline without a change"
     core = kubernetes.client.CoreV1Api(cluster.admin)
     core.patch_namespaced_pod(f"{name}-worker-1", cluster.namespace, {"metadata": {"labels": {"touched": "1"}}})
-    wait_for(lambda: "active longer than specified deadline" in json.dumps(cluster.job(name)["status"]), 10,
-             "the next change reconciles the job past its deadline")  # fmt: skip
+    wait_for(
+        lambda: "active longer than specified deadline" in json.dumps(cluster.job(name)["status"]),
+        10,
+        "the next change reconciles the job past its deadline",
+    )
 
 
 @BOTH_APIS
-def test_a_terminated_runs_job_is_deleted_by_the_exit_step(api: str, staged_root: Path, make_cluster,
-                                                           tmp_path: Path) -> None:  # fmt: skip
+def test_a_terminated_runs_job_is_deleted_by_the_exit_step(
+    api: str, staged_root: Path, make_cluster, tmp_path: Path
+) -> None:
     """KFP runs the exit step after a terminate; the launcher may have died (SIGKILL) before it deleted anything.
     The exit step sees the launcher's record still "running" and deletes the job; the owner reference would wait for
     the launcher's pod object, which KFP keeps for a day."""
@@ -970,8 +1066,14 @@ def test_a_terminated_runs_job_is_deleted_by_the_exit_step(api: str, staged_root
         f"with recorded_step({str(root)!r}, 'killed-run', 'launch-pytorchjob', {{}}):\n"
         "    main(sys.argv[1:])\n"
     )
-    command = [sys.executable, "-c", script, *launcher_command(root, "killed-run", cluster.namespace, cluster)[3:],
-               "--pipeline-run-id", pipeline_run]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        script,
+        *launcher_command(root, "killed-run", cluster.namespace, cluster)[3:],
+        "--pipeline-run-id",
+        pipeline_run,
+    ]
     env = {**os.environ, "KUBECONFIG": str(cluster.control_plane.write_kubeconfig(tmp_path / "kubeconfig"))}
     launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     name = job_name(pipeline_run, "killed-run")
@@ -989,8 +1091,7 @@ def test_a_terminated_runs_job_is_deleted_by_the_exit_step(api: str, staged_root
 
 
 @BOTH_APIS
-def test_the_exit_step_leaves_a_finished_job_and_someone_elses_alone(api: str, staged_root: Path,
-                                                                     make_cluster) -> None:  # fmt: skip
+def test_the_exit_step_leaves_a_finished_job_and_someone_elses_alone(api: str, staged_root: Path, make_cluster) -> None:
     cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:2]), api=api)
     cfg = cluster_config(staged_root, "finished", **on(cluster))
     launch(cfg, cluster.runner())
@@ -1041,8 +1142,9 @@ def rank_logs(run: RunPaths, world: int, steps: tuple[int, ...]) -> None:
         with open(run.rank_log(rank), "a") as f:
             for step in steps:  # train_ddp's step line: its record, with the line trainer.metrics.step_line makes
                 line = step_line(step, steps[-1], 5 - step / 10, 3e-3, 0.5, 20000, None, 1.0 * (steps[-1] - step))
-                record = logging.makeLogRecord({"name": "trainer", "levelname": "INFO", "levelno": logging.INFO,
-                                                "msg": "%s", "args": (line,)})  # fmt: skip
+                record = logging.makeLogRecord(
+                    {"name": "trainer", "levelname": "INFO", "levelno": logging.INFO, "msg": "%s", "args": (line,)}
+                )
                 f.write(logging.Formatter(LOG_FORMAT.replace("{rank}", str(rank))).format(record) + "\n")
 
 
@@ -1079,8 +1181,9 @@ def test_a_diverged_trainer_ends_its_job_instead_of_restarting_it(api: str, stag
         write_status(run, 0, "diverged", step=25, exit_code=ExitCode.DIVERGED, error=divergence.reason())
 
     loop = restarted_again_and_again(api, int(ExitCode.DIVERGED), 40, 0.5, ["diverged"])
-    cluster = make_cluster(timeline=Timeline([*loop.steps[:1], (0.1, diverge), *loop.steps[1:]]), api=api,
-                           restart_budget=50)  # fmt: skip
+    cluster = make_cluster(
+        timeline=Timeline([*loop.steps[:1], (0.1, diverge), *loop.steps[1:]]), api=api, restart_budget=50
+    )
     cfg = cluster_config(root, "diverged", **on(cluster), job_options=restart_budget(api, 50))
     with pytest.raises(StepFailed) as failure:
         launch(cfg, cluster.runner())
@@ -1091,8 +1194,9 @@ def test_a_diverged_trainer_ends_its_job_instead_of_restarting_it(api: str, stag
 
 
 @BOTH_APIS
-def test_a_job_whose_step_stops_advancing_is_deleted_with_every_ranks_last_lines(api: str, staged_root: Path,
-                                                                                  make_cluster) -> None:  # fmt: skip
+def test_a_job_whose_step_stops_advancing_is_deleted_with_every_ranks_last_lines(
+    api: str, staged_root: Path, make_cluster
+) -> None:
     root = staged_root.parent / f"stalled-k8s-{api}"
     shutil.copytree(staged_root, root, symlinks=True, dirs_exist_ok=True)
     run = cluster_config(root, "stalled").run_paths
@@ -1102,7 +1206,8 @@ def test_a_job_whose_step_stops_advancing_is_deleted_with_every_ranks_last_lines
         write_status(run, 0, "running", step=3, world_size=16, attempt=1)
 
     timeline = Timeline.started(2).then(0.1, three_steps_then_nothing) + Timeline.lines(
-        [f"line {i}" for i in range(60)], [0, 1], tick_s=0.5)  # fmt: skip
+        [f"line {i}" for i in range(60)], [0, 1], tick_s=0.5
+    )
     cluster = make_cluster(timeline=timeline, api=api)
     with pytest.raises(StepFailed) as failure:
         launch(cluster_config(root, "stalled", **on(cluster), stall_timeout_s=2), cluster.runner())

@@ -252,9 +252,12 @@ def test_scripted_outcomes(server: FakeKfp, client: kfp.Client, uploaded: tuple[
     failed = client.wait_for_run_completion(run("fails"), timeout=10, sleep_duration=0)
     assert failed.state == "FAILED" and failed.error is None  # a real backend keeps no message for a failed run
     assert [(t.display_name, t.state) for t in failed.run_details.task_details][1:] == [
-        ("root-driver", "SUCCEEDED"), ("root", "FAILED"), ("repeat-driver", "SUCCEEDED"), ("repeat", "FAILED"),
+        ("root-driver", "SUCCEEDED"),
+        ("root", "FAILED"),
+        ("repeat-driver", "SUCCEEDED"),
+        ("repeat", "FAILED"),
         ("executor", "FAILED"),
-    ]  # fmt: skip
+    ]
 
     server.run_progression = ()
     server.run_outcome = "SUCCEEDED"
@@ -280,12 +283,17 @@ def test_a_failed_run_has_the_argo_nodes_a_real_backend_reports(
     nodes = [(t.display_name, t.state) for t in failed.run_details.task_details]
     assert nodes[0][0].startswith("guarded-") and nodes[0][1] == "FAILED"  # the workflow, named after the pipeline
     assert nodes[1:] == [
-        ("root-driver", "SUCCEEDED"), ("root", "FAILED"),
+        ("root-driver", "SUCCEEDED"),
+        ("root", "FAILED"),
         ("exit-handler-1-driver", "SUCCEEDED"),
-        ("repeat-driver", "SUCCEEDED"), ("repeat", "FAILED"), ("executor", "FAILED"),  # repeat-2 never starts
+        ("repeat-driver", "SUCCEEDED"),
+        ("repeat", "FAILED"),
+        ("executor", "FAILED"),  # repeat-2 never starts
         ("exit-handler-1", "FAILED"),
-        ("report-driver", "SUCCEEDED"), ("report", "SUCCEEDED"), ("executor", "SUCCEEDED"),  # the exit task runs
-    ]  # fmt: skip
+        ("report-driver", "SUCCEEDED"),
+        ("report", "SUCCEEDED"),
+        ("executor", "SUCCEEDED"),  # the exit task runs
+    ]
     # No message and no outputs on any task: the launcher uploads nothing for a failed step, and the API keeps none.
     assert all(t.error is None and not t.outputs for t in failed.run_details.task_details)
     assert failed.error is None

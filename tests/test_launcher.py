@@ -115,8 +115,9 @@ def test_sigterm_stops_torchrun_and_every_worker(staged_copy: Path) -> None:
     assert processes_mentioning(str(run.root)) == []
 
 
-def test_the_step_gives_kfps_run_comparison_the_training_in_a_few_numbers(uninterrupted: RunPaths,
-                                                                          tmp_path: Path) -> None:  # fmt: skip
+def test_the_step_gives_kfps_run_comparison_the_training_in_a_few_numbers(
+    uninterrupted: RunPaths, tmp_path: Path
+) -> None:
     """The launch step's metrics (KFP's run comparison) and report: the last logged loss and tokens seen, the last
     val loss, the median tokens/s and MFU (none on a CPU), from rank 0's metrics.jsonl."""
     import statistics
@@ -130,9 +131,12 @@ def test_the_step_gives_kfps_run_comparison_the_training_in_a_few_numbers(uninte
 
     rows = read_json_lines(uninterrupted.metrics)
     figures = training_figures(uninterrupted)
-    assert figures == {"final_loss": rows[-1]["loss"], "tokens_seen": rows[-1]["tokens"],
-                       "val_loss": [r["val_loss"] for r in rows if "val_loss" in r][-1],
-                       "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows)}  # fmt: skip
+    assert figures == {
+        "final_loss": rows[-1]["loss"],
+        "tokens_seen": rows[-1]["tokens"],
+        "val_loss": [r["val_loss"] for r in rows if "val_loss" in r][-1],
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+    }
     result = replace(LaunchResult("straight", str(uninterrupted.root), "local", 2, 1.0), **figures)
     metrics = dsl.Metrics(uri=str(tmp_path / "metrics"))
     log_numbers(metrics, result)

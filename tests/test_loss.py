@@ -65,8 +65,9 @@ def test_the_output_head_gives_logits_without_targets_and_the_chunked_loss_with_
     head = OutputHead(16, 500, bias=False)
     hidden, targets = torch.randn(3, 40, 16, requires_grad=True), torch.randint(0, 500, (3, 40))
     assert torch.equal(head(hidden), F.linear(hidden, head.weight))
-    chunked = torch.autograd.grad(linear_cross_entropy(hidden, head.weight, targets, chunk_elements=7 * 500),
-                                  (hidden, head.weight))  # fmt: skip
+    chunked = torch.autograd.grad(
+        linear_cross_entropy(hidden, head.weight, targets, chunk_elements=7 * 500), (hidden, head.weight)
+    )
     with head.loss_against(targets):
         loss = head(hidden)  # one chunk holds them all: the plain form
     assert head.targets is None

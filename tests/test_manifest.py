@@ -141,11 +141,19 @@ def test_what_ours_adds_to_the_seed() -> None:
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     # torchrun SIGKILLs its workers its shutdown timeout after SIGTERM: by default the grace period, less a margin.
     assert (env["TRAINER_GRACE_PERIOD_S"], env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == ("120", "100")
-    env = {e["name"]: e["value"] for e in render_job(seed_spec(grace_period_s=300))["spec"]["pytorchReplicaSpecs"][
-        "Worker"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    env = {
+        e["name"]: e["value"]
+        for e in render_job(seed_spec(grace_period_s=300))["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+            "containers"
+        ][0]["env"]
+    }
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "280", "derived from the grace period, not written twice"
-    env = {e["name"]: e["value"] for e in render_job(seed_spec(shutdown_timeout_s=0))["spec"]["pytorchReplicaSpecs"][
-        "Worker"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    env = {
+        e["name"]: e["value"]
+        for e in render_job(seed_spec(shutdown_timeout_s=0))["spec"]["pytorchReplicaSpecs"]["Worker"]["template"][
+            "spec"
+        ]["containers"][0]["env"]
+    }
     assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in env, "0: torchrun's own default"
     assert len(job["metadata"]["annotations"][SPEC_HASH_ANNOTATION]) == 64
 
@@ -206,7 +214,7 @@ def test_elastic_replicas_with_and_without_a_queue() -> None:
         "memory",
         "shutdown",
         "half-auto-resume",
-    ],  # fmt: skip
+    ],
 )
 def test_inconsistent_inputs_fail_with_one_clear_line(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(InputError, match=message):
@@ -222,11 +230,20 @@ def test_job_names_are_stable_per_pipeline_run_and_dns_safe() -> None:
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"min_nodes": 1, "max_nodes": 4, "active_deadline_s": 3600}, {"auto_resume": False, "namespace": "team-a",
-     "owner": ("launcher-pod", "uid-1"), "node_selector": {"a": "b"}, "service_account": "trainer",
-     "image_pull_secrets": ["ecr-pull"]}],
+    [
+        {},
+        {"min_nodes": 1, "max_nodes": 4, "active_deadline_s": 3600},
+        {
+            "auto_resume": False,
+            "namespace": "team-a",
+            "owner": ("launcher-pod", "uid-1"),
+            "node_selector": {"a": "b"},
+            "service_account": "trainer",
+            "image_pull_secrets": ["ecr-pull"],
+        },
+    ],
     ids=["seed", "elastic", "no-auto-resume"],
-)  # fmt: skip
+)
 def test_every_rendered_manifest_is_accepted_whole_by_the_api_server(control_plane: Any, overrides: dict) -> None:
     """A server-side dry run with strict field validation on the real API server (the v1.8.1 CRD, the operator's
     webhook): a field the CRD's schema does not know is refused rather than silently pruned, and the job is stored
@@ -235,8 +252,9 @@ def test_every_rendered_manifest_is_accepted_whole_by_the_api_server(control_pla
     api = kubernetes.client.CustomObjectsApi(control_plane.admin)
 
     def dry_run(job: dict[str, Any]) -> dict[str, Any]:
-        return api.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", job, dry_run="All",
-                                                   field_validation="Strict")  # fmt: skip
+        return api.create_namespaced_custom_object(
+            "kubeflow.org", "v1", namespace, "pytorchjobs", job, dry_run="All", field_validation="Strict"
+        )
 
     try:
         job = render_job(seed_spec(**{**overrides, "namespace": namespace}))
@@ -253,8 +271,24 @@ def test_every_rendered_manifest_is_accepted_whole_by_the_api_server(control_pla
 
 
 def test_render_job_prints_yaml(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "pipelines.cli", "render-job", "--storage-root", "/fsx", "--dataset", "corpus",
-               "--run-id", "r1", "--image", "img:1", "--nnodes", "2", "--nproc-per-node", "8"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "render-job",
+        "--storage-root",
+        "/fsx",
+        "--dataset",
+        "corpus",
+        "--run-id",
+        "r1",
+        "--image",
+        "img:1",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     job = yaml.safe_load(result.stdout)
@@ -264,8 +298,24 @@ def test_render_job_prints_yaml(tmp_path: Path) -> None:
 
 
 def test_render_job_gives_the_trainer_its_runs_checkpoint_copies_prefix_and_endpoint() -> None:
-    base = [sys.executable, "-m", "pipelines.cli", "render-job", "--storage-root", "/fsx", "--dataset", "corpus",
-            "--run-id", "r1", "--image", "img:1", "--nnodes", "2", "--nproc-per-node", "8"]  # fmt: skip
+    base = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "render-job",
+        "--storage-root",
+        "/fsx",
+        "--dataset",
+        "corpus",
+        "--run-id",
+        "r1",
+        "--image",
+        "img:1",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+    ]
 
     def container(*extra: str) -> dict[str, Any]:
         result = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
@@ -327,30 +377,62 @@ def test_render_job_of_a_pipeline_file_is_the_launchers_job_for_its_defaults_and
     # What `compile --job-api trainjob` writes differs from the checked-in file in the job API constants only (the
     # platform's and the steps' job_api): swapped here, not compiled, which takes seconds.
     trainjob = tmp_path / "trainjob.yaml"
-    trainjob.write_text(COMPILED_PIPELINE.read_text().replace("job_api: pytorchjob", "job_api: trainjob")
-                        .replace("constant: pytorchjob", "constant: trainjob"))  # fmt: skip
+    trainjob.write_text(
+        COMPILED_PIPELINE.read_text()
+        .replace("job_api: pytorchjob", "job_api: trainjob")
+        .replace("constant: pytorchjob", "constant: trainjob")
+    )
     default = Platform(mount_path="/fsx", namespaces=("kubeflow",))  # what the default compile puts in
     image = "registry.example/hyperpod-pretrain-trainer:1"
-    for package, platform, nodes in ((COMPILED_PIPELINE, default, 4),
-                                     (trainjob, replace(default, job_api="trainjob"), 3)):  # fmt: skip
+    for package, platform, nodes in (
+        (COMPILED_PIPELINE, default, 4),
+        (trainjob, replace(default, job_api="trainjob"), 3),
+    ):
         compiled = next(yaml.safe_load_all(package.read_text()))
         d = {k: v.get("defaultValue") for k, v in compiled["root"]["inputDefinitions"]["parameters"].items()}
-        params = [f"nnodes={nodes}", "preset=gpt2-350m", f"trainer_image={image}", "max_steps=9000", "lr=0.0003",
-                  'job_options={"grace_period_s": 300}']  # fmt: skip
+        params = [
+            f"nnodes={nodes}",
+            "preset=gpt2-350m",
+            f"trainer_image={image}",
+            "max_steps=9000",
+            "lr=0.0003",
+            'job_options={"grace_period_s": 300}',
+        ]
         assert main(["render-job", "--pipeline-file", str(package), *(a for p in params for a in ("--param", p))]) == 0
         printed = yaml.safe_load(capsys.readouterr().out)
         config = LaunchConfig(
-            storage_root=d["storage_root"], dataset=d["dataset"], run_id="example", pipeline_run_id="example",
-            backend=d["backend"], nnodes=nodes, max_nodes=int(d["max_nodes"]),
-            nproc_per_node=int(d["nproc_per_node"]), preset="gpt2-350m", max_steps=9000, seed=int(d["seed"]),
-            batch_size=int(d["batch_size"]), seq_len=int(d["seq_len"]), lr=0.0003, warmup_steps=int(d["warmup_steps"]),
-            extend_schedule=d["extend_schedule"], dropout=d["dropout"], checkpoint_every=int(d["checkpoint_every"]),
-            log_every=int(d["log_every"]), timeout_s=int(d["train_timeout_s"]),
-            pending_timeout_s=int(d["pending_timeout_s"]), recovery_timeout_s=int(d["recovery_timeout_s"]),
-            queue_timeout_s=int(d["queue_timeout_s"]), stall_timeout_s=int(d["stall_timeout_s"]), image=image,
-            namespace=d["namespace"], instance_type=d["instance_type"], job_options={"grace_period_s": 300},
-            stream_logs=d["stream_logs"], owner_reference=d["owner_reference"], platform=platform,
-        )  # fmt: skip
+            storage_root=d["storage_root"],
+            dataset=d["dataset"],
+            run_id="example",
+            pipeline_run_id="example",
+            backend=d["backend"],
+            nnodes=nodes,
+            max_nodes=int(d["max_nodes"]),
+            nproc_per_node=int(d["nproc_per_node"]),
+            preset="gpt2-350m",
+            max_steps=9000,
+            seed=int(d["seed"]),
+            batch_size=int(d["batch_size"]),
+            seq_len=int(d["seq_len"]),
+            lr=0.0003,
+            warmup_steps=int(d["warmup_steps"]),
+            extend_schedule=d["extend_schedule"],
+            dropout=d["dropout"],
+            checkpoint_every=int(d["checkpoint_every"]),
+            log_every=int(d["log_every"]),
+            timeout_s=int(d["train_timeout_s"]),
+            pending_timeout_s=int(d["pending_timeout_s"]),
+            recovery_timeout_s=int(d["recovery_timeout_s"]),
+            queue_timeout_s=int(d["queue_timeout_s"]),
+            stall_timeout_s=int(d["stall_timeout_s"]),
+            image=image,
+            namespace=d["namespace"],
+            instance_type=d["instance_type"],
+            job_options={"grace_period_s": 300},
+            stream_logs=d["stream_logs"],
+            owner_reference=d["owner_reference"],
+            platform=platform,
+        )
         expected = render_job(config.job_spec())
         assert printed == expected
         if platform.job_api == "trainjob":
@@ -376,16 +458,23 @@ def test_render_job_and_preflight_take_a_pipeline_file_and_params_or_the_flags_n
 
     package, image = ["--pipeline-file", str(COMPILED_PIPELINE)], ["--param", "trainer_image=registry.example/t:1"]
     cases = [
-        (["render-job", *package, *image, "--nnodes", "2"], "--nnodes: with --pipeline-file, the package's defaults "
-         "and --param values set the job (and its platform settings are compiled in): give pipeline parameters as "
-         "--param KEY=VALUE"),
+        (
+            ["render-job", *package, *image, "--nnodes", "2"],
+            "--nnodes: with --pipeline-file, the package's defaults "
+            "and --param values set the job (and its platform settings are compiled in): give pipeline parameters as "
+            "--param KEY=VALUE",
+        ),
         (["preflight", *package, *image, "--job-api", "trainjob", "--json"], "--job-api: with --pipeline-file"),
         (["render-job", "--param", "nnodes=4"], "--param sets a parameter of --pipeline-file: give the file too"),
-        (["preflight", *package, *image, "--param", "preset=huge"], "--param preset='huge': model preset 'huge' is "
-         "unknown"),
-        (["render-job", *package], "the pipeline's defaults: the trainer image is empty (--image; a pipeline's "
-         "trainer_image)"),
-    ]  # fmt: skip
+        (
+            ["preflight", *package, *image, "--param", "preset=huge"],
+            "--param preset='huge': model preset 'huge' is unknown",
+        ),
+        (
+            ["render-job", *package],
+            "the pipeline's defaults: the trainer image is empty (--image; a pipeline's trainer_image)",
+        ),
+    ]
     for argv, message in cases:
         assert main(argv) == 2, argv
         last = capsys.readouterr().err.strip().splitlines()[-1]
@@ -399,8 +488,12 @@ def test_preflight_of_a_pipeline_file_warns_only_as_its_step_would() -> None:
     from pipelines.cli import build_parser, preflight_settings
 
     package = ["preflight", "--pipeline-file", str(COMPILED_PIPELINE), "--param", "trainer_image=registry.example/t:1"]
-    for extra, expected in (([], False), (["--param", "preflight_warn_only=true"], True), (["--warn-only"], True),
-                            (["--param", "preflight_warn_only=false"], False)):  # fmt: skip
+    for extra, expected in (
+        ([], False),
+        (["--param", "preflight_warn_only=true"], True),
+        (["--warn-only"], True),
+        (["--param", "preflight_warn_only=false"], False),
+    ):
         assert preflight_settings(build_parser().parse_args([*package, *extra]))[1] is expected, extra
     assert preflight_settings(build_parser().parse_args(["preflight", "--warn-only"]))[1] is True
     assert preflight_settings(build_parser().parse_args(["preflight"]))[1] is False

@@ -36,9 +36,15 @@ def test_what_a_block_and_the_rest_keep_for_backward_is_the_estimates(mode: str)
 
     tokens = TOKENS[0] * TOKENS[1]
     for hidden, inner, heads, kv_heads in ((128, 256, 4, 2), (256, 640, 8, 8)):
-        shape = {"hidden_size": hidden, "intermediate_size": inner, "num_attention_heads": heads,
-                 "num_key_value_heads": kv_heads, "vocab_size": 256, "max_position_embeddings": TOKENS[1],
-                 "tie_word_embeddings": False}  # fmt: skip
+        shape = {
+            "hidden_size": hidden,
+            "intermediate_size": inner,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "vocab_size": 256,
+            "max_position_embeddings": TOKENS[1],
+            "tie_word_embeddings": False,
+        }
         two, four = (AutoConfig.for_model("llama", num_hidden_layers=layers, **shape) for layers in (2, 4))
         expected = block_activation_bytes(model_shape(two), mode)
         two, four = kept_after_forward(two, mode), kept_after_forward(four, mode)

@@ -20,19 +20,43 @@ from trainer.model import build_model, model_config
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(0, "0"), (950, "950"), (999.4, "999"), (999.96, "1.0k"), (7_100, "7.1k"), (12_345, "12.3k"), (99_960, "100k"),
-     (364_000, "364k"), (999_999, "1.0M"), (1_600_000, "1.6M"), (12_345_678, "12.3M"), (124_000_000, "124M"),
-     (2.1e9, "2.1B"), (3.4e12, "3.4T")],
-)  # fmt: skip
+    [
+        (0, "0"),
+        (950, "950"),
+        (999.4, "999"),
+        (999.96, "1.0k"),
+        (7_100, "7.1k"),
+        (12_345, "12.3k"),
+        (99_960, "100k"),
+        (364_000, "364k"),
+        (999_999, "1.0M"),
+        (1_600_000, "1.6M"),
+        (12_345_678, "12.3M"),
+        (124_000_000, "124M"),
+        (2.1e9, "2.1B"),
+        (3.4e12, "3.4T"),
+    ],
+)
 def test_counts_take_k_m_b_units_with_three_figures_at_most(value: float, text: str) -> None:
     assert human_count(value) == text
 
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0s"), (0.4, "0s"), (45, "45s"), (59.6, "1m00s"), (80, "1m20s"), (3599, "59m59s"), (3720, "1h02m"),
-     (86_399, "23h59m"), (90_000, "1d01h"), (None, NO_VALUE), (float("inf"), NO_VALUE)],
-)  # fmt: skip
+    [
+        (0, "0s"),
+        (0.4, "0s"),
+        (45, "45s"),
+        (59.6, "1m00s"),
+        (80, "1m20s"),
+        (3599, "59m59s"),
+        (3720, "1h02m"),
+        (86_399, "23h59m"),
+        (90_000, "1d01h"),
+        (None, NO_VALUE),
+        (float("inf"), NO_VALUE),
+    ],
+)
 def test_durations_read_as_people_write_them(seconds: float | None, text: str) -> None:
     assert human_duration(seconds) == text
 
@@ -123,8 +147,14 @@ def test_a_gpu_peak_is_looked_up_by_its_exact_name_and_an_unknown_gpu_gets_no_mf
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     gpu = torch.device("cuda", 0)
-    for name, peak in [("NVIDIA H100 NVL", 835e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
-                       ("NVIDIA H200", 989e12), ("NVIDIA B200", 2250e12), ("NVIDIA H100 SXM5 94GB", None)]:  # fmt: skip
+    for name, peak in [
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA B200", 2250e12),
+        ("NVIDIA H100 SXM5 94GB", None),
+    ]:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
         assert peak_flops(gpu, 0.0) == peak, name
     assert "no MFU: no peak FLOP/s known for 'NVIDIA H100 SXM5 94GB'" in caplog.text

@@ -77,8 +77,11 @@ def test_each_epoch_of_a_repeating_dataset_is_a_new_permutation_of_all_its_windo
     epochs = [sum(seen[2 * e : 2 * e + 2], []) for e in range(3)]
     assert all(sorted(e) == sorted(epochs[0]) and len(set(e)) == 10 for e in epochs)
     assert epochs[0] != epochs[1] != epochs[2]
-    assert mix.accounting() == {"web": {"tokens": 0, "epochs": 0.0}, "code": {"tokens": 0, "epochs": 0.0},
-                                "math": {"tokens": 30 * SEQ_LEN, "epochs": 3.0}}  # fmt: skip
+    assert mix.accounting() == {
+        "web": {"tokens": 0, "epochs": 0.0},
+        "code": {"tokens": 0, "epochs": 0.0},
+        "math": {"tokens": 30 * SEQ_LEN, "epochs": 3.0},
+    }
 
 
 def test_a_restored_position_goes_on_exactly_and_other_weights_are_refused() -> None:
@@ -97,8 +100,9 @@ def test_a_restored_position_goes_on_exactly_and_other_weights_are_refused() -> 
     refused = r"--mixture web=0.5,code=0.4,math=0.1 differs from the mixture this run trained on \(web=0.6,"
     with pytest.raises(DataError, match=refused):
         batches([0.5, 0.4, 0.1]).position.load_state_dict(first.position.state_dict())
-    reordered = MixtureBatches([NAMES[1], NAMES[0], NAMES[2]], [SPLITS[1], SPLITS[0], SPLITS[2]], [0.3, 0.6, 0.1],
-                               SEQ_LEN, 8, 0, 1, 5)  # fmt: skip
+    reordered = MixtureBatches(
+        [NAMES[1], NAMES[0], NAMES[2]], [SPLITS[1], SPLITS[0], SPLITS[2]], [0.3, 0.6, 0.1], SEQ_LEN, 8, 0, 1, 5
+    )
     with pytest.raises(DataError, match=r"--mixture code=0.3,web=0.6,math=0.1 differs from the mixture this run"):
         reordered.position.load_state_dict(first.position.state_dict())  # the same weights, another order of cuts
     with pytest.raises(DataError, match="trained on one dataset, not a mixture"):
@@ -151,7 +155,8 @@ def test_a_mixture_stopped_by_sigterm_resumes_bit_identical_with_each_datasets_t
     straight, resumed = read_metrics(mixture_run), read_metrics(stopped.run_paths)
     assert_same_rows(resumed, straight, f"after a SIGTERM at step {status['step']}")
     assert [{k: v["tokens"] for k, v in r["datasets"].items()} for r in resumed] == [
-        {k: v["tokens"] for k, v in r["datasets"].items()} for r in straight]  # fmt: skip
+        {k: v["tokens"] for k, v in r["datasets"].items()} for r in straight
+    ]
     last = straight[-1]
     assert sum(d["tokens"] for d in last["datasets"].values()) == last["tokens"] == 20 * 8 * 2 * 64
     shares = {name: d["tokens"] / last["tokens"] for name, d in last["datasets"].items()}
@@ -172,11 +177,15 @@ def test_a_mixture_stopped_by_sigterm_resumes_bit_identical_with_each_datasets_t
     model = config["model"]
     assert (model["resid_pdrop"], model["embd_pdrop"], model["attn_pdrop"]) == (0.1, 0.1, 0.1)
     assert [(m["dataset"], m["weight"], m["share"]) for m in config["dataset"]["mixture"]] == [
-        ("synthetic", 0.6, 0.6), ("code", 0.3, 0.3), ("math", 0.1, 0.1)]  # fmt: skip
+        ("synthetic", 0.6, 0.6),
+        ("code", 0.3, 0.3),
+        ("math", 0.1, 0.1),
+    ]
 
 
-def test_a_resume_with_other_weights_or_tokenizers_is_refused_in_one_line(mixture_run: RunPaths,
-                                                                           tmp_path: Path) -> None:  # fmt: skip
+def test_a_resume_with_other_weights_or_tokenizers_is_refused_in_one_line(
+    mixture_run: RunPaths, tmp_path: Path
+) -> None:
     """An exact resume keeps its mixture: under torchrun, other weights are bad input (exit 2) naming both, the run
     left as it was. In process, as the trainer resolves its --mixture at start: a resume without the mixture, and a
     dataset staged with another tokenizer, refused in one line each."""
@@ -191,7 +200,8 @@ def test_a_resume_with_other_weights_or_tokenizers_is_refused_in_one_line(mixtur
     assert refusal(tiny_launch(root, "mixed", **dict(MIXED_RUN, mixture=other))) == (
         "--mixture synthetic=0.5,code=0.4,math=0.1 differs from the mixture this run trained on "
         "(synthetic=0.6,code=0.3,math=0.1); an exact resume keeps its mixture: resume with it, or start a new run "
-        "from this one's weights (--init-from) with the new weights")  # fmt: skip
+        "from this one's weights (--init-from) with the new weights"
+    )
     assert run.metrics.read_text() == before and read_checkpoint(run.latest_checkpoint)["step"] == 20
     state = Checkpoint(run.latest_checkpoint.resolve(), 0).trainer_state()
     with pytest.raises(DataError, match="^this run trained on a data mixture: "):
@@ -235,14 +245,20 @@ def test_staging_a_mixture_gives_every_entry_the_first_ones_tokenizer_and_refuse
 
     def stage(entries: list[dict]) -> list[dict]:
         sources = mixture_sources(entries)
-        work = plan_mixture(sources, StageSettings.of_step(sources[0].source, root, sources[0].dataset,
-                                                           vocab_size=400, tokenize_groups=2))  # fmt: skip
+        work = plan_mixture(
+            sources,
+            StageSettings.of_step(sources[0].source, root, sources[0].dataset, vocab_size=400, tokenize_groups=2),
+        )
         for item in work:
             encode_group(DatasetPaths.of(root, item["dataset"]), item["snapshot"], item["group"])
         return work
 
-    work = stage([{"dataset": "web", "weight": 3, "source": str(web)}, {"dataset": "code", "weight": 1,
-                                                                          "source": f"file://{code}"}])  # fmt: skip
+    work = stage(
+        [
+            {"dataset": "web", "weight": 3, "source": str(web)},
+            {"dataset": "code", "weight": 1, "source": f"file://{code}"},
+        ]
+    )
     planned = sorted((w["dataset"], w["group"], w["weight"]) for w in work)
     assert planned == [("code", 0, 1.0), ("code", 1, 1.0), ("web", 0, 3.0), ("web", 1, 3.0)]
     finished, report = finish_mixture(root, work)
@@ -251,8 +267,9 @@ def test_staging_a_mixture_gives_every_entry_the_first_ones_tokenizer_and_refuse
     assert metas[0]["tokenizer_sha256"] == metas[1]["tokenizer_sha256"] and metas[0]["vocab_size"] <= 400
     assert [f["snapshot"] for f in finished] == [snapshot_dir(Path(root), n).name for n in ("web", "code")]
     assert "| web | 3 | 75.0% |" in report and "| code | 1 | 25.0% |" in report
-    again = stage([{"dataset": "web", "weight": 1, "source": str(web)}, {"dataset": "code", "weight": 1,
-                                                                          "source": str(code)}])  # fmt: skip
+    again = stage(
+        [{"dataset": "web", "weight": 1, "source": str(web)}, {"dataset": "code", "weight": 1, "source": str(code)}]
+    )
     assert {w["snapshot"] for w in again} == {f["snapshot"] for f in finished}, "staged again: nothing new"
     as_staged = stage([{"dataset": "code", "weight": 1}, {"dataset": "web", "weight": 1}])
     assert {w["snapshot"] for w in as_staged} == {f["snapshot"] for f in finished}
@@ -295,10 +312,13 @@ def test_the_cli_takes_a_mixture_to_the_pipeline_and_the_launcher_and_refuses_ba
     def parsed(*argv: str):
         return build_parser().parse_args(list(argv))
 
-    arguments = run_local_arguments(parsed("run-local", "--mixture", "web=0.8,code=0.2", "--mixture-source",
-                                           f"web={tmp_path}"))  # fmt: skip
-    assert arguments["mixture"] == [{"dataset": "web", "weight": 0.8, "source": str(tmp_path)},
-                                    {"dataset": "code", "weight": 0.2, "source": ""}]  # fmt: skip
+    arguments = run_local_arguments(
+        parsed("run-local", "--mixture", "web=0.8,code=0.2", "--mixture-source", f"web={tmp_path}")
+    )
+    assert arguments["mixture"] == [
+        {"dataset": "web", "weight": 0.8, "source": str(tmp_path)},
+        {"dataset": "code", "weight": 0.2, "source": ""},
+    ]
     assert arguments["dataset"] == "web" and arguments["source"] == ""
     code = ["--mixture-source", f"code={tmp_path}", "--mixture-text-field", "code=content", "--text-field", "body"]
     own = run_local_arguments(
@@ -306,8 +326,9 @@ def test_the_cli_takes_a_mixture_to_the_pipeline_and_the_launcher_and_refuses_ba
     )
     assert [e.get("text_field") for e in own["mixture"]] == [None, "content"]
     assert own["text_field"] == "body", "the run's, for the entries without their own"
-    config = launch_config(parsed("launch", "--storage-root", str(mixed_root), "--run-id", "m", "--mixture",
-                                  "code=1,synthetic=3"))  # fmt: skip
+    config = launch_config(
+        parsed("launch", "--storage-root", str(mixed_root), "--run-id", "m", "--mixture", "code=1,synthetic=3")
+    )
     config.validate()
     args = config.trainer_args()
     assert "--data-dir" not in args and config.dataset == "code"
@@ -316,25 +337,57 @@ def test_the_cli_takes_a_mixture_to_the_pipeline_and_the_launcher_and_refuses_ba
     for argv, message in [
         (["run-local", "--mixture", "web=0.8,web=0.2"], "argument --mixture: dataset 'web' is named twice"),
         (["run-local", "--mixture", "web=x"], "argument --mixture: the weight of 'web', 'x', is not a number"),
-        (["run-local", "--mixture", "web=1", "--mixture-source", "code=/x"],
-         "--mixture-source code: not a dataset of --mixture"),
-        (["run-local", "--mixture", "web=1", "--mixture-source", f"web={tmp_path}", "--mixture-text-field",
-          "code=content"], "--mixture-text-field code: not a dataset of --mixture"),
-        (["run-local", "--mixture", "web=1,code=1", "--mixture-source", f"web={tmp_path}", "--mixture-text-field",
-          "code=content"], "--mixture-text-field code: the dataset has no --mixture-source, so it is trained on as "
-         "staged before, with the text field it was staged with"),
-        (["run-local", "--mixture", "web=1", "--mixture-text-field", "web"],
-         "argument --mixture-text-field: 'web' is not KEY=VALUE"),
-        (["run-local", "--mixture", "web=1", "--source", str(tmp_path)],
-         "--source stages one dataset, --mixture several: give each its --mixture-source instead"),
-        (["run-local", "--mixture", "web=1,code=1", "--mixture-source", f"web={tmp_path}/none"],
-         f"mixture source of 'web', {tmp_path}/none: no such file or directory"),
-        (["run-local", "--mixture", "web=1,code=1"],
-         "mixture: dataset 'web' has no source and was never staged under {root}: give its source (--mixture-source "
-         "web=PATH)"),
-        (["launch", "--run-id", "m", "--mixture", "synthetic=1,never=1"],
-         f"mixture: dataset 'never' is not staged under {mixed_root}"),
-    ]:  # fmt: skip
+        (
+            ["run-local", "--mixture", "web=1", "--mixture-source", "code=/x"],
+            "--mixture-source code: not a dataset of --mixture",
+        ),
+        (
+            [
+                "run-local",
+                "--mixture",
+                "web=1",
+                "--mixture-source",
+                f"web={tmp_path}",
+                "--mixture-text-field",
+                "code=content",
+            ],
+            "--mixture-text-field code: not a dataset of --mixture",
+        ),
+        (
+            [
+                "run-local",
+                "--mixture",
+                "web=1,code=1",
+                "--mixture-source",
+                f"web={tmp_path}",
+                "--mixture-text-field",
+                "code=content",
+            ],
+            "--mixture-text-field code: the dataset has no --mixture-source, so it is trained on as "
+            "staged before, with the text field it was staged with",
+        ),
+        (
+            ["run-local", "--mixture", "web=1", "--mixture-text-field", "web"],
+            "argument --mixture-text-field: 'web' is not KEY=VALUE",
+        ),
+        (
+            ["run-local", "--mixture", "web=1", "--source", str(tmp_path)],
+            "--source stages one dataset, --mixture several: give each its --mixture-source instead",
+        ),
+        (
+            ["run-local", "--mixture", "web=1,code=1", "--mixture-source", f"web={tmp_path}/none"],
+            f"mixture source of 'web', {tmp_path}/none: no such file or directory",
+        ),
+        (
+            ["run-local", "--mixture", "web=1,code=1"],
+            "mixture: dataset 'web' has no source and was never staged under {root}: give its source (--mixture-source "
+            "web=PATH)",
+        ),
+        (
+            ["launch", "--run-id", "m", "--mixture", "synthetic=1,never=1"],
+            f"mixture: dataset 'never' is not staged under {mixed_root}",
+        ),
+    ]:
         try:
             code = main([*argv, "--storage-root", str(mixed_root if argv[0] == "launch" else root)])
         except SystemExit as exc:  # argparse's own
@@ -352,8 +405,17 @@ def test_submit_checks_a_mixture_and_renders_the_job_it_will_train() -> None:
 
     package = Package.load(COMPILED_PIPELINE)
     image = [("trainer_image", "123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-trainer:1")]
-    mixture = [("mixture", json.dumps([{"dataset": "web", "weight": 0.8, "source": "s3://b/web/"},
-                                       {"dataset": "code", "weight": 0.2, "text_field": "content"}]))]  # fmt: skip
+    mixture = [
+        (
+            "mixture",
+            json.dumps(
+                [
+                    {"dataset": "web", "weight": 0.8, "source": "s3://b/web/"},
+                    {"dataset": "code", "weight": 0.2, "text_field": "content"},
+                ]
+            ),
+        )
+    ]
     assert package.checked(mixture + image)["mixture"][1] == {"dataset": "code", "weight": 0.2, "text_field": "content"}
     config = package.launch_config(mixture + image, "launch-pytorchjob", "run-1")
     args = config.trainer_args()

@@ -8,14 +8,34 @@ from trainer.model import architecture_differences, model_config
 # defaults (transformers v4.57.6 src/transformers/configuration_utils.py, PretrainedConfig.
 # _get_global_generation_defaults), and, for llama, rope_theta/rope_scaling where 5.x has rope_parameters.
 TRANSFORMERS_4_57_KEYS = {
-    "transformers_version": "4.57.6", "max_length": 20, "min_length": 0, "do_sample": False, "early_stopping": False,
-    "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "temperature": 1.0, "top_k": 50, "top_p": 1.0,
-    "typical_p": 1.0, "repetition_penalty": 1.0, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "num_return_sequences": 1, "output_scores": False,
-    "return_dict_in_generate": False, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "remove_invalid_values": False, "exponential_decay_length_penalty": None, "suppress_tokens": None,
-    "begin_suppress_tokens": None, "torch_dtype": "float32",
-}  # fmt: skip
+    "transformers_version": "4.57.6",
+    "max_length": 20,
+    "min_length": 0,
+    "do_sample": False,
+    "early_stopping": False,
+    "num_beams": 1,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "typical_p": 1.0,
+    "repetition_penalty": 1.0,
+    "length_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "num_return_sequences": 1,
+    "output_scores": False,
+    "return_dict_in_generate": False,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "remove_invalid_values": False,
+    "exponential_decay_length_penalty": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "torch_dtype": "float32",
+}
 
 
 def as_written_by_4_57(config: dict) -> dict:

@@ -114,13 +114,28 @@ def nccl_wheel(version: str, deadline: float) -> Path:
         pytest.skip(f"{filename} is not cached and {cache} cannot be created ({e}); {where}")
     left = deadline - time.monotonic()
     if left <= 0:
-        pytest.skip(f"{filename} is not in {cache} and the session's {DOWNLOAD_BUDGET_S} s for downloads is spent; "
-                    f"{where}")  # fmt: skip
+        pytest.skip(
+            f"{filename} is not in {cache} and the session's {DOWNLOAD_BUDGET_S} s for downloads is spent; {where}"
+        )
     platforms = [f"--platform={tag}" for tag in platform_tags(filename)]
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *platforms,
-                   "--python-version", "3.11", "--disable-pip-version-check", "--no-input", "-q", "-d", tmp,
-                   f"nvidia-nccl-cu12=={version}"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            *platforms,
+            "--python-version",
+            "3.11",
+            "--disable-pip-version-check",
+            "--no-input",
+            "-q",
+            "-d",
+            tmp,
+            f"nvidia-nccl-cu12=={version}",
+        ]
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=left)
         except subprocess.TimeoutExpired:

@@ -67,8 +67,10 @@ def test_fsdp_trains_the_model_ddp_trains_to_the_same_loss(fsdp_straight: RunPat
     # bit_identically compares with a run that evaluates not.
     evaluated = [r for r in fsdp if "val_loss" in r]
     assert [r["step"] for r in evaluated] == [10, 20, 30]
-    assert_close_losses([{"step": r["step"], "loss": r["val_loss"]} for r in evaluated],
-                        [{"step": r["step"], "loss": r["val_loss"]} for r in ddp if "val_loss" in r][:3])  # fmt: skip
+    assert_close_losses(
+        [{"step": r["step"], "loss": r["val_loss"]} for r in evaluated],
+        [{"step": r["step"], "loss": r["val_loss"]} for r in ddp if "val_loss" in r][:3],
+    )
     config = json.loads(fsdp_straight.config.read_text())
     assert config["trainer"]["parallelism"] == "fsdp"
     assert "parallelism fsdp over DeviceMesh" in fsdp_straight.rank_log(0).read_text()
@@ -121,8 +123,14 @@ def test_every_parallelism_and_activation_checkpointing_computes_the_same_loss_a
     results = {}
     for recompute in ACTIVATION_CHECKPOINTING:
         for kind in ("ddp", "fsdp"):
-            parallel = parallelize(model_config("tiny", 300, 32, 0), kind, torch.device("cpu"), seed=1, local_world=1,
-                                   activation_checkpointing=recompute)  # fmt: skip
+            parallel = parallelize(
+                model_config("tiny", 300, 32, 0),
+                kind,
+                torch.device("cpu"),
+                seed=1,
+                local_world=1,
+                activation_checkpointing=recompute,
+            )
             forwards = count_block_forwards(parallel.model)
             loss = parallel.forward_loss(tokens[:, :-1], tokens[:, 1:])
             loss.backward()
@@ -168,11 +176,21 @@ def test_no_rank_ever_holds_the_whole_model(tmp_path: Path) -> None:
     at most 0.6 of the model (its half, one unit drawn whole, one shard of it: 0.57 measured), the resume included
     (under ddp it is 1.4). glibc is told to give large freed blocks back at once (MALLOC_MMAP_THRESHOLD_, its
     documented tunable): otherwise it keeps some for reuse, which is not memory the trainer holds."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-               "tests.memory_probe", str(tmp_path), "fsdp"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "tests.memory_probe",
+        str(tmp_path),
+        "fsdp",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
-                            cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    result = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank_{rank}.json").read_text())

@@ -39,12 +39,36 @@ def test_compile_says_the_platform_settings_it_baked_in(tmp_path: Path) -> None:
     """What the platform team chose, printed as compiled, so that a wrong flag is seen before the upload."""
     output = tmp_path / "pipeline.yaml"
     result = subprocess.run(
-        [CLI, "compile", "--output", str(output), "--image-registry", "123456789012.dkr.ecr.us-east-1.amazonaws.com",
-         "--tag", "v7", "--job-api", "trainjob", "--job-namespace", "team-a", "--job-namespace", "team-b",
-         "--fsx-pvc", "team-fsx", "--queue-name", "team-queue", "--trainer-service-account", "trainer",
-         "--trainer-toleration", "dedicated=gpu:NoSchedule", "--node-selector", "pool=cpu"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            CLI,
+            "compile",
+            "--output",
+            str(output),
+            "--image-registry",
+            "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+            "--tag",
+            "v7",
+            "--job-api",
+            "trainjob",
+            "--job-namespace",
+            "team-a",
+            "--job-namespace",
+            "team-b",
+            "--fsx-pvc",
+            "team-fsx",
+            "--queue-name",
+            "team-queue",
+            "--trainer-service-account",
+            "trainer",
+            "--trainer-toleration",
+            "dedicated=gpu:NoSchedule",
+            "--node-selector",
+            "pool=cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     said = result.stderr.split("with the platform settings compiled in:\n", 1)[1]
     assert "hyperpod-pretrain-components:v7; trainer 123456789012.dkr.ecr.us-east-1.amazonaws.com/" in said
@@ -141,8 +165,9 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     trainer_lines = [line.strip().split(" ", 1)[1] for line in console if line.startswith("    ")]
     assert len([line for line in trainer_lines if line.startswith("model ") and " params; " in line]) == 1
     assert len([line for line in trainer_lines if line.startswith("step 1 took ")]) == 1
-    assert [line.split("  ")[0] for line in trainer_lines if "  loss " in line] == [f"step {s}/40" for s in
-                                                                                  (10, 20, 30, 40)]  # fmt: skip
+    assert [line.split("  ")[0] for line in trainer_lines if "  loss " in line] == [
+        f"step {s}/40" for s in (10, 20, 30, 40)
+    ]
     run = RunPaths.of(root, "e2e")
     evaluation = json.loads(run.eval_result.read_text())
     assert evaluation["step"] == 40
@@ -175,19 +200,47 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     client = MlflowClient(mlflow_server.url)
     assert [m.step for m in client.get_metric_history(mlflow_run["run_id"], "train/loss")] == [10, 20, 30, 40]
     stored = {a.path for where in ("evaluation", "summary") for a in client.list_artifacts(mlflow_run["run_id"], where)}
-    assert stored == {"evaluation/report.html", "evaluation/report.md", "evaluation/eval.json", "summary/summary.md",
-                      "summary/summary.json"}  # fmt: skip
+    assert stored == {
+        "evaluation/report.html",
+        "evaluation/report.md",
+        "evaluation/eval.json",
+        "summary/summary.md",
+        "summary/summary.json",
+    }
     ended = client.get_run(mlflow_run["run_id"]).info
     assert (ended.status, bool(ended.end_time)) == ("FINISHED", True), "the pipeline's outcome ends the MLflow run"
 
     # Continue the same run to step 60 without staging again: the trainer resumes from its step-40 checkpoint and
     # extends its schedule to the new max_steps.
     resumed = subprocess.run(
-        [CLI, "run-local", "--storage-root", str(root), "--source", str(corpus), "--dataset", "synthetic",
-         "--skip-staging", "--resume-run-id", "e2e", "--vocab-size", "512", "--preset", "tiny", "--max-steps", "60",
-         "--seq-len", "64", "--checkpoint-every", "20", "--extend-schedule"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            CLI,
+            "run-local",
+            "--storage-root",
+            str(root),
+            "--source",
+            str(corpus),
+            "--dataset",
+            "synthetic",
+            "--skip-staging",
+            "--resume-run-id",
+            "e2e",
+            "--vocab-size",
+            "512",
+            "--preset",
+            "tiny",
+            "--max-steps",
+            "60",
+            "--seq-len",
+            "64",
+            "--checkpoint-every",
+            "20",
+            "--extend-schedule",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resumed at step 40" in resumed.stdout + resumed.stderr
     assert "learning-rate schedule extended at step 40 (max_steps: 40 -> 60)" in resumed.stdout + resumed.stderr
@@ -208,11 +261,34 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
         rows = [{"path": f"{i}/{n}.py", "content": line} for n, line in enumerate(text.read_text().splitlines())]
         (code / f"part-{i}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     warm = subprocess.run(
-        [CLI, "run-local", "--storage-root", str(root), "--mixture", "synthetic=0.8,code=0.2", "--mixture-source",
-         f"code={code}", "--mixture-text-field", "code=content", "--val-fraction", "0.1", "--run-id", "e2e-warm",
-         "--init-from-run-id", "previous", "--preset", "tiny", "--max-steps", "10", "--seq-len", "64"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            CLI,
+            "run-local",
+            "--storage-root",
+            str(root),
+            "--mixture",
+            "synthetic=0.8,code=0.2",
+            "--mixture-source",
+            f"code={code}",
+            "--mixture-text-field",
+            "code=content",
+            "--val-fraction",
+            "0.1",
+            "--run-id",
+            "e2e-warm",
+            "--init-from-run-id",
+            "previous",
+            "--preset",
+            "tiny",
+            "--max-steps",
+            "10",
+            "--seq-len",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
     warm_run = RunPaths.of(root, "e2e-warm")
     config = json.loads(warm_run.config.read_text())
@@ -245,18 +321,46 @@ def test_run_local_fails_when_a_step_fails(staged_copy: Path) -> None:
     run = RunPaths.of(staged_copy, "damaged")
     run.checkpoints.mkdir(parents=True)
     (run.checkpoints / "checkpoint_step_5.pt").write_text("not a checkpoint")
-    settings = parse_config(["--data-dir", str(staged_copy / "datasets" / "synthetic"), "--run-dir", str(run.root),
-                             "--preset", "tiny", "--max-steps", "5"], {})  # fmt: skip
+    settings = parse_config(
+        [
+            "--data-dir",
+            str(staged_copy / "datasets" / "synthetic"),
+            "--run-dir",
+            str(run.root),
+            "--preset",
+            "tiny",
+            "--max-steps",
+            "5",
+        ],
+        {},
+    )
     write_json(run.config, {"trainer": asdict(settings)})  # as trainer/train_ddp.py records it (with more)
     result = subprocess.run(
-        [CLI, "run-local", "--storage-root", str(staged_copy), "--dataset", "synthetic", "--skip-staging",
-         "--resume-run-id", "damaged", "--preset", "tiny", "--max-steps", "2"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            CLI,
+            "run-local",
+            "--storage-root",
+            str(staged_copy),
+            "--dataset",
+            "synthetic",
+            "--skip-staging",
+            "--resume-run-id",
+            "damaged",
+            "--preset",
+            "tiny",
+            "--max-steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     last = result.stderr.splitlines()[-1]
     assert result.returncode == 1
-    assert last.startswith("hyperpod-pretrain run-local: failed: local pipeline run damaged failed: step "
-                           "launch-pytorchjob failed: training of run damaged failed"), last  # fmt: skip
+    assert last.startswith(
+        "hyperpod-pretrain run-local: failed: local pipeline run damaged failed: step "
+        "launch-pytorchjob failed: training of run damaged failed"
+    ), last
     assert "no usable checkpoint" in last and "\x1b[" not in last
     summary = json.loads(RunPaths.of(staged_copy, "damaged").summary.read_text())
     assert summary["state"] == "FAILED"
@@ -296,16 +400,22 @@ def test_a_step_refused_on_its_input_runs_once_and_says_why_in_one_line(tmp_path
     source = tmp_path / "corpus"
     source.mkdir()
     pq.write_table(pa.table({"body": ["the cat sat on the mat. " * 20] * 50}), source / "a.parquet")
-    result = subprocess.run([CLI, "run-local", "--storage-root", str(tmp_path / "fsx"), "--source", str(source),
-                             "--run-id", "bad"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [CLI, "run-local", "--storage-root", str(tmp_path / "fsx"), "--source", str(source), "--run-id", "bad"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-3000:]
     assert output.count("Task 'stage-data' finished with status FAILURE") == 1, output
     assert "Traceback" not in output and 'File "' not in output, output
     assert "each step runs once" in output and "ignores each step's CPU and memory limits and timeout;" in output
     last = result.stderr.splitlines()[-1]
-    assert last.endswith("step stage-data failed: source file a.parquet: no column 'text'; its columns are body: "
-                         "name the text column with text_field"), last  # fmt: skip
+    assert last.endswith(
+        "step stage-data failed: source file a.parquet: no column 'text'; its columns are body: "
+        "name the text column with text_field"
+    ), last
     record = json.loads(RunPaths.of(tmp_path / "fsx", "bad").step_record("stage-data").read_text())
     assert (record["attempt"], record["permanent"]) == (1, True)
 
@@ -319,10 +429,17 @@ def test_the_quiet_console_shows_a_crash_whole_and_hides_a_refusal() -> None:
 
     out = io.StringIO()
     console = LineFilter(out, keep_line, shown, hide_bad_input=True)
-    refusal = ["Traceback (most recent call last):", '  File "/x/core.py", line 1, in plan', "    plan()",
-               "common.errors.InputError: source a.parquet: no column 'text'"]  # fmt: skip
-    crash = ["Traceback (most recent call last):", '  File "/x/train.py", line 9, in step',
-             "torch.OutOfMemoryError: CUDA out of memory"]  # fmt: skip
+    refusal = [
+        "Traceback (most recent call last):",
+        '  File "/x/core.py", line 1, in plan',
+        "    plan()",
+        "common.errors.InputError: source a.parquet: no column 'text'",
+    ]
+    crash = [
+        "Traceback (most recent call last):",
+        '  File "/x/train.py", line 9, in step',
+        "torch.OutOfMemoryError: CUDA out of memory",
+    ]
     console.write("\n".join(refusal + crash) + "\n")
     console.finish()
     assert out.getvalue().splitlines() == crash
@@ -357,29 +474,60 @@ def test_the_quiet_console_puts_back_the_print_that_parallel_kfp_tasks_leave_ind
 def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     output = tmp_path / "cluster.yaml"
     result = subprocess.run(
-        [CLI, "compile", "--output", str(output), "--node-selector", "role=cpu-workers", "--toleration",
-         "dedicated=pipelines:NoSchedule", "--image-pull-secret", "ecr-pull", "--fsx-pvc", "team-fsx",
-         "--queue-name", "hyperpod-ns-team-a-localqueue",
-         "--image-registry", "123456789012.dkr.ecr.us-east-1.amazonaws.com",
-         "--job-namespace", "hyperpod-ns-team-a", "--trainer-service-account", "trainer",
-         "--trainer-toleration", "dedicated=training:NoSchedule", "--trainer-env", "FI_EFA_FORK_SAFE=1"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            CLI,
+            "compile",
+            "--output",
+            str(output),
+            "--node-selector",
+            "role=cpu-workers",
+            "--toleration",
+            "dedicated=pipelines:NoSchedule",
+            "--image-pull-secret",
+            "ecr-pull",
+            "--fsx-pvc",
+            "team-fsx",
+            "--queue-name",
+            "hyperpod-ns-team-a-localqueue",
+            "--image-registry",
+            "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+            "--job-namespace",
+            "hyperpod-ns-team-a",
+            "--trainer-service-account",
+            "trainer",
+            "--trainer-toleration",
+            "dedicated=training:NoSchedule",
+            "--trainer-env",
+            "FI_EFA_FORK_SAFE=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     pipeline_spec, platform = yaml.safe_load_all(output.read_text())
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     containers = {name for name, c in pipeline_spec["components"].items() if "executorLabel" in c}
-    tasks = {name: task for name, task in all_tasks(pipeline_spec).items()
-             if task.get("componentRef", {}).get("name") in containers}  # fmt: skip
+    tasks = {
+        name: task
+        for name, task in all_tasks(pipeline_spec).items()
+        if task.get("componentRef", {}).get("name") in containers
+    }
     assert set(tasks) == CONTAINER_TASKS
     for name in tasks:
         k8s = executors[executor_of(pipeline_spec, name)]
         # One volume, one path, fixed at compile time: every step mounts the same PVC at the same place.
-        assert k8s["pvcMount"] == [{"constant": "team-fsx", "mountPath": "/fsx",
-                                    "pvcNameParameter": {"runtimeValue": {"constant": "team-fsx"}}}], name  # fmt: skip
+        assert k8s["pvcMount"] == [
+            {
+                "constant": "team-fsx",
+                "mountPath": "/fsx",
+                "pvcNameParameter": {"runtimeValue": {"constant": "team-fsx"}},
+            }
+        ], name
         assert k8s["nodeSelector"]["labels"] == {"role": "cpu-workers"}
-        assert k8s["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "pipelines",
-                                       "effect": "NoSchedule"}]  # fmt: skip
+        assert k8s["tolerations"] == [
+            {"key": "dedicated", "operator": "Equal", "value": "pipelines", "effect": "NoSchedule"}
+        ]
         assert [s["secretName"] for s in k8s["imagePullSecret"]] == ["ecr-pull"]
     parameters = pipeline_spec["root"]["inputDefinitions"]["parameters"]
     assert "fsx_pvc" not in parameters, "a run cannot choose another volume than the steps mount"
@@ -388,11 +536,15 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     for name in ("launch-pytorchjob", "preflight"):
         given = Platform.from_dict(tasks[name]["inputs"]["parameters"]["platform"]["runtimeValue"]["constant"])
         assert given == Platform(
-            pvc_name="team-fsx", mount_path="/fsx", queue_name="hyperpod-ns-team-a-localqueue",
-            namespaces=("hyperpod-ns-team-a",), registries=("123456789012.dkr.ecr.us-east-1.amazonaws.com",),
-            service_account="trainer", env={"FI_EFA_FORK_SAFE": "1"},
+            pvc_name="team-fsx",
+            mount_path="/fsx",
+            queue_name="hyperpod-ns-team-a-localqueue",
+            namespaces=("hyperpod-ns-team-a",),
+            registries=("123456789012.dkr.ecr.us-east-1.amazonaws.com",),
+            service_account="trainer",
+            env={"FI_EFA_FORK_SAFE": "1"},
             tolerations=({"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"},),
-        ), name  # fmt: skip
+        ), name
     # What touches privileges is not a run parameter; the namespace's default is the first one allowed.
     assert not {"fsx_pvc", "service_account", "tolerations", "node_selector", "image_pull_secrets"} & set(parameters)
     assert parameters["namespace"]["defaultValue"] == "hyperpod-ns-team-a"
@@ -400,9 +552,14 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     assert executors[executor_of(pipeline_spec, "stage-data")]["activeDeadlineSeconds"] == "21600"
     # Caching off everywhere (a hit of stage-data would skip a changed corpus); retries whose window, which Argo
     # counts from the first attempt's start, holds every attempt up to its timeout.
-    for name, retries, timeout_s in (("preflight", 0, 600), ("stage-data", 2, 21600), ("launch-pytorchjob", 0, 0),
-                                     ("verify-nccl", 2, 3600), ("evaluate-checkpoint", 0, 0),
-                                     ("summarize-run", 0, 0)):  # fmt: skip
+    for name, retries, timeout_s in (
+        ("preflight", 0, 600),
+        ("stage-data", 2, 21600),
+        ("launch-pytorchjob", 0, 0),
+        ("verify-nccl", 2, 3600),
+        ("evaluate-checkpoint", 0, 0),
+        ("summarize-run", 0, 0),
+    ):
         task = tasks[name]
         assert task.get("cachingOptions", {}).get("enableCache", False) is False, name
         assert task.get("retryPolicy", {}).get("maxRetryCount", 0) == retries, name
@@ -410,8 +567,10 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
             policy = task["retryPolicy"]
             assert policy["backoffFactor"] == 2.0 and policy["backoffDuration"] == "10s"
             assert int(policy["backoffMaxDuration"].rstrip("s")) >= (retries + 1) * timeout_s + 10 + 20, name
-    resources = {name: pipeline_spec["deploymentSpec"]["executors"][executor_of(pipeline_spec, name)]["container"]
-                 ["resources"] for name in tasks}  # fmt: skip
+    resources = {
+        name: pipeline_spec["deploymentSpec"]["executors"][executor_of(pipeline_spec, name)]["container"]["resources"]
+        for name in tasks
+    }
     assert resources["launch-pytorchjob"]["resourceCpuLimit"] == "500m"
     assert resources["evaluate-checkpoint"]["resourceMemoryLimit"] == "32Gi"
 
@@ -429,8 +588,12 @@ def test_the_compiled_yaml_round_trips_through_kfp() -> None:
 def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
     registry = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
     output = tmp_path / "cluster.yaml"
-    result = subprocess.run([CLI, "compile", "--output", str(output), "--image-registry", registry, "--tag", "v7"],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [CLI, "compile", "--output", str(output), "--image-registry", registry, "--tag", "v7"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     spec = next(yaml.safe_load_all(output.read_text()))
     containers = [e["container"] for e in spec["deploymentSpec"]["executors"].values()]
@@ -448,8 +611,12 @@ def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
     assert {e["container"]["image"] for e in default["deploymentSpec"]["executors"].values()} == {
         "hyperpod-pretrain-components:0.1.0"
     }
-    bad = subprocess.run([CLI, "compile", "--output", str(tmp_path / "x.yaml"), "--image-registry", "https://ecr"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    bad = subprocess.run(
+        [CLI, "compile", "--output", str(tmp_path / "x.yaml"), "--image-registry", "https://ecr"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "image registry 'https://ecr'" in bad.stderr.splitlines()[-1]
     assert not (tmp_path / "x.yaml").exists()
 

@@ -97,8 +97,11 @@ OPERATOR_IMAGE = "kubeflow/training-operator:v1-04f9f13"  # Training Operator v1
 GPU8 = {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
 FAST = KubeSettings(request_timeout_s=5, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
 
-SCRATCH_2 = {"subnetId": "subnet-0123456789abcdef0", "securityGroupIds": "sg-0123456789abcdef0",
-             "deploymentType": "SCRATCH_2"}  # fmt: skip
+SCRATCH_2 = {
+    "subnetId": "subnet-0123456789abcdef0",
+    "securityGroupIds": "sg-0123456789abcdef0",
+    "deploymentType": "SCRATCH_2",
+}
 
 
 def config(**overrides: Any) -> LaunchConfig:
@@ -166,9 +169,17 @@ def make_site(control_plane: ControlPlane) -> Iterator[Callable[..., Site]]:
     ``node_00``/``node_01``: the GPU nodes' settings."""
     made: list[Site] = []
 
-    def make(*, plane: ControlPlane | None = None, grants: list[dict[str, Any]] | None = None, pvc: bool = True,
-             device_plugins: bool = True, operator: str | None = OPERATOR_IMAGE, node_00: dict[str, Any] | None = None,
-             node_01: dict[str, Any] | None = None, profile: str = "") -> Site:  # fmt: skip
+    def make(
+        *,
+        plane: ControlPlane | None = None,
+        grants: list[dict[str, Any]] | None = None,
+        pvc: bool = True,
+        device_plugins: bool = True,
+        operator: str | None = OPERATOR_IMAGE,
+        node_00: dict[str, Any] | None = None,
+        node_01: dict[str, Any] | None = None,
+        profile: str = "",
+    ) -> Site:
         plane = plane or control_plane
         namespace = profile_namespace(plane, profile, cluster_read=True) if profile else plane.test_namespace(grants)
         site = Site(plane, namespace, Installed(plane, unique_tag()))
@@ -249,8 +260,10 @@ def test_a_cluster_where_everything_fits_passes(site: Site) -> None:
         "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 (kubeflow/training-operator, image tag "
         "v1-04f9f13)"
     ), "a standard install's image is tagged with a commit, not the version"
-    assert check(result, "permissions").reason == (f"all 8 permissions the launcher uses, in namespace {ns}, for "
-                                                   "kubeflow/pipeline-runner (8 from render-rbac's Roles)")  # fmt: skip
+    assert check(result, "permissions").reason == (
+        f"all 8 permissions the launcher uses, in namespace {ns}, for "
+        "kubeflow/pipeline-runner (8 from render-rbac's Roles)"
+    )
     assert check(result, "fsx-pvc").reason == f"fsx-lustre-pvc in {ns}: Bound, ReadWriteMany, 1200Gi"
     throughput = check(result, "checkpoint-throughput").reason
     assert throughput.startswith("the small checkpoint, ") and throughput.endswith(
@@ -297,13 +310,18 @@ def test_an_ecr_image_gives_exactly_one_warning(site: Site) -> None:
     assert image.fix.startswith("Re-run aws ecr get-login-password or use IRSA")
     assert result.verdict() == "passed, 1 warning(s)"
 
-    job = render_job(config(image=ECR_IMAGE, namespace=site.namespace,
-                            platform=Platform(image_pull_secrets=("ecr-token",))).job_spec())  # fmt: skip
+    job = render_job(
+        config(
+            image=ECR_IMAGE, namespace=site.namespace, platform=Platform(image_pull_secrets=("ecr-token",))
+        ).job_spec()
+    )
     with site.api() as api:
         with_secret = check(check_manifest(job, api, memory_gib=2048, settings=FAST), "image")
     assert with_secret.status == WARN
-    assert "an ECR token in an image pull secret (ecr-token) expires after 12 hours: refresh it, or drop the secret " \
-           "and use the node role / IRSA" in with_secret.reason  # fmt: skip
+    assert (
+        "an ECR token in an image pull secret (ecr-token) expires after 12 hours: refresh it, or drop the secret "
+        "and use the node role / IRSA" in with_secret.reason
+    )
     assert with_secret.fix == "Re-run aws ecr get-login-password or use IRSA (ECR auth expires)"
 
 
@@ -333,13 +351,25 @@ INSTALL_FIX = "install Training Operator v1.8.1, or turn auto-resume off (job op
         ("kubeflow/training-operator:v1.6.0", {}, "kubeflow", True, WARN, "v1.6.0 (kubeflow/training-operator)"),
         ("kubeflow/training-operator:v1.6.0", {}, "kubeflow", False, PASS, "v1.6.0 (kubeflow/training-operator)"),
         ("kubeflow/training-operator:v1.7.0", {}, "kubeflow", True, PASS, "v1.7.0 (kubeflow/training-operator)"),
-        (UNKNOWN_RELEASE_IMAGE, {"app.kubernetes.io/version": "v1.8.0"}, "kubeflow", True, PASS,
-         "v1.8.0 (kubeflow/training-operator)"),  # a semver version label wins over the image
-        ("kubeflow/training-operator@sha256:" + "c" * 64, {}, "kubeflow", False, PASS,
-         f"version unknown (kubeflow/training-operator, image tag 'none' {UNKNOWN})"),
+        (
+            UNKNOWN_RELEASE_IMAGE,
+            {"app.kubernetes.io/version": "v1.8.0"},
+            "kubeflow",
+            True,
+            PASS,
+            "v1.8.0 (kubeflow/training-operator)",
+        ),  # a semver version label wins over the image
+        (
+            "kubeflow/training-operator@sha256:" + "c" * 64,
+            {},
+            "kubeflow",
+            False,
+            PASS,
+            f"version unknown (kubeflow/training-operator, image tag 'none' {UNKNOWN})",
+        ),
         ("kubeflow/training-operator:v1.8.1", {}, "training", True, PASS, "v1.8.1 (training/training-operator)"),
     ],
-)  # fmt: skip
+)
 def test_training_operator_version(
     make_site: Callable[..., Site],
     image: str,
@@ -366,15 +396,18 @@ def test_every_release_image_tagged_with_its_commit_is_recognised(make_site: Cal
     """As installed and as mirrored to ECR; a release HyperPod auto-resume does not list (1.9.x) warns."""
     site = make_site(operator=None)
     for tag, version in sorted(OPERATOR_RELEASE_TAGS.items()):
-        for image in (f"kubeflow/training-operator:{tag}", f"123456789012.dkr.ecr.us-east-1.amazonaws.com/mirror/"
-                      f"training-operator:{tag}"):  # fmt: skip
+        for image in (
+            f"kubeflow/training-operator:{tag}",
+            f"123456789012.dkr.ecr.us-east-1.amazonaws.com/mirror/training-operator:{tag}",
+        ):
             site.hp.add_operator(image)
             crd = check(site.run(job_options={"auto_resume": True}), "crd")
             site.hp.apps.delete_namespaced_deployment("training-operator", "kubeflow")
             shown = f"Training Operator {version} (kubeflow/training-operator, image tag {tag})"
             if version.startswith("v1.9."):
-                assert crd.status == WARN and crd.reason.endswith(f"{shown}: HyperPod auto-resume needs 1.7.0, 1.8.0 "
-                                                                  "or 1.8.1"), crd  # fmt: skip
+                assert crd.status == WARN and crd.reason.endswith(
+                    f"{shown}: HyperPod auto-resume needs 1.7.0, 1.8.0 or 1.8.1"
+                ), crd
             else:
                 assert (crd.status, crd.fix) == (PASS, ""), crd
                 assert crd.reason.endswith(shown)
@@ -404,15 +437,19 @@ def test_hyperpods_install_is_found_by_its_label_with_the_base_file_alone(make_s
     site = make_site(operator=None, grants=deploy_grants(WITHOUT_CLUSTER_READ))
     site.hp.add_operator(OPERATOR_IMAGE, name="hyperpod-dependencies-training-operators")
     crd = check(site.run(), "crd")
-    assert (crd.status, crd.reason) == (PASS, "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 ("
-                                              "kubeflow/hyperpod-dependencies-training-operators, image tag "
-                                              "v1-04f9f13)")  # fmt: skip
+    assert (crd.status, crd.reason) == (
+        PASS,
+        "pytorchjobs.kubeflow.org v1 installed; Training Operator v1.8.1 ("
+        "kubeflow/hyperpod-dependencies-training-operators, image tag "
+        "v1-04f9f13)",
+    )
 
 
 def test_an_operator_in_another_namespace_needs_the_cluster_read_file(make_site: Callable[..., Site]) -> None:
     both = make_site(operator=None)
-    both.hp.add_operator(OPERATOR_IMAGE, namespace=both.hp.namespace(f"ml-operators-{both.hp.tag}"),
-                         name="kubeflow-training-operator")  # fmt: skip
+    both.hp.add_operator(
+        OPERATOR_IMAGE, namespace=both.hp.namespace(f"ml-operators-{both.hp.tag}"), name="kubeflow-training-operator"
+    )
     found = check(both.run(), "crd")
     base_only = both.with_grants(deploy_grants(WITHOUT_CLUSTER_READ))
     assert found.status == PASS and found.reason.endswith(
@@ -463,14 +500,25 @@ TRAINJOB_PLATFORM = Platform(job_api=TRAINJOB.name, runtime_name="hyperpod-pretr
 RUNTIMES = "clustertrainingruntimes"
 DEPLOY_RUNTIME = REPO / "deploy/trainjob-runtime.yaml"
 QUEUE = "hyperpod-ns-team-a-localqueue"  # HyperPod task governance's LocalQueue of a team
-TRAINER_CRD_REASON = ("trainjobs.trainer.kubeflow.org v1alpha1 installed; Kubeflow Trainer v2.3.0 "
-                      "(kubeflow-system/kubeflow-trainer-public)")  # fmt: skip
+TRAINER_CRD_REASON = (
+    "trainjobs.trainer.kubeflow.org v1alpha1 installed; Kubeflow Trainer v2.3.0 "
+    "(kubeflow-system/kubeflow-trainer-public)"
+)
 # kubernetes-sigs/kueue v0.13.9, config/components/manager/controller_manager_config.yaml: integrations.frameworks
 # (no trainjob integration yet: it came in v0.14.0).
-KUEUE_0_13_FRAMEWORKS = ("batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster",
-                         "jobset.x-k8s.io/jobset", "kubeflow.org/paddlejob", "kubeflow.org/pytorchjob",
-                         "kubeflow.org/tfjob", "kubeflow.org/xgboostjob", "kubeflow.org/jaxjob",
-                         "workload.codeflare.dev/appwrapper")  # fmt: skip
+KUEUE_0_13_FRAMEWORKS = (
+    "batch/job",
+    "kubeflow.org/mpijob",
+    "ray.io/rayjob",
+    "ray.io/raycluster",
+    "jobset.x-k8s.io/jobset",
+    "kubeflow.org/paddlejob",
+    "kubeflow.org/pytorchjob",
+    "kubeflow.org/tfjob",
+    "kubeflow.org/xgboostjob",
+    "kubeflow.org/jaxjob",
+    "workload.codeflare.dev/appwrapper",
+)
 
 
 def trainjob_runtime(site: Site, **overrides: Any) -> dict[str, Any]:
@@ -524,9 +572,16 @@ def trainer_site(make_site: Callable[..., Site]) -> Site:
 
 def runner_reads(site: Site, since: str) -> set[tuple[str, str, str, str, int]]:
     """The runner's requests since ``since``: (verb, resource, namespace, name, HTTP code)."""
-    return {(e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace", ""),
-             e["objectRef"].get("name", ""), e["responseStatus"]["code"])
-            for e in site.runner_requests(since)}  # fmt: skip
+    return {
+        (
+            e["verb"],
+            e["objectRef"]["resource"],
+            e["objectRef"].get("namespace", ""),
+            e["objectRef"].get("name", ""),
+            e["responseStatus"]["code"],
+        )
+        for e in site.runner_requests(since)
+    }
 
 
 def test_a_cluster_with_kubeflow_trainer_alone_names_the_fix_in_one_line(
@@ -540,36 +595,51 @@ def test_a_cluster_with_kubeflow_trainer_alone_names_the_fix_in_one_line(
     since = audit_time()
     pytorchjob = site.run()
     crd = check(pytorchjob, "crd")
-    assert (crd.status, crd.reason, crd.fix) == (FAIL, "this cluster has Kubeflow Trainer v2.3.0 and no PyTorchJob "
-                                                 "CRD: compile with --job-api trainjob and apply "
-                                                 "deploy/trainjob-runtime.yaml", "")  # fmt: skip
+    assert (crd.status, crd.reason, crd.fix) == (
+        FAIL,
+        "this cluster has Kubeflow Trainer v2.3.0 and no PyTorchJob "
+        "CRD: compile with --job-api trainjob and apply "
+        "deploy/trainjob-runtime.yaml",
+        "",
+    )
     assert failure_message(pytorchjob) == f"preflight failed: crd: {crd.reason}."
     others_pass(pytorchjob, "crd")
 
     trainjob = site.run(platform=TRAINJOB_PLATFORM)
     crd, runtime = check(trainjob, "crd"), check(trainjob, "runtime")
     assert (crd.status, crd.reason, crd.fix) == (PASS, TRAINER_CRD_REASON, "")
-    assert (runtime.status, runtime.reason) == (FAIL, "ClusterTrainingRuntime hyperpod-pretrain is not installed: "
-                                                "every TrainJob of this pipeline names it")  # fmt: skip
-    assert runtime.fix == ("apply deploy/trainjob-runtime.yaml, or what `hyperpod-pretrain render-runtime` prints for "
-                           "this pipeline's settings (a cluster admin: ClusterTrainingRuntimes are "
-                           "cluster-scoped)")  # fmt: skip
+    assert (runtime.status, runtime.reason) == (
+        FAIL,
+        "ClusterTrainingRuntime hyperpod-pretrain is not installed: every TrainJob of this pipeline names it",
+    )
+    assert runtime.fix == (
+        "apply deploy/trainjob-runtime.yaml, or what `hyperpod-pretrain render-runtime` prints for "
+        "this pipeline's settings (a cluster admin: ClusterTrainingRuntimes are "
+        "cluster-scoped)"
+    )
     others_pass(trainjob, "runtime")
     assert trainjob.target.startswith(f"TrainJob `{site.namespace}/hpp-pf-1-train-")
 
     with runtime_applied(trainer_spare, trainjob_runtime(site)):
         applied = site.run(platform=TRAINJOB_PLATFORM)
     assert statuses(applied) == all_pass(api=TRAINJOB.name), applied.markdown()
-    assert check(applied, "runtime").reason == "ClusterTrainingRuntime hyperpod-pretrain matches this pipeline's " \
-                                               "(restart budget 3)"  # fmt: skip
+    assert (
+        check(applied, "runtime").reason == "ClusterTrainingRuntime hyperpod-pretrain matches this pipeline's "
+        "(restart budget 3)"
+    )
     reads = runner_reads(site, since)
     # The version from the ConfigMap Trainer lets every authenticated user read (manifests/base/rbac/
     # public_configmap_role*.yaml), not from its Deployment; nothing the runner asked was refused.
     assert ("get", "configmaps", "kubeflow-system", "kubeflow-trainer-public", 200) in reads
     assert not {r for r in reads if r[1] == "deployments" and r[2] == "kubeflow-system"}
     assert ("get", "customresourcedefinitions", "", "trainjobs.trainer.kubeflow.org", 200) in reads
-    assert ("get", RUNTIMES, "", "hyperpod-pretrain", 404) in reads and ("get", RUNTIMES, "", "hyperpod-pretrain",
-                                                                         200) in reads  # fmt: skip
+    assert ("get", RUNTIMES, "", "hyperpod-pretrain", 404) in reads and (
+        "get",
+        RUNTIMES,
+        "",
+        "hyperpod-pretrain",
+        200,
+    ) in reads
     assert not [r for r in reads if r[4] == 403], reads
 
 
@@ -606,9 +676,12 @@ def test_a_cluster_with_the_training_operator_alone_names_pytorchjob(
     spare.install_crd(PYTORCHJOB_CRD)
     result = make_site(plane=spare).run(platform=TRAINJOB_PLATFORM)
     crd = check(result, "crd")
-    assert (crd.status, crd.reason, crd.fix) == (FAIL, "this cluster has the Kubeflow Training Operator (PyTorchJob) "
-                                                 "and no TrainJob CRD: compile with --job-api pytorchjob",
-                                                 "")  # fmt: skip
+    assert (crd.status, crd.reason, crd.fix) == (
+        FAIL,
+        "this cluster has the Kubeflow Training Operator (PyTorchJob) "
+        "and no TrainJob CRD: compile with --job-api pytorchjob",
+        "",
+    )
     assert check(result, "runtime").status == FAIL, "no ClusterTrainingRuntime API either"
 
 
@@ -627,8 +700,10 @@ def test_with_both_job_apis_each_compiled_choice_passes_with_its_own(trainer_sit
     assert statuses(trainjob) == all_pass(api=TRAINJOB.name), trainjob.markdown()
     assert trainjob.passed and trainjob.verdict() == "passed"
     assert check(trainjob, "crd").reason == TRAINER_CRD_REASON
-    assert check(trainjob, "runtime").reason == "ClusterTrainingRuntime hyperpod-pretrain matches this pipeline's " \
-                                                "(restart budget 3)"  # fmt: skip
+    assert (
+        check(trainjob, "runtime").reason == "ClusterTrainingRuntime hyperpod-pretrain matches this pipeline's "
+        "(restart budget 3)"
+    )
     assert check(trainjob, "queue").reason == "no Kueue queue compiled in: the job starts when its pods fit"
     # The pod the runtime and the TrainJob make together, checked as a PyTorchJob's worker is.
     assert check(trainjob, "nodes").reason == check(pytorchjob, "nodes").reason
@@ -651,18 +726,23 @@ def test_a_runtime_that_differs_from_the_pipelines_fails_naming_the_field(traine
         budget["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] = 5
         replace(budget)
         runtime = check(site.run(platform=TRAINJOB_PLATFORM), "runtime")
-        assert (runtime.status, runtime.reason) == (PASS, "ClusterTrainingRuntime hyperpod-pretrain matches this "
-                                                    "pipeline's (restart budget 5)")  # fmt: skip
+        assert (runtime.status, runtime.reason) == (
+            PASS,
+            "ClusterTrainingRuntime hyperpod-pretrain matches this pipeline's (restart budget 5)",
+        )
         edited = copy.deepcopy(ours)
         del edited["spec"]["template"]["spec"]["failurePolicy"]
         replace(edited)
         result = site.run(platform=TRAINJOB_PLATFORM)
         runtime = check(result, "runtime")
-        assert (runtime.status, runtime.reason) == (FAIL, "ClusterTrainingRuntime hyperpod-pretrain differs from this "
-                                                    "pipeline's: template.spec.failurePolicy (JobSet restarts the "
-                                                    "group (its maxRestarts, the restart budget, is the runtime's own: "
-                                                    "render-runtime --restart-budget)) is \"missing\", not "
-                                                    "\"set\"")  # fmt: skip
+        assert (runtime.status, runtime.reason) == (
+            FAIL,
+            "ClusterTrainingRuntime hyperpod-pretrain differs from this "
+            "pipeline's: template.spec.failurePolicy (JobSet restarts the "
+            "group (its maxRestarts, the restart budget, is the runtime's own: "
+            'render-runtime --restart-budget)) is "missing", not '
+            '"set"',
+        )
         assert runtime.fix.startswith("apply deploy/trainjob-runtime.yaml, or what `hyperpod-pretrain render-runtime`")
         others_pass(result, "runtime")
 
@@ -677,16 +757,23 @@ def test_a_runtime_that_differs_from_the_pipelines_fails_naming_the_field(traine
         ours_claim = '], not [{"name": "fsx-pvc", "persistentVolumeClaim": {"claimName": "fsx-lustre-pvc"}}, '
         assert ours_claim in runtime.reason
 
-        elsewhere = Platform(job_api=TRAINJOB.name, pvc_name="team-fsx", mount_path="/lustre",
-                             service_account="trainer", automount_service_account_token=True)  # fmt: skip
+        elsewhere = Platform(
+            job_api=TRAINJOB.name,
+            pvc_name="team-fsx",
+            mount_path="/lustre",
+            service_account="trainer",
+            automount_service_account_token=True,
+        )
         replace(trainjob_runtime(site, storage_root="/lustre", platform=elsewhere))
         runtime = check(site.run(platform=TRAINJOB_PLATFORM), "runtime")
         assert runtime.status == FAIL and runtime.reason.startswith(
             "ClusterTrainingRuntime hyperpod-pretrain differs from this pipeline's: pod.containers[node].volumeMounts "
             '(the FSx and /dev/shm mounts) is [{"mountPath": "/lustre", "name": "fsx-pvc"}'
         ), runtime.reason
-        assert '; pod.volumes (the FSx claim) is [{"name": "fsx-pvc", "persistentVolumeClaim": {"claimName": ' \
-               '"team-fsx"}}' in runtime.reason  # fmt: skip
+        assert (
+            '; pod.volumes (the FSx claim) is [{"name": "fsx-pvc", "persistentVolumeClaim": {"claimName": '
+            '"team-fsx"}}' in runtime.reason
+        )
         assert '; pod.serviceAccountName (the trainer pods\' service account) is "trainer", not null' in runtime.reason
         assert runtime.reason.endswith("; and 1 more"), "three fields named, the fourth counted"
 
@@ -699,8 +786,11 @@ def test_a_runtime_that_differs_from_the_pipelines_fails_naming_the_field(traine
         assert check(site.run(platform=TRAINJOB_PLATFORM, job_options=longer), "runtime").status == PASS
         queued = Platform(job_api=TRAINJOB.name, queue_name=QUEUE)
         runtime = check(site.run(platform=queued, job_options={"grace_period_s": 300}), "runtime")
-        assert (runtime.status, runtime.fix) == (FAIL, "run with job option grace_period_s=120, or have the platform "
-                                                 "team render the runtime with --grace-period-s 300")  # fmt: skip
+        assert (runtime.status, runtime.fix) == (
+            FAIL,
+            "run with job option grace_period_s=120, or have the platform "
+            "team render the runtime with --grace-period-s 300",
+        )
         assert runtime.reason.startswith("grace_period_s 300 is not ClusterTrainingRuntime hyperpod-pretrain's 120")
 
 
@@ -713,39 +803,90 @@ DROPS_GRACE = (
 @pytest.mark.parametrize(
     ("api", "version", "frameworks", "status", "reason"),
     [
-        (TRAINJOB.name, "v0.19.2", KUEUE_DEFAULT_FRAMEWORKS, PASS,
-         f"queue {QUEUE!r}: Kueue v0.19.2, manages trainer.kubeflow.org/trainjob; Kueue is built on Trainer v2.2.1's "
-         f"API, per its go.mod: {DROPS_GRACE}"),
-        (TRAINJOB.name, "v0.14.0", KUEUE_DEFAULT_FRAMEWORKS, PASS,
-         f"queue {QUEUE!r}: Kueue v0.14.0, manages trainer.kubeflow.org/trainjob; Kueue is built on Trainer v2.0.1's "
-         f"API, per its go.mod: {DROPS_GRACE}"),
-        (TRAINJOB.name, "v0.20.0", KUEUE_DEFAULT_FRAMEWORKS, PASS,
-         f"queue {QUEUE!r}: Kueue v0.20.0, manages trainer.kubeflow.org/trainjob; Kueue is built on Trainer v2.3's "
-         "API (kubernetes-sigs/kueue#14504): a TrainJob's runtime patches are kept"),
-        (TRAINJOB.name, "v0.13.9", KUEUE_0_13_FRAMEWORKS, FAIL,
-         "Kueue v0.13.9 admits no TrainJobs (its trainjob integration came in v0.14.0): the job would wait suspended "
-         "for ever"),
-        (TRAINJOB.name, "v0.19.2", tuple(f for f in KUEUE_DEFAULT_FRAMEWORKS if f != "trainer.kubeflow.org/trainjob"),
-         FAIL, f"Kueue v0.19.2 does not manage trainer.kubeflow.org/trainjob (not in integrations.frameworks of "
-         f"{KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored and the job runs unqueued"),
-        (TRAINJOB.name, None, (), FAIL,
-         f"queue {QUEUE!r} is compiled in, but no Kueue runs in kueue-system (no Deployment labelled "
-         "app.kubernetes.io/name=kueue): the job would never be admitted"),
+        (
+            TRAINJOB.name,
+            "v0.19.2",
+            KUEUE_DEFAULT_FRAMEWORKS,
+            PASS,
+            f"queue {QUEUE!r}: Kueue v0.19.2, manages trainer.kubeflow.org/trainjob; Kueue is "
+            f"built on Trainer v2.2.1's "
+            f"API, per its go.mod: {DROPS_GRACE}",
+        ),
+        (
+            TRAINJOB.name,
+            "v0.14.0",
+            KUEUE_DEFAULT_FRAMEWORKS,
+            PASS,
+            f"queue {QUEUE!r}: Kueue v0.14.0, manages trainer.kubeflow.org/trainjob; Kueue is "
+            f"built on Trainer v2.0.1's "
+            f"API, per its go.mod: {DROPS_GRACE}",
+        ),
+        (
+            TRAINJOB.name,
+            "v0.20.0",
+            KUEUE_DEFAULT_FRAMEWORKS,
+            PASS,
+            f"queue {QUEUE!r}: Kueue v0.20.0, manages trainer.kubeflow.org/trainjob; Kueue is built on Trainer v2.3's "
+            "API (kubernetes-sigs/kueue#14504): a TrainJob's runtime patches are kept",
+        ),
+        (
+            TRAINJOB.name,
+            "v0.13.9",
+            KUEUE_0_13_FRAMEWORKS,
+            FAIL,
+            "Kueue v0.13.9 admits no TrainJobs (its trainjob integration came in v0.14.0): "
+            "the job would wait suspended "
+            "for ever",
+        ),
+        (
+            TRAINJOB.name,
+            "v0.19.2",
+            tuple(f for f in KUEUE_DEFAULT_FRAMEWORKS if f != "trainer.kubeflow.org/trainjob"),
+            FAIL,
+            f"Kueue v0.19.2 does not manage trainer.kubeflow.org/trainjob (not in integrations.frameworks of "
+            f"{KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored and the job runs unqueued",
+        ),
+        (
+            TRAINJOB.name,
+            None,
+            (),
+            FAIL,
+            f"queue {QUEUE!r} is compiled in, but no Kueue runs in kueue-system (no Deployment labelled "
+            "app.kubernetes.io/name=kueue): the job would never be admitted",
+        ),
         # The release's own configuration leaves kubeflow.org/pytorchjob commented out; v0.13's listed it.
-        ("pytorchjob", "v0.19.2", KUEUE_DEFAULT_FRAMEWORKS, FAIL,
-         "Kueue v0.19.2 does not manage kubeflow.org/pytorchjob (not in integrations.frameworks of "
-         f"{KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored and the job runs unqueued"),
-        ("pytorchjob", "v0.13.9", KUEUE_0_13_FRAMEWORKS, PASS,
-         f"queue {QUEUE!r}: Kueue v0.13.9, manages kubeflow.org/pytorchjob; Kueue admits a PyTorchJob by merge patch, "
-         "with Training Operator v1.9.3's types per its go.mod: nothing of the job is dropped"),
+        (
+            "pytorchjob",
+            "v0.19.2",
+            KUEUE_DEFAULT_FRAMEWORKS,
+            FAIL,
+            "Kueue v0.19.2 does not manage kubeflow.org/pytorchjob (not in integrations.frameworks of "
+            f"{KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored and the job runs unqueued",
+        ),
+        (
+            "pytorchjob",
+            "v0.13.9",
+            KUEUE_0_13_FRAMEWORKS,
+            PASS,
+            f"queue {QUEUE!r}: Kueue v0.13.9, manages kubeflow.org/pytorchjob; Kueue admits a "
+            f"PyTorchJob by merge patch, "
+            "with Training Operator v1.9.3's types per its go.mod: nothing of the job is dropped",
+        ),
     ],
-    ids=["trainjob-v0.19.2", "trainjob-v0.14.0", "trainjob-v0.20.0", "trainjob-v0.13.9", "trainjob-not-listed",
-         "trainjob-no-kueue", "pytorchjob-v0.19.2-default-config", "pytorchjob-v0.13.9"],
-)  # fmt: skip
+    ids=[
+        "trainjob-v0.19.2",
+        "trainjob-v0.14.0",
+        "trainjob-v0.20.0",
+        "trainjob-v0.13.9",
+        "trainjob-not-listed",
+        "trainjob-no-kueue",
+        "pytorchjob-v0.19.2-default-config",
+        "pytorchjob-v0.13.9",
+    ],
+)
 def test_the_queue_check_reads_kueues_version_and_frameworks(
-    make_site: Callable[..., Site], api: str, version: str | None, frameworks: tuple[str, ...], status: str,
-    reason: str
-) -> None:  # fmt: skip
+    make_site: Callable[..., Site], api: str, version: str | None, frameworks: tuple[str, ...], status: str, reason: str
+) -> None:
     """With a Kueue queue compiled in: Kueue's controller in kueue-system (by its label), its image tag's version
     (v0.14.0 or later for a TrainJob) and its configuration's integrations.frameworks naming the job's kind."""
     if api == TRAINJOB.name:
@@ -764,8 +905,10 @@ def test_the_queue_check_reads_kueues_version_and_frameworks(
     assert (queue.status, queue.reason) == (status, reason), queue
     if status == FAIL:
         framework = "trainer.kubeflow.org/trainjob" if api == TRAINJOB.name else "kubeflow.org/pytorchjob"
-        assert queue.fix == (f"install Kueue v0.14 or later with {framework} in its integrations.frameworks "
-                             "(kueue-system/kueue-manager-config), or compile without --queue-name")  # fmt: skip
+        assert queue.fix == (
+            f"install Kueue v0.14 or later with {framework} in its integrations.frameworks "
+            "(kueue-system/kueue-manager-config), or compile without --queue-name"
+        )
     assert {n: s for n, s in statuses(result).items() if n != "queue"} == {
         n: s for n, s in all_pass(api=api).items() if n != "queue"
     }, result.markdown()
@@ -780,8 +923,10 @@ def test_without_a_queue_the_queue_check_is_not_applicable(trainer_site: Site) -
     trainer_site.hp.add_kueue()  # there, but the pipeline names no queue: nothing of Kueue's is read
     since = audit_time()
     queue = check(trainer_site.run(platform=TRAINJOB_PLATFORM), "queue")
-    assert (queue.status, queue.reason) == (NOT_APPLICABLE, "no Kueue queue compiled in: the job starts when its pods "
-                                            "fit")  # fmt: skip
+    assert (queue.status, queue.reason) == (
+        NOT_APPLICABLE,
+        "no Kueue queue compiled in: the job starts when its pods fit",
+    )
     assert not {r for r in runner_reads(trainer_site, since) if r[2] == KUEUE_NAMESPACE}
 
 
@@ -791,19 +936,29 @@ def test_a_trainjob_preflight_asks_for_the_trainjob_verbs(trainer_site: Site) ->
     site = trainer_site
     permissions = check(site.run(platform=TRAINJOB_PLATFORM), "permissions")
     assert len(launcher_access(TRAINJOB)) == 10 and {a[1:3] for a in launcher_access(TRAINJOB)} == {
-        ("trainer.kubeflow.org", "trainjobs"), ("jobset.x-k8s.io", "jobsets"), ("batch", "jobs"), ("", "pods"),
-        ("", "events")}  # fmt: skip
-    assert (permissions.status, permissions.reason) == (PASS, "all 10 permissions the launcher uses, in namespace "
-                                                        f"{site.namespace}, for kubeflow/pipeline-runner (10 from "
-                                                        "render-rbac's Roles)")  # fmt: skip
+        ("trainer.kubeflow.org", "trainjobs"),
+        ("jobset.x-k8s.io", "jobsets"),
+        ("batch", "jobs"),
+        ("", "pods"),
+        ("", "events"),
+    }
+    assert (permissions.status, permissions.reason) == (
+        PASS,
+        "all 10 permissions the launcher uses, in namespace "
+        f"{site.namespace}, for kubeflow/pipeline-runner (10 from "
+        "render-rbac's Roles)",
+    )
     pytorchjobs_cut = site.with_grants(deploy_grants(without=("create pytorchjobs", "delete pytorchjobs")))
     assert check(pytorchjobs_cut.run(platform=TRAINJOB_PLATFORM), "permissions").status == PASS
     trainjobs_cut = site.with_grants(deploy_grants(without=("create trainjobs", "watch trainjobs")))
     permissions = check(trainjobs_cut.run(platform=TRAINJOB_PLATFORM), "permissions")
-    assert (permissions.status, permissions.reason) == (FAIL, f"{trainjobs_cut.namespace}/{LESS_GRANTED} may not, "
-                                                        f"in namespace {trainjobs_cut.namespace}: create "
-                                                        "trainjobs.trainer.kubeflow.org, watch "
-                                                        "trainjobs.trainer.kubeflow.org")  # fmt: skip
+    assert (permissions.status, permissions.reason) == (
+        FAIL,
+        f"{trainjobs_cut.namespace}/{LESS_GRANTED} may not, "
+        f"in namespace {trainjobs_cut.namespace}: create "
+        "trainjobs.trainer.kubeflow.org, watch "
+        "trainjobs.trainer.kubeflow.org",
+    )
     assert check(trainjobs_cut.run(), "permissions").status == PASS, "a PyTorchJob's verbs are all there"
 
 
@@ -819,8 +974,10 @@ def test_permissions_missing_create_pytorchjobs_fails(make_site: Callable[..., S
         f"{site.namespace}/{LESS_GRANTED} may not, in namespace {site.namespace}: create pytorchjobs.kubeflow.org, get "
         "pods/log; also list events (the pods' events)"
     )
-    assert permissions.fix == (f"hyperpod-pretrain render-rbac --namespace {site.namespace} --service-account "
-                               f"{LESS_GRANTED} --job-api pytorchjob | kubectl apply -f -")  # fmt: skip
+    assert permissions.fix == (
+        f"hyperpod-pretrain render-rbac --namespace {site.namespace} --service-account "
+        f"{LESS_GRANTED} --job-api pytorchjob | kubectl apply -f -"
+    )
     others_pass(result, "permissions")
 
 
@@ -829,8 +986,10 @@ def test_permissions_missing_list_events_warns(make_site: Callable[..., Site]) -
     result = site.run()
     permissions = check(result, "permissions")
     assert permissions.status == WARN and result.passed
-    assert permissions.reason == (f"{site.namespace}/{LESS_GRANTED} may not list events in {site.namespace}: the "
-                                  "launcher runs but cannot show the pods' events")  # fmt: skip
+    assert permissions.reason == (
+        f"{site.namespace}/{LESS_GRANTED} may not list events in {site.namespace}: the "
+        "launcher runs but cannot show the pods' events"
+    )
     assert permissions.fix.startswith(f"hyperpod-pretrain render-rbac --namespace {site.namespace} ")
 
 
@@ -844,9 +1003,11 @@ def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(make_site: Callable
         "pytorchjobs.kubeflow.org, watch pytorchjobs.kubeflow.org, delete pytorchjobs.kubeflow.org, watch pods, get "
         "pods/log; also list events"  # list pods: granted in every namespace by deploy/rbac-cluster-read.yaml
     )
-    assert permissions.fix == (f"hyperpod-pretrain render-rbac --namespace {site.namespace} --jobs-namespace "
-                               f"{team} --service-account {LESS_GRANTED} --job-api pytorchjob | kubectl apply -f "
-                               "-")  # fmt: skip
+    assert permissions.fix == (
+        f"hyperpod-pretrain render-rbac --namespace {site.namespace} --jobs-namespace "
+        f"{team} --service-account {LESS_GRANTED} --job-api pytorchjob | kubectl apply -f "
+        "-"
+    )
 
 
 # -- 3. the FSx PVC ------------------------------------------------------------------------------------------
@@ -855,16 +1016,28 @@ def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(make_site: Callable
 @pytest.mark.parametrize(
     ("pvc", "reason", "fix", "throughput"),
     [
-        (None, "PVC fsx-lustre-pvc does not exist in namespace {ns}: the pods would stay Pending",
-         "hyperpod-pretrain render-storage --namespace {ns} --pvc-name fsx-lustre-pvc ", "could not be read"),
-        ({"phase": "Pending"}, "PVC fsx-lustre-pvc is Pending, not Bound",
-         "kubectl -n {ns} describe pvc fsx-lustre-pvc: check the FSx CSI driver",
-         "is bound to no PersistentVolume"),
-        ({"access_modes": ("ReadWriteOnce",)},
-         "PVC fsx-lustre-pvc is ReadWriteOnce, not ReadWriteMany: the 2 nodes and the pipeline's steps must mount it "
-         "at once", "use an FSx for Lustre PV/PVC with accessModes [ReadWriteMany]", ""),
+        (
+            None,
+            "PVC fsx-lustre-pvc does not exist in namespace {ns}: the pods would stay Pending",
+            "hyperpod-pretrain render-storage --namespace {ns} --pvc-name fsx-lustre-pvc ",
+            "could not be read",
+        ),
+        (
+            {"phase": "Pending"},
+            "PVC fsx-lustre-pvc is Pending, not Bound",
+            "kubectl -n {ns} describe pvc fsx-lustre-pvc: check the FSx CSI driver",
+            "is bound to no PersistentVolume",
+        ),
+        (
+            {"access_modes": ("ReadWriteOnce",)},
+            "PVC fsx-lustre-pvc is ReadWriteOnce, not ReadWriteMany: the 2 nodes and the "
+            "pipeline's steps must mount it "
+            "at once",
+            "use an FSx for Lustre PV/PVC with accessModes [ReadWriteMany]",
+            "",
+        ),
     ],
-)  # fmt: skip
+)
 def test_pvc_problems_fail(
     make_site: Callable[..., Site], pvc: dict[str, Any] | None, reason: str, fix: str, throughput: str
 ) -> None:
@@ -879,8 +1052,10 @@ def test_pvc_problems_fail(
     checkpoint = check(result, "checkpoint-throughput")
     if throughput:  # no volume to compare with: fsx-pvc says why, this check only what the checkpoint needs
         assert checkpoint.status == NOT_APPLICABLE, checkpoint
-        assert checkpoint.reason.endswith(f"; PVC fsx-lustre-pvc {throughput} (see fsx-pvc): its file system is "
-                                          "unknown") and "needs 0.49 MB/s" in checkpoint.reason  # fmt: skip
+        assert (
+            checkpoint.reason.endswith(f"; PVC fsx-lustre-pvc {throughput} (see fsx-pvc): its file system is unknown")
+            and "needs 0.49 MB/s" in checkpoint.reason
+        )
     else:
         assert checkpoint.status == PASS, checkpoint
 
@@ -894,8 +1069,9 @@ def test_profiles_share_one_file_system_through_the_volumes_render_storage_makes
     data (the step's mounts: /proc/self/mountinfo, here a file of the same format)."""
     first = make_site(profile="pytorchjob", pvc=False)
     second, third = first.in_profile("pytorchjob"), first.in_profile("pytorchjob")
-    fsx = FileSystem(FILE_SYSTEM, f"{FILE_SYSTEM}.fsx.us-east-1.amazonaws.com", "abcdefgh", "2400Gi", "PERSISTENT_2",
-                     250)  # fmt: skip
+    fsx = FileSystem(
+        FILE_SYSTEM, f"{FILE_SYSTEM}.fsx.us-east-1.amazonaws.com", "abcdefgh", "2400Gi", "PERSISTENT_2", 250
+    )
     first.hp.apply_volumes(volume_documents(fsx, [first.namespace, second.namespace], "fsx-lustre-pvc"))
     mountinfo = tmp_path / "mountinfo"
     monkeypatch.setattr(preflight_core, "MOUNTINFO", mountinfo)
@@ -999,18 +1175,28 @@ def test_scratch_is_counted_at_its_write_baseline(site: Site) -> None:
     size = fsx_size_gib(Decimal(checkpoint_mb(LLAMA_1B) / 50 * 1000 / 100), "SCRATCH_2", "SSD", 100)
     assert size == 4800, "2,613 GiB rounds up to the driver's next 2,400 GiB step"
     assert got.fix.startswith("for this job: a file system of 4,800 GiB (4.8 TiB) at 100 MB/s/TiB")
-    assert ", or a PERSISTENT_2 file system of this size at 250 MB/s/TiB (300 MB/s), or a preemption budget of at " \
-           "least 218 s" in got.fix  # fmt: skip
+    assert (
+        ", or a PERSISTENT_2 file system of this size at 250 MB/s/TiB (300 MB/s), or a preemption budget of at "
+        "least 218 s" in got.fix
+    )
 
 
 def test_the_budget_is_the_grace_period_capped_by_torchruns_shutdown_timeout(site: Site) -> None:
     longer = throughput(site, job_options={"grace_period_s": 300})
-    assert longer.status == PASS and "needs 93 MB/s to take at most half of the 280 s preemption budget (the smaller " \
-        "of the pod's 300 s grace period and torchrun's 280 s shutdown timeout;" in longer.reason  # fmt: skip
+    assert (
+        longer.status == PASS
+        and "needs 93 MB/s to take at most half of the 280 s preemption budget (the smaller "
+        "of the pod's 300 s grace period and torchrun's 280 s shutdown timeout;"
+        in longer.reason
+    )
     assert round(checkpoint_mb(LLAMA_1B) / 140) == 93
     default = throughput(site, job_options={"shutdown_timeout_s": 0})  # torchrun's own: 30 s
-    assert default.status == WARN and "needs 871 MB/s to take at most half of the 30 s preemption budget (the " \
-        "smaller of the pod's 120 s grace period and torchrun's 30 s shutdown timeout;" in default.reason  # fmt: skip
+    assert (
+        default.status == WARN
+        and "needs 871 MB/s to take at most half of the 30 s preemption budget (the "
+        "smaller of the pod's 120 s grace period and torchrun's 30 s shutdown timeout;"
+        in default.reason
+    )
 
 
 def test_the_vocabulary_of_a_staged_dataset_is_used(site: Site, staged_root: Path) -> None:
@@ -1041,8 +1227,9 @@ def test_a_static_pv_is_compared_with_the_slowest_tier(make_site: Callable[..., 
             f"; the write throughput of FSx fs-0123456789abcdef0 (PV {pv}, 2,400 GiB) is unknown here: its "
             "PersistentVolume was provisioned statically, so no StorageClass says how it was created"
         ), got.reason
-        assert got.fix.startswith("compare it yourself: aws fsx describe-file-systems --file-system-ids "
-                                  "fs-0123456789abcdef0 ") and got.fix.endswith("must reach 261 MB/s")  # fmt: skip
+        assert got.fix.startswith(
+            "compare it yourself: aws fsx describe-file-systems --file-system-ids fs-0123456789abcdef0 "
+        ) and got.fix.endswith("must reach 261 MB/s")
         small = throughput(site, preset="small")
         assert small.status == PASS and small.reason.endswith(
             f"(PV {pv}, 2,400 GiB) writes at least 29 MB/s at the slowest FSx for Lustre tier (12 MB/s/TiB; its "
@@ -1055,8 +1242,9 @@ def test_a_storage_class_gone_or_without_a_known_tier_leaves_it_unknown(make_sit
     site = make_site(pvc=False)
     site.hp.add_pvc(site.namespace, "fsx-lustre-pvc", storage_class=site.hp.name("fsx-gone"))
     gone = throughput(site)
-    assert gone.status == WARN and gone.reason.endswith(f"is unknown here: StorageClass {site.hp.name('fsx-gone')}, "
-                                                        "which provisioned it, no longer exists")  # fmt: skip
+    assert gone.status == WARN and gone.reason.endswith(
+        f"is unknown here: StorageClass {site.hp.name('fsx-gone')}, which provisioned it, no longer exists"
+    )
     site.hp.remove_pvc(site.namespace, "fsx-lustre-pvc")
     p2 = site.hp.add_storage_class("fsx-p2", PERSISTENT_2)  # no perUnitStorageThroughput: the CSI driver refuses it
     site.hp.add_pvc(site.namespace, "fsx-lustre-pvc", storage_class=p2)
@@ -1074,8 +1262,10 @@ def test_a_volume_that_is_not_fsx_is_not_applicable(make_site: Callable[..., Sit
     result = site.run(preset="llama-1b")
     got = check(result, "checkpoint-throughput")
     assert got.status == NOT_APPLICABLE and "needs 261 MB/s" in got.reason, "the platform team compares with that"
-    assert got.reason.endswith(f"; PersistentVolume {efs} is not FSx for Lustre (CSI driver efs.csi.aws.com): "
-                               "compare its write throughput with that")  # fmt: skip
+    assert got.reason.endswith(
+        f"; PersistentVolume {efs} is not FSx for Lustre (CSI driver efs.csi.aws.com): "
+        "compare its write throughput with that"
+    )
     others_pass(result, "checkpoint-throughput")
 
 
@@ -1083,10 +1273,13 @@ def test_cannot_read_the_pv_or_storage_class_warns_with_what_it_needs(make_site:
     site = make_site(grants=deploy_grants(without=("get storageclasses",)))
     storage_class = throughput(site)
     assert storage_class.status == WARN and "needs 261 MB/s" in storage_class.reason
-    assert storage_class.reason.endswith(f"is unknown here: cannot read StorageClass {site.hp.name('fsx-sc')}: the "
-                                         "service account may not get storageclasses")  # fmt: skip
-    assert storage_class.fix.startswith("grant the step's service account get on storageclasses.storage.k8s.io to run "
-                                        "this check")  # fmt: skip
+    assert storage_class.reason.endswith(
+        f"is unknown here: cannot read StorageClass {site.hp.name('fsx-sc')}: the "
+        "service account may not get storageclasses"
+    )
+    assert storage_class.fix.startswith(
+        "grant the step's service account get on storageclasses.storage.k8s.io to run this check"
+    )
     site = site.with_grants(deploy_grants(without=("get storageclasses", "get persistentvolumes")))
     result = site.run(preset="llama-1b")
     pv = check(result, "checkpoint-throughput")
@@ -1094,23 +1287,31 @@ def test_cannot_read_the_pv_or_storage_class_warns_with_what_it_needs(make_site:
     assert pv.reason.split("; ")[-1].startswith("cannot read PersistentVolume pvc-") and pv.reason.endswith(
         ": the service account may not get persistentvolumes"
     )
-    assert pv.fix.startswith("grant the step's service account get on persistentvolumes and "
-                             "storageclasses.storage.k8s.io to run this check") and \
-        "kubectl apply -f deploy/rbac-cluster-read.yaml" in pv.fix  # fmt: skip
+    assert (
+        pv.fix.startswith(
+            "grant the step's service account get on persistentvolumes and "
+            "storageclasses.storage.k8s.io to run this check"
+        )
+        and "kubectl apply -f deploy/rbac-cluster-read.yaml" in pv.fix
+    )
     others_pass(result, "checkpoint-throughput")
 
 
 @pytest.mark.parametrize(
     ("request_gib", "deployment", "storage_type", "per_unit", "size"),
     [
-        (1, "SCRATCH_2", "SSD", 100, 1200), (1201, "SCRATCH_2", "SSD", 100, 2400),
+        (1, "SCRATCH_2", "SSD", 100, 1200),
+        (1201, "SCRATCH_2", "SSD", 100, 2400),
         (2401, "SCRATCH_2", "SSD", 100, 4800),
-        (2401, "PERSISTENT_2", "SSD", 125, 4800), (3000, "SCRATCH_1", "SSD", 200, 3600),
-        (3601, "SCRATCH_1", "SSD", 200, 7200), (2401, "SCRATCH_1", "SSD", 200, 3600),
-        (100, "PERSISTENT_1", "HDD", 12, 6000), (6001, "PERSISTENT_1", "HDD", 12, 12000),
+        (2401, "PERSISTENT_2", "SSD", 125, 4800),
+        (3000, "SCRATCH_1", "SSD", 200, 3600),
+        (3601, "SCRATCH_1", "SSD", 200, 7200),
+        (2401, "SCRATCH_1", "SSD", 200, 3600),
+        (100, "PERSISTENT_1", "HDD", 12, 6000),
+        (6001, "PERSISTENT_1", "HDD", 12, 12000),
         (1801, "PERSISTENT_1", "HDD", 40, 3600),
     ],
-)  # fmt: skip
+)
 def test_sizes_round_up_as_the_fsx_csi_driver_provisions_them(
     request_gib: int, deployment: str, storage_type: str, per_unit: int, size: int
 ) -> None:
@@ -1155,18 +1356,30 @@ def test_a_busy_cluster_that_fits_when_idle_warns(site: Site) -> None:
     ("overrides", "busy_node", "reason", "detail"),
     [
         # 3 nodes needed, 2 GPU nodes in the cluster: idle or busy, never enough.
-        ({"nnodes": 3}, False, "2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
-         "memory, 96 cpu); the job needs 3; even an idle cluster holds only 2. Not fitting: 1 no health label",
-         "{cpu}: no sagemaker.amazonaws.com/node-health-status label"),
-        ({"nnodes": 3}, True, "1 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
-         "memory, 96 cpu); the job needs 3; even an idle cluster holds only 2. Not fitting: ",
-         "{i01}: nvidia.com/gpu 8 requested, 4 free"),
+        (
+            {"nnodes": 3},
+            False,
+            "2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
+            "memory, 96 cpu); the job needs 3; even an idle cluster holds only 2. Not fitting: 1 no health label",
+            "{cpu}: no sagemaker.amazonaws.com/node-health-status label",
+        ),
+        (
+            {"nnodes": 3},
+            True,
+            "1 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
+            "memory, 96 cpu); the job needs 3; even an idle cluster holds only 2. Not fitting: ",
+            "{i01}: nvidia.com/gpu 8 requested, 4 free",
+        ),
         # More memory than any node's allocatable (2063937952Ki on a p5.48xlarge): no idle node holds one.
-        ({"job_options": {"memory": "2000Gi"}}, True, "0 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 "
-         "vpc.amazonaws.com/efa, 2000Gi memory, 96 cpu); the job needs 2; even an idle cluster holds only 0",
-         "{i00}: memory 2000Gi requested, 1968.3Gi free"),
+        (
+            {"job_options": {"memory": "2000Gi"}},
+            True,
+            "0 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 "
+            "vpc.amazonaws.com/efa, 2000Gi memory, 96 cpu); the job needs 2; even an idle cluster holds only 0",
+            "{i00}: memory 2000Gi requested, 1968.3Gi free",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_job_no_node_set_could_ever_hold_fails(
     site: Site, overrides: dict[str, Any], busy_node: bool, reason: str, detail: str
 ) -> None:
@@ -1194,16 +1407,25 @@ def test_cpu_and_memory_are_counted_with_their_units(site: Site) -> None:
     [
         ({"unschedulable": True}, "1 cordoned", "cordoned"),
         ({"health_status": "Unschedulable"}, "1 health Unschedulable", "health Unschedulable"),
-        ({"health_status": "UnschedulablePendingReplacement"}, "1 health UnschedulablePendingReplacement",
-         "health UnschedulablePendingReplacement"),
-        ({"taints": ["dedicated=inference:NoSchedule"]}, "1 untolerated taint",
-         "taint dedicated=inference:NoSchedule not tolerated"),
+        (
+            {"health_status": "UnschedulablePendingReplacement"},
+            "1 health UnschedulablePendingReplacement",
+            "health UnschedulablePendingReplacement",
+        ),
+        (
+            {"taints": ["dedicated=inference:NoSchedule"]},
+            "1 untolerated taint",
+            "taint dedicated=inference:NoSchedule not tolerated",
+        ),
         ({"taints": ["maintenance:NoExecute"]}, "1 untolerated taint", "taint maintenance:NoExecute not tolerated"),
         ({"ready": False}, "1 not Ready", "not Ready (KubeletNotReady)"),
-        ({"health_status": None}, "2 no health label",
-         "no sagemaker.amazonaws.com/node-health-status label (the job's affinity requires Schedulable)"),
+        (
+            {"health_status": None},
+            "2 no health label",
+            "no sagemaker.amazonaws.com/node-health-status label (the job's affinity requires Schedulable)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_node_that_cannot_take_a_worker(
     make_site: Callable[..., Site], node: dict[str, Any], cause: str, detail: str
 ) -> None:
@@ -1217,8 +1439,10 @@ def test_a_node_that_cannot_take_a_worker(
 
 
 def test_tolerated_taints_and_preferred_effects_do_not_block(make_site: Callable[..., Site]) -> None:
-    site = make_site(node_00={"taints": ["nvidia.com/gpu=present:NoSchedule", "spot:PreferNoSchedule"]},
-                     node_01={"taints": ["dedicated=training:NoSchedule"]})  # fmt: skip
+    site = make_site(
+        node_00={"taints": ["nvidia.com/gpu=present:NoSchedule", "spot:PreferNoSchedule"]},
+        node_01={"taints": ["dedicated=training:NoSchedule"]},
+    )
     tolerations = ({"key": "dedicated", "operator": "Equal", "value": "training"},)  # besides the GPU one
     assert check(site.run(platform=Platform(tolerations=tolerations)), "nodes").status == PASS
     assert check(site.run(), "nodes").status == FAIL  # the default toleration is for nvidia.com/gpu only
@@ -1256,8 +1480,10 @@ def test_pods_that_hold_nothing_are_not_counted(site: Site) -> None:
 def test_elastic_job_with_fewer_nodes_than_max_warns(site: Site) -> None:
     nodes = check(site.run(max_nodes=4), "nodes")
     assert nodes.status == WARN
-    assert nodes.reason.startswith("2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
-                                   "memory, 96 cpu); the job needs 2 (up to 4)")  # fmt: skip
+    assert nodes.reason.startswith(
+        "2 of 3 node(s) fit a worker (8 nvidia.com/gpu, 32 vpc.amazonaws.com/efa, 512Gi "
+        "memory, 96 cpu); the job needs 2 (up to 4)"
+    )
     assert nodes.reason.endswith(": the elastic job starts with 2 of 4")
 
 
@@ -1267,8 +1493,10 @@ def test_many_unfit_nodes_are_summarized_on_one_line(site: Site) -> None:
     nodes = check(site.run(nnodes=3), "nodes")
     assert nodes.status == FAIL and "\n" not in nodes.reason
     tag = site.hp.tag
-    assert f"Not fitting: 5 cordoned, 5 health Unschedulable, 1 no health label (hyperpod-i-02-{tag}: cordoned; " \
-           f"hyperpod-i-03-{tag}: health Unschedulable; {site.cpu}: no " in nodes.reason  # fmt: skip
+    assert (
+        f"Not fitting: 5 cordoned, 5 health Unschedulable, 1 no health label (hyperpod-i-02-{tag}: cordoned; "
+        f"hyperpod-i-03-{tag}: health Unschedulable; {site.cpu}: no " in nodes.reason
+    )
     assert nodes.reason.endswith("; +7 more)")
 
 
@@ -1277,8 +1505,9 @@ def test_cannot_list_nodes_warns_and_the_other_checks_run(make_site: Callable[..
     result = site.run()
     nodes = check(result, "nodes")
     assert nodes.status == WARN and result.passed
-    assert nodes.reason == "cannot list nodes: the service account may not list nodes, so whether 2 node(s) fit is " \
-                           "unknown"  # fmt: skip
+    assert (
+        nodes.reason == "cannot list nodes: the service account may not list nodes, so whether 2 node(s) fit is unknown"
+    )
     assert nodes.fix.startswith("grant the step's service account list on nodes and on pods in all namespaces")
     others_pass(result, "nodes")
 
@@ -1289,8 +1518,9 @@ def test_cannot_list_pods_counts_by_allocatable_and_warns(make_site: Callable[..
     result = site.run()
     nodes = check(result, "nodes")
     assert nodes.status == WARN and nodes.reason.startswith("2 of 3 node(s) fit a worker")
-    assert nodes.reason.endswith("cannot list pods in all namespaces, so free resources are unknown: counted by "
-                                 "allocatable")  # fmt: skip
+    assert nodes.reason.endswith(
+        "cannot list pods in all namespaces, so free resources are unknown: counted by allocatable"
+    )
     assert nodes.fix.startswith("grant the step's service account list on pods in all namespaces")
     others_pass(result, "nodes")
 
@@ -1300,17 +1530,23 @@ def test_without_the_cluster_read_file_the_preflight_warns_that_it_could_not_loo
 ) -> None:
     site = make_site(grants=deploy_grants(WITHOUT_CLUSTER_READ))
     result = site.run()
-    assert result.passed and statuses(result) == all_pass() | {"checkpoint-throughput": WARN, "nodes": WARN,
-                                                               "device-plugins": WARN}  # fmt: skip
+    assert result.passed and statuses(result) == all_pass() | {
+        "checkpoint-throughput": WARN,
+        "nodes": WARN,
+        "device-plugins": WARN,
+    }
     for got in result.warnings:
         assert got.reason.startswith("cannot list") or "; cannot read PersistentVolume pvc-" in got.reason, got
         assert "kubectl apply -f deploy/rbac-cluster-read.yaml" in got.fix, got
     account = f"system:serviceaccount:{site.namespace}:"
-    refused = {(e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace", ""))
-               for e in site.plane.audit_events() if e["user"]["username"].startswith(account)
-               and e["responseStatus"]["code"] == 403}  # fmt: skip
-    assert refused == {("list", "nodes", ""), ("list", "daemonsets", ""), ("get", "persistentvolumes", "")}, \
-        "only the cluster-wide reads, refused by the real authorizer"  # fmt: skip
+    refused = {
+        (e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace", ""))
+        for e in site.plane.audit_events()
+        if e["user"]["username"].startswith(account) and e["responseStatus"]["code"] == 403
+    }
+    assert refused == {("list", "nodes", ""), ("list", "daemonsets", ""), ("get", "persistentvolumes", "")}, (
+        "only the cluster-wide reads, refused by the real authorizer"
+    )
 
 
 # -- 5. device plugins ---------------------------------------------------------------------------------------
@@ -1319,17 +1555,29 @@ def test_without_the_cluster_read_file_the_preflight_warns_that_it_could_not_loo
 @pytest.mark.parametrize(
     ("plugins", "reason", "fix"),
     [
-        ([{"efa": False}], "no EFA device plugin DaemonSet (a name with efa and device-plugin) in any namespace",
-         "Ensure aws-efa-k8s-device-plugin DaemonSet is running"),
-        ([{"nvidia": False}], "no NVIDIA device plugin DaemonSet (a name with nvidia and device-plugin) in any "
-         "namespace", "Ensure the NVIDIA device plugin DaemonSet is running"),
-        ([{"nvidia": False, "ready": 1}, {"efa": False}], "EFA device plugin kube-system/aws-efa-k8s-device-plugin-"
-         "daemonset: 1 of 2 pods ready", "Ensure aws-efa-k8s-device-plugin DaemonSet is running (kubectl -n "
-         "kube-system describe ds aws-efa-k8s-device-plugin-daemonset)"),
-        ([{"nvidia": False, "desired": 0}, {"efa": False}], "EFA device plugin kube-system/aws-efa-k8s-device-plugin-"
-         "daemonset schedules no pod (0 desired)", "Ensure aws-efa-k8s-device-plugin DaemonSet is running"),
+        (
+            [{"efa": False}],
+            "no EFA device plugin DaemonSet (a name with efa and device-plugin) in any namespace",
+            "Ensure aws-efa-k8s-device-plugin DaemonSet is running",
+        ),
+        (
+            [{"nvidia": False}],
+            "no NVIDIA device plugin DaemonSet (a name with nvidia and device-plugin) in any namespace",
+            "Ensure the NVIDIA device plugin DaemonSet is running",
+        ),
+        (
+            [{"nvidia": False, "ready": 1}, {"efa": False}],
+            "EFA device plugin kube-system/aws-efa-k8s-device-plugin-daemonset: 1 of 2 pods ready",
+            "Ensure aws-efa-k8s-device-plugin DaemonSet is running (kubectl -n "
+            "kube-system describe ds aws-efa-k8s-device-plugin-daemonset)",
+        ),
+        (
+            [{"nvidia": False, "desired": 0}, {"efa": False}],
+            "EFA device plugin kube-system/aws-efa-k8s-device-plugin-daemonset schedules no pod (0 desired)",
+            "Ensure aws-efa-k8s-device-plugin DaemonSet is running",
+        ),
     ],
-)  # fmt: skip
+)
 def test_device_plugin_problems_fail(
     make_site: Callable[..., Site], plugins: list[dict[str, Any]], reason: str, fix: str
 ) -> None:
@@ -1492,10 +1740,16 @@ def test_the_failure_message_and_the_log_carry_each_reason_and_fix(
 
 
 def test_the_failure_message_of_hand_made_results() -> None:
-    checks = [Check("nodes", FAIL, "0 of 2 node(s) fit.", "add nodes"), Check("image", FAIL, "no image"),
-              Check("memory", WARN, "96%", "lower memory"), Check("crd", PASS, "installed")]  # fmt: skip
-    assert failure_message(PreflightResult(checks)) == "preflight failed: nodes: 0 of 2 node(s) fit. Fix: add nodes; " \
-                                                       "image: no image."  # fmt: skip
+    checks = [
+        Check("nodes", FAIL, "0 of 2 node(s) fit.", "add nodes"),
+        Check("image", FAIL, "no image"),
+        Check("memory", WARN, "96%", "lower memory"),
+        Check("crd", PASS, "installed"),
+    ]
+    assert (
+        failure_message(PreflightResult(checks)) == "preflight failed: nodes: 0 of 2 node(s) fit. Fix: add nodes; "
+        "image: no image."
+    )
     assert failure_message(PreflightResult(checks[2:])) == "preflight passed, 1 warning(s)"
 
 
@@ -1555,11 +1809,23 @@ def test_an_unreachable_api_server_fails_the_cluster_checks_once() -> None:
 @pytest.mark.parametrize(
     ("text", "value"),
     [
-        ("96", "96"), ("500m", "0.5"), ("512Gi", str(512 * 2**30)), ("2063937952Ki", str(2063937952 * 1024)),
-        ("1e3", "1000"), ("1E3", "1000"), ("1E", str(10**18)), ("1.5", "1.5"), ("1.5Gi", str(3 * 2**29)),
-        ("100M", str(10**8)), ("0.1", "0.1"), (".5", "0.5"), ("25u", "0.000025"), (8, "8"), ("+2k", "2000"),
+        ("96", "96"),
+        ("500m", "0.5"),
+        ("512Gi", str(512 * 2**30)),
+        ("2063937952Ki", str(2063937952 * 1024)),
+        ("1e3", "1000"),
+        ("1E3", "1000"),
+        ("1E", str(10**18)),
+        ("1.5", "1.5"),
+        ("1.5Gi", str(3 * 2**29)),
+        ("100M", str(10**8)),
+        ("0.1", "0.1"),
+        (".5", "0.5"),
+        ("25u", "0.000025"),
+        (8, "8"),
+        ("+2k", "2000"),
     ],
-)  # fmt: skip
+)
 def test_quantities(text: str | int, value: str) -> None:
     assert quantity(text) == Decimal(value)
 
@@ -1594,14 +1860,31 @@ def test_pod_requests_like_the_scheduler() -> None:
 
 def component_args(tmp_path: Path, namespace: str, **overrides: Any) -> dict[str, Any]:
     args: dict[str, Any] = dict(
-        storage_root=str(tmp_path / "fsx"), dataset="synthetic", run_id="", resume_run_id="",
+        storage_root=str(tmp_path / "fsx"),
+        dataset="synthetic",
+        run_id="",
+        resume_run_id="",
         pipeline_run_id="pipeline-pf-2",
-        backend="kubernetes", nnodes=2, max_nodes=0, nproc_per_node=8, preset="tiny", init_from_model="",
-        mlflow_tracking_uri="", image=IMAGE, namespace=namespace, instance_type="ml.p5.48xlarge", job_options={},
-        platform={"pvc_name": "fsx-lustre-pvc", "mount_path": str(tmp_path / "fsx"), "queue_name": "",
-                  "priority_class": ""}, warn_only=False,
+        backend="kubernetes",
+        nnodes=2,
+        max_nodes=0,
+        nproc_per_node=8,
+        preset="tiny",
+        init_from_model="",
+        mlflow_tracking_uri="",
+        image=IMAGE,
+        namespace=namespace,
+        instance_type="ml.p5.48xlarge",
+        job_options={},
+        platform={
+            "pvc_name": "fsx-lustre-pvc",
+            "mount_path": str(tmp_path / "fsx"),
+            "queue_name": "",
+            "priority_class": "",
+        },
+        warn_only=False,
         report=SimpleNamespace(path=str(tmp_path / "report.md"), uri="minio://report"),
-    )  # fmt: skip
+    )
     return {**args, **overrides}
 
 
@@ -1644,13 +1927,31 @@ def test_the_cli_checks_through_the_kubeconfig_and_exits_by_the_verdict(site: Si
     cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     env["KUBECONFIG"] = str(site.plane.write_kubeconfig(tmp_path / "kubeconfig"))
-    command = [cli, "preflight", "--storage-root", str(tmp_path), "--dataset", "d", "--run-id", "r", "--image", IMAGE,
-               "--namespace", site.namespace, "--nnodes", "2", "--nproc-per-node", "8", "--json"]  # fmt: skip
+    command = [
+        cli,
+        "preflight",
+        "--storage-root",
+        str(tmp_path),
+        "--dataset",
+        "d",
+        "--run-id",
+        "r",
+        "--image",
+        IMAGE,
+        "--namespace",
+        site.namespace,
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--json",
+    ]
     passed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert passed.returncode == 0, passed.stderr
     assert {c["name"]: c["status"] for c in json.loads(passed.stdout)["checks"]}["nodes"] == "pass"
-    failed = subprocess.run([*command[:-5], "--nnodes", "3", "--nproc-per-node", "8"], capture_output=True, text=True,
-                            env=env, timeout=120)  # fmt: skip
+    failed = subprocess.run(
+        [*command[:-5], "--nnodes", "3", "--nproc-per-node", "8"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert failed.returncode == 1
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("hyperpod-pretrain preflight: failed: nodes: 2 of 3 node(s) fit"), last
@@ -1674,30 +1975,72 @@ def test_a_plain_text_secret_in_another_namespaces_pod_reaches_neither_report_no
     text in another team's pod env is in the answer, and must go no further (report, JSON, logs at any level). The
     device plugins and the operator are read whole too (their DaemonSet and Deployment): the same rule."""
     team = site.hp.namespace(f"team-b-{site.hp.tag}")
-    site.hp.add_pod(team, "their-trainer", node=site.i00, containers=[{
-        "name": "main", "image": "team-b/trainer:3", "resources": {"limits": {"nvidia.com/gpu": "8"}},
-        "env": [{"name": "AWS_ACCESS_KEY_ID", "value": "AKIAIOSFODNN7EXAMPLE"},
-                {"name": "AWS_SECRET_ACCESS_KEY", "value": SECRET}],
-    }])  # fmt: skip
+    site.hp.add_pod(
+        team,
+        "their-trainer",
+        node=site.i00,
+        containers=[
+            {
+                "name": "main",
+                "image": "team-b/trainer:3",
+                "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                "env": [
+                    {"name": "AWS_ACCESS_KEY_ID", "value": "AKIAIOSFODNN7EXAMPLE"},
+                    {"name": "AWS_SECRET_ACCESS_KEY", "value": SECRET},
+                ],
+            }
+        ],
+    )
     secret_env = [{"name": "PROXY_PASSWORD", "value": SECRET}]
     site.hp.apps.delete_namespaced_daemon_set(EFA_PLUGIN, "kube-system")
     site.hp.add_daemonset("kube-system", EFA_PLUGIN, image="efa:1", desired=2, env=secret_env)
     site.hp.apps.delete_namespaced_deployment("training-operator", "kubeflow")
-    site.hp.add_deployment("kubeflow", "training-operator", image=OPERATOR_IMAGE, env=secret_env,
-                           labels={"control-plane": "kubeflow-training-operator"})  # fmt: skip
+    site.hp.add_deployment(
+        "kubeflow",
+        "training-operator",
+        image=OPERATOR_IMAGE,
+        env=secret_env,
+        labels={"control-plane": "kubeflow-training-operator"},
+    )
     since = audit_time()
     caplog.set_level(logging.DEBUG)  # from here: the objects' creation above was the admin's, logged with their env
     result = site.run()
-    command = [sys.executable, "-m", "pipelines.cli", "preflight", "--json", "--storage-root", "/fsx", "--dataset",
-               "synthetic", "--run-id", "pf-1", "--nnodes", "2", "--nproc-per-node", "8", "--image", IMAGE,
-               "--instance-type", "ml.p5.48xlarge", "--no-owner-reference", "--namespace", site.namespace]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "preflight",
+        "--json",
+        "--storage-root",
+        "/fsx",
+        "--dataset",
+        "synthetic",
+        "--run-id",
+        "pf-1",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--image",
+        IMAGE,
+        "--instance-type",
+        "ml.p5.48xlarge",
+        "--no-owner-reference",
+        "--namespace",
+        site.namespace,
+    ]
     # config()'s training settings are LaunchConfig's (the trainer's); the command defaults to the pipeline's
-    command += [arg for key in ("preset", "max_steps", "batch_size", "seq_len", "lr", "warmup_steps")
-                for arg in (f"--{key.replace('_', '-')}", str(TRAIN_DEFAULTS[key]))]  # fmt: skip
+    command += [
+        arg
+        for key in ("preset", "max_steps", "batch_size", "seq_len", "lr", "warmup_steps")
+        for arg in (f"--{key.replace('_', '-')}", str(TRAIN_DEFAULTS[key]))
+    ]
     env = {**os.environ, "KUBECONFIG": str(site.plane.write_kubeconfig(tmp_path / "kubeconfig"))}
     cli = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    listed = {(e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace", ""))
-              for e in site.runner_requests(since)}  # fmt: skip
+    listed = {
+        (e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace", ""))
+        for e in site.runner_requests(since)
+    }
     assert {("list", "pods", ""), ("list", "daemonsets", ""), ("list", "deployments", "kubeflow")} <= listed
     nodes = check(result, "nodes")
     assert f"{site.i00}: nvidia.com/gpu 8 requested, 0 free" in nodes.reason, "their pod was counted"
@@ -1725,13 +2068,26 @@ def test_gpu_memory_refuses_llama_8b_under_ddp_on_p5_naming_what_fits_and_passes
         "4096 tokens, activation checkpointing none: 184.9 GiB per GPU (weights 26.3, gradients 26.3, optimizer 52.5"
     )
     assert refused.reason.endswith("more than the 80 GiB of a ml.p5.48xlarge GPU can hold (72 GiB usable)")
-    assert refused.fix.startswith("it would fit with job option parallelism=fsdp (70.4 GiB); or parallelism=fsdp and "
-                                  "activation_checkpointing=selective (45.7 GiB)")  # fmt: skip
-    fits = gpu_memory(preset="llama-8b", nnodes=2, batch_size=2, seq_len=4096,
-                      job_options={"parallelism": "hsdp", "activation_checkpointing": "selective"})  # fmt: skip
+    assert refused.fix.startswith(
+        "it would fit with job option parallelism=fsdp (70.4 GiB); or parallelism=fsdp and "
+        "activation_checkpointing=selective (45.7 GiB)"
+    )
+    fits = gpu_memory(
+        preset="llama-8b",
+        nnodes=2,
+        batch_size=2,
+        seq_len=4096,
+        job_options={"parallelism": "hsdp", "activation_checkpointing": "selective"},
+    )
     assert fits.status == PASS and "under hsdp on 2 node(s)" in fits.reason and "45.7 GiB per GPU" in fits.reason
-    roomy = gpu_memory(preset="llama-8b", nnodes=1, batch_size=2, seq_len=4096, instance_type="p5en.48xlarge",
-                       job_options={"parallelism": "fsdp"})  # fmt: skip
+    roomy = gpu_memory(
+        preset="llama-8b",
+        nnodes=1,
+        batch_size=2,
+        seq_len=4096,
+        instance_type="p5en.48xlarge",
+        job_options={"parallelism": "fsdp"},
+    )
     assert roomy.status == PASS and roomy.reason.endswith("of the 141 GiB of a p5en.48xlarge GPU")
 
 
@@ -1739,11 +2095,18 @@ def test_gpu_memory_reads_gradient_accumulation_and_refuses_llama_8b_where_it_wo
     """llama-8b on 2 x 8 p5 under hsdp, micro-batch 2 x 8,192, 4 micro-batches a step, no checkpointing: the
     activations alone are 98.6 GiB. Accumulation is read and said to add nothing (gradients stay sharded between
     micro-batches, tests/test_parallel.py); full checkpointing or micro-batch 1 would fit."""
-    refused = gpu_memory(preset="llama-8b", nnodes=2, batch_size=2, seq_len=8192,
-                         job_options={"parallelism": "hsdp", "grad_accum_steps": 4})  # fmt: skip
+    refused = gpu_memory(
+        preset="llama-8b",
+        nnodes=2,
+        batch_size=2,
+        seq_len=8192,
+        job_options={"parallelism": "hsdp", "grad_accum_steps": 4},
+    )
     assert refused.status == FAIL
-    assert ("micro-batch 2 x 8192 tokens, 4 micro-batches a step (no more memory: gradients stay sharded between "
-            "them), activation checkpointing none: 124.7 GiB per GPU") in refused.reason  # fmt: skip
+    assert (
+        "micro-batch 2 x 8192 tokens, 4 micro-batches a step (no more memory: gradients stay sharded between "
+        "them), activation checkpointing none: 124.7 GiB per GPU"
+    ) in refused.reason
     assert "activations 98.6" in refused.reason and refused.reason.endswith("(72 GiB usable)")
     assert refused.fix.startswith(
         "it would fit with parallelism=hsdp and activation_checkpointing=full (24.6 GiB); "
@@ -1756,17 +2119,33 @@ def test_gpu_memory_reads_gradient_accumulation_and_refuses_llama_8b_where_it_wo
 def test_gpu_memory_warns_when_tight_and_says_when_the_gpu_is_unknown() -> None:
     tight = gpu_memory(preset="llama-8b", nnodes=2, batch_size=8, seq_len=1024, job_options={"parallelism": "hsdp"})
     assert tight.status == WARN and tight.fix.startswith("if it runs out of memory: it would fit with")
-    unknown = gpu_memory(preset="llama-1b", instance_type="trn1.32xlarge", job_options={"gpus_per_node": 8,
-                                                                                       "efa_per_node": 8})  # fmt: skip
+    unknown = gpu_memory(
+        preset="llama-1b", instance_type="trn1.32xlarge", job_options={"gpus_per_node": 8, "efa_per_node": 8}
+    )
     assert unknown.status == NOT_APPLICABLE and "the GPU memory of trn1.32xlarge is unknown" in unknown.reason
 
 
 # Llama 3.1 8B's config.json (meta-llama/Llama-3.1-8B, as published: its sizes, vocabulary, rope scaling, dtype).
-LLAMA_31_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-               "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
-               "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001, "dtype": "bfloat16",
-               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                "original_max_position_embeddings": 8192}}  # fmt: skip
+LLAMA_31_8B = {
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "dtype": "bfloat16",
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
 
 
 def test_gpu_memory_and_the_checkpoint_of_a_published_model_come_from_its_config_json(
@@ -1781,9 +2160,14 @@ def test_gpu_memory_and_the_checkpoint_of_a_published_model_come_from_its_config
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket="published")
     s3.upload_file(str(tmp_path / "llama" / "config.json"), "published", "meta-llama/Llama-3.1-8B/config.json")
-    cfg = config(init_from_model="s3://published/meta-llama/Llama-3.1-8B", s3_endpoint_url=s3_endpoint, nnodes=2,
-                 batch_size=2, seq_len=4096, job_options={"parallelism": "hsdp",
-                                                          "activation_checkpointing": "selective"})  # fmt: skip
+    cfg = config(
+        init_from_model="s3://published/meta-llama/Llama-3.1-8B",
+        s3_endpoint_url=s3_endpoint,
+        nnodes=2,
+        batch_size=2,
+        seq_len=4096,
+        job_options={"parallelism": "hsdp", "activation_checkpointing": "selective"},
+    )
     model = preflight_core.published_config(cfg)
     assert isinstance(model, dict) and model["vocab_size"] == 128256
     args = cfg.trainer_args()
@@ -1791,8 +2175,9 @@ def test_gpu_memory_and_the_checkpoint_of_a_published_model_come_from_its_config
     assert args[args.index("--init-from-model") + 1] == cfg.model_dir
     ctx = Context(render_job(cfg.job_spec()), None, None, 2048, cfg.instance_type, model=model)
     fits = check_gpu_memory(ctx)
-    assert fits.reason.startswith("the published llama model (8.03B parameters at vocabulary 128,256) under hsdp on "
-                                  "2 node(s) x 8 GPUs"), fits.reason  # fmt: skip
+    assert fits.reason.startswith(
+        "the published llama model (8.03B parameters at vocabulary 128,256) under hsdp on 2 node(s) x 8 GPUs"
+    ), fits.reason
     assert (
         preflight_core.checkpoint_need(ctx)
         .describe()
@@ -1804,8 +2189,11 @@ def test_gpu_memory_and_the_checkpoint_of_a_published_model_come_from_its_config
     assert isinstance(missing, str) and missing.startswith("init_from_model s3://published/gone: config.json not read")
     with pytest.raises(ValueError, match="config.json not read"):
         Context(render_job(cfg.job_spec()), None, None, 2048, cfg.instance_type, model=missing).model_config(4096)
-    with pytest.raises(InputError, match=r"^init_from_model '/home/me/llama' is outside the FSx mount path '/fsx', "
-                                         "where the training job's pods see the volume"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"^init_from_model '/home/me/llama' is outside the FSx mount path '/fsx', "
+        "where the training job's pods see the volume",
+    ):
         config(init_from_model="/home/me/llama").validate(check_storage=False)
 
 

@@ -75,8 +75,15 @@ def test_the_unmasked_causal_attention_builds_no_mask_and_computes_what_sdpa_doe
 
     config = model_config(preset, 300, 32, 0)
     if preset == "llama-1b":  # the family, at a size a test affords
-        config.update({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                       "num_key_value_heads": 2, "intermediate_size": 128})  # fmt: skip
+        config.update(
+            {
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": 128,
+            }
+        )
     torch.manual_seed(0)
     model = build_model(config).eval()
     tokens = torch.randint(0, 300, (2, 32))

@@ -36,8 +36,9 @@ def test_the_trainers_model_loads_a_published_model_and_computes_its_loss(save, 
     with torch.no_grad():
         expected = plain_loss(original, tokens)
     for kind in ("ddp", "fsdp"):
-        parallel = parallelize(published.model_config(), kind, torch.device("cpu"), seed=9, local_world=1,
-                               initial_weights=False)  # fmt: skip
+        parallel = parallelize(
+            published.model_config(), kind, torch.device("cpu"), seed=9, local_world=1, initial_weights=False
+        )
         load_weights(parallel.model, published)
         with torch.no_grad():
             loss = parallel.forward_loss(tokens[:, :-1], tokens[:, 1:])
@@ -60,18 +61,21 @@ def test_a_bad_model_directory_is_refused_in_one_line(tmp_path: Path) -> None:
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     (tmp_path / "model" / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
     assert "model_type 'mistral' cannot be trained here: choose a model of type llama or gpt2" in refused(
-        tmp_path / "model")  # fmt: skip
+        tmp_path / "model"
+    )
     (tmp_path / "model" / "config.json").write_text(json.dumps(config))
     shard = sorted((tmp_path / "model").glob("model-*.safetensors"))[-1]
     shard.unlink()
     assert f"model.safetensors.index.json names 1 file(s) that are not there: {shard.name}" in refused(
-        tmp_path / "model")  # fmt: skip
+        tmp_path / "model"
+    )
     pickled = tmp_path / "pickled"
     pickled.mkdir()
     (pickled / "config.json").write_text(json.dumps(config))
     torch.save({}, pickled / "pytorch_model.bin")
     assert "a pickle checkpoint (pytorch_model.bin), which runs code when loaded: convert it to safetensors" in refused(
-        pickled)  # fmt: skip
+        pickled
+    )
 
 
 @pytest.mark.usefixtures("one_process_group")
@@ -81,8 +85,11 @@ def test_a_weight_of_another_shape_is_named(tmp_path: Path) -> None:
     config = published.model_config()
     config.intermediate_size = 128  # the model the config describes no longer matches the files
     parallel = parallelize(config, "fsdp", torch.device("cpu"), seed=9, local_world=1)
-    with pytest.raises(CheckpointError, match=r"model.layers.0.mlp.gate_proj.weight is \[160, 64\] in the files and "
-                                              r"\[128, 64\] in the model"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.layers.0.mlp.gate_proj.weight is \[160, 64\] in the files and "
+        r"\[128, 64\] in the model",
+    ):
         load_weights(parallel.model, published)
 
 
@@ -108,8 +115,9 @@ def test_evaluation_compares_with_the_published_model_the_run_started_from(tmp_p
     config = {"init_from": published.record(), "trainer": {"seed": 1}}
     start, name = starting_model(published.model_config(), config)
     assert name == "start (model)"
-    assert all(torch.equal(p, original.state_dict()[k]) for k, p in start.state_dict().items() if k in
-               original.state_dict())  # fmt: skip
+    assert all(
+        torch.equal(p, original.state_dict()[k]) for k, p in start.state_dict().items() if k in original.state_dict()
+    )
     config["init_from"]["model"] = str(tmp_path / "gone")
     untrained, name = starting_model(published.model_config(), config)
     assert name == "untrained" and not torch.equal(untrained.lm_head.weight, original.lm_head.weight)
@@ -156,18 +164,52 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     uri, root = "s3://published/models/tiny-llama/", tmp_path / "fsx"
     cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
     result = subprocess.run(
-        [cli, "run-local", "--storage-root", str(root), "--source", str(source), "--dataset", "domain", "--run-id",
-         "continued", "--init-from-model", uri, "--endpoint-url", s3_endpoint, "--val-fraction", "0.2",
-         "--max-steps", "8", "--checkpoint-every", "4", "--log-every", "1", "--warmup-steps", "4", "--lr", "1e-3",
-         "--seq-len", "32", "--batch-size", "4"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            cli,
+            "run-local",
+            "--storage-root",
+            str(root),
+            "--source",
+            str(source),
+            "--dataset",
+            "domain",
+            "--run-id",
+            "continued",
+            "--init-from-model",
+            uri,
+            "--endpoint-url",
+            s3_endpoint,
+            "--val-fraction",
+            "0.2",
+            "--max-steps",
+            "8",
+            "--checkpoint-every",
+            "4",
+            "--log-every",
+            "1",
+            "--warmup-steps",
+            "4",
+            "--lr",
+            "1e-3",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run, copy = RunPaths.of(root, "continued"), ModelPaths.of(root, uri)
     config = json.loads(run.config.read_text())
     origin = config["init_from"]
-    assert (origin["s3_uri"], origin["model"], origin["dtype"], origin["name"]) == (uri, str(copy.raw), "bfloat16",
-                                                                                    "tiny-llama")  # fmt: skip
+    assert (origin["s3_uri"], origin["model"], origin["dtype"], origin["name"]) == (
+        uri,
+        str(copy.raw),
+        "bfloat16",
+        "tiny-llama",
+    )
     files = sorted(p.name for p in given.glob("*.safetensors"))
     assert len(files) > 1 and sorted(origin["etags"]) == files and all(origin["etags"].values())
     assert origin["bytes"] == sum((given / name).stat().st_size for name in files)
@@ -224,10 +266,30 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     resumed = rewound_copy(run, root, "continued-resumed", 4)
     shutil.move(copy.raw, tmp_path / "away")
     trainer = config["trainer"]
-    launch(LaunchConfig(storage_root=str(root), dataset="domain", run_id="continued-resumed", init_from_model=str(
-        copy.raw), nproc_per_node=config["world_size"], timeout_s=300, **{k: trainer[k] for k in (
-        "max_steps", "seed", "batch_size", "seq_len", "lr", "warmup_steps", "checkpoint_every", "log_every",
-        "eval_every")}))  # fmt: skip
+    launch(
+        LaunchConfig(
+            storage_root=str(root),
+            dataset="domain",
+            run_id="continued-resumed",
+            init_from_model=str(copy.raw),
+            nproc_per_node=config["world_size"],
+            timeout_s=300,
+            **{
+                k: trainer[k]
+                for k in (
+                    "max_steps",
+                    "seed",
+                    "batch_size",
+                    "seq_len",
+                    "lr",
+                    "warmup_steps",
+                    "checkpoint_every",
+                    "log_every",
+                    "eval_every",
+                )
+            },
+        )
+    )
     assert "resumed at step 4" in resumed.rank_log(0).read_text()
     assert_same_rows(read_metrics(resumed), rows, "after a resume at step 4")
 
@@ -270,27 +332,43 @@ def test_staging_refuses_a_bad_starting_model_in_one_line_before_anything_is_sta
     refused(rf"^init_from_model {model} holds no tokenizer.json: give tokenizer_path", init_from_model=str(model))
     other = save_pretrained("gpt2", make_tokenizer("gpt2", texts, 320), tmp_path / "other-tokenizer")
     save_pretrained("llama3", make_tokenizer("llama3", texts, 320), model)
-    refused(rf"^tokenizer_path {other} does not fit init_from_model {model}: the tokenizer is not the model's own: "
-            r"\d+ of its \d+ tokens have another id", init_from_model=str(model),
-            tokenizer_path=str(other))  # fmt: skip
+    refused(
+        rf"^tokenizer_path {other} does not fit init_from_model {model}: the tokenizer is not the model's own: "
+        r"\d+ of its \d+ tokens have another id",
+        init_from_model=str(model),
+        tokenizer_path=str(other),
+    )
     larger = make_tokenizer("llama3", texts, 320)
     larger.add_tokens([f"<|reserved_{i}|>" for i in range(400)])  # as Llama 3's reserved special tokens
     large = save_pretrained("llama3", larger, tmp_path / "large-tokenizer")
     (model / "tokenizer.json").unlink()  # only the embedding rows to check against
-    refused(r"the tokenizer has \d{3} tokens and the model embeds 384; leave", init_from_model=str(model),
-            tokenizer_path=str(large))  # fmt: skip
-    refused("init_from_run_id .* and init_from_model .* are two starting points: give one", init_from_model=str(model),
-            init_from_run_id="previous")  # fmt: skip
+    refused(
+        r"the tokenizer has \d{3} tokens and the model embeds 384; leave",
+        init_from_model=str(model),
+        tokenizer_path=str(large),
+    )
+    refused(
+        "init_from_run_id .* and init_from_model .* are two starting points: give one",
+        init_from_model=str(model),
+        init_from_run_id="previous",
+    )
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket="models")
-    refused(r"^init_from_model s3://models/llama-9b: no objects under prefix 'llama-9b/'$",
-            init_from_model="s3://models/llama-9b")  # fmt: skip
-    refused(r"^init_from_model s3://no-such-bucket/llama: bucket no-such-bucket does not exist$",
-            init_from_model="s3://no-such-bucket/llama")  # fmt: skip
+    refused(
+        r"^init_from_model s3://models/llama-9b: no objects under prefix 'llama-9b/'$",
+        init_from_model="s3://models/llama-9b",
+    )
+    refused(
+        r"^init_from_model s3://no-such-bucket/llama: bucket no-such-bucket does not exist$",
+        init_from_model="s3://no-such-bucket/llama",
+    )
     s3.put_object(Bucket="models", Key="pickled/config.json", Body=(model / "config.json").read_bytes())
     s3.put_object(Bucket="models", Key="pickled/pytorch_model.bin", Body=b"not read")
-    refused(r"^init_from_model s3://models/pickled: its weights are a pickle checkpoint \(pytorch_model.bin\), which "
-            "runs code when loaded: convert it to safetensors", init_from_model="s3://models/pickled")  # fmt: skip
+    refused(
+        r"^init_from_model s3://models/pickled: its weights are a pickle checkpoint \(pytorch_model.bin\), which "
+        "runs code when loaded: convert it to safetensors",
+        init_from_model="s3://models/pickled",
+    )
 
 
 def test_the_trainer_refuses_a_snapshot_staged_with_another_tokenizer(tmp_path: Path) -> None:
@@ -305,8 +383,11 @@ def test_the_trainer_refuses_a_snapshot_staged_with_another_tokenizer(tmp_path: 
     save_pretrained("llama3", make_tokenizer("llama3", texts, 300), tmp_path / "model")
     snapshot = save_pretrained("gpt2", make_tokenizer("gpt2", texts, 300), tmp_path / "snapshot")
     published = PublishedModel.read(tmp_path / "model")
-    with pytest.raises(DataError, match=r"--init-from-model .*model: snapshot snapshot was staged with another "
-                                        r"tokenizer \(the tokenizer is not the model's own: "):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"--init-from-model .*model: snapshot snapshot was staged with another "
+        r"tokenizer \(the tokenizer is not the model's own: ",
+    ):
         check_published_fits(published, published.model_config(), snapshot, 32)
     check_published_fits(published, published.model_config(), tmp_path / "model", 32)  # its own: fits
 

@@ -78,8 +78,7 @@ class Request:
             # A launch test's own runtime (tests/cluster/cluster.py names it after its namespace and binds render-rbac's
             # runtime read for that name): the deploy files' for the default name.
             name = DEFAULT_RUNTIME
-        return cls(event["verb"], ref.get("apiGroup", ""), ref["resource"], ref.get("subresource", ""), name,
-                   scope)  # fmt: skip
+        return cls(event["verb"], ref.get("apiGroup", ""), ref["resource"], ref.get("subresource", ""), name, scope)
 
     def __str__(self) -> str:
         if self.path:
@@ -98,8 +97,10 @@ def rule_allows(rule: dict[str, Any], request: Request) -> bool:
     if "*" not in verbs and request.verb not in verbs:
         return False
     if request.path:
-        return any(u == request.path or (u.endswith("*") and request.path.startswith(u[:-1]))
-                   for u in rule.get("nonResourceURLs") or [])  # fmt: skip
+        return any(
+            u == request.path or (u.endswith("*") and request.path.startswith(u[:-1]))
+            for u in rule.get("nonResourceURLs") or []
+        )
     groups = rule.get("apiGroups") or []
     if "*" not in groups and request.group not in groups:
         return False
@@ -144,9 +145,12 @@ def permissions(path: Path) -> list[Permission]:
 
 def granted_to(file: str, docs: list[dict[str, Any]], namespace: str, account: str) -> list[Permission]:
     """What the documents' bindings give the account: its Roles in the jobs' namespace read as :data:`JOBS`."""
-    bound = {(d["roleRef"]["kind"], d["roleRef"]["name"], d["metadata"].get("namespace", "")) for d in docs
-             if d["kind"].endswith("Binding") and {"kind": "ServiceAccount", "name": account,
-                                                   "namespace": namespace} in d["subjects"]}  # fmt: skip
+    bound = {
+        (d["roleRef"]["kind"], d["roleRef"]["name"], d["metadata"].get("namespace", ""))
+        for d in docs
+        if d["kind"].endswith("Binding")
+        and {"kind": "ServiceAccount", "name": account, "namespace": namespace} in d["subjects"]
+    }
     out = []
     for doc in docs:
         meta = doc["metadata"]
@@ -171,10 +175,16 @@ def cluster_grants(plane: ControlPlane) -> list[dict[str, Any]]:
     to system:authenticated or system:serviceaccounts, such as system:basic-user's SelfSubjectAccessReviews."""
     rbac = kubernetes.client.RbacAuthorizationV1Api(plane.admin)
     groups = {"system:authenticated", "system:serviceaccounts", f"system:serviceaccounts:{RUNNER_NAMESPACE}"}
-    roles = {b.role_ref.name for b in rbac.list_cluster_role_binding().items
-             if any(s.kind == "Group" and s.name in groups for s in b.subjects or [])}  # fmt: skip
-    return [plane.admin.sanitize_for_serialization(rule) for role in sorted(roles)
-            for rule in rbac.read_cluster_role(role).rules or []]  # fmt: skip
+    roles = {
+        b.role_ref.name
+        for b in rbac.list_cluster_role_binding().items
+        if any(s.kind == "Group" and s.name in groups for s in b.subjects or [])
+    }
+    return [
+        plane.admin.sanitize_for_serialization(rule)
+        for role in sorted(roles)
+        for rule in rbac.read_cluster_role(role).rules or []
+    ]
 
 
 # -- what the session measured ------------------------------------------------------------------------------------
@@ -192,12 +202,20 @@ def measured(request: pytest.FixtureRequest, control_plane: ControlPlane) -> lis
     ran = {Path(item.fspath).name for item in request.session.items}
     missing = [name for name in MEASURED_FROM if name not in ran]
     if missing:
-        pytest.skip(f"the rules are measured from the requests of {', '.join(MEASURED_FROM)}: run them in the same "
-                    f"session (not collected: {', '.join(missing)})")  # fmt: skip
+        pytest.skip(
+            f"the rules are measured from the requests of {', '.join(MEASURED_FROM)}: run them in the same "
+            f"session (not collected: {', '.join(missing)})"
+        )
     events = control_plane.audit_events(user=RUNNER_USER)
     assert events, "the runner made no request: the launcher's and preflight's tests did not reach the API server"
-    return [Measured(Request.of(e), e["responseStatus"]["code"] == 403 and e.get("annotations", {}).get(
-        "authorization.k8s.io/decision") != "allow") for e in events]  # fmt: skip
+    return [
+        Measured(
+            Request.of(e),
+            e["responseStatus"]["code"] == 403
+            and e.get("annotations", {}).get("authorization.k8s.io/decision") != "allow",
+        )
+        for e in events
+    ]
 
 
 def table(requests: Iterable[Request]) -> str:
@@ -212,16 +230,23 @@ def test_the_runner_met_no_403(measured: list[Measured]) -> None:
 def installed_grant(request: Request) -> bool:
     """Granted to every authenticated user, in its namespace, by a component the tests install (Kubeflow Trainer's
     public ConfigMap, its version: tests/cluster/installed.py PUBLIC_ROLES)."""
-    return any(request.scope == namespace and rule_allows(rule, request) for namespace, role in PUBLIC_ROLES
-               for rule in role["rules"])  # fmt: skip
+    return any(
+        request.scope == namespace and rule_allows(rule, request)
+        for namespace, role in PUBLIC_ROLES
+        for rule in role["rules"]
+    )
 
 
 def test_every_request_is_granted_by_the_deploy_files(measured: list[Measured], control_plane: ControlPlane) -> None:
     grants = [p for path in RBAC_FILES for p in permissions(path)]
     own = cluster_grants(control_plane)
-    needed = [m.request for m in measured
-              if not granted(m.request, grants) and not any(rule_allows(rule, m.request) for rule in own)
-              and not installed_grant(m.request)]  # fmt: skip
+    needed = [
+        m.request
+        for m in measured
+        if not granted(m.request, grants)
+        and not any(rule_allows(rule, m.request) for rule in own)
+        and not installed_grant(m.request)
+    ]
     assert not needed, f"requests no rule of deploy/rbac*.yaml grants:\n{table(needed)}"
 
 
@@ -249,8 +274,14 @@ def profile_measured(request: pytest.FixtureRequest, control_plane: ControlPlane
         pytest.skip(f"measured from the requests of {', '.join(MEASURED_FROM)} (not collected: {', '.join(missing)})")
     events = [e for e in control_plane.audit_events() if PROFILE_EDITOR.match(e["user"]["username"])]
     assert events, "no profile's default-editor made a request: the profile tests did not reach the API server"
-    return [Measured(Request.of(e), e["responseStatus"]["code"] == 403 and e.get("annotations", {}).get(
-        "authorization.k8s.io/decision") != "allow") for e in events]  # fmt: skip
+    return [
+        Measured(
+            Request.of(e),
+            e["responseStatus"]["code"] == 403
+            and e.get("annotations", {}).get("authorization.k8s.io/decision") != "allow",
+        )
+        for e in events
+    ]
 
 
 def kubeflow_grants(plane: ControlPlane) -> list[tuple[str, dict[str, Any]]]:
@@ -260,7 +291,8 @@ def kubeflow_grants(plane: ControlPlane) -> list[tuple[str, dict[str, Any]]]:
     edit = rbac.read_cluster_role("kubeflow-edit").rules or []
     everyone = rbac.read_cluster_role(EVERYONE_BINDING["roleRef"]["name"]).rules or []
     return [(JOBS, plane.admin.sanitize_for_serialization(r)) for r in edit] + [
-        ("", plane.admin.sanitize_for_serialization(r)) for r in everyone]  # fmt: skip
+        ("", plane.admin.sanitize_for_serialization(r)) for r in everyone
+    ]
 
 
 def test_a_profiles_default_editor_needs_of_render_rbac_only_what_kubeflow_does_not_grant(
@@ -273,16 +305,26 @@ def test_a_profiles_default_editor_needs_of_render_rbac_only_what_kubeflow_does_
     assert not refused, f"RBAC refused a profile's default-editor:\n{table(refused)}"
     kubeflow = kubeflow_grants(control_plane)
     own = cluster_grants(control_plane)
-    beyond = [m.request for m in profile_measured
-              if not any(scope in ("", m.request.scope) and rule_allows(rule, m.request) for scope, rule in kubeflow)
-              and not any(rule_allows(rule, m.request) for rule in own) and not installed_grant(m.request)]  # fmt: skip
+    beyond = [
+        m.request
+        for m in profile_measured
+        if not any(scope in ("", m.request.scope) and rule_allows(rule, m.request) for scope, rule in kubeflow)
+        and not any(rule_allows(rule, m.request) for rule in own)
+        and not installed_grant(m.request)
+    ]
     profile = Subject("hyperpod-t0-profile", PROFILE_ACCOUNT)  # its Roles there would be read as JOBS: it has none
 
     def rendered(cluster_read: bool) -> list[Permission]:
-        return [p for api in JOB_APIS for p in granted_to(
-            f"render-rbac --kubeflow-profile --job-api {api}",
-            list(yaml.safe_load_all(render(profile, api, cluster_read=cluster_read, kubeflow_profile=True))),
-            profile.namespace, PROFILE_ACCOUNT)]  # fmt: skip
+        return [
+            p
+            for api in JOB_APIS
+            for p in granted_to(
+                f"render-rbac --kubeflow-profile --job-api {api}",
+                list(yaml.safe_load_all(render(profile, api, cluster_read=cluster_read, kubeflow_profile=True))),
+                profile.namespace,
+                PROFILE_ACCOUNT,
+            )
+        ]
 
     needed = [r for r in beyond if not granted(r, rendered(cluster_read=True))]
     assert not needed, f"requests neither Kubeflow nor render-rbac --kubeflow-profile grants:\n{table(needed)}"
@@ -322,8 +364,9 @@ def test_the_grants_hold_no_wildcard_no_secret_and_write_only_the_jobs() -> None
     for path in RBAC_FILES:
         for doc in deploy_grants((path,)):
             if doc["kind"].endswith("Binding"):
-                assert doc["subjects"] == [{"kind": "ServiceAccount", "name": "pipeline-runner",
-                                            "namespace": "kubeflow"}], doc  # fmt: skip
+                assert doc["subjects"] == [
+                    {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}
+                ], doc
         for permission in permissions(path):
             assert "*" not in (permission.group, permission.resource, permission.verb), permission
             assert permission.resource != "secrets", permission
@@ -338,11 +381,17 @@ def test_the_matcher_reads_rules_as_rbac_does() -> None:
     assert rule_allows({"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}, log)
     assert rule_allows({"apiGroups": [""], "resources": ["*/log"], "verbs": ["get"]}, log)
     assert not rule_allows({"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}, log), "pods is not pods/log"
-    crd = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get"],
-           "resourceNames": ["pytorchjobs.kubeflow.org"]}  # fmt: skip
-    assert rule_allows(crd, Request("get", "apiextensions.k8s.io", "customresourcedefinitions", "",
-                                    "pytorchjobs.kubeflow.org", ""))  # fmt: skip
+    crd = {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "verbs": ["get"],
+        "resourceNames": ["pytorchjobs.kubeflow.org"],
+    }
+    assert rule_allows(
+        crd, Request("get", "apiextensions.k8s.io", "customresourcedefinitions", "", "pytorchjobs.kubeflow.org", "")
+    )
     assert not rule_allows(crd, Request("list", "apiextensions.k8s.io", "customresourcedefinitions", "", "", ""))
     assert not rule_allows(crd, Request("get", "", "customresourcedefinitions", "", "pytorchjobs.kubeflow.org", ""))
-    assert rule_allows({"verbs": ["get"], "nonResourceURLs": ["/api", "/api/*"]}, Request("get", "", "", "", "", "",
-                                                                                          "/api/v1"))  # fmt: skip
+    assert rule_allows(
+        {"verbs": ["get"], "nonResourceURLs": ["/api", "/api/*"]}, Request("get", "", "", "", "", "", "/api/v1")
+    )

@@ -43,17 +43,35 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_submit_uploads_once_and_creates_a_run_with_typed_parameters(server: FakeKfp, env: dict[str, str]) -> None:
-    params = ["--param", "source=s3://corpus/prefix", "--param", "nnodes=4", "--param", "lr=0.0003",
-              "--param", f"trainer_image={IMAGE}",
-              "--param", "skip_staging=true", "--param", 'include=["*.txt", "*.md"]',
-              "--param", 'job_options={"memory": "512Gi"}']  # fmt: skip
+    params = [
+        "--param",
+        "source=s3://corpus/prefix",
+        "--param",
+        "nnodes=4",
+        "--param",
+        "lr=0.0003",
+        "--param",
+        f"trainer_image={IMAGE}",
+        "--param",
+        "skip_staging=true",
+        "--param",
+        'include=["*.txt", "*.md"]',
+        "--param",
+        'job_options={"memory": "512Gi"}',
+    ]
     result = cli(env, "submit", "--host", server.url, "--run-name", "first", *params)
     assert result.returncode == 0, result.stderr
     (run,) = server.runs.values()
     assert f"{server.url}/#/runs/details/{run.id}" in result.stdout
-    assert run.parameters == {"source": "s3://corpus/prefix", "nnodes": 4, "lr": 0.0003, "trainer_image": IMAGE,
-                              "skip_staging": True, "include": ["*.txt", "*.md"],
-                              "job_options": {"memory": "512Gi"}}  # fmt: skip
+    assert run.parameters == {
+        "source": "s3://corpus/prefix",
+        "nnodes": 4,
+        "lr": 0.0003,
+        "trainer_image": IMAGE,
+        "skip_staging": True,
+        "include": ["*.txt", "*.md"],
+        "job_options": {"memory": "512Gi"},
+    }
     assert run["display_name"] == "first"
     (pipeline,) = server.pipelines.values()
     assert pipeline["display_name"] == "hyperpod-pretrain"
@@ -66,8 +84,9 @@ def test_submit_uploads_once_and_creates_a_run_with_typed_parameters(server: Fak
     assert experiment["display_name"] == "hyperpod-pretrain" and run["experiment_id"] == experiment.id
 
     uploads = len(server.requests_to("POST", r"/pipelines/upload"))
-    again = cli(env, "submit", "--host", server.url, "--param", "source=s3://corpus/prefix", "--param",
-                f"trainer_image={IMAGE}")  # fmt: skip
+    again = cli(
+        env, "submit", "--host", server.url, "--param", "source=s3://corpus/prefix", "--param", f"trainer_image={IMAGE}"
+    )
     assert again.returncode == 0, again.stderr
     assert "existing version" in again.stdout
     assert len(server.requests_to("POST", r"/pipelines/upload")) == uploads  # reused, not uploaded again
@@ -224,8 +243,10 @@ def test_submit_wait_exits_by_the_runs_outcome(server: FakeKfp, env: dict[str, s
     assert f"{outcome}: {server.url}/#/runs/details/{run.id}" in result.stdout
     if code:
         last = result.stderr.strip().splitlines()[-1]
-        assert last == (f"hyperpod-pretrain submit: failed: run {run.id} ended {outcome}; its summary: "
-                        f"/fsx/runs/{run.id}/summary.md")  # fmt: skip
+        assert last == (
+            f"hyperpod-pretrain submit: failed: run {run.id} ended {outcome}; its summary: "
+            f"/fsx/runs/{run.id}/summary.md"
+        )
 
 
 @pytest.mark.parametrize(
@@ -245,8 +266,11 @@ def test_a_failed_run_names_the_step_it_failed_in(
     result = cli(env, "submit", "--host", server.url, *SOURCE, "--wait", "--poll-s", "0.05")
     assert result.returncode == 1, result.stderr
     (run,) = server.runs.values()
-    errors = [line.split(" ERROR hyperpod-pretrain: ", 1)[1] for line in result.stderr.splitlines()
-              if " ERROR hyperpod-pretrain: " in line]  # fmt: skip
+    errors = [
+        line.split(" ERROR hyperpod-pretrain: ", 1)[1]
+        for line in result.stderr.splitlines()
+        if " ERROR hyperpod-pretrain: " in line
+    ]
     assert len(errors) == len(reported) + 1
     assert all(re.fullmatch(pattern, line) for pattern, line in zip(reported, errors, strict=False)), errors
     assert errors[-1] == (  # the API has no message for any node: the reason is in the step's log
@@ -280,11 +304,13 @@ def test_without_a_host_the_kubeconfig_reaches_kfp_through_the_api_servers_proxy
     proxy = "/api/v1/namespaces/kubeflow/services/ml-pipeline:http/proxy"
     with FakeKfp(path_prefix=proxy, require_token="kubeconfig-user-token") as server:
         kubeconfig = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "hyperpod",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "hyperpod",
             "clusters": [{"name": "eks", "cluster": {"server": server.url}}],
             "users": [{"name": "me", "user": {"token": "kubeconfig-user-token"}}],
             "contexts": [{"name": "hyperpod", "context": {"cluster": "eks", "user": "me"}}],
-        }  # fmt: skip
+        }
         (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
         env["KUBECONFIG"] = str(tmp_path / "kubeconfig")
         result = cli(env, "submit", *SOURCE)
@@ -330,8 +356,7 @@ def test_a_backend_older_than_the_minimum_is_refused_before_anything_is_created(
         "status not supported yet') and ignore retry policies inside the exit handler: upgrade KFP (nothing was "
         "uploaded)"
     )
-    scheduled = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 2 * * *",
-                    *SOURCE)  # fmt: skip
+    scheduled = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 2 * * *", *SOURCE)
     assert scheduled.returncode == 1 and "the KFP backend is version 2.5.0" in scheduled.stderr
     assert [r for r in server.requests if r.method != "GET"] == []
     assert server.pipelines == server.versions == server.experiments == server.runs == server.recurring_runs == {}
@@ -373,9 +398,22 @@ def test_an_unreadable_backend_version_warns_and_goes_on(
 
 
 def test_schedule_creates_disables_enables_and_deletes(server: FakeKfp, env: dict[str, str]) -> None:
-    result = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 2 * * *",
-                 "--param", "source=s3://corpus/prefix", "--param", "max_steps=20000",
-                 "--param", f"trainer_image={IMAGE}")  # fmt: skip
+    result = cli(
+        env,
+        "schedule",
+        "--host",
+        server.url,
+        "--name",
+        "nightly",
+        "--cron",
+        "0 0 2 * * *",
+        "--param",
+        "source=s3://corpus/prefix",
+        "--param",
+        "max_steps=20000",
+        "--param",
+        f"trainer_image={IMAGE}",
+    )
     assert result.returncode == 0, result.stderr
     (recurring,) = server.recurring_runs.values()
     assert f"{server.url}/#/recurringrun/details/{recurring.id}" in result.stdout
@@ -385,8 +423,7 @@ def test_schedule_creates_disables_enables_and_deletes(server: FakeKfp, env: dic
     version = server.versions[recurring["pipeline_version_reference"]["pipeline_version_id"]]
     assert version.package == COMPILED_PIPELINE.read_bytes()
 
-    duplicate = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 3 * * *",
-                    *SOURCE)  # fmt: skip
+    duplicate = cli(env, "schedule", "--host", server.url, "--name", "nightly", "--cron", "0 0 3 * * *", *SOURCE)
     assert duplicate.returncode == 2 and "a recurring run of that name exists" in duplicate.stderr
     assert len(server.recurring_runs) == 1
 
@@ -441,16 +478,26 @@ def test_a_multi_user_backend_puts_the_run_in_the_profile_and_refuses_another_pr
             assert submitted.returncode == 0, submitted.stderr
             (run,) = server.runs.values()
             assert server.experiments[run["experiment_id"]]["namespace"] == team.namespace
-            scheduled = cli(env, "schedule", "--host", server.url, *mine, "--name", "nightly", "--cron",
-                            "0 0 2 * * *", *SOURCE)  # fmt: skip
+            scheduled = cli(
+                env, "schedule", "--host", server.url, *mine, "--name", "nightly", "--cron", "0 0 2 * * *", *SOURCE
+            )
             assert scheduled.returncode == 0, scheduled.stderr
             (recurring,) = server.recurring_runs.values()
             assert server.experiments[recurring["experiment_id"]]["namespace"] == team.namespace
             disabled = cli(env, "schedule", "--host", server.url, *mine, "--name", "nightly", "--disable")
             assert disabled.returncode == 0 and recurring.mode == "DISABLE", disabled.stderr
 
-            outsider = cli(env, "submit", "--host", server.url, "--namespace", team.namespace, "--token-file",
-                           str(tokens[other.namespace]), *SOURCE)  # fmt: skip
+            outsider = cli(
+                env,
+                "submit",
+                "--host",
+                server.url,
+                "--namespace",
+                team.namespace,
+                "--token-file",
+                str(tokens[other.namespace]),
+                *SOURCE,
+            )
             line = outsider.stderr.strip().splitlines()[-1]
             assert (
                 outsider.returncode == 2

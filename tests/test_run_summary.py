@@ -44,9 +44,14 @@ def test_records_and_summary_of_a_failed_run(tmp_path: Path) -> None:
     assert saved["state"] == "FAILED" and saved["error"] == "verify-nccl failed: transport: rank 3 | used Socket"
     assert saved["job"] == {"name": "hpp-r1-train-0123456789", "namespace": "kubeflow", "kind": "TrainJob"}
     outcomes = {s["step"]: s["state"] for s in saved["steps"]}
-    assert outcomes == {"preflight": "no record", "stage-data": "skipped", "finalize-data": "no record",
-                        "launch-pytorchjob": "succeeded", "verify-nccl": "failed",
-                        "evaluate-checkpoint": "no record"}  # fmt: skip
+    assert outcomes == {
+        "preflight": "no record",
+        "stage-data": "skipped",
+        "finalize-data": "no record",
+        "launch-pytorchjob": "succeeded",
+        "verify-nccl": "failed",
+        "evaluate-checkpoint": "no record",
+    }
     assert [s["step"] for s in saved["steps"]] == list(STEPS)
     assert saved["steps"][4]["error"] == "transport: rank 3 | used Socket"
     markdown = paths.summary_report.read_text()
@@ -84,9 +89,11 @@ def steps_ending(root: str, run_id: str, last: str, how: str, pipeline_run_id: s
             with pytest.raises(StepFailed), recorded_step(root, run_id, step, {}):
                 raise StepFailed("rank 3: NCCL WARN")
         else:  # the step's process killed outright inside its recorded_step, as a pod's SIGKILL does
-            script = (f"import os, signal\nfrom components.run_summary.core import recorded_step\n"
-                      f"with recorded_step({root!r}, {run_id!r}, {step!r}, {{}}):\n"
-                      "    os.kill(os.getpid(), signal.SIGKILL)\n")  # fmt: skip
+            script = (
+                f"import os, signal\nfrom components.run_summary.core import recorded_step\n"
+                f"with recorded_step({root!r}, {run_id!r}, {step!r}, {{}}):\n"
+                "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            )
             assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == -signal.SIGKILL
 
 
@@ -100,8 +107,9 @@ def steps_ending(root: str, run_id: str, last: str, how: str, pipeline_run_id: s
         ("stage-data", "succeeded", "FAILED", "INCOMPLETE"),  # the next step never started (its driver failed)
     ],
 )
-def test_the_state_comes_from_the_steps_records(tmp_path: Path, last: str, how: str, kfp_state: str,
-                                                 state: str) -> None:  # fmt: skip
+def test_the_state_comes_from_the_steps_records(
+    tmp_path: Path, last: str, how: str, kfp_state: str, state: str
+) -> None:
     """A real KFP's final status is MLMD's (COMPLETE/FAILED/RUNNING) with an empty error
     (kubeflow/pipelines backend/src/v2/driver/resolve.go, 2.14-2.17); the steps' own records say what happened."""
     root = str(tmp_path)
@@ -136,13 +144,19 @@ def test_the_tokenization_groups_records_sit_between_staging_and_its_fan_in(tmp_
     steps_ending(root, "r1", "stage-data", "succeeded")
     with recorded_step(root, "r1", "tokenize-data-g000", {}):
         pass
-    script = ("import os, signal\nfrom components.run_summary.core import recorded_step\n"
-              f"with recorded_step({root!r}, 'r1', 'tokenize-data-g001', {{}}):\n"
-              "    os.kill(os.getpid(), signal.SIGKILL)\n")  # fmt: skip
+    script = (
+        "import os, signal\nfrom components.run_summary.core import recorded_step\n"
+        f"with recorded_step({root!r}, 'r1', 'tokenize-data-g001', {{}}):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == -signal.SIGKILL
     summary = summarize_run(root, "r1", "kfp-uuid", "RUNNING")
-    assert [s["step"] for s in summary.steps][1:5] == ["stage-data", "tokenize-data-g000", "tokenize-data-g001",
-                                                       "finalize-data"]  # fmt: skip
+    assert [s["step"] for s in summary.steps][1:5] == [
+        "stage-data",
+        "tokenize-data-g000",
+        "tokenize-data-g001",
+        "finalize-data",
+    ]
     assert summary.state == "TERMINATED" and summary.error.startswith("tokenize-data-g001 was stopped while running")
 
 
@@ -174,9 +188,15 @@ def test_a_failed_resumes_summary_lists_no_step_of_the_earlier_pipeline_run(tmp_
     summary = summarize_run(root, "r1", "kfp-2", "FAILED", "Task exit-handler-1 failed.")  # kfp.local's words
 
     outcomes = {s["step"]: s["state"] for s in summary.steps}
-    assert outcomes == {"preflight": "succeeded", "stage-data": "skipped", "tokenize-data-g000": "succeeded",
-                        "finalize-data": "failed", "launch-pytorchjob": "no record", "verify-nccl": "no record",
-                        "evaluate-checkpoint": "no record"}  # fmt: skip
+    assert outcomes == {
+        "preflight": "succeeded",
+        "stage-data": "skipped",
+        "tokenize-data-g000": "succeeded",
+        "finalize-data": "failed",
+        "launch-pytorchjob": "no record",
+        "verify-nccl": "no record",
+        "evaluate-checkpoint": "no record",
+    }
     assert {s.get("pipeline_run_id") for s in summary.steps if s["state"] != "no record"} == {"kfp-2"}
     assert summary.error == "finalize-data failed: dataset 'corpus' is not staged"
     assert summary.kfp_error == "Task exit-handler-1 failed."  # kept in summary.json, as KFP said it
@@ -274,8 +294,12 @@ def test_only_reports_that_exist_are_linked(tmp_path: Path) -> None:
     there.write_text("ok")
     with recorded_step(root, "r1", "preflight", {"report": "minio://mlpipeline/preflight/report"}, "kfp-1"):
         pass
-    reports = {"report": "minio://mlpipeline/verify/report", "volume": str(there), "log": str(tmp_path / "none.md"),
-               "local": f"file://{there}"}  # fmt: skip
+    reports = {
+        "report": "minio://mlpipeline/verify/report",
+        "volume": str(there),
+        "log": str(tmp_path / "none.md"),
+        "local": f"file://{there}",
+    }
     with pytest.raises(StepFailed), recorded_step(root, "r1", "verify-nccl", reports):
         raise StepFailed("transport: used Socket")
     summary = summarize_run(root, "r1", "kfp-1", "FAILED")
@@ -315,8 +339,9 @@ def test_kfps_exit_handler_wording_becomes_ours(tmp_path: Path) -> None:
     steps_ending(root, "r2", "stage-data", "succeeded", "kfp-2")
     summary = summarize_run(root, "r2", "kfp-2", "FAILED", "Task finalize-data failed.")
     assert summary.state == "INCOMPLETE"
-    assert summary.error == ("finalize-data, launch-pytorchjob, verify-nccl, evaluate-checkpoint never ran "
-                             "(KFP: step finalize-data failed)")  # fmt: skip
+    assert summary.error == (
+        "finalize-data, launch-pytorchjob, verify-nccl, evaluate-checkpoint never ran (KFP: step finalize-data failed)"
+    )
 
 
 def test_records_outside_a_pipeline_run_count_until_one_marks_the_run(tmp_path: Path) -> None:
@@ -338,14 +363,33 @@ def test_a_local_preflight_is_skipped_without_a_verdict(tmp_path: Path) -> None:
     from components.preflight.component import preflight
 
     report = dsl.Markdown(uri=str(tmp_path / "report.md"))
-    preflight.python_func(storage_root=str(tmp_path), dataset="corpus", run_id="r1", resume_run_id="",
-                          pipeline_run_id="kfp-1", backend="local", nnodes=1, max_nodes=0, nproc_per_node=2,
-                          preset="tiny", init_from_model="", mlflow_tracking_uri="", image="", namespace="kubeflow",
-                          instance_type="ml.p5.48xlarge",
-                          job_options={}, platform={}, warn_only=False, report=report)  # fmt: skip
+    preflight.python_func(
+        storage_root=str(tmp_path),
+        dataset="corpus",
+        run_id="r1",
+        resume_run_id="",
+        pipeline_run_id="kfp-1",
+        backend="local",
+        nnodes=1,
+        max_nodes=0,
+        nproc_per_node=2,
+        preset="tiny",
+        init_from_model="",
+        mlflow_tracking_uri="",
+        image="",
+        namespace="kubeflow",
+        instance_type="ml.p5.48xlarge",
+        job_options={},
+        platform={},
+        warn_only=False,
+        report=report,
+    )
     record = json.loads(RunPaths.of(tmp_path, "r1").step_record("preflight").read_text())
     assert (record["state"], record["details"], record["pipeline_run_id"]) == (
-        "skipped", {"reason": "backend local: no cluster to check"}, "kfp-1")  # fmt: skip
+        "skipped",
+        {"reason": "backend local: no cluster to check"},
+        "kfp-1",
+    )
     markdown = summarize_run(str(tmp_path), "r1", "kfp-1", "RUNNING").markdown()
     row = next(line for line in markdown.splitlines() if line.startswith("| preflight |"))
     assert row.startswith("| preflight | skipped |") and "backend local: no cluster to check" in row

@@ -79,9 +79,12 @@ def test_runs_lists_each_run_with_its_state_step_val_loss_and_time(
     full = training_seconds([json.loads(line) for line in finished.metrics.read_text().splitlines()])
     assert listed["run-1"]["trained_s"] == pytest.approx(full) and 0 < listed["run-2"]["trained_s"] < full
     assert {run: (r["dataset"], r["snapshot"]) for run, r in listed.items()} == {
-        "run-1": ("synthetic", trained_on["snapshot"]), "run-2": ("synthetic", trained_on["snapshot"]),
-        "run-3": (None, None), "run-4": ("web", "3f2a9c1d0e4b5a69"), "run-5": ("web", ""),
-    }  # fmt: skip
+        "run-1": ("synthetic", trained_on["snapshot"]),
+        "run-2": ("synthetic", trained_on["snapshot"]),
+        "run-3": (None, None),
+        "run-4": ("web", "3f2a9c1d0e4b5a69"),
+        "run-5": ("web", ""),
+    }
     assert (listed["run-2"]["mlflow_run_id"], listed["run-1"]["mlflow_run_id"]) == ("6b1f0c2d", None)
 
 
@@ -98,8 +101,13 @@ def test_a_half_written_or_foreign_run_directory_does_not_break_the_listing(tmp_
 
 def test_durations_read_like_kubectl_ages() -> None:
     assert [duration(s) for s in (0, 59, 61, 3599, 3600 + 125, 2 * 86400 + 4 * 3600)] == [
-        "0s", "59s", "1m", "59m", "1h02m", "2d4h"
-    ]  # fmt: skip
+        "0s",
+        "59s",
+        "1m",
+        "59m",
+        "1h02m",
+        "2d4h",
+    ]
 
 
 def test_runs_on_a_root_without_runs_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -106,8 +106,11 @@ def test_a_second_extension_appends_and_a_round_trip_reproduces_both(tmp_path) -
     schedule.resume(60, first, extend="rewarm")
     at_150 = schedule.lr_at(150)
     assert schedule.resume(150, second, extend="rewarm") == [
-        "lr: 0.002 -> 0.001", "warmup_steps: 10 -> 20", "max_steps: 200 -> 400", "min_lr_ratio: 0.1 -> 0.05"
-    ]  # fmt: skip
+        "lr: 0.002 -> 0.001",
+        "warmup_steps: 10 -> 20",
+        "max_steps: 200 -> 400",
+        "min_lr_ratio: 0.1 -> 0.05",
+    ]
     assert len(schedule.extensions) == 2 and schedule.lr_at(150) == at_150 and schedule.lr_at(170) == 1e-3
     assert schedule.lr_at(400) == pytest.approx(5e-5)
 
@@ -163,15 +166,23 @@ def test_continue_after_the_end_goes_on_at_the_end_lr_and_round_trips(tmp_path) 
 @pytest.mark.parametrize(
     ("step", "wanted", "message"),
     [
-        (60, ScheduleSettings(2e-3, 5, 120, 0.1), "--extend-schedule continue keeps the run's peak learning rate and "
-         "warm-up (lr: 0.005 -> 0.002): give the run's own --lr and --warmup-steps, or --extend-schedule rewarm"),
+        (
+            60,
+            ScheduleSettings(2e-3, 5, 120, 0.1),
+            "--extend-schedule continue keeps the run's peak learning rate and "
+            "warm-up (lr: 0.005 -> 0.002): give the run's own --lr and --warmup-steps, or --extend-schedule rewarm",
+        ),
         (60, ScheduleSettings(5e-3, 10, 120, 0.1), "(warmup_steps: 5 -> 10)"),
         (60, ScheduleSettings(5e-3, 5, 50, 0.1), "--max-steps 50 is not beyond step 60"),
-        (60, ScheduleSettings(5e-3, 5, 120, 0.5), "decays from the learning rate at step 60 (0.0005), which is below "
-         "the end learning rate (0.0025): give --extend-schedule rewarm"),
+        (
+            60,
+            ScheduleSettings(5e-3, 5, 120, 0.5),
+            "decays from the learning rate at step 60 (0.0005), which is below "
+            "the end learning rate (0.0025): give --extend-schedule rewarm",
+        ),
         (1, ScheduleSettings(5e-3, 5, 120, 0.5), "learning rate at step 1 (0.002)"),  # still warming up, below the end
     ],
-)  # fmt: skip
+)
 def test_continue_refuses_what_it_cannot_do_in_one_line(step: int, wanted: ScheduleSettings, message: str) -> None:
     schedule = LRSchedule(BASE)
     with pytest.raises(CheckpointError) as refused:

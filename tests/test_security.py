@@ -27,10 +27,18 @@ PLATFORM = Platform(namespaces=("hyperpod-ns-team-a",), registries=(REGISTRY,), 
 
 def config(root: Path, **overrides: Any) -> LaunchConfig:
     settings: dict[str, Any] = dict(
-        storage_root=str(root), dataset="synthetic", run_id="r1", backend="kubernetes", nnodes=2, nproc_per_node=8,
-        pipeline_run_id="pipeline-r1", image=IMAGE, namespace="hyperpod-ns-team-a", owner_reference=False,
+        storage_root=str(root),
+        dataset="synthetic",
+        run_id="r1",
+        backend="kubernetes",
+        nnodes=2,
+        nproc_per_node=8,
+        pipeline_run_id="pipeline-r1",
+        image=IMAGE,
+        namespace="hyperpod-ns-team-a",
+        owner_reference=False,
         platform=PLATFORM,
-    )  # fmt: skip
+    )
     return LaunchConfig(**{**settings, **overrides})
 
 
@@ -53,7 +61,7 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
             ("privileged", True),
             ("host_network", True),
         ]
-    ],  # fmt: skip
+    ],
     # an image from another registry, or not an image reference at all
     ("image registry", {"image": "docker.io/evil/miner:latest"}, r"trainer_image .* is not from an allowed registry"),
     ("image prefix", {"image": f"{REGISTRY}.evil.io/x:1"}, r"is not from an allowed registry"),
@@ -104,9 +112,17 @@ def test_hostile_run_parameters_are_refused_before_any_api_call(
     staged_root: Path, what: str, overrides: dict[str, Any], message: str, control_plane: Any
 ) -> None:
     if what == "storage root escape":
-        overrides = {**overrides, "platform": Platform(**{**PLATFORM.to_dict(), "mount_path": "/fsx",
-                                                          "namespaces": ("hyperpod-ns-team-a",),
-                                                          "registries": (REGISTRY,)})}  # fmt: skip
+        overrides = {
+            **overrides,
+            "platform": Platform(
+                **{
+                    **PLATFORM.to_dict(),
+                    "mount_path": "/fsx",
+                    "namespaces": ("hyperpod-ns-team-a",),
+                    "registries": (REGISTRY,),
+                }
+            ),
+        }
     cfg = config(staged_root, **overrides)
     api = control_plane.runner_client()  # the pipeline runner, on the real API server
     since = audit_time()
@@ -119,12 +135,29 @@ def test_hostile_run_parameters_are_refused_before_any_api_call(
 
 
 def test_a_run_may_set_sizes_counts_timeouts_and_training_settings(staged_root: Path) -> None:
-    options = {"cpu": "90", "memory": "1024Gi", "shm_size": "512Gi", "grace_period_s": 300, "shutdown_timeout_s": 240,
-               "max_restarts": 5, "restart_budget": 2, "ttl_after_finished_s": 86400, "auto_resume": False,
-               "auto_resume_max_retries": 2, "auto_resume_wait_s": 600, "restart_policy": "OnFailure",
-               "clean_pod_policy": "All", "rdzv_backend": "c10d", "gpus_per_node": 8, "efa_per_node": 32,
-               "parallelism": "hsdp", "activation_checkpointing": "selective", "grad_accum_steps": 4,
-               "compile": "off", "ddp_comm_hook": "none"}  # fmt: skip
+    options = {
+        "cpu": "90",
+        "memory": "1024Gi",
+        "shm_size": "512Gi",
+        "grace_period_s": 300,
+        "shutdown_timeout_s": 240,
+        "max_restarts": 5,
+        "restart_budget": 2,
+        "ttl_after_finished_s": 86400,
+        "auto_resume": False,
+        "auto_resume_max_retries": 2,
+        "auto_resume_wait_s": 600,
+        "restart_policy": "OnFailure",
+        "clean_pod_policy": "All",
+        "rdzv_backend": "c10d",
+        "gpus_per_node": 8,
+        "efa_per_node": 32,
+        "parallelism": "hsdp",
+        "activation_checkpointing": "selective",
+        "grad_accum_steps": 4,
+        "compile": "off",
+        "ddp_comm_hook": "none",
+    }
     assert set(options) == {*RUN_OPTIONS, *TRAINER_OPTIONS}
     job = render_job(config(staged_root, job_options=options).job_spec())
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
@@ -137,24 +170,38 @@ def test_a_run_may_set_sizes_counts_timeouts_and_training_settings(staged_root: 
 
 
 def test_the_trainer_pods_carry_the_platform_teams_settings_and_no_privilege(staged_root: Path) -> None:
-    platform = Platform(namespaces=("hyperpod-ns-team-a",), registries=(REGISTRY,), service_account="trainer",
-                        tolerations=({"key": "dedicated", "operator": "Equal", "value": "training",
-                                      "effect": "NoSchedule"},), node_selector={"team": "a"},
-                        image_pull_secrets=("team-a-pull",), env={"FI_EFA_FORK_SAFE": "1"})  # fmt: skip
+    platform = Platform(
+        namespaces=("hyperpod-ns-team-a",),
+        registries=(REGISTRY,),
+        service_account="trainer",
+        tolerations=({"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"},),
+        node_selector={"team": "a"},
+        image_pull_secrets=("team-a-pull",),
+        env={"FI_EFA_FORK_SAFE": "1"},
+    )
     pod = render_job(config(staged_root, platform=platform).job_spec())["spec"]["pytorchReplicaSpecs"]["Worker"]
     spec = pod["template"]["spec"]
     assert spec["serviceAccountName"] == "trainer" and spec["automountServiceAccountToken"] is False
-    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                                   {"key": "dedicated", "operator": "Equal", "value": "training",
-                                    "effect": "NoSchedule"}]  # fmt: skip
+    assert spec["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"},
+    ]
     assert spec["nodeSelector"] == {"team": "a"} and spec["imagePullSecrets"] == [{"name": "team-a-pull"}]
     container = spec["containers"][0]
     assert {"name": "FI_EFA_FORK_SAFE", "value": "1"} in container["env"]
     assert container["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
     assert not {"hostNetwork", "hostPID", "hostIPC"} & set(spec), "no host namespaces"
     assert "capabilities" not in container["securityContext"]
-    mounted = Platform(**{**platform.to_dict(), "automount_service_account_token": True, "namespaces": (),
-                          "registries": (), "tolerations": (), "image_pull_secrets": ()})  # fmt: skip
+    mounted = Platform(
+        **{
+            **platform.to_dict(),
+            "automount_service_account_token": True,
+            "namespaces": (),
+            "registries": (),
+            "tolerations": (),
+            "image_pull_secrets": (),
+        }
+    )
     spec = render_job(config(staged_root, platform=mounted).job_spec())["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert spec["template"]["spec"]["automountServiceAccountToken"] is True, "only when compiled so"
 
@@ -162,11 +209,30 @@ def test_the_trainer_pods_carry_the_platform_teams_settings_and_no_privilege(sta
 def test_the_cli_refuses_a_privileged_job_option_in_one_line(tmp_path: Path) -> None:
     cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
     result = subprocess.run(
-        [cli, "render-job", "--storage-root", str(tmp_path), "--dataset", "d", "--run-id", "r", "--image", IMAGE,
-         "--nnodes", "2", "--nproc-per-node", "8", "--job-option", "service_account=training-operator",
-         "--job-option", "tolerations=[{operator: Exists}]"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            cli,
+            "render-job",
+            "--storage-root",
+            str(tmp_path),
+            "--dataset",
+            "d",
+            "--run-id",
+            "r",
+            "--image",
+            IMAGE,
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "8",
+            "--job-option",
+            "service_account=training-operator",
+            "--job-option",
+            "tolerations=[{operator: Exists}]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
     assert "job option 'service_account' is not a run option" in line

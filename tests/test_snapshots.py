@@ -58,8 +58,11 @@ def test_a_resume_after_a_restage_keeps_its_snapshot_or_is_refused(staged_copy: 
     restaged = restage(source, staged_copy)
 
     refuse = {"TRAINER_ON_NEW_SNAPSHOT": "refuse"}
-    with pytest.raises(StepFailed, match=rf"was staged again: --data-dir is snapshot {restaged}, this run's checkpoint "
-                                         rf"was trained on snapshot {started_on}"):  # fmt: skip
+    with pytest.raises(
+        StepFailed,
+        match=rf"was staged again: --data-dir is snapshot {restaged}, this run's checkpoint "
+        rf"was trained on snapshot {started_on}",
+    ):
         launch(tiny_launch(staged_copy, "run", max_steps=20, extra_env=refuse))
 
     launch(tiny_launch(staged_copy, "run", max_steps=20))  # the launcher hands it the current snapshot
@@ -81,13 +84,22 @@ def test_the_gate_compares_bits_per_byte_on_the_same_val_set_only(trained_copy: 
     change_a_train_file(source)
     other_tokenizer = stage_data(str(source), str(trained_copy), "synthetic", vocab_size=400, val_fraction=0.1)
     launch(tiny_launch(trained_copy, "run-2", max_steps=20))
-    result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-2", export=False,
-                                 gate=Gate(baseline_run_id="previous", baseline_margin=10.0))  # fmt: skip
+    result = evaluate_checkpoint(
+        str(trained_copy),
+        "synthetic",
+        "run-2",
+        export=False,
+        gate=Gate(baseline_run_id="previous", baseline_margin=10.0),
+    )
     assert result.baseline_run_id == "run-1" and result.baseline_bits_per_byte is not None
-    assert result.tokenizer_sha256 != json.loads(RunPaths.of(trained_copy, "run-1").eval_result.read_text())[
-        "tokenizer_sha256"]  # fmt: skip
-    assert (f"bits per byte compare across tokenizers; snapshot {first} vs {other_tokenizer.snapshot}, same val set"
-            in result.gate_reasons[0])  # fmt: skip
+    assert (
+        result.tokenizer_sha256
+        != json.loads(RunPaths.of(trained_copy, "run-1").eval_result.read_text())["tokenizer_sha256"]
+    )
+    assert (
+        f"bits per byte compare across tokenizers; snapshot {first} vs {other_tokenizer.snapshot}, same val set"
+        in result.gate_reasons[0]
+    )
 
     val_file = next(k for k in json.loads(DatasetPaths.of(trained_copy, "synthetic").val_set.read_text())["keys"])
     (source / val_file).write_text((source / val_file).read_text() + "the stale node loads the model.\n")
@@ -96,8 +108,9 @@ def test_the_gate_compares_bits_per_byte_on_the_same_val_set_only(trained_copy: 
     with pytest.raises(InputError, match=r"baseline run 'run-1' was evaluated on another val set"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-3", export=False, gate=Gate(baseline_run_id="run-1"))
     with pytest.raises(InputError, match=r"baseline 'previous': no other run of dataset 'synthetic' evaluated on"):
-        evaluate_checkpoint(str(trained_copy), "synthetic", "run-3", export=False,
-                            gate=Gate(baseline_run_id="previous"))  # fmt: skip
+        evaluate_checkpoint(
+            str(trained_copy), "synthetic", "run-3", export=False, gate=Gate(baseline_run_id="previous")
+        )
 
     # Three snapshots, each used by a run: nothing to prune, until a run goes.
     paths = DatasetPaths.of(trained_copy, "synthetic")
@@ -112,8 +125,15 @@ def test_the_gate_compares_bits_per_byte_on_the_same_val_set_only(trained_copy: 
 
 def test_a_warm_start_continues_a_finished_run_on_a_restaged_corpus(trained_copy: Path, source: Path) -> None:
     change_a_train_file(source)
-    staged = stage_data(str(source), str(trained_copy), "synthetic", vocab_size=400, val_fraction=0.1,
-                        init_from_run_id="previous", run_id="run-2")  # fmt: skip
+    staged = stage_data(
+        str(source),
+        str(trained_copy),
+        "synthetic",
+        vocab_size=400,
+        val_fraction=0.1,
+        init_from_run_id="previous",
+        run_id="run-2",
+    )
     first = RunPaths.of(trained_copy, "run-1")
     assert staged.init_from_run_id == "run-1" and staged.snapshot != snapshot_dir_of(first)
     assert staged.vocab_size == json.loads(first.config.read_text())["dataset"]["vocab_size"], "run-1's tokenizer"
@@ -126,15 +146,22 @@ def test_a_warm_start_continues_a_finished_run_on_a_restaged_corpus(trained_copy
     assert first_after["step"] == 1 and abs(first_after["loss"] - last_before["loss"]) < 0.1 * last_before["loss"]
     assert first_after["loss"] < 0.5 * untrained
     config = json.loads(second.config.read_text())
-    assert config["init_from"] == {"run": "run-1", "step": 60, "tokens_seen": 60 * TOKENS_PER_STEP,
-                                   "snapshot": snapshot_dir_of(first)}  # fmt: skip
+    assert config["init_from"] == {
+        "run": "run-1",
+        "step": 60,
+        "tokens_seen": 60 * TOKENS_PER_STEP,
+        "snapshot": snapshot_dir_of(first),
+    }
     assert config["dataset"]["snapshot"] == staged.snapshot
     assert "warm start from run run-1 at step 60" in second.rank_log(0).read_text()
 
     other_tokenizer = stage_data(str(source), str(trained_copy), "synthetic", vocab_size=300, val_fraction=0.1)
     with pytest.raises(StepFailed, match=r"its weights were trained with tokenizer \w+, and this run's snapshot has"):
-        launch(tiny_launch(trained_copy, "run-3", max_steps=10, snapshot=other_tokenizer.snapshot,
-                           init_from_run_id="run-1"))  # fmt: skip
+        launch(
+            tiny_launch(
+                trained_copy, "run-3", max_steps=10, snapshot=other_tokenizer.snapshot, init_from_run_id="run-1"
+            )
+        )
 
 
 def snapshot_dir_of(run: RunPaths) -> str:

@@ -44,8 +44,7 @@ def test_stages_mirror_manifest_and_shards(staged_root: Path, corpus: Path) -> N
     assert meta["val_files"] == len(held_out) >= 1
     train_keys, val_keys_in_order = [k for k in keys if k not in held_out], [k for k in keys if k in held_out]
     for split, split_keys in (("train", train_keys), ("val", val_keys_in_order)):
-        stream = np.concatenate([np.fromfile(snapshot / s["file"], dtype=meta["dtype"])
-                                 for s in meta["shards"][split]])  # fmt: skip
+        stream = np.concatenate([np.fromfile(snapshot / s["file"], dtype=meta["dtype"]) for s in meta["shards"][split]])
         documents = tokenizer.decode(stream.tolist(), skip_special_tokens=False).split(EOS)
         assert documents == [(paths.raw / k).read_text() for k in split_keys] + [""]
     assert list(paths.root.glob(".*")) == [paths.staging_lock], "no temporary files left behind"
@@ -145,8 +144,11 @@ def test_an_unchanged_or_only_touched_source_is_neither_copied_nor_retokenized(c
     again = stage_data(str(source), str(tmp_path / "fsx"), "d", vocab_size=300)
     assert (again.files_copied, again.files_skipped, again.tokenized) == (0, 12, False)
     assert (snapshot_dir(tmp_path / "fsx", "d") / META).read_text() == meta
-    entry = next(e for e in json.loads(DatasetPaths.of(tmp_path / "fsx", "d").manifest.read_text())["files"]
-                 if e["key"] == touched.relative_to(source).as_posix())  # fmt: skip
+    entry = next(
+        e
+        for e in json.loads(DatasetPaths.of(tmp_path / "fsx", "d").manifest.read_text())["files"]
+        if e["key"] == touched.relative_to(source).as_posix()
+    )
     assert entry["mtime_ns"] == touched.stat().st_mtime_ns, "the new mtime is recorded: no hashing next time"
     killed_mid_tokenizing = DatasetPaths.of(tmp_path / "fsx", "d").snapshots / ".building.k1ll3d"
     killed_mid_tokenizing.mkdir()
@@ -172,8 +174,9 @@ def test_a_second_staging_run_of_a_dataset_waits_for_the_first(
     paths.root.mkdir(parents=True)
     with open(paths.staging_lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as a run staging this dataset right now does
-        second = threading.Thread(target=stage_data, args=(str(corpus), str(tmp_path / "fsx"), "d"),
-                                  kwargs={"vocab_size": 300})  # fmt: skip
+        second = threading.Thread(
+            target=stage_data, args=(str(corpus), str(tmp_path / "fsx"), "d"), kwargs={"vocab_size": 300}
+        )
         second.start()
         second.join(timeout=2)
         assert second.is_alive() and not paths.manifest.exists(), "it waits while the lock is held"

@@ -189,9 +189,24 @@ def test_killed_mid_staging_then_rerun_copies_only_what_is_missing(
     expected = upload_corpus(s3, bucket, "corpus/", write_corpus(tmp_path / "src", files=300, sentences=5))
     root = tmp_path / "fsx"
     paths = DatasetPaths.of(root, "d")
-    command = [sys.executable, "-m", "pipelines.cli", "stage-data", "--source", f"s3://{bucket}/corpus",
-               "--storage-root", str(root), "--dataset", "d", "--endpoint-url", s3_endpoint, "--workers", "2",
-               "--vocab-size", "300"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "stage-data",
+        "--source",
+        f"s3://{bucket}/corpus",
+        "--storage-root",
+        str(root),
+        "--dataset",
+        "d",
+        "--endpoint-url",
+        s3_endpoint,
+        "--workers",
+        "2",
+        "--vocab-size",
+        "300",
+    ]
     staging = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and staging.poll() is None:
@@ -282,8 +297,9 @@ def test_a_parquet_corpus_and_a_tokenizer_directory_in_s3(s3, s3_endpoint: str, 
     corpus = corpus_of_every_format(tmp_path / "corpus")
     upload_corpus(s3, bucket, "corpus/", corpus)
     texts = [t for _, _, t in expected_documents(corpus)]
-    upload_corpus(s3, bucket, "tokenizers/llama3/", save_pretrained("llama3", make_tokenizer("llama3", texts),
-                                                                     tmp_path / "tok"))  # fmt: skip
+    upload_corpus(
+        s3, bucket, "tokenizers/llama3/", save_pretrained("llama3", make_tokenizer("llama3", texts), tmp_path / "tok")
+    )
     result = stage(s3_endpoint, bucket, tmp_path / "fsx", tokenizer_path=f"s3://{bucket}/tokenizers/llama3/")
     snapshot = Path(result.tokenized_dir)
     meta = json.loads((snapshot / META).read_text())

@@ -39,8 +39,9 @@ def test_groups_encode_apart_into_the_same_token_stream(corpus: Path, tmp_path: 
         (corpus_with_empty / path.relative_to(corpus)).write_bytes(path.read_bytes())
     (corpus_with_empty / "part-a" / "doc 04b.txt").write_text("")  # an empty document among the others
     one = stage_data(str(corpus_with_empty), str(tmp_path / "one"), "d", vocab_size=300, shard_tokens=1024)
-    three = stage_data(str(corpus_with_empty), str(tmp_path / "three"), "d", vocab_size=300, shard_tokens=1024,
-                       tokenize_groups=3)  # fmt: skip
+    three = stage_data(
+        str(corpus_with_empty), str(tmp_path / "three"), "d", vocab_size=300, shard_tokens=1024, tokenize_groups=3
+    )
     assert one.snapshot != three.snapshot, "the shard layout differs, so the snapshot does"
     a, b = Path(one.tokenized_dir), Path(three.tokenized_dir)
     assert (a / TOKENIZER).read_text() == (b / TOKENIZER).read_text()
@@ -87,8 +88,9 @@ def test_a_killed_group_carries_on_after_its_last_finished_file(
     clean = stage_data(str(source), str(tmp_path / "clean"), "d", vocab_size=300, shard_tokens=4096)
     assert resumed.snapshot == clean.snapshot == planned.snapshot
     for split in ("train", "val"):
-        assert np.array_equal(split_stream(Path(resumed.tokenized_dir), split),
-                              split_stream(Path(clean.tokenized_dir), split)), split  # fmt: skip
+        assert np.array_equal(
+            split_stream(Path(resumed.tokenized_dir), split), split_stream(Path(clean.tokenized_dir), split)
+        ), split
     assert record["shards"] == json.loads((Path(clean.tokenized_dir) / META).read_text())["shards"]
 
 

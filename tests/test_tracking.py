@@ -51,8 +51,9 @@ def test_a_malformed_tracking_uri_is_one_line_naming_it(uri: str, said: str) -> 
 
 def test_credentials_in_the_uri_are_refused_without_repeating_them(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as refused:
-        parse_config(["--data-dir", "d", "--run-dir", "r", "--mlflow-tracking-uri", "https://ci:s3cret@mlflow:5000"],
-                     environ={})  # fmt: skip
+        parse_config(
+            ["--data-dir", "d", "--run-dir", "r", "--mlflow-tracking-uri", "https://ci:s3cret@mlflow:5000"], environ={}
+        )
     assert refused.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "argument --mlflow-tracking-uri: the tracking URI holds credentials" in error
@@ -60,12 +61,20 @@ def test_credentials_in_the_uri_are_refused_without_repeating_them(capsys: pytes
 
 
 def test_config_json_becomes_params_by_dotted_name() -> None:
-    settings = {"trainer": {"lr": 0.003, "init_from": "", "mlflow_tracking_uri": "http://m:5000"}, "world_size": 16,
-                "model": {"n_layer": 4, "rope_scaling": None}, "dataset": {"files": ["a.txt", "b.txt"]}}  # fmt: skip
+    settings = {
+        "trainer": {"lr": 0.003, "init_from": "", "mlflow_tracking_uri": "http://m:5000"},
+        "world_size": 16,
+        "model": {"n_layer": 4, "rope_scaling": None},
+        "dataset": {"files": ["a.txt", "b.txt"]},
+    }
     assert flat_params(settings) == {
-        "trainer.lr": "0.003", "trainer.init_from": "", "trainer.mlflow_tracking_uri": "http://m:5000",
-        "world_size": "16", "model.n_layer": "4", "dataset.files": '["a.txt", "b.txt"]',
-    }  # fmt: skip
+        "trainer.lr": "0.003",
+        "trainer.init_from": "",
+        "trainer.mlflow_tracking_uri": "http://m:5000",
+        "world_size": "16",
+        "model.n_layer": "4",
+        "dataset.files": '["a.txt", "b.txt"]',
+    }
 
 
 def test_an_arn_without_the_sagemaker_plugin_says_which_extra_to_install(
@@ -89,8 +98,7 @@ def test_a_slow_server_never_holds_up_put_and_the_queue_stays_bounded(mlflow_ser
 
     relay = Relay(mlflow_server.port, delay_s=0.5)
     try:
-        feed = MlflowFeed(relay.url, "slow", tmp_path / "slow-run", "slow-run", {"trainer.lr": "0.003"},
-                          queue_size=100)  # fmt: skip
+        feed = MlflowFeed(relay.url, "slow", tmp_path / "slow-run", "slow-run", {"trainer.lr": "0.003"}, queue_size=100)
         started = time.perf_counter()
         feed.put(Point("train/loss", float(step), step, time.time()) for step in range(5000))
         put_s = time.perf_counter() - started
@@ -101,8 +109,10 @@ def test_a_slow_server_never_holds_up_put_and_the_queue_stays_bounded(mlflow_ser
         relay.stop()
     assert report.sent + report.unsent == 5000 and 100 <= report.sent <= 1100  # the queue, and what the feed took
     client = MlflowClient(mlflow_server.url)
-    (run,) = client.search_runs([client.get_experiment_by_name("slow").experiment_id],
-                                filter_string=f"tags.`{RUN_TAG}` = '{tmp_path / 'slow-run'}'")  # fmt: skip
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("slow").experiment_id],
+        filter_string=f"tags.`{RUN_TAG}` = '{tmp_path / 'slow-run'}'",
+    )
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert run.data.params == {"trainer.lr": "0.003"} and len(steps) == report.sent and steps == sorted(steps)
 

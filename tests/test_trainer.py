@@ -67,8 +67,10 @@ def test_trains_logs_and_checkpoints(trained_root: Path) -> None:
     train_tokens = len(load_split(snapshot_dir(trained_root, "synthetic"), "train"))
     assert log_text.count(f"INFO trainer: {plan_line(parameters, 8 * 64 * 2, 60, train_tokens)}\n") == 1
     assert len(re.findall(r"INFO trainer: step 1 took \d+\.\ds \(includes compile/warm-up\)\n", log_text)) == 1
-    shape = (r"INFO trainer: step (\d+)/60  loss \d\.\d{4}  lr \d\.\de-\d  gnorm \d+\.\d\d  tok/s [\d.]+k?  mfu —  "
-             r"eta (\d+m\d\ds|\d+s)\n")  # fmt: skip
+    shape = (
+        r"INFO trainer: step (\d+)/60  loss \d\.\d{4}  lr \d\.\de-\d  gnorm \d+\.\d\d  tok/s [\d.]+k?  mfu —  "
+        r"eta (\d+m\d\ds|\d+s)\n"
+    )
     logged = re.findall(shape, log_text)
     assert [int(step) for step, _ in logged] == [10, 20, 30, 40, 50, 60] and logged[-1][1] == "0s", logged
     assert "INFO trainer: step " not in run.rank_log(1).read_text(), "rank 0 alone says how training goes"
@@ -107,8 +109,14 @@ def start_torchrun(cfg) -> subprocess.Popen:
     """The trainer under torchrun exactly as the local launcher starts it, but left for the test to signal."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **cfg.trainer_env()}
     cfg.run_paths.logs.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(torchrun_command(cfg), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        torchrun_command(cfg),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def preempt_at_random_step(cfg, low: int, high: int) -> dict:
@@ -165,12 +173,16 @@ def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_
     timing = {k: env[k] for k in ("TRAINER_GRACE_PERIOD_S", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")}
     assert timing == {"TRAINER_GRACE_PERIOD_S": "120", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "100"}
     tracking = {"TRAINER_MLFLOW_TRACKING_URI": mlflow_server.url, "TRAINER_MLFLOW_EXPERIMENT": "sigterm"}
-    cfg = tiny_launch(staged_copy, "preempted", **EXACT,
-                      extra_env=timing | tracking | {"TRAINER_ASYNC_CHECKPOINT": "true"})  # fmt: skip
+    cfg = tiny_launch(
+        staged_copy, "preempted", **EXACT, extra_env=timing | tracking | {"TRAINER_ASYNC_CHECKPOINT": "true"}
+    )
     status = preempt_at_random_step(cfg, 3, 30)
     assert status["step"] < 40
-    assert re.search(rf"stopped by SIGTERM at step {status['step']}: checkpoint committed [\d.]+s after the signal "
-                     r"\(budget 100s\)", status["output"]), status["output"][-2000:]  # fmt: skip
+    assert re.search(
+        rf"stopped by SIGTERM at step {status['step']}: checkpoint committed [\d.]+s after the signal "
+        r"\(budget 100s\)",
+        status["output"],
+    ), status["output"][-2000:]
     launch(cfg)  # resume to the end
     rows = read_metrics(cfg.run_paths)
     assert_same_rows(rows, read_metrics(uninterrupted), f"after a SIGTERM at {status['step']}")
@@ -182,8 +194,11 @@ def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_
                 assert torch.equal(mine["model"][name], tensor), f"{name} of the async step-{step} checkpoint differs"
     shares = []
     for rank in (0, 1):
-        line = re.search(r"this rank writes ([\d.]+) MB of the ([\d.]+) MB state \(2 ranks; the largest tensor is "
-                         r"([\d.]+) MB\)", cfg.run_paths.rank_log(rank).read_text())  # fmt: skip
+        line = re.search(
+            r"this rank writes ([\d.]+) MB of the ([\d.]+) MB state \(2 ranks; the largest tensor is "
+            r"([\d.]+) MB\)",
+            cfg.run_paths.rank_log(rank).read_text(),
+        )
         staged, state, largest = map(float, line.groups())
         assert 0 < staged <= state / 2 + largest, line.group(0)
         shares.append(staged)
@@ -200,14 +215,16 @@ def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_
     notes = [e.step for e in events.Tensors("events/text_summary")]
     assert notes == [0, status["step"], status["step"], 40], "started, stopped, resumed, stopped"
     assert {e.step for e in events.Scalars("checkpoint/seconds")} == {10, 20, 30, 40} | {status["step"]}
-    assert [(e.step, e.value) for e in events.Scalars("evaluation/val_loss")] == [(40, pytest.approx(
-        evaluated.val_loss, rel=1e-6))]  # fmt: skip
+    assert [(e.step, e.value) for e in events.Scalars("evaluation/val_loss")] == [
+        (40, pytest.approx(evaluated.val_loss, rel=1e-6))
+    ]
 
     # MLflow: one run for both starts, found by its tag, with config.json's settings and every chart's full history.
     client = MlflowClient(mlflow_server.url)
     experiment = client.get_experiment_by_name("sigterm")
-    (found,) = client.search_runs([experiment.experiment_id],
-                                  filter_string=f"tags.`{RUN_TAG}` = '{cfg.run_paths.root}'")  # fmt: skip
+    (found,) = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{cfg.run_paths.root}'"
+    )
     record = json.loads(cfg.run_paths.mlflow_run.read_text())
     assert record["run_id"] == found.info.run_id and record["url"].startswith(mlflow_server.url + "/#/experiments/")
     assert found.data.params == flat_params(json.loads(cfg.run_paths.config.read_text()))
@@ -216,7 +233,8 @@ def test_sigterm_checkpoints_within_the_jobs_budget_and_resume_is_bit_identical_
         assert_series(history, series, chart)
     assert f"MLflow: continuing run {found.info.run_id}" in cfg.run_paths.rank_log(0).read_text()
     assert [m.value for m in client.get_metric_history(found.info.run_id, "evaluation/val_loss")] == [
-        pytest.approx(evaluated.val_loss, rel=1e-6)]  # fmt: skip
+        pytest.approx(evaluated.val_loss, rel=1e-6)
+    ]
     artifacts = {a.path for a in client.list_artifacts(found.info.run_id, "evaluation")}
     assert artifacts == {"evaluation/report.html", "evaluation/report.md", "evaluation/eval.json"}
     assert client.get_run(found.info.run_id).data.tags["export"] == evaluated.export_dir
@@ -263,12 +281,14 @@ def test_the_val_loss_of_an_eval_step_is_the_evaluations_of_that_steps_checkpoin
     assert rows[40]["val_loss"] == loss and math.isfinite(loss), "the same weights, windows, batches: the same sum"
     assert rows[40]["val_bpb"] == bits_per_byte(loss, tokens, n_bytes)
     torch.manual_seed(1234)
-    untrained, _, _ = mean_loss(build_model(config_from_dict(config["model"])), val, 64, 16384, 8,
-                                torch.device("cpu"), lengths)  # fmt: skip
+    untrained, _, _ = mean_loss(
+        build_model(config_from_dict(config["model"])), val, 64, 16384, 8, torch.device("cpu"), lengths
+    )
     assert rows[10]["val_loss"] > rows[40]["val_loss"] and rows[40]["val_loss"] < untrained - 1.0
     log_text = uninterrupted.rank_log(0).read_text()
-    assert re.search(r"INFO trainer: eval step 40: val loss \d\.\d{4} \(\d\.\d{4} bits per byte, [\d,]+ tokens\)\n",
-                     log_text), log_text[-2000:]  # fmt: skip
+    assert re.search(
+        r"INFO trainer: eval step 40: val loss \d\.\d{4} \(\d\.\d{4} bits per byte, [\d,]+ tokens\)\n", log_text
+    ), log_text[-2000:]
     assert "eval step" not in uninterrupted.rank_log(1).read_text()
 
 
@@ -276,8 +296,13 @@ def test_a_background_save_that_fails_crashes_the_run_with_its_reason(staged_cop
     """A full volume (--fault-save-at-step: DCP's writer fails with ENOSPC) under the step-20 background save: the
     run ends as crashed, naming the step and the cause and that a restart will not help (the launcher stops the job
     on that); the step-10 checkpoint stays the latest."""
-    cfg = tiny_launch(staged_copy, "full", max_steps=40, checkpoint_every=10,
-                      extra_env={"TRAINER_ASYNC_CHECKPOINT": "true", "TRAINER_FAULT_SAVE_AT_STEP": "20"})  # fmt: skip
+    cfg = tiny_launch(
+        staged_copy,
+        "full",
+        max_steps=40,
+        checkpoint_every=10,
+        extra_env={"TRAINER_ASYNC_CHECKPOINT": "true", "TRAINER_FAULT_SAVE_AT_STEP": "20"},
+    )
     with pytest.raises(StepFailed, match="the checkpoint of step 20 could not be written: OSError: .Errno 28"):
         launch(cfg)
     status = json.loads(cfg.run_paths.status.read_text())
@@ -291,8 +316,14 @@ def test_a_preemption_save_that_fails_exits_76_and_leaves_the_last_checkpoint(st
     step 20): every worker exits 76 as torchrun reports it (signalled directly, not through torchrun: each worker's
     own exit code shows in torchrun's summary, as a saved preemption's 75 does), status.json says preempted-unsaved
     with the reason, and the step-10 checkpoint stays the latest."""
-    cfg = tiny_launch(staged_copy, "unsaved", max_steps=100000, log_every=1, checkpoint_every=10,
-                      extra_env={"TRAINER_FAULT_SAVE_AT_STEP": "11"})  # fmt: skip
+    cfg = tiny_launch(
+        staged_copy,
+        "unsaved",
+        max_steps=100000,
+        log_every=1,
+        checkpoint_every=10,
+        extra_env={"TRAINER_FAULT_SAVE_AT_STEP": "11"},
+    )
     proc = start_torchrun(cfg)
     wait_for_step(cfg.run_paths, 12, proc)
     for pid in worker_pids(proc.pid):
@@ -317,8 +348,9 @@ def test_a_real_full_volume_under_a_periodic_save_crashes_the_run_and_keeps_the_
     volume = cfg.run_paths.checkpoints
     volume.mkdir(parents=True)
     size = (one_checkpoint * 3 // 2 // 4096 + 4) * 4096  # whole pages: each of the ~6 files rounds up
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(volume)],
-                             capture_output=True, text=True)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(volume)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
     try:
@@ -333,9 +365,10 @@ def test_a_real_full_volume_under_a_periodic_save_crashes_the_run_and_keeps_the_
 
 def worker_pids(torchrun_pid: int) -> list[int]:
     return [
-        int(p.name) for p in Path("/proc").iterdir()
+        int(p.name)
+        for p in Path("/proc").iterdir()
         if p.name.isdigit() and "trainer.train_ddp" in _cmdline(p) and _ppid(p) == torchrun_pid
-    ]  # fmt: skip
+    ]
 
 
 def _cmdline(proc_dir: Path) -> str:
@@ -388,16 +421,18 @@ def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Pa
 def test_world_size_2_to_1_repeats_and_skips_no_sample(staged_copy: Path) -> None:
     samples = {"TRAINER_LOG_SAMPLES": "true"}
     launch(tiny_launch(staged_copy, "elastic", max_steps=5, extra_env=samples))
-    launch(tiny_launch(staged_copy, "elastic", max_steps=10, nproc_per_node=1, extend_schedule="continue",
-                       extra_env=samples))  # fmt: skip
+    launch(
+        tiny_launch(
+            staged_copy, "elastic", max_steps=10, nproc_per_node=1, extend_schedule="continue", extra_env=samples
+        )
+    )
     run = RunPaths.of(staged_copy, "elastic")
     seen = []
     for rank_file in sorted(run.logs.glob("samples_rank_*.txt")):
         for line in rank_file.read_text().splitlines():
             seen += [int(w) for w in line.split()[2:]]
     # 5 steps x 8 x 2 ranks, then 5 steps x 8 x 1 rank: the first 120 windows of epoch 0's order, once each.
-    batches = TokenBatches(load_split(snapshot_dir(staged_copy, "synthetic"), "train"), 64, 8, 0, 1,
-                           seed=1234)  # fmt: skip
+    batches = TokenBatches(load_split(snapshot_dir(staged_copy, "synthetic"), "train"), 64, 8, 0, 1, seed=1234)
     assert batches.num_windows >= 120
     assert sorted(seen) == sorted(batches.epoch_order(0)[:120].tolist())
     assert "world size changed from 2 to 1" in run.rank_log(0).read_text()
@@ -429,8 +464,18 @@ def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path, mlfl
     rows = read_metrics(run)
     assert rows[-1]["step"] == 20 and rows[-1]["tokens"] == 20 * 8 * 64 * 2  # the first step past 20000 tokens
     for row in rows:
-        assert row.keys() >= {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mfu",
-                              "input_wait_s", "sync_wait_s"}  # fmt: skip
+        assert row.keys() >= {
+            "step",
+            "loss",
+            "lr",
+            "grad_norm",
+            "tokens",
+            "tokens_per_s",
+            "step_time_s",
+            "mfu",
+            "input_wait_s",
+            "sync_wait_s",
+        }
         assert 0 <= row["input_wait_s"] < row["step_time_s"] and 0 <= row["sync_wait_s"] < row["step_time_s"]
         assert row["mfu"] is None and row["gpu_mem_gib"] is None  # CPU: no peak FLOP/s to compare with
         assert 0.1 < row["rss_gib"] < 64  # the largest worker process's resident memory
@@ -446,17 +491,26 @@ def test_metrics_rows_and_stopping_by_tokens_and_by_time(staged_copy: Path, mlfl
     from trainer.tracking import MlflowFeed
 
     relay = Relay(mlflow_server.port)
-    by_time = tiny_launch(staged_copy, "by-time", max_steps=100000, log_every=2,
-                          extra_env={"TRAINER_MAX_TIME_S": "8", "TRAINER_MLFLOW_TRACKING_URI": relay.url,
-                                     "TRAINER_MLFLOW_EXPERIMENT": "server-gone"})  # fmt: skip
+    by_time = tiny_launch(
+        staged_copy,
+        "by-time",
+        max_steps=100000,
+        log_every=2,
+        extra_env={
+            "TRAINER_MAX_TIME_S": "8",
+            "TRAINER_MLFLOW_TRACKING_URI": relay.url,
+            "TRAINER_MLFLOW_EXPERIMENT": "server-gone",
+        },
+    )
     client = MlflowClient(mlflow_server.url)
     proc = start_torchrun(by_time)
 
     def points_arrived() -> bool:
         if not by_time.run_paths.mlflow_run.exists():
             return False
-        return bool(client.get_metric_history(json.loads(by_time.run_paths.mlflow_run.read_text())["run_id"],
-                                              "train/loss"))  # fmt: skip
+        return bool(
+            client.get_metric_history(json.loads(by_time.run_paths.mlflow_run.read_text())["run_id"], "train/loss")
+        )
 
     deadline = time.monotonic() + 60
     while not points_arrived() and proc.poll() is None and time.monotonic() < deadline:
@@ -488,12 +542,27 @@ def test_elastic_torchrun_restarts_preempted_workers_which_resume(staged_copy: P
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2", "--max-restarts=1",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-conf=last_call_timeout=1",
-        "-m", "trainer.train_ddp", *cfg.trainer_args(),
-    ]  # fmt: skip
-    proc = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1:2",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-conf=last_call_timeout=1",
+        "-m",
+        "trainer.train_ddp",
+        *cfg.trainer_args(),
+    ]
+    proc = subprocess.Popen(
+        command,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     wait_for_step(cfg.run_paths, 5, proc)
     for pid in worker_pids(proc.pid):
         os.kill(pid, signal.SIGTERM)
@@ -556,10 +625,13 @@ def save_as_schema_1(state: dict, directory: Path, settings: ScheduleSettings) -
     state_dict is under "scheduler", and no "schema" key."""
     model = build_model(config_from_dict(state["model_config"]))
     optimizer = torch.optim.AdamW(
-        [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-         {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
-        lr=settings.lr, betas=(0.9, 0.95),
-    )  # fmt: skip
+        [
+            {"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=settings.lr,
+        betas=(0.9, 0.95),
+    )
     tensors = {MODEL + k: v for k, v in state["model"].items()} | {OPTIM + k: v for k, v in state["optimizer"].items()}
     apply_state(model, optimizer, tensors, state["optimizer_groups"])  # the moments of the run
     for group in optimizer.param_groups:
@@ -592,8 +664,10 @@ def test_a_schema_1_single_file_checkpoint_resumes_exactly_with_one_warning(
     for mine, reference in zip(resumed, read_metrics(uninterrupted)[20:], strict=True):
         if parallelism == "ddp":
             assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
-                reference["loss"], reference["grad_norm"], reference["lr"]
-            ), mine["step"]  # fmt: skip
+                reference["loss"],
+                reference["grad_norm"],
+                reference["lr"],
+            ), mine["step"]
         else:
             assert abs(mine["loss"] - reference["loss"]) <= 1e-4 * reference["loss"], mine["step"]
     warning = "WARNING trainer: the checkpoint predates schema 2: its learning-rate schedule"
@@ -650,8 +724,10 @@ def test_a_checkpoint_copied_to_s3_resumes_a_run_whose_volume_lost_it(
     assert [r["step"] for r in resumed] == list(range(1, 41))
     for mine, reference in zip(resumed, read_metrics(uninterrupted), strict=True):
         assert (mine["loss"], mine["grad_norm"], mine["lr"]) == (
-            reference["loss"], reference["grad_norm"], reference["lr"]
-        ), f"step {mine['step']} differs after a resume from S3"  # fmt: skip
+            reference["loss"],
+            reference["grad_norm"],
+            reference["lr"],
+        ), f"step {mine['step']} differs after a resume from S3"
 
 
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
@@ -665,14 +741,21 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(
     asynchronous copy of int32 rows. The same under FSDP (trainer/parallel.py), whose all-gathers and
     reduce-scatters wait for themselves inside c10d: on the host under gloo, only on the stream under NCCL (not
     counted here; bench/gpu_check.sh runs a GPU's steps under CUDA's sync debug mode)."""
-    cfg = tiny_launch(staged_copy, "probed", max_steps=12, log_every=4, checkpoint_every=100,
-                      extra_env={"TRAINER_GRAD_ACCUM_STEPS": "2", "TRAINER_PARALLELISM": parallelism})  # fmt: skip
+    cfg = tiny_launch(
+        staged_copy,
+        "probed",
+        max_steps=12,
+        log_every=4,
+        checkpoint_every=100,
+        extra_env={"TRAINER_GRAD_ACCUM_STEPS": "2", "TRAINER_PARALLELISM": parallelism},
+    )
     out = staged_copy / "probe"
     command = ["tests.sync_probe" if part == "trainer.train_ddp" else part for part in torchrun_command(cfg)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SYNC_PROBE_OUT": str(out), **cfg.trainer_env()}
     cfg.run_paths.logs.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
-                            cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    result = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     sync_steps = {1, 4, 8, 12}  # the first (timed on its own), logged (log_every 4), and the last
     quiet = [s for s in range(2, 13) if s not in sync_steps and s - 1 not in sync_steps]
@@ -680,8 +763,10 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(
         steps: dict[int, list[dict]] = {}
         for event in json.loads((out / f"rank_{rank}.json").read_text()):
             steps.setdefault(event["step"], []).append(event)
-        waits = {s: [e for e in events if e["kind"] not in ("h2d", "stepped") and not e.get("collective_itself")]
-                 for s, events in steps.items()}  # fmt: skip
+        waits = {
+            s: [e for e in events if e["kind"] not in ("h2d", "stepped") and not e.get("collective_itself")]
+            for s, events in steps.items()
+        }
         for step in quiet:
             assert [e for e in waits[step] if not e["earlier"]] == [], f"rank {rank} step {step}: {waits[step]}"
             assert sorted(e["kind"] for e in waits[step]) == ["Work.wait", "tolist"], f"rank {rank} step {step}"
@@ -695,9 +780,23 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(
 def test_the_bf16_comm_hook_on_a_cpu_is_bad_input_in_one_line(tmp_path: Path) -> None:
     """DDP accepts the bf16 compression hook only with NCCL: on a CPU the trainer says so before it starts (exit 2),
     not with DDP's TypeError from every rank. (On GPUs bench/gpu_check.sh runs it.)"""
-    result = subprocess.run([sys.executable, "-m", "trainer.train_ddp", "--data-dir", str(tmp_path), "--run-dir",
-                             str(tmp_path / "run"), "--ddp-comm-hook", "bf16"], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "RANK": "0"})  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.train_ddp",
+            "--data-dir",
+            str(tmp_path),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--ddp-comm-hook",
+            "bf16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RANK": "0"},
+    )
     assert result.returncode == ExitCode.BAD_INPUT
     assert (
         result.stderr.strip()

@@ -22,8 +22,24 @@ from pipelines.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 RESERVED = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
-RENDER_JOB = [sys.executable, "-m", "pipelines.cli", "render-job", "--storage-root", "/fsx", "--dataset", "corpus",
-              "--run-id", "r1", "--image", "img:1", "--nnodes", "2", "--nproc-per-node", "8"]  # fmt: skip
+RENDER_JOB = [
+    sys.executable,
+    "-m",
+    "pipelines.cli",
+    "render-job",
+    "--storage-root",
+    "/fsx",
+    "--dataset",
+    "corpus",
+    "--run-id",
+    "r1",
+    "--image",
+    "img:1",
+    "--nnodes",
+    "2",
+    "--nproc-per-node",
+    "8",
+]
 
 
 def leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -37,21 +53,34 @@ def leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
 def kept(sent: Any, stored: Any) -> list[str]:
     """The fields of `sent` that `stored` lost or changed (fields `stored` adds, its schema's defaults, are fine)."""
     after = leaves(stored)
-    return [f"{path}: {value!r} -> {after.get(path, 'pruned')!r}" for path, value in leaves(sent).items()
-            if after.get(path, object()) != value]  # fmt: skip
+    return [
+        f"{path}: {value!r} -> {after.get(path, 'pruned')!r}"
+        for path, value in leaves(sent).items()
+        if after.get(path, object()) != value
+    ]
 
 
 def trainjob_spec(**overrides: Any) -> JobSpec:
-    return JobSpec(**{"name": "hpp-r1-train-0123456789", "image": "img:1", "trainer_args": ["--preset", "tiny"],
-                      "job_api": "trainjob", **overrides})  # fmt: skip
+    return JobSpec(
+        **{
+            "name": "hpp-r1-train-0123456789",
+            "image": "img:1",
+            "trainer_args": ["--preset", "tiny"],
+            "job_api": "trainjob",
+            **overrides,
+        }
+    )
 
 
 def test_a_trainjob_names_the_runtime_and_sets_only_what_a_run_chooses() -> None:
     job = render_job(trainjob_spec(grace_period_s=300, shm_size="64Gi", labels={"hyperpod-pretrain.io/run-id": "r1"}))
     spec = job["spec"]
     assert (job["apiVersion"], job["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
-    assert spec["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
-                                  "name": "hyperpod-pretrain"}  # fmt: skip
+    assert spec["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "hyperpod-pretrain",
+    }
     trainer = spec["trainer"]
     assert (trainer["numNodes"], trainer["numProcPerNode"], trainer["args"]) == (2, 8, ["--preset", "tiny"])
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
@@ -68,8 +97,11 @@ def test_a_trainjob_names_the_runtime_and_sets_only_what_a_run_chooses() -> None
 
 
 def test_the_runtime_holds_the_platforms_pod_torchrun_and_the_restart_budget() -> None:
-    runtime = render_runtime(trainjob_spec(restart_budget=5, service_account="trainer", image="",
-                                           tolerations=[{"key": "team", "operator": "Exists"}]))  # fmt: skip
+    runtime = render_runtime(
+        trainjob_spec(
+            restart_budget=5, service_account="trainer", image="", tolerations=[{"key": "team", "operator": "Exists"}]
+        )
+    )
     jobset = runtime["spec"]["template"]["spec"]
     (node,) = jobset["replicatedJobs"]
     pod = node["template"]["spec"]["template"]["spec"]
@@ -85,15 +117,20 @@ def test_the_runtime_holds_the_platforms_pod_torchrun_and_the_restart_budget() -
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"restart_budget": 2}, "job option 'restart_budget' does not apply to a TrainJob: its restarts are its "
-         "runtime's (JobSet failurePolicy.maxRestarts), set by the platform team with `hyperpod-pretrain "
-         "render-runtime --restart-budget N`"),
+        (
+            {"restart_budget": 2},
+            "job option 'restart_budget' does not apply to a TrainJob: its restarts are its "
+            "runtime's (JobSet failurePolicy.maxRestarts), set by the platform team with `hyperpod-pretrain "
+            "render-runtime --restart-budget N`",
+        ),
         ({"max_restarts": 1}, "job option 'max_restarts' does not apply to a TrainJob: torchrun does not restart"),
-        ({"auto_resume": True}, "job option 'auto_resume' does not apply to a TrainJob: HyperPod auto-resume covers "
-         "PyTorchJobs only"),
+        (
+            {"auto_resume": True},
+            "job option 'auto_resume' does not apply to a TrainJob: HyperPod auto-resume covers PyTorchJobs only",
+        ),
         ({"rdzv_backend": "c10d"}, "job option 'rdzv_backend' does not apply to a TrainJob"),
     ],
-)  # fmt: skip
+)
 def test_what_a_trainjob_has_no_place_for_is_refused_in_one_line(options: dict[str, Any], message: str) -> None:
     with pytest.raises(InputError) as refused:
         run_options(options, "trainjob")
@@ -148,8 +185,16 @@ def test_render_runtime_and_the_trainjob_it_runs_are_accepted_whole_by_the_api_s
 
     if reason := trainer_skip_reason():
         pytest.skip(reason)
-    command = [sys.executable, "-m", "pipelines.cli", "render-runtime", "--trainer-toleration", "team=a:NoSchedule",
-               "--restart-budget", "5"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "render-runtime",
+        "--trainer-toleration",
+        "team=a:NoSchedule",
+        "--restart-budget",
+        "5",
+    ]
     runtime = yaml.safe_load(subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout)
     printed = subprocess.run([*RENDER_JOB, "--job-api", "trainjob"], capture_output=True, text=True, timeout=120)
     assert printed.returncode == 0, printed.stderr
@@ -158,27 +203,34 @@ def test_render_runtime_and_the_trainjob_it_runs_are_accepted_whole_by_the_api_s
     group, version = TRAINJOB.group, TRAINJOB.version
     namespace = control_plane.test_namespace()
     try:
-        stored_runtime = api.create_cluster_custom_object(group, version, "clustertrainingruntimes", runtime,
-                                                          field_validation="Strict")  # fmt: skip
+        stored_runtime = api.create_cluster_custom_object(
+            group, version, "clustertrainingruntimes", runtime, field_validation="Strict"
+        )
         job["metadata"]["namespace"] = namespace
-        stored = api.create_namespaced_custom_object(group, version, namespace, "trainjobs", job, dry_run="All",
-                                                     field_validation="Strict")  # fmt: skip
+        stored = api.create_namespaced_custom_object(
+            group, version, namespace, "trainjobs", job, dry_run="All", field_validation="Strict"
+        )
         unknown = copy.deepcopy(job)
         unknown["spec"]["trainer"]["shmSize"] = "1Gi"
         with pytest.raises(kubernetes.client.exceptions.ApiException) as refused:
-            api.create_namespaced_custom_object(group, version, namespace, "trainjobs", unknown, dry_run="All",
-                                                field_validation="Strict")  # fmt: skip
+            api.create_namespaced_custom_object(
+                group, version, namespace, "trainjobs", unknown, dry_run="All", field_validation="Strict"
+            )
     finally:
         api.delete_cluster_custom_object(group, version, "clustertrainingruntimes", runtime["metadata"]["name"])
         control_plane.delete_namespace(namespace)
     # Stored as rendered: every field kept with its value; the CRD's defaults added (replicas 1, restartStrategy).
     assert kept(runtime["spec"], stored_runtime["spec"]) == [], "fields the schema pruned or changed"
-    assert stored_runtime["spec"]["template"]["spec"]["failurePolicy"] == {"maxRestarts": 5,
-                                                                           "restartStrategy": "Recreate"}  # fmt: skip
+    assert stored_runtime["spec"]["template"]["spec"]["failurePolicy"] == {
+        "maxRestarts": 5,
+        "restartStrategy": "Recreate",
+    }
     sent = {k: v for k, v in job["spec"].items() if k != "runtimePatches"}
     assert kept(sent, stored["spec"]) == [], "fields the schema pruned or changed"
-    assert (stored["spec"]["managedBy"], stored["spec"]["suspend"]) == ("trainer.kubeflow.org/trainjob-controller",
-                                                                        False), "the CRD's defaults"  # fmt: skip
+    assert (stored["spec"]["managedBy"], stored["spec"]["suspend"]) == (
+        "trainer.kubeflow.org/trainjob-controller",
+        False,
+    ), "the CRD's defaults"
     ours = next(p for p in stored["spec"]["runtimePatches"] if p["manager"] == PATCH_MANAGER)
     # Trainer's defaulting webhook stamps each patch's time (pkg/webhooks/trainjob_webhook.go); Kueue's adds its own.
     assert {k: v for k, v in ours.items() if k != "time"} == job["spec"]["runtimePatches"][0]
@@ -197,10 +249,14 @@ def test_the_grace_period_is_patched_only_when_it_is_not_the_runtimes() -> None:
         patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
         return patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
 
-    assert pod_patch(unknown)["terminationGracePeriodSeconds"] == 120 and pod_patch(other)[
-        "terminationGracePeriodSeconds"] == 120  # fmt: skip
+    assert (
+        pod_patch(unknown)["terminationGracePeriodSeconds"] == 120
+        and pod_patch(other)["terminationGracePeriodSeconds"] == 120
+    )
     assert "terminationGracePeriodSeconds" not in pod_patch(same)
-    assert same["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == unknown["metadata"]["annotations"][
-        SPEC_HASH_ANNOTATION]  # fmt: skip
+    assert (
+        same["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+        == unknown["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    )
     with pytest.raises(InputError, match=r"^grace_period_s 120 is not ClusterTrainingRuntime hyperpod-pretrain's 30, "):
         render_job(trainjob_spec(queue_name="q", runtime_grace_period_s=30))

@@ -39,9 +39,11 @@ QUEUE = "hyperpod-ns-team-a-localqueue"
 
 def jobsets(cluster: Any, name: str) -> list[dict[str, Any]]:
     """The JobSets of the namespace named `name` (as the admin)."""
-    found = json.loads(cluster.custom.list_namespaced_custom_object(
-        jobset_player.GROUP, jobset_player.VERSION, cluster.namespace, jobset_player.PLURAL,
-        _preload_content=False).data)["items"]  # fmt: skip
+    found = json.loads(
+        cluster.custom.list_namespaced_custom_object(
+            jobset_player.GROUP, jobset_player.VERSION, cluster.namespace, jobset_player.PLURAL, _preload_content=False
+        ).data
+    )["items"]
     return [j for j in found if j["metadata"]["name"] == name]
 
 
@@ -86,8 +88,9 @@ def test_a_queued_trainjob_whose_grace_period_is_not_the_runtimes_is_refused_bef
     """Kueue v0.19.2 would drop the grace period at admission and JobSet's webhook refuse the runtime's: refused in
     one line, naming both values and what to change, with nothing sent to the cluster."""
     cluster = make_cluster(api="trainjob", timeline=Timeline.queued(admit_after_s=0.3))
-    cfg = cluster_config(staged_root, "grace", **on(cluster, queue_name=QUEUE), job_options={"grace_period_s": 300},
-                         timeout_s=15)  # fmt: skip
+    cfg = cluster_config(
+        staged_root, "grace", **on(cluster, queue_name=QUEUE), job_options={"grace_period_s": 300}, timeout_s=15
+    )
     with pytest.raises(InputError) as refused:
         launch(cfg, cluster.runner())
     message = str(refused.value)
@@ -126,8 +129,9 @@ def test_a_failed_trainjob_is_deleted_and_does_not_train_again_after_its_jobsets
 ) -> None:
     """Trainer v2.3.0 clears Failed before it asks whether the TrainJob finished: once JobSet's TTL removed the JobSet
     it builds a new one (trainer#3779). The launcher reads why it failed, then deletes it."""
-    cluster = make_cluster(api="trainjob", timeline=Timeline.failure(), restart_budget=0,
-                           runtime_options={"ttl_after_finished_s": 1})  # fmt: skip
+    cluster = make_cluster(
+        api="trainjob", timeline=Timeline.failure(), restart_budget=0, runtime_options={"ttl_after_finished_s": 1}
+    )
     cfg = cluster_config(staged_root, "failed-ttl", **on(cluster))
     with pytest.raises(StepFailed, match=r"failed \(attempt 1\): ReachedMaxRestarts") as failed:
         launch(cfg, cluster.runner())
@@ -136,12 +140,14 @@ def test_a_failed_trainjob_is_deleted_and_does_not_train_again_after_its_jobsets
     assert uids(jobsets(cluster, cfg.job_name)) <= first, "a new JobSet: the run trained again"
     assert cluster.job(cfg.job_name) is None
     assert "the TrainJob was deleted, so that Kubeflow Trainer does not run it again" in str(failed.value)
-    wait_for(lambda: cluster.pods(cfg.job_name) == [] and jobsets(cluster, cfg.job_name) == [], 30,
-             "the JobSet and its pods collected")  # fmt: skip
+    wait_for(
+        lambda: cluster.pods(cfg.job_name) == [] and jobsets(cluster, cfg.job_name) == [],
+        30,
+        "the JobSet and its pods collected",
+    )
 
 
-def test_no_pod_and_no_jobset_is_made_after_a_cancel_returned_over_ten_cancels(staged_root: Path,
-                                                                                make_cluster) -> None:  # fmt: skip
+def test_no_pod_and_no_jobset_is_made_after_a_cancel_returned_over_ten_cancels(staged_root: Path, make_cluster) -> None:
     """SIGTERM's delete (the loop's, here) while the TrainJob runs, ten times: Trainer v2.3.0 reconciles a TrainJob
     that still exists without its JobSet, so a foreground delete (the JobSet removed first, the TrainJob held by its
     finalizer) let it build another. In the background the TrainJob goes first, and nothing of it is made again.

@@ -93,22 +93,48 @@ class Namespace:
     def core(self) -> kubernetes.client.CoreV1Api:
         return kubernetes.client.CoreV1Api(self.plane.admin)
 
-    def create(self, name: str, runtime: str, *, nodes: int = 2, env: list[dict[str, Any]] | None = None,
-               labels: dict[str, str] | None = None, suspend: bool | None = None,
-               pod_patch: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    def create(
+        self,
+        name: str,
+        runtime: str,
+        *,
+        nodes: int = 2,
+        env: list[dict[str, Any]] | None = None,
+        labels: dict[str, str] | None = None,
+        suspend: bool | None = None,
+        pod_patch: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "apiVersion": f"{tp.GROUP}/{tp.VERSION}", "kind": tp.KIND,
+            "apiVersion": f"{tp.GROUP}/{tp.VERSION}",
+            "kind": tp.KIND,
             "metadata": {"name": name, **({"labels": labels} if labels else {})},
-            "spec": {"runtimeRef": {"name": runtime},
-                     "trainer": {"image": IMAGE, "command": ["torchrun", "train.py"], "numNodes": nodes,
-                                 "env": env or [{"name": "RUN", "value": "one"}]}},
-        }  # fmt: skip
+            "spec": {
+                "runtimeRef": {"name": runtime},
+                "trainer": {
+                    "image": IMAGE,
+                    "command": ["torchrun", "train.py"],
+                    "numNodes": nodes,
+                    "env": env or [{"name": "RUN", "value": "one"}],
+                },
+            },
+        }
         if suspend is not None:
             body["spec"]["suspend"] = suspend
         if pod_patch is not None:  # a runtime patch of the trainer's pods, as the launcher's
-            body["spec"]["runtimePatches"] = [{"manager": "example.com/test", "trainingRuntimeSpec": {"template": {
-                "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
-                    "spec": pod_patch}}}}]}}}}]  # fmt: skip
+            body["spec"]["runtimePatches"] = [
+                {
+                    "manager": "example.com/test",
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {"name": "node", "template": {"spec": {"template": {"spec": pod_patch}}}}
+                                ]
+                            }
+                        }
+                    },
+                }
+            ]
         return self.custom.create_namespaced_custom_object(tp.GROUP, tp.VERSION, self.name, tp.PLURAL, body)
 
     def get(self, plural: str, name: str, group: str = tp.GROUP, version: str = tp.VERSION) -> dict[str, Any] | None:
@@ -148,8 +174,9 @@ class Namespace:
 def ns(plane: ControlPlane, tmp_path: Path) -> Iterator[Namespace]:
     name = plane.test_namespace()
     kubelet = Kubelet(plane.admin, name, tmp_path)
-    made = Namespace(plane, name, kubelet, jsp.JobSetController(plane.admin, name),
-                     tp.TrainJobController(plane.admin, name))  # fmt: skip
+    made = Namespace(
+        plane, name, kubelet, jsp.JobSetController(plane.admin, name), tp.TrainJobController(plane.admin, name)
+    )
     yield made
     made.trainer.stop()
     made.jobsets.stop()
@@ -178,10 +205,14 @@ def test_webhook_refuses_reserved_env_and_missing_runtime(ns: Namespace, runtime
         ns.create("orphan", "no-such-runtime")
     assert missing.value.status == 403
     text = json.loads(missing.value.body)["message"]
-    assert text.startswith('admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request: '
-                           "spec.RuntimeRef: Invalid value: v1alpha1.RuntimeRef{")  # fmt: skip
-    assert text.endswith('clustertrainingruntimes.trainer.kubeflow.org "no-such-runtime" not found: specified '
-                         "clusterTrainingRuntime must be created before the TrainJob is created")  # fmt: skip
+    assert text.startswith(
+        'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request: '
+        "spec.RuntimeRef: Invalid value: v1alpha1.RuntimeRef{"
+    )
+    assert text.endswith(
+        'clustertrainingruntimes.trainer.kubeflow.org "no-such-runtime" not found: specified '
+        "clusterTrainingRuntime must be created before the TrainJob is created"
+    )
     assert ns.trainjob("reserved") is None and ns.trainjob("orphan") is None
 
 
@@ -204,12 +235,20 @@ def test_jobset_jobs_pods_and_success(ns: Namespace, runtime: str) -> None:
     container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == IMAGE and container["command"] == ["torchrun", "train.py"]
     assert container["env"] == [
-        {"name": "RUN", "value": "one"}, {"name": "PET_NNODES", "value": "2"},
+        {"name": "RUN", "value": "one"},
+        {"name": "PET_NNODES", "value": "2"},
         {"name": "PET_NPROC_PER_NODE", "value": "1"},
-        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {  # no apiVersion: a CRD's template is not defaulted
-            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
-        {"name": "PET_MASTER_ADDR", "value": "tj-node-0-0.tj"}, {"name": "PET_MASTER_PORT", "value": "29500"},
-    ]  # fmt: skip
+        {
+            "name": "PET_NODE_RANK",
+            "valueFrom": {
+                "fieldRef": {  # no apiVersion: a CRD's template is not defaulted
+                    "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                }
+            },
+        },
+        {"name": "PET_MASTER_ADDR", "value": "tj-node-0-0.tj"},
+        {"name": "PET_MASTER_PORT", "value": "29500"},
+    ]
     assert container["ports"] == [{"containerPort": 29500, "protocol": "TCP"}]
     service = wait_for("headless Service", lambda: ns.core.read_namespaced_service("tj", ns.name))
     assert service.spec.cluster_ip == "None" and service.spec.selector == {jsp.JOBSET_NAME_KEY: "tj"}
@@ -223,7 +262,7 @@ def test_jobset_jobs_pods_and_success(ns: Namespace, runtime: str) -> None:
         jsp.GLOBAL_REPLICAS_KEY: "1",
         jsp.GROUP_NAME_KEY: "default",
     }.items():
-        assert job["metadata"]["labels"][key] == value == job["metadata"]["annotations"][key]  # fmt: skip
+        assert job["metadata"]["labels"][key] == value == job["metadata"]["annotations"][key]
     names = ns.start("tj", 2)
     for rank, name in enumerate(names):
         assert re.fullmatch(rf"tj-node-0-{rank}-[a-z0-9]{{5}}", name), name
@@ -231,15 +270,21 @@ def test_jobset_jobs_pods_and_success(ns: Namespace, runtime: str) -> None:
         assert pod["spec"]["hostname"] == f"tj-node-0-{rank}" and pod["spec"]["subdomain"] == "tj"
         assert pod["metadata"]["labels"][jsp.JOBSET_NAME_KEY] == "tj"
         assert pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == str(rank)
-    wait_for("jobsStatus ready", lambda: ((ns.trainjob("tj") or {}).get("status") or {}).get("jobsStatus", [{}])[0]
-             .get("ready") == 1)  # fmt: skip
+    wait_for(
+        "jobsStatus ready",
+        lambda: ((ns.trainjob("tj") or {}).get("status") or {}).get("jobsStatus", [{}])[0].get("ready") == 1,
+    )
     for name in names:
         ns.kubelet.exit(name, 0)
     complete = wait_for("Complete", lambda: ns.condition("tj", tp.COMPLETE))
     assert (complete["status"], complete["reason"], complete["message"]) == (
-        "True", "AllJobsCompleted", "jobset completed successfully")  # fmt: skip
+        "True",
+        "AllJobsCompleted",
+        "jobset completed successfully",
+    )
     assert ns.trainjob("tj")["status"]["jobsStatus"] == [
-        {"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}]  # fmt: skip
+        {"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}
+    ]
     assert jsp.find_condition(ns.jobset("tj"), jsp.COMPLETED)["status"] == "True"
 
 
@@ -278,16 +323,21 @@ def test_suspend_and_resume(ns: Namespace, runtime: str) -> None:
     (``Resumed`` / ``ResumeJobs``)."""
     ns.create("tj", runtime, nodes=2)
     first = ns.start("tj", 2)
-    ns.custom.patch_namespaced_custom_object(tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, "tj",
-                                             {"spec": {"suspend": True}})  # fmt: skip
+    ns.custom.patch_namespaced_custom_object(
+        tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, "tj", {"spec": {"suspend": True}}
+    )
     suspended = wait_for("Suspended", lambda: ns.condition("tj", tp.SUSPENDED))
     assert (suspended["status"], suspended["reason"], suspended["message"]) == (
-        "True", "Suspended", "TrainJob is suspended")  # fmt: skip
+        "True",
+        "Suspended",
+        "TrainJob is suspended",
+    )
     wait_for("Jobs suspended", lambda: all(j["spec"].get("suspend") for j in ns.jobs()))
     wait_for("pods deleted", lambda: not ns.pods("tj"))
     wait_for("JobSet Suspended", lambda: jsp.condition_true(ns.jobset("tj") or {}, jsp.SUSPENDED_TYPE))
-    ns.custom.patch_namespaced_custom_object(tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, "tj",
-                                             {"spec": {"suspend": False}})  # fmt: skip
+    ns.custom.patch_namespaced_custom_object(
+        tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, "tj", {"spec": {"suspend": False}}
+    )
     second = ns.start("tj", 2, not_named=set(first))
     assert not set(second) & set(first)
     resumed = wait_for("resumed", lambda: (c := ns.condition("tj", tp.SUSPENDED)) and c["status"] == "False" and c)
@@ -322,27 +372,40 @@ def test_kueue_writes_back_what_trainer_v2_2_1_knows_and_jobsets_webhook_refuses
     runtime patch's ``terminationGracePeriodSeconds`` (v2.3.0) is gone. Trainer re-applies the suspended JobSet with
     the runtime's grace period, which JobSet's ``ValidateUpdate`` refuses (422), again at every reconcile; Trainer
     records ``TrainJobResourcesCreationFailed`` (once, then one series update), the JobSet stays suspended, no pod."""
-    ns.create("tj", runtime, nodes=1, labels={"kueue.x-k8s.io/queue-name": "team-a"},
-              pod_patch={"terminationGracePeriodSeconds": 77})  # fmt: skip
+    ns.create(
+        "tj",
+        runtime,
+        nodes=1,
+        labels={"kueue.x-k8s.io/queue-name": "team-a"},
+        pod_patch={"terminationGracePeriodSeconds": 77},
+    )
 
     def pod() -> dict[str, Any]:
         jobset = ns.jobset("tj") or {"spec": {"replicatedJobs": [{"template": {"spec": {"template": {"spec": {}}}}}]}}
         return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
 
-    wait_for("the suspended JobSet with the patched grace period", lambda: pod().get("terminationGracePeriodSeconds")
-             == 77)  # fmt: skip
+    wait_for(
+        "the suspended JobSet with the patched grace period", lambda: pod().get("terminationGracePeriodSeconds") == 77
+    )
     ns.plane.kueue.admit(ns.name, "tj", cluster_queue="cq-a")
     patches = ns.trainjob("tj")["spec"]["runtimePatches"]
     assert "terminationGracePeriodSeconds" not in json.dumps(patches), "dropped by the write-back"
     assert ns.trainjob("tj")["spec"]["suspend"] is False
-    events = wait_for("two failed reconciles' event", lambda: [
-        e for e in ns.core.list_namespaced_event(ns.name, field_selector="involvedObject.name=tj").items
-        if e.reason == "TrainJobResourcesCreationFailed" and e.series is not None])  # fmt: skip
+    events = wait_for(
+        "two failed reconciles' event",
+        lambda: [
+            e
+            for e in ns.core.list_namespaced_event(ns.name, field_selector="involvedObject.name=tj").items
+            if e.reason == "TrainJobResourcesCreationFailed" and e.series is not None
+        ],
+    )
     (event,) = events
     assert event.type == "Warning" and event.involved_object.kind == "TrainJob" and event.series.count == 2
-    assert event.message.startswith('TrainJob resources reconciliation failed: admission webhook "vjobset.kb.io" '
-                                    'denied the request: JobSet.jobset.x-k8s.io "tj" is invalid: spec.replicatedJobs: '
-                                    "Invalid value: ")  # fmt: skip
+    assert event.message.startswith(
+        'TrainJob resources reconciliation failed: admission webhook "vjobset.kb.io" '
+        'denied the request: JobSet.jobset.x-k8s.io "tj" is invalid: spec.replicatedJobs: '
+        "Invalid value: "
+    )
     assert event.message.endswith("field is immutable")
     time.sleep(1)
     assert len([m for m in ns.plane.jobset_webhook.denials if '"tj"' in m]) >= 3, "refused at every reconcile"
@@ -371,7 +434,8 @@ def test_jobsets_webhook_lets_a_suspended_jobsets_scheduling_fields_change_and_n
     running = copy.deepcopy({**old, "spec": {**old["spec"], "suspend": False}})
     assert jsp.validate_update(running, changed(False, labels)) == immutable
     assert jsp.validate_update(running, changed(False, lambda p: p["spec"].update(containers=None))) == [], (
-        "nil and empty are the same (Semantic.DeepEqual)")  # fmt: skip
+        "nil and empty are the same (Semantic.DeepEqual)"
+    )
 
 
 def test_a_failed_trainjob_runs_again_once_jobsets_ttl_removed_its_jobset(ns: Namespace, plane: ControlPlane) -> None:
@@ -390,8 +454,9 @@ def test_a_failed_trainjob_runs_again_once_jobsets_ttl_removed_its_jobset(ns: Na
     old = ns.jobset("tj")["metadata"]["uid"]
     ns.kubelet.exit(first, 1)
     wait_for("Failed", lambda: ns.condition("tj", tp.FAILED))
-    again = wait_for("a new JobSet", lambda: (js := ns.jobset("tj")) and js["metadata"]["uid"] != old and js,
-                     timeout_s=15)  # fmt: skip
+    again = wait_for(
+        "a new JobSet", lambda: (js := ns.jobset("tj")) and js["metadata"]["uid"] != old and js, timeout_s=15
+    )
     assert not jsp.condition_true(again, jsp.FAILED)
     wait_for("a new pod", lambda: ns.pods("tj").get(0, {}).get("metadata", {}).get("name") not in (None, first))
 
@@ -409,36 +474,68 @@ def test_trainer_v2_3_0_builds_a_new_jobset_for_a_trainjob_being_deleted(ns: Nam
     try:
         wait_for("a new JobSet", lambda: (js := ns.jobset("tj")) and js["metadata"]["uid"] != first)
     finally:
-        ns.custom.patch_namespaced_custom_object(tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, "tj",
-                                                 {"metadata": {"finalizers": None}})  # fmt: skip
+        ns.custom.patch_namespaced_custom_object(
+            tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, "tj", {"metadata": {"finalizers": None}}
+        )
 
 
-def test_foreground_deletion_takes_jobset_jobs_and_pods_first(ns: Namespace, runtime: str,
-                                                             garbage_collector: None) -> None:  # fmt: skip
+def test_foreground_deletion_takes_jobset_jobs_and_pods_first(
+    ns: Namespace, runtime: str, garbage_collector: None
+) -> None:
     """A TrainJob deleted with propagationPolicy Foreground (the real garbage collector): it stays with the
     ``foregroundDeletion`` finalizer until its JobSet, the JobSet's Jobs and their pods are gone; a JobSet Trainer
     made again meanwhile (the test below) is collected after it, its owner gone."""
     ns.create("tj", runtime, nodes=2)
     ns.start("tj", 2)
-    ns.custom.delete_namespaced_custom_object(tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, "tj",
-                                              propagation_policy="Foreground")  # fmt: skip
+    ns.custom.delete_namespaced_custom_object(
+        tp.GROUP, tp.VERSION, ns.name, tp.PLURAL, "tj", propagation_policy="Foreground"
+    )
     held = ns.trainjob("tj")
     assert held is not None and "foregroundDeletion" in held["metadata"]["finalizers"]
     wait_for("TrainJob gone", lambda: ns.trainjob("tj") is None, timeout_s=30)
-    wait_for("JobSet, Jobs and pods gone", lambda: ns.jobset("tj") is None and not ns.jobs()
-             and not tp.node_pods(ns.core, ns.name, "tj", True), timeout_s=30)  # fmt: skip
+    wait_for(
+        "JobSet, Jobs and pods gone",
+        lambda: ns.jobset("tj") is None and not ns.jobs() and not tp.node_pods(ns.core, ns.name, "tj", True),
+        timeout_s=30,
+    )
 
 
 def test_strategic_merge_of_a_runtime_patch() -> None:
     """``mergeRuntimePatches`` (runtime/core/trainingruntime.go): replicatedJobs and containers merged by name, maps
     merged, tolerations replaced."""
-    spec = {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
-        "metadata": {"labels": {"a": "1"}},
-        "spec": {"containers": [{"name": "node", "image": "x"}], "tolerations": [{"key": "t"}]}}}}}]}  # fmt: skip
-    patch = {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
-        "metadata": {"labels": {"b": "2"}},
-        "spec": {"containers": [{"name": "node", "env": [{"name": "E", "value": "v"}]}],
-                 "tolerations": [{"key": "u"}]}}}}}]}  # fmt: skip
+    spec = {
+        "replicatedJobs": [
+            {
+                "name": "node",
+                "template": {
+                    "spec": {
+                        "template": {
+                            "metadata": {"labels": {"a": "1"}},
+                            "spec": {"containers": [{"name": "node", "image": "x"}], "tolerations": [{"key": "t"}]},
+                        }
+                    }
+                },
+            }
+        ]
+    }
+    patch = {
+        "replicatedJobs": [
+            {
+                "name": "node",
+                "template": {
+                    "spec": {
+                        "template": {
+                            "metadata": {"labels": {"b": "2"}},
+                            "spec": {
+                                "containers": [{"name": "node", "env": [{"name": "E", "value": "v"}]}],
+                                "tolerations": [{"key": "u"}],
+                            },
+                        }
+                    }
+                },
+            }
+        ]
+    }
     merged = tp.strategic_merge(copy.deepcopy(spec), patch)
     pod = merged["replicatedJobs"][0]["template"]["spec"]["template"]
     assert pod["metadata"]["labels"] == {"a": "1", "b": "2"}
@@ -457,9 +554,11 @@ def test_trainer_install_as_a_client_sees_it(plane: ControlPlane) -> None:
         deployment = apps.read_namespaced_deployment("kubeflow-trainer-controller-manager", "kubeflow-system")
         assert deployment.metadata.labels["app.kubernetes.io/name"] == "trainer"
         assert deployment.spec.template.spec.containers[0].image == (
-            "ghcr.io/kubeflow/trainer/trainer-controller-manager:v2.3.0")  # fmt: skip
+            "ghcr.io/kubeflow/trainer/trainer-controller-manager:v2.3.0"
+        )
         assert core.read_namespaced_config_map("kubeflow-trainer-public", "kubeflow-system").data == {
-            "kubeflow_trainer_version": "v2.3.0"}  # fmt: skip
+            "kubeflow_trainer_version": "v2.3.0"
+        }
         jobset = apps.read_namespaced_deployment("jobset-controller-manager", "kubeflow-system")
         assert jobset.spec.template.spec.containers[0].image == "registry.k8s.io/jobset/jobset:v0.12.0"
     finally:

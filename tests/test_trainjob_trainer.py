@@ -69,13 +69,24 @@ def kubelet_expand(text: str, env: Mapping[str, str]) -> str:
 # Cases of kubernetes' expand_test.go (doExpansionTest), with its mapping: what the expander above must agree on.
 EXPANSION_CONTEXT = {"VAR_A": "A", "VAR_B": "B", "VAR_C": "C", "VAR_REF": "$(VAR_A)", "VAR_EMPTY": ""}
 EXPANSION_CASES = {
-    "$(VAR_A)-$(VAR_A)": "A-A", "___$(VAR_B)___": "___B___", "$$(VAR_B)_$(VAR_A)": "$(VAR_B)_A",
-    "f000-$$VAR_A": "f000-$VAR_A", "$(VAR_A$(VAR_B))": "$(VAR_A$(VAR_B))", "$(VAR_REF)": "$(VAR_A)",
-    "foo$(VAR_EMPTY)bar": "foobar", "foo$(VAR_Awhoops!": "foo$(VAR_Awhoops!", "$?_boo_$!": "$?_boo_$!",
-    "$(VAR_DNE)": "$(VAR_DNE)", "$$$$$$$(VAR_A)": "$$$A", "$$$$$$(BIG_MONEY)": "$$$(BIG_MONEY)",
-    "${VAR_A}": "${VAR_A}", "$(VAR_C)_______$(": "C_______$(", "$(VAR_A)foobarzab$": "Afoobarzab$",
-    "$($($($($--foo$(": "$($($($($--foo$(", "$(foo$$var)": "$(foo$$var)",
-}  # fmt: skip
+    "$(VAR_A)-$(VAR_A)": "A-A",
+    "___$(VAR_B)___": "___B___",
+    "$$(VAR_B)_$(VAR_A)": "$(VAR_B)_A",
+    "f000-$$VAR_A": "f000-$VAR_A",
+    "$(VAR_A$(VAR_B))": "$(VAR_A$(VAR_B))",
+    "$(VAR_REF)": "$(VAR_A)",
+    "foo$(VAR_EMPTY)bar": "foobar",
+    "foo$(VAR_Awhoops!": "foo$(VAR_Awhoops!",
+    "$?_boo_$!": "$?_boo_$!",
+    "$(VAR_DNE)": "$(VAR_DNE)",
+    "$$$$$$$(VAR_A)": "$$$A",
+    "$$$$$$(BIG_MONEY)": "$$$(BIG_MONEY)",
+    "${VAR_A}": "${VAR_A}",
+    "$(VAR_C)_______$(": "C_______$(",
+    "$(VAR_A)foobarzab$": "Afoobarzab$",
+    "$($($($($--foo$(": "$($($($($--foo$(",
+    "$(foo$$var)": "$(foo$$var)",
+}
 
 
 def free_port() -> int:
@@ -84,14 +95,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torch_plugin_env(trainjob_env: list[dict[str, str]], nnodes: int, nproc: int, node_rank: int,
-                     port: int) -> dict[str, str]:  # fmt: skip
+def torch_plugin_env(
+    trainjob_env: list[dict[str, str]], nnodes: int, nproc: int, node_rank: int, port: int
+) -> dict[str, str]:
     """The trainer container's environment on node `node_rank`: the TrainJob's env, then the torch plugin's PET_*
     upserted over it (torch.go, EnforceMLPolicy). PET_NODE_RANK is the pod's completion index and PET_MASTER_ADDR
     node 0's hostname (<job>-node-0-0.<job>): loopback here; PET_MASTER_PORT is 29500 there, a free port here."""
     env = {e["name"]: e["value"] for e in trainjob_env}
-    return env | {"PET_NNODES": str(nnodes), "PET_NPROC_PER_NODE": str(nproc), "PET_NODE_RANK": str(node_rank),
-                  "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}  # fmt: skip
+    return env | {
+        "PET_NNODES": str(nnodes),
+        "PET_NPROC_PER_NODE": str(nproc),
+        "PET_NODE_RANK": str(node_rank),
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(port),
+    }
 
 
 class Node:
@@ -114,8 +131,9 @@ class Node:
     def start(self) -> None:
         self.attempt += 1
         self.log = (self.log_dir / f"node-{self.index}-attempt-{self.attempt}.log").open("wb")
-        self.proc = subprocess.Popen(self.command, env=self.env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            self.command, env=self.env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def output(self) -> str:
         return (self.log_dir / f"node-{self.index}-attempt-{self.attempt}.log").read_text(errors="replace")
@@ -206,8 +224,9 @@ def kill_leftovers(nodes: list[Node], worker_pids: set[int]) -> None:
             pass
 
 
-def test_trainjob_nodes_train_stop_on_sigterm_and_resume_exactly(staged_copy: Path, uninterrupted: RunPaths,
-                                                                 tmp_path: Path) -> None:  # fmt: skip
+def test_trainjob_nodes_train_stop_on_sigterm_and_resume_exactly(
+    staged_copy: Path, uninterrupted: RunPaths, tmp_path: Path
+) -> None:
     """The `uninterrupted` fixture's run (40 steps of the tiny preset, 2 ranks, every step logged, a checkpoint every
     10) as a TrainJob of 2 nodes x 1 process.
 
@@ -224,8 +243,15 @@ def test_trainjob_nodes_train_stop_on_sigterm_and_resume_exactly(staged_copy: Pa
     and each process computes with as many threads as the fixture's."""
     expanded = {text: kubelet_expand(text, EXPANSION_CONTEXT) for text in EXPANSION_CASES}
     assert expanded == EXPANSION_CASES, "the expander differs from kubernetes' on its own test cases"
-    cfg = tiny_launch(staged_copy, "trainjob", **EXACT, nnodes=NODES, nproc_per_node=1, image="img:1",
-                      platform=Platform(job_api="trainjob"))  # fmt: skip
+    cfg = tiny_launch(
+        staged_copy,
+        "trainjob",
+        **EXACT,
+        nnodes=NODES,
+        nproc_per_node=1,
+        image="img:1",
+        platform=Platform(job_api="trainjob"),
+    )
     spec = cfg.job_spec()
     trainjob = TRAINJOB.render(spec)["spec"]["trainer"]
     assert trainjob["args"] == cfg.trainer_args() and (trainjob["numNodes"], trainjob["numProcPerNode"]) == (2, 1)
@@ -233,11 +259,17 @@ def test_trainjob_nodes_train_stop_on_sigterm_and_resume_exactly(staged_copy: Pa
     assert container["command"] == [*runtime_command(), *cfg.trainer_args()]
     assert container["env"] == trainjob["env"]
     port = free_port()
-    nodes = [Node(i, container["command"], torch_plugin_env(trainjob["env"], NODES, 1, i, port), tmp_path)
-             for i in range(NODES)]  # fmt: skip
+    nodes = [
+        Node(i, container["command"], torch_plugin_env(trainjob["env"], NODES, 1, i, port), tmp_path)
+        for i in range(NODES)
+    ]
     assert nodes[1].command[len(TORCHRUN) : len(TORCHRUN) + 5] == [
-        "--nnodes=2", "--nproc-per-node=1", "--node-rank=1", "--master-addr=127.0.0.1", f"--master-port={port}"
-    ]  # fmt: skip
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--node-rank=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+    ]
     run = cfg.run_paths
     run.logs.mkdir(parents=True, exist_ok=True)
     worker_pids: set[int] = set()

@@ -49,8 +49,15 @@ def test_two_p5_nodes_over_efa_pass(tmp_path: Path, version: str, ofi: str) -> N
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_a_warn_after_init_complete_fails_naming_its_rank(tmp_path: Path, version: str) -> None:
     """NCCL's WARN carries its source location (`file.cc:LINE NCCL WARN`), aws-ofi-nccl's a function signature."""
-    job = Job(nccl=version, warn_ranks={3: ["NET/OFI Request 0x7f completed with error. RC: 21. Error: unknown error.",
-                                            "Call to ibv_post_send failed"]})  # fmt: skip
+    job = Job(
+        nccl=version,
+        warn_ranks={
+            3: [
+                "NET/OFI Request 0x7f completed with error. RC: 21. Error: unknown error.",
+                "Call to ibv_post_send failed",
+            ]
+        },
+    )
     write_debug_files(job, tmp_path)
     status, detail = verdicts(verify_logs([str(tmp_path)], P5))["no NCCL WARN or error"]
     assert status == FAIL
@@ -120,8 +127,10 @@ def test_lazy_connection_and_nvls_pass_and_a_rank_that_never_connects_fails(tmp_
 
 # -- HSDP: every rank in three communicators (the world's, its node's shard group, its replica group) ------------
 
-HSDP_PASS = ("9 across nodes (1 of 16 ranks, 8 of 2 ranks), each with inter-node channels over efa on every node; "
-             "2 within a node, which need none")  # fmt: skip
+HSDP_PASS = (
+    "9 across nodes (1 of 16 ranks, 8 of 2 ranks), each with inter-node channels over efa on every node; "
+    "2 within a node, which need none"
+)
 
 
 def replica_group(result) -> str:
@@ -132,23 +141,28 @@ def replica_group(result) -> str:
 
 @pytest.mark.parametrize("split", [False, True], ids=["own-ids", "split"])
 @pytest.mark.parametrize("version", SUPPORTED)
-def test_an_hsdp_run_passes_with_shard_groups_inside_nodes_and_replica_groups_across(tmp_path: Path, version: str,
-                                                                                    split: bool) -> None:  # fmt: skip
+def test_an_hsdp_run_passes_with_shard_groups_inside_nodes_and_replica_groups_across(
+    tmp_path: Path, version: str, split: bool
+) -> None:
     """2 nodes x 8 GPUs: the world's communicator (16 ranks), 2 shard groups (8 ranks within a node: no network
     channel at all) and 8 replica groups (a rank per node: network channels only), each rank's log holding its three,
     each naming its ranks within the group. The groups come from ncclCommInitRankConfig with ids of their own (the
     trainer: no device bound to the default group), or from ncclCommSplit (2.21's split line puts its commId after
     the key). A rank is named by its global rank, not by its rank in a group."""
-    write_debug_files(Job(nccl=version, hsdp=True, split=split, warn_ranks={9: ["Call to ibv_post_send failed"]}),
-                      tmp_path)  # fmt: skip
+    write_debug_files(
+        Job(nccl=version, hsdp=True, split=split, warn_ranks={9: ["Call to ibv_post_send failed"]}), tmp_path
+    )
     result = verify_logs([str(tmp_path)], P5)
     assert sorted(c.nranks for c in result.nccl.comms.values()) == [2] * 8 + [8] * 2 + [16]
     assert {name: status for name, status in status_of(result).items() if status != PASS} == {
-        "no NCCL WARN or error": FAIL}  # fmt: skip
+        "no NCCL WARN or error": FAIL
+    }
     assert verdicts(result)["no NCCL WARN or error"][1].startswith("rank 9 on ip-10-1-1-18: NCCL WARN Call to ibv")
     assert verdicts(result)["communicators across nodes"] == (PASS, HSDP_PASS)
-    assert verdicts(result)["all ranks initialised"] == (PASS, "16 of 16 ranks reached Init COMPLETE, and all of 10 "
-                                                               "other communicator(s)")  # fmt: skip
+    assert verdicts(result)["all ranks initialised"] == (
+        PASS,
+        "16 of 16 ranks reached Init COMPLETE, and all of 10 other communicator(s)",
+    )
     assert "| ip-10-1-0-17 | 0-7 (8) |" in result.markdown() and "| ip-10-1-1-18 | 8-15 (8) |" in result.markdown()
 
 
@@ -173,7 +187,9 @@ def test_an_hsdp_replica_group_without_channels_on_one_node_fails_naming_the_nod
     paths[11].write_text("".join(line for line in rank_11 if " via NET/" not in line))
     result = verify_logs([str(tmp_path)], P5)
     assert verdicts(result)["communicators across nodes"] == (
-        FAIL, f"{replica_group(result)} spans 2 nodes but has no inter-node channel on ip-10-1-1-18")  # fmt: skip
+        FAIL,
+        f"{replica_group(result)} spans 2 nodes but has no inter-node channel on ip-10-1-1-18",
+    )
 
 
 @pytest.mark.parametrize("version", SUPPORTED)
@@ -183,10 +199,14 @@ def test_an_hsdp_replica_group_over_sockets_on_p5_fails_naming_it(tmp_path: Path
     write_debug_files(Job(nccl=version, hsdp=True, socket_ranks={3, 11}), tmp_path)
     result = verify_logs([str(tmp_path)], P5)
     assert verdicts(result)["communicators across nodes"] == (
-        FAIL, f"{replica_group(result)}: 32 inter-node channel(s) over socket, expected efa")  # fmt: skip
+        FAIL,
+        f"{replica_group(result)}: 32 inter-node channel(s) over socket, expected efa",
+    )
     assert verdicts(result)["no TCP fallback"][1].startswith("rank 3 on ip-10-1-0-17 fell back to NCCL's Socket")
-    assert verdicts(result)["GPUDirect RDMA"] == (FAIL, "32 of 320 inter-node channels without GDRDMA (rank 3 on "
-                                                        "ip-10-1-0-17 first)")  # fmt: skip
+    assert verdicts(result)["GPUDirect RDMA"] == (
+        FAIL,
+        "32 of 320 inter-node channels without GDRDMA (rank 3 on ip-10-1-0-17 first)",
+    )
     as_sockets = verify_logs([str(tmp_path)], Expectations(transport="socket"))
     assert verdicts(as_sockets)["communicators across nodes"][0] == FAIL  # the other groups are on EFA
 
@@ -230,8 +250,9 @@ def test_gdr_missing_fails(tmp_path: Path) -> None:
     assert status == FAIL and detail.startswith("64 of 64 inter-node channels without GDRDMA")
 
 
-@pytest.mark.parametrize("crlf, ansi, hsdp", [(False, False, False), (True, True, True)],
-                         ids=["plain", "crlf-ansi-hsdp"])  # fmt: skip
+@pytest.mark.parametrize(
+    "crlf, ansi, hsdp", [(False, False, False), (True, True, True)], ids=["plain", "crlf-ansi-hsdp"]
+)
 def test_prefixed_timestamped_pod_logs_read_the_same(tmp_path: Path, crlf: bool, ansi: bool, hsdp: bool) -> None:
     job = Job(hsdp=hsdp)
     write_debug_files(job, tmp_path / "files")
@@ -299,8 +320,9 @@ def test_cli_json_and_exit_codes(tmp_path: Path) -> None:
     assert {k: report[k] for k in expected} == expected
     assert {c["name"] for c in report["checks"]} >= {"all ranks initialised", "no TCP fallback"}
     assert report["warnings"] == []
-    bad = subprocess.run([*cli, "--expect-world-size", "16", str(tmp_path / "bad")], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    bad = subprocess.run(
+        [*cli, "--expect-world-size", "16", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 1 and json.loads(bad.stdout)["ok"] is False
     assert "no TCP fallback: rank 0 on ip-10-1-0-17 fell back" in bad.stderr.strip().splitlines()[-1]
     missing = subprocess.run([*cli, str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
@@ -371,8 +393,7 @@ def test_every_ranks_self_test_report_tells_its_nccl_version(trained_root: Path,
 # -- attempts: an elastic resize, a job grown past its minimum, a restart after a failed attempt -----------------
 
 
-def test_an_elastic_shrink_from_2_to_1_ranks_verifies_on_the_latest_attempt(trained_root: Path,
-                                                                            tmp_path: Path) -> None:  # fmt: skip
+def test_an_elastic_shrink_from_2_to_1_ranks_verifies_on_the_latest_attempt(trained_root: Path, tmp_path: Path) -> None:
     """The trainer numbers its starts: run-1 trained on 2 processes (attempt 1), resumed on 1 (attempt 2). Rank 1's
     old report is attempt 1's, and does not fail attempt 2."""
     root, run = copy_run(trained_root, tmp_path)
@@ -392,9 +413,19 @@ def write_attempt(run: RunPaths, attempt: int, template: dict, world: int, job: 
         path = run.comms_report(rank, attempt)
         path.parent.mkdir(parents=True, exist_ok=True)
         expected = world * (world + 1) / 2
-        path.write_text(json.dumps({**template, "rank": rank, "world_size": world, "attempt": attempt,
-                                    "all_reduce_expected": expected, "all_reduce_min": expected,
-                                    "all_reduce_max": expected}))  # fmt: skip
+        path.write_text(
+            json.dumps(
+                {
+                    **template,
+                    "rank": rank,
+                    "world_size": world,
+                    "attempt": attempt,
+                    "all_reduce_expected": expected,
+                    "all_reduce_min": expected,
+                    "all_reduce_max": expected,
+                }
+            )
+        )
     if job is not None:
         write_debug_files(job, run.nccl_dir(attempt))
 
@@ -418,8 +449,10 @@ def test_a_restart_after_a_failed_attempt_verifies_on_the_latest(trained_root: P
     expect = Expectations(min_world_size=16, max_world_size=16, instance_type="p5.48xlarge")
     latest = verify_nccl(str(root), "run-1", expect=expect)
     assert latest.passed and latest.attempt == 3, latest.markdown()
-    assert latest.history[1].startswith("attempt 2: world size 16, 16 report(s), FAILED: all ranks initialised: "
-                                        "15 of 16 ranks reached Init COMPLETE; never: rank 5")  # fmt: skip
+    assert latest.history[1].startswith(
+        "attempt 2: world size 16, 16 report(s), FAILED: all ranks initialised: "
+        "15 of 16 ranks reached Init COMPLETE; never: rank 5"
+    )
     assert "Earlier attempts (not judged)" in run.comms_verification.read_text()
     judged = verify_nccl(str(root), "run-1", expect=expect, all_attempts=True)
     assert not judged.passed
@@ -460,8 +493,17 @@ def test_reads_the_jobs_pod_logs_through_the_kubernetes_api(tmp_path: Path, make
         printed.set()
 
     cluster = make_cluster(timeline=Timeline([(0.0, run)]))
-    manifest = render_job(JobSpec(name="nccl-check", namespace=cluster.namespace, image="img:1", trainer_args=[],
-                                  instance_type="p5.48xlarge", gpus_per_node=2, nproc_per_node=2))  # fmt: skip
+    manifest = render_job(
+        JobSpec(
+            name="nccl-check",
+            namespace=cluster.namespace,
+            image="img:1",
+            trainer_args=[],
+            instance_type="p5.48xlarge",
+            gpus_per_node=2,
+            nproc_per_node=2,
+        )
+    )
     cluster.create_job(manifest)
     assert printed.wait(30), "the pods ran and printed"
     paths = fetch_pod_logs("nccl-check", cluster.namespace, tmp_path, api_client=cluster.runner())

@@ -26,12 +26,14 @@ def make_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 400) -> To
     if kind == "sentencepiece":
         tokenizer = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
         tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-        tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                               decoders.Strip(" ", 1, 0)])  # fmt: skip
+        tokenizer.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        )
         specials = ["<unk>", "<s>", "</s>"]
         alphabet = [f"<0x{b:02X}>" for b in range(256)]
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size + 256, special_tokens=specials + alphabet,
-                                      show_progress=False)  # fmt: skip
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size + 256, special_tokens=specials + alphabet, show_progress=False
+        )
     else:
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -39,8 +41,12 @@ def make_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 400) -> To
         specials = {"llama3": ["<|begin_of_text|>", "<|end_of_text|>"], "eos-only": ["</s>"]}.get(
             kind, ["<|endoftext|>"]
         )
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     if kind == "sentencepiece":  # the byte tokens are the model's own vocabulary, not added special tokens
         data = json.loads(tokenizer.to_str())
@@ -48,11 +54,16 @@ def make_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 400) -> To
         tokenizer = Tokenizer.from_str(json.dumps(data))
     if kind == "llama3":
         bos = tokenizer.token_to_id("<|begin_of_text|>")
-        tokenizer.post_processor = processors.Sequence([
-            processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
-                                          special_tokens=[("<|begin_of_text|>", bos)]),
-        ])  # fmt: skip
+        tokenizer.post_processor = processors.Sequence(
+            [
+                processors.ByteLevel(trim_offsets=False),
+                processors.TemplateProcessing(
+                    single="<|begin_of_text|> $A",
+                    pair="<|begin_of_text|> $A $B",
+                    special_tokens=[("<|begin_of_text|>", bos)],
+                ),
+            ]
+        )
     elif kind == "sentencepiece":
         tokenizer.post_processor = processors.TemplateProcessing(
             single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tokenizer.token_to_id("<s>"))]

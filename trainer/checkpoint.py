@@ -133,8 +133,9 @@ def _load_plain(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # garbage bytes surface as any of a dozen error types from the unpickler
-        raise CheckpointError(f"checkpoint {path} is corrupt or not a plain-tensor checkpoint ({type(exc).__name__} "
-                              "from torch.load)") from exc  # fmt: skip
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or not a plain-tensor checkpoint ({type(exc).__name__} from torch.load)"
+        ) from exc
 
 
 def _lower_priority() -> None:
@@ -179,8 +180,12 @@ class SaveFailed(Exception):
         full = free is not None and free < share_bytes
         if full:
             self.permanent = True
-        what = (f"the volume is full ({free / 1e6:.1f} MB free, less than this rank's {share_bytes / 1e6:.1f} MB "
-                f"share; {_first_failure(cause)})" if full else _first_failure(cause))  # fmt: skip
+        what = (
+            f"the volume is full ({free / 1e6:.1f} MB free, less than this rank's {share_bytes / 1e6:.1f} MB "
+            f"share; {_first_failure(cause)})"
+            if full
+            else _first_failure(cause)
+        )
         advice = "; a restart will not help: free space on the volume or fix its permissions" if self.permanent else ""
         super().__init__(f"the checkpoint of step {step} could not be written: {what}{advice}")
 
@@ -199,9 +204,16 @@ class CheckpointManager:
     restoring are collectives over `group` (a gloo group of its own: DCP's planning runs in a background thread
     for asynchronous saves and must not interleave with training's collectives)."""
 
-    def __init__(self, directory: Path, keep: int = 3, async_save: bool = False, attempt: int = 0,
-                 group: dist.ProcessGroup | None = None, mirror: Mirror | None = None,
-                 fail_from_step: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        directory: Path,
+        keep: int = 3,
+        async_save: bool = False,
+        attempt: int = 0,
+        group: dist.ProcessGroup | None = None,
+        mirror: Mirror | None = None,
+        fail_from_step: int = 0,
+    ):
         self.directory = directory
         self.fail_from_step = fail_from_step  # fault injection: saves of this step or later fail (ENOSPC)
         self.keep = keep
@@ -211,10 +223,12 @@ class CheckpointManager:
         self.mirror = mirror
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         # One background thread, in order: the commit after an asynchronous write, deleting old checkpoints.
-        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint",
-                                              initializer=_lower_priority)  # fmt: skip
-        self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-mirror",
-                                           initializer=_lower_priority)  # fmt: skip
+        self._background = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="checkpoint", initializer=_lower_priority
+        )
+        self._uploads = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="checkpoint-mirror", initializer=_lower_priority
+        )
         self._pending: Future[SaveReport | None] | None = None
         self._pending_step = 0
         self._staged: Future[Any] | None = None  # the pending save's copy of the live state
@@ -240,8 +254,15 @@ class CheckpointManager:
 
     # -- saving ---------------------------------------------------------------------------------------
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any],
-             rng: dict[str, Any], blocking: bool = True) -> float:  # fmt: skip
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        trainer_state: dict[str, Any],
+        rng: dict[str, Any],
+        blocking: bool = True,
+    ) -> float:
         """Commit the state of `step` (collective); returns the seconds the caller was held up.
 
         `trainer_state` is the same on every rank (rank 0's is written); `rng` is this rank's. An asynchronous save
@@ -253,8 +274,16 @@ class CheckpointManager:
             self._save(step, model, optimizer, trainer_state, rng, blocking, started)
         return time.perf_counter() - started
 
-    def _save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              trainer_state: dict[str, Any], rng: dict[str, Any], blocking: bool, started: float) -> None:  # fmt: skip
+    def _save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        trainer_state: dict[str, Any],
+        rng: dict[str, Any],
+        blocking: bool,
+        started: float,
+    ) -> None:
         tmp = self.directory / f".{step_dir_name(step)}.attempt-{self.attempt}.tmp"
         self._sweep()
         tmp.mkdir(parents=True, exist_ok=True)
@@ -265,9 +294,13 @@ class CheckpointManager:
         if not self._share_logged:
             self._share_logged = True
             largest = max(t.nbytes for t in tensors.values())
-            log.info("this rank writes %.3f MB of the %.3f MB state (%d ranks; the largest tensor is %.3f MB)",
-                     sum(t.nbytes for t in mine.values()) / 1e6, sum(t.nbytes for t in tensors.values()) / 1e6,
-                     dist.get_world_size(self.group) if dist.is_initialized() else 1, largest / 1e6)  # fmt: skip
+            log.info(
+                "this rank writes %.3f MB of the %.3f MB state (%d ranks; the largest tensor is %.3f MB)",
+                sum(t.nbytes for t in mine.values()) / 1e6,
+                sum(t.nbytes for t in tensors.values()) / 1e6,
+                dist.get_world_size(self.group) if dist.is_initialized() else 1,
+                largest / 1e6,
+            )
         with atomic_open(tmp / rng_file_name(self.rank)) as f:
             torch.save(rng, f)
         if self.rank == 0:
@@ -280,18 +313,25 @@ class CheckpointManager:
         else:
             if torch.cuda.is_available():  # the side stream's copy must not start before this step's updates end
                 torch.cuda.current_stream().synchronize()
-            response = dcp.async_save(mine, storage_writer=writer, process_group=self.group,
-                                      async_stager=self._get_stager(), no_dist=not dist.is_initialized())  # fmt: skip
+            response = dcp.async_save(
+                mine,
+                storage_writer=writer,
+                process_group=self.group,
+                async_stager=self._get_stager(),
+                no_dist=not dist.is_initialized(),
+            )
             self._staged, self._pending_step = response.staging_completion, step
-            self._pending = self._background.submit(self._commit_when_written, response.upload_completion, tmp,
-                                                    step, started)  # fmt: skip
+            self._pending = self._background.submit(
+                self._commit_when_written, response.upload_completion, tmp, step, started
+            )
 
     def _get_stager(self) -> DefaultStager:
         """One stager for the run: it keeps its host buffers (pinned on GPU) from one save to the next."""
         if self._stager is None:
             cuda = torch.cuda.is_available()
-            options = StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
-                                     use_non_blocking_copy=cuda)  # fmt: skip
+            options = StagingOptions(
+                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda
+            )
             self._stager = DefaultStager(options)
         return self._stager
 
@@ -343,12 +383,20 @@ class CheckpointManager:
         final = self.directory / step_dir_name(step)
         replace_dir(tmp, final)
         self._point_latest_at(final.name)
-        report = SaveReport(step, time.perf_counter() - started, sum(shares.values()), max(shares.values(), default=0),
-                            len(shares))  # fmt: skip
-        log.info("checkpoint of step %d committed: %s, %.1f MB written by %d ranks in %.2fs (%.0f MB/s; the largest "
-                 "share is 1/%.1f of the state)", step, final.name, report.total_bytes / 1e6, report.writers,
-                 report.seconds, report.total_bytes / 1e6 / max(report.seconds, 1e-9),
-                 report.parallel_speedup)  # fmt: skip
+        report = SaveReport(
+            step, time.perf_counter() - started, sum(shares.values()), max(shares.values(), default=0), len(shares)
+        )
+        log.info(
+            "checkpoint of step %d committed: %s, %.1f MB written by %d ranks in %.2fs (%.0f MB/s; the largest "
+            "share is 1/%.1f of the state)",
+            step,
+            final.name,
+            report.total_bytes / 1e6,
+            report.writers,
+            report.seconds,
+            report.total_bytes / 1e6 / max(report.seconds, 1e-9),
+            report.parallel_speedup,
+        )
         committed = committed_checkpoints(self.directory)
         kept, old = committed[: self.keep], [c.path for c in committed[self.keep :]]
         # Freeing gigabytes takes a while and nothing waits for it: leave it to the background.
@@ -443,8 +491,10 @@ class CheckpointManager:
             else:
                 dcp.load(tensors, storage_reader=dcp_io.VerifyingReader(checkpoint.path), no_dist=True)
         except (CheckpointException, dcp_io.CorruptCheckpoint) as exc:
-            raise CheckpointError(f"checkpoint {checkpoint.path} cannot be read: {_first_failure(exc)}; move the "
-                                  "directory aside to resume from the one before") from None  # fmt: skip
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path} cannot be read: {_first_failure(exc)}; move the "
+                "directory aside to resume from the one before"
+            ) from None
         dcp_io.apply_state(model, optimizer, tensors, state["optimizer_groups"])
 
 
@@ -508,8 +558,9 @@ def newest_checkpoint(directory: Path) -> Checkpoint | None:
             log.warning("%s; trying an older checkpoint", exc)
             continue
         if problems:
-            log.warning("resuming from %s (step %d) because a newer checkpoint was unusable", checkpoint.path,
-                        checkpoint.step)  # fmt: skip
+            log.warning(
+                "resuming from %s (step %d) because a newer checkpoint was unusable", checkpoint.path, checkpoint.step
+            )
         return checkpoint
     raise CheckpointError(f"no usable checkpoint in {directory}: {'; '.join(problems)}")
 
@@ -554,8 +605,9 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     checkpoint = Checkpoint(path, 0)
     state = checkpoint.trainer_state()
     tensors = _read_alone(path)
-    state["model"] = _with_tied({k.removeprefix(dcp_io.MODEL): v for k, v in tensors.items()
-                                 if k.startswith(dcp_io.MODEL)}, state)  # fmt: skip
+    state["model"] = _with_tied(
+        {k.removeprefix(dcp_io.MODEL): v for k, v in tensors.items() if k.startswith(dcp_io.MODEL)}, state
+    )
     state["optimizer"] = {k.removeprefix(dcp_io.OPTIM): v for k, v in tensors.items() if k.startswith(dcp_io.OPTIM)}
     state["rng"] = [_load_plain(p) for p in sorted(path.glob("rng_rank_*.pt"))]
     return state

@@ -19,11 +19,18 @@ PARALLELISMS = ("ddp", "fsdp", "hsdp")  # trainer/parallel.py
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 
 
-def _opt(default, help: str, minimum: float | None = None, below: float | None = None,
-         choices: tuple[str, ...] | None = None, bare: str | None = None):  # fmt: skip
+def _opt(
+    default,
+    help: str,
+    minimum: float | None = None,
+    below: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    bare: str | None = None,
+):
     """A setting; `bare`: the value of its flag given without one (bool flags: true)."""
-    return field(default=default, metadata={"help": help, "min": minimum, "below": below, "choices": choices,
-                                            "bare": bare})  # fmt: skip
+    return field(
+        default=default, metadata={"help": help, "min": minimum, "below": below, "choices": choices, "bare": bare}
+    )
 
 
 class SettingError(Exception):
@@ -33,11 +40,17 @@ class SettingError(Exception):
 @dataclass
 class TrainConfig:
     run_dir: str = field(metadata={"help": "run directory (<root>/runs/<run_id>); resumed if it holds a checkpoint"})
-    data_dir: str = _opt("", "dataset snapshot directory (<root>/datasets/<name>/snapshots/<id>), or the dataset's "
-                         "directory for its current snapshot; or --mixture")  # fmt: skip
-    mixture: str = _opt("", "train on several datasets, each global batch's sequences drawn in proportion to their "
-                        "weights: DIR=WEIGHT,... where each DIR is as --data-dir; all staged with one tokenizer; an "
-                        "exact resume keeps the weights (see trainer/mixture.py)")  # fmt: skip
+    data_dir: str = _opt(
+        "",
+        "dataset snapshot directory (<root>/datasets/<name>/snapshots/<id>), or the dataset's "
+        "directory for its current snapshot; or --mixture",
+    )
+    mixture: str = _opt(
+        "",
+        "train on several datasets, each global batch's sequences drawn in proportion to their "
+        "weights: DIR=WEIGHT,... where each DIR is as --data-dir; all staged with one tokenizer; an "
+        "exact resume keeps the weights (see trainer/mixture.py)",
+    )
     preset: str = _opt("small", "model preset (see trainer/model.py); none with --init-from-model")
     seed: int = _opt(1234, "seed of the initial weights and of the sample order")
     init_from: str = _opt(
@@ -50,8 +63,11 @@ class TrainConfig:
         "a published model to start this new run from: a directory save_pretrained wrote (config.json, safetensors); "
         "its architecture replaces --preset and its weights the random ones; the optimizer and schedule start fresh",
     )
-    on_new_snapshot: str = _opt("keep", "on resume after the dataset was staged again: keep training on the "
-                                "checkpoint's snapshot, or refuse", choices=("keep", "refuse"))  # fmt: skip
+    on_new_snapshot: str = _opt(
+        "keep",
+        "on resume after the dataset was staged again: keep training on the checkpoint's snapshot, or refuse",
+        choices=("keep", "refuse"),
+    )
     # How long to train: the first limit reached ends the run.
     max_steps: int = _opt(200, "optimizer steps to train for; also the length of the LR schedule", 1)
     max_tokens: int = _opt(0, "stop after this many training tokens (0: no limit)", 0)
@@ -64,66 +80,120 @@ class TrainConfig:
     lr: float = _opt(3e-3, "peak learning rate", 0)
     min_lr_ratio: float = _opt(0.1, "final learning rate as a fraction of the peak", 0)
     warmup_steps: int = _opt(20, "steps of linear warm-up", 0)
-    extend_schedule: str = _opt("", "on resume, go on from the current learning rate to these schedule settings "
-                                "where they differ from the checkpoint's: continue (the given alone: the cosine from "
-                                "the current learning rate down to the end one at the new --max-steps; --lr and "
-                                "--warmup-steps stay the run's) or rewarm (linear to --lr over --warmup-steps, then "
-                                "cosine); empty: other settings are refused", choices=("", *EXTENSIONS),
-                                bare=CONTINUE)  # fmt: skip
+    extend_schedule: str = _opt(
+        "",
+        "on resume, go on from the current learning rate to these schedule settings "
+        "where they differ from the checkpoint's: continue (the given alone: the cosine from "
+        "the current learning rate down to the end one at the new --max-steps; --lr and "
+        "--warmup-steps stay the run's) or rewarm (linear to --lr over --warmup-steps, then "
+        "cosine); empty: other settings are refused",
+        choices=("", *EXTENSIONS),
+        bare=CONTINUE,
+    )
     weight_decay: float = _opt(0.1, "AdamW weight decay of matrices", 0)
     grad_clip: float = _opt(1.0, "clip the gradient norm to this (0: no clipping)", 0)
     dropout: float = _opt(0.0, "dropout probability of the model's dropout layers (not an architecture setting)", 0, 1)
-    compile: str = _opt("auto", "torch.compile the model with its loss: on, off, or auto (on for the GPU presets "
-                        "on a GPU); the compiled code is cached in the run directory for the next start",
-                        choices=("auto", "on", "off"))  # fmt: skip
-    parallelism: str = _opt("ddp", "how the model is spread over the ranks: ddp (a whole copy on every GPU), fsdp "
-                            "(parameters, gradients and optimizer state sharded; hsdp on several nodes), or hsdp "
-                            "(sharded within a node, replicated across nodes)",
-                            choices=PARALLELISMS)  # fmt: skip
-    activation_checkpointing: str = _opt("none", "recompute each block's activations in backward instead of keeping "
-                                         "them: full (keep only its input), selective (keep the matmuls' outputs "
-                                         "too), or none", choices=ACTIVATION_CHECKPOINTING)  # fmt: skip
-    ddp_comm_hook: str = _opt("none", "DDP gradient all-reduce: none (in the gradients' dtype), or bf16 (compressed "
-                              "to bfloat16 on the wire: half the bytes, for multi-node runs)",
-                              choices=("none", "bf16"))  # fmt: skip
+    compile: str = _opt(
+        "auto",
+        "torch.compile the model with its loss: on, off, or auto (on for the GPU presets "
+        "on a GPU); the compiled code is cached in the run directory for the next start",
+        choices=("auto", "on", "off"),
+    )
+    parallelism: str = _opt(
+        "ddp",
+        "how the model is spread over the ranks: ddp (a whole copy on every GPU), fsdp "
+        "(parameters, gradients and optimizer state sharded; hsdp on several nodes), or hsdp "
+        "(sharded within a node, replicated across nodes)",
+        choices=PARALLELISMS,
+    )
+    activation_checkpointing: str = _opt(
+        "none",
+        "recompute each block's activations in backward instead of keeping "
+        "them: full (keep only its input), selective (keep the matmuls' outputs "
+        "too), or none",
+        choices=ACTIVATION_CHECKPOINTING,
+    )
+    ddp_comm_hook: str = _opt(
+        "none",
+        "DDP gradient all-reduce: none (in the gradients' dtype), or bf16 (compressed "
+        "to bfloat16 on the wire: half the bytes, for multi-node runs)",
+        choices=("none", "bf16"),
+    )
     # Checkpoints and preemption.
     checkpoint_every: int = _opt(50, "steps between checkpoints", 1)
     keep_checkpoints: int = _opt(3, "committed checkpoints kept (checkpoint_latest links the newest)", 1)
     async_checkpoint: bool = _opt(False, "write periodic checkpoints in the background (staged to host memory first)")
-    checkpoint_s3_uri: str = _opt("", "copy every committed checkpoint to this s3://bucket/prefix (the run's own) "
-                                  "in the background, and resume from it when the volume has none")  # fmt: skip
+    checkpoint_s3_uri: str = _opt(
+        "",
+        "copy every committed checkpoint to this s3://bucket/prefix (the run's own) "
+        "in the background, and resume from it when the volume has none",
+    )
     grace_period_s: float = _opt(120.0, "the pod's terminationGracePeriodSeconds: time from SIGTERM to SIGKILL", 0.01)
     # Health: divergence, spikes, hangs.
-    max_nonfinite_steps: int = _opt(3, "consecutive steps with a non-finite loss or gradient norm (each skipped) "
-                                    "tolerated; one more stops the run as diverged (exit code 3)", 0)  # fmt: skip
-    spike_factor: float = _opt(3.0, "log and mark a loss above this many times the median of the recent logged "
-                               "losses as a spike (0: off)", 0)  # fmt: skip
-    collective_timeout_s: float = _opt(600.0, "a collective that waits longer fails, naming the ranks that "
-                                       "stopped answering (the process group's timeout)", 1)  # fmt: skip
-    fault_nan_at_step: int = _opt(0, "fault injection, for testing the divergence handling: from this step on "
-                                  "the loss is NaN (0: off)", 0)  # fmt: skip
-    fault_save_at_step: int = _opt(0, "fault injection, for testing the save contract: every checkpoint of this "
-                                   "step or later fails as on a full file system, ENOSPC (0: off)", 0)  # fmt: skip
-    fault_crash_at_step: int = _opt(0, "fault injection, for testing that a failure ends every rank: the last rank "
-                                    "raises at the start of this step (0: off)", 0)  # fmt: skip
-    fault_signal_at_step: int = _opt(0, "fault injection, for testing preemption: rank 0 sends itself SIGTERM at "
-                                     "the end of this step (0: off)", 0)  # fmt: skip
-    fault_read_latency_s: float = _opt(0.0, "fault injection, for benching a cold file system: each micro-batch's "
-                                       "read takes this many seconds longer (0: off)", 0)  # fmt: skip
+    max_nonfinite_steps: int = _opt(
+        3,
+        "consecutive steps with a non-finite loss or gradient norm (each skipped) "
+        "tolerated; one more stops the run as diverged (exit code 3)",
+        0,
+    )
+    spike_factor: float = _opt(
+        3.0, "log and mark a loss above this many times the median of the recent logged losses as a spike (0: off)", 0
+    )
+    collective_timeout_s: float = _opt(
+        600.0,
+        "a collective that waits longer fails, naming the ranks that stopped answering (the process group's timeout)",
+        1,
+    )
+    fault_nan_at_step: int = _opt(
+        0, "fault injection, for testing the divergence handling: from this step on the loss is NaN (0: off)", 0
+    )
+    fault_save_at_step: int = _opt(
+        0,
+        "fault injection, for testing the save contract: every checkpoint of this "
+        "step or later fails as on a full file system, ENOSPC (0: off)",
+        0,
+    )
+    fault_crash_at_step: int = _opt(
+        0,
+        "fault injection, for testing that a failure ends every rank: the last rank "
+        "raises at the start of this step (0: off)",
+        0,
+    )
+    fault_signal_at_step: int = _opt(
+        0, "fault injection, for testing preemption: rank 0 sends itself SIGTERM at the end of this step (0: off)", 0
+    )
+    fault_read_latency_s: float = _opt(
+        0.0,
+        "fault injection, for benching a cold file system: each micro-batch's "
+        "read takes this many seconds longer (0: off)",
+        0,
+    )
     # Observability.
     log_every: int = _opt(10, "steps between metrics rows and log lines", 1)
     peak_tflops: float = _opt(0.0, "peak bf16 TFLOP/s of one accelerator for MFU (0: detect the GPU)", 0)
     log_samples: bool = _opt(False, "record the sample (window) ids each rank trains on, under <run>/logs/")
-    eval_every: int = _opt(0, "steps between validation losses on the snapshot's val split, in that step's metrics "
-                           "row (val_loss, val_bpb) and log (0: none)", 0)  # fmt: skip
-    eval_tokens: int = _opt(16384, "val tokens each validation reads at most: the split's first windows, as the "
-                            "evaluation step reads them", 1)  # fmt: skip
-    tensorboard: bool = _opt(True, "write TensorBoard event files of every metrics row, checkpoint and restart under "
-                             "<run>/tensorboard/ (rank 0)")  # fmt: skip
-    mlflow_tracking_uri: str = _opt("", "also send them to this MLflow tracking server, one MLflow run per run (found "
-                                    "again on a resume): an http(s):// URL or a SageMaker MLflow ARN; credentials "
-                                    "from the environment (MLFLOW_TRACKING_TOKEN, the IAM role), never in the URI; "
-                                    "a slow or absent server never slows or fails training (empty: none)")  # fmt: skip
+    eval_every: int = _opt(
+        0,
+        "steps between validation losses on the snapshot's val split, in that step's metrics "
+        "row (val_loss, val_bpb) and log (0: none)",
+        0,
+    )
+    eval_tokens: int = _opt(
+        16384,
+        "val tokens each validation reads at most: the split's first windows, as the evaluation step reads them",
+        1,
+    )
+    tensorboard: bool = _opt(
+        True,
+        "write TensorBoard event files of every metrics row, checkpoint and restart under <run>/tensorboard/ (rank 0)",
+    )
+    mlflow_tracking_uri: str = _opt(
+        "",
+        "also send them to this MLflow tracking server, one MLflow run per run (found "
+        "again on a resume): an http(s):// URL or a SageMaker MLflow ARN; credentials "
+        "from the environment (MLFLOW_TRACKING_TOKEN, the IAM role), never in the URI; "
+        "a slow or absent server never slows or fails training (empty: none)",
+    )
     mlflow_experiment: str = _opt("hyperpod-pretrain", "the MLflow experiment of the run (made if missing)")
 
     @property
@@ -135,8 +205,9 @@ class TrainConfig:
 TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
 
 
-def convert(kind: type, minimum: float | None, text: str, below: float | None = None,
-            choices: tuple[str, ...] | None = None) -> bool | int | float | str:  # fmt: skip
+def convert(
+    kind: type, minimum: float | None, text: str, below: float | None = None, choices: tuple[str, ...] | None = None
+) -> bool | int | float | str:
     """One setting from its text; ValueError says what is wrong with it."""
     if choices is not None and text not in choices:
         raise ValueError(f"{text!r} is unknown: choose one of {', '.join(c or repr(c) for c in choices)}")
@@ -206,8 +277,13 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             values[f.name] = args[f.name]
         elif env in environ:
             try:
-                values[f.name] = convert(_KINDS[f.type], f.metadata.get("min"), environ[env], f.metadata.get("below"),
-                                         f.metadata.get("choices"))  # fmt: skip
+                values[f.name] = convert(
+                    _KINDS[f.type],
+                    f.metadata.get("min"),
+                    environ[env],
+                    f.metadata.get("below"),
+                    f.metadata.get("choices"),
+                )
             except ValueError as exc:
                 parser.error(f"{env}: {exc}")
     config = TrainConfig(**values)
@@ -221,8 +297,10 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         parser.error(f"argument --mlflow-tracking-uri: {exc}")
     if config.init_from_model:  # the architecture is the model's (its config.json): no preset
         if "preset" in values:
-            parser.error(f"argument --preset: {config.preset!r} and --init-from-model both choose the architecture: "
-                         "leave --preset out (the model's config.json gives it)")  # fmt: skip
+            parser.error(
+                f"argument --preset: {config.preset!r} and --init-from-model both choose the architecture: "
+                "leave --preset out (the model's config.json gives it)"
+            )
         config.preset = ""
     elif config.preset not in PRESETS:
         parser.error(f"argument --preset: {config.preset!r} is unknown: choose one of {', '.join(PRESETS)}")

@@ -175,13 +175,20 @@ class DataPosition:
     def load_state_dict(self, state: dict[str, int | str]) -> None:
         order = state.get("order")
         if order == MIXTURE_ORDER:
-            raise DataError("this run trained on a data mixture: an exact resume keeps its data, so resume with its "
-                            "--mixture, or start a new run from its weights (--init-from)")  # fmt: skip
+            raise DataError(
+                "this run trained on a data mixture: an exact resume keeps its data, so resume with its "
+                "--mixture, or start a new run from its weights (--init-from)"
+            )
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
         if order is None:
-            log.warning("the checkpoint's data position (epoch %d, window %d) comes from an older sample order: the "
-                        "order from here on is %s, not the one the run started with, so some windows of this epoch "
-                        "may repeat or be skipped", self.epoch, self.offset, ORDER)  # fmt: skip
+            log.warning(
+                "the checkpoint's data position (epoch %d, window %d) comes from an older sample order: the "
+                "order from here on is %s, not the one the run started with, so some windows of this epoch "
+                "may repeat or be skipped",
+                self.epoch,
+                self.offset,
+                ORDER,
+            )
         elif order != ORDER:
             raise DataError(f"the checkpoint's sample order {order!r} is unknown to this trainer (it knows {ORDER!r})")
 

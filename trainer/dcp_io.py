@@ -61,18 +61,26 @@ def apply_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensor
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=_FLAT)
 
 
-def apply_whole_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
-                      optim_state: dict) -> None:  # fmt: skip
+def apply_whole_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict
+) -> None:
     """A whole model and optimizer state as a single-file checkpoint holds it (the optimizer's by parameter index, in
     the order of its groups), into a model of any parallelism: each rank keeps its shard under fsdp. Group entries
     this optimizer does not have (LambdaLR's initial_lr, from before trainer/schedule.py) are left out."""
     names = {id(p): name for name, p in model.named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    groups = [{**{k: v for k, v in saved.items() if k in live}, "params": [order[i] for i in saved["params"]]}
-              for saved, live in zip(optim_state["param_groups"], optimizer.param_groups, strict=True)]  # fmt: skip
+    groups = [
+        {**{k: v for k, v in saved.items() if k in live}, "params": [order[i] for i in saved["params"]]}
+        for saved, live in zip(optim_state["param_groups"], optimizer.param_groups, strict=True)
+    ]
     by_name = {"state": {order[index]: state for index, state in optim_state["state"].items()}, "param_groups": groups}
-    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=by_name,
-                   options=StateDictOptions(full_state_dict=True))  # fmt: skip
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=model_state,
+        optim_state_dict=by_name,
+        options=StateDictOptions(full_state_dict=True),
+    )
 
 
 def tied_aliases(state: dict[str, torch.Tensor]) -> dict[str, str]:

@@ -55,8 +55,9 @@ def parse_mirror_uri(uri: str) -> tuple[str, str]:
         raise MirrorError(f"checkpoint mirror {uri!r}: not an S3 URI (expected s3://bucket/prefix)")
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     if not _BUCKET.match(bucket):
-        raise MirrorError(f"checkpoint mirror {uri!r}: {bucket!r} is not an S3 bucket name (3-63 of a-z, 0-9, '.', "
-                          "'-')")  # fmt: skip
+        raise MirrorError(
+            f"checkpoint mirror {uri!r}: {bucket!r} is not an S3 bucket name (3-63 of a-z, 0-9, '.', '-')"
+        )
     prefix = prefix.rstrip("/")
     if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
         raise MirrorError(f"checkpoint mirror {uri!r}: the prefix has an empty, '.' or '..' segment")
@@ -126,9 +127,11 @@ class CheckpointMirror:
             return exc
         if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code", "") in _ACCESS_DENIED:
             message = exc.response.get("Error", {}).get("Message", "") or str(exc)
-            return MirrorError(f"{where}: access denied while {doing} (the trainer pods' IAM role needs "
-                               "s3:ListBucket on the bucket and s3:GetObject, s3:PutObject and s3:DeleteObject under "
-                               f"the prefix): {message}")  # fmt: skip
+            return MirrorError(
+                f"{where}: access denied while {doing} (the trainer pods' IAM role needs "
+                "s3:ListBucket on the bucket and s3:GetObject, s3:PutObject and s3:DeleteObject under "
+                f"the prefix): {message}"
+            )
         mapped = exc if isinstance(exc, (InputError, StepFailed)) else self._s3.fail(exc, doing)
         text = str(mapped).removeprefix(f"source {self.uri}: ")
         return MirrorError(f"{where}: {text}")
@@ -197,9 +200,11 @@ class CheckpointMirror:
                 response = self._s3.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
                 if response.get("Errors"):
                     first = response["Errors"][0]
-                    raise MirrorError(f"checkpoint mirror {self.uri}: could not delete s3://{self.bucket}/"
-                                      f"{first.get('Key')} ({first.get('Code')}: {first.get('Message')}), and "
-                                      f"{len(response['Errors']) - 1} more")  # fmt: skip
+                    raise MirrorError(
+                        f"checkpoint mirror {self.uri}: could not delete s3://{self.bucket}/"
+                        f"{first.get('Key')} ({first.get('Code')}: {first.get('Message')}), and "
+                        f"{len(response['Errors']) - 1} more"
+                    )
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, f"deleting {len(keys)} objects") from None
 
@@ -219,18 +224,23 @@ class CheckpointMirror:
         try:
             commit_bytes = (committed / COMMIT).read_bytes()
         except OSError as exc:
-            raise MirrorError(f"checkpoint mirror {self.uri}: {committed} is not a committed checkpoint (cannot "
-                              f"read its {COMMIT}: {exc.strerror})") from None  # fmt: skip
+            raise MirrorError(
+                f"checkpoint mirror {self.uri}: {committed} is not a committed checkpoint (cannot "
+                f"read its {COMMIT}: {exc.strerror})"
+            ) from None
         files = read_commit(commit_bytes, str(committed / COMMIT))
         for file, size in files.items():
             try:
                 actual = (committed / file).stat().st_size
             except OSError as exc:
-                raise MirrorError(f"checkpoint mirror {self.uri}: {committed / file}, listed in its {COMMIT}, cannot "
-                                  f"be read ({exc.strerror})") from None  # fmt: skip
+                raise MirrorError(
+                    f"checkpoint mirror {self.uri}: {committed / file}, listed in its {COMMIT}, cannot "
+                    f"be read ({exc.strerror})"
+                ) from None
             if actual != size:
-                raise MirrorError(f"checkpoint mirror {self.uri}: {committed / file} has {actual} bytes, its "
-                                  f"{COMMIT} says {size}")  # fmt: skip
+                raise MirrorError(
+                    f"checkpoint mirror {self.uri}: {committed / file} has {actual} bytes, its {COMMIT} says {size}"
+                )
 
         remote = self._listing(name)
         if COMMIT in remote:
@@ -260,16 +270,26 @@ class CheckpointMirror:
         for file, size in files.items():
             if file not in uploaded or uploaded[file].size != size:
                 found = f"{uploaded[file].size} bytes" if file in uploaded else "missing"
-                raise MirrorError(f"checkpoint mirror {self.uri}: s3://{self.bucket}/{self._key(name, file)} is "
-                                  f"{found} after its upload, {size} expected")  # fmt: skip
+                raise MirrorError(
+                    f"checkpoint mirror {self.uri}: s3://{self.bucket}/{self._key(name, file)} is "
+                    f"{found} after its upload, {size} expected"
+                )
         try:
             self._s3.client.put_object(Bucket=self.bucket, Key=self._key(name, COMMIT), Body=commit_bytes)
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, f"writing {self._key(name, COMMIT)}") from None
         total = sum(files.values())
         seconds = time.monotonic() - started
-        log.info("copied checkpoint %s to %s/%s: %d files, %.1f MB in %.1fs (%.1f MB/s)", name, self.uri, name,
-                 len(files) + 1, total / 1e6, seconds, total / 1e6 / max(seconds, 1e-9))  # fmt: skip
+        log.info(
+            "copied checkpoint %s to %s/%s: %d files, %.1f MB in %.1fs (%.1f MB/s)",
+            name,
+            self.uri,
+            name,
+            len(files) + 1,
+            total / 1e6,
+            seconds,
+            total / 1e6 / max(seconds, 1e-9),
+        )
 
     def newest_complete(self) -> str | None:
         """The newest step directory whose commit.json is in S3, or None."""
@@ -298,20 +318,26 @@ class CheckpointMirror:
             listing = self._listing(name)  # first: its commit.json is read only when listed (no GET of a missing key)
             commit_bytes = self._get(commit_key) if COMMIT in listing else None
             if commit_bytes is None:
-                raise MirrorError(f"checkpoint mirror {self.uri}: no complete copy of {name} (s3://{self.bucket}/"
-                                  f"{commit_key} does not exist)")  # fmt: skip
+                raise MirrorError(
+                    f"checkpoint mirror {self.uri}: no complete copy of {name} (s3://{self.bucket}/"
+                    f"{commit_key} does not exist)"
+                )
             files = read_commit(commit_bytes, f"s3://{self.bucket}/{commit_key}")
             for file, size in files.items():
                 found = listing.get(file)
                 if found is None or found.size != size:
                     what = "is missing" if found is None else f"has {found.size} bytes"
-                    raise MirrorError(f"checkpoint mirror {self.uri}: s3://{self.bucket}/{self._key(name, file)} "
-                                      f"{what}, its {COMMIT} says {size} bytes")  # fmt: skip
+                    raise MirrorError(
+                        f"checkpoint mirror {self.uri}: s3://{self.bucket}/{self._key(name, file)} "
+                        f"{what}, its {COMMIT} says {size} bytes"
+                    )
             self._fetch_all([listing[file] for file in files], tmp)
             for file, size in files.items():
                 if (actual := (tmp / file).stat().st_size) != size:  # fetch checked the listing; this, the commit
-                    raise MirrorError(f"checkpoint mirror {self.uri}: s3://{self.bucket}/{self._key(name, file)} "
-                                      f"arrived with {actual} bytes, its {COMMIT} says {size}")  # fmt: skip
+                    raise MirrorError(
+                        f"checkpoint mirror {self.uri}: s3://{self.bucket}/{self._key(name, file)} "
+                        f"arrived with {actual} bytes, its {COMMIT} says {size}"
+                    )
             with open(tmp / COMMIT, "wb") as out:  # last, as when it was written: the copy is whole
                 out.write(commit_bytes)
                 out.flush()
@@ -324,8 +350,15 @@ class CheckpointMirror:
             raise
         total = sum(files.values())
         seconds = time.monotonic() - started
-        log.info("fetched checkpoint %s from %s: %d files, %.1f MB in %.1fs (%.1f MB/s)", name, self.uri,
-                 len(files) + 1, total / 1e6, seconds, total / 1e6 / max(seconds, 1e-9))  # fmt: skip
+        log.info(
+            "fetched checkpoint %s from %s: %d files, %.1f MB in %.1fs (%.1f MB/s)",
+            name,
+            self.uri,
+            len(files) + 1,
+            total / 1e6,
+            seconds,
+            total / 1e6 / max(seconds, 1e-9),
+        )
         return final
 
     def _fetch_all(self, objects: list[SourceObject], into: Path) -> None:

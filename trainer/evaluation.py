@@ -24,17 +24,21 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def mean_loss(
-    model: torch.nn.Module, split: TokenSplit, seq_len: int, max_tokens: int, batch_size: int, device: torch.device,
+    model: torch.nn.Module,
+    split: TokenSplit,
+    seq_len: int,
+    max_tokens: int,
+    batch_size: int,
+    device: torch.device,
     byte_lengths: np.ndarray,
-) -> tuple[float, int, int]:  # fmt: skip
+) -> tuple[float, int, int]:
     """Mean next-token cross-entropy over the split's first windows (up to max_tokens targets), the number of
     targets, and the bytes of text they stand for. Windows are read a batch at a time from the shards. Leaves the
     model in eval mode; draws no random numbers."""
     model.eval()
     windows = min(split.num_windows(seq_len), max(1, max_tokens // seq_len))
     if windows == 0:
-        raise DataError(f"the {split.name} split's {len(split.shards)} shard(s) hold no window of {seq_len + 1} "
-                        "tokens")  # fmt: skip
+        raise DataError(f"the {split.name} split's {len(split.shards)} shard(s) hold no window of {seq_len + 1} tokens")
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = n_bytes = 0
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")

@@ -69,9 +69,11 @@ class Divergence:
 
     def reason(self) -> str:
         """The one line a diverged run ends with (status.json's error; the launcher's failure message)."""
-        return (f"diverged at step {self.first_bad_step}: the loss or gradient norm was not finite for {self.streak} "
-                f"steps in a row (--max-nonfinite-steps {self.limit}); the last checkpoint is the last good one; "
-                "lower the learning rate or check the data, then resume")  # fmt: skip
+        return (
+            f"diverged at step {self.first_bad_step}: the loss or gradient norm was not finite for {self.streak} "
+            f"steps in a row (--max-nonfinite-steps {self.limit}); the last checkpoint is the last good one; "
+            "lower the learning rate or check the data, then resume"
+        )
 
 
 @dataclass
@@ -87,8 +89,14 @@ class SpikeWatch:
             return False
         spike = bool(self.factor and len(self.recent) >= 5 and loss > self.factor * statistics.median(self.recent))
         if spike:
-            log.warning("loss spike at step %d: %.4f, above %.1f x the median %.4f of the last %d logged losses",
-                        step, loss, self.factor, statistics.median(self.recent), len(self.recent))  # fmt: skip
+            log.warning(
+                "loss spike at step %d: %.4f, above %.1f x the median %.4f of the last %d logged losses",
+                step,
+                loss,
+                self.factor,
+                statistics.median(self.recent),
+                len(self.recent),
+            )
         self.recent.append(loss)
         return spike
 
@@ -131,9 +139,16 @@ class Heartbeat:
     most of the collective timeout: on GPUs NCCL's watchdog ends the process at the timeout, before any Python
     handler could (TORCH_NCCL_ASYNC_ERROR_HANDLING's default)."""
 
-    def __init__(self, store: dist.Store, rank: int, world: int, timeout_s: float,
-                 on_silent: Callable[[list[int], int], None] | None = None,
-                 on_peer_failure: Callable[[int, str], None] | None = None, failure_grace_s: float = 5.0):  # fmt: skip
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world: int,
+        timeout_s: float,
+        on_silent: Callable[[list[int], int], None] | None = None,
+        on_peer_failure: Callable[[int, str], None] | None = None,
+        failure_grace_s: float = 5.0,
+    ):
         self.store, self.rank, self.world = store, rank, world
         self.on_silent = on_silent  # told (silent ranks, last step) when the thread names them
         self.on_peer_failure = on_peer_failure  # told (failed rank, its error) once its grace has passed
@@ -177,13 +192,22 @@ class Heartbeat:
     def _report_stuck(self) -> None:
         waited = time.monotonic() - self._stepped_at
         if silent := self.silent_ranks():
-            log.error("no step completed for %.0fs after step %d: rank(s) %s stopped answering (a stopped or hung "
-                      "process, or a lost node)", waited, self.step, ", ".join(map(str, silent)))  # fmt: skip
+            log.error(
+                "no step completed for %.0fs after step %d: rank(s) %s stopped answering (a stopped or hung "
+                "process, or a lost node)",
+                waited,
+                self.step,
+                ", ".join(map(str, silent)),
+            )
             if self.on_silent is not None:
                 self.on_silent(silent, self.step)
         else:
-            log.warning("no step completed for %.0fs after step %d, and every rank still answers: a slow step, or "
-                        "a collective stuck in the network", waited, self.step)  # fmt: skip
+            log.warning(
+                "no step completed for %.0fs after step %d, and every rank still answers: a slow step, or "
+                "a collective stuck in the network",
+                waited,
+                self.step,
+            )
 
     def _key(self, rank: int) -> str:
         return f"heartbeat/{rank}"

@@ -60,8 +60,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight.to(weight.dtype), None, None
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:  # fmt: skip
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS
+) -> torch.Tensor:
     """The mean next-token cross-entropy (fp32) of the logits `hidden` [..., h] @ `weight` [vocab, h].T against
     `targets` [...], one chunk of at most `chunk_elements` fp32 logits at a time (the plain form when they all fit
     in one). Targets equal to `IGNORE_INDEX` take no part, as in `F.cross_entropy`: the mean is over the others."""
@@ -103,8 +104,13 @@ def with_output_head(model: torch.nn.Module) -> torch.nn.Module:
     """Replace the transformers model's output Linear with an `OutputHead` of the same shape (on the meta device,
     before the model has storage; the weight's name, and a tie to the input embedding, stay as they were)."""
     head = model.get_output_embeddings()
-    new = OutputHead(head.in_features, head.out_features, bias=head.bias is not None, device=head.weight.device,
-                     dtype=head.weight.dtype)  # fmt: skip
+    new = OutputHead(
+        head.in_features,
+        head.out_features,
+        bias=head.bias is not None,
+        device=head.weight.device,
+        dtype=head.weight.dtype,
+    )
     model.set_output_embeddings(new)
     if model.config.tie_word_embeddings:
         model.tie_weights()

@@ -100,8 +100,17 @@ def model_shape(config: Any) -> ModelShape:
     if config.tie_word_embeddings:  # the root unit: everything outside the blocks
         inside = {id(p) for block in blocks(model).values() for p in block.parameters()}
         output = {id(p): p.numel() for p in model.parameters() if id(p) not in inside}
-    return ModelShape(sum(p.numel() for p in model.parameters()), max(block_sizes), len(block_sizes), hidden, inner,
-                      config.vocab_size, heads, kv_width, sum(output.values()))  # fmt: skip
+    return ModelShape(
+        sum(p.numel() for p in model.parameters()),
+        max(block_sizes),
+        len(block_sizes),
+        hidden,
+        inner,
+        config.vocab_size,
+        heads,
+        kv_width,
+        sum(output.values()),
+    )
 
 
 def shard_ranks(parallelism: str, world: int, gpus_per_node: int) -> int:
@@ -118,12 +127,20 @@ def block_activation_bytes(shape: ModelShape, activation_checkpointing: str) -> 
     """Bytes one block keeps for backward per token, in bf16 (the module docstring)."""
     h, i = shape.hidden, shape.inner
     attention = 4 * shape.kv_width + 4 * shape.heads  # keys and values, SDPA's fp32 log-sum-exp per head
-    return {"none": 20 * h + 8 * i + attention, "selective": 10 * h + 4 * i + attention,
-            "full": 2 * h}[activation_checkpointing]  # fmt: skip
+    return {"none": 20 * h + 8 * i + attention, "selective": 10 * h + 4 * i + attention, "full": 2 * h}[
+        activation_checkpointing
+    ]
 
 
-def estimate(shape: ModelShape, parallelism: str, world: int, gpus_per_node: int, batch_size: int, seq_len: int,
-             activation_checkpointing: str = "none") -> MemoryEstimate:  # fmt: skip
+def estimate(
+    shape: ModelShape,
+    parallelism: str,
+    world: int,
+    gpus_per_node: int,
+    batch_size: int,
+    seq_len: int,
+    activation_checkpointing: str = "none",
+) -> MemoryEstimate:
     """Bytes per GPU for a micro-batch of `batch_size` x `seq_len` tokens (see the module docstring). Gradient
     accumulation's steps do not change it."""
     n = shard_ranks(parallelism, world, gpus_per_node)

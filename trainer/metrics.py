@@ -69,8 +69,9 @@ def peak_flops(device: torch.device, given_tflops: float) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     if name not in PEAK_BF16_FLOPS:
-        log.warning("no MFU: no peak FLOP/s known for %r (known: %s); pass --peak-tflops", name,
-                    ", ".join(PEAK_BF16_FLOPS))  # fmt: skip
+        log.warning(
+            "no MFU: no peak FLOP/s known for %r (known: %s); pass --peak-tflops", name, ", ".join(PEAK_BF16_FLOPS)
+        )
     return PEAK_BF16_FLOPS.get(name)
 
 
@@ -197,14 +198,28 @@ def short_float(value: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def step_line(step: int, max_steps: int, loss: float, lr: float, grad_norm: float, tokens_per_s: float,
-              mfu: float | None, eta_s: float | None) -> str:  # fmt: skip
+def step_line(
+    step: int,
+    max_steps: int,
+    loss: float,
+    lr: float,
+    grad_norm: float,
+    tokens_per_s: float,
+    mfu: float | None,
+    eta_s: float | None,
+) -> str:
     """Rank 0's line at a logged step: position, loss, learning rate, gradient norm, throughput, MFU, time left."""
-    return "  ".join([
-        f"step {step}/{max_steps}", f"loss {loss:.4f}", f"lr {short_float(lr)}", f"gnorm {grad_norm:.2f}",
-        f"tok/s {human_count(tokens_per_s)}", f"mfu {NO_VALUE if mfu is None else f'{mfu:.1%}'}",
-        f"eta {human_duration(eta_s)}",
-    ])  # fmt: skip
+    return "  ".join(
+        [
+            f"step {step}/{max_steps}",
+            f"loss {loss:.4f}",
+            f"lr {short_float(lr)}",
+            f"gnorm {grad_norm:.2f}",
+            f"tok/s {human_count(tokens_per_s)}",
+            f"mfu {NO_VALUE if mfu is None else f'{mfu:.1%}'}",
+            f"eta {human_duration(eta_s)}",
+        ]
+    )
 
 
 def plan_line(parameters: int, tokens_per_step: int, max_steps: int, train_tokens: int) -> str:
@@ -213,6 +228,8 @@ def plan_line(parameters: int, tokens_per_step: int, max_steps: int, train_token
     total = tokens_per_step * max_steps
     epochs = total / train_tokens if train_tokens else math.inf
     passes = f"{epochs:.0f}" if epochs >= 10 else f"{epochs:.1f}" if epochs >= 0.1 else f"{epochs:.2g}"
-    return (f"model {human_count(parameters)} params; {tokens_per_step:,} tokens per step x {max_steps:,} steps = "
-            f"{human_count(total)} tokens, {passes} epochs of the train split "
-            f"({human_count(train_tokens)} tokens)")  # fmt: skip
+    return (
+        f"model {human_count(parameters)} params; {tokens_per_step:,} tokens per step x {max_steps:,} steps = "
+        f"{human_count(total)} tokens, {passes} epochs of the train split "
+        f"({human_count(train_tokens)} tokens)"
+    )

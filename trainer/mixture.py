@@ -97,8 +97,10 @@ def one_tokenizer(tokenizers: dict[str, str], what: str, remedy: str) -> None:
     first = next(iter(tokenizers))
     for name, digest in tokenizers.items():
         if digest != tokenizers[first]:
-            raise DataError(f"{what}: dataset {name!r} was staged with another tokenizer than {first!r} (sha256 "
-                            f"{digest[:12]} vs {tokenizers[first][:12]}): {remedy}")  # fmt: skip
+            raise DataError(
+                f"{what}: dataset {name!r} was staged with another tokenizer than {first!r} (sha256 "
+                f"{digest[:12]} vs {tokenizers[first][:12]}): {remedy}"
+            )
 
 
 def shares(weights: Sequence[float]) -> list[float]:
@@ -139,19 +141,27 @@ class MixturePosition:
         return f"sequence {self.offset} of the mixture"
 
     def state_dict(self) -> dict[str, Any]:
-        return {"order": MIXTURE_ORDER, "offset": self.offset, "consumed": dict(self.consumed),
-                "weights": dict(self.weights)}  # fmt: skip
+        return {
+            "order": MIXTURE_ORDER,
+            "offset": self.offset,
+            "consumed": dict(self.consumed),
+            "weights": dict(self.weights),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("order") != MIXTURE_ORDER:
-            raise DataError("--mixture: this run trained on one dataset, not a mixture; an exact resume keeps its "
-                            "data: resume without --mixture, or start a new run from its weights "
-                            "(--init-from)")  # fmt: skip
+            raise DataError(
+                "--mixture: this run trained on one dataset, not a mixture; an exact resume keeps its "
+                "data: resume without --mixture, or start a new run from its weights "
+                "(--init-from)"
+            )
         if list(state["weights"].items()) != list(self.weights.items()):  # in order: the order cuts the intervals
-            raise DataError(f"--mixture {describe_weights(self.weights)} differs from the mixture this run trained "
-                            f"on ({describe_weights(state['weights'])}); an exact resume keeps its mixture: resume "
-                            "with it, or start a new run from this one's weights (--init-from) with the new "
-                            "weights")  # fmt: skip
+            raise DataError(
+                f"--mixture {describe_weights(self.weights)} differs from the mixture this run trained "
+                f"on ({describe_weights(state['weights'])}); an exact resume keeps its mixture: resume "
+                "with it, or start a new run from this one's weights (--init-from) with the new "
+                "weights"
+            )
         self.offset, self.consumed = int(state["offset"]), {k: int(v) for k, v in state["consumed"].items()}
 
 
@@ -182,21 +192,38 @@ class MixtureBatches:
     """Yields this rank's micro-batches of a mixture, advancing a MixturePosition; the interface of
     trainer/data.py TokenBatches (the loop and the prefetcher do not know which they read)."""
 
-    def __init__(self, names: Sequence[str], splits: Sequence[TokenSplit], weights: Sequence[float], seq_len: int,
-                 batch_size: int, rank: int, world_size: int, seed: int):  # fmt: skip
+    def __init__(
+        self,
+        names: Sequence[str],
+        splits: Sequence[TokenSplit],
+        weights: Sequence[float],
+        seq_len: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+    ):
         self.names, self.splits, self.weights = list(names), list(splits), list(weights)
-        self.seq_len, self.batch_size, self.rank, self.world_size, self.seed = (seq_len, batch_size, rank,
-                                                                                 world_size, seed)  # fmt: skip
+        self.seq_len, self.batch_size, self.rank, self.world_size, self.seed = (
+            seq_len,
+            batch_size,
+            rank,
+            world_size,
+            seed,
+        )
         self.global_batch = batch_size * world_size
         self.windows_of = [split.num_windows(seq_len) for split in self.splits]
         for name, split, windows, weight in zip(self.names, self.splits, self.windows_of, self.weights, strict=True):
             if weight > 0 and windows == 0:
-                raise DataError(f"--mixture: dataset {name!r}'s {split.name} split has {len(split)} tokens, not one "
-                                f"window of {seq_len + 1} tokens in a shard: use a shorter --seq-len, or leave it "
-                                "out")  # fmt: skip
+                raise DataError(
+                    f"--mixture: dataset {name!r}'s {split.name} split has {len(split)} tokens, not one "
+                    f"window of {seq_len + 1} tokens in a shard: use a shorter --seq-len, or leave it "
+                    "out"
+                )
         self.choice = DatasetChoice(self.weights, seed)
-        self.position = MixturePosition(dict(zip(self.names, self.weights, strict=True)), 0,
-                                        dict.fromkeys(self.names, 0))  # fmt: skip
+        self.position = MixturePosition(
+            dict(zip(self.names, self.weights, strict=True)), 0, dict.fromkeys(self.names, 0)
+        )
         self.last_windows = np.empty((0, 2), dtype=np.int64)  # (dataset index, window id) of the latest batch
         self._orders: dict[tuple[int, int], WindowOrder] = {}
         self._plan: _Plan | None = None
@@ -246,8 +273,9 @@ class MixtureBatches:
             for epoch in np.unique(epochs).tolist():
                 ids[epochs == epoch] = self.order(k, epoch)(within[epochs == epoch])
             rows[..., 1][at] = ids
-        counts = np.stack([np.bincount(batch, minlength=len(self.names))
-                           for batch in picks.reshape(AHEAD, self.global_batch)])  # fmt: skip
+        counts = np.stack(
+            [np.bincount(batch, minlength=len(self.names)) for batch in picks.reshape(AHEAD, self.global_batch)]
+        )
         return _Plan(offset, self.global_batch, counted + np.cumsum(counts, axis=0) - counts, counts, rows)
 
     def read(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -270,9 +298,13 @@ class MixtureBatches:
     def accounting(self, pos: MixturePosition | None = None) -> dict[str, dict[str, float | int]]:
         """Each dataset's tokens and (fractional) epochs so far: for the metrics rows and the summary."""
         pos = pos or self.position
-        return {name: {"tokens": pos.consumed[name] * self.seq_len,
-                       "epochs": round(pos.consumed[name] / windows, 4) if windows else 0.0}
-                for name, windows in zip(self.names, self.windows_of, strict=True)}  # fmt: skip
+        return {
+            name: {
+                "tokens": pos.consumed[name] * self.seq_len,
+                "epochs": round(pos.consumed[name] / windows, 4) if windows else 0.0,
+            }
+            for name, windows in zip(self.names, self.windows_of, strict=True)
+        }
 
 
 def resolve_mixture(text: str, checkpoint: dict[str, Any] | None, policy: str) -> list[MixtureEntry]:
@@ -305,8 +337,9 @@ def resolve_mixture(text: str, checkpoint: dict[str, Any] | None, policy: str) -
 def mixture_plan(batches: MixtureBatches, sequences: int) -> str:
     """Each dataset's share, size and the epochs a run of `sequences` sequences makes of it: the plan's second line."""
     parts = []
-    for name, split, windows, share in zip(batches.names, batches.splits, batches.windows_of,
-                                           shares(batches.weights), strict=True):  # fmt: skip
+    for name, split, windows, share in zip(
+        batches.names, batches.splits, batches.windows_of, shares(batches.weights), strict=True
+    ):
         epochs = share * sequences / windows if windows else 0.0
         parts.append(f"{name} {share:.1%} of {len(split):,} tokens ({epochs:.2g} epochs)")
     total = sum(batches.weights)

@@ -109,17 +109,33 @@ def set_dropout(config: PretrainedConfig, dropout: float) -> PretrainedConfig:
 # (src/transformers/configuration_utils.py, _get_global_generation_defaults) and rope_theta, which 5.x leaves out
 # or calls rope_parameters; comparing whole configs refused every resume across a transformers upgrade.
 ARCHITECTURE_KEYS = (
-    "model_type", "vocab_size", "bos_token_id", "eos_token_id", "tie_word_embeddings",
-    "n_layer", "n_embd", "n_head", "n_inner", "n_positions",  # gpt2
-    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-    "max_position_embeddings", "head_dim",  # llama
-)  # fmt: skip
+    "model_type",
+    "vocab_size",
+    "bos_token_id",
+    "eos_token_id",
+    "tie_word_embeddings",
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "n_inner",
+    "n_positions",  # gpt2
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "head_dim",  # llama
+)
 
 
 def architecture_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """The architecture fields on which a saved model config and this run's differ, as 'name: saved -> now'."""
-    return [f"{key}: {saved[key]!r} -> {current[key]!r}" for key in ARCHITECTURE_KEYS
-            if key in saved and key in current and saved[key] != current[key]]  # fmt: skip
+    return [
+        f"{key}: {saved[key]!r} -> {current[key]!r}"
+        for key in ARCHITECTURE_KEYS
+        if key in saved and key in current and saved[key] != current[key]
+    ]
 
 
 def build_model(config: PretrainedConfig) -> torch.nn.Module:

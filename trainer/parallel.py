@@ -85,9 +85,17 @@ class Parallelized:
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-def parallelize(config: Any, kind: str, device: torch.device, seed: int, local_world: int,
-                comm_hook: Callable | None = None, compile_model: bool = False,
-                activation_checkpointing: str = "none", initial_weights: bool = True) -> Parallelized:  # fmt: skip
+def parallelize(
+    config: Any,
+    kind: str,
+    device: torch.device,
+    seed: int,
+    local_world: int,
+    comm_hook: Callable | None = None,
+    compile_model: bool = False,
+    activation_checkpointing: str = "none",
+    initial_weights: bool = True,
+) -> Parallelized:
     """Build the transformers model for `config` on the meta device, spread it as `kind` says, give it memory on
     `device` and its initial weights (initialize; without `initial_weights`, its buffers only: the caller loads
     every weight next, a published model's); then wrap the loss for DDP or compile it."""
@@ -104,8 +112,12 @@ def parallelize(config: Any, kind: str, device: torch.device, seed: int, local_w
     if kind == "ddp":
         # Gradients are views into DDP's all-reduce buckets (no second copy of them); the only buffers, the rotary
         # frequencies, are computed the same on every rank, so nothing is broadcast at each forward.
-        ddp = DistributedDataParallel(loss, device_ids=[device.index] if device.type == "cuda" else None,
-                                      gradient_as_bucket_view=True, forward_sync_buffers=False)  # fmt: skip
+        ddp = DistributedDataParallel(
+            loss,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            forward_sync_buffers=False,
+        )
         if comm_hook is not None:
             ddp.register_comm_hook(None, comm_hook)
     forward_loss = ddp if ddp is not None else loss
@@ -116,10 +128,14 @@ def parallelize(config: Any, kind: str, device: torch.device, seed: int, local_w
 
 # What selective activation checkpointing keeps from a block's forward: the matmuls' and attention's outputs (the
 # costly part to compute again); everything elementwise (norms, activations, rotary, residual adds) is recomputed.
-_KEPT_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-             torch.ops.aten._scaled_dot_product_efficient_attention.default,
-             torch.ops.aten._scaled_dot_product_flash_attention.default,
-             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}  # fmt: skip
+_KEPT_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
 
 
 def _keep_matmuls(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
@@ -146,8 +162,11 @@ def shard(model: torch.nn.Module, kind: str, device: torch.device, local_world: 
     world = dist.get_world_size()
     kind = "hsdp" if kind == "hsdp" or world > local_world else "fsdp"
     mesh = fsdp_mesh(device, kind, world, local_world)
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
-        else MixedPrecisionPolicy()  # fmt: skip
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if device.type == "cuda"
+        else MixedPrecisionPolicy()
+    )
     embedding, (norm, head) = model.get_input_embeddings(), output_units(model)
     if not model.config.tie_word_embeddings:
         fully_shard(embedding, mesh=mesh, mp_policy=policy)
@@ -181,8 +200,11 @@ def blocks(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """The transformer blocks, by name: the modules transformers keeps whole when it splits a model
     (`_no_split_modules`: GPT2Block, LlamaDecoderLayer)."""
     kinds = set(getattr(model, "_no_split_modules", None) or ())  # fully_shard subclasses them (FSDPGPT2Block)
-    return {name: module for name, module in model.named_modules()
-            if any(cls.__name__ in kinds for cls in type(module).__mro__)}  # fmt: skip
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if any(cls.__name__ in kinds for cls in type(module).__mro__)
+    }
 
 
 def init_units(template: torch.nn.Module) -> dict[str, torch.nn.Module]:

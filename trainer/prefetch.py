@@ -37,16 +37,18 @@ class _Batch:
 class Prefetcher:
     """Reads this rank's micro-batches ahead of the loop; `next()` hands them over on the device."""
 
-    def __init__(self, batches: TokenBatches | MixtureBatches, device: torch.device, depth: int = 2,
-                 read_latency_s: float = 0.0):  # fmt: skip
+    def __init__(
+        self, batches: TokenBatches | MixtureBatches, device: torch.device, depth: int = 2, read_latency_s: float = 0.0
+    ):
         self.batches, self.device = batches, device
         self.read_latency_s = read_latency_s  # fault injection: a cold file system (--fault-read-latency-s)
         self.waited_s = 0.0  # time the loop waited for input, since the last `take_waited()`
         self._pin = device.type == "cuda"
         self._queue: queue.Queue[_Batch | BaseException] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._produce, args=(batches.position.copy(),), name="prefetch",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._produce, args=(batches.position.copy(),), name="prefetch", daemon=True
+        )
         self._thread.start()
 
     def _produce(self, position: DataPosition | MixturePosition) -> None:

@@ -60,14 +60,17 @@ class PublishedModel:
             raise CheckpointError(f"{where}: config.json is not readable JSON ({exc})") from None
         model_type = config.get("model_type")
         if model_type not in TRAINABLE:
-            raise CheckpointError(f"{where}: model_type {model_type!r} cannot be trained here: choose a model of type "
-                                  f"{' or '.join(TRAINABLE)}")  # fmt: skip
+            raise CheckpointError(
+                f"{where}: model_type {model_type!r} cannot be trained here: choose a model of type "
+                f"{' or '.join(TRAINABLE)}"
+            )
         if (path / INDEX).is_file():
             weight_map = json.loads((path / INDEX).read_text()).get("weight_map") or {}
             files = tuple(sorted(set(weight_map.values())))
             if missing := [name for name in files if not (path / name).is_file()]:
-                raise CheckpointError(f"{where}: {INDEX} names {len(missing)} file(s) that are not there: "
-                                      f"{', '.join(missing[:3])}")  # fmt: skip
+                raise CheckpointError(
+                    f"{where}: {INDEX} names {len(missing)} file(s) that are not there: {', '.join(missing[:3])}"
+                )
         elif (path / SINGLE).is_file():
             files = (SINGLE,)
         elif pickles := sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth") for p in path.glob(pattern)):
@@ -94,15 +97,24 @@ class PublishedModel:
         was copied from, with the objects' ETags: staging's copy, trainer/layout.py ModelPaths; else each file's
         sha256), the files' total size, the dtype they hold, and a short name for reports."""
         size = sum((self.path / name).stat().st_size for name in self.files)
-        origin = {"model": str(self.path), "name": self.path.name, "model_type": self.config["model_type"],
-                  "dtype": self.dtype, "bytes": size}  # fmt: skip
+        origin = {
+            "model": str(self.path),
+            "name": self.path.name,
+            "model_type": self.config["model_type"],
+            "dtype": self.dtype,
+            "bytes": size,
+        }
         copy = ModelPaths.copy_holding(self.path)
         if copy is not None:
             manifest = json.loads(copy.manifest.read_text())
             etags = {e["key"]: e.get("etag", "") for e in manifest["files"]}
             source = str(manifest["source"]).rstrip("/")
-            return {**origin, "name": source.rsplit("/", 1)[-1], "s3_uri": manifest["source"],
-                    "etags": {name: etags.get(name, "") for name in self.files}}  # fmt: skip
+            return {
+                **origin,
+                "name": source.rsplit("/", 1)[-1],
+                "s3_uri": manifest["source"],
+                "etags": {name: etags.get(name, "") for name in self.files},
+            }
         return {**origin, "sha256": {name: sha256_of(self.path / name) for name in self.files}}
 
     @property
@@ -126,8 +138,10 @@ class PublishedModel:
         if given == own:
             return None
         other = sum(1 for token, index in given.items() if own.get(token) != index)
-        return (f"the tokenizer is not the model's own: {other:,} of its {len(given):,} tokens have another id (or "
-                f"none) in the model's {len(own):,}")  # fmt: skip
+        return (
+            f"the tokenizer is not the model's own: {other:,} of its {len(given):,} tokens have another id (or "
+            f"none) in the model's {len(own):,}"
+        )
 
 
 def load_weights(model: torch.nn.Module, published: PublishedModel) -> None:
@@ -147,13 +161,16 @@ def load_weights(model: torch.nn.Module, published: PublishedModel) -> None:
     file_keys = {model_key(key, model.base_model_prefix, parameters): key for key in shapes}
     where = f"--init-from-model {published.path}"
     if missing := sorted(set(parameters) - set(file_keys)):
-        raise CheckpointError(f"{where}: {len(missing)} weight(s) of the model are not in its files: "
-                              f"{', '.join(missing[:3])}")  # fmt: skip
+        raise CheckpointError(
+            f"{where}: {len(missing)} weight(s) of the model are not in its files: {', '.join(missing[:3])}"
+        )
     state = {file_keys[name]: parameter for name, parameter in parameters.items()}  # as the files name them
     for key, parameter in state.items():
         if shapes[key] != tuple(parameter.shape):
-            raise CheckpointError(f"{where}: {key} is {list(shapes[key])} in the files and {list(parameter.shape)} "
-                                  "in the model its config.json describes")  # fmt: skip
+            raise CheckpointError(
+                f"{where}: {key} is {list(shapes[key])} in the files and {list(parameter.shape)} "
+                "in the model its config.json describes"
+            )
     with warnings.catch_warnings():  # one process (the evaluation's baseline) is meant: DCP warns it assumes so
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, storage_reader=TensorAtATimeReader(str(published.path)), no_dist=not dist.is_initialized())

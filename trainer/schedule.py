@@ -41,8 +41,11 @@ class ScheduleSettings:
 
     def differences(self, other: ScheduleSettings) -> list[str]:
         """The settings that differ, as 'name: mine -> other'."""
-        return [f"{f.name}: {getattr(self, f.name)!r} -> {getattr(other, f.name)!r}" for f in fields(self)
-                if getattr(self, f.name) != getattr(other, f.name)]  # fmt: skip
+        return [
+            f"{f.name}: {getattr(self, f.name)!r} -> {getattr(other, f.name)!r}"
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]
 
     def cosine(self, progress: float) -> float:
         """The decay from the peak (progress 0) to min_lr_ratio x peak (progress 1 and beyond)."""
@@ -96,20 +99,26 @@ class LRSchedule:
         """Go on from `step`, at the learning rate it has now, to `settings`' end, as `kind` says; a CheckpointError
         in one line for what `kind` cannot do."""
         if settings.max_steps <= step:
-            raise CheckpointError(f"--extend-schedule: --max-steps {settings.max_steps} is not beyond step {step}, "
-                                  "where the checkpoint resumes: give a larger --max-steps")  # fmt: skip
+            raise CheckpointError(
+                f"--extend-schedule: --max-steps {settings.max_steps} is not beyond step {step}, "
+                "where the checkpoint resumes: give a larger --max-steps"
+            )
         start_lr = self.lr_at(step)
         if kind == CONTINUE:
             fixed = [c for c in self.current.differences(settings) if c.startswith(("lr:", "warmup_steps:"))]
             if fixed:
-                raise CheckpointError(f"--extend-schedule continue keeps the run's peak learning rate and warm-up "
-                                      f"({'; '.join(fixed)}): give the run's own --lr and --warmup-steps, or "
-                                      "--extend-schedule rewarm to warm up to new ones")  # fmt: skip
+                raise CheckpointError(
+                    f"--extend-schedule continue keeps the run's peak learning rate and warm-up "
+                    f"({'; '.join(fixed)}): give the run's own --lr and --warmup-steps, or "
+                    "--extend-schedule rewarm to warm up to new ones"
+                )
             end = settings.lr * settings.min_lr_ratio
             if start_lr < end * (1 - 1e-12):  # (a finished decay ends on it, give or take rounding)
-                raise CheckpointError(f"--extend-schedule continue decays from the learning rate at step {step} "
-                                      f"({start_lr:.3g}), which is below the end learning rate ({end:.3g}): give "
-                                      "--extend-schedule rewarm to go up to a peak first")  # fmt: skip
+                raise CheckpointError(
+                    f"--extend-schedule continue decays from the learning rate at step {step} "
+                    f"({start_lr:.3g}), which is below the end learning rate ({end:.3g}): give "
+                    "--extend-schedule rewarm to go up to a peak first"
+                )
         elif kind != REWARM:
             raise CheckpointError(f"--extend-schedule {kind!r} is unknown: give {' or '.join(EXTENSIONS)}")
         self.extensions.append(Extension(step, start_lr, settings, kind))
@@ -133,11 +142,15 @@ class LRSchedule:
     def state_dict(self) -> dict[str, Any]:
         return {
             "base": asdict(self.base),
-            "extensions": [{"start_step": e.start_step, "start_lr": e.start_lr, "settings": asdict(e.settings),
-                            "kind": e.kind} for e in self.extensions],
-        }  # fmt: skip
+            "extensions": [
+                {"start_step": e.start_step, "start_lr": e.start_lr, "settings": asdict(e.settings), "kind": e.kind}
+                for e in self.extensions
+            ],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.base = ScheduleSettings(**state["base"])
-        self.extensions = [Extension(e["start_step"], e["start_lr"], ScheduleSettings(**e["settings"]),
-                                     e.get("kind", REWARM)) for e in state["extensions"]]  # fmt: skip
+        self.extensions = [
+            Extension(e["start_step"], e["start_lr"], ScheduleSettings(**e["settings"]), e.get("kind", REWARM))
+            for e in state["extensions"]
+        ]

@@ -22,8 +22,11 @@ POLICIES = (KEEP, REFUSE)
 
 def snapshot_record(data_dir: Path, meta: dict[str, Any]) -> dict[str, str]:
     """What a checkpoint records of the data it was trained on (the tokenizer: for a warm start from it)."""
-    return {"dataset": dataset_of_snapshot(data_dir).name, "snapshot": data_dir.name,
-            "tokenizer_sha256": meta.get("tokenizer_sha256", "")}  # fmt: skip
+    return {
+        "dataset": dataset_of_snapshot(data_dir).name,
+        "snapshot": data_dir.name,
+        "tokenizer_sha256": meta.get("tokenizer_sha256", ""),
+    }
 
 
 def model_vocab(meta: dict[str, Any]) -> int:
@@ -53,8 +56,10 @@ def given_snapshot(data_dir: Path) -> Path:
     except ValueError as exc:  # an unreadable current.json
         raise DataError(f"--data-dir {data_dir}: {exc}") from None
     if current is None:
-        raise DataError(f"--data-dir {data_dir}: neither a dataset snapshot (no {META}) nor a staged dataset (no "
-                        "current.json): stage the dataset first")  # fmt: skip
+        raise DataError(
+            f"--data-dir {data_dir}: neither a dataset snapshot (no {META}) nor a staged dataset (no "
+            "current.json): stage the dataset first"
+        )
     return current
 
 
@@ -70,21 +75,31 @@ def training_snapshot(data_dir: Path, checkpoint: dict[str, Any] | None, policy:
         return data_dir
     given = {"dataset": dataset_of_snapshot(data_dir).name, "snapshot": data_dir.name}
     if recorded["dataset"] != given["dataset"]:
-        raise CheckpointError(f"--data-dir {data_dir} is of dataset {given['dataset']!r}, and this run trained on "
-                              f"{recorded['dataset']!r}: resume with its dataset, or start a new run")  # fmt: skip
+        raise CheckpointError(
+            f"--data-dir {data_dir} is of dataset {given['dataset']!r}, and this run trained on "
+            f"{recorded['dataset']!r}: resume with its dataset, or start a new run"
+        )
     if recorded["snapshot"] == given["snapshot"]:
         return data_dir
     if policy == REFUSE:
-        raise CheckpointError(f"dataset {given['dataset']!r} was staged again: --data-dir is snapshot "
-                              f"{given['snapshot']}, this run's checkpoint was trained on snapshot "
-                              f"{recorded['snapshot']}; resume with --on-new-snapshot keep to go on with the "
-                              "checkpoint's, or start a new run (a warm start) on the new one")  # fmt: skip
+        raise CheckpointError(
+            f"dataset {given['dataset']!r} was staged again: --data-dir is snapshot "
+            f"{given['snapshot']}, this run's checkpoint was trained on snapshot "
+            f"{recorded['snapshot']}; resume with --on-new-snapshot keep to go on with the "
+            "checkpoint's, or start a new run (a warm start) on the new one"
+        )
     kept = dataset_of_snapshot(data_dir).resolve_snapshot(recorded["snapshot"])
     if kept is None or not (kept / META).is_file():
-        raise CheckpointError(f"this run trained on snapshot {recorded['snapshot']} of dataset {given['dataset']!r}, "
-                              f"which is gone ({kept} has no {META}): it cannot resume exactly; start a new run (a "
-                              f"warm start) on snapshot {given['snapshot']}")  # fmt: skip
-    log.warning("dataset %r was staged again since this run started: the run keeps training on its snapshot %s, "
-                "not on %s; a new run (or a warm start from this one) trains on the new data", given["dataset"],
-                recorded["snapshot"], given["snapshot"])  # fmt: skip
+        raise CheckpointError(
+            f"this run trained on snapshot {recorded['snapshot']} of dataset {given['dataset']!r}, "
+            f"which is gone ({kept} has no {META}): it cannot resume exactly; start a new run (a "
+            f"warm start) on snapshot {given['snapshot']}"
+        )
+    log.warning(
+        "dataset %r was staged again since this run started: the run keeps training on its snapshot %s, "
+        "not on %s; a new run (or a warm start from this one) trains on the new data",
+        given["dataset"],
+        recorded["snapshot"],
+        given["snapshot"],
+    )
     return kept

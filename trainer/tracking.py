@@ -60,15 +60,20 @@ def check_tracking_uri(uri: str) -> str:
     if not uri or ARN.fullmatch(uri):
         return uri
     if uri.startswith("arn:"):
-        raise ValueError(f"{uri!r} is not a SageMaker MLflow ARN (arn:aws:sagemaker:<region>:<account>:"
-                         "mlflow-tracking-server/<name> or ...:mlflow-app/<id>)")  # fmt: skip
+        raise ValueError(
+            f"{uri!r} is not a SageMaker MLflow ARN (arn:aws:sagemaker:<region>:<account>:"
+            "mlflow-tracking-server/<name> or ...:mlflow-app/<id>)"
+        )
     parts = urlsplit(uri)
     if "@" in parts.netloc:  # said without the URI: it would repeat them
-        raise ValueError("the tracking URI holds credentials, which would show in the KFP UI and the logs: give the "
-                         "URL without them and the token in the pod's environment (MLFLOW_TRACKING_TOKEN)")  # fmt: skip
+        raise ValueError(
+            "the tracking URI holds credentials, which would show in the KFP UI and the logs: give the "
+            "URL without them and the token in the pod's environment (MLFLOW_TRACKING_TOKEN)"
+        )
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{uri!r} is neither an http(s):// URL of an MLflow tracking server nor a SageMaker MLflow "
-                         "ARN")  # fmt: skip
+        raise ValueError(
+            f"{uri!r} is neither an http(s):// URL of an MLflow tracking server nor a SageMaker MLflow ARN"
+        )
     if parts.query or parts.fragment:
         raise ValueError(f"{uri!r} has a query or fragment: give the tracking server's base URL")
     return uri
@@ -93,8 +98,10 @@ def check_plugin(uri: str) -> None:
         try:
             import sagemaker_mlflow  # noqa: F401
         except ImportError:
-            raise ImportError(f"the MLflow tracking URI is a SageMaker ARN and the sagemaker-mlflow plugin is not "
-                              f"installed: {PLUGIN_EXTRA}") from None  # fmt: skip
+            raise ImportError(
+                f"the MLflow tracking URI is a SageMaker ARN and the sagemaker-mlflow plugin is not "
+                f"installed: {PLUGIN_EXTRA}"
+            ) from None
 
 
 def flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -110,8 +117,11 @@ def flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def flat_params(settings: Mapping[str, Any]) -> dict[str, str]:
     """config.json as MLflow params: values as text, lists as JSON, none left out."""
-    return {k: json.dumps(v) if isinstance(v, list | tuple) else str(v) for k, v in flatten(settings).items()
-            if v is not None}  # fmt: skip
+    return {
+        k: json.dumps(v) if isinstance(v, list | tuple) else str(v)
+        for k, v in flatten(settings).items()
+        if v is not None
+    }
 
 
 def chart_points(row: Mapping[str, Any]) -> dict[str, float]:
@@ -119,8 +129,9 @@ def chart_points(row: Mapping[str, Any]) -> dict[str, float]:
     figures (tokens, epochs, val loss and bits per byte) under data/<dataset>/."""
     points = {chart: float(row[name]) for name, chart in CHARTS.items() if isinstance(row.get(name), int | float)}
     for dataset, figures in (row.get("datasets") or {}).items():
-        points |= {f"data/{dataset}/{name}": float(value) for name, value in figures.items()
-                   if isinstance(value, int | float)}  # fmt: skip
+        points |= {
+            f"data/{dataset}/{name}": float(value) for name, value in figures.items() if isinstance(value, int | float)
+        }
     return points
 
 
@@ -194,9 +205,19 @@ class MlflowFeed:
 
     BATCH = 1000
 
-    def __init__(self, uri: str, experiment: str, run_dir: Path, run_name: str, params: Mapping[str, str],
-                 step: int = 0, queue_size: int = 50_000, attempts: int = 3, request_timeout_s: float = 10.0,
-                 flush_s: float = 2.0):  # fmt: skip
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_dir: Path,
+        run_name: str,
+        params: Mapping[str, str],
+        step: int = 0,
+        queue_size: int = 50_000,
+        attempts: int = 3,
+        request_timeout_s: float = 10.0,
+        flush_s: float = 2.0,
+    ):
         self.uri, self.experiment, self.run_dir, self.run_name, self.step = uri, experiment, run_dir, run_name, step
         self.params, self.attempts, self.request_timeout_s = dict(params), attempts, request_timeout_s
         self.flush_s = flush_s
@@ -235,9 +256,13 @@ class MlflowFeed:
             left += self._in_flight
         self.report.unsent += left
         if self.report.unsent:
-            log.warning("MLflow: %d metric points of this run were not sent to %s (%s); metrics.jsonl and the "
-                        "TensorBoard files have them all", self.report.unsent, self.uri,
-                        "; ".join(self.report.reasons[:3]) or "the server was still busy at the end")  # fmt: skip
+            log.warning(
+                "MLflow: %d metric points of this run were not sent to %s (%s); metrics.jsonl and the "
+                "TensorBoard files have them all",
+                self.report.unsent,
+                self.uri,
+                "; ".join(self.report.reasons[:3]) or "the server was still busy at the end",
+            )
         return FeedReport(self.report.sent, self.report.unsent, list(self.report.reasons))
 
     # -- the thread ----------------------------------------------------------------------------------------------
@@ -248,8 +273,7 @@ class MlflowFeed:
             experiment_id = client.create_experiment(self.experiment, tags=EXPERIMENT_KIND)
         else:
             experiment_id = experiment.experiment_id
-        found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{self.run_dir}'",
-                                   max_results=1)  # fmt: skip
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{self.run_dir}'", max_results=1)
         if found:
             run = found[0]
             old = run.data.params
@@ -266,8 +290,12 @@ class MlflowFeed:
             tags = {RUN_TAG: str(self.run_dir), "hyperpod_pretrain.run_id": self.run_name}
             run = client.create_run(experiment_id, run_name=self.run_name, tags=tags)
             new = self.params
-            log.info("MLflow: run %s in experiment %r (%s)", run.info.run_id, self.experiment,
-                     self._url(experiment_id, run.info.run_id))  # fmt: skip
+            log.info(
+                "MLflow: run %s in experiment %r (%s)",
+                run.info.run_id,
+                self.experiment,
+                self._url(experiment_id, run.info.run_id),
+            )
         from mlflow.entities import Param
 
         items = [Param(k, v[:6000]) for k, v in sorted(new.items())]
@@ -301,8 +329,12 @@ class MlflowFeed:
         """The first failure as a warning; each kind of reason once, for the count said at the end."""
         reason = one_line(exc)
         if not self._warned:
-            log.warning("MLflow: could not send to %s (%s); training goes on, retrying a few times per batch and "
-                        "counting what is dropped", self.uri, reason)  # fmt: skip
+            log.warning(
+                "MLflow: could not send to %s (%s); training goes on, retrying a few times per batch and "
+                "counting what is dropped",
+                self.uri,
+                reason,
+            )
             self._warned = True
         if reason not in self.report.reasons:
             self.report.reasons.append(reason)
@@ -365,8 +397,16 @@ class RunWatch:
         return cls()
 
     @classmethod
-    def start(cls, tensorboard_dir: Path | None, mlflow_record: Path, step: int, settings: Mapping[str, Any],
-              tracking_uri: str = "", experiment: str = "", run_name: str = "") -> RunWatch:  # fmt: skip
+    def start(
+        cls,
+        tensorboard_dir: Path | None,
+        mlflow_record: Path,
+        step: int,
+        settings: Mapping[str, Any],
+        tracking_uri: str = "",
+        experiment: str = "",
+        run_name: str = "",
+    ) -> RunWatch:
         """At `step` (0: a new run; else the step resumed from, past which TensorBoard drops what this directory
         holds: a crash after the last checkpoint logged steps that are trained again). `settings`: config.json."""
         events = None
@@ -375,8 +415,9 @@ class RunWatch:
             from torch.utils.tensorboard.summary import hparams
 
             # purge_step writes a SessionLog START at that step: readers drop the older events at or past it.
-            events = SummaryWriter(str(tensorboard_dir), purge_step=step + 1 if step else None, max_queue=1000,
-                                   flush_secs=10)  # fmt: skip
+            events = SummaryWriter(
+                str(tensorboard_dir), purge_step=step + 1 if step else None, max_queue=1000, flush_secs=10
+            )
             events.add_text("settings", settings_table(flat_params(settings)), step)
             hparam_values = {k: v for k, v in flatten(settings).items() if isinstance(v, bool | int | float | str)}
             for summary in hparams(hparam_values, {"train/loss": 0.0, "eval/val_loss": 0.0}):
@@ -423,8 +464,15 @@ class RunWatch:
             return
         from trainer.atomic import write_json
 
-        write_json(self.record, {"tracking_uri": self.feed.uri, "experiment": self.feed.experiment,
-                                 "run_id": self.feed.run_id, "url": self.feed.url})  # fmt: skip
+        write_json(
+            self.record,
+            {
+                "tracking_uri": self.feed.uri,
+                "experiment": self.feed.experiment,
+                "run_id": self.feed.run_id,
+                "url": self.feed.url,
+            },
+        )
         self._recorded = True
 
     def close(self, timeout_s: float) -> None:
@@ -448,8 +496,15 @@ def settings_table(flat: Mapping[str, str]) -> str:
     return "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in flat.items())
 
 
-def record_outcome(run_dir: Path, step: int | None, values: Mapping[str, float], files: Iterable[Path],
-                   tags: Mapping[str, str], artifact_path: str, timeout_s: float = 60.0) -> None:  # fmt: skip
+def record_outcome(
+    run_dir: Path,
+    step: int | None,
+    values: Mapping[str, float],
+    files: Iterable[Path],
+    tags: Mapping[str, str],
+    artifact_path: str,
+    timeout_s: float = 60.0,
+) -> None:
     """A step after training (the evaluation, the run's summary) adds to the run's charts: `values` at `step` in
     TensorBoard's files of <run_dir>/tensorboard/, and to the run's MLflow run (<run_dir>/mlflow.json, when it has one)
     those values, `files` as artifacts under `artifact_path` and `tags`. A server that fails is a warning: the step's
@@ -476,8 +531,12 @@ def record_outcome(run_dir: Path, step: int | None, values: Mapping[str, float],
 
     failed = with_mlflow_run(run_dir, send, "mlflow-outcome", timeout_s)
     if failed:
-        log.warning("MLflow: the %s of run %s was not recorded there (%s); its files on the volume have it",
-                    artifact_path, run_dir.name, failed)  # fmt: skip
+        log.warning(
+            "MLflow: the %s of run %s was not recorded there (%s); its files on the volume have it",
+            artifact_path,
+            run_dir.name,
+            failed,
+        )
 
 
 def with_mlflow_run(run_dir: Path, work: Callable[[Any, str], None], name: str, timeout_s: float) -> str | None:

@@ -120,8 +120,9 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     """`cleanup`: what is left open on the way out (rank 0's TensorBoard writer and MLflow feed)."""
     use_cuda = torch.cuda.is_available()
     if cfg.ddp_comm_hook == "bf16" and not use_cuda:  # DDP refuses the hook under gloo
-        raise SettingError("--ddp-comm-hook bf16 compresses NCCL's gradient all-reduce and needs GPUs; on a CPU "
-                           "(gloo) use none")  # fmt: skip
+        raise SettingError(
+            "--ddp-comm-hook bf16 compresses NCCL's gradient all-reduce and needs GPUs; on a CPU (gloo) use none"
+        )
     run = RunPaths(Path(cfg.run_dir))
     collective_timeout = timedelta(seconds=cfg.collective_timeout_s)  # a silent rank fails the others after it
     init_distributed("nccl" if use_cuda else "gloo", collective_timeout)
@@ -143,15 +144,24 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
 
     report = comms.self_test(device) | {"attempt": attempt}
     write_json(run.comms_report(rank, attempt), report)
-    log.info("comms self-test: all_reduce %s, bus bandwidth %.3f GB/s",
-             "correct" if report["all_reduce_correct"] else "WRONG", report["busbw_gbps"])  # fmt: skip
+    log.info(
+        "comms self-test: all_reduce %s, bus bandwidth %.3f GB/s",
+        "correct" if report["all_reduce_correct"] else "WRONG",
+        report["busbw_gbps"],
+    )
 
     # The newest good checkpoint, if any (on the volume, else the durable copy): it names the dataset snapshot to read.
     # (Checkpoints have their own gloo group: an asynchronous save plans in the background, beside training.)
     checkpoint_group = dist.new_group(backend="gloo", timeout=collective_timeout)
-    checkpoints = CheckpointManager(run.checkpoints, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
-                                    attempt=attempt, group=checkpoint_group, mirror=durable_copy(cfg),
-                                    fail_from_step=cfg.fault_save_at_step)  # fmt: skip
+    checkpoints = CheckpointManager(
+        run.checkpoints,
+        keep=cfg.keep_checkpoints,
+        async_save=cfg.async_checkpoint,
+        attempt=attempt,
+        group=checkpoint_group,
+        mirror=durable_copy(cfg),
+        fail_from_step=cfg.fault_save_at_step,
+    )
     checkpoint = checkpoints.newest()
     state = checkpoint.trainer_state() if checkpoint is not None else None
     # A mixture's datasets (trainer/mixture.py), the first of which stands for all where one is asked for (the
@@ -163,15 +173,25 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     meta = load_meta(data_dir)
     if mixture:
         splits = [load_split(e.directory, "train") for e in mixture]
-        batches = MixtureBatches([e.name for e in mixture], splits, [e.weight for e in mixture], cfg.seq_len,
-                                 cfg.batch_size, rank, world, cfg.seed)  # fmt: skip
+        batches = MixtureBatches(
+            [e.name for e in mixture],
+            splits,
+            [e.weight for e in mixture],
+            cfg.seq_len,
+            cfg.batch_size,
+            rank,
+            world,
+            cfg.seed,
+        )
     else:
         batches = TokenBatches(load_split(data_dir, "train"), cfg.seq_len, cfg.batch_size, rank, world, cfg.seed)
     val_dirs = {e.name: e.directory for e in mixture} or {snapshot_record(data_dir, meta)["dataset"]: data_dir}
     val, byte_lengths = validation_data(val_dirs, meta, cfg.seq_len) if cfg.eval_every else (None, None)
     if cfg.init_from_model and cfg.init_from:
-        raise SettingError("--init-from (a run's weights) and --init-from-model (a published model's) are two "
-                           "starting points: give one")  # fmt: skip
+        raise SettingError(
+            "--init-from (a run's weights) and --init-from-model (a published model's) are two "
+            "starting points: give one"
+        )
     published = PublishedModel.read(Path(cfg.init_from_model)) if cfg.init_from_model and state is None else None
     if published is not None:  # its architecture, checked against this run's tokenizer and sequence length
         mconfig = published.model_config(cfg.dropout)
@@ -179,8 +199,9 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     elif cfg.init_from_model:  # a resume: the architecture its checkpoints hold (the directory may be gone since)
         mconfig = set_dropout(config_from_dict(state["model_config"]), cfg.dropout)
     else:
-        mconfig = model_config(cfg.preset, model_vocab(meta), cfg.seq_len, meta["eos_id"], cfg.dropout,
-                               meta.get("bos_id"))  # fmt: skip
+        mconfig = model_config(
+            cfg.preset, model_vocab(meta), cfg.seq_len, meta["eos_id"], cfg.dropout, meta.get("bos_id")
+        )
     # The model, spread over the ranks as --parallelism says (trainer/parallel.py), with the same initial weights
     # whatever the parallelism and world size.
     if use_cuda:  # TF32 for the fp32 matmuls that autocast leaves (CPU: no such mode)
@@ -190,10 +211,17 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run.compile_cache))
         log.info("torch.compile: model and loss (cache %s)", os.environ["TORCHINDUCTOR_CACHE_DIR"])
     hook = default_hooks.bf16_compress_hook if cfg.ddp_comm_hook == "bf16" else None  # half the bytes on the wire
-    parallel = parallelize(mconfig, cfg.parallelism, device, cfg.seed, int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-                           comm_hook=hook, compile_model=compiled,
-                           activation_checkpointing=cfg.activation_checkpointing,
-                           initial_weights=published is None)  # fmt: skip
+    parallel = parallelize(
+        mconfig,
+        cfg.parallelism,
+        device,
+        cfg.seed,
+        int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+        comm_hook=hook,
+        compile_model=compiled,
+        activation_checkpointing=cfg.activation_checkpointing,
+        initial_weights=published is None,
+    )
     model = parallel.model
     if parallel.kind != "ddp":
         log.info("parallelism %s over %s", parallel.kind, parallel.mesh)
@@ -202,8 +230,10 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     vectors = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": matrices, "weight_decay": cfg.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95), fused=True,  # fused on the CPU too: it honours found_inf (trainer/health.py)
-    )  # fmt: skip
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        fused=True,  # fused on the CPU too: it honours found_inf (trainer/health.py)
+    )
     schedule = LRSchedule(ScheduleSettings.of(cfg))
     progress = Progress()
     divergence, spikes = Divergence(cfg.max_nonfinite_steps), SpikeWatch(cfg.spike_factor)
@@ -213,19 +243,29 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     # Resume from the checkpoint, if any; or a new run from another run's weights (a warm start).
     warm_started = state.get("init_from") if state is not None else None  # kept by every checkpoint of the run
     if state is None and cfg.init_from:
-        weights, warm_started = warm_start_state(Path(cfg.init_from), meta.get("tokenizer_sha256", ""),
-                                                 mconfig.to_dict())  # fmt: skip
+        weights, warm_started = warm_start_state(
+            Path(cfg.init_from), meta.get("tokenizer_sha256", ""), mconfig.to_dict()
+        )
         set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
         del weights
-        log.info("warm start from run %s at step %d (%d tokens seen there): its weights, with this run's data, "
-                 "schedule and sample order", warm_started["run"], warm_started["step"],
-                 warm_started["tokens_seen"])  # fmt: skip
+        log.info(
+            "warm start from run %s at step %d (%d tokens seen there): its weights, with this run's data, "
+            "schedule and sample order",
+            warm_started["run"],
+            warm_started["step"],
+            warm_started["tokens_seen"],
+        )
     if state is None and published is not None:
         load_weights(model, published)  # every rank its own pieces
         warm_started = published.record() if rank == 0 else {"model": str(published.path)}
-        log.info("starting from the published %s model in %s (%.1f MB of safetensors in %d file(s)): its weights, "
-                 "with this run's data, a fresh optimizer and schedule", published.config["model_type"],
-                 published.path, warm_started.get("bytes", 0) / 1e6, len(published.files))  # fmt: skip
+        log.info(
+            "starting from the published %s model in %s (%.1f MB of safetensors in %d file(s)): its weights, "
+            "with this run's data, a fresh optimizer and schedule",
+            published.config["model_type"],
+            published.path,
+            warm_started.get("bytes", 0) / 1e6,
+            len(published.files),
+        )
     if state is None:
         seed_everything(cfg.seed + rank)
     else:
@@ -244,26 +284,38 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
         train_state.load_state_dict(state)
         if (changes := schedule.resume(progress.step, ScheduleSettings.of(cfg), cfg.extend_schedule)) and rank == 0:
             start_lr, end_lr = schedule.lr_at(progress.step), cfg.min_lr_ratio * cfg.lr
-            shape = (f"cosine from lr {start_lr:.3g} to {end_lr:.3g} at step {cfg.max_steps}, no re-warm"
-                     if cfg.extend_schedule == CONTINUE else f"from lr {start_lr:.3g} linear to {cfg.lr:.3g} over "
-                     f"{cfg.warmup_steps} steps, then cosine to {end_lr:.3g} at step {cfg.max_steps}")  # fmt: skip
+            shape = (
+                f"cosine from lr {start_lr:.3g} to {end_lr:.3g} at step {cfg.max_steps}, no re-warm"
+                if cfg.extend_schedule == CONTINUE
+                else f"from lr {start_lr:.3g} linear to {cfg.lr:.3g} over "
+                f"{cfg.warmup_steps} steps, then cosine to {end_lr:.3g} at step {cfg.max_steps}"
+            )
             log.info("learning-rate schedule extended at step %d (%s): %s", progress.step, "; ".join(changes), shape)
         if (rng := checkpoint.rng_of(rank)) is not None:
             set_rng_state(rng)
         else:  # a rank the saved run did not have
             seed_everything(cfg.seed + rank + progress.step)
-        log.info("resumed at step %d (%d tokens seen) from a checkpoint of %d ranks",
-                 progress.step, progress.tokens_seen, state["world_size"])  # fmt: skip
+        log.info(
+            "resumed at step %d (%d tokens seen) from a checkpoint of %d ranks",
+            progress.step,
+            progress.tokens_seen,
+            state["world_size"],
+        )
         if state["world_size"] != world:
-            log.warning("world size changed from %d to %d: the data is re-partitioned from %s, nothing repeated or "
-                        "skipped; a step now takes %d sequences instead of %d",
-                        state["world_size"], world, batches.position.where(),
-                        cfg.batch_size * cfg.grad_accum_steps * world,
-                        cfg.batch_size * cfg.grad_accum_steps * state["world_size"])  # fmt: skip
+            log.warning(
+                "world size changed from %d to %d: the data is re-partitioned from %s, nothing repeated or "
+                "skipped; a step now takes %d sequences instead of %d",
+                state["world_size"],
+                world,
+                batches.position.where(),
+                cfg.batch_size * cfg.grad_accum_steps * world,
+                cfg.batch_size * cfg.grad_accum_steps * state["world_size"],
+            )
         metrics.truncate_after(progress.step)
         del state, checkpoint
-    write_status(run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts),
-                 attempt=attempt)  # fmt: skip
+    write_status(
+        run, rank, "running", step=progress.step, world_size=world, restart_count=int(restarts), attempt=attempt
+    )
     watch = RunWatch.off()  # rank 0's TensorBoard files and MLflow run (trainer/tracking.py)
     if rank == 0:
         # The step this start went on from (0: from scratch), beside its time: the report marks each resume with it.
@@ -275,19 +327,42 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
             "model_vocab_size": model_vocab(meta),
         }  # the tokenizer's, and the model's (padded)
         if mixture:  # each dataset's snapshot, weight and share: what the evaluation and the summary read
-            dataset["mixture"] = [{**snapshot_record(e.directory, meta), "tokenized_dir": str(e.directory),
-                                   "weight": e.weight, "share": round(share, 6), "train_tokens": len(split)}
-                                  for e, share, split in zip(mixture, shares(batches.weights), batches.splits,
-                                                             strict=True)]  # fmt: skip
-        resolved = {"trainer": asdict(cfg), "world_size": world, "model": mconfig.to_dict(), "dataset": dataset,
-                    "init_from": warm_started, "hyperpod_pretrain": tool_version()}  # fmt: skip
+            dataset["mixture"] = [
+                {
+                    **snapshot_record(e.directory, meta),
+                    "tokenized_dir": str(e.directory),
+                    "weight": e.weight,
+                    "share": round(share, 6),
+                    "train_tokens": len(split),
+                }
+                for e, share, split in zip(mixture, shares(batches.weights), batches.splits, strict=True)
+            ]
+        resolved = {
+            "trainer": asdict(cfg),
+            "world_size": world,
+            "model": mconfig.to_dict(),
+            "dataset": dataset,
+            "init_from": warm_started,
+            "hyperpod_pretrain": tool_version(),
+        }
         write_json(run.config, resolved)
-        watch = cleanup.enter_context(RunWatch.start(run.tensorboard if cfg.tensorboard else None, run.mlflow_run,
-                                                     progress.step, resolved, cfg.mlflow_tracking_uri,
-                                                     cfg.mlflow_experiment, run.root.name))  # fmt: skip
+        watch = cleanup.enter_context(
+            RunWatch.start(
+                run.tensorboard if cfg.tensorboard else None,
+                run.mlflow_run,
+                progress.step,
+                resolved,
+                cfg.mlflow_tracking_uri,
+                cfg.mlflow_experiment,
+                run.root.name,
+            )
+        )
         begun = "resumed at" if progress.step else "started from"
-        watch.note(progress.step, "start", f"attempt {attempt}: {begun} step {progress.step} on {world} ranks "
-                   f"(torchrun restart {restarts})")  # fmt: skip
+        watch.note(
+            progress.step,
+            "start",
+            f"attempt {attempt}: {begun} step {progress.step} on {world} ranks (torchrun restart {restarts})",
+        )
 
     compute_precision = parallel.compute_precision(device)
     flops_per_step = flops_per_token(model, cfg.seq_len) * cfg.tokens_per_step * world
@@ -298,26 +373,53 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     def report_hang(silent: list[int], step: int) -> None:
         """From the heartbeat thread, before NCCL's watchdog ends the process at the collective timeout."""
         if rank == min(set(range(world)) - set(silent)):
-            write_hung_status(run, step, silent, f"no step completed after step {step}: rank(s) "
-                              f"{', '.join(map(str, silent))} stopped answering", attempt)  # fmt: skip
+            write_hung_status(
+                run,
+                step,
+                silent,
+                f"no step completed after step {step}: rank(s) {', '.join(map(str, silent))} stopped answering",
+                attempt,
+            )
 
     def end_with_failed_rank(failed_rank: int, error: str) -> None:
         """From the heartbeat thread: another rank failed and this one would wait for it in a collective until the
         timeout. Rank 0 records who failed and why (unless it is the one that failed: it says so itself)."""
-        log.error("ending this rank: rank %d failed (%s) and the collectives cannot complete without it", failed_rank,
-                  error)  # fmt: skip
-        write_status(run, rank, "crashed", step=progress.step, exit_code=ExitCode.CRASHED, failed_rank=failed_rank,
-                     error=f"rank {failed_rank} failed: {error}", attempt=attempt)  # fmt: skip
+        log.error(
+            "ending this rank: rank %d failed (%s) and the collectives cannot complete without it", failed_rank, error
+        )
+        write_status(
+            run,
+            rank,
+            "crashed",
+            step=progress.step,
+            exit_code=ExitCode.CRASHED,
+            failed_rank=failed_rank,
+            error=f"rank {failed_rank} failed: {error}",
+            attempt=attempt,
+        )
         exit_now(ExitCode.CRASHED)
 
-    heartbeat = Heartbeat(default_store(), rank, world, cfg.collective_timeout_s, on_silent=report_hang,
-                          on_peer_failure=end_with_failed_rank)  # fmt: skip
+    heartbeat = Heartbeat(
+        default_store(),
+        rank,
+        world,
+        cfg.collective_timeout_s,
+        on_silent=report_hang,
+        on_peer_failure=end_with_failed_rank,
+    )
 
     def save(blocking: bool) -> float:
         """Collective: every rank writes its share. Returns the seconds this rank was held up."""
-        state = {**train_state.state_dict(), "schema": SCHEMA, "step": progress.step, "preset": cfg.preset,
-                 "model_config": mconfig.to_dict(), "world_size": world,
-                 "data_snapshot": snapshot_record(data_dir, meta), "init_from": warm_started}  # fmt: skip
+        state = {
+            **train_state.state_dict(),
+            "schema": SCHEMA,
+            "step": progress.step,
+            "preset": cfg.preset,
+            "model_config": mconfig.to_dict(),
+            "world_size": world,
+            "data_snapshot": snapshot_record(data_dir, meta),
+            "init_from": warm_started,
+        }
         if mixture:  # each dataset's, so that a resume reads the snapshots it trained on
             state["data_snapshots"] = {e.name: snapshot_record(e.directory, meta) for e in mixture}
         return checkpoints.save(progress.step, model, optimizer, state, rng_state(), blocking=blocking)
@@ -344,8 +446,9 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
             step_started = time.perf_counter()
             loss_sum = torch.zeros((), device=device)
             if cfg.fault_crash_at_step and progress.step + 1 == cfg.fault_crash_at_step and rank == world - 1:
-                raise RuntimeError(f"fault injection (--fault-crash-at-step): rank {rank} fails at step "
-                                   f"{progress.step + 1}")  # fmt: skip
+                raise RuntimeError(
+                    f"fault injection (--fault-crash-at-step): rank {rank} fails at step {progress.step + 1}"
+                )
             for micro in range(cfg.grad_accum_steps):
                 inputs, targets = prefetch.next()
                 if samples_log:
@@ -377,9 +480,15 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
             stop.propose(progress.step, time_up, nonfinite)
             first_step = progress.step == resumed_at + 1  # compile and warm-up: timed on its own
             evaluate = bool(cfg.eval_every) and progress.step % cfg.eval_every == 0
-            sync_step = (first_step or progress.step % cfg.log_every == 0 or progress.step % cfg.checkpoint_every == 0
-                         or evaluate or progress.step >= cfg.max_steps
-                         or bool(cfg.max_tokens) and progress.tokens_seen >= cfg.max_tokens)  # fmt: skip
+            sync_step = (
+                first_step
+                or progress.step % cfg.log_every == 0
+                or progress.step % cfg.checkpoint_every == 0
+                or evaluate
+                or progress.step >= cfg.max_steps
+                or bool(cfg.max_tokens)
+                and progress.tokens_seen >= cfg.max_tokens
+            )
             waiting = time.perf_counter()
             stop_reason, flagged = stop.agree(sync_step)
             sync_wait_s += time.perf_counter() - waiting
@@ -408,20 +517,26 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
                 tokens_per_s, seconds_per_step = throughput.report()
                 # lr: the next step's (what LambdaLR's get_last_lr gave), so a finished run's last row shows the floor
                 row = {
-                    "step": progress.step, "loss": loss_total / world, "lr": schedule.lr_at(progress.step),
-                    "grad_norm": norm, "tokens": progress.tokens_seen,
+                    "step": progress.step,
+                    "loss": loss_total / world,
+                    "lr": schedule.lr_at(progress.step),
+                    "grad_norm": norm,
+                    "tokens": progress.tokens_seen,
                     "tokens_per_s": round(tokens_per_s, 1),
                     "step_time_s": round(seconds_per_step, 4),
                     "input_wait_s": round(prefetch.take_waited() / steps_since_log, 4),
                     "sync_wait_s": round(sync_wait_s / steps_since_log, 4),
                     "checkpoint_stall_s": round(save_stall_s, 4),  # the saves' hold on training since the last row
                     # Not for the first step alone: its time is mostly compilation and warm-up.
-                    "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4) if peak and not first_step
+                    "mfu": round(flops_per_step / seconds_per_step / (peak * world), 4)
+                    if peak and not first_step
                     else None,
                     "gpu_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if use_cuda else None,
                     "gpu_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2) if use_cuda else None,
-                    "rss_gib": round(max(rss_all), 2), "skipped_steps": divergence.skipped, "time": time.time(),
-                }  # fmt: skip
+                    "rss_gib": round(max(rss_all), 2),
+                    "skipped_steps": divergence.skipped,
+                    "time": time.time(),
+                }
                 if mixture:  # each dataset's tokens and epochs so far
                     row["datasets"] = batches.accounting()
                 sync_wait_s, save_stall_s, steps_since_log = 0.0, 0.0, 0
@@ -438,13 +553,33 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
                 step_times.mark(progress.step, time.perf_counter())
                 eta_s = step_times.eta_s(progress.step, cfg.max_steps)
                 if rank == 0:
-                    log.info("%s", step_line(progress.step, cfg.max_steps, row["loss"], row["lr"], row["grad_norm"],
-                                             tokens_per_s, row["mfu"], eta_s))  # fmt: skip
+                    log.info(
+                        "%s",
+                        step_line(
+                            progress.step,
+                            cfg.max_steps,
+                            row["loss"],
+                            row["lr"],
+                            row["grad_norm"],
+                            tokens_per_s,
+                            row["mfu"],
+                            eta_s,
+                        ),
+                    )
                     if "val_loss" in row:
-                        each = "".join(f"; {name} {figures['val_loss']:.4f}" for name, figures in
-                                       row.get("datasets", {}).items() if "val_loss" in figures)  # fmt: skip
-                        log.info("eval step %d: val loss %.4f (%.4f bits per byte, %s tokens)%s", progress.step,
-                                 row["val_loss"], row["val_bpb"], f"{row['val_tokens']:,}", each)  # fmt: skip
+                        each = "".join(
+                            f"; {name} {figures['val_loss']:.4f}"
+                            for name, figures in row.get("datasets", {}).items()
+                            if "val_loss" in figures
+                        )
+                        log.info(
+                            "eval step %d: val loss %.4f (%.4f bits per byte, %s tokens)%s",
+                            progress.step,
+                            row["val_loss"],
+                            row["val_bpb"],
+                            f"{row['val_tokens']:,}",
+                            each,
+                        )
 
             if progress.step % cfg.checkpoint_every == 0 and stop_reason is None and divergence.streak:
                 log.warning("no checkpoint at step %d: its update was skipped (not finite)", progress.step)
@@ -470,16 +605,25 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     if stop_reason == "diverged":  # no checkpoint over the last good one
         reason = divergence.reason()
         log.error("%s", reason)
-        write_status(run, rank, "diverged", step=divergence.first_bad_step, exit_code=ExitCode.DIVERGED,
-                     reason="diverged", error=reason, attempt=attempt)  # fmt: skip
+        write_status(
+            run,
+            rank,
+            "diverged",
+            step=divergence.first_bad_step,
+            exit_code=ExitCode.DIVERGED,
+            reason="diverged",
+            error=reason,
+            attempt=attempt,
+        )
         watch.note(progress.step, "stop", reason)
         checkpoints.close(wait_for_mirror=False)
         dist.destroy_process_group()
         return ExitCode.DIVERGED
     # Stopping: a blocking save, waited for by every rank, so that the exit code tells the truth.
     if progress.step == resumed_at:
-        write_status(run, rank, "done", step=progress.step, exit_code=ExitCode.DONE, reason="max-steps",
-                     attempt=attempt)  # fmt: skip
+        write_status(
+            run, rank, "done", step=progress.step, exit_code=ExitCode.DONE, reason="max-steps", attempt=attempt
+        )
         dist.destroy_process_group()
         return ExitCode.DONE
     if samples_log:
@@ -499,14 +643,26 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
     except Exception as exc:
         log.exception("the final checkpoint of step %d could not be committed", progress.step)
         code = ExitCode.PREEMPTED_UNSAVED if preempted else ExitCode.CRASHED
-        write_status(run, rank, "preempted-unsaved" if preempted else "crashed", step=progress.step,
-                     exit_code=code, reason=stop_reason, error=f"final checkpoint failed: {exc}",
-                     permanent=getattr(exc, "permanent", False), attempt=attempt)  # fmt: skip
+        write_status(
+            run,
+            rank,
+            "preempted-unsaved" if preempted else "crashed",
+            step=progress.step,
+            exit_code=code,
+            reason=stop_reason,
+            error=f"final checkpoint failed: {exc}",
+            permanent=getattr(exc, "permanent", False),
+            attempt=attempt,
+        )
         return code
     if preempted:
-        log.warning("stopped by %s at step %d: checkpoint committed %.1fs after the signal (budget %.0fs)",
-                    stop.signal.name if stop.signal else "a signal on another rank", progress.step,
-                    stop.seconds_since(), budget_s)  # fmt: skip
+        log.warning(
+            "stopped by %s at step %d: checkpoint committed %.1fs after the signal (budget %.0fs)",
+            stop.signal.name if stop.signal else "a signal on another rank",
+            progress.step,
+            stop.seconds_since(),
+            budget_s,
+        )
     else:
         log.info("training stopped at step %d (%s), %d tokens seen", progress.step, stop_reason, progress.tokens_seen)
     code = ExitCode.PREEMPTED if preempted else ExitCode.DONE
@@ -514,9 +670,17 @@ def train(cfg: TrainConfig, cleanup: ExitStack) -> ExitCode:
         watch.saved(committed)
     watch.note(progress.step, "stop", f"stopped at step {progress.step} ({stop_reason}), checkpoint committed")
     watch.close(timeout_s=2.0 if preempted else 30.0)  # after a signal, the pod's grace period is running
-    write_status(run, rank, "preempted" if preempted else "done", step=progress.step, exit_code=code, attempt=attempt,
-                 reason=stop_reason, tokens_seen=progress.tokens_seen,
-                 seconds_to_commit=round(stop.seconds_since(), 3) if preempted else None)  # fmt: skip
+    write_status(
+        run,
+        rank,
+        "preempted" if preempted else "done",
+        step=progress.step,
+        exit_code=code,
+        attempt=attempt,
+        reason=stop_reason,
+        tokens_seen=progress.tokens_seen,
+        seconds_to_commit=round(stop.seconds_since(), 3) if preempted else None,
+    )
     dist.destroy_process_group()
     return code
 
@@ -527,16 +691,20 @@ def check_published_fits(published: PublishedModel, mconfig: Any, data_dir: Path
     from tokenizers import Tokenizer
 
     if mismatch := published.tokenizer_mismatch(Tokenizer.from_file(str(data_dir / TOKENIZER))):
-        raise DataError(f"--init-from-model {published.path}: snapshot {data_dir.name} was staged with another "
-                        f"tokenizer ({mismatch}): stage the corpus with the model's own tokenizer")  # fmt: skip
+        raise DataError(
+            f"--init-from-model {published.path}: snapshot {data_dir.name} was staged with another "
+            f"tokenizer ({mismatch}): stage the corpus with the model's own tokenizer"
+        )
     positions = getattr(mconfig, "max_position_embeddings", None) or getattr(mconfig, "n_positions", None)
     if positions and seq_len > positions:
-        raise SettingError(f"--seq-len {seq_len} is longer than the {positions} positions of the model in "
-                           f"{published.path}")  # fmt: skip
+        raise SettingError(
+            f"--seq-len {seq_len} is longer than the {positions} positions of the model in {published.path}"
+        )
 
 
-def validation_data(snapshots: dict[str, Path], meta: dict[str, Any],
-                    seq_len: int) -> tuple[dict[str, TokenSplit], np.ndarray]:  # fmt: skip
+def validation_data(
+    snapshots: dict[str, Path], meta: dict[str, Any], seq_len: int
+) -> tuple[dict[str, TokenSplit], np.ndarray]:
     """--eval-every's data, read once: each dataset's val split (memory-mapped; one, or a mixture's), and the bytes
     each token stands for (bits per byte; a mixture's datasets share their tokenizer). A split without one window is
     bad input at start, not a crash at the first evaluation."""
@@ -544,17 +712,20 @@ def validation_data(snapshots: dict[str, Path], meta: dict[str, Any],
     for name, data_dir in snapshots.items():
         splits[name] = val = load_split(data_dir, "val")
         if val.num_windows(seq_len) == 0:
-            raise DataError(f"--eval-every: the val split of {data_dir} has no window of {seq_len + 1} tokens in one "
-                            f"shard ({len(val)} tokens in {len(val.shards)} shard(s)): evaluate with a shorter "
-                            "--seq-len, or turn it off (0)")  # fmt: skip
+            raise DataError(
+                f"--eval-every: the val split of {data_dir} has no window of {seq_len + 1} tokens in one "
+                f"shard ({len(val)} tokens in {len(val.shards)} shard(s)): evaluate with a shorter "
+                "--seq-len, or turn it off (0)"
+            )
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(next(iter(snapshots.values())) / TOKENIZER))
     return splits, token_byte_lengths(tokenizer, model_vocab(meta))
 
 
-def validation(model: torch.nn.Module, val: dict[str, TokenSplit], byte_lengths: np.ndarray, cfg: TrainConfig,
-               device: torch.device) -> dict[str, Any]:  # fmt: skip
+def validation(
+    model: torch.nn.Module, val: dict[str, TokenSplit], byte_lengths: np.ndarray, cfg: TrainConfig, device: torch.device
+) -> dict[str, Any]:
     """The val loss over each split's first --eval-tokens tokens, as the evaluation step measures a checkpoint
     (trainer/evaluation.py), in training batches; of a mixture, each dataset's too and the total over them all. No
     random numbers drawn and no training data read, so a run evaluated along the way trains exactly as one that is
@@ -562,36 +733,45 @@ def validation(model: torch.nn.Module, val: dict[str, TokenSplit], byte_lengths:
     training = model.training
     measured = {}
     for name, split in val.items():
-        loss, tokens, n_bytes = mean_loss(model, split, cfg.seq_len, cfg.eval_tokens, cfg.batch_size, device,
-                                          byte_lengths)  # fmt: skip
+        loss, tokens, n_bytes = mean_loss(
+            model, split, cfg.seq_len, cfg.eval_tokens, cfg.batch_size, device, byte_lengths
+        )
         measured[name] = (loss, tokens, n_bytes)
     model.train(training)
     tokens, n_bytes = sum(t for _, t, _ in measured.values()), sum(b for *_, b in measured.values())
-    loss = next(iter(measured.values()))[0] if len(measured) == 1 else sum(
-        loss * t for loss, t, _ in measured.values()) / tokens  # fmt: skip
+    loss = (
+        next(iter(measured.values()))[0]
+        if len(measured) == 1
+        else sum(loss * t for loss, t, _ in measured.values()) / tokens
+    )
     row: dict[str, Any] = {"val_loss": loss, "val_bpb": bits_per_byte(loss, tokens, n_bytes), "val_tokens": tokens}
     if len(val) > 1:
-        row["datasets"] = {name: {"val_loss": loss, "val_bpb": bits_per_byte(loss, t, b)}
-                           for name, (loss, t, b) in measured.items()}  # fmt: skip
+        row["datasets"] = {
+            name: {"val_loss": loss, "val_bpb": bits_per_byte(loss, t, b)} for name, (loss, t, b) in measured.items()
+        }
     return row
 
 
 def merge_rows(row: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     """`row` with `more`'s fields, each dataset's figures (row["datasets"]) merged rather than replaced."""
-    datasets = {name: {**row.get("datasets", {}).get(name, {}), **figures}
-                for name, figures in more.pop("datasets", {}).items()}  # fmt: skip
+    datasets = {
+        name: {**row.get("datasets", {}).get(name, {}), **figures} for name, figures in more.pop("datasets", {}).items()
+    }
     merged = row | more
     if datasets:
         merged["datasets"] = {**row.get("datasets", {}), **datasets}
     return merged
 
 
-def report_silent_ranks(run: RunPaths, rank: int, world: int, silent: list[int], step: int, exc: BaseException,
-                        attempt: int) -> ExitCode:  # fmt: skip
+def report_silent_ranks(
+    run: RunPaths, rank: int, world: int, silent: list[int], step: int, exc: BaseException, attempt: int
+) -> ExitCode:
     """A collective failed and `silent` stopped answering: say so, in the log and (by the lowest rank still
     answering, as rank 0 may be the silent one) in status.json. A crash: the next start may have its nodes back."""
-    reason = (f"a collective failed at step {step} ({type(exc).__name__}): rank(s) {', '.join(map(str, silent))} "
-              "stopped answering (a stopped or hung process, or a lost node)")  # fmt: skip
+    reason = (
+        f"a collective failed at step {step} ({type(exc).__name__}): rank(s) {', '.join(map(str, silent))} "
+        "stopped answering (a stopped or hung process, or a lost node)"
+    )
     log.error("%s", reason)
     if rank == min(set(range(world)) - set(silent)):
         write_hung_status(run, step - 1, silent, reason, attempt)
@@ -643,10 +823,13 @@ def init_distributed(backend: str, timeout: timedelta) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
-        is_master=rank == 0 and not agent_hosts_store, multi_tenant=not agent_hosts_store,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size=world,
+        is_master=rank == 0 and not agent_hosts_store,
+        multi_tenant=not agent_hosts_store,
         timeout=timedelta(minutes=15),
-    )  # fmt: skip
+    )
     attempt = dist.PrefixStore(f"attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
     dist.init_process_group(backend, store=attempt, rank=rank, world_size=world, timeout=timeout)
 
@@ -660,8 +843,7 @@ def durable_copy(cfg: TrainConfig) -> Mirror | None:
     return CheckpointMirror(cfg.checkpoint_s3_uri)
 
 
-def log_memory_estimate(mconfig: Any, cfg: TrainConfig, kind: str, world: int, device: torch.device,
-                        rank: int) -> None:  # fmt: skip
+def log_memory_estimate(mconfig: Any, cfg: TrainConfig, kind: str, world: int, device: torch.device, rank: int) -> None:
     """The preflight's estimate of this run's memory per GPU (trainer/memory.py), beside what the device has free:
     the metrics' gpu_mem_gib then shows the real peak to compare with."""
     if rank != 0:
@@ -671,8 +853,7 @@ def log_memory_estimate(mconfig: Any, cfg: TrainConfig, kind: str, world: int, d
     need = estimate(shape, kind, world, local_world, cfg.batch_size, cfg.seq_len, cfg.activation_checkpointing)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        log.info("memory estimate: %s; the GPU has %.1f GiB free of %.1f", need.describe(), free / 2**30,
-                 total / 2**30)  # fmt: skip
+        log.info("memory estimate: %s; the GPU has %.1f GiB free of %.1f", need.describe(), free / 2**30, total / 2**30)
     else:
         log.info("memory estimate (as on a GPU): %s", need.describe())
 
@@ -685,17 +866,29 @@ def check_save_budget(step_time_s: float, saved: SaveReport, budget_s: float, ra
         return
     save_s, needed_s = saved.seconds, 2 * step_time_s + saved.seconds
     fits = "fits" if needed_s <= budget_s else "does NOT fit"
-    log.info("checkpoint save: %.1f MB in %.1fs (%.0f MB/s), written by %d ranks in parallel, about %.1fx faster than "
-             "one writer at the same rate; two steps (%.1fs each) plus a save %s the %.0fs preemption budget",
-             saved.total_bytes / 1e6, save_s, saved.total_bytes / 1e6 / max(save_s, 1e-9), saved.writers,
-             saved.parallel_speedup, step_time_s, fits, budget_s)  # fmt: skip
+    log.info(
+        "checkpoint save: %.1f MB in %.1fs (%.0f MB/s), written by %d ranks in parallel, about %.1fx faster than "
+        "one writer at the same rate; two steps (%.1fs each) plus a save %s the %.0fs preemption budget",
+        saved.total_bytes / 1e6,
+        save_s,
+        saved.total_bytes / 1e6 / max(save_s, 1e-9),
+        saved.writers,
+        saved.parallel_speedup,
+        step_time_s,
+        fits,
+        budget_s,
+    )
     if needed_s > budget_s:
-        log.warning("!!! PREEMPTION WOULD LOSE WORK: two steps (%.1fs each: the one the signal lands in and the one "
-                    "in which the ranks agree to stop) plus a checkpoint save (%.1fs) take longer than the %.0fs "
-                    "between SIGTERM and SIGKILL (the grace period, capped by torchrun's shutdown timeout); raise "
-                    "terminationGracePeriodSeconds and torchrun's --shutdown-timeout, or save faster "
-                    "(--async-checkpoint does not help here: the final save is always waited for)",
-                    step_time_s, save_s, budget_s)  # fmt: skip
+        log.warning(
+            "!!! PREEMPTION WOULD LOSE WORK: two steps (%.1fs each: the one the signal lands in and the one "
+            "in which the ranks agree to stop) plus a checkpoint save (%.1fs) take longer than the %.0fs "
+            "between SIGTERM and SIGKILL (the grace period, capped by torchrun's shutdown timeout); raise "
+            "terminationGracePeriodSeconds and torchrun's --shutdown-timeout, or save faster "
+            "(--async-checkpoint does not help here: the final save is always waited for)",
+            step_time_s,
+            save_s,
+            budget_s,
+        )
 
 
 def seed_everything(seed: int) -> None:

@@ -28,16 +28,26 @@ def warm_start_state(origin: Path, tokenizer_sha256: str, model_config: dict[str
     state = checkpoint.trainer_state()
     trained_with = state.get("data_snapshot", {}).get("tokenizer_sha256")
     if trained_with is None:
-        raise CheckpointError(f"--init-from {origin}: its checkpoint does not record its tokenizer (it predates "
-                              "snapshots), so the token ids cannot be checked; start from scratch")  # fmt: skip
+        raise CheckpointError(
+            f"--init-from {origin}: its checkpoint does not record its tokenizer (it predates "
+            "snapshots), so the token ids cannot be checked; start from scratch"
+        )
     if trained_with != tokenizer_sha256:
-        raise CheckpointError(f"--init-from {origin}: its weights were trained with tokenizer {trained_with[:12]}, and "
-                              f"this run's snapshot has tokenizer {tokenizer_sha256[:12]}: the token ids would mean "
-                              "other text; stage with that run's tokenizer (init_from_run_id does)")  # fmt: skip
+        raise CheckpointError(
+            f"--init-from {origin}: its weights were trained with tokenizer {trained_with[:12]}, and "
+            f"this run's snapshot has tokenizer {tokenizer_sha256[:12]}: the token ids would mean "
+            "other text; stage with that run's tokenizer (init_from_run_id does)"
+        )
     differences = architecture_differences(state["model_config"], model_config)
     if differences:
-        raise CheckpointError(f"--init-from {origin}: its model has another architecture ({'; '.join(differences)}): "
-                              "use that run's preset and sequence length")  # fmt: skip
-    record = {"run": origin.name, "step": int(state["step"]), "tokens_seen": int(state["progress"]["tokens_seen"]),
-              "snapshot": state["data_snapshot"]["snapshot"]}  # fmt: skip
+        raise CheckpointError(
+            f"--init-from {origin}: its model has another architecture ({'; '.join(differences)}): "
+            "use that run's preset and sequence length"
+        )
+    record = {
+        "run": origin.name,
+        "step": int(state["step"]),
+        "tokens_seen": int(state["progress"]["tokens_seen"]),
+        "snapshot": state["data_snapshot"]["snapshot"],
+    }
     return read_weights(checkpoint), record  # the weights only: the optimizer state is not read

@@ -36,21 +36,42 @@ def evaluate_checkpoint(
 
     setup_logging()
     run_paths = RunPaths.of(storage_root, run_id)
-    with recorded_step(storage_root, run_id, "evaluate-checkpoint", {"report": report.uri, "html": html_report.uri,
-                       "volume": str(run_paths.eval_html)}) as record:  # fmt: skip
-        gate = Gate(max_val_loss=max_val_loss, baseline_run_id=baseline_run_id, baseline_margin=baseline_margin,
-                    warn_only=gate_warn_only)  # fmt: skip
-        result = run(storage_root=storage_root, dataset=dataset, run_id=run_id, max_tokens=max_tokens,
-                     checkpoint=checkpoint, gate=gate, export_s3_uri=export_s3_uri,
-                     s3_endpoint_url=s3_endpoint_url)  # fmt: skip
+    with recorded_step(
+        storage_root,
+        run_id,
+        "evaluate-checkpoint",
+        {"report": report.uri, "html": html_report.uri, "volume": str(run_paths.eval_html)},
+    ) as record:
+        gate = Gate(
+            max_val_loss=max_val_loss,
+            baseline_run_id=baseline_run_id,
+            baseline_margin=baseline_margin,
+            warn_only=gate_warn_only,
+        )
+        result = run(
+            storage_root=storage_root,
+            dataset=dataset,
+            run_id=run_id,
+            max_tokens=max_tokens,
+            checkpoint=checkpoint,
+            gate=gate,
+            export_s3_uri=export_s3_uri,
+            s3_endpoint_url=s3_endpoint_url,
+        )
         with open(report.path, "w") as f:
             f.write(result.markdown())
         # this evaluation's own report: eval/report.html holds the newest evaluated step's, which may be another
         shutil.copyfile(Path(result.report_dir) / "report.html", html_report.path)
         record.reports["volume"] = str(Path(result.report_dir) / "report.html")
         log_numbers(metrics, result.metrics())
-        model.metadata.update({"path": result.export_dir, "format": "huggingface-safetensors", "step": result.step,
-                               "s3_uri": result.export_s3_uri})  # fmt: skip
+        model.metadata.update(
+            {
+                "path": result.export_dir,
+                "format": "huggingface-safetensors",
+                "step": result.step,
+                "s3_uri": result.export_s3_uri,
+            }
+        )
         with open(model.path, "w") as f:  # the export stays on the volume; the artifact says where
             f.write(result.export_dir + "\n")
         record.details = {"step": result.step, "val_loss": round(result.val_loss, 4), "gate_passed": result.gate_passed}

@@ -127,11 +127,17 @@ class EvalResult:
     datasets: list[dict[str, Any]] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
-        values = {"val_loss": self.val_loss, "val_perplexity": self.val_perplexity,
-                  "val_bits_per_byte": self.val_bits_per_byte, "train_tokens_seen": self.train_tokens_seen,
-                  "untrained_val_loss": self.untrained_val_loss, "val_tokens": self.val_tokens,
-                  "train_tokens_per_s": self.train_tokens_per_s, "train_mfu": self.train_mfu,
-                  "gate_passed": float(self.gate_passed)}  # fmt: skip
+        values = {
+            "val_loss": self.val_loss,
+            "val_perplexity": self.val_perplexity,
+            "val_bits_per_byte": self.val_bits_per_byte,
+            "train_tokens_seen": self.train_tokens_seen,
+            "untrained_val_loss": self.untrained_val_loss,
+            "val_tokens": self.val_tokens,
+            "train_tokens_per_s": self.train_tokens_per_s,
+            "train_mfu": self.train_mfu,
+            "gate_passed": float(self.gate_passed),
+        }
         values |= {f"val_loss_{d['dataset']}": d["val_loss"] for d in self.datasets}
         return {k: float(v) for k, v in values.items() if v is not None}
 
@@ -153,8 +159,11 @@ class EvalResult:
         ]
         if not self.has_baseline():
             return rows
-        theirs = (f"{self.baseline_val_loss:.4f}", f"{math.exp(self.baseline_val_loss):.2f}",
-                  f"{self.baseline_bits_per_byte:.4f}")  # fmt: skip
+        theirs = (
+            f"{self.baseline_val_loss:.4f}",
+            f"{math.exp(self.baseline_val_loss):.2f}",
+            f"{self.baseline_bits_per_byte:.4f}",
+        )
         return [(*row, value) for row, value in zip(rows, theirs, strict=True)]
 
     def dataset_columns(self) -> list[str]:
@@ -168,9 +177,17 @@ class EvalResult:
             tokens = NOT_RECORDED if d["tokens_trained"] is None else f"{d['tokens_trained']:,}"
             if d["tokens_trained"] is not None and d["trained_fraction"] is not None:
                 tokens += f" ({d['trained_fraction']:.1%})"
-            rows.append((d["dataset"], f"{d['share']:.1%}", tokens,
-                         f"{d['epochs']:.2f}" if d["epochs"] is not None else NOT_RECORDED, f"{d['val_loss']:.4f}",
-                         f"{d['val_bits_per_byte']:.4f}", f"{d['untrained_val_loss']:.4f}"))  # fmt: skip
+            rows.append(
+                (
+                    d["dataset"],
+                    f"{d['share']:.1%}",
+                    tokens,
+                    f"{d['epochs']:.2f}" if d["epochs"] is not None else NOT_RECORDED,
+                    f"{d['val_loss']:.4f}",
+                    f"{d['val_bits_per_byte']:.4f}",
+                    f"{d['untrained_val_loss']:.4f}",
+                )
+            )
         return rows
 
     def gate_line(self) -> str:
@@ -179,47 +196,64 @@ class EvalResult:
         return f"Gate: {'passed' if self.gate_passed else 'FAILED'} ({'; '.join(self.gate_reasons)})."
 
     def markdown(self) -> str:
-        return "\n".join([
-            f"# Evaluation of run `{self.run_id}`",
-            "",
-            f"Checkpoint `{self.checkpoint}` at step {self.step} ({self.train_tokens_seen:,} training tokens).",
-            "",
-            "| " + " | ".join(self.table_columns()) + " |",
-            "|" + " --- |" * len(self.table_columns()),
-            *("| " + " | ".join(row) + " |" for row in self.table_rows()),
-            "",
-            f"Evaluated on {self.val_tokens:,} held-out tokens{self.totals_note()}; training lowered the loss by "
-            f"{self.loss_reduction:.4f} nats/token. {self.gate_line()}",
-            "",
-            *(["Per dataset:", "", "| " + " | ".join(self.dataset_columns()) + " |",
-               "|" + " --- |" * len(self.dataset_columns()),
-               *("| " + " | ".join(row) + " |" for row in self.dataset_rows()), ""] if self.datasets else []),
-            self.health_line(),
-            "",
-            *([self.export_line(), ""] if self.export_dir else []),
-            *(["## Samples", "", "Greedy continuations of each prompt:", ""] if self.samples else []),
-            *(f"- **{s['prompt']!r}**: {s['text']!r}" for s in self.samples),
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"# Evaluation of run `{self.run_id}`",
+                "",
+                f"Checkpoint `{self.checkpoint}` at step {self.step} ({self.train_tokens_seen:,} training tokens).",
+                "",
+                "| " + " | ".join(self.table_columns()) + " |",
+                "|" + " --- |" * len(self.table_columns()),
+                *("| " + " | ".join(row) + " |" for row in self.table_rows()),
+                "",
+                f"Evaluated on {self.val_tokens:,} held-out tokens{self.totals_note()}; training lowered the loss by "
+                f"{self.loss_reduction:.4f} nats/token. {self.gate_line()}",
+                "",
+                *(
+                    [
+                        "Per dataset:",
+                        "",
+                        "| " + " | ".join(self.dataset_columns()) + " |",
+                        "|" + " --- |" * len(self.dataset_columns()),
+                        *("| " + " | ".join(row) + " |" for row in self.dataset_rows()),
+                        "",
+                    ]
+                    if self.datasets
+                    else []
+                ),
+                self.health_line(),
+                "",
+                *([self.export_line(), ""] if self.export_dir else []),
+                *(["## Samples", "", "Greedy continuations of each prompt:", ""] if self.samples else []),
+                *(f"- **{s['prompt']!r}**: {s['text']!r}" for s in self.samples),
+            ]
+        )
 
     def totals_note(self) -> str:
         """What the val figures of a mixture are: totals over each dataset's val split."""
         if not self.datasets:
             return ""
-        return (f" of the {len(self.datasets)} datasets' val splits (the figures are their totals, the loss their "
-                "token-weighted mean)")  # fmt: skip
+        return (
+            f" of the {len(self.datasets)} datasets' val splits (the figures are their totals, the loss their "
+            "token-weighted mean)"
+        )
 
     def export_line(self) -> str:
         """Which weights the export holds: an evaluation of another checkpoint replaces them later."""
         uploaded = f" and to {self.export_s3_uri}" if self.export_s3_uri else ""
-        return (f"Exported step {self.export_step}'s weights to `{self.export_dir}`{uploaded} ({EXPORT_RECORD} there "
-                "names the step it holds now).")  # fmt: skip
+        return (
+            f"Exported step {self.export_step}'s weights to `{self.export_dir}`{uploaded} ({EXPORT_RECORD} there "
+            "names the step it holds now)."
+        )
 
     def health_line(self) -> str:
         """What the trainer's health checks saw (trainer/health.py): skipped steps and loss spikes."""
         spikes = ", ".join(f"step {s['step']} ({s['loss']:.3f})" for s in self.loss_spikes[:10])
         more = f" and {len(self.loss_spikes) - 10} more" if len(self.loss_spikes) > 10 else ""
-        return (f"Training health: {self.skipped_steps} step(s) skipped for a non-finite loss or gradient norm; "
-                f"{len(self.loss_spikes)} loss spike(s){': ' + spikes + more if spikes else ''}.")  # fmt: skip
+        return (
+            f"Training health: {self.skipped_steps} step(s) skipped for a non-finite loss or gradient norm; "
+            f"{len(self.loss_spikes)} loss spike(s){': ' + spikes + more if spikes else ''}."
+        )
 
 
 # -- evaluation -------------------------------------------------------------------------------------------
@@ -269,16 +303,20 @@ def evaluate_checkpoint(
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
-        raise InputError(f"checkpoint {path} does not fit the model in {run.config} (preset "
-                         f"{state.get('preset')!r}): {str(exc).splitlines()[0]}") from None  # fmt: skip
+        raise InputError(
+            f"checkpoint {path} does not fit the model in {run.config} (preset "
+            f"{state.get('preset')!r}): {str(exc).splitlines()[0]}"
+        ) from None
     model.to(device)
     tokenizer = Tokenizer.from_file(str(snapshot_dir / TOKENIZER))  # a mixture's datasets share it
     byte_lengths = token_byte_lengths(tokenizer, model_vocab(meta))
     start, started_from = starting_model(model_config, config)
     start.to(device)
     try:  # up to max_tokens of each dataset's val split
-        measured = {name: measure(model, start, split, seq_len, max_tokens, batch_size, device, byte_lengths)
-                    for name, split in vals.items()}  # fmt: skip
+        measured = {
+            name: measure(model, start, split, seq_len, max_tokens, batch_size, device, byte_lengths)
+            for name, split in vals.items()
+        }
     except DataError as exc:
         raise InputError(str(exc)) from None
     val_loss, n_tokens, n_bytes, untrained = total(list(measured.values()))
@@ -358,8 +396,9 @@ def run_snapshot(storage_root: str, config: dict[str, Any], run_id: str, dataset
     measure this checkpoint, whatever was staged since. Of a mixture: its first dataset's."""
     trained_on, snapshot = config_snapshot(config)
     if trained_on != dataset:
-        raise InputError(f"run {run_id!r} trained on dataset {trained_on!r}, not {dataset!r}: evaluate it with its "
-                         "own dataset")  # fmt: skip
+        raise InputError(
+            f"run {run_id!r} trained on dataset {trained_on!r}, not {dataset!r}: evaluate it with its own dataset"
+        )
     return recorded_snapshot(storage_root, run_id, dataset, snapshot)
 
 
@@ -370,8 +409,10 @@ def recorded_snapshot(storage_root: str, run_id: str, dataset: str, snapshot: st
     except ValueError as exc:
         raise InputError(str(exc)) from None
     if directory is None or not (directory / META).is_file():
-        raise InputError(f"run {run_id!r} trained on snapshot {snapshot} of dataset {dataset!r}, which is gone "
-                         f"({directory} has no {META}): it was pruned, or the run is incomplete")  # fmt: skip
+        raise InputError(
+            f"run {run_id!r} trained on snapshot {snapshot} of dataset {dataset!r}, which is gone "
+            f"({directory} has no {META}): it was pruned, or the run is incomplete"
+        )
     return directory
 
 
@@ -379,8 +420,10 @@ def mixture_snapshots(storage_root: str, config: dict[str, Any], run_id: str) ->
     """A mixture run's datasets as its config.json records them (dataset, snapshot, weight, share, train_tokens), in
     the mixture's order, each with the snapshot it trained on, whose val split measures the checkpoint on that
     dataset; [] for a run of one dataset."""
-    return [(entry, recorded_snapshot(storage_root, run_id, entry["dataset"], entry["snapshot"]))
-            for entry in (config.get("dataset") or {}).get("mixture") or []]  # fmt: skip
+    return [
+        (entry, recorded_snapshot(storage_root, run_id, entry["dataset"], entry["snapshot"]))
+        for entry in (config.get("dataset") or {}).get("mixture") or []
+    ]
 
 
 def mixture_val_set(mixture: list[tuple[dict[str, Any], Path]]) -> str:
@@ -399,14 +442,22 @@ def val_split(snapshot_dir: Path, dataset: str, seq_len: int) -> TokenSplit:
     except DataError as exc:
         raise InputError(str(exc)) from None
     if len(val) < seq_len + 1:
-        raise InputError(f"dataset {dataset!r}: the val split has {len(val)} tokens, fewer than one sequence of "
-                         f"{seq_len}")  # fmt: skip
+        raise InputError(
+            f"dataset {dataset!r}: the val split has {len(val)} tokens, fewer than one sequence of {seq_len}"
+        )
     return val
 
 
-def measure(model: torch.nn.Module, start: torch.nn.Module, val: TokenSplit, seq_len: int, max_tokens: int,
-            batch_size: int, device: torch.device,
-            byte_lengths: np.ndarray) -> tuple[float, int, int, float]:  # fmt: skip
+def measure(
+    model: torch.nn.Module,
+    start: torch.nn.Module,
+    val: TokenSplit,
+    seq_len: int,
+    max_tokens: int,
+    batch_size: int,
+    device: torch.device,
+    byte_lengths: np.ndarray,
+) -> tuple[float, int, int, float]:
     """The trained and the starting model's mean loss over the same val windows: (loss, tokens, bytes, the starting
     model's loss)."""
     loss, tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
@@ -426,8 +477,12 @@ def total(measured: list[tuple[float, int, int, float]]) -> tuple[float, int, in
     return loss, tokens, sum(b for _, _, b, _ in measured), untrained
 
 
-def dataset_results(mixture: list[tuple[dict[str, Any], Path]], measured: dict[str, tuple[float, int, int, float]],
-                    state: dict[str, Any], seq_len: int) -> list[dict[str, Any]]:  # fmt: skip
+def dataset_results(
+    mixture: list[tuple[dict[str, Any], Path]],
+    measured: dict[str, tuple[float, int, int, float]],
+    state: dict[str, Any],
+    seq_len: int,
+) -> list[dict[str, Any]]:
     """EvalResult.datasets: each dataset's share of the mixture, the tokens the checkpoint trained on from it (its
     trainer state's sequences, data.consumed) and the epochs they make of its train split (over its windows, as the
     trainer's metrics rows count them), and its own val figures. Tokens and epochs are None when the state does not
@@ -444,20 +499,26 @@ def dataset_results(mixture: list[tuple[dict[str, Any], Path]], measured: dict[s
             raise InputError(f"dataset {name!r}: {exc}") from None
         sequences = consumed.get(name)
         windows = train.num_windows(seq_len)
-        results.append({
-            "dataset": name, "snapshot": directory.name, "weight": entry["weight"], "share": entry["share"],
-            "tokens_trained": int(sequences) * seq_len if sequences is not None else None,
-            "trained_fraction": round(int(sequences) * seq_len / trained, 6) if sequences is not None and trained
-            else None,
-            "epochs": round(int(sequences) / windows, 4) if sequences is not None and windows else None,
-            "train_split_tokens": len(train),
-            "val_set_sha256": load_meta(directory).get("val_set_sha256", ""),
-            "val_tokens": tokens,
-            "val_loss": round(loss, 6),
-            "val_bits_per_byte": round(bits_per_byte(loss, tokens, n_bytes), 6),
-            "untrained_val_loss": round(untrained, 6),
-            "untrained_bits_per_byte": round(bits_per_byte(untrained, tokens, n_bytes), 6),
-        })  # fmt: skip
+        results.append(
+            {
+                "dataset": name,
+                "snapshot": directory.name,
+                "weight": entry["weight"],
+                "share": entry["share"],
+                "tokens_trained": int(sequences) * seq_len if sequences is not None else None,
+                "trained_fraction": round(int(sequences) * seq_len / trained, 6)
+                if sequences is not None and trained
+                else None,
+                "epochs": round(int(sequences) / windows, 4) if sequences is not None and windows else None,
+                "train_split_tokens": len(train),
+                "val_set_sha256": load_meta(directory).get("val_set_sha256", ""),
+                "val_tokens": tokens,
+                "val_loss": round(loss, 6),
+                "val_bits_per_byte": round(bits_per_byte(loss, tokens, n_bytes), 6),
+                "untrained_val_loss": round(untrained, 6),
+                "untrained_bits_per_byte": round(bits_per_byte(untrained, tokens, n_bytes), 6),
+            }
+        )
     return results
 
 
@@ -473,8 +534,9 @@ def find_checkpoint(run: RunPaths, checkpoint: str) -> Checkpoint:
         found = next((c for c in committed if c.step == int(checkpoint)), None)
     if found is None:
         which = "any" if checkpoint in ("", "latest") else f"step {checkpoint}'s"
-        raise InputError(f"{run.checkpoints} holds no committed checkpoint ({which}): run {run.root.name!r} is "
-                         "incomplete")  # fmt: skip
+        raise InputError(
+            f"{run.checkpoints} holds no committed checkpoint ({which}): run {run.root.name!r} is incomplete"
+        )
     return checked(found)
 
 
@@ -506,8 +568,11 @@ def starting_model(model_config: Any, config: dict[str, Any]) -> tuple[torch.nn.
             model = build_model(model_config)
             load_weights(model, PublishedModel.read(path))
             return model, f"start ({origin.get('name', path.name)})"
-        log.warning("the run started from the published model in %s, which is gone: its baseline is the untrained "
-                    "model instead", path)  # fmt: skip
+        log.warning(
+            "the run started from the published model in %s, which is gone: its baseline is the untrained "
+            "model instead",
+            path,
+        )
     torch.manual_seed(config["trainer"]["seed"])
     return build_model(model_config), "untrained"
 
@@ -524,8 +589,10 @@ def training_health(run: RunPaths) -> dict[str, Any]:
     """The health checks' marks in metrics.jsonl: the last count of skipped steps, and the spikes."""
     rows = read_metrics(run)
     skipped = max((int(r.get("skipped_steps", 0)) for r in rows), default=0)
-    return {"skipped_steps": skipped,
-            "loss_spikes": [{"step": r["step"], "loss": r["loss"]} for r in rows if r.get("loss_spike")]}  # fmt: skip
+    return {
+        "skipped_steps": skipped,
+        "loss_spikes": [{"step": r["step"], "loss": r["loss"]} for r in rows if r.get("loss_spike")],
+    }
 
 
 def read_metrics(run: RunPaths) -> list[dict[str, Any]]:
@@ -562,8 +629,12 @@ def save_evaluation(run: RunPaths, result: EvalResult, report_html: str) -> None
         if newest is None or result.step >= newest:
             write_evaluation_files(run.eval, result, report_html)
         else:
-            log.info("run %s: step %d evaluated; eval/eval.json keeps step %d, the newest evaluated", run.root.name,
-                     result.step, newest)  # fmt: skip
+            log.info(
+                "run %s: step %d evaluated; eval/eval.json keeps step %d, the newest evaluated",
+                run.root.name,
+                result.step,
+                newest,
+            )
 
 
 def write_evaluation_files(directory: Path, result: EvalResult, report_html: str) -> None:
@@ -576,11 +647,19 @@ def write_evaluation_files(directory: Path, result: EvalResult, report_html: str
 
 
 def history_entry(result: EvalResult) -> dict[str, Any]:
-    return {"step": result.step, "evaluated_at": result.evaluated_at, "checkpoint": result.checkpoint,
-            "val_tokens": result.val_tokens, "val_loss": result.val_loss,
-            "val_bits_per_byte": result.val_bits_per_byte, "gate_passed": result.gate_passed,
-            "gate_reasons": result.gate_reasons, "baseline_run_id": result.baseline_run_id,
-            "baseline_step": result.baseline_step, "report_dir": Path(result.report_dir).name}  # fmt: skip
+    return {
+        "step": result.step,
+        "evaluated_at": result.evaluated_at,
+        "checkpoint": result.checkpoint,
+        "val_tokens": result.val_tokens,
+        "val_loss": result.val_loss,
+        "val_bits_per_byte": result.val_bits_per_byte,
+        "gate_passed": result.gate_passed,
+        "gate_reasons": result.gate_reasons,
+        "baseline_run_id": result.baseline_run_id,
+        "baseline_step": result.baseline_step,
+        "report_dir": Path(result.report_dir).name,
+    }
 
 
 def append_history(run: RunPaths, entry: dict[str, Any]) -> None:
@@ -620,14 +699,24 @@ def adopt_unkept_evaluation(run: RunPaths) -> None:
                 shutil.copyfile(run.eval / name, tmp)
     evaluation = json.loads(run.eval_result.read_text())
     when = evaluation.get("evaluated_at") or datetime.fromtimestamp(run.eval_result.stat().st_mtime, UTC).isoformat(
-        timespec="seconds")  # fmt: skip
-    append_history(run, {"step": step, "evaluated_at": when, "checkpoint": evaluation.get("checkpoint", ""),
-                         "val_tokens": evaluation.get("val_tokens"), "val_loss": evaluation.get("val_loss"),
-                         "val_bits_per_byte": evaluation.get("val_bits_per_byte"),
-                         "gate_passed": evaluation.get("gate_passed"), "gate_reasons": evaluation.get("gate_reasons"),
-                         "baseline_run_id": evaluation.get("baseline_run_id", ""),
-                         "baseline_step": evaluation.get("baseline_step"),
-                         "report_dir": run.eval_step(step).name})  # fmt: skip
+        timespec="seconds"
+    )
+    append_history(
+        run,
+        {
+            "step": step,
+            "evaluated_at": when,
+            "checkpoint": evaluation.get("checkpoint", ""),
+            "val_tokens": evaluation.get("val_tokens"),
+            "val_loss": evaluation.get("val_loss"),
+            "val_bits_per_byte": evaluation.get("val_bits_per_byte"),
+            "gate_passed": evaluation.get("gate_passed"),
+            "gate_reasons": evaluation.get("gate_reasons"),
+            "baseline_run_id": evaluation.get("baseline_run_id", ""),
+            "baseline_step": evaluation.get("baseline_step"),
+            "report_dir": run.eval_step(step).name,
+        },
+    )
     log.info("run %s: its earlier evaluation (step %d) kept in %s", run.root.name, step, run.eval_step(step))
 
 
@@ -668,14 +757,18 @@ def find_baseline(
         if path is None:
             evaluated = set(other.eval_steps()) | {evaluated_step(other.eval_result)}
             steps = ", ".join(str(s) for s in sorted(s for s in evaluated if s is not None))
-            raise InputError(f"baseline run {baseline!r}: no evaluation of {at} under {other.eval} (evaluated steps: "
-                             f"{steps or 'none'})")  # fmt: skip
+            raise InputError(
+                f"baseline run {baseline!r}: no evaluation of {at} under {other.eval} (evaluated steps: "
+                f"{steps or 'none'})"
+            )
         theirs = json.loads(path.read_text())
         if theirs.get("val_set_sha256") != val_set or theirs.get("dataset") != dataset:
             recorded = f"dataset {theirs.get('dataset')!r}, val set {theirs.get('val_set_sha256')}"
-            raise InputError(f"baseline run {baseline!r} was evaluated on another val set ({recorded}) than run "
-                             f"{run_id!r} (dataset {dataset!r}, val set {val_set}): their losses do not compare; "
-                             "choose a baseline of the same dataset and val set, or evaluate it again")  # fmt: skip
+            raise InputError(
+                f"baseline run {baseline!r} was evaluated on another val set ({recorded}) than run "
+                f"{run_id!r} (dataset {dataset!r}, val set {val_set}): their losses do not compare; "
+                "choose a baseline of the same dataset and val set, or evaluate it again"
+            )
         return baseline_of(other, theirs, step)
     candidates = []
     for latest in Path(storage_root, "runs").glob("*/eval/eval.json"):
@@ -690,8 +783,10 @@ def find_baseline(
         if theirs.get("dataset") == dataset and theirs.get("val_set_sha256") == val_set:
             candidates.append((path.stat().st_mtime, other.root.name, other, theirs))
     if not candidates:
-        raise InputError(f"baseline 'previous': no other run of dataset {dataset!r} evaluated on the same val set "
-                         f"({val_set}){f' at step {step}' if step else ''} under {storage_root}")  # fmt: skip
+        raise InputError(
+            f"baseline 'previous': no other run of dataset {dataset!r} evaluated on the same val set "
+            f"({val_set}){f' at step {step}' if step else ''} under {storage_root}"
+        )
     _, _, other, theirs = max(candidates, key=lambda c: c[:2])
     return baseline_of(other, theirs, step)
 
@@ -726,10 +821,12 @@ def apply_gate(result: EvalResult, gate: Gate, baseline: Baseline | None) -> Non
             result.tokenizer_sha256,
         )
         note = f"; snapshot {theirs.get('snapshot')} vs {result.snapshot}, same val set" if other_data else ""
-        result.gate_reasons.append(f"baseline run {baseline.run_id} at step {baseline.step} ({baseline.which}): val "
-                                   f"bits/byte {result.val_bits_per_byte:.4f} {'<=' if ok else '>'} "
-                                   f"{theirs['val_bits_per_byte']:.4f} + margin {gate.baseline_margin:.4f} (bits per "
-                                   f"byte compare across tokenizers{note})")  # fmt: skip
+        result.gate_reasons.append(
+            f"baseline run {baseline.run_id} at step {baseline.step} ({baseline.which}): val "
+            f"bits/byte {result.val_bits_per_byte:.4f} {'<=' if ok else '>'} "
+            f"{theirs['val_bits_per_byte']:.4f} + margin {gate.baseline_margin:.4f} (bits per "
+            f"byte compare across tokenizers{note})"
+        )
         result.gate_passed &= ok
 
 
@@ -771,8 +868,14 @@ class Curves:
     def of(cls, run: RunPaths, result: EvalResult, config: dict[str, Any]) -> Curves:
         rows = read_metrics(run)
         evaluations = evaluated_losses(run, result)
-        curves = cls(result.run_id, rows, evaluations, sorted(set(checkpoint_times(run)) | {s for s, _ in evaluations}),
-                     resumes(run, rows), float(config.get("trainer", {}).get("grad_clip", 0.0)))  # fmt: skip
+        curves = cls(
+            result.run_id,
+            rows,
+            evaluations,
+            sorted(set(checkpoint_times(run)) | {s for s, _ in evaluations}),
+            resumes(run, rows),
+            float(config.get("trainer", {}).get("grad_clip", 0.0)),
+        )
         if result.datasets:
             curves.datasets = [d["dataset"] for d in result.datasets]
             curves.dataset_evaluations = evaluated_dataset_losses(run, result)
@@ -787,16 +890,22 @@ class Curves:
     def points(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of the rows with a finite `key`: a skipped step's NaN loss or infinite gradient norm would
         break the axis' scaling, and rows from before a column existed (val_loss: --eval-every) lack it."""
-        found = [(r["step"], float(r[key])) for r in rows if isinstance(r.get(key), int | float) and
-                 math.isfinite(r[key])]  # fmt: skip
+        found = [
+            (r["step"], float(r[key])) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])
+        ]
         return [s for s, _ in found], [v for _, v in found]
 
     @staticmethod
     def dataset_points(rows: list[dict[str, Any]], name: str, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one dataset's `key` in a mixture's rows (row["datasets"][name]), where finite."""
-        return Curves.points([{"step": r["step"], **r["datasets"][name]} for r in rows
-                              if isinstance(r.get("datasets"), dict) and isinstance(r["datasets"].get(name), dict)],
-                             key)  # fmt: skip
+        return Curves.points(
+            [
+                {"step": r["step"], **r["datasets"][name]}
+                for r in rows
+                if isinstance(r.get("datasets"), dict) and isinstance(r["datasets"].get(name), dict)
+            ],
+            key,
+        )
 
 
 def evaluated_dataset_losses(run: RunPaths, result: EvalResult) -> dict[str, list[tuple[int, float]]]:
@@ -892,11 +1001,18 @@ def curve_figures(curves: Curves) -> list[tuple[str, str, Any]]:
     loss, axis = figure("loss (nats/token)")
     if curves.baseline_run_id:  # first, so the run's own lines are drawn over it
         name = curves.baseline_run_id
-        axis.plot(*Curves.points(curves.baseline_rows, "loss"), color="C2", lw=2.5, alpha=0.6,
-                  label=f"baseline {name}: train")  # fmt: skip
+        axis.plot(
+            *Curves.points(curves.baseline_rows, "loss"), color="C2", lw=2.5, alpha=0.6, label=f"baseline {name}: train"
+        )
         if curves.baseline_evaluations:
-            axis.plot(*zip(*curves.baseline_evaluations, strict=True), "s--", ms=6, mfc="none", color="C2",
-                      label=f"baseline {name}: val")  # fmt: skip
+            axis.plot(
+                *zip(*curves.baseline_evaluations, strict=True),
+                "s--",
+                ms=6,
+                mfc="none",
+                color="C2",
+                label=f"baseline {name}: val",
+            )
     axis.plot(*Curves.points(curves.rows, "loss"), color="C0", label=f"train ({curves.run_id})")
     if during := Curves.points(curves.rows, "val_loss")[0]:
         axis.plot(during, Curves.points(curves.rows, "val_loss")[1], "o-", ms=3, color="C1", label="val (training)")
@@ -910,8 +1026,11 @@ def curve_figures(curves: Curves) -> list[tuple[str, str, Any]]:
     # zero, and an axis from zero would squeeze the late steps, where checkpoints and runs differ, into a thin band.
     axis.legend(fontsize="small")
     figures = [("curve-loss", "loss against step", loss), *dataset_figures(curves, figure)]
-    for key, title in (("lr", "learning rate"), ("grad_norm", "gradient norm (before clipping)"),
-                       ("tokens_per_s", "throughput (tokens/s)")):  # fmt: skip
+    for key, title in (
+        ("lr", "learning rate"),
+        ("grad_norm", "gradient norm (before clipping)"),
+        ("tokens_per_s", "throughput (tokens/s)"),
+    ):
         steps, values = Curves.points(curves.rows, key)
         if not steps:
             continue
@@ -933,8 +1052,14 @@ def dataset_figures(curves: Curves, figure: Any) -> list[tuple[str, str, Any]]:
     made, axis = figure("val loss per dataset (nats/token)")
     for k, name in enumerate(curves.datasets):
         if during := Curves.dataset_points(curves.rows, name, "val_loss")[0]:
-            axis.plot(during, Curves.dataset_points(curves.rows, name, "val_loss")[1], "o-", ms=3, color=f"C{k}",
-                      label=f"{name} (training)")  # fmt: skip
+            axis.plot(
+                during,
+                Curves.dataset_points(curves.rows, name, "val_loss")[1],
+                "o-",
+                ms=3,
+                color=f"C{k}",
+                label=f"{name} (training)",
+            )
         if marks := curves.dataset_evaluations.get(name):
             axis.plot(*zip(*marks, strict=True), "s", ms=6, mfc="none", color=f"C{k}", label=f"{name} (evaluations)")
     axis.legend(fontsize="small")  # the loss keeps its natural range, as on the loss plot
@@ -988,8 +1113,9 @@ def run_settings(result: EvalResult, run: RunPaths, config: dict[str, Any]) -> l
     lr, max_steps = trainer.get("lr"), trainer.get("max_steps")
     trained_on, all_of = f"{result.dataset}, snapshot {result.snapshot}", ""
     if result.datasets:  # a mixture: its datasets' train splits together; each one's epochs are in its own table
-        trained_on = "mixture of " + ", ".join(f"{d['dataset']} (snapshot {d['snapshot']}, weight {d['weight']:g})"
-                                               for d in result.datasets)  # fmt: skip
+        trained_on = "mixture of " + ", ".join(
+            f"{d['dataset']} (snapshot {d['snapshot']}, weight {d['weight']:g})" for d in result.datasets
+        )
         all_of = " of all the datasets; each one's: Per dataset"
     preset = str(trainer.get("preset", NOT_RECORDED))
     if not preset:  # a published model's architecture instead
@@ -1002,33 +1128,52 @@ def run_settings(result: EvalResult, run: RunPaths, config: dict[str, Any]) -> l
     ]
     if batch and accum and world and seq_len:
         settings += [
-            ("batch", f"{batch} sequences per rank x {accum} micro-step(s) x {world} ranks = "
-                      f"{batch * accum * world} sequences per step"),
+            (
+                "batch",
+                f"{batch} sequences per rank x {accum} micro-step(s) x {world} ranks = "
+                f"{batch * accum * world} sequences per step",
+            ),
             ("sequence length", f"{seq_len} tokens"),
             ("tokens per step", f"{batch * accum * world * seq_len:,}"),
-        ]  # fmt: skip
+        ]
     if max_steps:
         tokens = trainer.get("max_tokens")
-        settings.append(("max steps", f"{max_steps:,}" + (f" (or {tokens:,} tokens, the first reached)" if tokens
-                                                            else "")))  # fmt: skip
+        settings.append(
+            ("max steps", f"{max_steps:,}" + (f" (or {tokens:,} tokens, the first reached)" if tokens else ""))
+        )
     if lr is not None:
         floor = lr * trainer.get("min_lr_ratio", 0.0)
-        settings += [("learning rate", f"{lr:g} peak, cosine decay to {floor:g} at step {max_steps}"),
-                     ("warm-up", f"{trainer.get('warmup_steps')} steps, linear")]  # fmt: skip
+        settings += [
+            ("learning rate", f"{lr:g} peak, cosine decay to {floor:g} at step {max_steps}"),
+            ("warm-up", f"{trainer.get('warmup_steps')} steps, linear"),
+        ]
     settings += [
         ("dropout", f"{trainer['dropout']:g}" if "dropout" in trainer else NOT_RECORDED),
         ("seed", str(trainer.get("seed", NOT_RECORDED))),
         ("dataset", trained_on),
-        ("epochs over the train split", f"{result.train_tokens_seen / result.train_split_tokens:.2f} "
-         f"({result.train_tokens_seen:,} tokens trained / {result.train_split_tokens:,} train tokens{all_of})"
-         if result.train_split_tokens else NOT_RECORDED),
-        ("hyperpod-pretrain", f"{config.get('hyperpod_pretrain') or NOT_RECORDED} (training, config.json); "
-         f"{tool_version()} (this evaluation)"),
-        ("torch", f"{(reports[0].get('torch_version') if reports else None) or NOT_RECORDED} (training, the "
-         f"self-test report); {torch.__version__} (this evaluation)"),
-        ("transformers", f"{config.get('model', {}).get('transformers_version') or NOT_RECORDED} (training, the "
-         f"model config); {transformers.__version__} (this evaluation)"),
-    ]  # fmt: skip
+        (
+            "epochs over the train split",
+            f"{result.train_tokens_seen / result.train_split_tokens:.2f} "
+            f"({result.train_tokens_seen:,} tokens trained / {result.train_split_tokens:,} train tokens{all_of})"
+            if result.train_split_tokens
+            else NOT_RECORDED,
+        ),
+        (
+            "hyperpod-pretrain",
+            f"{config.get('hyperpod_pretrain') or NOT_RECORDED} (training, config.json); "
+            f"{tool_version()} (this evaluation)",
+        ),
+        (
+            "torch",
+            f"{(reports[0].get('torch_version') if reports else None) or NOT_RECORDED} (training, the "
+            f"self-test report); {torch.__version__} (this evaluation)",
+        ),
+        (
+            "transformers",
+            f"{config.get('model', {}).get('transformers_version') or NOT_RECORDED} (training, the "
+            f"model config); {transformers.__version__} (this evaluation)",
+        ),
+    ]
     return settings
 
 
@@ -1053,10 +1198,15 @@ def html_report(result: EvalResult, run: RunPaths) -> str:
         for name, alt, figure in figures
     )
     resumed = "; ".join(f"attempt {r.attempt} went on from step {r.step}" for r in curves.resumes) or "none"
-    per_dataset = (f"<h3>Per dataset</h3>\n{html_table('datasets', result.dataset_columns(), result.dataset_rows())}\n"
-                   if result.datasets else "")  # fmt: skip
-    samples = "".join(f'<li><b>{html.escape(s["prompt"])}</b><pre class="sample">{html.escape(s["text"])}</pre></li>'
-                      for s in result.samples)  # fmt: skip
+    per_dataset = (
+        f"<h3>Per dataset</h3>\n{html_table('datasets', result.dataset_columns(), result.dataset_rows())}\n"
+        if result.datasets
+        else ""
+    )
+    samples = "".join(
+        f'<li><b>{html.escape(s["prompt"])}</b><pre class="sample">{html.escape(s["text"])}</pre></li>'
+        for s in result.samples
+    )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Evaluation of {html.escape(result.run_id)}</title>
@@ -1094,12 +1244,19 @@ EXPORT_RECORD = "export.json"  # in the export: which checkpoint its weights are
 def export_record(result: EvalResult) -> dict[str, Any]:
     """What export.json says: the checkpoint exported and the data it was trained on, so that an export replaced by
     an evaluation of an older checkpoint is not taken for the newest one."""
-    return {"run_id": result.run_id, "step": result.step, "checkpoint": result.checkpoint, "dataset": result.dataset,
-            "snapshot": result.snapshot, "exported_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+    return {
+        "run_id": result.run_id,
+        "step": result.step,
+        "checkpoint": result.checkpoint,
+        "dataset": result.dataset,
+        "snapshot": result.snapshot,
+        "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
-def export_model(model: torch.nn.Module, snapshot_dir: Path, directory: Path, record: dict[str, Any],
-                 dtype: str = "float32") -> Path:  # fmt: skip
+def export_model(
+    model: torch.nn.Module, snapshot_dir: Path, directory: Path, record: dict[str, Any], dtype: str = "float32"
+) -> Path:
     """save_pretrained (safetensors) in `dtype` (a published model's own, so the export is its size and says its
     dtype) with the snapshot's tokenizer: AutoModelForCausalLM.from_pretrained(directory) loads it, and AutoTokenizer
     encodes as training did (the snapshot keeps its post-processor so: [BOS] text), with the snapshot's own BOS and
@@ -1116,14 +1273,16 @@ def export_model(model: torch.nn.Module, snapshot_dir: Path, directory: Path, re
     model.to("cpu", getattr(torch, dtype)).save_pretrained(staging)  # safetensors: transformers 5 writes no other
     write_json(staging / "config.json", transformers_4_rope(json.loads((staging / "config.json").read_text())))
     bos = meta["bos"] if "bos" in meta else EOS  # a snapshot staged before BOS: the trained tokenizer's one token
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(snapshot_dir / TOKENIZER), eos_token=meta.get("eos", EOS),
-                                        bos_token=bos)  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(snapshot_dir / TOKENIZER), eos_token=meta.get("eos", EOS), bos_token=bos
+    )
     tokenizer.save_pretrained(staging)
     write_json(staging / EXPORT_RECORD, record)
     readable_by_the_team(staging)
     replace_dir(staging, directory)
-    log.info("exported step %s (%s) in Hugging Face format to %s", record.get("step"), record.get("checkpoint"),
-             directory)  # fmt: skip
+    log.info(
+        "exported step %s (%s) in Hugging Face format to %s", record.get("step"), record.get("checkpoint"), directory
+    )
     return directory
 
 

@@ -58,10 +58,23 @@ def delete_job(
     if uid:
         body["preconditions"] = {"uid": uid}
     try:
-        kube.call(f"delete {api.kind}", kube.custom.delete_namespaced_custom_object, api.group, api.version, ns,
-                  api.plural, name, body=body)  # fmt: skip
-        log.info("deleted %s %s/%s (%s)", api.kind, ns, name, "its pods go first" if api.propagation ==
-                 "Foreground" else "its pods go after it")  # fmt: skip
+        kube.call(
+            f"delete {api.kind}",
+            kube.custom.delete_namespaced_custom_object,
+            api.group,
+            api.version,
+            ns,
+            api.plural,
+            name,
+            body=body,
+        )
+        log.info(
+            "deleted %s %s/%s (%s)",
+            api.kind,
+            ns,
+            name,
+            "its pods go first" if api.propagation == "Foreground" else "its pods go after it",
+        )
     except ApiException as exc:
         if exc.status not in (404, 409):  # 409: the precondition failed, another object holds the name now
             raise
@@ -170,10 +183,14 @@ class ImmediateDelete:
             return  # not created (or not ours) yet: the launch loop deletes it as soon as it is
         try:
             self.custom.delete_namespaced_custom_object(
-                self.api.group, self.api.version, self.ns, self.api.plural, self.name,
+                self.api.group,
+                self.api.version,
+                self.ns,
+                self.api.plural,
+                self.name,
                 body={"propagationPolicy": self.api.propagation, "preconditions": {"uid": self.uid}},
                 _request_timeout=(self.timeout_s, self.timeout_s),
-            )  # fmt: skip
+            )
             log.warning("SIGTERM: deleted %s %s/%s", self.api.kind, self.ns, self.name)
         except Exception as exc:  # the loop tries again, with retries, if it lives long enough
             log.warning(
@@ -191,8 +208,9 @@ def delete_unfinished_job(kube: Kube, api: JobApi, ns: str, name: str, pipeline_
     """
     kind = api.kind
     try:
-        job = kube.call(f"get {kind}", kube.custom.get_namespaced_custom_object, api.group, api.version, ns,
-                        api.plural, name)  # fmt: skip
+        job = kube.call(
+            f"get {kind}", kube.custom.get_namespaced_custom_object, api.group, api.version, ns, api.plural, name
+        )
     except ApiException as exc:
         if exc.status == 404:
             return f"no {kind} {ns}/{name} to clean up"

@@ -38,10 +38,22 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("local", "kubernetes")
 # Bounds of what a run may ask for: a typo of an extra digit fails here, not in the scheduler an hour later.
-LIMITS = {"nnodes": 1024, "max_nodes": 1024, "nproc_per_node": 64, "batch_size": 65536, "seq_len": 1 << 20,
-          "max_steps": 10**9, "warmup_steps": 10**9, "checkpoint_every": 10**9, "log_every": 10**9, "eval_every": 10**9,
-          "timeout_s": 90 * 24 * 3600, "pending_timeout_s": 30 * 24 * 3600, "recovery_timeout_s": 30 * 24 * 3600,
-          "queue_timeout_s": 90 * 24 * 3600}  # fmt: skip
+LIMITS = {
+    "nnodes": 1024,
+    "max_nodes": 1024,
+    "nproc_per_node": 64,
+    "batch_size": 65536,
+    "seq_len": 1 << 20,
+    "max_steps": 10**9,
+    "warmup_steps": 10**9,
+    "checkpoint_every": 10**9,
+    "log_every": 10**9,
+    "eval_every": 10**9,
+    "timeout_s": 90 * 24 * 3600,
+    "pending_timeout_s": 30 * 24 * 3600,
+    "recovery_timeout_s": 30 * 24 * 3600,
+    "queue_timeout_s": 90 * 24 * 3600,
+}
 MAX_IMAGE_REFERENCE = 512
 # The job's deadline on the operator's side (runPolicy.activeDeadlineSeconds) is the launcher's plus this margin:
 # the launcher, which says more, deletes first; the operator stops the job if the launcher is gone.
@@ -103,15 +115,21 @@ class LaunchConfig:
     platform: Platform = field(default_factory=Platform)
 
     @classmethod
-    def of_step(cls, run_id: str, resume_run_id: str, pipeline_run_id: str, platform: dict[str, Any],
-                **settings: Any) -> LaunchConfig:  # fmt: skip
+    def of_step(
+        cls, run_id: str, resume_run_id: str, pipeline_run_id: str, platform: dict[str, Any], **settings: Any
+    ) -> LaunchConfig:
         """The config a pipeline step (the launcher's, the preflight's) makes of its inputs, whose other names are
         the config's own: the run directory resolved (a resume's, the one named, or the KFP run's), a resume marked,
         the compiled platform read. The CLI makes a submission's configs with it too, to check them beforehand."""
         from components.run_summary.core import resolve_run_id
 
-        return cls(run_id=resolve_run_id(run_id, resume_run_id, pipeline_run_id), resume=bool(resume_run_id),
-                   pipeline_run_id=pipeline_run_id, platform=Platform.from_dict(platform), **settings)  # fmt: skip
+        return cls(
+            run_id=resolve_run_id(run_id, resume_run_id, pipeline_run_id),
+            resume=bool(resume_run_id),
+            pipeline_run_id=pipeline_run_id,
+            platform=Platform.from_dict(platform),
+            **settings,
+        )
 
     @property
     def dataset_paths(self) -> DatasetPaths:
@@ -148,8 +166,10 @@ class LaunchConfig:
             except ValueError as exc:
                 raise InputError(f"mixture: {exc}") from None
             if check_storage and (snapshot is None or not (snapshot / META).is_file()):
-                raise InputError(f"mixture: dataset {dataset!r} is not staged under {self.storage_root} "
-                                 f"({snapshot / META if snapshot else paths.current} is missing)")  # fmt: skip
+                raise InputError(
+                    f"mixture: dataset {dataset!r} is not staged under {self.storage_root} "
+                    f"({snapshot / META if snapshot else paths.current} is missing)"
+                )
 
     @property
     def init_run(self) -> RunPaths:
@@ -227,16 +247,20 @@ class LaunchConfig:
         except ValueError as exc:
             raise InputError(str(exc)) from None
         if self.init_from_model and self.init_from_run_id:
-            raise InputError("init_from_run_id (a run's weights) and init_from_model (a published model's) are two "
-                             "starting points: give one")  # fmt: skip
+            raise InputError(
+                "init_from_run_id (a run's weights) and init_from_model (a published model's) are two "
+                "starting points: give one"
+            )
         if self.init_from_model:
             from components.stage_data.settings import check_source
 
             check_source(self.init_from_model, "init_from_model")
         if self.init_from_run_id and self.resume:
             origin = self.init_from_run_id
-            raise InputError(f"resume_run_id continues run {self.run_id!r}; init_from_run_id {origin!r} starts a new "
-                             "run from another's weights: give one")  # fmt: skip
+            raise InputError(
+                f"resume_run_id continues run {self.run_id!r}; init_from_run_id {origin!r} starts a new "
+                "run from another's weights: give one"
+            )
         if self.checkpoint_s3_uri:
             try:
                 parse_mirror_uri(self.checkpoint_s3_uri)
@@ -269,11 +293,14 @@ class LaunchConfig:
                 raise InputError(str(exc)) from None
             if snapshot is None or not (snapshot / META).is_file():
                 missing = snapshot / META if snapshot is not None else self.dataset_paths.current
-                raise InputError(f"dataset {self.dataset!r} is not staged under {self.storage_root}: {missing} is "
-                                 "missing")  # fmt: skip
+                raise InputError(
+                    f"dataset {self.dataset!r} is not staged under {self.storage_root}: {missing} is missing"
+                )
         if check_storage and self.resume and not self.run_paths.has_checkpoint() and not self.checkpoint_s3_uri:
-            raise InputError(f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
-                             "continue from (and no checkpoint_s3_uri names a durable copy)")  # fmt: skip
+            raise InputError(
+                f"resume_run_id {self.run_id!r}: {self.run_paths.checkpoints} holds no checkpoint to "
+                "continue from (and no checkpoint_s3_uri names a durable copy)"
+            )
 
     def checked_job(self) -> tuple[JobSpec, dict[str, Any]]:
         """The kubernetes backend's job, its spec and manifest, checked as the launcher checks them before any API
@@ -307,13 +334,17 @@ class LaunchConfig:
             return not posixpath.isabs(path) or (path != mount and not path.startswith(mount.rstrip("/") + "/"))
 
         if outside(self.storage_root):
-            raise InputError(f"storage_root {self.storage_root!r} is outside the FSx mount path {mount!r}: every step "
-                             f"and the training job see PVC {self.platform.pvc_name!r} there, so the storage root must "
-                             f"be {mount} or a directory under it")  # fmt: skip
+            raise InputError(
+                f"storage_root {self.storage_root!r} is outside the FSx mount path {mount!r}: every step "
+                f"and the training job see PVC {self.platform.pvc_name!r} there, so the storage root must "
+                f"be {mount} or a directory under it"
+            )
         if self.init_from_model and outside(self.model_dir):
-            raise InputError(f"init_from_model {self.init_from_model!r} is outside the FSx mount path {mount!r}, where "
-                             "the training job's pods see the volume: put the model there, or give its s3:// prefix "
-                             "(staging copies it there)")  # fmt: skip
+            raise InputError(
+                f"init_from_model {self.init_from_model!r} is outside the FSx mount path {mount!r}, where "
+                "the training job's pods see the volume: put the model there, or give its s3:// prefix "
+                "(staging copies it there)"
+            )
 
     def trainer_args(self) -> list[str]:
         """The trainer's command line, the same for every backend."""
@@ -346,11 +377,18 @@ class LaunchConfig:
             str(self.log_every),
             "--eval-every",
             str(self.eval_every),
-            *(["--mlflow-tracking-uri", self.mlflow_tracking_uri, "--mlflow-experiment", self.mlflow_experiment]
-              if self.mlflow_tracking_uri else []),
-            *(arg for key, value in self.job_options.items() if key in TRAINER_OPTIONS
-              for arg in ("--" + key.replace("_", "-"), check_setting(key, value))),
-        ]  # fmt: skip
+            *(
+                ["--mlflow-tracking-uri", self.mlflow_tracking_uri, "--mlflow-experiment", self.mlflow_experiment]
+                if self.mlflow_tracking_uri
+                else []
+            ),
+            *(
+                arg
+                for key, value in self.job_options.items()
+                if key in TRAINER_OPTIONS
+                for arg in ("--" + key.replace("_", "-"), check_setting(key, value))
+            ),
+        ]
 
     def trainer_env(self) -> dict[str, str]:
         """NCCL logs at INFO; the trainer writes the lines per process and attempt onto the volume, where
@@ -411,8 +449,11 @@ class LaunchConfig:
         if not (name and uid):
             return None
         if pod_namespace != self.namespace:
-            log.warning("no ownerReference: the launcher's pod runs in namespace %r, the job in %r",
-                        pod_namespace, self.namespace)  # fmt: skip
+            log.warning(
+                "no ownerReference: the launcher's pod runs in namespace %r, the job in %r",
+                pod_namespace,
+                self.namespace,
+            )
             return None
         return name, uid
 
@@ -493,19 +534,31 @@ def summary_markdown(result: LaunchResult) -> str:
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:,.0f} s"
 
-    rows = [("run", f"`{result.run_id}` ({result.run_dir})"), ("backend", result.backend),
-            ("world size", str(result.world_size)), ("wall time", seconds(result.seconds))]  # fmt: skip
+    rows = [
+        ("run", f"`{result.run_id}` ({result.run_dir})"),
+        ("backend", result.backend),
+        ("world size", str(result.world_size)),
+        ("wall time", seconds(result.seconds)),
+    ]
     if result.backend == "kubernetes":
-        rows += [(result.job_kind, f"`{result.namespace}/{result.job_name}`" + (" (re-attached)" if result.reattached
-                  else "")), ("attempt", f"{result.attempt} (trainer's attempt {result.trainer_attempt})"),
-                 ("final state", result.state),
-                 ("queued", seconds(result.queued_s)),
-                 ("running", seconds(result.running_s)), ("restarts", str(result.restarts))]  # fmt: skip
+        rows += [
+            (
+                result.job_kind,
+                f"`{result.namespace}/{result.job_name}`" + (" (re-attached)" if result.reattached else ""),
+            ),
+            ("attempt", f"{result.attempt} (trainer's attempt {result.trainer_attempt})"),
+            ("final state", result.state),
+            ("queued", seconds(result.queued_s)),
+            ("running", seconds(result.running_s)),
+            ("restarts", str(result.restarts)),
+        ]
     if result.final_loss is not None:
-        rows += [("final loss", f"{result.final_loss:.4f} after {result.tokens_seen:,} tokens"),
-                 ("val loss", "-" if result.val_loss is None else f"{result.val_loss:.4f}"),
-                 ("tokens/s (median)", "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"),
-                 ("MFU (median)", "-" if result.mfu is None else f"{result.mfu:.1%}")]  # fmt: skip
+        rows += [
+            ("final loss", f"{result.final_loss:.4f} after {result.tokens_seen:,} tokens"),
+            ("val loss", "-" if result.val_loss is None else f"{result.val_loss:.4f}"),
+            ("tokens/s (median)", "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"),
+            ("MFU (median)", "-" if result.mfu is None else f"{result.mfu:.1%}"),
+        ]
     lines = ["## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
     if watch := watch_line(where_to_look(Path(result.run_dir))):
         lines += ["", watch]

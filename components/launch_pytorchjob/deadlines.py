@@ -46,8 +46,11 @@ class Deadlines:
             # the queue is not a lost node's.
             self.started, self.degraded_since = False, None
             self.queued_since = self.now()
-            log.info("%s %s is queued: suspended until the cluster's queue (Kueue) admits it", self.api.kind,
-                     job["metadata"]["name"])  # fmt: skip
+            log.info(
+                "%s %s is queued: suspended until the cluster's queue (Kueue) admits it",
+                self.api.kind,
+                job["metadata"]["name"],
+            )
         elif not suspended and self.queued_since is not None:
             waited = self.now() - self.queued_since
             self.queued_total += waited
@@ -61,8 +64,13 @@ class Deadlines:
         running = [p for p in live if p.status.phase == "Running"]
         if not self.started and len(running) >= self.min_pods and self.api.is_running(job):
             self.started = True
-            log.info("%s %s runs with %d of its pods (minimum %d)", self.api.kind, job["metadata"]["name"],
-                     len(running), self.min_pods)  # fmt: skip
+            log.info(
+                "%s %s runs with %d of its pods (minimum %d)",
+                self.api.kind,
+                job["metadata"]["name"],
+                len(running),
+                self.min_pods,
+            )
         if not self.started:
             return
         self.degraded_since = (self.degraded_since or self.now()) if len(running) < self.min_pods else None
@@ -70,8 +78,13 @@ class Deadlines:
         new = [name for name in waiting if name not in self.reported_waiting]
         if new and len(running) >= self.min_pods:
             self.reported_waiting.update(new)
-            log.info("%s Pending beyond the minimum of %d: the job runs on %d pods and takes them in when there is "
-                     "room (elastic; not an error)", ", ".join(new), self.min_pods, len(running))  # fmt: skip
+            log.info(
+                "%s Pending beyond the minimum of %d: the job runs on %d pods and takes them in when there is "
+                "room (elastic; not an error)",
+                ", ".join(new),
+                self.min_pods,
+                len(running),
+            )
 
     @property
     def queued(self) -> bool:

@@ -53,7 +53,7 @@ LOG_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
             r"client socket has timed out while trying to connect",
             re.I,
         ),
-    ),  # fmt: skip
+    ),
     (
         EFA,
         re.compile(
@@ -61,7 +61,7 @@ LOG_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
             r"OFI plugin.*not found|Unable to find a protocol that worked",
             re.I,
         ),
-    ),  # fmt: skip
+    ),
 ]
 INSUFFICIENT = re.compile(r"Insufficient ([\w./-]*\w)")
 
@@ -87,8 +87,13 @@ def _seconds(value: float) -> str:
 class Diagnosis:
     """Each (symptom, pod) once; and how long the job's oldest Pending pod has waited, for the Pending deadline."""
 
-    def __init__(self, job: str, last_lines: Callable[[str], str] = lambda pod: "",
-                 memory_note: Callable[[], str] = lambda: "", now: Callable[[], float] = time.time):  # fmt: skip
+    def __init__(
+        self,
+        job: str,
+        last_lines: Callable[[str], str] = lambda pod: "",
+        memory_note: Callable[[], str] = lambda: "",
+        now: Callable[[], float] = time.time,
+    ):
         self.job, self.last_lines, self.memory_note, self.now = job, last_lines, memory_note, now
         self.findings: list[Finding] = []
         self._seen: set[tuple[str, str]] = set()
@@ -162,17 +167,25 @@ class Diagnosis:
                 if terminated and terminated.reason == "OOMKilled":
                     limit = _memory_limit(pod)
                     note = self.memory_note()
-                    self.report(OOM, name, f"the container was killed for using more than its memory limit"
-                                f"{f' ({limit})' if limit else ''} (exit code {terminated.exit_code})"
-                                f"{f'; {note}' if note else ''}")  # fmt: skip
+                    self.report(
+                        OOM,
+                        name,
+                        f"the container was killed for using more than its memory limit"
+                        f"{f' ({limit})' if limit else ''} (exit code {terminated.exit_code})"
+                        f"{f'; {note}' if note else ''}",
+                    )
             if waiting and waiting.reason == "CrashLoopBackOff":
                 last = status.last_state.terminated if status.last_state else None
                 how = f"exit code {last.exit_code} ({last.reason})" if last else "it keeps exiting"
                 if last and last.reason == "OOMKilled":
                     continue  # reported as OOMKilled
                 tail = self.last_lines(pod.metadata.name).strip()
-                self.report(CRASH_LOOP, name, f"restarted {status.restart_count} times, {how}"
-                            + (f"; its last lines: {' | '.join(tail.splitlines()[-5:])}" if tail else ""))  # fmt: skip
+                self.report(
+                    CRASH_LOOP,
+                    name,
+                    f"restarted {status.restart_count} times, {how}"
+                    + (f"; its last lines: {' | '.join(tail.splitlines()[-5:])}" if tail else ""),
+                )
 
     def _observe_event(self, pod: str, reason: str, message: str) -> None:
         name = self.short(pod)
@@ -187,11 +200,19 @@ class Diagnosis:
         short = set(INSUFFICIENT.findall(message))
         waited = f"Pending for {_seconds(self.pending_for())}"
         if "vpc.amazonaws.com/efa" in short:
-            self.report(EFA, pod, f"{waited}: no node offers the requested EFA devices ({_first_line(message)}): "
-                        "the EFA device plugin may be missing")  # fmt: skip
+            self.report(
+                EFA,
+                pod,
+                f"{waited}: no node offers the requested EFA devices ({_first_line(message)}): "
+                "the EFA device plugin may be missing",
+            )
         if short - {"vpc.amazonaws.com/efa"}:
-            self.report(PENDING, pod, f"{waited}: insufficient {', '.join(sorted(short - {'vpc.amazonaws.com/efa'}))}"
-                        f" ({_first_line(message)})")  # fmt: skip
+            self.report(
+                PENDING,
+                pod,
+                f"{waited}: insufficient {', '.join(sorted(short - {'vpc.amazonaws.com/efa'}))}"
+                f" ({_first_line(message)})",
+            )
         elif not short:
             self.report(PENDING, pod, f"{waited}: {_first_line(message)}")
 

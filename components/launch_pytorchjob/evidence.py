@@ -38,8 +38,11 @@ class TrainerEvidence:
             at = f" at step {self.step}" if self.step is not None else ""
             parts.append(f"trainer {self.state}{at}" + (f" ({self.error[:300]})" if self.error else ""))
         if self.last_lines:
-            who = (f"rank {self.rank}, the first to log an error" if self.rank is not None
-                   else "rank 0 (no rank logged an error)")  # fmt: skip
+            who = (
+                f"rank {self.rank}, the first to log an error"
+                if self.rank is not None
+                else "rank 0 (no rank logged an error)"
+            )
             parts.append(f"last lines of {who}: " + " | ".join(line.strip()[:300] for line in self.last_lines))
         return "; ".join(parts)
 
@@ -71,8 +74,10 @@ def read_evidence(run: RunPaths, tail: int = TAIL_LINES) -> TrainerEvidence | No
 def last_lines_of_every_rank(run: RunPaths, lines: int = 2) -> str:
     """Each rank's last lines, for a stall: which ranks were where when progress stopped."""
     tails = {rank: _tail(path, TAIL_BYTES)[-lines:] for rank, path in sorted(_rank_logs(run.logs).items())}
-    return " || ".join(f"rank {rank}: " + " | ".join(line.strip()[:200] for line in tail) for rank, tail in
-                       tails.items()) or "no rank left a log on the volume"  # fmt: skip
+    return (
+        " || ".join(f"rank {rank}: " + " | ".join(line.strip()[:200] for line in tail) for rank, tail in tails.items())
+        or "no rank left a log on the volume"
+    )
 
 
 def _read_status(path: Path) -> dict:

@@ -108,8 +108,9 @@ class JobOutcome:
 # -- create or re-attach ----------------------------------------------------------------------------------
 
 
-def create_or_attach(kube: Kube, job: dict[str, Any], replace_timeout_s: float = 600,
-                     cancel: threading.Event | None = None) -> tuple[dict[str, Any], bool, int]:  # fmt: skip
+def create_or_attach(
+    kube: Kube, job: dict[str, Any], replace_timeout_s: float = 600, cancel: threading.Event | None = None
+) -> tuple[dict[str, Any], bool, int]:
     """The job as stored, whether it already existed (a retried step re-attaches), and its attempt number.
 
     The name comes from the pipeline run, so a retried step, and a retried run (KFP's run-level Retry keeps the run
@@ -127,35 +128,59 @@ def create_or_attach(kube: Kube, job: dict[str, Any], replace_timeout_s: float =
     ours = job["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     theirs = existing.get("metadata", {}).get("annotations", {}).get(SPEC_HASH_ANNOTATION)
     if theirs != ours:
-        raise StepFailed(f"{api.kind} {ns}/{name} already exists with a different spec (spec digest {theirs} here, "
-                         f"{ours} asked for): delete it, or run with another run id")  # fmt: skip
+        raise StepFailed(
+            f"{api.kind} {ns}/{name} already exists with a different spec (spec digest {theirs} here, "
+            f"{ours} asked for): delete it, or run with another run id"
+        )
     attempt = _attempt(existing)
     uid = existing["metadata"]["uid"]
     if existing["metadata"].get("deletionTimestamp"):
-        log.warning("%s %s/%s of attempt %d is being deleted: waiting for it to go, then starting attempt %d",
-                    api.kind, ns, name, attempt, attempt + 1)  # fmt: skip
+        log.warning(
+            "%s %s/%s of attempt %d is being deleted: waiting for it to go, then starting attempt %d",
+            api.kind,
+            ns,
+            name,
+            attempt,
+            attempt + 1,
+        )
     elif api.is_failed(existing):
         condition = api.latest_condition(existing) or {}
-        log.warning("%s %s/%s of attempt %d failed (%s: %s): deleting it to train again as attempt %d", api.kind, ns,
-                    name, attempt, condition.get("reason", ""), condition.get("message", ""), attempt + 1)  # fmt: skip
+        log.warning(
+            "%s %s/%s of attempt %d failed (%s: %s): deleting it to train again as attempt %d",
+            api.kind,
+            ns,
+            name,
+            attempt,
+            condition.get("reason", ""),
+            condition.get("message", ""),
+            attempt + 1,
+        )
         delete_job(kube, api, ns, name, uid)
     else:
         state = (api.latest_condition(existing) or {}).get("type", "Created")
-        log.info("%s %s/%s of attempt %d already exists with this spec (%s): re-attaching", api.kind, ns, name, attempt,
-                 state)  # fmt: skip
+        log.info(
+            "%s %s/%s of attempt %d already exists with this spec (%s): re-attaching",
+            api.kind,
+            ns,
+            name,
+            attempt,
+            state,
+        )
         return existing, True, attempt
     wait_until_gone(kube, api, ns, name, uid, replace_timeout_s, cancel)
     created = _create(kube, api, job, attempt=attempt + 1)
     if created is None:
-        raise StepFailed(f"{api.kind} {ns}/{name} was created again by someone else while attempt {attempt}'s was "
-                         "being deleted")  # fmt: skip
+        raise StepFailed(
+            f"{api.kind} {ns}/{name} was created again by someone else while attempt {attempt}'s was being deleted"
+        )
     log.info("attempt %d: created %s %s/%s again", attempt + 1, api.kind, ns, name)
     return created, False, attempt + 1
 
 
 def get_job(kube: Kube, api: JobApi, ns: str, name: str) -> dict[str, Any]:
-    return kube.call(f"get {api.kind}", kube.custom.get_namespaced_custom_object, api.group, api.version, ns,
-                     api.plural, name)  # fmt: skip
+    return kube.call(
+        f"get {api.kind}", kube.custom.get_namespaced_custom_object, api.group, api.version, ns, api.plural, name
+    )
 
 
 def _attempt(job: dict[str, Any]) -> int:
@@ -171,8 +196,15 @@ def _create(kube: Kube, api: JobApi, job: dict[str, Any], attempt: int) -> dict[
     annotations = {**job["metadata"]["annotations"], ATTEMPT_ANNOTATION: str(attempt)}
     body = {**job, "metadata": {**job["metadata"], "annotations": annotations}}
     try:
-        created = kube.call(f"create {api.kind}", kube.custom.create_namespaced_custom_object, api.group,
-                            api.version, ns, api.plural, body)  # fmt: skip
+        created = kube.call(
+            f"create {api.kind}",
+            kube.custom.create_namespaced_custom_object,
+            api.group,
+            api.version,
+            ns,
+            api.plural,
+            body,
+        )
     except ApiException as exc:
         if exc.status == 409:
             return None
@@ -182,8 +214,16 @@ def _create(kube: Kube, api: JobApi, job: dict[str, Any], attempt: int) -> dict[
     return created
 
 
-def wait_until_gone(kube: Kube, api: JobApi, ns: str, name: str, uid: str, timeout_s: float,
-                    cancel: threading.Event | None = None, poll_s: float = 1.0) -> None:  # fmt: skip
+def wait_until_gone(
+    kube: Kube,
+    api: JobApi,
+    ns: str,
+    name: str,
+    uid: str,
+    timeout_s: float,
+    cancel: threading.Event | None = None,
+    poll_s: float = 1.0,
+) -> None:
     """Until the deleted job is gone, then what its controller made under its name and its pods.
 
     A foreground-deleted job stays, with its finalizer, until its pods have terminated (their grace period); a
@@ -206,9 +246,11 @@ def wait_until_gone(kube: Kube, api: JobApi, ns: str, name: str, uid: str, timeo
             return
         if time.monotonic() > deadline:
             finalizers = f" (finalizers {current['metadata'].get('finalizers', [])})" if current is not None else ""
-            raise StepFailed(f"{left} of an earlier attempt of {api.kind} {ns}/{name} is still there {timeout_s:.0f}s "
-                             f"after its deletion{finalizers}: its pods may be stuck Terminating; check `kubectl get "
-                             f"pods -l {api.pod_selector(name)}`")  # fmt: skip
+            raise StepFailed(
+                f"{left} of an earlier attempt of {api.kind} {ns}/{name} is still there {timeout_s:.0f}s "
+                f"after its deletion{finalizers}: its pods may be stuck Terminating; check `kubectl get "
+                f"pods -l {api.pod_selector(name)}`"
+            )
         if cancel is not None and cancel.is_set():
             raise Cancelled(f"cancelled while {api.kind} {ns}/{name} of an earlier attempt was being deleted")
         time.sleep(poll_s)
@@ -244,8 +286,9 @@ def check_nothing_pruned(api: JobApi, sent: dict[str, Any], stored: dict[str, An
     kept = set(leaf_paths(stored.get("spec", {})))
     lost = [p for p in leaf_paths(sent["spec"]) if p not in kept]
     if lost:
-        raise StepFailed(f"the API server dropped {', '.join('spec.' + p for p in lost[:5])} from the {api.kind}: "
-                         f"{api.crd}")  # fmt: skip
+        raise StepFailed(
+            f"the API server dropped {', '.join('spec.' + p for p in lost[:5])} from the {api.kind}: {api.crd}"
+        )
 
 
 # -- watching ---------------------------------------------------------------------------------------------
@@ -338,8 +381,12 @@ class JobWatcher(Reader):
                     log.info("watch expired (410 Gone); reading the job and watching again")
                     self._relist()
                 elif exc.status in (403, 405):
-                    log.warning("cannot watch %ss (%s): polling every %gs instead", self.api.kind, describe(exc),
-                                self.settings.poll_interval_s)  # fmt: skip
+                    log.warning(
+                        "cannot watch %ss (%s): polling every %gs instead",
+                        self.api.kind,
+                        describe(exc),
+                        self.settings.poll_interval_s,
+                    )
                     self.polling = True
                 elif is_transient(exc):
                     failures += 1
@@ -373,10 +420,16 @@ class JobWatcher(Reader):
 
     def _watch_once(self) -> None:
         watch, stream = self.watch(
-            self.kube, self.settings, self.kube.custom.list_namespaced_custom_object, self.api.group,
-            self.api.version, self.ns, self.api.plural, field_selector=f"metadata.name={self.name}",
+            self.kube,
+            self.settings,
+            self.kube.custom.list_namespaced_custom_object,
+            self.api.group,
+            self.api.version,
+            self.ns,
+            self.api.plural,
+            field_selector=f"metadata.name={self.name}",
             resource_version=self.resource_version,
-        )  # fmt: skip
+        )
         try:
             for event in stream:
                 obj = event["raw_object"]
@@ -472,8 +525,17 @@ class LogStreamer(Reader):
     restarted group brings pods of new names; lines are kept in order by their timestamps either way.
     """
 
-    def __init__(self, kube: Kube, api: JobApi, namespace: str, job_name: str, node: int, settings: WatchSettings,
-                 stop: threading.Event, on_line: Callable[[str, str], None] = lambda pod, text: None):  # fmt: skip
+    def __init__(
+        self,
+        kube: Kube,
+        api: JobApi,
+        namespace: str,
+        job_name: str,
+        node: int,
+        settings: WatchSettings,
+        stop: threading.Event,
+        on_line: Callable[[str, str], None] = lambda pod, text: None,
+    ):
         super().__init__(f"log-{job_name}-{node}", stop)
         self.kube, self.api, self.ns, self.settings = kube, api, namespace, settings
         self.selector = api.node_selector(job_name, node)
@@ -511,8 +573,9 @@ class LogStreamer(Reader):
                     log.info("the last lines of %s could not be read (%s)", self.pod, describe(exc))
                     return
                 if is_transient(exc) and delay == self.settings.log_reconnect_s:
-                    log.info("%s's log is not readable now (%s): retrying with a growing pause", self.pod,
-                             describe(exc))  # fmt: skip
+                    log.info(
+                        "%s's log is not readable now (%s): retrying with a growing pause", self.pod, describe(exc)
+                    )
                 delay = min(self.settings.log_reconnect_max_s, delay * 2)
             except Exception as exc:  # a dropped or silent stream: urllib3 and socket errors, the read timeout
                 if self.stop.is_set():
@@ -563,10 +626,17 @@ class LogStreamer(Reader):
         if self.last[0]:  # ask from a little before the last line; what was printed is skipped
             last = datetime.fromisoformat(self.last[0] + "+00:00").timestamp()
             kwargs["since_seconds"] = max(1, math.ceil(time.time() - last) + 1)
-        response = self.reading(self.kube.core.read_namespaced_pod_log(
-            self.pod, self.ns, container=self.api.container, timestamps=True, _preload_content=False,
-            _request_timeout=(self.kube.settings.request_timeout_s, self.settings.log_read_timeout_s), **kwargs,
-        ))  # fmt: skip
+        response = self.reading(
+            self.kube.core.read_namespaced_pod_log(
+                self.pod,
+                self.ns,
+                container=self.api.container,
+                timestamps=True,
+                _preload_content=False,
+                _request_timeout=(self.kube.settings.request_timeout_s, self.settings.log_read_timeout_s),
+                **kwargs,
+            )
+        )
         skip = self.printed_at_last
         try:
             pending = b""
@@ -602,8 +672,10 @@ def job_pods(kube: Kube, api: JobApi, ns: str, name: str) -> list[Any]:
 
 def pod_summary(api: JobApi, name: str, pods: list[Any]) -> str:
     """'worker-0 Running, worker-1 Pending', from the job's pods."""
-    phases = [f"{api.pod_label(pod.metadata.name, name)} {pod.status.phase}"
-              for pod in sorted(pods, key=lambda p: p.metadata.name)]  # fmt: skip
+    phases = [
+        f"{api.pod_label(pod.metadata.name, name)} {pod.status.phase}"
+        for pod in sorted(pods, key=lambda p: p.metadata.name)
+    ]
     return ", ".join(phases) or "no pods yet"
 
 
@@ -624,22 +696,33 @@ def describe_failure(kube: Kube, api: JobApi, ns: str, name: str) -> dict[str, s
     for pod in culprits[:2]:
         pod_name = pod.metadata.name
         try:
-            text = kube.read_for_people("read log", kube.core.read_namespaced_pod_log, pod_name, ns,
-                                        container=api.container, tail_lines=TAIL_LINES)  # fmt: skip
+            text = kube.read_for_people(
+                "read log",
+                kube.core.read_namespaced_pod_log,
+                pod_name,
+                ns,
+                container=api.container,
+                tail_lines=TAIL_LINES,
+            )
             log.error("last %d lines of %s:\n%s", TAIL_LINES, pod_name, text.rstrip() or "(empty)")
             if failed(pod) and text.strip():
                 tails[pod_name] = "last lines: " + " | ".join(text.strip().splitlines()[-8:])
         except (ApiException, StepFailed) as exc:  # no kubelet answers: the API server's 500, retried, then this
             log.error("cannot read %s's log: %s", pod_name, describe(exc))
         try:
-            events = kube.call("list events", kube.core.list_namespaced_event, ns,
-                               field_selector=f"involvedObject.name={pod_name}").items  # fmt: skip
+            events = kube.call(
+                "list events", kube.core.list_namespaced_event, ns, field_selector=f"involvedObject.name={pod_name}"
+            ).items
             lines = [f"  {e.type} {e.reason}: {e.message}" for e in events] or ["  (none)"]
             log.error("events of %s:\n%s", pod_name, "\n".join(lines))
         except ApiException as exc:
             if exc.status == 403:
-                log.error("events of %s: not readable by this service account (%s); add 'list events' to its "
-                          "Role (deploy/rbac.yaml) to see them here", pod_name, describe(exc))  # fmt: skip
+                log.error(
+                    "events of %s: not readable by this service account (%s); add 'list events' to its "
+                    "Role (deploy/rbac.yaml) to see them here",
+                    pod_name,
+                    describe(exc),
+                )
             else:
                 log.error("events of %s: %s", pod_name, describe(exc))
     return tails
@@ -648,8 +731,9 @@ def describe_failure(kube: Kube, api: JobApi, ns: str, name: str) -> dict[str, s
 def current_lines(kube: Kube, api: JobApi, ns: str, pod: str) -> str:
     """The last lines of the container as it is (a failed pod's, before it is deleted)."""
     try:
-        return kube.read_for_people("read log", kube.core.read_namespaced_pod_log, pod, ns, container=api.container,
-                                    tail_lines=TAIL_LINES)  # fmt: skip
+        return kube.read_for_people(
+            "read log", kube.core.read_namespaced_pod_log, pod, ns, container=api.container, tail_lines=TAIL_LINES
+        )
     except (ApiException, StepFailed):  # logs are for people
         return ""
 
@@ -657,8 +741,15 @@ def current_lines(kube: Kube, api: JobApi, ns: str, pod: str) -> str:
 def last_lines(kube: Kube, api: JobApi, ns: str, pod: str) -> str:
     """The last lines of the container's previous run (a crash-looping container's own is about to restart)."""
     try:
-        return kube.read_for_people("read log", kube.core.read_namespaced_pod_log, pod, ns, container=api.container,
-                                    tail_lines=TAIL_LINES, previous=True)  # fmt: skip
+        return kube.read_for_people(
+            "read log",
+            kube.core.read_namespaced_pod_log,
+            pod,
+            ns,
+            container=api.container,
+            tail_lines=TAIL_LINES,
+            previous=True,
+        )
     except (ApiException, StepFailed):  # logs are for people: an unreadable one never ends the launch
         return ""
 
@@ -711,9 +802,14 @@ class Diagnoser:
         self.diagnosis.observe(pods, events)
         if self.awaiting_pods and self.events_readable and not [p for p in pods if not p.metadata.deletion_timestamp]:
             try:
-                self.diagnosis.observe_job_events(self.kube.call(
-                    "list events", self.kube.core.list_namespaced_event, self.ns,
-                    field_selector=f"involvedObject.name={self.name},type=Warning").items)  # fmt: skip
+                self.diagnosis.observe_job_events(
+                    self.kube.call(
+                        "list events",
+                        self.kube.core.list_namespaced_event,
+                        self.ns,
+                        field_selector=f"involvedObject.name={self.name},type=Warning",
+                    ).items
+                )
             except (ApiException, StepFailed) as exc:
                 self.events_readable = False
                 log.info("diagnosis: without events (%s)", describe(exc))
@@ -766,10 +862,16 @@ def not_started_for(diagnoser: Diagnoser, diagnosis: Diagnosis, deadlines: Deadl
     return "no pods made", deadlines.runnable_for()
 
 
-def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: threading.Event,
-            diagnosis: Diagnosis | None = None, evidence: Callable[[], TrainerEvidence | None] = lambda: None,
-            on_owned: Callable[[str], None] = lambda uid: None,
-            training: TrainingWatch | None = None) -> JobOutcome:  # fmt: skip
+def run_job(
+    kube: Kube,
+    job: dict[str, Any],
+    settings: WatchSettings,
+    cancel: threading.Event,
+    diagnosis: Diagnosis | None = None,
+    evidence: Callable[[], TrainerEvidence | None] = lambda: None,
+    on_owned: Callable[[str], None] = lambda uid: None,
+    training: TrainingWatch | None = None,
+) -> JobOutcome:
     """Create or re-attach, then follow the job to its end. `cancel` set (by SIGTERM): delete and raise.
 
     `evidence` reads the trainer's own account of a failure (its logs on the volume); `on_owned` is told the uid of
@@ -819,11 +921,17 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                 raise Cancelled(f"cancelled: {api.kind} {ns}/{name} deleted on SIGTERM")
             if settings.deadline_s and deadlines.active_time(started) > settings.deadline_s:
                 last = (api.latest_condition(current) or {}).get("type", "none")
-                give_up(f"did not finish within {settings.deadline_s:.0f}s (not counting time queued; last state: "
-                        f"{last})")  # fmt: skip
+                give_up(
+                    f"did not finish within {settings.deadline_s:.0f}s (not counting time queued; last state: {last})"
+                )
             if failed_at is not None and time.monotonic() - failed_at > settings.auto_resume_wait_s:
-                log.warning("%s %s/%s stayed Failed for %.0fs: auto-resume did not bring it back", api.kind, ns, name,
-                            settings.auto_resume_wait_s)  # fmt: skip
+                log.warning(
+                    "%s %s/%s stayed Failed for %.0fs: auto-resume did not bring it back",
+                    api.kind,
+                    ns,
+                    name,
+                    settings.auto_resume_wait_s,
+                )
                 break
             diagnoser.awaiting_pods = not deadlines.queued and not deadlines.started
             diagnoser.tick()
@@ -842,8 +950,10 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                 )
             if deadlines.queued:
                 if settings.queue_timeout_s and deadlines.queued_for() > settings.queue_timeout_s:
-                    give_up(f"was queued (suspended, not admitted) for {deadlines.queued_for():.0f}s, past the queue "
-                            f"deadline of {settings.queue_timeout_s:.0f}s")  # fmt: skip
+                    give_up(
+                        f"was queued (suspended, not admitted) for {deadlines.queued_for():.0f}s, past the queue "
+                        f"deadline of {settings.queue_timeout_s:.0f}s"
+                    )
             elif not deadlines.started:
                 limit = settings.pending_timeout_s or (settings.creation_timeout_s if diagnosis.not_created else 0)
                 if limit and not_started_for(diagnoser, diagnosis, deadlines)[1] > limit:
@@ -859,9 +969,11 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
                             f"never started: {what} for {waited:.0f}s, past the {deadline} deadline of {limit:.0f}s"
                         )
             elif settings.recovery_timeout_s and deadlines.degraded_for() > settings.recovery_timeout_s:
-                give_up(f"ran with fewer than its minimum of {min_pods} pod(s) for {deadlines.degraded_for():.0f}s "
-                        f"(a lost node not replaced), past the recovery deadline of "
-                        f"{settings.recovery_timeout_s:.0f}s")  # fmt: skip
+                give_up(
+                    f"ran with fewer than its minimum of {min_pods} pod(s) for {deadlines.degraded_for():.0f}s "
+                    f"(a lost node not replaced), past the recovery deadline of "
+                    f"{settings.recovery_timeout_s:.0f}s"
+                )
             if training is not None and time.monotonic() >= next_training_check:
                 next_training_check = time.monotonic() + settings.training_check_s
                 if why := training.check():
@@ -884,18 +996,35 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
             if key != last_seen and condition is not None:
                 last_seen = key
                 phases = pod_summary(api, name, job_pods(kube, api, ns, name))
-                log.info("%s %s: %s (%s) %s; pods: %s", api.kind, name, condition["type"], condition.get("reason", ""),
-                         condition.get("message", ""), phases)  # fmt: skip
+                log.info(
+                    "%s %s: %s (%s) %s; pods: %s",
+                    api.kind,
+                    name,
+                    condition["type"],
+                    condition.get("reason", ""),
+                    condition.get("message", ""),
+                    phases,
+                )
             if failed_at is not None and not api.is_failed(current):
-                log.warning("%s %s/%s is no longer Failed (%s): auto-resume brought it back", api.kind, ns, name,
-                            (condition or {}).get("type", "no condition"))  # fmt: skip
+                log.warning(
+                    "%s %s/%s is no longer Failed (%s): auto-resume brought it back",
+                    api.kind,
+                    ns,
+                    name,
+                    (condition or {}).get("type", "no condition"),
+                )
                 failed_at = None
             if api.is_failed(current) and auto_resumed and settings.auto_resume_wait_s:
                 if failed_at is None:
                     failed_at = time.monotonic()
-                    log.warning("%s %s/%s failed; HyperPod auto-resume is on and may restart it: watching it %.0fs "
-                                "more before the step fails", api.kind, ns, name,
-                                settings.auto_resume_wait_s)  # fmt: skip
+                    log.warning(
+                        "%s %s/%s failed; HyperPod auto-resume is on and may restart it: watching it %.0fs "
+                        "more before the step fails",
+                        api.kind,
+                        ns,
+                        name,
+                        settings.auto_resume_wait_s,
+                    )
                 continue
             if api.is_finished(current):
                 break
@@ -912,26 +1041,38 @@ def run_job(kube: Kube, job: dict[str, Any], settings: WatchSettings, cancel: th
     restarts = max(api.restarts(current, job_pods(kube, api, ns, name)), restart_count.count)
     findings = [f.line() for f in diagnosis.findings]
     state = "Succeeded" if api.is_succeeded(current) else "Failed"
-    outcome = JobOutcome(name, ns, state, reattached, attempt, queued, running, restarts, api.conditions(current),
-                         findings)  # fmt: skip
+    outcome = JobOutcome(
+        name, ns, state, reattached, attempt, queued, running, restarts, api.conditions(current), findings
+    )
     if state == "Failed":
         condition = api.latest_condition(current) or {}
         diagnoser.tick(force=True)  # the pods' last word, if they still exist: an OOMKilled, a crash loop
         pod_tails = {**diagnoser.restart_tails, **describe_failure(kube, api, ns, name)}
         reason = f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
-        message = (f"{api.kind} {ns}/{name} failed (attempt {attempt}): {reason}{_evidence(evidence(), pod_tails)}"
-                   f"{_why(diagnosis)}")  # fmt: skip
+        message = (
+            f"{api.kind} {ns}/{name} failed (attempt {attempt}): {reason}{_evidence(evidence(), pod_tails)}"
+            f"{_why(diagnosis)}"
+        )
         if api.delete_failed:  # its operator would run it again (trainjob.py); what it showed is read above
             try:
                 delete_job(kube, api, ns, name, uid)
                 message += f"; the {api.kind} was deleted, so that {api.operator} does not run it again"
             except (ApiException, StepFailed) as exc:
-                message += (f"; deleting it failed ({describe(exc)}): delete it (`kubectl delete {api.plural} -n {ns} "
-                            f"{name}`), or {api.operator} may run it again")  # fmt: skip
+                message += (
+                    f"; deleting it failed ({describe(exc)}): delete it (`kubectl delete {api.plural} -n {ns} "
+                    f"{name}`), or {api.operator} may run it again"
+                )
         raise StepFailed(message)
-    log.info("%s %s/%s succeeded (attempt %d; queued %s, running %s, %d restarts)", api.kind, ns, name, attempt,
-             f"{queued:.0f}s" if queued is not None else "?", f"{running:.0f}s" if running is not None else "?",
-             restarts)  # fmt: skip
+    log.info(
+        "%s %s/%s succeeded (attempt %d; queued %s, running %s, %d restarts)",
+        api.kind,
+        ns,
+        name,
+        attempt,
+        f"{queued:.0f}s" if queued is not None else "?",
+        f"{running:.0f}s" if running is not None else "?",
+        restarts,
+    )
     return outcome
 
 
@@ -964,11 +1105,18 @@ def last_memory_use(metrics: Path) -> str:
 def runtime_grace(kube: Kube, api: JobApi, runtime: str) -> int | None:
     """The grace period of the named runtime's pods, or None when it cannot be read (the preflight says why)."""
     try:
-        found = kube.call(f"get {api.runtime_plural}", kube.custom.get_cluster_custom_object, api.group, api.version,
-                          api.runtime_plural, runtime)  # fmt: skip
+        found = kube.call(
+            f"get {api.runtime_plural}",
+            kube.custom.get_cluster_custom_object,
+            api.group,
+            api.version,
+            api.runtime_plural,
+            runtime,
+        )
     except ApiException as exc:
-        log.warning("cannot read %s %s (%s): the run's grace period is patched in", api.runtime_plural, runtime,
-                    describe(exc))  # fmt: skip
+        log.warning(
+            "cannot read %s %s (%s): the run's grace period is patched in", api.runtime_plural, runtime, describe(exc)
+        )
         return None
     return runtime_grace_period(found)
 
@@ -980,14 +1128,22 @@ def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchRes
     if spec.api.runtime_plural:
         spec = dataclasses.replace(spec, runtime_grace_period_s=runtime_grace(kube, spec.api, spec.runtime_name))
     manifest = render_job(spec)
-    settings = WatchSettings(deadline_s=cfg.timeout_s, logs=cfg.stream_logs, pending_timeout_s=cfg.pending_timeout_s,
-                             recovery_timeout_s=cfg.recovery_timeout_s, queue_timeout_s=cfg.queue_timeout_s,
-                             diagnose_every_s=DIAGNOSE_EVERY_S,
-                             auto_resume_wait_s=spec.auto_resume_wait_s if spec.auto_resumed else 0)  # fmt: skip
+    settings = WatchSettings(
+        deadline_s=cfg.timeout_s,
+        logs=cfg.stream_logs,
+        pending_timeout_s=cfg.pending_timeout_s,
+        recovery_timeout_s=cfg.recovery_timeout_s,
+        queue_timeout_s=cfg.queue_timeout_s,
+        diagnose_every_s=DIAGNOSE_EVERY_S,
+        auto_resume_wait_s=spec.auto_resume_wait_s if spec.auto_resumed else 0,
+    )
     ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     api = spec.api
-    diagnosis = Diagnosis(name, last_lines=lambda pod: last_lines(kube, api, ns, pod),
-                          memory_note=lambda: last_memory_use(cfg.run_paths.metrics))  # fmt: skip
+    diagnosis = Diagnosis(
+        name,
+        last_lines=lambda pod: last_lines(kube, api, ns, pod),
+        memory_note=lambda: last_memory_use(cfg.run_paths.metrics),
+    )
     started = time.perf_counter()
     cancel = threading.Event()
     delete_now = ImmediateDelete(api_client, api, ns, name)
@@ -996,8 +1152,16 @@ def launch_on_kubernetes(cfg: LaunchConfig, api_client: Any = None) -> LaunchRes
         delete_now.uid = uid
 
     with SigtermToEvent(cancel, delete_now):
-        outcome = run_job(kube, manifest, settings, cancel, diagnosis, evidence=lambda: read_evidence(cfg.run_paths),
-                          on_owned=owned, training=TrainingWatch(cfg.run_paths, cfg.stall_timeout_s))  # fmt: skip
+        outcome = run_job(
+            kube,
+            manifest,
+            settings,
+            cancel,
+            diagnosis,
+            evidence=lambda: read_evidence(cfg.run_paths),
+            on_owned=owned,
+            training=TrainingWatch(cfg.run_paths, cfg.stall_timeout_s),
+        )
     return LaunchResult(
         run_id=cfg.run_id,
         run_dir=str(cfg.run_paths.root),

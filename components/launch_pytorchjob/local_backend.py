@@ -58,8 +58,10 @@ def trainer_outcome(cfg: LaunchConfig) -> str:
     except (OSError, ValueError):
         return "the trainer left no status"
     if status["state"] == "preempted":
-        return (f"the trainer committed a checkpoint of step {status['step']} "
-                f"{status['seconds_to_commit']}s after the signal: rerun to resume")  # fmt: skip
+        return (
+            f"the trainer committed a checkpoint of step {status['step']} "
+            f"{status['seconds_to_commit']}s after the signal: rerun to resume"
+        )
     if status["state"] == "preempted-unsaved":
         return f"the trainer could not commit its checkpoint of step {status['step']}: {status.get('error')}"
     if status["state"] in (*PERMANENT, "hung", "crashed") and status.get("error"):
@@ -119,8 +121,9 @@ def run_torchrun(cfg: LaunchConfig) -> LaunchResult:
     if cfg.timeout_s:
         timers.append(_timer(cfg.timeout_s, lambda: stop(f"the timeout of {cfg.timeout_s}s passed")))
     watching = threading.Event()
-    watcher = threading.Thread(target=_watch_training, args=(TrainingWatch(cfg.run_paths, cfg.stall_timeout_s), stop,
-                                                              watching), daemon=True)  # fmt: skip
+    watcher = threading.Thread(
+        target=_watch_training, args=(TrainingWatch(cfg.run_paths, cfg.stall_timeout_s), stop, watching), daemon=True
+    )
     watcher.start()
     try:
         assert proc.stdout is not None

@@ -167,8 +167,10 @@ class JobSpec:
     def validate(self) -> None:
         """Inconsistent inputs fail here, one line each, before the API server sees anything."""
         if len(self.name) > MAX_NAME or not _DNS_1123.match(self.name):
-            raise InputError(f"job name {self.name!r} is not a DNS-1123 label of at most {MAX_NAME} characters "
-                             "(lowercase letters, digits, '-'; a letter or digit at each end)")  # fmt: skip
+            raise InputError(
+                f"job name {self.name!r} is not a DNS-1123 label of at most {MAX_NAME} characters "
+                "(lowercase letters, digits, '-'; a letter or digit at each end)"
+            )
         if len(self.namespace) > 63 or not _DNS_1123.match(self.namespace):
             raise InputError(f"namespace {self.namespace!r} is not a DNS-1123 label")
         if not self.image or any(c.isspace() for c in self.image):
@@ -178,8 +180,10 @@ class JobSpec:
         self.api.validate(self)
         instance = self.instance()
         if instance.gpus and self.nproc != instance.gpus:
-            raise InputError(f"nproc-per-node {self.nproc} differs from the {instance.gpus} GPUs requested per node: "
-                             "each process drives one GPU")  # fmt: skip
+            raise InputError(
+                f"nproc-per-node {self.nproc} differs from the {instance.gpus} GPUs requested per node: "
+                "each process drives one GPU"
+            )
         if self.nproc < 1:
             raise InputError("nproc-per-node must be positive")
         self.validate_pod()
@@ -187,8 +191,10 @@ class JobSpec:
             if self.restart_policy != "OnFailure":
                 raise InputError(f"HyperPod auto-resume needs restartPolicy OnFailure, not {self.restart_policy}")
             if not (self.namespace == "kubeflow" or self.namespace.startswith("hyperpod")):
-                raise InputError(f"namespace {self.namespace!r}: HyperPod auto-resumes jobs only in 'kubeflow' or a "
-                                 "namespace starting with 'hyperpod' (or turn auto-resume off)")  # fmt: skip
+                raise InputError(
+                    f"namespace {self.namespace!r}: HyperPod auto-resumes jobs only in 'kubeflow' or a "
+                    "namespace starting with 'hyperpod' (or turn auto-resume off)"
+                )
             if self.max_retries < 1:
                 raise InputError(
                     "auto-resume max retries must be at least 1 (with restart_budget 0, set "
@@ -197,9 +203,11 @@ class JobSpec:
         if self.queue_name and self.min_nodes < self.max_nodes:
             # Kueue admits a PyTorchJob for all its Worker replicas or not at all (kubernetes-sigs/kueue v0.19.2,
             # pkg/controller/jobs/kubeflow/kubeflowjob, KubeflowJob.PodSets: Count = replicas, no minimum).
-            raise InputError(f"max_nodes {self.max_nodes} with Kueue queue {self.queue_name!r}: Kueue admits the job "
-                             f"only when all {self.max_nodes} nodes fit, never on nnodes {self.min_nodes}; give "
-                             f"max_nodes 0 (or equal to nnodes) on a queued cluster")  # fmt: skip
+            raise InputError(
+                f"max_nodes {self.max_nodes} with Kueue queue {self.queue_name!r}: Kueue admits the job "
+                f"only when all {self.max_nodes} nodes fit, never on nnodes {self.min_nodes}; give "
+                f"max_nodes 0 (or equal to nnodes) on a queued cluster"
+            )
         for name in ("queue_name", "priority_class"):
             value = getattr(self, name)
             if value and (len(value) > 63 or not _DNS_1123.match(value)):
@@ -227,8 +235,10 @@ class JobSpec:
         if self.shutdown_timeout_s is not None and self.shutdown_timeout_s < 0:
             raise InputError(f"shutdown timeout {self.shutdown_timeout_s}s cannot be negative (0: torchrun's default)")
         if self.shutdown_timeout_s and not self.shutdown_timeout_s < self.grace_period_s:
-            raise InputError(f"shutdown timeout {self.shutdown_timeout_s}s must be shorter than the "
-                             f"{self.grace_period_s}s grace period, or the kubelet kills torchrun first")  # fmt: skip
+            raise InputError(
+                f"shutdown timeout {self.shutdown_timeout_s}s must be shorter than the "
+                f"{self.grace_period_s}s grace period, or the kubelet kills torchrun first"
+            )
         for name in (
             "max_restarts",
             "restart_budget",
@@ -356,8 +366,12 @@ def job_labels(spec: JobSpec) -> dict[str, str]:
 
 def job_metadata(spec: JobSpec) -> dict[str, Any]:
     """The job's metadata, whatever its API: name, namespace, our labels and annotations."""
-    return {"name": spec.name, "namespace": spec.namespace, "labels": job_labels(spec),
-            "annotations": run_annotations(spec)}  # fmt: skip
+    return {
+        "name": spec.name,
+        "namespace": spec.namespace,
+        "labels": job_labels(spec),
+        "annotations": run_annotations(spec),
+    }
 
 
 def owned_by_launcher(job: dict[str, Any], spec: JobSpec) -> dict[str, Any]:

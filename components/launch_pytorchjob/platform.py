@@ -94,13 +94,17 @@ class Platform:
 
     def check_image(self, image: str) -> None:
         if self.registries and not any(image.startswith(r.rstrip("/") + "/") for r in self.registries):
-            raise InputError(f"trainer_image {image!r} is not from an allowed registry ({', '.join(self.registries)}; "
-                             "set at compile time by the platform team)")  # fmt: skip
+            raise InputError(
+                f"trainer_image {image!r} is not from an allowed registry ({', '.join(self.registries)}; "
+                "set at compile time by the platform team)"
+            )
 
     def check_namespace(self, namespace: str) -> None:
         if self.namespaces and namespace not in self.namespaces:
-            raise InputError(f"namespace {namespace!r} is not one jobs may go to ({', '.join(self.namespaces)}; set at "
-                             "compile time by the platform team)")  # fmt: skip
+            raise InputError(
+                f"namespace {namespace!r} is not one jobs may go to ({', '.join(self.namespaces)}; set at "
+                "compile time by the platform team)"
+            )
 
 
 # What a run may set in `job_options`: sizes, counts, timeouts and training settings, with their bounds. Strings
@@ -146,15 +150,19 @@ def run_options(options: dict[str, Any], api_name: str = DEFAULT_JOB_API) -> dic
                 raise InputError(f"job option {key!r}: {exc}") from None
             continue
         if key not in RUN_OPTIONS:
-            raise InputError(f"job option {key!r} is not a run option (the platform team's settings are compiled in); "
-                             f"a run may set: {', '.join(sorted([*RUN_OPTIONS, *TRAINER_OPTIONS]))}")  # fmt: skip
+            raise InputError(
+                f"job option {key!r} is not a run option (the platform team's settings are compiled in); "
+                f"a run may set: {', '.join(sorted([*RUN_OPTIONS, *TRAINER_OPTIONS]))}"
+            )
         kind, low, high = RUN_OPTIONS[key]
         if kind is int and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
             raise InputError(f"job option {key!r} must be an integer from {low} to {high}, got {value!r}")
         if kind is bool and not isinstance(value, bool):
             raise InputError(f"job option {key!r} must be true or false, got {value!r}")
         if kind is str and (not isinstance(value, str) or len(value) > MAX_OPTION_STRING):
-            raise InputError(f"job option {key!r} must be a string of at most {MAX_OPTION_STRING} characters, got "
-                             f"{str(value)[:80]!r}")  # fmt: skip
+            raise InputError(
+                f"job option {key!r} must be a string of at most {MAX_OPTION_STRING} characters, got "
+                f"{str(value)[:80]!r}"
+            )
     job_api(api_name).refuse_options(options)
     return dict(options)

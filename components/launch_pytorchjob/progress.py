@@ -57,8 +57,10 @@ class TrainingWatch:
             self._progress, self._moved_at = progress, now
             return None
         if self._moved_at is not None and now - self._moved_at > self.stall_limit():
-            return (f"stalled: no training step completed for {now - self._moved_at:.0f}s (stall timeout "
-                    f"{self.stall_limit():.0f}s) after step {status.get('step')}")  # fmt: skip
+            return (
+                f"stalled: no training step completed for {now - self._moved_at:.0f}s (stall timeout "
+                f"{self.stall_limit():.0f}s) after step {status.get('step')}"
+            )
         return None
 
     def _status(self) -> dict:

@@ -99,12 +99,16 @@ class TrainJobApi(JobApi):
 
     def validate(self, spec: JobSpec) -> None:
         if spec.min_nodes != spec.max_nodes:
-            raise InputError(f"max_nodes {spec.max_nodes} above nnodes {spec.min_nodes}: Kubeflow Trainer v2.2+ has "
-                             "no elastic training; give max_nodes 0 (a fixed size) or compile with --job-api "
-                             "pytorchjob")  # fmt: skip
+            raise InputError(
+                f"max_nodes {spec.max_nodes} above nnodes {spec.min_nodes}: Kubeflow Trainer v2.2+ has "
+                "no elastic training; give max_nodes 0 (a fixed size) or compile with --job-api "
+                "pytorchjob"
+            )
         if spec.auto_resume:
-            raise InputError("auto_resume: HyperPod auto-resume covers PyTorchJobs only, not TrainJobs (their "
-                             "restarts are the runtime's JobSet failurePolicy.maxRestarts)")  # fmt: skip
+            raise InputError(
+                "auto_resume: HyperPod auto-resume covers PyTorchJobs only, not TrainJobs (their "
+                "restarts are the runtime's JobSet failurePolicy.maxRestarts)"
+            )
         runtime_grace = spec.runtime_grace_period_s
         if why := queued_grace_conflict(spec.queue_name, spec.grace_period_s, spec.runtime_name, runtime_grace):
             raise InputError(why)
@@ -117,12 +121,17 @@ class TrainJobApi(JobApi):
         labels = {"metadata": {"labels": dict(spec.labels)}} if spec.labels else {}  # the JobSet's, and its pods'
         patch = {
             "manager": PATCH_MANAGER,
-            "trainingRuntimeSpec": {"template": {
-                **labels,
-                "spec": {"replicatedJobs": [{"name": NODE, "template": {"spec": {"template": {
-                    **labels, "spec": pod_patch}}}}]},
-            }},
-        }  # fmt: skip
+            "trainingRuntimeSpec": {
+                "template": {
+                    **labels,
+                    "spec": {
+                        "replicatedJobs": [
+                            {"name": NODE, "template": {"spec": {"template": {**labels, "spec": pod_patch}}}}
+                        ]
+                    },
+                }
+            },
+        }
         job_spec: dict[str, Any] = {
             "runtimeRef": {"apiGroup": self.group, "kind": RUNTIME_KIND, "name": spec.runtime_name},
             "trainer": {
@@ -179,8 +188,14 @@ class TrainJobApi(JobApi):
         by_type = {c["type"]: c for c in self.conditions(job)}
         suspended = by_type.get("Suspended")
         resumed = seconds(suspended.get("lastTransitionTime")) if suspended and suspended["status"] == "False" else None
-        end = next((seconds(by_type[t].get("lastTransitionTime")) for t in (self.succeeded, self.failed)
-                    if t in by_type and by_type[t]["status"] == "True"), None)  # fmt: skip
+        end = next(
+            (
+                seconds(by_type[t].get("lastTransitionTime"))
+                for t in (self.succeeded, self.failed)
+                if t in by_type and by_type[t]["status"] == "True"
+            ),
+            None,
+        )
         start = resumed or created
         queued = resumed - created if resumed and created else (0.0 if suspended is None and created else None)
         return queued, (end - start if end and start else None)
@@ -189,9 +204,17 @@ class TrainJobApi(JobApi):
 def runtime_command() -> list[str]:
     """torchrun as the runtime runs it: every rendezvous setting from the torch plugin's PET_* environment (the
     kubelet expands $(VAR) from the container's env), no restarts in place."""
-    return ["torchrun", "--nnodes=$(PET_NNODES)", "--nproc-per-node=$(PET_NPROC_PER_NODE)",
-            "--node-rank=$(PET_NODE_RANK)", "--master-addr=$(PET_MASTER_ADDR)", "--master-port=$(PET_MASTER_PORT)",
-            "--max-restarts=0", "-m", "trainer.train_ddp"]  # fmt: skip
+    return [
+        "torchrun",
+        "--nnodes=$(PET_NNODES)",
+        "--nproc-per-node=$(PET_NPROC_PER_NODE)",
+        "--node-rank=$(PET_NODE_RANK)",
+        "--master-addr=$(PET_MASTER_ADDR)",
+        "--master-port=$(PET_MASTER_PORT)",
+        "--max-restarts=0",
+        "-m",
+        "trainer.train_ddp",
+    ]
 
 
 def render_runtime(spec: JobSpec) -> dict[str, Any]:
@@ -205,23 +228,27 @@ def render_runtime(spec: JobSpec) -> dict[str, Any]:
         del pod["spec"]["containers"][0]["image"]  # each TrainJob names its image
     jobset: dict[str, Any] = {
         "failurePolicy": {"maxRestarts": spec.restart_budget},
-        "replicatedJobs": [{
-            "name": NODE,
-            "template": {
-                "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
-                "spec": {"backoffLimit": 0, "template": pod},
-            },
-        }],
-    }  # fmt: skip
+        "replicatedJobs": [
+            {
+                "name": NODE,
+                "template": {
+                    "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                    "spec": {"backoffLimit": 0, "template": pod},
+                },
+            }
+        ],
+    }
     if spec.ttl_after_finished_s:
         jobset["ttlSecondsAfterFinished"] = spec.ttl_after_finished_s
     return {
         "apiVersion": f"{TRAINJOB.group}/{TRAINJOB.version}",
         "kind": RUNTIME_KIND,
-        "metadata": {"name": spec.runtime_name, "labels": {FRAMEWORK_LABEL: "torch",
-                                                          "app.kubernetes.io/managed-by": "hyperpod-pretrain"}},
+        "metadata": {
+            "name": spec.runtime_name,
+            "labels": {FRAMEWORK_LABEL: "torch", "app.kubernetes.io/managed-by": "hyperpod-pretrain"},
+        },
         "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": jobset}},
-    }  # fmt: skip
+    }
 
 
 TRAINJOB = TrainJobApi()
@@ -241,11 +268,13 @@ def queued_grace_conflict(queue: str, grace_s: int, runtime: str, runtime_grace_
     """Why a TrainJob in Kueue queue `queue` with this grace period would never start (module docstring), or ""."""
     if not queue or runtime_grace_s is None or grace_s == runtime_grace_s:
         return ""
-    return (f"grace_period_s {grace_s} is not ClusterTrainingRuntime {runtime}'s {runtime_grace_s}, and a TrainJob "
-            "queued by Kueue cannot change it: Kueue up to v0.19.2 writes the admitted TrainJob back with Trainer "
-            "v2.2.1's API, which drops the grace period, and JobSet's webhook then refuses the runtime's one, so no "
-            f"pod would ever start; run with job option grace_period_s={runtime_grace_s}, or have the platform team "
-            f"render the runtime with --grace-period-s {grace_s}")  # fmt: skip
+    return (
+        f"grace_period_s {grace_s} is not ClusterTrainingRuntime {runtime}'s {runtime_grace_s}, and a TrainJob "
+        "queued by Kueue cannot change it: Kueue up to v0.19.2 writes the admitted TrainJob back with Trainer "
+        "v2.2.1's API, which drops the grace period, and JobSet's webhook then refuses the runtime's one, so no "
+        f"pod would ever start; run with job option grace_period_s={runtime_grace_s}, or have the platform team "
+        f"render the runtime with --grace-period-s {grace_s}"
+    )
 
 
 def trainjob_pod(spec: JobSpec) -> dict[str, Any]:

@@ -42,32 +42,68 @@ class RoleSpec:
 
 LAUNCHER_ROLE = "hyperpod-pretrain-launcher"
 
-LAUNCHER = RoleSpec(LAUNCHER_ROLE, JOBS, "rbac.yaml", (
-    Rule("", ("pods",), ("list", "watch"), """\
+LAUNCHER = RoleSpec(
+    LAUNCHER_ROLE,
+    JOBS,
+    "rbac.yaml",
+    (
+        Rule(
+            "",
+            ("pods",),
+            ("list", "watch"),
+            """\
 list: the job's pods by label (JobApi.pod_selector: training.kubeflow.org/job-name for a PyTorchJob,
   jobset.sigs.k8s.io/jobset-name for a TrainJob): k8s_backend.job_pods (pod_summary, describe_failure,
   Diagnoser.tick, the restarts at the end), PodWatcher.run; verify_nccl.fetch_pod_logs; one node's pods by label
   (JobApi.node_selector): LogStreamer.restarted_since_last_read.
 watch: PodWatcher._watch_from, the job's pods by the same label: a pod made anew after a failure counts against the
-  restart budget (restarts.py). Pods are never read one by one (get)."""),
-    Rule("", ("pods/log",), ("get",), """\
+  restart budget (restarts.py). Pods are never read one by one (get).""",
+        ),
+        Rule(
+            "",
+            ("pods/log",),
+            ("get",),
+            """\
 get: LogStreamer._follow (following node 0's or every node's log), describe_failure, current_lines and last_lines
-  (a failed or restarted container's last lines), verify_nccl.fetch_pod_logs."""),
-    Rule("", ("events",), ("list",), """\
+  (a failed or restarted container's last lines), verify_nccl.fetch_pod_logs.""",
+        ),
+        Rule(
+            "",
+            ("events",),
+            ("list",),
+            """\
 list: Diagnoser.tick and describe_failure (why a pod is Pending, crash-looping or cannot pull its image). Without
-  it the launcher runs, without the events (the preflight warns)."""),
-    Rule("", ("persistentvolumeclaims",), ("get",), """\
+  it the launcher runs, without the events (the preflight warns).""",
+        ),
+        Rule(
+            "",
+            ("persistentvolumeclaims",),
+            ("get",),
+            """\
 get: preflight.check_pvc (the FSx PVC the job mounts: Bound, ReadWriteMany). Not limited by resourceNames: the
   claim's name is the compile flag --fsx-pvc (add resourceNames: [<it>] to narrow the rule), and a PVC object
-  holds no secret."""),
-))  # fmt: skip
+  holds no secret.""",
+        ),
+    ),
+)
 
-PREFLIGHT_READ = RoleSpec("hyperpod-pretrain-preflight-read", CLUSTER, "rbac.yaml", (
-    Rule("apiextensions.k8s.io", ("customresourcedefinitions",), ("get",), """\
+PREFLIGHT_READ = RoleSpec(
+    "hyperpod-pretrain-preflight-read",
+    CLUSTER,
+    "rbac.yaml",
+    (
+        Rule(
+            "apiextensions.k8s.io",
+            ("customresourcedefinitions",),
+            ("get",),
+            """\
 get: preflight.check_crd (the compiled job API's CRD installed, serving its version, Established) and
   preflight.other_api_line (when it is missing: whether the other API is there, for the one-line fix); these two
-  CRDs only.""", names=("pytorchjobs.kubeflow.org", "trainjobs.trainer.kubeflow.org")),
-))  # fmt: skip
+  CRDs only.""",
+            names=("pytorchjobs.kubeflow.org", "trainjobs.trainer.kubeflow.org"),
+        ),
+    ),
+)
 
 _JOB_WHY = """\
 create: k8s_backend._create (create_or_attach: the run's job, and the next attempt after a failed one).
@@ -90,61 +126,123 @@ list: cancel.wait_until_inert, by the pod label (JobApi.pod_selector): deleting 
 def job_role(api: JobApi) -> RoleSpec:
     """The launcher's verbs on the compiled job API's jobs, in the jobs' namespace, a get of what the job's controller
     makes under its name (a TrainJob's JobSet) and a list of what makes its pods (the JobSet's Jobs)."""
-    children = tuple(Rule(group, (plural,), ("get",), f"""\
+    children = tuple(
+        Rule(
+            group,
+            (plural,),
+            ("get",),
+            f"""\
 get: k8s_backend.wait_until_gone: before a new attempt, until the {api.kind}'s child of its name in {plural} is
   gone (the garbage collector deletes it after the {api.kind}; one still there would be taken for the new one's);
-  cancel.wait_until_inert: after a delete, until it is gone or being deleted.""")
-                     for group, _version, plural in api.children)  # fmt: skip
+  cancel.wait_until_inert: after a delete, until it is gone or being deleted.""",
+        )
+        for group, _version, plural in api.children
+    )
     makers = tuple(
         Rule(group, (plural,), ("list",), _MAKERS_WHY.format(kind=api.kind, plural=plural))
         for group, _version, plural in api.pod_makers
     )
-    return RoleSpec(f"hyperpod-pretrain-{api.name}", JOBS, f"rbac-{api.name}.yaml",
-                    (Rule(api.group, (api.plural,), JOB_VERBS, _JOB_WHY), *children, *makers))  # fmt: skip
+    return RoleSpec(
+        f"hyperpod-pretrain-{api.name}",
+        JOBS,
+        f"rbac-{api.name}.yaml",
+        (Rule(api.group, (api.plural,), JOB_VERBS, _JOB_WHY), *children, *makers),
+    )
 
 
-OPERATOR_READ = RoleSpec("hyperpod-pretrain-operator-read", OPERATOR, "rbac-pytorchjob.yaml", (
-    Rule("apps", ("deployments",), ("list",), """\
+OPERATOR_READ = RoleSpec(
+    "hyperpod-pretrain-operator-read",
+    OPERATOR,
+    "rbac-pytorchjob.yaml",
+    (
+        Rule(
+            "apps",
+            ("deployments",),
+            ("list",),
+            """\
 list: preflight.operator_version (the Training Operator's version, for HyperPod auto-resume), by the label
   control-plane=kubeflow-training-operator: the release manifests name the Deployment training-operator, HyperPod's
   chart after its Helm release. RBAC cannot narrow a list to a label, so this reads every Deployment in kubeflow;
-  the preflight keeps nothing but the operator's labels and image."""),
-))  # fmt: skip
+  the preflight keeps nothing but the operator's labels and image.""",
+        ),
+    ),
+)
 
 
 def runtime_read(runtime_name: str) -> RoleSpec:
-    return RoleSpec("hyperpod-pretrain-runtime-read", CLUSTER, "rbac-trainjob.yaml", (
-        Rule("trainer.kubeflow.org", ("clustertrainingruntimes",), ("get",), """\
+    return RoleSpec(
+        "hyperpod-pretrain-runtime-read",
+        CLUSTER,
+        "rbac-trainjob.yaml",
+        (
+            Rule(
+                "trainer.kubeflow.org",
+                ("clustertrainingruntimes",),
+                ("get",),
+                """\
 get: preflight.check_runtime (the runtime exists and holds what the pipeline's TrainJobs rely on) and
   k8s_backend.runtime_grace (its pods' grace period, which a queued TrainJob must keep), this one only: the compile
   flag --runtime-name (default hyperpod-pretrain); change resourceNames with it.""",
-             names=(runtime_name,)),
-    ))  # fmt: skip
+                names=(runtime_name,),
+            ),
+        ),
+    )
 
 
-CLUSTER_READ = RoleSpec("hyperpod-pretrain-cluster-read", CLUSTER, "rbac-cluster-read.yaml", (
-    Rule("", ("nodes", "pods"), ("list",), """\
+CLUSTER_READ = RoleSpec(
+    "hyperpod-pretrain-cluster-read",
+    CLUSTER,
+    "rbac-cluster-read.yaml",
+    (
+        Rule(
+            "",
+            ("nodes", "pods"),
+            ("list",),
+            """\
 list nodes: preflight.check_nodes (allocatable, taints, cordons, Ready, HyperPod health labels).
 list pods, in all namespaces: preflight.check_nodes (fieldSelector status.phase!=Succeeded,status.phase!=Failed),
-  for what each node already runs: spec.nodeName and the containers' resource requests."""),
-    Rule("", ("persistentvolumes",), ("get",), """\
+  for what each node already runs: spec.nodeName and the containers' resource requests.""",
+        ),
+        Rule(
+            "",
+            ("persistentvolumes",),
+            ("get",),
+            """\
 get persistentvolumes: preflight.check_checkpoint_throughput (the FSx PVC's volume: its capacity, CSI driver, file
   system id, and whether the FSx CSI driver provisioned it). Not limited by resourceNames: a dynamically provisioned
-  volume is named pvc-<the claim's uid>. A PV holds no secret (a CSI secret is only referenced by name)."""),
-    Rule("storage.k8s.io", ("storageclasses",), ("get",), """\
+  volume is named pvc-<the claim's uid>. A PV holds no secret (a CSI secret is only referenced by name).""",
+        ),
+        Rule(
+            "storage.k8s.io",
+            ("storageclasses",),
+            ("get",),
+            """\
 get storageclasses: preflight.read_tier (the StorageClass that provisioned the FSx volume: its deploymentType,
-  storageType and perUnitStorageThroughput, hence the file system's write throughput)."""),
-    Rule("apps", ("daemonsets", "deployments"), ("list",), """\
+  storageType and perUnitStorageThroughput, hence the file system's write throughput).""",
+        ),
+        Rule(
+            "apps",
+            ("daemonsets", "deployments"),
+            ("list",),
+            """\
 list daemonsets, in all namespaces: preflight.check_device_plugins (the EFA and NVIDIA device plugins, ready).
 list deployments, in all namespaces: preflight.operator_version's fallback, by label
   (control-plane=kubeflow-training-operator), when none is in kubeflow; preflight.trainer_version's fallback (the
   Kubeflow Trainer controller in kubeflow-system, by name) when its public ConfigMap is missing;
-  preflight.check_queue (Kueue's controller in kueue-system, by label app.kubernetes.io/name=kueue: its version)."""),
-    Rule("", ("configmaps",), ("get",), """\
+  preflight.check_queue (Kueue's controller in kueue-system, by label app.kubernetes.io/name=kueue: its version).""",
+        ),
+        Rule(
+            "",
+            ("configmaps",),
+            ("get",),
+            """\
 get configmaps, kueue-manager-config only: preflight.check_queue (whether Kueue manages the compiled job API:
   its integrations.frameworks). A ClusterRole names no namespace: this is the ConfigMap of that name anywhere
-  (Kueue's own in kueue-system).""", names=("kueue-manager-config",)),
-))  # fmt: skip
+  (Kueue's own in kueue-system).""",
+            names=("kueue-manager-config",),
+        ),
+    ),
+)
 
 
 def roles(api_name: str, runtime_name: str = "hyperpod-pretrain", cluster_read: bool = False) -> list[RoleSpec]:
@@ -179,24 +277,35 @@ class KubeflowGrant:
 # label rbac.authorization.kubeflow.org/aggregate-to-kubeflow-edit. A Training Operator installed without that
 # overlay (HyperPod's Helm chart) adds nothing: render-rbac without --kubeflow-profile then.
 KUBEFLOW_GRANTS = (
-    KubeflowGrant("kubeflow-kubernetes-view", "kubeflow/manifests v1.11.0 common/kubeflow-roles", (
-        ("", ("pods", "persistentvolumeclaims"), ("get", "list", "watch")),
-        ("", ("events", "pods/log"), ("get", "list", "watch")),
-        ("batch", ("jobs",), ("get", "list", "watch")),
-    )),
-    KubeflowGrant("kubeflow-training-edit",
-                  "kubeflow/training-operator v1.8.1 manifests/overlays/kubeflow/kubeflow-training-roles.yaml", (
-        ("kubeflow.org", ("pytorchjobs",), ("create", "delete", "get", "list", "patch", "update", "watch")),
-    ), job_api="pytorchjob"),
-    KubeflowGrant("kubeflow-trainer-edit",
-                  "kubeflow/trainer v2.3.0 manifests/overlays/kubeflow-platform/kubeflow-trainer-roles.yaml", (
-        ("trainer.kubeflow.org", ("trainjobs",), ("create", "patch", "get", "list", "watch", "delete")),
-    ), job_api="trainjob"),
-    KubeflowGrant("kubeflow-trainer-view-cluster-runtimes",
-                  "kubeflow/trainer v2.3.0 manifests/overlays/kubeflow-platform/kubeflow-trainer-roles.yaml", (
-        ("trainer.kubeflow.org", ("clustertrainingruntimes",), ("get", "list", "watch")),
-    ), everyone=True, job_api="trainjob"),
-)  # fmt: skip
+    KubeflowGrant(
+        "kubeflow-kubernetes-view",
+        "kubeflow/manifests v1.11.0 common/kubeflow-roles",
+        (
+            ("", ("pods", "persistentvolumeclaims"), ("get", "list", "watch")),
+            ("", ("events", "pods/log"), ("get", "list", "watch")),
+            ("batch", ("jobs",), ("get", "list", "watch")),
+        ),
+    ),
+    KubeflowGrant(
+        "kubeflow-training-edit",
+        "kubeflow/training-operator v1.8.1 manifests/overlays/kubeflow/kubeflow-training-roles.yaml",
+        (("kubeflow.org", ("pytorchjobs",), ("create", "delete", "get", "list", "patch", "update", "watch")),),
+        job_api="pytorchjob",
+    ),
+    KubeflowGrant(
+        "kubeflow-trainer-edit",
+        "kubeflow/trainer v2.3.0 manifests/overlays/kubeflow-platform/kubeflow-trainer-roles.yaml",
+        (("trainer.kubeflow.org", ("trainjobs",), ("create", "patch", "get", "list", "watch", "delete")),),
+        job_api="trainjob",
+    ),
+    KubeflowGrant(
+        "kubeflow-trainer-view-cluster-runtimes",
+        "kubeflow/trainer v2.3.0 manifests/overlays/kubeflow-platform/kubeflow-trainer-roles.yaml",
+        (("trainer.kubeflow.org", ("clustertrainingruntimes",), ("get", "list", "watch")),),
+        everyone=True,
+        job_api="trainjob",
+    ),
+)
 
 
 def kubeflow_source(api_name: str, where: str, verb: str, group: str, resource: str) -> KubeflowGrant | None:
@@ -214,8 +323,11 @@ def beyond_kubeflow(spec: RoleSpec, api_name: str) -> RoleSpec | None:
     """``spec`` less what Kubeflow already grants a profile's default-editor (None: nothing is left)."""
     rules = []
     for rule in spec.rules:
-        verbs = tuple(v for v in rule.verbs if not all(kubeflow_source(api_name, spec.where, v, rule.group, r)
-                                                       for r in rule.resources))  # fmt: skip
+        verbs = tuple(
+            v
+            for v in rule.verbs
+            if not all(kubeflow_source(api_name, spec.where, v, rule.group, r) for r in rule.resources)
+        )
         if verbs:
             rules.append(Rule(rule.group, rule.resources, verbs, rule.why, rule.names))
     return RoleSpec(spec.name, spec.where, spec.file, tuple(rules)) if rules else None
@@ -225,8 +337,12 @@ def launcher_access(api: JobApi) -> tuple[tuple[str, str, str, str, bool], ...]:
     """(verb, group, resource, subresource, needed): what the launcher and the exit step's clean-up do in the job's
     namespace: the job Role's verbs and the launcher Role's but the PVC read (the preflight's own). Events are not
     needed: without them the launcher runs, but cannot show the pods' events."""
-    access = [(verb, rule.group, plural, "", True) for rule in job_role(api).rules for plural in rule.resources
-              for verb in rule.verbs]  # fmt: skip
+    access = [
+        (verb, rule.group, plural, "", True)
+        for rule in job_role(api).rules
+        for plural in rule.resources
+        for verb in rule.verbs
+    ]
     for rule in LAUNCHER.rules:
         for resource in rule.resources:
             if resource != "persistentvolumeclaims":

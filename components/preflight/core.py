@@ -69,9 +69,11 @@ OPERATOR_RELEASE_TAGS: dict[str, str] = {
     "v1-93c5489": "v1.9.4",
 }
 OPERATOR_MANIFEST = "github.com/kubeflow/training-operator/blob/v1.8.1/manifests/overlays/standalone/kustomization.yaml"
-HOW_TO_CHECK = ("check by hand: kubectl -n {ns} get deploy {name} -o jsonpath='{{.spec.template.spec.containers[0]"
-                ".image}}' and compare its tag with newTag in the release's manifests/overlays/standalone/"
-                f"kustomization.yaml ({OPERATOR_MANIFEST})")  # fmt: skip
+HOW_TO_CHECK = (
+    "check by hand: kubectl -n {ns} get deploy {name} -o jsonpath='{{.spec.template.spec.containers[0]"
+    ".image}}' and compare its tag with newTag in the release's manifests/overlays/standalone/"
+    f"kustomization.yaml ({OPERATOR_MANIFEST})"
+)
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
 FIT_RESOURCES = (GPU, EFA, "cpu", "memory")
 HEALTHY = "Schedulable"
@@ -88,10 +90,12 @@ SEED_FIX = {  # the seed's troubleshooting table
     "oom": "Increase memory in resources",
     "ecr": "Re-run aws ecr get-login-password or use IRSA",
 }
-READ_FIX = ("grant the step's service account {what} to run this check: kubectl apply -f deploy/rbac.yaml (the CRD, "
-            "the Training Operator in kubeflow, the PVC), kubectl apply -f deploy/rbac-cluster-read.yaml (optional: "
-            "nodes, pods, DaemonSets and Deployments in all namespaces, PersistentVolumes and "
-            "StorageClasses)")  # fmt: skip
+READ_FIX = (
+    "grant the step's service account {what} to run this check: kubectl apply -f deploy/rbac.yaml (the CRD, "
+    "the Training Operator in kubeflow, the PVC), kubectl apply -f deploy/rbac-cluster-read.yaml (optional: "
+    "nodes, pods, DaemonSets and Deployments in all namespaces, PersistentVolumes and "
+    "StorageClasses)"
+)
 
 
 @dataclass
@@ -176,10 +180,17 @@ def preflight(
         return PreflightResult([Check(name, NOT_APPLICABLE, reason) for name in CHECK_NAMES], warn_only, "local run")
     spec, job = cfg.checked_job()  # not the storage: the dataset may not be staged yet when preflight runs
     trainjob = spec.job_api == TRAINJOB.name
-    return check_manifest(job, api_client, memory_gib=spec.instance().memory_gib, instance_type=spec.instance_type,
-                          warn_only=warn_only, settings=settings, pod=trainjob_pod(spec) if trainjob else None,
-                          runtime=render_runtime(spec) if trainjob else None,
-                          model=published_config(cfg) if cfg.init_from_model else None)  # fmt: skip
+    return check_manifest(
+        job,
+        api_client,
+        memory_gib=spec.instance().memory_gib,
+        instance_type=spec.instance_type,
+        warn_only=warn_only,
+        settings=settings,
+        pod=trainjob_pod(spec) if trainjob else None,
+        runtime=render_runtime(spec) if trainjob else None,
+        model=published_config(cfg) if cfg.init_from_model else None,
+    )
 
 
 def published_config(cfg: LaunchConfig) -> dict[str, Any] | str:
@@ -191,8 +202,9 @@ def published_config(cfg: LaunchConfig) -> dict[str, Any] | str:
             return json.loads(local.read_text())
         from common.s3 import S3Settings, S3Source
 
-        source = S3Source(cfg.init_from_model, S3Settings(endpoint_url=cfg.s3_endpoint_url, workers=1),
-                          what="init_from_model")  # fmt: skip
+        source = S3Source(
+            cfg.init_from_model, S3Settings(endpoint_url=cfg.s3_endpoint_url, workers=1), what="init_from_model"
+        )
         try:
             key = f"{source.prefix.rstrip('/')}/config.json"
             return json.loads(source.client.get_object(Bucket=source.bucket, Key=key)["Body"].read())
@@ -257,9 +269,17 @@ UNREACHABLE_FIX = "rerun when the API server answers; check the step's network, 
 class Context:
     """The manifest's facts the checks need, and the API groups to read the cluster with."""
 
-    def __init__(self, job: dict[str, Any], kube: Kube, api_client: Any, memory_gib: int, instance_type: str = "",
-                 pod: dict[str, Any] | None = None, runtime: dict[str, Any] | None = None,
-                 model: dict[str, Any] | str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        job: dict[str, Any],
+        kube: Kube,
+        api_client: Any,
+        memory_gib: int,
+        instance_type: str = "",
+        pod: dict[str, Any] | None = None,
+        runtime: dict[str, Any] | None = None,
+        model: dict[str, Any] | str | None = None,
+    ):
         self.job, self.kube, self.memory_gib, self.instance_type = job, kube, memory_gib, instance_type
         self.model = model  # a published model's config.json (a string: why it was not read); None: a preset
         self.api: JobApi = api_of(job)
@@ -278,8 +298,9 @@ class Context:
             pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
         self.pod: dict[str, Any] = pod.get("spec") or {}
         containers = self.pod.get("containers") or []
-        self.container: dict[str, Any] = next((c for c in containers if c.get("name") == self.api.container),
-                                              containers[0])  # fmt: skip
+        self.container: dict[str, Any] = next(
+            (c for c in containers if c.get("name") == self.api.container), containers[0]
+        )
         self.request: dict[str, Decimal] = pod_requests(self.pod)
         self.annotations: dict[str, str] = job["metadata"].get("annotations") or {}
         self.unreachable = ""  # set once the API server could not be reached: later cluster reads are skipped
@@ -336,10 +357,14 @@ def not_found(exc: BaseException) -> bool:
 TRAINER_NAMESPACE, TRAINER_PUBLIC = "kubeflow-system", "kubeflow-trainer-public"
 TRAINER_VERSION_KEY = "kubeflow_trainer_version"
 TRAINER_DEPLOYMENT = "kubeflow-trainer-controller-manager"  # manifests/base/manager/manager.yaml, image tagged vX.Y.Z
-TRAINER_INSTALL = ("install Kubeflow Trainer v2.3 (kubectl apply --server-side -k github.com/kubeflow/trainer.git/"
-                   "manifests/overlays/manager?ref=v2.3.0)")  # fmt: skip
-OPERATOR_INSTALL = ("install the Kubeflow Training Operator 1.8.x (kubectl apply --server-side -k github.com/"
-                    "kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1)")  # fmt: skip
+TRAINER_INSTALL = (
+    "install Kubeflow Trainer v2.3 (kubectl apply --server-side -k github.com/kubeflow/trainer.git/"
+    "manifests/overlays/manager?ref=v2.3.0)"
+)
+OPERATOR_INSTALL = (
+    "install the Kubeflow Training Operator 1.8.x (kubectl apply --server-side -k github.com/"
+    "kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1)"
+)
 
 
 def crd_name(api: JobApi) -> str:
@@ -350,8 +375,9 @@ def read_crd(ctx: Context, api: JobApi) -> dict[str, Any] | None:
     """The API's CRD (raw JSON: the typed model would deserialize its schema, thousands of lines, for nothing);
     None when it is not installed. Raises a 403."""
     try:
-        answer = ctx.kube.call("read CRD", ctx.apiext.read_custom_resource_definition, crd_name(api),
-                               _preload_content=False)  # fmt: skip
+        answer = ctx.kube.call(
+            "read CRD", ctx.apiext.read_custom_resource_definition, crd_name(api), _preload_content=False
+        )
     except ApiException as exc:
         if not_found(exc):
             return None
@@ -370,10 +396,14 @@ def other_api_line(ctx: Context) -> str:
         return ""
     if other is TRAINJOB:
         version = trainer_version(ctx).version
-        return (f"this cluster has Kubeflow Trainer {version or '(version unknown)'} and no PyTorchJob CRD: compile "
-                "with --job-api trainjob and apply deploy/trainjob-runtime.yaml")  # fmt: skip
-    return ("this cluster has the Kubeflow Training Operator (PyTorchJob) and no TrainJob CRD: compile with --job-api "
-            "pytorchjob")  # fmt: skip
+        return (
+            f"this cluster has Kubeflow Trainer {version or '(version unknown)'} and no PyTorchJob CRD: compile "
+            "with --job-api trainjob and apply deploy/trainjob-runtime.yaml"
+        )
+    return (
+        "this cluster has the Kubeflow Training Operator (PyTorchJob) and no TrainJob CRD: compile with --job-api "
+        "pytorchjob"
+    )
 
 
 def check_crd(ctx: Context) -> Check:
@@ -385,8 +415,12 @@ def check_crd(ctx: Context) -> Check:
         crd = read_crd(ctx, api)
         if crd is None:
             instead = other_api_line(ctx)
-            return Check("crd", FAIL, instead or f"the {api.kind} CRD {name} is not installed: no job can be created",
-                         "" if instead else install)  # fmt: skip
+            return Check(
+                "crd",
+                FAIL,
+                instead or f"the {api.kind} CRD {name} is not installed: no job can be created",
+                "" if instead else install,
+            )
     except ApiException as exc:
         if not forbidden(exc):
             raise
@@ -404,8 +438,9 @@ def check_crd(ctx: Context) -> Check:
             return Check("crd", FAIL, f"{name} serves {', '.join(served) or 'no version'}, not {api.version}", install)
         if established is None or established.get("status") != "True":
             why = f": {established['message']}" if established is not None and established.get("message") else ""
-            return Check("crd", FAIL, f"{name} is not Established{why}",
-                         f"kubectl describe crd {name}; reinstall {api.operator}")  # fmt: skip
+            return Check(
+                "crd", FAIL, f"{name} is not Established{why}", f"kubectl describe crd {name}; reinstall {api.operator}"
+            )
         reasons.append(f"{name} {api.version} installed")
     if api is TRAINJOB:
         found = trainer_version(ctx)
@@ -415,8 +450,10 @@ def check_crd(ctx: Context) -> Check:
     shown = f"Training Operator {operator.version or 'version unknown'} ({operator.where})"
     if ctx.auto_resume and operator.version.removeprefix("v") not in AUTO_RESUME_OPERATOR_VERSIONS:
         status = WARN
-        reasons.append(f"{shown}: HyperPod auto-resume needs {', '.join(AUTO_RESUME_OPERATOR_VERSIONS[:-1])} or "
-                       f"{AUTO_RESUME_OPERATOR_VERSIONS[-1]}")  # fmt: skip
+        reasons.append(
+            f"{shown}: HyperPod auto-resume needs {', '.join(AUTO_RESUME_OPERATOR_VERSIONS[:-1])} or "
+            f"{AUTO_RESUME_OPERATOR_VERSIONS[-1]}"
+        )
         if not operator.version:
             fixes.append(HOW_TO_CHECK.format(ns=operator.namespace, name=operator.name))
         fixes.append("install Training Operator v1.8.1, or turn auto-resume off (job option auto_resume: false)")
@@ -445,16 +482,23 @@ def trainer_version(ctx: Context) -> TrainerVersion:
             raise
         missing = f"{where} not {'readable' if forbidden(exc) else 'found'}"
     try:  # listed by name: deploy/rbac-cluster-read.yaml grants list on Deployments, not get
-        deployments = raw_items(ctx.kube.call("list Deployments", ctx.apps.list_namespaced_deployment,
-                                              TRAINER_NAMESPACE, field_selector=f"metadata.name={TRAINER_DEPLOYMENT}",
-                                              _preload_content=False))  # fmt: skip
+        deployments = raw_items(
+            ctx.kube.call(
+                "list Deployments",
+                ctx.apps.list_namespaced_deployment,
+                TRAINER_NAMESPACE,
+                field_selector=f"metadata.name={TRAINER_DEPLOYMENT}",
+                _preload_content=False,
+            )
+        )
     except ApiException as exc:
         if not forbidden(exc):
             raise
         deployments = []
     if not deployments:
-        return TrainerVersion("", f"{missing}; its controller {TRAINER_NAMESPACE}/{TRAINER_DEPLOYMENT} not found or "
-                              "not readable")  # fmt: skip
+        return TrainerVersion(
+            "", f"{missing}; its controller {TRAINER_NAMESPACE}/{TRAINER_DEPLOYMENT} not found or not readable"
+        )
     containers = deployments[0]["spec"]["template"]["spec"].get("containers") or []
     tag = image_tag(next((c.get("image", "") for c in containers), ""))
     where = f"{TRAINER_NAMESPACE}/{TRAINER_DEPLOYMENT}, image tag {tag or 'none'}"
@@ -504,8 +548,12 @@ def contract_field(runtime: dict[str, Any], path: str) -> Any:
     if path == "template.spec.failurePolicy":  # present, whatever its budget
         return "set" if isinstance(value, dict) and value.get("maxRestarts") is not None else "missing"
     if path == "pod.volumes" and isinstance(value, list):
-        value = [{**v, "emptyDir": {k: x for k, x in v["emptyDir"].items() if k != "sizeLimit"}}
-                 if v.get("name") == DSHM and isinstance(v.get("emptyDir"), dict) else v for v in value]  # fmt: skip
+        value = [
+            {**v, "emptyDir": {k: x for k, x in v["emptyDir"].items() if k != "sizeLimit"}}
+            if v.get("name") == DSHM and isinstance(v.get("emptyDir"), dict)
+            else v
+            for v in value
+        ]
     return value
 
 
@@ -514,27 +562,49 @@ def check_runtime(ctx: Context) -> Check:
     if ctx.runtime is None:
         return Check("runtime", NOT_APPLICABLE, f"a {ctx.api.kind} carries its own pods: no runtime")
     name = ctx.runtime["metadata"]["name"]
-    apply = ("apply deploy/trainjob-runtime.yaml, or what `hyperpod-pretrain render-runtime` prints for this "
-             "pipeline's settings (a cluster admin: ClusterTrainingRuntimes are cluster-scoped)")  # fmt: skip
+    apply = (
+        "apply deploy/trainjob-runtime.yaml, or what `hyperpod-pretrain render-runtime` prints for this "
+        "pipeline's settings (a cluster admin: ClusterTrainingRuntimes are cluster-scoped)"
+    )
     try:
-        found = ctx.kube.call("get ClusterTrainingRuntime", ctx.custom.get_cluster_custom_object, TRAINJOB.group,
-                              TRAINJOB.version, "clustertrainingruntimes", name)  # fmt: skip
+        found = ctx.kube.call(
+            "get ClusterTrainingRuntime",
+            ctx.custom.get_cluster_custom_object,
+            TRAINJOB.group,
+            TRAINJOB.version,
+            "clustertrainingruntimes",
+            name,
+        )
     except ApiException as exc:
         if not_found(exc):
-            return Check("runtime", FAIL, f"ClusterTrainingRuntime {name} is not installed: every TrainJob of this "
-                         "pipeline names it", apply)  # fmt: skip
+            return Check(
+                "runtime",
+                FAIL,
+                f"ClusterTrainingRuntime {name} is not installed: every TrainJob of this pipeline names it",
+                apply,
+            )
         if not forbidden(exc):
             raise
-        return Check("runtime", WARN, f"cannot read ClusterTrainingRuntime {name}: the service account may not get "
-                     "clustertrainingruntimes", READ_FIX.format(what="get on clustertrainingruntimes."
-                     "trainer.kubeflow.org"))  # fmt: skip
-    differs = [f"{path} ({why}) is {json.dumps(contract_field(found, path))}, not "
-               f"{json.dumps(contract_field(ctx.runtime, path))}" for path, why in RUNTIME_CONTRACT
-               if contract_field(found, path) != contract_field(ctx.runtime, path)]  # fmt: skip
+        return Check(
+            "runtime",
+            WARN,
+            f"cannot read ClusterTrainingRuntime {name}: the service account may not get clustertrainingruntimes",
+            READ_FIX.format(what="get on clustertrainingruntimes.trainer.kubeflow.org"),
+        )
+    differs = [
+        f"{path} ({why}) is {json.dumps(contract_field(found, path))}, not "
+        f"{json.dumps(contract_field(ctx.runtime, path))}"
+        for path, why in RUNTIME_CONTRACT
+        if contract_field(found, path) != contract_field(ctx.runtime, path)
+    ]
     if differs:
-        return Check("runtime", FAIL, f"ClusterTrainingRuntime {name} differs from this pipeline's: "
-                     f"{'; '.join(differs[:3])}" + (f"; and {len(differs) - 3} more" if len(differs) > 3 else ""),
-                     apply)  # fmt: skip
+        return Check(
+            "runtime",
+            FAIL,
+            f"ClusterTrainingRuntime {name} differs from this pipeline's: "
+            f"{'; '.join(differs[:3])}" + (f"; and {len(differs) - 3} more" if len(differs) > 3 else ""),
+            apply,
+        )
     queue = (ctx.job["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
     grace = int(ctx.pod.get("terminationGracePeriodSeconds", runtime_grace_period(found)))
     if why := queued_grace_conflict(queue, grace, name, runtime_grace_period(found)):
@@ -565,16 +635,29 @@ def operator_version(ctx: Context) -> OperatorVersion:
     deployments: list[Any] = []
     refused = False
     try:
-        deployments = raw_items(kube.call("list Deployments", apps.list_namespaced_deployment, OPERATOR_NAMESPACE,
-                                          label_selector=OPERATOR_SELECTOR, _preload_content=False))  # fmt: skip
+        deployments = raw_items(
+            kube.call(
+                "list Deployments",
+                apps.list_namespaced_deployment,
+                OPERATOR_NAMESPACE,
+                label_selector=OPERATOR_SELECTOR,
+                _preload_content=False,
+            )
+        )
     except ApiException as exc:
         if not forbidden(exc):
             raise
         refused = True
     if not deployments:
         try:
-            deployments = raw_items(kube.call("list Deployments", apps.list_deployment_for_all_namespaces,
-                                              label_selector=OPERATOR_SELECTOR, _preload_content=False))  # fmt: skip
+            deployments = raw_items(
+                kube.call(
+                    "list Deployments",
+                    apps.list_deployment_for_all_namespaces,
+                    label_selector=OPERATOR_SELECTOR,
+                    _preload_content=False,
+                )
+            )
         except ApiException as exc:
             if not forbidden(exc):
                 raise
@@ -639,8 +722,10 @@ def rbac_fix(ctx: Context, user: str) -> str:
     if account_ns != ctx.namespace:
         where += f" --jobs-namespace {ctx.namespace}"
     profile = " --kubeflow-profile" if account == PROFILE_ACCOUNT and account_ns == ctx.namespace else ""
-    return (f"hyperpod-pretrain render-rbac {where} --service-account {account} --job-api {ctx.api.name}{profile} "
-            "| kubectl apply -f -")  # fmt: skip
+    return (
+        f"hyperpod-pretrain render-rbac {where} --service-account {account} --job-api {ctx.api.name}{profile} "
+        "| kubectl apply -f -"
+    )
 
 
 def granted_by(ctx: Context, user: str, access: tuple[tuple[str, str, str, str, bool], ...]) -> str:
@@ -649,8 +734,9 @@ def granted_by(ctx: Context, user: str, access: tuple[tuple[str, str, str, str, 
     profile = user == f"system:serviceaccount:{ctx.namespace}:{PROFILE_ACCOUNT}"
     sources: dict[str, int] = {}
     for verb, group, resource, subresource, _ in access:
-        kubeflow = profile and kubeflow_source(ctx.api.name, JOBS, verb, group,
-                                               f"{resource}/{subresource}" if subresource else resource)  # fmt: skip
+        kubeflow = profile and kubeflow_source(
+            ctx.api.name, JOBS, verb, group, f"{resource}/{subresource}" if subresource else resource
+        )
         name = f"Kubeflow's {kubeflow.role} (kubeflow-edit)" if kubeflow else "render-rbac's Roles"
         sources[name] = sources.get(name, 0) + 1
     return "; ".join(f"{count} from {name}" for name, count in sources.items())
@@ -663,16 +749,21 @@ def check_permissions(ctx: Context) -> Check:
     user = whoami(ctx)
     fix = rbac_fix(ctx, user)
     for verb, group, resource, subresource, needed in access:
-        attrs = client.V1ResourceAttributes(namespace=ns, verb=verb, group=group, resource=resource,
-                                            subresource=subresource or None)  # fmt: skip
+        attrs = client.V1ResourceAttributes(
+            namespace=ns, verb=verb, group=group, resource=resource, subresource=subresource or None
+        )
         review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs))
         try:
             answer = ctx.kube.call("review access", ctx.authz.create_self_subject_access_review, review)
         except ApiException as exc:
             if not forbidden(exc):
                 raise
-            return Check("permissions", WARN, "cannot review the service account's access (SelfSubjectAccessReview "
-                         "forbidden)", fix)  # fmt: skip
+            return Check(
+                "permissions",
+                WARN,
+                "cannot review the service account's access (SelfSubjectAccessReview forbidden)",
+                fix,
+            )
         if not (answer.status and answer.status.allowed):
             qualified = f"{resource}.{group}" if group else resource
             missing.append((verb, f"{qualified}/{subresource}" if subresource else qualified, needed))
@@ -683,10 +774,18 @@ def check_permissions(ctx: Context) -> Check:
         also = f"; also {', '.join(optional)} (the pods' events)" if optional else ""
         return Check("permissions", FAIL, f"{who} may not, in namespace {ns}: {', '.join(needed)}{also}", fix)
     if optional:
-        return Check("permissions", WARN, f"{who} may not {', '.join(optional)} in {ns}: the launcher runs but cannot "
-                     "show the pods' events", fix)  # fmt: skip
-    return Check("permissions", PASS, f"all {len(access)} permissions the launcher uses, in namespace {ns}, for {who} "
-                 f"({granted_by(ctx, user, access)})")  # fmt: skip
+        return Check(
+            "permissions",
+            WARN,
+            f"{who} may not {', '.join(optional)} in {ns}: the launcher runs but cannot show the pods' events",
+            fix,
+        )
+    return Check(
+        "permissions",
+        PASS,
+        f"all {len(access)} permissions the launcher uses, in namespace {ns}, for {who} "
+        f"({granted_by(ctx, user, access)})",
+    )
 
 
 # -- 3. the FSx PVC -----------------------------------------------------------------------------------------
@@ -701,15 +800,22 @@ def check_pvc(ctx: Context) -> Check:
         pvc = ctx.kube.call("read PVC", ctx.kube.core.read_namespaced_persistent_volume_claim, claim, ns)
     except ApiException as exc:
         if not_found(exc):
-            return Check("fsx-pvc", FAIL, f"PVC {claim} does not exist in namespace {ns}: the pods would stay Pending",
-                         f"hyperpod-pretrain render-storage --namespace {ns} --pvc-name {claim} --file-system-id "
-                         "<fs-id> --dns-name <its DNSName> --mount-name <its MountName> --capacity <its size> | "
-                         "kubectl apply -f - (the file system the other namespaces' runs use: aws fsx "
-                         "describe-file-systems), or a PVC of the FSx CSI driver's StorageClass")  # fmt: skip
+            return Check(
+                "fsx-pvc",
+                FAIL,
+                f"PVC {claim} does not exist in namespace {ns}: the pods would stay Pending",
+                f"hyperpod-pretrain render-storage --namespace {ns} --pvc-name {claim} --file-system-id "
+                "<fs-id> --dns-name <its DNSName> --mount-name <its MountName> --capacity <its size> | "
+                "kubectl apply -f - (the file system the other namespaces' runs use: aws fsx "
+                "describe-file-systems), or a PVC of the FSx CSI driver's StorageClass",
+            )
         if forbidden(exc):
-            return Check("fsx-pvc", WARN, f"cannot read PVC {claim}: the service account may not get "
-                         f"persistentvolumeclaims in {ns}", READ_FIX.format(what=f"get on persistentvolumeclaims "
-                         f"in {ns}"))  # fmt: skip
+            return Check(
+                "fsx-pvc",
+                WARN,
+                f"cannot read PVC {claim}: the service account may not get persistentvolumeclaims in {ns}",
+                READ_FIX.format(what=f"get on persistentvolumeclaims in {ns}"),
+            )
         raise
     ctx.pvc = pvc
     phase = (pvc.status.phase if pvc.status else None) or "unknown"
@@ -718,19 +824,28 @@ def check_pvc(ctx: Context) -> Check:
     problems, fixes = [], []
     if phase != "Bound":
         problems.append(f"PVC {claim} is {phase}, not Bound")
-        fixes.append(f"kubectl -n {ns} describe pvc {claim}: check the FSx CSI driver, the StorageClass or the "
-                     "static PV's claimRef")  # fmt: skip
+        fixes.append(
+            f"kubectl -n {ns} describe pvc {claim}: check the FSx CSI driver, the StorageClass or the "
+            "static PV's claimRef"
+        )
     if "ReadWriteMany" not in modes:
-        problems.append(f"PVC {claim} is {', '.join(modes) or 'without access modes'}, not ReadWriteMany: the "
-                        f"{ctx.max_nodes} nodes and the pipeline's steps must mount it at once")  # fmt: skip
+        problems.append(
+            f"PVC {claim} is {', '.join(modes) or 'without access modes'}, not ReadWriteMany: the "
+            f"{ctx.max_nodes} nodes and the pipeline's steps must mount it at once"
+        )
         fixes.append("use an FSx for Lustre PV/PVC with accessModes [ReadWriteMany]")
     if problems:
         return Check("fsx-pvc", FAIL, "; ".join(problems), "; ".join(fixes))
     capacity = (pvc.status.capacity or {}).get("storage", "?")
     if other := other_file_system(ctx, pvc):
-        return Check("fsx-pvc", FAIL, other, f"give namespace {ns} a PVC {claim} on the steps' file system: "
-                     f"hyperpod-pretrain render-storage --namespace {ns} --pvc-name {claim} ... for that file "
-                     "system")  # fmt: skip
+        return Check(
+            "fsx-pvc",
+            FAIL,
+            other,
+            f"give namespace {ns} a PVC {claim} on the steps' file system: "
+            f"hyperpod-pretrain render-storage --namespace {ns} --pvc-name {claim} ... for that file "
+            "system",
+        )
     return Check("fsx-pvc", PASS, f"{claim} in {ns}: Bound, ReadWriteMany, {capacity}")
 
 
@@ -764,8 +879,9 @@ def other_file_system(ctx: Context, pvc: Any) -> str:
     driver mounted: aws-fsx-csi-driver pkg/driver/node.go NodePublishVolume), so file systems are told apart by mount
     name, which FSx makes unique per file system."""
     volume = ctx.volume(lambda v: "persistentVolumeClaim" in v) or {}
-    path = next((m["mountPath"] for m in ctx.container.get("volumeMounts") or [] if m["name"] == volume.get("name")),
-                "")  # fmt: skip
+    path = next(
+        (m["mountPath"] for m in ctx.container.get("volumeMounts") or [] if m["name"] == volume.get("name")), ""
+    )
     mounted = lustre_mount(path) if path else None  # one volume, one path: the steps have it there too
     if mounted is None or not pvc.spec.volume_name:
         return ""
@@ -867,12 +983,14 @@ class CheckpointNeed:
             " assumed: the pipeline's default, the dataset is not staged yet" if self.vocab_assumed else ""
         )
         model = self.model if self.model.startswith("the ") else f"the {self.model}"
-        return (f"{model} checkpoint, {self.parameters:,} parameters x {STATE_BYTES_PER_PARAMETER} bytes = "
-                f"{size_text(self.state_bytes)} ({vocab}), {size_text(self.write_bytes)} with a "
-                f"{STATE_MARGIN * 100:.0f}% margin, needs {rate_text(self.mbps)} to take at most half of the "
-                f"{self.budget_s} s preemption budget (the smaller of the pod's {self.grace_s} s grace period and "
-                f"torchrun's {self.shutdown_s} s shutdown timeout; the other half is for the step in flight at "
-                "SIGTERM, of a length unknown here)")  # fmt: skip
+        return (
+            f"{model} checkpoint, {self.parameters:,} parameters x {STATE_BYTES_PER_PARAMETER} bytes = "
+            f"{size_text(self.state_bytes)} ({vocab}), {size_text(self.write_bytes)} with a "
+            f"{STATE_MARGIN * 100:.0f}% margin, needs {rate_text(self.mbps)} to take at most half of the "
+            f"{self.budget_s} s preemption budget (the smaller of the pod's {self.grace_s} s grace period and "
+            f"torchrun's {self.shutdown_s} s shutdown timeout; the other half is for the step in flight at "
+            "SIGTERM, of a length unknown here)"
+        )
 
 
 def size_text(n: Decimal | int) -> str:
@@ -968,17 +1086,22 @@ def fsx_size_gib(at_least_gib: Decimal, deployment: str, storage_type: str, per_
 def fitting_choices(need: CheckpointNeed, fsx: FsxFileSystem) -> list[str]:
     """What would fit: this tier at a larger size, a faster tier at this size, a longer budget."""
     size = fsx_size_gib(need.mbps * FSX_GIB_PER_TIB / fsx.per_unit, fsx.deployment, fsx.storage_type, fsx.per_unit)
-    choices = [f"a file system of {size:,} GiB ({Decimal(size) / FSX_GIB_PER_TIB:.1f} TiB) at {fsx.per_unit} "
-               "MB/s/TiB (a larger PVC request where the StorageClass allows expansion, or aws fsx "
-               "update-file-system --storage-capacity)"]  # fmt: skip
+    choices = [
+        f"a file system of {size:,} GiB ({Decimal(size) / FSX_GIB_PER_TIB:.1f} TiB) at {fsx.per_unit} "
+        "MB/s/TiB (a larger PVC request where the StorageClass allows expansion, or aws fsx "
+        "update-file-system --storage-capacity)"
+    ]
     scratch = fsx.deployment in SCRATCH_WRITE
     tiers = PER_UNIT_TIERS[("PERSISTENT_2", "SSD")] if scratch else PER_UNIT_TIERS[(fsx.deployment, fsx.storage_type)]
     faster = next((u for u in tiers if u > fsx.per_unit and fsx.tib * u >= need.mbps), None)
     if faster is not None:
         rate = rate_text(fsx.tib * faster)
-        choices.append(f"a PERSISTENT_2 file system of this size at {faster} MB/s/TiB ({rate})" if scratch else
-                       f"the {faster} MB/s/TiB tier ({rate} at this size; aws fsx update-file-system "
-                       f"--lustre-configuration PerUnitStorageThroughput={faster})")  # fmt: skip
+        choices.append(
+            f"a PERSISTENT_2 file system of this size at {faster} MB/s/TiB ({rate})"
+            if scratch
+            else f"the {faster} MB/s/TiB tier ({rate} at this size; aws fsx update-file-system "
+            f"--lustre-configuration PerUnitStorageThroughput={faster})"
+        )
     budget = math.ceil(need.seconds_at(fsx.mbps) / SAVE_SHARE)
     choices.append(f"a preemption budget of at least {budget} s (job options grace_period_s and shutdown_timeout_s)")
     return choices
@@ -994,46 +1117,73 @@ def check_checkpoint_throughput(ctx: Context) -> Check:
     pv_name = ctx.pvc.spec.volume_name if ctx.pvc is not None else None
     if not pv_name:
         why = "could not be read" if ctx.pvc is None else "is bound to no PersistentVolume"
-        return Check(name, NOT_APPLICABLE, f"{need.describe()}; PVC {claim} {why} (see fsx-pvc): its file system is "
-                     "unknown")  # fmt: skip
+        return Check(
+            name, NOT_APPLICABLE, f"{need.describe()}; PVC {claim} {why} (see fsx-pvc): its file system is unknown"
+        )
     try:
         pv = ctx.kube.call("read PV", ctx.kube.core.read_persistent_volume, pv_name)
     except ApiException as exc:
         if forbidden(exc):
-            return Check(name, WARN, f"{need.describe()}; cannot read PersistentVolume {pv_name}: the service account "
-                         "may not get persistentvolumes", READ_FIX.format(what="get on persistentvolumes and "
-                         "storageclasses.storage.k8s.io"))  # fmt: skip
+            return Check(
+                name,
+                WARN,
+                f"{need.describe()}; cannot read PersistentVolume {pv_name}: the service account "
+                "may not get persistentvolumes",
+                READ_FIX.format(what="get on persistentvolumes and storageclasses.storage.k8s.io"),
+            )
         if not_found(exc):
-            return Check(name, WARN, f"{need.describe()}; PersistentVolume {pv_name} of PVC {claim} does not exist",
-                         f"kubectl -n {ctx.namespace} describe pvc {claim}")  # fmt: skip
+            return Check(
+                name,
+                WARN,
+                f"{need.describe()}; PersistentVolume {pv_name} of PVC {claim} does not exist",
+                f"kubectl -n {ctx.namespace} describe pvc {claim}",
+            )
         raise
     csi = pv.spec.csi
     if csi is None or csi.driver != FSX_DRIVER:
         what = f"CSI driver {csi.driver}" if csi is not None else "not a CSI volume"
-        return Check(name, NOT_APPLICABLE, f"{need.describe()}; PersistentVolume {pv_name} is not FSx for Lustre "
-                     f"({what}): compare its write throughput with that")  # fmt: skip
+        return Check(
+            name,
+            NOT_APPLICABLE,
+            f"{need.describe()}; PersistentVolume {pv_name} is not FSx for Lustre "
+            f"({what}): compare its write throughput with that",
+        )
     fsx = FsxFileSystem(pv_name, csi.volume_handle, quantity((pv.spec.capacity or {})["storage"]) / GI)
     unknown, fix = read_tier(ctx, fsx, pv)
     if unknown:
         floor = fsx.tib * SLOWEST_TIER
         if need.mbps <= floor:
-            return Check(name, PASS, f"{need.describe()}; {fsx.name()} writes at least {rate_text(floor)} at the "
-                         f"slowest FSx for Lustre tier ({SLOWEST_TIER} MB/s/TiB; {unknown})")  # fmt: skip
-        return Check(name, WARN, f"{need.describe()}; the write throughput of {fsx.name()} is unknown here: {unknown}",
-                     fix or f"compare it yourself: aws fsx describe-file-systems --file-system-ids {fsx.handle} "
-                     "gives StorageCapacity (GiB) and LustreConfiguration's DeploymentType and "
-                     "PerUnitStorageThroughput; StorageCapacity / 1000 x the MB/s per TiB it writes (the "
-                     "PerUnitStorageThroughput; SCRATCH_2 100, SCRATCH_1 200) must reach "
-                     f"{rate_text(need.mbps)}")  # fmt: skip
+            return Check(
+                name,
+                PASS,
+                f"{need.describe()}; {fsx.name()} writes at least {rate_text(floor)} at the "
+                f"slowest FSx for Lustre tier ({SLOWEST_TIER} MB/s/TiB; {unknown})",
+            )
+        return Check(
+            name,
+            WARN,
+            f"{need.describe()}; the write throughput of {fsx.name()} is unknown here: {unknown}",
+            fix
+            or f"compare it yourself: aws fsx describe-file-systems --file-system-ids {fsx.handle} "
+            "gives StorageCapacity (GiB) and LustreConfiguration's DeploymentType and "
+            "PerUnitStorageThroughput; StorageCapacity / 1000 x the MB/s per TiB it writes (the "
+            "PerUnitStorageThroughput; SCRATCH_2 100, SCRATCH_1 200) must reach "
+            f"{rate_text(need.mbps)}",
+        )
     tier = f"{fsx.deployment}" + (f" {fsx.storage_type}" if fsx.storage_type != "SSD" else "")
     has = f"{fsx.name()}, {tier}, writes {fsx.per_unit} MB/s/TiB = {rate_text(fsx.mbps)}"
     seconds = need.seconds_at(fsx.mbps)
     took = f"~{seconds:.0f} s" if seconds >= 10 else f"~{seconds:.1f} s"
     if fsx.mbps >= need.mbps:
         return Check(name, PASS, f"{need.describe()}; {has}: the save takes {took}")
-    return Check(name, WARN, f"{need.describe()}; {has}: the save would take {took} of the "
-                 f"{need.budget_s} s budget, so a preemption may lose the steps since the last periodic checkpoint "
-                 "(the run itself works)", "for this job: " + ", or ".join(fitting_choices(need, fsx)))  # fmt: skip
+    return Check(
+        name,
+        WARN,
+        f"{need.describe()}; {has}: the save would take {took} of the "
+        f"{need.budget_s} s budget, so a preemption may lose the steps since the last periodic checkpoint "
+        "(the run itself works)",
+        "for this job: " + ", or ".join(fitting_choices(need, fsx)),
+    )
 
 
 def read_tier(ctx: Context, fsx: FsxFileSystem, pv: Any) -> tuple[str, str]:
@@ -1043,9 +1193,12 @@ def read_tier(ctx: Context, fsx: FsxFileSystem, pv: Any) -> tuple[str, str]:
     annotations = pv.metadata.annotations or {}
     if annotations.get(PROVISIONED_BY) != FSX_DRIVER:
         if STATIC_DEPLOYMENT_TYPE in annotations:  # as render-storage recorded it
-            fsx.deployment, fsx.storage_type, fsx.per_unit = write_tier({
-                "deploymentType": annotations[STATIC_DEPLOYMENT_TYPE],
-                "perUnitStorageThroughput": annotations.get(STATIC_PER_UNIT_THROUGHPUT, "")})  # fmt: skip
+            fsx.deployment, fsx.storage_type, fsx.per_unit = write_tier(
+                {
+                    "deploymentType": annotations[STATIC_DEPLOYMENT_TYPE],
+                    "perUnitStorageThroughput": annotations.get(STATIC_PER_UNIT_THROUGHPUT, ""),
+                }
+            )
             if fsx.per_unit:
                 return "", ""
         return "its PersistentVolume was provisioned statically, so no StorageClass says how it was created", ""
@@ -1063,8 +1216,11 @@ def read_tier(ctx: Context, fsx: FsxFileSystem, pv: Any) -> tuple[str, str]:
     fsx.deployment, fsx.storage_type, fsx.per_unit = write_tier(found.parameters or {})
     if not fsx.per_unit:
         per_unit = (found.parameters or {}).get("perUnitStorageThroughput") or "none"
-        return (f"StorageClass {storage_class} has deploymentType {fsx.deployment}, storageType {fsx.storage_type}, "
-                f"perUnitStorageThroughput {per_unit}: no tier known here", "")  # fmt: skip
+        return (
+            f"StorageClass {storage_class} has deploymentType {fsx.deployment}, storageType {fsx.storage_type}, "
+            f"perUnitStorageThroughput {per_unit}: no tier known here",
+            "",
+        )
     return "", ""
 
 
@@ -1087,14 +1243,24 @@ def check_nodes(ctx: Context) -> Check:
     except ApiException as exc:
         if not forbidden(exc):
             raise
-        return Check("nodes", WARN, "cannot list nodes: the service account may not list nodes, so whether "
-                     f"{ctx.min_nodes} node(s) fit is unknown", READ_FIX.format(what="list on nodes and on pods in "
-                     "all namespaces"))  # fmt: skip
+        return Check(
+            "nodes",
+            WARN,
+            "cannot list nodes: the service account may not list nodes, so whether "
+            f"{ctx.min_nodes} node(s) fit is unknown",
+            READ_FIX.format(what="list on nodes and on pods in all namespaces"),
+        )
     used: dict[str, dict[str, Decimal]] = {}
     pods_unknown = ""
     try:
-        pods = raw_items(kube.call("list pods", kube.core.list_pod_for_all_namespaces, _preload_content=False,
-                                   field_selector="status.phase!=Succeeded,status.phase!=Failed"))  # fmt: skip
+        pods = raw_items(
+            kube.call(
+                "list pods",
+                kube.core.list_pod_for_all_namespaces,
+                _preload_content=False,
+                field_selector="status.phase!=Succeeded,status.phase!=Failed",
+            )
+        )
     except ApiException as exc:
         if not forbidden(exc):
             raise
@@ -1105,8 +1271,7 @@ def check_nodes(ctx: Context) -> Check:
         if not node or pod_of_job(ctx, pod):  # unscheduled, or ours
             continue
         add_to(used.setdefault(node, {}), pod_requests(pod["spec"]))
-    fits = sorted((node_fit(ctx, node, used.get(node["metadata"]["name"], {})) for node in nodes),
-                  key=lambda f: f.name)  # fmt: skip
+    fits = sorted((node_fit(ctx, node, used.get(node["metadata"]["name"], {})) for node in nodes), key=lambda f: f.name)
     slots, idle_slots = sum(f.slots for f in fits), sum(f.idle_slots for f in fits)
     fitting = [f for f in fits if f.slots]
     request = ", ".join(f"{show(r, q)} {r}" for r, q in ctx.request.items() if r in FIT_RESOURCES and q)
@@ -1115,9 +1280,11 @@ def check_nodes(ctx: Context) -> Check:
     busy = slots < ctx.min_nodes <= idle_slots  # too full now, big enough once the other pods are gone
     if busy:
         idle_nodes = sum(1 for f in fits if f.idle_slots)
-        reason = (f"does not fit now: {len(fitting)} of {len(fits)} node(s) free for a worker{workers} ({request}); "
-                  f"{needs}; would fit an idle cluster ({idle_nodes} node(s) hold a worker when nothing else runs), "
-                  "so the job will wait in Pending/queue until capacity frees")  # fmt: skip
+        reason = (
+            f"does not fit now: {len(fitting)} of {len(fits)} node(s) free for a worker{workers} ({request}); "
+            f"{needs}; would fit an idle cluster ({idle_nodes} node(s) hold a worker when nothing else runs), "
+            "so the job will wait in Pending/queue until capacity frees"
+        )
     else:
         reason = f"{len(fitting)} of {len(fits)} node(s) fit a worker{workers} ({request}); {needs}"
         if slots < ctx.min_nodes:
@@ -1134,11 +1301,17 @@ def check_nodes(ctx: Context) -> Check:
     if pods_unknown:
         reason += f". {pods_unknown}"
     if busy:
-        return Check("nodes", WARN, reason, "nothing to change if waiting is fine; to start sooner, see what holds the "
-                     "nodes (kubectl get pods -A -o wide --field-selector spec.nodeName=NODE) and free them, or lower "
-                     "nnodes (or set max_nodes above it: an elastic job starts with what fits)")  # fmt: skip
-    fix = (f"{SEED_FIX['pending']}; uncordon or replace unhealthy nodes, free busy ones, add tolerations, or lower "
-           "nnodes")  # fmt: skip
+        return Check(
+            "nodes",
+            WARN,
+            reason,
+            "nothing to change if waiting is fine; to start sooner, see what holds the "
+            "nodes (kubectl get pods -A -o wide --field-selector spec.nodeName=NODE) and free them, or lower "
+            "nnodes (or set max_nodes above it: an elastic job starts with what fits)",
+        )
+    fix = (
+        f"{SEED_FIX['pending']}; uncordon or replace unhealthy nodes, free busy ones, add tolerations, or lower nnodes"
+    )
     if slots < ctx.min_nodes:
         return Check("nodes", FAIL, reason, fix)
     if slots < ctx.max_nodes:
@@ -1293,9 +1466,23 @@ def add_to(total: dict[str, Decimal], amounts: dict[str, Decimal]) -> None:
 
 
 _QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?")
-_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "n": Decimal("1e-9"),
-           "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-           "E": 10**18}  # fmt: skip
+_SUFFIX = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
 
 
 def quantity(value: str | int | float) -> Decimal:
@@ -1335,21 +1522,31 @@ def check_device_plugins(ctx: Context) -> Check:
         (what, words, fix)
         for what, resource, words, fix in (
             ("EFA", EFA, ("efa", "device-plugin"), SEED_FIX["efa"]),
-            ("NVIDIA", GPU, ("nvidia", "device-plugin"), "Ensure the NVIDIA device plugin DaemonSet is running "
-             "(HyperPod installs it in kube-system; or the NVIDIA GPU Operator)"),
+            (
+                "NVIDIA",
+                GPU,
+                ("nvidia", "device-plugin"),
+                "Ensure the NVIDIA device plugin DaemonSet is running "
+                "(HyperPod installs it in kube-system; or the NVIDIA GPU Operator)",
+            ),
         )
         if ctx.request.get(resource, Decimal(0)) > 0
-    ]  # fmt: skip
+    ]
     if not wanted:
         return Check("device-plugins", NOT_APPLICABLE, "the job requests neither GPUs nor EFA devices")
     try:
-        daemonsets = raw_items(ctx.kube.call("list DaemonSets", ctx.apps.list_daemon_set_for_all_namespaces,
-                                             _preload_content=False))  # fmt: skip
+        daemonsets = raw_items(
+            ctx.kube.call("list DaemonSets", ctx.apps.list_daemon_set_for_all_namespaces, _preload_content=False)
+        )
     except ApiException as exc:
         if not forbidden(exc):
             raise
-        return Check("device-plugins", WARN, "cannot list DaemonSets: the service account may not list daemonsets "
-                     "in all namespaces", READ_FIX.format(what="list on daemonsets.apps"))  # fmt: skip
+        return Check(
+            "device-plugins",
+            WARN,
+            "cannot list DaemonSets: the service account may not list daemonsets in all namespaces",
+            READ_FIX.format(what="list on daemonsets.apps"),
+        )
     problems, fixes, fine = [], [], []
     for what, words, fix in wanted:
         found = [d for d in daemonsets if all(w in d["metadata"]["name"].lower() for w in words)]
@@ -1363,8 +1560,10 @@ def check_device_plugins(ctx: Context) -> Check:
         ns, name = best["metadata"].get("namespace", ""), best["metadata"]["name"]
         where = f"{ns}/{name}"
         if desired == 0:
-            problems.append(f"{what} device plugin {where} schedules no pod (0 desired): its nodeSelector or "
-                            "tolerations match no node")  # fmt: skip
+            problems.append(
+                f"{what} device plugin {where} schedules no pod (0 desired): its nodeSelector or "
+                "tolerations match no node"
+            )
             fixes.append(f"{fix} (kubectl -n {ns} describe ds {name})")
         elif ready != desired:
             problems.append(f"{what} device plugin {where}: {ready} of {desired} pods ready")
@@ -1442,24 +1641,42 @@ def check_image(ctx: Context) -> Check:
     try:
         parts = parse_reference(image)
     except ValueError as exc:
-        return Check("image", FAIL, f"image {image!r} is not a valid reference: {exc}",
-                     "give registry/repository:tag or registry/repository@sha256:<64 hex digits>")  # fmt: skip
+        return Check(
+            "image",
+            FAIL,
+            f"image {image!r} is not a valid reference: {exc}",
+            "give registry/repository:tag or registry/repository@sha256:<64 hex digits>",
+        )
     secrets = [s.get("name", "") for s in ctx.pod.get("imagePullSecrets") or []]
     ecr = ECR.fullmatch(parts["domain"])
     pinned = f"@{parts['digest'][:19]}..." if parts["digest"] else f":{parts['tag'] or 'latest'}"
     if ecr is not None:
-        where = (f"ECR image {parts['path']}{pinned} (account {ecr['account']}, {ecr['region']}): its registry is not "
-                 "reachable from here")  # fmt: skip
+        where = (
+            f"ECR image {parts['path']}{pinned} (account {ecr['account']}, {ecr['region']}): its registry is not "
+            "reachable from here"
+        )
         if secrets:
-            return Check("image", WARN, f"{where}; an ECR token in an image pull secret ({', '.join(secrets)}) "
-                         "expires after 12 hours: refresh it, or drop the secret and use the node role / IRSA",
-                         f"{SEED_FIX['ecr']} (ECR auth expires)")  # fmt: skip
-        return Check("image", WARN, f"{where}; nodes pull with their instance role: it needs ecr:BatchGetImage "
-                     "(AmazonEC2ContainerRegistryReadOnly)", f"{SEED_FIX['ecr']}; attach "
-                     "AmazonEC2ContainerRegistryReadOnly to the nodes' role")  # fmt: skip
+            return Check(
+                "image",
+                WARN,
+                f"{where}; an ECR token in an image pull secret ({', '.join(secrets)}) "
+                "expires after 12 hours: refresh it, or drop the secret and use the node role / IRSA",
+                f"{SEED_FIX['ecr']} (ECR auth expires)",
+            )
+        return Check(
+            "image",
+            WARN,
+            f"{where}; nodes pull with their instance role: it needs ecr:BatchGetImage "
+            "(AmazonEC2ContainerRegistryReadOnly)",
+            f"{SEED_FIX['ecr']}; attach AmazonEC2ContainerRegistryReadOnly to the nodes' role",
+        )
     if not parts["tag"] and not parts["digest"] or parts["tag"] == "latest" and not parts["digest"]:
-        return Check("image", WARN, f"image {image} has no tag but :latest: a rerun or a restarted pod may get "
-                     "another image", "tag the image (docker/build.sh) or pin it by @sha256 digest")  # fmt: skip
+        return Check(
+            "image",
+            WARN,
+            f"image {image} has no tag but :latest: a rerun or a restarted pod may get another image",
+            "tag the image (docker/build.sh) or pin it by @sha256 digest",
+        )
     registry = parts["domain"] or "docker.io"
     return Check("image", PASS, f"{image}: well formed ({registry}, {pinned.lstrip(':@')})")
 
@@ -1473,8 +1690,12 @@ def check_memory(ctx: Context) -> Check:
     shm_volume = ctx.volume(lambda v: (v.get("emptyDir") or {}).get("medium") == "Memory")
     shm_text = (shm_volume or {}).get("emptyDir", {}).get("sizeLimit")
     if memory is None:
-        return Check("memory", WARN, "the container has no memory limit: /dev/shm and the processes are unbounded",
-                     f"{SEED_FIX['oom']} (job option memory)")  # fmt: skip
+        return Check(
+            "memory",
+            WARN,
+            "the container has no memory limit: /dev/shm and the processes are unbounded",
+            f"{SEED_FIX['oom']} (job option memory)",
+        )
     limit = quantity(memory)
     problems, fixes, notes = [], [], []
     status = PASS
@@ -1484,35 +1705,48 @@ def check_memory(ctx: Context) -> Check:
             status = FAIL
             over = shm - limit
             by = "equal to it" if not over else f"{show('memory', over)} over it"
-            problems.append(f"/dev/shm sizeLimit {show('memory', shm)} is not below the {show('memory', limit)} "
-                            f"memory limit ({by}): /dev/shm is memory-backed and counts against the pod's memory, "
-                            "so the pod is OOM-killed before /dev/shm fills")  # fmt: skip
+            problems.append(
+                f"/dev/shm sizeLimit {show('memory', shm)} is not below the {show('memory', limit)} "
+                f"memory limit ({by}): /dev/shm is memory-backed and counts against the pod's memory, "
+                "so the pod is OOM-killed before /dev/shm fills"
+            )
             fixes.append(f"{SEED_FIX['oom']} (job option memory) or lower shm_size below it")
         else:
-            notes.append(f"/dev/shm {show('memory', shm)} leaves {show('memory', limit - shm)} of the "
-                         f"{show('memory', limit)} limit for the processes")  # fmt: skip
+            notes.append(
+                f"/dev/shm {show('memory', shm)} leaves {show('memory', limit - shm)} of the "
+                f"{show('memory', limit)} limit for the processes"
+            )
     if not ctx.memory_gib:
         if status == FAIL:
             return Check("memory", FAIL, "; ".join(problems), "; ".join(fixes))
-        return Check("memory", NOT_APPLICABLE, "the instance type's memory is unknown" + (
-            f"; {notes[0]}" if notes else ""))  # fmt: skip
+        return Check(
+            "memory", NOT_APPLICABLE, "the instance type's memory is unknown" + (f"; {notes[0]}" if notes else "")
+        )
     instance = Decimal(ctx.memory_gib) * GI
     ceiling = instance * MEMORY_HEADROOM
     pct = f"{limit / instance * 100:.0f}%"
     if limit > instance:
         status = FAIL
-        problems.append(f"memory limit {show('memory', limit)} is above the instance's {ctx.memory_gib}Gi "
-                        f"({pct}): no node can hold a worker")  # fmt: skip
+        problems.append(
+            f"memory limit {show('memory', limit)} is above the instance's {ctx.memory_gib}Gi "
+            f"({pct}): no node can hold a worker"
+        )
         fixes.append(f"lower job option memory to at most {show('memory', ceiling)} (95% of {ctx.memory_gib}Gi)")
     elif limit > ceiling:
         status = WARN if status == PASS else status
-        problems.append(f"memory limit {show('memory', limit)} is {pct} of the instance's {ctx.memory_gib}Gi: above "
-                        "95% too little is left for the kubelet's reserve, the OS and the node's daemons")  # fmt: skip
+        problems.append(
+            f"memory limit {show('memory', limit)} is {pct} of the instance's {ctx.memory_gib}Gi: above "
+            "95% too little is left for the kubelet's reserve, the OS and the node's daemons"
+        )
         fixes.append(f"lower job option memory to at most {show('memory', ceiling)} (95% of {ctx.memory_gib}Gi)")
     if problems:
         return Check("memory", status, "; ".join(problems), "; ".join(fixes))
-    return Check("memory", PASS, f"memory limit {show('memory', limit)} is {pct} of the instance's {ctx.memory_gib}Gi "
-                 f"(at most 95%)" + (f"; {notes[0]}" if notes else ""))  # fmt: skip
+    return Check(
+        "memory",
+        PASS,
+        f"memory limit {show('memory', limit)} is {pct} of the instance's {ctx.memory_gib}Gi "
+        f"(at most 95%)" + (f"; {notes[0]}" if notes else ""),
+    )
 
 
 # -- GPU memory ------------------------------------------------------------------------------------------------
@@ -1560,29 +1794,50 @@ def check_gpu_memory(ctx: Context) -> Check:
 
     need = estimate(shape, parallelism, ctx.max_nodes * gpus, gpus, batch, seq_len, recompute)
     size = f"{shape.parameters / 1e9:.2f}B" if shape.parameters >= 10**9 else f"{shape.parameters / 1e6:.1f}M"
-    accumulated = (f", {accumulation} micro-batches a step (no more memory: gradients stay sharded between them)"
-                   if accumulation > 1 else "")  # fmt: skip
-    run = (f"{preset} ({size} parameters at vocabulary {vocab:,}"
-           f"{', assumed' if assumed else ''}) under {parallelism} on {ctx.max_nodes} node(s) x {gpus} GPUs, "
-           f"micro-batch {batch} x {seq_len} tokens{accumulated}, activation checkpointing {recompute}: "
-           f"{need.describe()}")  # fmt: skip
+    accumulated = (
+        f", {accumulation} micro-batches a step (no more memory: gradients stay sharded between them)"
+        if accumulation > 1
+        else ""
+    )
+    run = (
+        f"{preset} ({size} parameters at vocabulary {vocab:,}"
+        f"{', assumed' if assumed else ''}) under {parallelism} on {ctx.max_nodes} node(s) x {gpus} GPUs, "
+        f"micro-batch {batch} x {seq_len} tokens{accumulated}, activation checkpointing {recompute}: "
+        f"{need.describe()}"
+    )
     if gpu_gib is None:
-        return Check(name, NOT_APPLICABLE, f"{run}; the GPU memory of {ctx.instance_type or 'this instance type'} is "
-                     f"unknown (known: {', '.join(GPU_MEMORY_GIB)})")  # fmt: skip
+        return Check(
+            name,
+            NOT_APPLICABLE,
+            f"{run}; the GPU memory of {ctx.instance_type or 'this instance type'} is "
+            f"unknown (known: {', '.join(GPU_MEMORY_GIB)})",
+        )
     usable = Decimal(gpu_gib) * GPU_MEMORY_USABLE * GIB
     if need.total <= Decimal(gpu_gib) * GPU_MEMORY_TIGHT * GIB:
         return Check(name, PASS, f"{run}, of the {gpu_gib} GiB of a {ctx.instance_type} GPU")
     if need.total <= usable:
-        return Check(name, WARN, f"{run}: tight in the {gpu_gib} GiB of a {ctx.instance_type} GPU (over "
-                     f"{GPU_MEMORY_TIGHT:.0%})", "if it runs out of memory: " + memory_fixes(per_gpu, parallelism,
-                     ctx.max_nodes, batch, recompute, usable))  # fmt: skip
-    return Check(name, FAIL, f"{run}: more than the {gpu_gib} GiB of a {ctx.instance_type} GPU can hold "
-                 f"({usable / GIB:.0f} GiB usable)",
-                 memory_fixes(per_gpu, parallelism, ctx.max_nodes, batch, recompute, usable))  # fmt: skip
+        return Check(
+            name,
+            WARN,
+            f"{run}: tight in the {gpu_gib} GiB of a {ctx.instance_type} GPU (over {GPU_MEMORY_TIGHT:.0%})",
+            "if it runs out of memory: " + memory_fixes(per_gpu, parallelism, ctx.max_nodes, batch, recompute, usable),
+        )
+    return Check(
+        name,
+        FAIL,
+        f"{run}: more than the {gpu_gib} GiB of a {ctx.instance_type} GPU can hold ({usable / GIB:.0f} GiB usable)",
+        memory_fixes(per_gpu, parallelism, ctx.max_nodes, batch, recompute, usable),
+    )
 
 
-def memory_fixes(per_gpu: Callable[[str, int, int, str], int], parallelism: str, nodes: int, batch: int,
-                 recompute: str, usable: Decimal) -> str:  # fmt: skip
+def memory_fixes(
+    per_gpu: Callable[[str, int, int, str], int],
+    parallelism: str,
+    nodes: int,
+    batch: int,
+    recompute: str,
+    usable: Decimal,
+) -> str:
     """The first few changes (job options) after which the run would fit, each with its estimate."""
     from trainer.memory import GIB
 
@@ -1592,15 +1847,27 @@ def memory_fixes(per_gpu: Callable[[str, int, int, str], int], parallelism: str,
         (f"parallelism={sharded} and activation_checkpointing=selective", sharded, nodes, batch, "selective"),
         (f"parallelism={sharded} and activation_checkpointing=full", sharded, nodes, batch, "full"),
         (f"parallelism=hsdp on {max(2, nodes * 2)} nodes", "hsdp", max(2, nodes * 2), batch, recompute),
-        (f"batch_size {max(1, batch // 2)} (raise grad_accum_steps to keep the global batch)", parallelism, nodes,
-         max(1, batch // 2), recompute),
-        (f"batch_size {max(1, batch // 4)} with parallelism={sharded} and activation_checkpointing=full", sharded,
-         nodes, max(1, batch // 4), "full"),
-    ]  # fmt: skip
-    changed = [(text, settings) for text, *settings in candidates
-               if tuple(settings) != (parallelism, nodes, batch, recompute)]  # fmt: skip
-    fits = [f"{text} ({per_gpu(*settings) / GIB:.1f} GiB)" for text, settings in changed
-            if per_gpu(*settings) <= usable][:3]  # fmt: skip
+        (
+            f"batch_size {max(1, batch // 2)} (raise grad_accum_steps to keep the global batch)",
+            parallelism,
+            nodes,
+            max(1, batch // 2),
+            recompute,
+        ),
+        (
+            f"batch_size {max(1, batch // 4)} with parallelism={sharded} and activation_checkpointing=full",
+            sharded,
+            nodes,
+            max(1, batch // 4),
+            "full",
+        ),
+    ]
+    changed = [
+        (text, settings) for text, *settings in candidates if tuple(settings) != (parallelism, nodes, batch, recompute)
+    ]
+    fits = [
+        f"{text} ({per_gpu(*settings) / GIB:.1f} GiB)" for text, settings in changed if per_gpu(*settings) <= usable
+    ][:3]
     if not fits:
         return "no single change fits: a larger GPU (p5e/p5en: 141 GiB), more nodes under hsdp with full checkpointing"
     return "it would fit with " + "; or ".join(fits)
@@ -1619,12 +1886,19 @@ KUEUE_TRAINJOB_SINCE = (0, 14, 0)  # Kueue's trainjob integration (alpha) is in 
 # admitted or preempted TrainJob back whole with those types (pkg/controller/jobs/trainjob/trainjob_controller.go,
 # RunWithPodSetsInfo and Stop: Update), so what a newer Trainer added is dropped. Trainer v2.3.0's types came to
 # Kueue's main branch after v0.19.2 (kubernetes-sigs/kueue#14504): a later release is taken to carry them.
-KUEUE_TRAINER_API = ((0, 14, 0, "v2.0.1"), (0, 14, 5, "v2.1.0"), (0, 17, 0, "v2.2.0"), (0, 18, 0, "v2.2.1"),
-                     (0, 20, 0, "v2.3.0"))  # fmt: skip
+KUEUE_TRAINER_API = (
+    (0, 14, 0, "v2.0.1"),
+    (0, 14, 5, "v2.1.0"),
+    (0, 17, 0, "v2.2.0"),
+    (0, 18, 0, "v2.2.1"),
+    (0, 20, 0, "v2.3.0"),
+)
 # Its PyTorchJob integration is built on kubeflow/training-operator v1.9.3's types at every one of those tags, and
 # admits and stops a job with a merge patch (pkg/util/client Patch, client.MergeFrom): fields it does not know stay.
-KUEUE_PYTORCHJOB_NOTE = ("admits a PyTorchJob by merge patch, with Training Operator v1.9.3's types per its go.mod: "
-                         "nothing of the job is dropped")  # fmt: skip
+KUEUE_PYTORCHJOB_NOTE = (
+    "admits a PyTorchJob by merge patch, with Training Operator v1.9.3's types per its go.mod: "
+    "nothing of the job is dropped"
+)
 
 
 def kueue_trainer_api(version: tuple[int, int, int]) -> str:
@@ -1639,10 +1913,15 @@ def kueue_api_note(api: JobApi, version: tuple[int, int, int] | None) -> str:
     trainer = kueue_trainer_api(version) if version else ""
     if trainer.startswith("v2.3"):
         return "is built on Trainer v2.3's API (kubernetes-sigs/kueue#14504): a TrainJob's runtime patches are kept"
-    built = (f"is built on Trainer {trainer}'s API, per its go.mod" if trainer
-             else "of an unknown version may be built on Trainer v2.2's API")  # fmt: skip
-    return (f"{built}: it drops a TrainJob's runtime-patch grace period at admission, so a queued TrainJob keeps its "
-            "runtime's; the runtime check and the launch refuse another")  # fmt: skip
+    built = (
+        f"is built on Trainer {trainer}'s API, per its go.mod"
+        if trainer
+        else "of an unknown version may be built on Trainer v2.2's API"
+    )
+    return (
+        f"{built}: it drops a TrainJob's runtime-patch grace period at admission, so a queued TrainJob keeps its "
+        "runtime's; the runtime check and the launch refuse another"
+    )
 
 
 def check_queue(ctx: Context) -> Check:
@@ -1651,19 +1930,33 @@ def check_queue(ctx: Context) -> Check:
     if not queue:
         return Check("queue", NOT_APPLICABLE, "no Kueue queue compiled in: the job starts when its pods fit")
     framework = KUEUE_FRAMEWORK[ctx.api.name]
-    fix = (f"install Kueue v0.14 or later with {framework} in its integrations.frameworks "
-           f"({KUEUE_NAMESPACE}/{KUEUE_CONFIG}), or compile without --queue-name")  # fmt: skip
+    fix = (
+        f"install Kueue v0.14 or later with {framework} in its integrations.frameworks "
+        f"({KUEUE_NAMESPACE}/{KUEUE_CONFIG}), or compile without --queue-name"
+    )
     try:
-        deployments = raw_items(ctx.kube.call("list Deployments", ctx.apps.list_namespaced_deployment, KUEUE_NAMESPACE,
-                                              label_selector=KUEUE_SELECTOR, _preload_content=False))  # fmt: skip
+        deployments = raw_items(
+            ctx.kube.call(
+                "list Deployments",
+                ctx.apps.list_namespaced_deployment,
+                KUEUE_NAMESPACE,
+                label_selector=KUEUE_SELECTOR,
+                _preload_content=False,
+            )
+        )
     except ApiException as exc:
         if not forbidden(exc):
             raise
         deployments = None
     reasons: list[str] = []
     if deployments == []:
-        return Check("queue", FAIL, f"queue {queue!r} is compiled in, but no Kueue runs in {KUEUE_NAMESPACE} (no "
-                     f"Deployment labelled {KUEUE_SELECTOR}): the job would never be admitted", fix)  # fmt: skip
+        return Check(
+            "queue",
+            FAIL,
+            f"queue {queue!r} is compiled in, but no Kueue runs in {KUEUE_NAMESPACE} (no "
+            f"Deployment labelled {KUEUE_SELECTOR}): the job would never be admitted",
+            fix,
+        )
     version = ""
     if deployments:
         containers = deployments[0]["spec"]["template"]["spec"].get("containers") or []
@@ -1671,8 +1964,13 @@ def check_queue(ctx: Context) -> Check:
         match = _SEMVER.fullmatch(version)
         release = (int(match[1]), int(match[2]), int(match[3])) if match else None
         if ctx.api is TRAINJOB and release and release < KUEUE_TRAINJOB_SINCE:
-            return Check("queue", FAIL, f"Kueue {version} admits no TrainJobs (its trainjob integration came in "
-                         "v0.14.0): the job would wait suspended for ever", fix)  # fmt: skip
+            return Check(
+                "queue",
+                FAIL,
+                f"Kueue {version} admits no TrainJobs (its trainjob integration came in "
+                "v0.14.0): the job would wait suspended for ever",
+                fix,
+            )
         reasons.append(f"Kueue {version or 'version unknown'}")
         note = kueue_api_note(ctx.api, release)
     else:
@@ -1682,19 +1980,32 @@ def check_queue(ctx: Context) -> Check:
         config = ctx.kube.call("get ConfigMap", ctx.core.read_namespaced_config_map, KUEUE_CONFIG, KUEUE_NAMESPACE)
         # controller_manager_config.yaml: a Configuration whose integrations.frameworks lists the managed kinds
         settings = [yaml.safe_load(text) for text in (config.data or {}).values()]
-        frameworks = [name for doc in settings if isinstance(doc, dict)
-                      for name in ((doc.get("integrations") or {}).get("frameworks") or [])]  # fmt: skip
+        frameworks = [
+            name
+            for doc in settings
+            if isinstance(doc, dict)
+            for name in ((doc.get("integrations") or {}).get("frameworks") or [])
+        ]
         if framework not in frameworks:
-            return Check("queue", FAIL, f"{', '.join(reasons)} does not manage {framework} (not in "
-                         f"integrations.frameworks of {KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored "
-                         "and the job runs unqueued", fix)  # fmt: skip
+            return Check(
+                "queue",
+                FAIL,
+                f"{', '.join(reasons)} does not manage {framework} (not in "
+                f"integrations.frameworks of {KUEUE_NAMESPACE}/{KUEUE_CONFIG}): the queue label is ignored "
+                "and the job runs unqueued",
+                fix,
+            )
         reasons.append(f"manages {framework}")
     except ApiException as exc:
         if not (forbidden(exc) or not_found(exc)):
             raise
-        return Check("queue", WARN, f"queue {queue!r}; {', '.join(reasons)}; whether it manages {framework} is "
-                     f"unknown ({KUEUE_NAMESPACE}/{KUEUE_CONFIG} not readable)", READ_FIX.format(
-                     what=f"get on configmaps {KUEUE_CONFIG} in {KUEUE_NAMESPACE}"))  # fmt: skip
+        return Check(
+            "queue",
+            WARN,
+            f"queue {queue!r}; {', '.join(reasons)}; whether it manages {framework} is "
+            f"unknown ({KUEUE_NAMESPACE}/{KUEUE_CONFIG} not readable)",
+            READ_FIX.format(what=f"get on configmaps {KUEUE_CONFIG} in {KUEUE_NAMESPACE}"),
+        )
     return Check("queue", PASS, f"queue {queue!r}: {', '.join(reasons)}; Kueue {note}")
 
 
@@ -1706,9 +2017,13 @@ def check_mlflow(ctx: Context) -> Check:
         return Check("mlflow", NOT_APPLICABLE, "no mlflow_tracking_uri: the run is watched in TensorBoard alone")
     experiment = ctx.trainer_flag("--mlflow-experiment", "")
     if why := probe(uri, experiment):
-        return Check("mlflow", WARN, f"{uri} did not answer as an MLflow tracking server ({why}); the run trains "
-                     "without it", "check the URI, the step's network to it and its credentials (the pods' IAM role "
-                     "for a SageMaker ARN, MLFLOW_TRACKING_TOKEN otherwise)")  # fmt: skip
+        return Check(
+            "mlflow",
+            WARN,
+            f"{uri} did not answer as an MLflow tracking server ({why}); the run trains without it",
+            "check the URI, the step's network to it and its credentials (the pods' IAM role "
+            "for a SageMaker ARN, MLFLOW_TRACKING_TOKEN otherwise)",
+        )
     return Check("mlflow", PASS, f"{uri} answers; the run goes in experiment {experiment!r}")
 
 
@@ -1728,5 +2043,6 @@ CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
 # The checks that read the cluster; the others read the manifest.
-API_CHECKS = frozenset({"crd", "runtime", "queue", "permissions", "fsx-pvc", "checkpoint-throughput", "nodes",
-                        "device-plugins"})  # fmt: skip
+API_CHECKS = frozenset(
+    {"crd", "runtime", "queue", "permissions", "fsx-pvc", "checkpoint-throughput", "nodes", "device-plugins"}
+)

@@ -29,7 +29,13 @@ def summarize_run(
 
     setup_logging()
     run_id = resolve_run_id(run_id, resume_run_id, pipeline_run_id)
-    result = run(storage_root, run_id, pipeline_run_id, state=status.state, error=status.error_message or "",
-                 cleanup=job_cleanup(backend, namespace, run_id, pipeline_run_id, job_api))  # fmt: skip
+    result = run(
+        storage_root,
+        run_id,
+        pipeline_run_id,
+        state=status.state,
+        error=status.error_message or "",
+        cleanup=job_cleanup(backend, namespace, run_id, pipeline_run_id, job_api),
+    )
     shutil.copyfile(RunPaths.of(storage_root, run_id).summary_report, summary.path)
     return result.state

@@ -84,16 +84,18 @@ NOT_RETRIED = "(not retried: it failed the same way on attempt {attempt})"
 
 
 @contextmanager
-def recorded_step(storage_root: str, run_id: str, step: str, reports: dict[str, str],
-                  pipeline_run_id: str = "") -> Iterator[StepRecord]:  # fmt: skip
+def recorded_step(
+    storage_root: str, run_id: str, step: str, reports: dict[str, str], pipeline_run_id: str = ""
+) -> Iterator[StepRecord]:
     """Record the step's outcome as it ends, success or not; recording never hides the step's own error.
 
     `pipeline_run_id` (KFP's run id) marks the run directory as this pipeline run's; a step not given it is
     recorded under the pipeline run the directory was last marked with (the first step of every pipeline run
     marks it). A step that failed on its input earlier in this pipeline run is not run again: the retry raises
     the recorded reason at once and leaves the record, with that reason, as it is."""
-    record = StepRecord(step, reports=dict(reports), pipeline_run_id=_pipeline_run(storage_root, run_id,
-                                                                                    pipeline_run_id))  # fmt: skip
+    record = StepRecord(
+        step, reports=dict(reports), pipeline_run_id=_pipeline_run(storage_root, run_id, pipeline_run_id)
+    )
     earlier = _earlier_attempt(storage_root, run_id, record)
     if earlier.get("permanent") and earlier.get("state") == "failed":
         reason = earlier.get("error") or "it recorded no reason"
@@ -142,8 +144,11 @@ def _pipeline_run(storage_root: str, run_id: str, pipeline_run_id: str) -> str:
         if not pipeline_run_id:
             marked = current_pipeline_run(marker)
             if not marked:
-                log.warning("run %s: no pipeline run has marked it (steps/%s): this record names none", run_id,
-                            PIPELINE_RUN_MARKER)  # fmt: skip
+                log.warning(
+                    "run %s: no pipeline run has marked it (steps/%s): this record names none",
+                    run_id,
+                    PIPELINE_RUN_MARKER,
+                )
             return marked
         if current_pipeline_run(marker) != pipeline_run_id:
             write_json(marker, {"pipeline_run_id": pipeline_run_id, "since": _now()})
@@ -209,8 +214,11 @@ class RunSummary:
         if watch := watch_line(self.watch):
             lines += ["", watch]
         if self.mixture:
-            each = "; ".join(f"{m['dataset']} {m['share']:.1%} (weight {m['weight']:g}): {m['tokens']:,} tokens, "
-                             f"{m['epochs']:.2f} epochs" for m in self.mixture)  # fmt: skip
+            each = "; ".join(
+                f"{m['dataset']} {m['share']:.1%} (weight {m['weight']:g}): {m['tokens']:,} tokens, "
+                f"{m['epochs']:.2f} epochs"
+                for m in self.mixture
+            )
             lines += ["", f"Mixture: {each}."]
         lines += ["", "| step | outcome | seconds | detail | reports |", "|---|---|---|---|---|"]
         for step in self.steps:
@@ -241,8 +249,10 @@ def run_state(steps: list[dict[str, Any]], kfp_state: str = "", kfp_error: str =
         return FAILED, f"{failed[0]['step']} failed: {failed[0].get('error') or 'it recorded no reason'}"
     if all(s["state"] in UPLOADED_WHEN for s in steps):
         if kfp_state == FAILED:  # e.g. a step's outputs could not be saved after its work succeeded
-            return FAILED, (f"every step recorded its success, but KFP failed the run ({kfp or 'it gave no reason'}): "
-                            "see the failed step's log in KFP")  # fmt: skip
+            return FAILED, (
+                f"every step recorded its success, but KFP failed the run ({kfp or 'it gave no reason'}): "
+                "see the failed step's log in KFP"
+            )
         return SUCCEEDED, ""
     also = f" ({kfp})" if kfp else ""
     stopped = [s for s in steps if s["state"] in ("running", "unreadable")]
@@ -293,8 +303,13 @@ def read_step(paths: RunPaths, step: str) -> dict[str, Any]:
     except FileNotFoundError:
         return _no_record(step)
     except (OSError, ValueError) as exc:
-        return {"step": step, "state": "unreadable", "error": f"{paths.step_record(step)}: {exc}", "reports": {},
-                "details": {}}  # fmt: skip
+        return {
+            "step": step,
+            "state": "unreadable",
+            "error": f"{paths.step_record(step)}: {exc}",
+            "reports": {},
+            "details": {},
+        }
 
 
 def _ours(record: dict[str, Any], pipeline_run_id: str, marked: str) -> bool:
@@ -329,8 +344,14 @@ def _exists(where: str, state: str) -> bool:
         return False
 
 
-def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: str, error: str = "",
-                  cleanup: Callable[[], str] | None = None) -> RunSummary:  # fmt: skip
+def summarize_run(
+    storage_root: str,
+    run_id: str,
+    pipeline_run_id: str,
+    state: str,
+    error: str = "",
+    cleanup: Callable[[], str] | None = None,
+) -> RunSummary:
     """Gather this pipeline run's step records into summary.json and summary.md under the run's directory, and keep
     them as summaries/<pipeline run>.json and .md. `state` and `error` are KFP's final status; `cleanup` (the
     job's) is called when the run did not succeed. The run's MLflow run, if it has one, gets the summary and ends
@@ -346,8 +367,15 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
     steps[STEPS.index("finalize-data") : STEPS.index("finalize-data")] = groups
     steps = [_with_existing_reports(s) for s in steps]
     launched = next(s for s in steps if s["step"] == "launch-pytorchjob")["details"]
-    job = ({"name": launched["job_name"], "namespace": launched["namespace"],
-            "kind": launched.get("job_kind", "PyTorchJob")} if launched.get("job_name") else {})  # fmt: skip
+    job = (
+        {
+            "name": launched["job_name"],
+            "namespace": launched["namespace"],
+            "kind": launched.get("job_kind", "PyTorchJob"),
+        }
+        if launched.get("job_name")
+        else {}
+    )
     derived, why = run_state(steps, state, error)
     cleaned = ""
     if derived != SUCCEEDED and cleanup is not None:
@@ -359,9 +387,21 @@ def summarize_run(storage_root: str, run_id: str, pipeline_run_id: str, state: s
             log.error("%s", cleaned)
     own = _summary_name(pipeline_run_id)
     _keep_previous_summary(paths)
-    summary = RunSummary(run_id, pipeline_run_id, derived, why, _now(), job, steps, kfp_state=state, cleanup=cleaned,
-                         kfp_error=error, earlier=_earlier_summaries(paths, own),
-                         watch=where_to_look(paths.root), mixture=mixture_accounting(paths))  # fmt: skip
+    summary = RunSummary(
+        run_id,
+        pipeline_run_id,
+        derived,
+        why,
+        _now(),
+        job,
+        steps,
+        kfp_state=state,
+        cleanup=cleaned,
+        kfp_error=error,
+        earlier=_earlier_summaries(paths, own),
+        watch=where_to_look(paths.root),
+        mixture=mixture_accounting(paths),
+    )
     kept = paths.root / SUMMARIES
     for path in (kept / f"{own}.json", paths.summary):
         write_json(path, dataclasses.asdict(summary))
@@ -392,9 +432,17 @@ def mixture_accounting(paths: RunPaths) -> list[dict[str, Any]]:
         return []
     rows = [r for r in read_json_lines(paths.metrics) if isinstance(r.get("datasets"), dict)]
     counted = rows[-1]["datasets"] if rows else {}
-    return [{"dataset": m["dataset"], "weight": m["weight"], "share": m["share"], "snapshot": m["snapshot"],
-             "tokens": counted.get(m["dataset"], {}).get("tokens", 0),
-             "epochs": counted.get(m["dataset"], {}).get("epochs", 0.0)} for m in mixture]  # fmt: skip
+    return [
+        {
+            "dataset": m["dataset"],
+            "weight": m["weight"],
+            "share": m["share"],
+            "snapshot": m["snapshot"],
+            "tokens": counted.get(m["dataset"], {}).get("tokens", 0),
+            "epochs": counted.get(m["dataset"], {}).get("epochs", 0.0),
+        }
+        for m in mixture
+    ]
 
 
 def _summary_name(pipeline_run_id: str) -> str:
@@ -428,8 +476,9 @@ def _earlier_summaries(paths: RunPaths, own: str) -> dict[str, str]:
     return {p.stem: str(p) for p in found}
 
 
-def job_cleanup(backend: str, namespace: str, run_id: str, pipeline_run_id: str, job_api: str = "pytorchjob",
-                api_client: Any = None) -> Callable[[], str] | None:  # fmt: skip
+def job_cleanup(
+    backend: str, namespace: str, run_id: str, pipeline_run_id: str, job_api: str = "pytorchjob", api_client: Any = None
+) -> Callable[[], str] | None:
     """The exit step's clean-up of the run's job (kubernetes backend only), in the compiled job API: named as the
     launcher names it."""
     if backend != "kubernetes":

@@ -91,26 +91,33 @@ def stage_data(
         if skip:
             directory, meta = staged_dataset(storage_root, dataset)
             record.state = "skipped"
-            record.details = {"train_tokens": meta["tokens"]["train"], "dataset": dataset,
-                              "snapshot": directory.name}  # fmt: skip
+            record.details = {"train_tokens": meta["tokens"]["train"], "dataset": dataset, "snapshot": directory.name}
             log_numbers(metrics, {"train_tokens": meta["tokens"]["train"], "val_tokens": meta["tokens"]["val"]})
             with open(report.path, "w") as f:
-                f.write(f"# Staging skipped\n\nThe run trains on the dataset's current snapshot, staged before: "
-                        f"`{directory}` ({meta['tokens']['train']} train and {meta['tokens']['val']} val "
-                        "tokens).\n")  # fmt: skip
+                f.write(
+                    f"# Staging skipped\n\nThe run trains on the dataset's current snapshot, staged before: "
+                    f"`{directory}` ({meta['tokens']['train']} train and {meta['tokens']['val']} val "
+                    "tokens).\n"
+                )
             init_from = resolve_init_run(storage_root, dataset, init_from_run_id, run_id)
             starting_model(settings)
             return [{"snapshot": directory.name, "group": 0, "init_from": init_from}]
         result = mirror_and_plan(settings)
-        record.details = {"files_copied": result.files_copied, "groups": result.groups, "dataset": dataset,
-                          "snapshot": result.snapshot}  # fmt: skip
+        record.details = {
+            "files_copied": result.files_copied,
+            "groups": result.groups,
+            "dataset": dataset,
+            "snapshot": result.snapshot,
+        }
         if init_from_model:  # the published model to start from: as given, and where it is on the volume
             record.details |= {"init_from_model": init_from_model, "model_dir": result.init_from_model}
         log_numbers(metrics, result)
         with open(report.path, "w") as f:
             f.write(plan_markdown(source, result))
-        return [{"snapshot": result.snapshot, "group": group, "init_from": result.init_from_run_id}
-                for group in range(max(1, result.groups))]  # fmt: skip
+        return [
+            {"snapshot": result.snapshot, "group": group, "init_from": result.init_from_run_id}
+            for group in range(max(1, result.groups))
+        ]
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
@@ -138,8 +145,15 @@ def tokenize_group(
     with recorded_step(storage_root, run_id, step, {}) as record:
         result = encode_group(DatasetPaths.of(storage_root, dataset), snapshot, group)
         record.details = {"files": result.files, "files_resumed": result.files_resumed, **result.tokens}
-        log_numbers(metrics, {"files": result.files, "files_resumed": result.files_resumed,
-                              "text_mb": result.text_bytes / 1e6, **result.tokens})  # fmt: skip
+        log_numbers(
+            metrics,
+            {
+                "files": result.files,
+                "files_resumed": result.files_resumed,
+                "text_mb": result.text_bytes / 1e6,
+                **result.tokens,
+            },
+        )
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)

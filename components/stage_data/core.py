@@ -120,9 +120,11 @@ def mirror_and_plan(settings: StageSettings) -> PlanResult:
         listed = src.list()  # the whole source: the mirror keeps what the filters leave out, if it is unchanged
         objects = select(listed, settings.source, settings.include, settings.exclude)
         if len(objects) == 1 and not may_hold_records(objects[0].key):  # refused before anything is written
-            raise InputError(f"source {settings.source}: 1 plain-text file to stage; the val split holds out "
-                             "whole files of plain text, so give at least 2 (or documents in JSON Lines or "
-                             "Parquet files)")  # fmt: skip
+            raise InputError(
+                f"source {settings.source}: 1 plain-text file to stage; the val split holds out "
+                "whole files of plain text, so give at least 2 (or documents in JSON Lines or "
+                "Parquet files)"
+            )
         prepare_storage_root(settings.storage_root)
         with staging_lock(paths):
             mirrored = mirror(src, objects, paths, settings.workers, settings.keep_deleted, listed=listed)
@@ -144,15 +146,20 @@ def starting_model(settings: StageSettings) -> PublishedModel | None:
     """init_from_model checked, on the volume (copied from S3 once), or None."""
     if not settings.init_from_model:
         return None
-    return published_model(settings.init_from_model, settings.storage_root, settings.endpoint_url, settings.workers,
-                           settings.chunk_size_mb)  # fmt: skip
+    return published_model(
+        settings.init_from_model, settings.storage_root, settings.endpoint_url, settings.workers, settings.chunk_size_mb
+    )
 
 
 def report_unused_snapshots(storage_root: str, paths: DatasetPaths) -> None:
     unused = unused_snapshots(storage_root, paths)
     if unused:
-        log.info("%d older snapshots of %s (%.1f GB) are used by no run: 'hyperpod-pretrain prune-snapshots' removes "
-                 "them", len(unused), paths.name, sum(map(directory_bytes, unused)) / 1e9)  # fmt: skip
+        log.info(
+            "%d older snapshots of %s (%.1f GB) are used by no run: 'hyperpod-pretrain prune-snapshots' removes them",
+            len(unused),
+            paths.name,
+            sum(map(directory_bytes, unused)) / 1e9,
+        )
 
 
 def staged_dataset(storage_root: str, dataset: str) -> tuple[Path, dict[str, Any]]:
@@ -164,8 +171,10 @@ def staged_dataset(storage_root: str, dataset: str) -> tuple[Path, dict[str, Any
         raise InputError(str(exc)) from None
     meta = read_meta(directory) if directory is not None else None
     if directory is None or meta is None:
-        raise InputError(f"skip_staging: dataset {dataset!r} is not staged under {storage_root} (no snapshot at "
-                         f"{directory or paths.current}): stage it first")  # fmt: skip
+        raise InputError(
+            f"skip_staging: dataset {dataset!r} is not staged under {storage_root} (no snapshot at "
+            f"{directory or paths.current}): stage it first"
+        )
     return directory, meta
 
 
@@ -174,8 +183,9 @@ def open_source(source: str, endpoint_url: str, workers: int, chunk_size_mb: int
     if source.startswith("s3://"):
         from common.s3 import S3Settings, S3Source
 
-        return S3Source(source, S3Settings(endpoint_url=endpoint_url, workers=workers,
-                                           chunk_size=chunk_size_mb * 2**20))  # fmt: skip
+        return S3Source(
+            source, S3Settings(endpoint_url=endpoint_url, workers=workers, chunk_size=chunk_size_mb * 2**20)
+        )
     return LocalSource(source)
 
 
@@ -192,36 +202,40 @@ def prepare_storage_root(storage_root: str) -> None:
 def plan_markdown(source: str, result: PlanResult) -> str:
     """The staging step's report in the KFP UI: the mirror, and the snapshot it planned."""
     planned = f"{result.groups} groups to encode" if result.groups else "exists already: nothing to tokenize"
-    return "\n".join([
-        "## Data staging",
-        "",
-        f"Source `{source}` mirrored to `{result.dataset_dir}`.",
-        "",
-        "| | |",
-        "|---|---:|",
-        f"| files | {result.files:,} ({result.bytes / 1e6:,.1f} MB) |",
-        f"| copied | {result.files_copied:,} ({result.bytes_copied / 1e6:,.1f} MB) |",
-        f"| unchanged (skipped) | {result.files_skipped:,} |",
-        f"| removed from the mirror (gone from the source, or changed there while filtered out) | "
-        f"{result.files_deleted:,} |",
-        f"| kept outside the filter (unchanged in the source) | {result.files_retained:,} |",
-        f"| mirror time | {result.mirror_seconds:.1f} s ({result.mirror_mb_per_s:.1f} MB/s) |",
-        f"| snapshot | `{result.snapshot}` ({planned}) |",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## Data staging",
+            "",
+            f"Source `{source}` mirrored to `{result.dataset_dir}`.",
+            "",
+            "| | |",
+            "|---|---:|",
+            f"| files | {result.files:,} ({result.bytes / 1e6:,.1f} MB) |",
+            f"| copied | {result.files_copied:,} ({result.bytes_copied / 1e6:,.1f} MB) |",
+            f"| unchanged (skipped) | {result.files_skipped:,} |",
+            f"| removed from the mirror (gone from the source, or changed there while filtered out) | "
+            f"{result.files_deleted:,} |",
+            f"| kept outside the filter (unchanged in the source) | {result.files_retained:,} |",
+            f"| mirror time | {result.mirror_seconds:.1f} s ({result.mirror_mb_per_s:.1f} MB/s) |",
+            f"| snapshot | `{result.snapshot}` ({planned}) |",
+        ]
+    )
 
 
 def snapshot_markdown(result: TokenizeResult) -> str:
     """The finalize step's report: what the snapshot holds."""
     made = "tokenized now" if not result.skipped else "existed already"
-    return "\n".join([
-        "## Dataset snapshot",
-        "",
-        f"Snapshot `{result.snapshot}` at `{result.snapshot_dir}` ({made}).",
-        "",
-        "| | |",
-        "|---|---:|",
-        f"| tokens | {result.train_tokens:,} train + {result.val_tokens:,} val |",
-        f"| vocabulary | {result.vocab_size:,} tokens (the model's: {result.model_vocab_size:,}) |",
-        f"| time | {result.seconds:.1f} s |",
-        *([""] + report.markdown(result.documents) if result.documents else []),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## Dataset snapshot",
+            "",
+            f"Snapshot `{result.snapshot}` at `{result.snapshot_dir}` ({made}).",
+            "",
+            "| | |",
+            "|---|---:|",
+            f"| tokens | {result.train_tokens:,} train + {result.val_tokens:,} val |",
+            f"| vocabulary | {result.vocab_size:,} tokens (the model's: {result.model_vocab_size:,}) |",
+            f"| time | {result.seconds:.1f} s |",
+            *([""] + report.markdown(result.documents) if result.documents else []),
+        ]
+    )

@@ -88,8 +88,15 @@ class ProgressLog:
         self.last = now
         rate = self.bytes_done / max(now - self.started, 1e-9)
         eta = (self.total_bytes - self.bytes_done) / rate if rate > 0 else float("inf")
-        log.info("staged %d/%d files, %.1f/%.1f MB, %.1f MB/s, ETA %.0fs", self.files_done, self.files,
-                 self.bytes_done / 1e6, self.total_bytes / 1e6, rate / 1e6, eta)  # fmt: skip
+        log.info(
+            "staged %d/%d files, %.1f/%.1f MB, %.1f MB/s, ETA %.0fs",
+            self.files_done,
+            self.files,
+            self.bytes_done / 1e6,
+            self.total_bytes / 1e6,
+            rate / 1e6,
+            eta,
+        )
 
 
 def checksum_field(entry: dict[str, Any]) -> str:
@@ -241,8 +248,14 @@ def mirror(
         else:
             entries[obj.key] = kept
     total = sum(o.size for o in to_copy)
-    log.info("%d files to copy (%.1f MB), %d unchanged, %d removed from the mirror, %d kept outside the filter",
-             len(to_copy), total / 1e6, len(entries), len(deleted), len(retained))  # fmt: skip
+    log.info(
+        "%d files to copy (%.1f MB), %d unchanged, %d removed from the mirror, %d kept outside the filter",
+        len(to_copy),
+        total / 1e6,
+        len(entries),
+        len(deleted),
+        len(retained),
+    )
     progress = ProgressLog(len(to_copy), total)
     paths.root.mkdir(parents=True, exist_ok=True)
     with Journal(paths.staging_journal) as journal, ThreadPoolExecutor(workers, "stage") as pool:
@@ -285,9 +298,19 @@ def mirror(
         content_sha256=manifest["content_sha256"],
     )
     rate = total / max(result.mirror_seconds, 1e-9) / 1e6
-    log.info("mirrored %d files (%.1f MB): %d copied (%.1f MB, %.1f MB/s), %d unchanged, %d removed, %d kept outside "
-             "the filter, in %.1fs", result.files, result.bytes / 1e6, result.files_copied, total / 1e6, rate,
-             result.files_skipped, result.files_deleted, result.files_retained, result.mirror_seconds)  # fmt: skip
+    log.info(
+        "mirrored %d files (%.1f MB): %d copied (%.1f MB, %.1f MB/s), %d unchanged, %d removed, %d kept outside "
+        "the filter, in %.1fs",
+        result.files,
+        result.bytes / 1e6,
+        result.files_copied,
+        total / 1e6,
+        rate,
+        result.files_skipped,
+        result.files_deleted,
+        result.files_retained,
+        result.mirror_seconds,
+    )
     return result
 
 

@@ -65,28 +65,36 @@ def plan_mixture(sources: list[MixtureSource], settings: StageSettings) -> list[
             directory, _ = staged_dataset(settings.storage_root, source.dataset)
             init_from = ""
             if not tokenizer:  # the first entry: the warm start's origin, the published model copied (as staged)
-                init_from = resolve_init_run(settings.storage_root, source.dataset, settings.init_from_run_id,
-                                             settings.run_id)  # fmt: skip
+                init_from = resolve_init_run(
+                    settings.storage_root, source.dataset, settings.init_from_run_id, settings.run_id
+                )
                 starting_model(settings)
             return [item | {"snapshot": directory.name, "group": 0, "init_from": init_from}], directory / TOKENIZER
-        entry = replace(settings, source=source.source, dataset=source.dataset,
-                        text_field=source.text_field or settings.text_field)  # fmt: skip
+        entry = replace(
+            settings, source=source.source, dataset=source.dataset, text_field=source.text_field or settings.text_field
+        )
         if tokenizer:  # the first entry's: no other tokenizer, warm start or model to stage with
             entry = replace(entry, tokenizer_path=tokenizer, init_from_run_id="", init_from_model="")
         result = mirror_and_plan(entry)
         paths = DatasetPaths.of(settings.storage_root, source.dataset)
         built = paths.snapshot(result.snapshot)
         where = built if (built / META).is_file() else building_dir(paths, result.snapshot)
-        items = [item | {"snapshot": result.snapshot, "group": group, "init_from": result.init_from_run_id}
-                 for group in range(max(1, result.groups))]  # fmt: skip
+        items = [
+            item | {"snapshot": result.snapshot, "group": group, "init_from": result.init_from_run_id}
+            for group in range(max(1, result.groups))
+        ]
         return items, where / TOKENIZER
 
     first, tokenizer = plan(sources[0], "")
     rest = sources[1:]
     with ThreadPoolExecutor(max_workers=max(1, len(rest)), thread_name_prefix="stage-mixture") as pool:
         planned = list(pool.map(lambda s: plan(s, str(tokenizer))[0], rest))
-    log.info("mixture: %s staged with the tokenizer of %r (%s)", ", ".join(repr(s.dataset) for s in sources),
-             sources[0].dataset, tokenizer)  # fmt: skip
+    log.info(
+        "mixture: %s staged with the tokenizer of %r (%s)",
+        ", ".join(repr(s.dataset) for s in sources),
+        sources[0].dataset,
+        tokenizer,
+    )
     return first + [item for items in planned for item in items]
 
 
@@ -103,25 +111,35 @@ def finish_mixture(storage_root: str, work: list[dict[str, Any]]) -> tuple[list[
     for dataset, entry in entries.items():
         result = finish_snapshot(storage_root, dataset, entry["snapshot"])
         tokenizers[dataset] = load_meta(Path(result.snapshot_dir)).get("tokenizer_sha256", "")
-        finished.append({"dataset": dataset, **entry, "train_tokens": result.train_tokens,
-                         "val_tokens": result.val_tokens})  # fmt: skip
+        finished.append(
+            {"dataset": dataset, **entry, "train_tokens": result.train_tokens, "val_tokens": result.val_tokens}
+        )
         sections.append(snapshot_markdown(result).replace("## Dataset snapshot", f"## Dataset {dataset!r}", 1))
     try:
-        one_tokenizer(tokenizers, "mixture", "give it a source to stage it again with the first's tokenizer, or stage "
-                      "both with the same tokenizer_path")  # fmt: skip
+        one_tokenizer(
+            tokenizers,
+            "mixture",
+            "give it a source to stage it again with the first's tokenizer, or stage both with the same tokenizer_path",
+        )
     except DataError as exc:
         raise InputError(str(exc)) from None
     total = sum(e["weight"] for e in finished)
     table = ["## Mixture", "", "| dataset | weight | share | snapshot | train tokens |", "|---|---:|---:|---|---:|"]
-    table += [f"| {e['dataset']} | {e['weight']:g} | {e['weight'] / total:.1%} | `{e['snapshot']}` | "
-              f"{e['train_tokens']:,} |" for e in finished]  # fmt: skip
+    table += [
+        f"| {e['dataset']} | {e['weight']:g} | {e['weight'] / total:.1%} | `{e['snapshot']}` | {e['train_tokens']:,} |"
+        for e in finished
+    ]
     return finished, "\n".join([*table, "", *sections])
 
 
 def mixture_markdown(sources: list[MixtureSource], work: list[dict[str, Any]]) -> str:
     """The staging step's report of a mixture: each entry's source and what is left to encode."""
-    lines = ["## Data staging: a mixture", "", "| dataset | weight | source | groups to encode |",
-             "|---|---:|---|---:|"]  # fmt: skip
+    lines = [
+        "## Data staging: a mixture",
+        "",
+        "| dataset | weight | source | groups to encode |",
+        "|---|---:|---|---:|",
+    ]
     for source in sources:
         groups = sum(1 for item in work if item["dataset"] == source.dataset)
         lines.append(f"| {source.dataset} | {source.weight:g} | {source.source or '(as staged before)'} | {groups} |")

@@ -27,11 +27,15 @@ log = logging.getLogger(__name__)
 INPUT = "init_from_model"
 
 
-def published_model(uri: str, storage_root: str, endpoint_url: str = "", workers: int = 16,
-                    chunk_size_mb: int = 8) -> PublishedModel:  # fmt: skip
+def published_model(
+    uri: str, storage_root: str, endpoint_url: str = "", workers: int = 16, chunk_size_mb: int = 8
+) -> PublishedModel:
     """The checked model `uri` names (a directory, file:// or s3://), copied onto the volume first if in S3."""
-    path = copy_from_s3(uri, storage_root, endpoint_url, workers, chunk_size_mb) if uri.startswith("s3://") \
-        else Path(uri.removeprefix("file://"))  # fmt: skip
+    path = (
+        copy_from_s3(uri, storage_root, endpoint_url, workers, chunk_size_mb)
+        if uri.startswith("s3://")
+        else Path(uri.removeprefix("file://"))
+    )
     if not path.is_dir():
         raise InputError(f"{INPUT} {uri}: no such directory")
     try:
@@ -46,8 +50,9 @@ def copy_from_s3(uri: str, storage_root: str, endpoint_url: str, workers: int, c
 
     check_source(uri, INPUT)
     paths = ModelPaths.of(storage_root, uri)
-    source = S3Source(uri, S3Settings(endpoint_url=endpoint_url, workers=workers, chunk_size=chunk_size_mb * 2**20),
-                      what=INPUT)  # fmt: skip
+    source = S3Source(
+        uri, S3Settings(endpoint_url=endpoint_url, workers=workers, chunk_size=chunk_size_mb * 2**20), what=INPUT
+    )
     try:
         objects = source.list()
         with staging_lock(paths):
@@ -55,24 +60,40 @@ def copy_from_s3(uri: str, storage_root: str, endpoint_url: str, workers: int, c
     finally:
         source.close()
     if copied.files_copied:
-        log.info("%s %s: copied %d of its %d files (%.2f GB) to %s", INPUT, uri, copied.files_copied, copied.files,
-                 copied.bytes_copied / 1e9, paths.raw)  # fmt: skip
+        log.info(
+            "%s %s: copied %d of its %d files (%.2f GB) to %s",
+            INPUT,
+            uri,
+            copied.files_copied,
+            copied.files,
+            copied.bytes_copied / 1e9,
+            paths.raw,
+        )
     else:
-        log.info("%s %s: the copy in %s is up to date (%d files, %.2f GB): nothing copied", INPUT, uri, paths.raw,
-                 copied.files, copied.bytes / 1e9)  # fmt: skip
+        log.info(
+            "%s %s: the copy in %s is up to date (%d files, %.2f GB): nothing copied",
+            INPUT,
+            uri,
+            paths.raw,
+            copied.files,
+            copied.bytes / 1e9,
+        )
     return paths.raw
 
 
 def check_tokenizer(model: PublishedModel, uri: str, tokenizer: Tokenizer, where: str) -> None:
     """Refuse, in one line, a tokenizer (`where`: as the user gave it) whose ids would not mean the model's tokens."""
     if mismatch := model.tokenizer_mismatch(tokenizer):
-        raise InputError(f"tokenizer_path {where} does not fit {INPUT} {uri}: {mismatch}; leave tokenizer_path empty "
-                         "to stage with the model's own")  # fmt: skip
+        raise InputError(
+            f"tokenizer_path {where} does not fit {INPUT} {uri}: {mismatch}; leave tokenizer_path empty "
+            "to stage with the model's own"
+        )
 
 
 def own_tokenizer(model: PublishedModel, uri: str) -> str:
     """The model directory, as the tokenizer to stage with when none is given: it must hold a tokenizer.json."""
     if not (model.path / TOKENIZER).is_file():
-        raise InputError(f"{INPUT} {uri} holds no {TOKENIZER}: give tokenizer_path, the tokenizer the model was "
-                         "trained with")  # fmt: skip
+        raise InputError(
+            f"{INPUT} {uri} holds no {TOKENIZER}: give tokenizer_path, the tokenizer the model was trained with"
+        )
     return str(model.path)

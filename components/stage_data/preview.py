@@ -74,8 +74,10 @@ def _preview(settings: StageSettings, given, files: int, paths: dict[str, Path],
         formats[key] = detect(path, key)
         check_file(path, key, formats[key], settings.field_path, settings.dataset)
     if settings.text_field and not any(f.records for f in formats.values()):
-        raise InputError(f"text field {settings.text_field!r}: the sampled files are plain text, where a whole file "
-                         "is the document: leave text_field out, or stage JSON Lines or Parquet")  # fmt: skip
+        raise InputError(
+            f"text field {settings.text_field!r}: the sampled files are plain text, where a whole file "
+            "is the document: leave text_field out, or stage JSON Lines or Parquet"
+        )
     documents = []  # (format, split, text) of the sample, whole documents
     tally = report.Tally()
     taken = 0
@@ -93,8 +95,11 @@ def _preview(settings: StageSettings, given, files: int, paths: dict[str, Path],
                 pieces.append(item.text)
                 taken += len(item.text.encode())
                 if item.last or taken >= sample_bytes:
-                    split = "val" if entry.split == BY_DOCUMENT and document_position(key, item.record) < \
-                        settings.val_fraction else "train"  # fmt: skip
+                    split = (
+                        "val"
+                        if entry.split == BY_DOCUMENT and document_position(key, item.record) < settings.val_fraction
+                        else "train"
+                    )
                     documents.append((fmt.name, split, "".join(pieces)))
                     pieces = []
                 if taken >= sample_bytes:
@@ -108,8 +113,10 @@ def _preview(settings: StageSettings, given, files: int, paths: dict[str, Path],
     else:
         tokenizer = train_tokenizer(iter([text for _, _, text in documents]), settings.vocab_size)
         specials = Specials(EOS, tokenizer.token_to_id(EOS))
-        where = f"a BPE tokenizer of {settings.vocab_size:,} trained on the sample (the staging trains one on up to " \
-            f"{settings.tokenizer_sample_mb:,} MB of the train split)"  # fmt: skip
+        where = (
+            f"a BPE tokenizer of {settings.vocab_size:,} trained on the sample (the staging trains one on up to "
+            f"{settings.tokenizer_sample_mb:,} MB of the train split)"
+        )
     previews = {}
     extra = 1 + (specials.bos_id is not None)
     encoded = tokenizer.encode_batch_fast([text for _, _, text in documents], add_special_tokens=False)

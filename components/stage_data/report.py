@@ -112,16 +112,25 @@ def markdown(documents: dict[str, Any]) -> list[str]:
         mb = c["text_bytes"] / 1e6
         lines.append(f"| {name} | {c['files']:,} | {c['documents']:,} | {c['tokens']:,} | {mb:,.1f} |")
     per_doc, split = documents["tokens_per_document"], documents["documents"]
-    lines += ["", f"Tokens per document: median {per_doc['median']:,}, p99 {per_doc['p99']:,}. "
-              f"Documents: {split['train']:,} train, {split['val']:,} val."]  # fmt: skip
+    lines += [
+        "",
+        f"Tokens per document: median {per_doc['median']:,}, p99 {per_doc['p99']:,}. "
+        f"Documents: {split['train']:,} train, {split['val']:,} val.",
+    ]
     if documents["skipped"]:
         causes = ", ".join(f"{count:,} {cause}" for cause, count in sorted(documents["skipped"].items()))
         lines += ["", f"Skipped records: {causes} (first: {'; '.join(documents['examples'])})."]
     if documents["replaced_bytes"]:
         lines += ["", f"Invalid UTF-8: {documents['replaced_bytes']:,} bytes replaced by U+FFFD."]
     for name, text in sorted(documents["first_documents"].items()):
-        lines += ["", f"First train document of the {name} files, as the model reads it (decoded from the shards):",
-                  "", "```", text.replace("```", "`\u200b``"), "```"]  # fmt: skip
+        lines += [
+            "",
+            f"First train document of the {name} files, as the model reads it (decoded from the shards):",
+            "",
+            "```",
+            text.replace("```", "`\u200b``"),
+            "```",
+        ]
     return lines
 
 
@@ -129,8 +138,9 @@ def details(documents: dict[str, Any]) -> dict[str, str]:
     """The documents in a few words each, for the run summary's line of the finalize step."""
     if not documents:
         return {}
-    formats = ", ".join(f"{name} {c['documents']:,} ({c['tokens']:,} tokens)"
-                        for name, c in sorted(documents["formats"].items()))  # fmt: skip
+    formats = ", ".join(
+        f"{name} {c['documents']:,} ({c['tokens']:,} tokens)" for name, c in sorted(documents["formats"].items())
+    )
     skipped = ", ".join(f"{n:,} {cause}" for cause, n in sorted(documents["skipped"].items())) or "none"
     per_document = "median {median:,}, p99 {p99:,}".format(**documents["tokens_per_document"])
     return {"documents": formats, "skipped_records": skipped, "tokens_per_document": per_document}

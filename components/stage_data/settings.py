@@ -45,12 +45,25 @@ class StageSettings:
     run_id: str = ""  # the run staging for (a warm start from "previous" skips it)
 
     @classmethod
-    def of_step(cls, source: str, storage_root: str, dataset: str, include: Iterable[str] = ("*",),
-                exclude: Iterable[str] = DEFAULT_EXCLUDE, **settings: Any) -> StageSettings:  # fmt: skip
+    def of_step(
+        cls,
+        source: str,
+        storage_root: str,
+        dataset: str,
+        include: Iterable[str] = ("*",),
+        exclude: Iterable[str] = DEFAULT_EXCLUDE,
+        **settings: Any,
+    ) -> StageSettings:
         """From the staging step's inputs (lists where KFP passes lists), the step's names for them."""
         known = set(cls.__dataclass_fields__)
-        return cls(source, storage_root, dataset, tuple(include), tuple(exclude),
-                   **{k: v for k, v in settings.items() if k in known})  # fmt: skip
+        return cls(
+            source,
+            storage_root,
+            dataset,
+            tuple(include),
+            tuple(exclude),
+            **{k: v for k, v in settings.items() if k in known},
+        )
 
     @property
     def field_path(self) -> str:
@@ -61,8 +74,10 @@ class StageSettings:
         dataset name), one line each; the dataset's paths. Not `source_given`: the other settings only (a
         submission's check, which requires the source itself)."""
         if source_given and not self.source.strip():
-            raise InputError("source is empty: give the corpus to stage (s3://bucket/prefix, a file:// URI or a path), "
-                             "or a mixture of several")  # fmt: skip
+            raise InputError(
+                "source is empty: give the corpus to stage (s3://bucket/prefix, a file:// URI or a path), "
+                "or a mixture of several"
+            )
         if not 256 < self.vocab_size <= 2**32:
             raise InputError(f"vocab size {self.vocab_size} is out of range: it must be above 256 (the byte alphabet)")
         if not 0 < self.val_fraction < 0.5:
@@ -74,21 +89,26 @@ class StageSettings:
         if not 1024 <= self.shard_tokens <= 2**31:
             raise InputError(f"shard tokens {self.shard_tokens} is out of range: it must be between 1024 and 2**31")
         if not 1 <= self.tokenize_groups <= MAX_GROUPS:
-            raise InputError(f"tokenize groups {self.tokenize_groups} is out of range: it must be between 1 and "
-                             f"{MAX_GROUPS}")  # fmt: skip
+            raise InputError(
+                f"tokenize groups {self.tokenize_groups} is out of range: it must be between 1 and {MAX_GROUPS}"
+            )
         if not 1 <= self.tokenizer_sample_mb <= 1024**2:
-            raise InputError(f"tokenizer sample {self.tokenizer_sample_mb} MB is out of range: it must be between "
-                             "1 MB and 1 TB")  # fmt: skip
+            raise InputError(
+                f"tokenizer sample {self.tokenizer_sample_mb} MB is out of range: it must be between 1 MB and 1 TB"
+            )
         if self.max_bad_records < 0:
             raise InputError(f"max bad records {self.max_bad_records} is out of range: it must be 0 or more")
         if any(not part or part != part.strip() for part in self.field_path.split(".")):
-            raise InputError(f"text field {self.text_field!r}: give a field name, or a dotted path such as "
-                             "content.body")  # fmt: skip
+            raise InputError(
+                f"text field {self.text_field!r}: give a field name, or a dotted path such as content.body"
+            )
         if self.tokenizer_path and self.init_from_run_id:
             raise InputError("tokenizer_path and init_from_run_id both choose the tokenizer: give one")
         if self.init_from_model and self.init_from_run_id:
-            raise InputError("init_from_run_id (a run's weights) and init_from_model (a published model's) are two "
-                             "starting points: give one")  # fmt: skip
+            raise InputError(
+                "init_from_run_id (a run's weights) and init_from_model (a published model's) are two "
+                "starting points: give one"
+            )
         if self.source:
             check_source(self.source)
         if self.init_from_model:

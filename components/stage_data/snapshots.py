@@ -91,8 +91,13 @@ def prune_snapshots(storage_root: str, dataset: str, dry_run: bool = False) -> P
             shutil.rmtree(doomed)
         result.removed.append(directory.name)
         result.bytes_freed += size
-        log.info("%s snapshot %s of %s (%.1f MB)", "would remove" if dry_run else "removed", directory.name,
-                 dataset, size / 1e6)  # fmt: skip
+        log.info(
+            "%s snapshot %s of %s (%.1f MB)",
+            "would remove" if dry_run else "removed",
+            directory.name,
+            dataset,
+            size / 1e6,
+        )
     if not dry_run:
         for leftover in [*paths.snapshots.glob(".pruning.*"), *paths.root.glob(".pruning.*")]:  # a killed prune's
             shutil.rmtree(leftover, ignore_errors=True)
@@ -140,6 +145,8 @@ def run_tokenizer(storage_root: str, run_id: str) -> Path:
         raise InputError(f"init_from_run_id {run_id!r}: {run.config} is missing or unreadable")
     directory = DatasetPaths.of(storage_root, used[0]).resolve_snapshot(used[1])
     if directory is None or not (directory / TOKENIZER).is_file():
-        raise InputError(f"init_from_run_id {run_id!r}: its snapshot {used[1]} of dataset {used[0]!r} is gone, and "
-                         "its tokenizer with it: that run cannot be continued with the same token ids")  # fmt: skip
+        raise InputError(
+            f"init_from_run_id {run_id!r}: its snapshot {used[1]} of dataset {used[0]!r} is gone, and "
+            "its tokenizer with it: that run cannot be continued with the same token ids"
+        )
     return directory / TOKENIZER

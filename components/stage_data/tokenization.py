@@ -133,8 +133,10 @@ def document_position(key: str, record: int) -> float:
 def val_keys(keys: list[str], val_fraction: float) -> set[str]:
     """Whole files for the val split, by a hash of each key: deterministic, and stable as files come and go."""
     if len(keys) < 2:
-        raise InputError(f"the corpus has {len(keys)} plain-text file: the val split holds out whole files of plain "
-                         "text, so stage at least 2 (or documents in JSON Lines or Parquet files)")  # fmt: skip
+        raise InputError(
+            f"the corpus has {len(keys)} plain-text file: the val split holds out whole files of plain "
+            "text, so stage at least 2 (or documents in JSON Lines or Parquet files)"
+        )
 
     def position(key: str) -> float:
         return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
@@ -189,8 +191,9 @@ def sample_texts(raw: Path, entries: list[Entry], plan_settings: StageSettings, 
 # -- encoding --------------------------------------------------------------------------------------------------------
 
 
-def encode_in_order(items: Iterator[tuple[str | None, Any]], tokenizer: Tokenizer,
-                    write: Callable[[Any, list[int] | None], None]) -> None:  # fmt: skip
+def encode_in_order(
+    items: Iterator[tuple[str | None, Any]], tokenizer: Tokenizer, write: Callable[[Any, list[int] | None], None]
+) -> None:
     """For each (text, payload) in order, write(payload, the text's token ids), or write(payload, None) for an item
     without text; texts are encoded a batch at a time.
 
@@ -212,8 +215,10 @@ def encode_in_order(items: Iterator[tuple[str | None, Any]], tokenizer: Tokenize
         def submit() -> None:
             nonlocal in_flight, size
             previous = in_flight
-            in_flight = (encoder.submit(tokenizer.encode_batch_fast, batch.copy(), add_special_tokens=False),
-                         payloads.copy())  # fmt: skip
+            in_flight = (
+                encoder.submit(tokenizer.encode_batch_fast, batch.copy(), add_special_tokens=False),
+                payloads.copy(),
+            )
             batch.clear()
             payloads.clear()
             size = 0
@@ -253,8 +258,9 @@ class GroupWriter:
     """Writes a group's documents into its split writers as [BOS] ids EOS, keeps its Tally, and journals how far it
     got every few seconds (after syncing the shards, so a journal line never promises tokens the disk lacks)."""
 
-    def __init__(self, plan: Plan, group: int, writers: dict[str, ShardWriter], tally: report.Tally,
-                 journal_path: Path):  # fmt: skip
+    def __init__(
+        self, plan: Plan, group: int, writers: dict[str, ShardWriter], tally: report.Tally, journal_path: Path
+    ):
         self.plan, self.group, self.writers, self.tally, self.journal_path = plan, group, writers, tally, journal_path
         self.dtype = np.dtype(plan.dtype)
         self.bos = plan.specials["bos_id"]
@@ -281,9 +287,11 @@ class GroupWriter:
         if isinstance(item, Skipped):
             self.tally.skip(item.cause, item.where, item.bad)
             if item.bad and self.tally.bad_records > self.plan.max_bad_records:
-                raise InputError(f"source file {item.where}: {item.cause} (JSON Lines holds one JSON object per line); "
-                                 f"the staging allows {self.plan.max_bad_records} malformed records (max_bad_records)"
-                                 f" and this group has met {self.tally.bad_records}")  # fmt: skip
+                raise InputError(
+                    f"source file {item.where}: {item.cause} (JSON Lines holds one JSON object per line); "
+                    f"the staging allows {self.plan.max_bad_records} malformed records (max_bad_records)"
+                    f" and this group has met {self.tally.bad_records}"
+                )
             return
         writer = self.writers[split]
         if item.first:
@@ -370,9 +378,16 @@ def encode_group(paths: DatasetPaths, snapshot: str, group: int) -> GroupResult:
             shutil.rmtree(building, ignore_errors=True)
             raise
         write_json(done_path, asdict(result))
-    log.info("group %d of snapshot %s: %d files (%d finished before), %d train + %d val tokens in %.1fs", group,
-             snapshot, result.files, result.files_resumed, result.tokens["train"], result.tokens["val"],
-             result.seconds)  # fmt: skip
+    log.info(
+        "group %d of snapshot %s: %d files (%d finished before), %d train + %d val tokens in %.1fs",
+        group,
+        snapshot,
+        result.files,
+        result.files_resumed,
+        result.tokens["train"],
+        result.tokens["val"],
+        result.seconds,
+    )
     return result
 
 
@@ -380,8 +395,9 @@ def _encode(paths: DatasetPaths, plan: Plan, group: int, building: Path, started
     tokenizer = Tokenizer.from_file(str(building / TOKENIZER))
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    writers = {s: ShardWriter(building, group_prefix(s, group), np.dtype(plan.dtype), plan.shard_tokens)
-               for s in SPLITS}  # fmt: skip
+    writers = {
+        s: ShardWriter(building, group_prefix(s, group), np.dtype(plan.dtype), plan.shard_tokens) for s in SPLITS
+    }
     journal_path = building / f".journal-{group:03d}.jsonl"
     journaled = read_journal(journal_path)
     last = journaled[-1] if journaled else {"next": [0, 0], "position": {s: [0, 0] for s in SPLITS}}
@@ -443,17 +459,24 @@ def detect_formats(raw: Path, keys: list[str], text_field: str, dataset: str = "
         return dict(zip(keys, pool.map(one, keys), strict=True))
 
 
-def plan_snapshot(paths: DatasetPaths, settings: StageSettings, keys: list[str], content_sha256: str,
-                  given: GivenTokenizer | None = None) -> Plan | None:  # fmt: skip
+def plan_snapshot(
+    paths: DatasetPaths,
+    settings: StageSettings,
+    keys: list[str],
+    content_sha256: str,
+    given: GivenTokenizer | None = None,
+) -> Plan | None:
     """Plan the snapshot of these inputs: None when it exists already (it is made current); else its Plan, with
     the tokenizer in place. A killed plan or encode left its building directory: the same inputs carry on in it."""
     formats = detect_formats(paths.raw, keys, settings.field_path, paths.name)
     plain = [k for k in keys if not formats[k].records]
     records = [k for k in keys if formats[k].records]
     if settings.text_field and not records:
-        raise InputError(f"text field {settings.text_field!r}: the corpus is plain text ({len(plain)} files), where "
-                         "a whole file is the document: leave text_field out, or stage JSON Lines or "
-                         "Parquet")  # fmt: skip
+        raise InputError(
+            f"text field {settings.text_field!r}: the corpus is plain text ({len(plain)} files), where "
+            "a whole file is the document: leave text_field out, or stage JSON Lines or "
+            "Parquet"
+        )
     held_out = fixed_val_keys(paths, plain, settings.val_fraction, by_document=bool(records))
     tokenizer, specials = load_given(given) if given is not None else (None, Specials(EOS, -1))
     inputs = snapshot_inputs(paths, settings, held_out, records, content_sha256, given, specials)
@@ -482,9 +505,15 @@ def plan_snapshot(paths: DatasetPaths, settings: StageSettings, keys: list[str],
 
 
 def _plan(
-    paths: DatasetPaths, settings: StageSettings, building: Path, snapshot: str, inputs: dict[str, Any],
-    entries: list[Entry], tokenizer: Tokenizer | None, specials: Specials,
-) -> Plan:  # fmt: skip
+    paths: DatasetPaths,
+    settings: StageSettings,
+    building: Path,
+    snapshot: str,
+    inputs: dict[str, Any],
+    entries: list[Entry],
+    tokenizer: Tokenizer | None,
+    specials: Specials,
+) -> Plan:
     keys = [e.key for e in entries]
     if tokenizer is None:
         started = time.perf_counter()
@@ -495,8 +524,13 @@ def _plan(
         specials = Specials(EOS, tokenizer.token_to_id(EOS))
         got = tokenizer.get_vocab_size()
         short = f" ({settings.vocab_size} asked: the sample holds no more merges)" if got < settings.vocab_size else ""
-        log.info("trained a BPE vocabulary of %d%s on a sample of up to %d MB in %.1fs", got, short,
-                 settings.tokenizer_sample_mb, time.perf_counter() - started)  # fmt: skip
+        log.info(
+            "trained a BPE vocabulary of %d%s on a sample of up to %d MB in %.1fs",
+            got,
+            short,
+            settings.tokenizer_sample_mb,
+            time.perf_counter() - started,
+        )
     with atomic_open(building / TOKENIZER, "w") as f:
         f.write(tokenizer.to_str())
     vocab = tokenizer.get_vocab_size()
@@ -525,15 +559,25 @@ def load_given(given: GivenTokenizer) -> tuple[Tokenizer, Specials]:
     tokenizer = given.load()
     check_encodes(tokenizer, given.where)
     specials = special_tokens(tokenizer, given.config, given.where)
-    log.info("tokenizer %s: %d tokens; documents are written as %sEOS %s", given.where, tokenizer.get_vocab_size(),
-             f"BOS {specials.bos} + text + " if specials.bos else "text + ", specials.eos)  # fmt: skip
+    log.info(
+        "tokenizer %s: %d tokens; documents are written as %sEOS %s",
+        given.where,
+        tokenizer.get_vocab_size(),
+        f"BOS {specials.bos} + text + " if specials.bos else "text + ",
+        specials.eos,
+    )
     return as_trained(tokenizer, specials), specials
 
 
 def snapshot_inputs(
-    paths: DatasetPaths, settings: StageSettings, held_out: set[str], records: list[str], content_sha256: str,
-    given: GivenTokenizer | None, specials: Specials,
-) -> dict[str, Any]:  # fmt: skip
+    paths: DatasetPaths,
+    settings: StageSettings,
+    held_out: set[str],
+    records: list[str],
+    content_sha256: str,
+    given: GivenTokenizer | None,
+    specials: Specials,
+) -> dict[str, Any]:
     """What a snapshot's content follows from (its id is their hash). Keys that only a corpus with records or a
     tokenizer with other special tokens needs are added only then, so that a plain-text corpus staged before them
     keeps its snapshot id."""
@@ -581,8 +625,9 @@ def planned(paths: DatasetPaths, snapshot: str) -> Plan:
     try:
         return Plan.read(building)
     except (OSError, ValueError, TypeError) as exc:
-        raise StepFailed(f"snapshot {snapshot} of {paths.name!r} has no plan in {building} ({exc}): stage "
-                         "again") from exc  # fmt: skip
+        raise StepFailed(
+            f"snapshot {snapshot} of {paths.name!r} has no plan in {building} ({exc}): stage again"
+        ) from exc
 
 
 def remove_stale_builds(paths: DatasetPaths) -> None:
@@ -616,10 +661,18 @@ def finalize_snapshot(
     seconds = round(time.perf_counter() - started, 3)
     if not skipped:
         log.info("%s", tokenized_line(meta, snapshot, seconds))
-    return TokenizeResult(meta["tokens"]["train"], meta["tokens"]["val"], meta["vocab_size"], meta["val_files"],
-                          seconds, skipped=skipped, snapshot=snapshot, snapshot_dir=str(directory),
-                          model_vocab_size=meta.get("model_vocab_size", meta["vocab_size"]),
-                          documents=meta.get("document_report", {}))  # fmt: skip
+    return TokenizeResult(
+        meta["tokens"]["train"],
+        meta["tokens"]["val"],
+        meta["vocab_size"],
+        meta["val_files"],
+        seconds,
+        skipped=skipped,
+        snapshot=snapshot,
+        snapshot_dir=str(directory),
+        model_vocab_size=meta.get("model_vocab_size", meta["vocab_size"]),
+        documents=meta.get("document_report", {}),
+    )
 
 
 def tokenized_line(meta: dict[str, Any], snapshot: str, seconds: float) -> str:
@@ -647,8 +700,10 @@ def group_results(building: Path, plan: Plan) -> list[GroupResult]:
         try:
             results.append(GroupResult(**json.loads((building / f".group-{group:03d}.json").read_text())))
         except (OSError, ValueError, TypeError):
-            raise StepFailed(f"snapshot {plan.snapshot}: group {group} of {len(plan.groups)} has not finished "
-                             "encoding; rerun staging (each group carries on where it stopped)") from None  # fmt: skip
+            raise StepFailed(
+                f"snapshot {plan.snapshot}: group {group} of {len(plan.groups)} has not finished "
+                "encoding; rerun staging (each group carries on where it stopped)"
+            ) from None
     return results
 
 
@@ -657,8 +712,9 @@ def first_documents(building: Path, plan: Plan, results: list[GroupResult], tall
     tokenizer = Tokenizer.from_file(str(building / TOKENIZER))
     previews = {}
     for name, where in tally.first.items():
-        ids = read_tokens(building, results[where["group"]].shards["train"], plan.dtype, where["offset"],
-                          PREVIEW_TOKENS)  # fmt: skip
+        ids = read_tokens(
+            building, results[where["group"]].shards["train"], plan.dtype, where["offset"], PREVIEW_TOKENS
+        )
         end = ids.index(plan.specials["eos_id"]) + 1 if plan.specials["eos_id"] in ids else len(ids)
         previews[name] = report.preview(tokenizer.decode(ids[:end], skip_special_tokens=False))
     return previews
@@ -689,8 +745,10 @@ def write_snapshot(paths: DatasetPaths, snapshot: str) -> dict[str, Any]:
         tally.add(report.Tally.from_dict(result.tally) if result.tally else report.Tally(), result.group)
     if tally.bad_records > plan.max_bad_records:
         shutil.rmtree(building, ignore_errors=True)
-        raise InputError(f"{tally.bad_records} malformed records (first: {'; '.join(tally.examples)}), more than the "
-                         f"{plan.max_bad_records} the staging allows (max_bad_records)")  # fmt: skip
+        raise InputError(
+            f"{tally.bad_records} malformed records (first: {'; '.join(tally.examples)}), more than the "
+            f"{plan.max_bad_records} the staging allows (max_bad_records)"
+        )
     tokens = {s: sum(r.tokens[s] for r in results) for s in SPLITS}
     for split in SPLITS:
         if tokens[split] < 2:
@@ -759,23 +817,32 @@ def fixed_val_keys(paths: DatasetPaths, keys: list[str], val_fraction: float, by
         write_json(paths.val_set, {"val_fraction": val_fraction, "keys": sorted(chosen), "created": time.time()})
         return chosen
     except (OSError, ValueError) as exc:
-        raise InputError(f"{paths.val_set} is unreadable ({exc}): restore it, or delete it to choose a new val set "
-                         "(evaluations before and after then do not compare)") from None  # fmt: skip
+        raise InputError(
+            f"{paths.val_set} is unreadable ({exc}): restore it, or delete it to choose a new val set "
+            "(evaluations before and after then do not compare)"
+        ) from None
     if stored["val_fraction"] != val_fraction:
         chosen = stored["val_fraction"]
-        raise InputError(f"val fraction {val_fraction}: dataset {paths.name!r} holds out a fixed val set chosen with "
-                         f"{chosen} ({paths.val_set}), kept so that evaluations compare on the same text; stage with "
-                         f"{chosen}, or delete that file to choose a new one")  # fmt: skip
+        raise InputError(
+            f"val fraction {val_fraction}: dataset {paths.name!r} holds out a fixed val set chosen with "
+            f"{chosen} ({paths.val_set}), kept so that evaluations compare on the same text; stage with "
+            f"{chosen}, or delete that file to choose a new one"
+        )
     present = set(keys)
     kept = {k for k in stored["keys"] if k in present}
     if not by_document and (not kept or kept == present):
-        raise InputError(f"{paths.val_set}: {len(kept)} of its {len(stored['keys'])} val files are among the "
-                         f"{len(keys)} staged files, which leaves no {'val' if not kept else 'train'} split; delete "
-                         "it to choose a new val set")  # fmt: skip
+        raise InputError(
+            f"{paths.val_set}: {len(kept)} of its {len(stored['keys'])} val files are among the "
+            f"{len(keys)} staged files, which leaves no {'val' if not kept else 'train'} split; delete "
+            "it to choose a new val set"
+        )
     if len(kept) < len(stored["keys"]):
-        log.warning("%d of the %d files of the fixed val set are gone from the source: the val text changes, and "
-                    "evaluations from now on do not compare with earlier ones", len(stored["keys"]) - len(kept),
-                    len(stored["keys"]))  # fmt: skip
+        log.warning(
+            "%d of the %d files of the fixed val set are gone from the source: the val text changes, and "
+            "evaluations from now on do not compare with earlier ones",
+            len(stored["keys"]) - len(kept),
+            len(stored["keys"]),
+        )
     return kept
 
 

@@ -85,8 +85,11 @@ def read_given(path: str, endpoint_url: str = "") -> GivenTokenizer:
     configuration files."""
     files = _s3_files(path, endpoint_url) if path.startswith("s3://") else _local_files(path)
     if TOKENIZER_FILE not in files:
-        hint = " (a SentencePiece tokenizer.model alone is not read: save the fast tokenizer with save_pretrained)" \
-            if "tokenizer.model" in files else ""  # fmt: skip
+        hint = (
+            " (a SentencePiece tokenizer.model alone is not read: save the fast tokenizer with save_pretrained)"
+            if "tokenizer.model" in files
+            else ""
+        )
         raise InputError(f"tokenizer {path}: has no {TOKENIZER_FILE}{hint}")
     config: dict[str, Any] = {}
     for name in CONFIG_FILES:
@@ -170,10 +173,12 @@ def special_tokens(tokenizer: Tokenizer, config: dict[str, Any], where: str) -> 
     vocab = tokenizer.get_vocab()
     eos = _config_token(config, "eos_token") or next((t for t in KNOWN_EOS if t in vocab), None)
     if eos is None:
-        raise InputError(f"tokenizer {where}: it defines no end-of-document token (no eos_token in a "
-                         f"tokenizer_config.json beside it, and none of {', '.join(KNOWN_EOS)} among its tokens): "
-                         "put tokenizer.json in a directory with a tokenizer_config.json that says "
-                         '{"eos_token": "<the token>"} and give the directory')  # fmt: skip
+        raise InputError(
+            f"tokenizer {where}: it defines no end-of-document token (no eos_token in a "
+            f"tokenizer_config.json beside it, and none of {', '.join(KNOWN_EOS)} among its tokens): "
+            "put tokenizer.json in a directory with a tokenizer_config.json that says "
+            '{"eos_token": "<the token>"} and give the directory'
+        )
     if eos not in vocab:
         raise InputError(f"tokenizer {where}: its eos_token {eos!r} is not among its tokens")
     if config.get("add_bos_token") is False:
@@ -209,8 +214,11 @@ def as_trained(tokenizer: Tokenizer, specials: Specials) -> Tokenizer:
             pair=[*bos, "$A", *(f"{b}:1" for b in bos), "$B:1"],
             special_tokens=[(specials.bos, specials.bos_id)] if specials.bos is not None else [],
         )
-        data["post_processor"] = {"type": "Sequence", "processors": [*kept, json.loads(ours.__getstate__())]} \
-            if kept else json.loads(ours.__getstate__())  # fmt: skip
+        data["post_processor"] = (
+            {"type": "Sequence", "processors": [*kept, json.loads(ours.__getstate__())]}
+            if kept
+            else json.loads(ours.__getstate__())
+        )
         changed = True
     return Tokenizer.from_str(json.dumps(data, ensure_ascii=False)) if changed else tokenizer
 

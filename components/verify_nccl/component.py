@@ -35,8 +35,9 @@ def verify_nccl(
 
     setup_logging()
     with recorded_step(storage_root, run_id, "verify-nccl", {"report": report.uri}) as record:
-        expect = Expectations.for_job(nnodes, max_nodes, nproc_per_node, instance_type, expect_transport,
-                                      bandwidth_fails)  # fmt: skip
+        expect = Expectations.for_job(
+            nnodes, max_nodes, nproc_per_node, instance_type, expect_transport, bandwidth_fails
+        )
         with tempfile.TemporaryDirectory() as pod_logs:
             logs = [str(p) for p in fetch_pod_logs(job_name, namespace, Path(pod_logs), job_api)] if job_name else []
             result = run(storage_root=storage_root, run_id=run_id, extra_logs=logs, expect=expect)

@@ -59,8 +59,15 @@ def line_transport(process: Any, name: str) -> str:
 
 # Bus bandwidth floors (GB/s) for the trainer's 8 MiB start-up all_reduce across nodes: far below what the
 # network does, far above a TCP fallback. A floor catches a broken network, it is not a tuning target.
-BUSBW_FLOOR_GBPS = {"p5.48xlarge": 20.0, "p5e.48xlarge": 20.0, "p5en.48xlarge": 20.0, "p4d.24xlarge": 5.0,
-                    "p4de.24xlarge": 5.0, "g6e.48xlarge": 2.0, "g5.48xlarge": 1.0}  # fmt: skip
+BUSBW_FLOOR_GBPS = {
+    "p5.48xlarge": 20.0,
+    "p5e.48xlarge": 20.0,
+    "p5en.48xlarge": 20.0,
+    "p4d.24xlarge": 5.0,
+    "p4de.24xlarge": 5.0,
+    "g6e.48xlarge": 2.0,
+    "g5.48xlarge": 1.0,
+}
 EFA_INSTANCES = frozenset(BUSBW_FLOOR_GBPS)
 
 
@@ -83,13 +90,24 @@ class Expectations:
     bandwidth_fails: bool = False  # a bus bandwidth below the floor fails instead of warning
 
     @classmethod
-    def for_job(cls, nnodes: int, max_nodes: int, nproc_per_node: int, instance_type: str, expect_transport: str,
-                bandwidth_fails: bool) -> Expectations:  # fmt: skip
+    def for_job(
+        cls,
+        nnodes: int,
+        max_nodes: int,
+        nproc_per_node: int,
+        instance_type: str,
+        expect_transport: str,
+        bandwidth_fails: bool,
+    ) -> Expectations:
         """What the pipeline's verify step expects of a job of this size: the latest attempt is judged at the size it
         had, as an elastic job may run anywhere from its minimum to its maximum of nodes."""
-        return cls(min_world_size=nnodes * nproc_per_node, max_world_size=max(max_nodes, nnodes) * nproc_per_node,
-                   transport=expect_transport, instance_type=instance_type,
-                   bandwidth_fails=bandwidth_fails)  # fmt: skip
+        return cls(
+            min_world_size=nnodes * nproc_per_node,
+            max_world_size=max(max_nodes, nnodes) * nproc_per_node,
+            transport=expect_transport,
+            instance_type=instance_type,
+            bandwidth_fails=bandwidth_fails,
+        )
 
     def check(self) -> None:
         """Expectations that cannot be met fail before any log is read, one line each."""
@@ -180,13 +198,20 @@ class Verification:
             *(f"| {c.name} | {icon[c.status]} | {c.detail} |" for c in self.checks),
         ]
         if self.nccl.processes:
-            lines += ["", "| host | ranks | NCCL | network | provider | NICs | warnings and errors |",
-                      "| --- | --- | --- | --- | --- | --- | --- |", *self._host_rows()]  # fmt: skip
+            lines += [
+                "",
+                "| host | ranks | NCCL | network | provider | NICs | warnings and errors |",
+                "| --- | --- | --- | --- | --- | --- | --- |",
+                *self._host_rows(),
+            ]
         if self.history:
             lines += ["", "Earlier attempts (not judged):", "", *(f"- {line}" for line in self.history)]
         if self.reports:
-            lines += ["", "| rank | host | backend | all_reduce correct | bus bandwidth GB/s |",
-                      "| --- | --- | --- | --- | --- |"]  # fmt: skip
+            lines += [
+                "",
+                "| rank | host | backend | all_reduce correct | bus bandwidth GB/s |",
+                "| --- | --- | --- | --- | --- |",
+            ]
             for r in sorted(self.reports, key=lambda r: r["rank"]):
                 correct = "yes" if r["all_reduce_correct"] else "NO"
                 lines.append(f"| {r['rank']} | {r['hostname']} | {r['backend']} | {correct} | {r['busbw_gbps']:.3f} |")
@@ -206,8 +231,10 @@ class Verification:
 
             provider = joined(p.provider + (f"/{p.fabric}" if p.fabric else "") for p in procs)
             nics = max((p.nics for p in procs), default=0) or "-"
-            rows.append(f"| {host} | {span} | {joined(p.version for p in procs)} | {joined(p.network for p in procs)} "
-                        f"| {provider} | {nics} | {problems.get(host, 0)} |")  # fmt: skip
+            rows.append(
+                f"| {host} | {span} | {joined(p.version for p in procs)} | {joined(p.network for p in procs)} "
+                f"| {provider} | {nics} | {problems.get(host, 0)} |"
+            )
         return rows
 
 
@@ -215,9 +242,12 @@ class Verification:
 
 
 def verify_logs(
-    paths: Iterable[str], expect: Expectations, reports: list[dict[str, Any]] | None = None, source: str = "",
+    paths: Iterable[str],
+    expect: Expectations,
+    reports: list[dict[str, Any]] | None = None,
+    source: str = "",
     quiet: bool = False,
-) -> Verification:  # fmt: skip
+) -> Verification:
     """Check NCCL logs (files or directories) and, when given, the trainer's self-test reports."""
     expect.check()
     files = [Path(p) for p in paths]
@@ -226,8 +256,9 @@ def verify_logs(
             raise InputError(f"log {path}: no such file or directory")
     nccl = NcclLogs().read(files)
     reports = reports or []
-    world = expect.world_size or max([r["world_size"] for r in reports] + [c.nranks for c in nccl.comms.values()],
-                                     default=0)  # fmt: skip
+    world = expect.world_size or max(
+        [r["world_size"] for r in reports] + [c.nranks for c in nccl.comms.values()], default=0
+    )
     result = Verification(source or ", ".join(map(str, files)) or "no logs", world, reports, nccl)
     result.checks = (report_checks(reports, world) if reports else []) + nccl_checks(nccl, world, expect, reports)
     if expect.min_world_size or expect.max_world_size:
@@ -239,9 +270,13 @@ def verify_logs(
 
 
 def verify_nccl(
-    storage_root: str, run_id: str, world_size: int = 0, extra_logs: Iterable[str] = (),
-    expect: Expectations | None = None, all_attempts: bool = False,
-) -> Verification:  # fmt: skip
+    storage_root: str,
+    run_id: str,
+    world_size: int = 0,
+    extra_logs: Iterable[str] = (),
+    expect: Expectations | None = None,
+    all_attempts: bool = False,
+) -> Verification:
     """The run's latest attempt: its self-test reports and its NCCL_DEBUG_FILE output (plus `extra_logs`), at the
     size that attempt had; earlier attempts (an elastic resize, a restart after a failure) are history, one line
     each, unless `all_attempts` judges them too. The report goes to the run."""
@@ -258,10 +293,12 @@ def verify_nccl(
     result = verify_attempt(run, attempts[-1], expect, list(extra_logs))
     for attempt in attempts[:-1]:
         earlier = verify_attempt(run, attempt, expect, [], quiet=True)
-        verdict = "passed" if earlier.passed else "FAILED: " + "; ".join(f"{c.name}: {c.detail}"
-                                                                       for c in earlier.failures)  # fmt: skip
-        result.history.append(f"attempt {attempt}: world size {earlier.world_size}, {len(earlier.reports)} "
-                              f"report(s), {verdict}")  # fmt: skip
+        verdict = (
+            "passed" if earlier.passed else "FAILED: " + "; ".join(f"{c.name}: {c.detail}" for c in earlier.failures)
+        )
+        result.history.append(
+            f"attempt {attempt}: world size {earlier.world_size}, {len(earlier.reports)} report(s), {verdict}"
+        )
         if all_attempts:
             result.checks += [Check(f"attempt {attempt}: {c.name}", FAIL, c.detail) for c in earlier.failures]
     with atomic_open(run.comms_verification, "w") as f:
@@ -269,8 +306,9 @@ def verify_nccl(
     return result
 
 
-def verify_attempt(run: RunPaths, attempt: int, expect: Expectations, extra_logs: list[str],
-                   quiet: bool = False) -> Verification:  # fmt: skip
+def verify_attempt(
+    run: RunPaths, attempt: int, expect: Expectations, extra_logs: list[str], quiet: bool = False
+) -> Verification:
     report_dir = run.comms_report(0, attempt).parent
     reports = [json.loads(p.read_text()) for p in sorted(report_dir.glob("rank_*.json"))]
     nccl_dir = run.nccl_dir(attempt)
@@ -280,13 +318,15 @@ def verify_attempt(run: RunPaths, attempt: int, expect: Expectations, extra_logs
     result = verify_logs(logs, expect, reports, source=f"Run `{run.root}`", quiet=quiet)
     result.attempt = attempt
     if not reports:
-        result.checks.insert(0, Check("all ranks reported", FAIL,
-                                      "no self-test report at all: the trainer never reached start-up"))  # fmt: skip
+        result.checks.insert(
+            0, Check("all ranks reported", FAIL, "no self-test report at all: the trainer never reached start-up")
+        )
     return result
 
 
-def fetch_pod_logs(job_name: str, namespace: str, directory: Path, job_api: str = "pytorchjob",
-                   api_client: Any = None) -> list[Path]:  # fmt: skip
+def fetch_pod_logs(
+    job_name: str, namespace: str, directory: Path, job_api: str = "pytorchjob", api_client: Any = None
+) -> list[Path]:
     """The job's pods' logs (kubectl logs --timestamps), written to `directory`; [] when the pods are gone."""
     from kubernetes.client.exceptions import ApiException
 
@@ -299,15 +339,20 @@ def fetch_pod_logs(job_name: str, namespace: str, directory: Path, job_api: str 
         "list pods", kube.core.list_namespaced_pod, namespace, label_selector=api.pod_selector(job_name)
     ).items
     if not pods:
-        log.warning("no pods of %s %s/%s (cleaned up?): only the NCCL_DEBUG_FILE output on the volume is read",
-                    api.kind, namespace, job_name)  # fmt: skip
+        log.warning(
+            "no pods of %s %s/%s (cleaned up?): only the NCCL_DEBUG_FILE output on the volume is read",
+            api.kind,
+            namespace,
+            job_name,
+        )
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for pod in pods:
         name = pod.metadata.name
         try:
-            text = kube.call("read log", kube.core.read_namespaced_pod_log, name, namespace, container=api.container,
-                             timestamps=True)  # fmt: skip
+            text = kube.call(
+                "read log", kube.core.read_namespaced_pod_log, name, namespace, container=api.container, timestamps=True
+            )
         except ApiException as exc:
             log.warning("cannot read %s's log: %s", name, describe(exc))
             continue
@@ -343,14 +388,31 @@ def report_checks(reports: list[dict[str, Any]], world_size: int) -> list[Check]
     wrong_sum = [r for r in reports if not r["all_reduce_correct"]]
     checks = [
         Check("all ranks reported", FAIL, first_of(missing, lambda r: f"rank {r}: no self-test report"))
-        if missing else Check("all ranks reported", PASS, f"{world_size} of {world_size} ranks"),
-        Check("same world size", FAIL, first_of(wrong_world, lambda r: f"rank {r['rank']} reports world size "
-                                                f"{r['world_size']}, expected {world_size}"))
-        if wrong_world else Check("same world size", PASS, f"every report says {world_size}"),
-        Check("all_reduce correct", FAIL, first_of(wrong_sum, lambda r: f"rank {r['rank']}: all_reduce gave "
-              f"{r['all_reduce_min']}..{r['all_reduce_max']}, expected {r['all_reduce_expected']}"))
-        if wrong_sum else Check("all_reduce correct", PASS, "every rank got n(n+1)/2"),
-    ]  # fmt: skip
+        if missing
+        else Check("all ranks reported", PASS, f"{world_size} of {world_size} ranks"),
+        Check(
+            "same world size",
+            FAIL,
+            first_of(
+                wrong_world, lambda r: f"rank {r['rank']} reports world size {r['world_size']}, expected {world_size}"
+            ),
+        )
+        if wrong_world
+        else Check("same world size", PASS, f"every report says {world_size}"),
+        Check(
+            "all_reduce correct",
+            FAIL,
+            first_of(
+                wrong_sum,
+                lambda r: (
+                    f"rank {r['rank']}: all_reduce gave "
+                    f"{r['all_reduce_min']}..{r['all_reduce_max']}, expected {r['all_reduce_expected']}"
+                ),
+            ),
+        )
+        if wrong_sum
+        else Check("all_reduce correct", PASS, "every rank got n(n+1)/2"),
+    ]
     return checks
 
 
@@ -379,12 +441,22 @@ def initialised(nccl: NcclLogs, world: int) -> Check:
     done = set(comm.ranks) if comm and comm.nranks == world else set()
     missing = [r for r in range(world) if r not in done]
     if missing:
-        return Check("all ranks initialised", FAIL, f"{len(done)} of {world} ranks reached Init COMPLETE; never: "
-                     f"{', '.join(f'rank {r}' for r in missing[:8])}{' ...' if len(missing) > 8 else ''}")  # fmt: skip
+        return Check(
+            "all ranks initialised",
+            FAIL,
+            f"{len(done)} of {world} ranks reached Init COMPLETE; never: "
+            f"{', '.join(f'rank {r}' for r in missing[:8])}{' ...' if len(missing) > 8 else ''}",
+        )
     partial = [c for c in nccl.comms.values() if len(c.ranks) < c.nranks]
     if partial:
-        return Check("all ranks initialised", FAIL, first_of(partial, lambda c: f"{describe_comm(nccl, c)}: "
-                     f"{len(c.ranks)} of its {c.nranks} ranks reached Init COMPLETE"))  # fmt: skip
+        return Check(
+            "all ranks initialised",
+            FAIL,
+            first_of(
+                partial,
+                lambda c: f"{describe_comm(nccl, c)}: {len(c.ranks)} of its {c.nranks} ranks reached Init COMPLETE",
+            ),
+        )
     others = f", and all of {len(nccl.comms) - 1} other communicator(s)" if len(nccl.comms) > 1 else ""
     return Check("all ranks initialised", PASS, f"{world} of {world} ranks reached Init COMPLETE{others}")
 
@@ -413,8 +485,9 @@ def one_version(nccl: NcclLogs, reports: list[dict[str, Any]]) -> Check:
     if len(by_version) == 1:
         return Check("one NCCL version", PASS, next(iter(by_version)))
     seen = sorted(by_version.items(), key=lambda item: (-len(item[1]), item[0]))
-    where = "; ".join(f"{v} on {places[0]}" + (f" and {len(places) - 1} more" if len(places) > 1 else "")
-                      for v, places in seen)  # fmt: skip
+    where = "; ".join(
+        f"{v} on {places[0]}" + (f" and {len(places) - 1} more" if len(places) > 1 else "") for v, places in seen
+    )
     return Check("one NCCL version", FAIL, f"{len(by_version)} versions: {where}")
 
 
@@ -425,8 +498,11 @@ def network_checks(nccl: NcclLogs, transport: str, expect: Expectations) -> list
     announced = {key: process_transport(p) for key, p in nccl.processes.items() if p.network}
     if not inter and len(nccl.hosts()) <= 1:
         reason = "one node: no inter-node traffic"
-        return [Check("inter-node transport", NOT_APPLICABLE, reason), Check("no TCP fallback", NOT_APPLICABLE,
-                reason), Check("GPUDirect RDMA", NOT_APPLICABLE, reason)]  # fmt: skip
+        return [
+            Check("inter-node transport", NOT_APPLICABLE, reason),
+            Check("no TCP fallback", NOT_APPLICABLE, reason),
+            Check("GPUDirect RDMA", NOT_APPLICABLE, reason),
+        ]
     checks = []
     used = sorted(set(announced.values()))
     if transport == "any":
@@ -441,7 +517,7 @@ def network_checks(nccl: NcclLogs, transport: str, expect: Expectations) -> list
                 if wrong
                 else f"{wrong_channels} inter-node channel(s) over {', '.join(n for n in inter if n not in accepted)}"
             )
-            checks.append(Check("inter-node transport", FAIL, f"expected {transport}: {where}"))  # fmt: skip
+            checks.append(Check("inter-node transport", FAIL, f"expected {transport}: {where}"))
         else:
             checks.append(Check("inter-node transport", PASS, f"{transport} on every rank"))
     socket = [k for k, v in announced.items() if v == "socket"]
@@ -450,14 +526,26 @@ def network_checks(nccl: NcclLogs, transport: str, expect: Expectations) -> list
         checks.append(Check("no TCP fallback", NOT_APPLICABLE, "TCP sockets are the expected transport"))
     elif socket or inter.get("socket"):
         where = nccl.rank_of(*socket[0]) + f" on {socket[0][0]}" if socket else "inter-node channels"
-        checks.append(Check("no TCP fallback", FAIL, f"{where} fell back to NCCL's Socket transport ({len(socket)} "
-                            "process(es)): many times slower; check the EFA device plugin and that the image "
-                            "carries aws-ofi-nccl"))  # fmt: skip
+        checks.append(
+            Check(
+                "no TCP fallback",
+                FAIL,
+                f"{where} fell back to NCCL's Socket transport ({len(socket)} "
+                "process(es)): many times slower; check the EFA device plugin and that the image "
+                "carries aws-ofi-nccl",
+            )
+        )
     elif tcp:
         process = nccl.processes[tcp[0]]
-        checks.append(Check("no TCP fallback", FAIL, f"{nccl.rank_of(*tcp[0])} on {tcp[0][0]}: aws-ofi-nccl selected "
-                            f"libfabric's {process.provider} provider, not efa ({len(tcp)} process(es)): TCP under "
-                            "the Libfabric name; check FI_PROVIDER=efa and the EFA devices in the pod"))  # fmt: skip
+        checks.append(
+            Check(
+                "no TCP fallback",
+                FAIL,
+                f"{nccl.rank_of(*tcp[0])} on {tcp[0][0]}: aws-ofi-nccl selected "
+                f"libfabric's {process.provider} provider, not efa ({len(tcp)} process(es)): TCP under "
+                "the Libfabric name; check FI_PROVIDER=efa and the EFA devices in the pod",
+            )
+        )
     else:
         checks.append(Check("no TCP fallback", PASS, "no process uses Socket or a TCP provider"))
     want_gdr = expect.gdr if expect.gdr is not None else transport == "efa"
@@ -470,8 +558,14 @@ def network_checks(nccl: NcclLogs, transport: str, expect: Expectations) -> list
     elif gdr < net_channels:
         without = [key for key, p in nccl.processes.items() if any(sum(t.net.values()) > t.gdr for t in p.net.values())]
         first = min(without, key=lambda key: (nccl.global_rank(*key) is None, nccl.global_rank(*key) or 0))
-        checks.append(Check("GPUDirect RDMA", FAIL, f"{net_channels - gdr} of {net_channels} inter-node channels "
-                            f"without GDRDMA ({nccl.rank_of(*first)} on {first[0]} first)"))  # fmt: skip
+        checks.append(
+            Check(
+                "GPUDirect RDMA",
+                FAIL,
+                f"{net_channels - gdr} of {net_channels} inter-node channels "
+                f"without GDRDMA ({nccl.rank_of(*first)} on {first[0]} first)",
+            )
+        )
     else:
         checks.append(Check("GPUDirect RDMA", PASS, f"all {net_channels} inter-node channels"))
     return checks
@@ -510,14 +604,20 @@ def communicators_across_nodes(nccl: NcclLogs, transport: str) -> Check:
         silent = sorted(hosts - {process.host for process, _ in lines})
         wrong = sorted(kind for kind in used if kind not in accepted and transport != "any")
         if not lines:
-            failures.append(f"{describe_comm(nccl, comm)} spans {len(hosts)} nodes but has no inter-node channel: "
-                            "it never connected across them; look for a WARN or a watchdog timeout")  # fmt: skip
+            failures.append(
+                f"{describe_comm(nccl, comm)} spans {len(hosts)} nodes but has no inter-node channel: "
+                "it never connected across them; look for a WARN or a watchdog timeout"
+            )
         elif silent:
-            failures.append(f"{describe_comm(nccl, comm)} spans {len(hosts)} nodes but has no inter-node channel "
-                            f"on {', '.join(silent)}")  # fmt: skip
+            failures.append(
+                f"{describe_comm(nccl, comm)} spans {len(hosts)} nodes but has no inter-node channel "
+                f"on {', '.join(silent)}"
+            )
         elif wrong:
-            failures.append(f"{describe_comm(nccl, comm)}: {sum(used[k] for k in wrong)} inter-node channel(s) over "
-                            f"{', '.join(wrong)}, expected {transport}")  # fmt: skip
+            failures.append(
+                f"{describe_comm(nccl, comm)}: {sum(used[k] for k in wrong)} inter-node channel(s) over "
+                f"{', '.join(wrong)}, expected {transport}"
+            )
     if failures:
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
         return Check(name, FAIL, failures[0] + more)
@@ -526,8 +626,11 @@ def communicators_across_nodes(nccl: NcclLogs, transport: str) -> Check:
     sizes = ", ".join(f"{n} of {size} ranks" for size, n in sorted(across.items(), reverse=True))
     over = "" if transport == "any" else f" over {transport}"
     inside = f"; {within} within a node, which need none" if within else ""
-    return Check(name, PASS, f"{sum(across.values())} across nodes ({sizes}), each with inter-node channels{over} on "
-                 f"every node{inside}")  # fmt: skip
+    return Check(
+        name,
+        PASS,
+        f"{sum(across.values())} across nodes ({sizes}), each with inter-node channels{over} on every node{inside}",
+    )
 
 
 def connected(nccl: NcclLogs) -> Check:
@@ -541,13 +644,24 @@ def connected(nccl: NcclLogs) -> Check:
     initialised = [(k, p) for k, p in nccl.processes.items() if p.comm_ranks]
     never = [k for k, p in initialised if not (p.rings or p.trees or p.nvls)]
     if never:
-        return Check("channels connected", FAIL, f"{nccl.rank_of(*never[0])} on {never[0][0]} initialised but never "
-                     f"connected a ring, tree or NVLS tree ({len(never)} process(es)): its first collective never "
-                     "got its connections; look for a WARN or a watchdog timeout")  # fmt: skip
+        return Check(
+            "channels connected",
+            FAIL,
+            f"{nccl.rank_of(*never[0])} on {never[0][0]} initialised but never "
+            f"connected a ring, tree or NVLS tree ({len(never)} process(es)): its first collective never "
+            "got its connections; look for a WARN or a watchdog timeout",
+        )
     if len(nccl.hosts()) > 1 and not any(p.net for p in nccl.processes.values()):
         return Check("channels connected", FAIL, "no inter-node channel was ever connected between the nodes")
-    kinds = [name for name, count in (("rings", sum(p.rings for _, p in initialised)), ("trees", sum(
-        p.trees for _, p in initialised)), ("NVLS trees", sum(p.nvls for _, p in initialised))) if count]  # fmt: skip
+    kinds = [
+        name
+        for name, count in (
+            ("rings", sum(p.rings for _, p in initialised)),
+            ("trees", sum(p.trees for _, p in initialised)),
+            ("NVLS trees", sum(p.nvls for _, p in initialised)),
+        )
+        if count
+    ]
     return Check("channels connected", PASS, f"on all {len(initialised)} initialised processes ({', '.join(kinds)})")
 
 
@@ -569,5 +683,11 @@ def bandwidth(reports: list[dict[str, Any]], expect: Expectations, nccl: NcclLog
     if slowest["busbw_gbps"] >= floor:
         return [Check("bus bandwidth", PASS, f"{slowest['busbw_gbps']:.1f} GB/s at least (floor {floor:.0f})")]
     status = FAIL if expect.bandwidth_fails else WARN
-    return [Check("bus bandwidth", status, f"rank {slowest['rank']}: {slowest['busbw_gbps']:.2f} GB/s, below the "
-                  f"{floor:.0f} GB/s floor of {expect.instance_type}")]  # fmt: skip
+    return [
+        Check(
+            "bus bandwidth",
+            status,
+            f"rank {slowest['rank']}: {slowest['busbw_gbps']:.2f} GB/s, below the "
+            f"{floor:.0f} GB/s floor of {expect.instance_type}",
+        )
+    ]

@@ -38,8 +38,10 @@ _ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 # (2.26+: one more "%s"; the "[%d]" after a rank is its nvmlDev; "%d(%d)" names a PXN proxy rank). The ranks are
 # myInfo->rank and peerInfo->rank: ranks within the communicator. Matched with the process's prefix, "%s:%d:%d [%d]
 # NCCL INFO " in every release (src/debug.cc ncclDebugLog), as one search: these are the many of the rare lines.
-_NET_CHANNEL = re.compile(rb"([^\s:\[\]]+):(\d+):\d+ \[(\d+)\] NCCL INFO Channel \d+/\d+ ?: (\d+)\[\d+\] -> "
-                          rb"(\d+)\[\d+\](?: \[(\w+)\])? via NET/([^/\r\n]+)([^\r\n]*)")  # fmt: skip
+_NET_CHANNEL = re.compile(
+    rb"([^\s:\[\]]+):(\d+):\d+ \[(\d+)\] NCCL INFO Channel \d+/\d+ ?: (\d+)\[\d+\] -> "
+    rb"(\d+)\[\d+\](?: \[(\w+)\])? via NET/([^/\r\n]+)([^\r\n]*)"
+)
 # src/debug.cc ncclDebugLog: "%s:%d:%d [%d] NCCL INFO " and "\n%s:%d:%d [%d] %s:%d NCCL WARN " (2.18-2.25: host,
 # pid, tid, cudaDev, then a WARN's __FILE__:__LINE__); 2.26+ the same from pieces, "[%F %T] " first on WARN lines
 # (NCCL_DEBUG_TIMESTAMP_LEVELS); 2.32+ "%s:%d (%s) NCCL WARN" with the function. aws-ofi-nccl's WARNs put
@@ -50,8 +52,9 @@ _PREFIX = re.compile(
     rb"(?:[^\r\n]*?:\d+(?: \([^)\r\n]*\))? )?NCCL (INFO|WARN) ([^\r\n]*)"
 )
 # src/init.cc showVersion: "NCCL version 2.21.5+cuda12.4" (2.26+ also "... compiled with CUDA 12.9").
-_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:[+-]cuda(\d+(?:\.\d+)*)| compiled with CUDA (\d+(?:\.\d+)*))?",
-                      re.I)  # fmt: skip
+_VERSION = re.compile(
+    r"NCCL version (\d+\.\d+\.\d+)(?:[+-]cuda(\d+(?:\.\d+)*)| compiled with CUDA (\d+(?:\.\d+)*))?", re.I
+)
 _NETWORK = re.compile(r"Using network (.+?)\s*$", re.I)  # src/init.cc: "Using network %s", the NET plugin's name
 # aws-ofi-nccl src/nccl_ofi_net.c(pp): "Selected Provider is %s" (1.7), "... (found %d nics)" (1.8-1.10),
 # "Selected provider is %s, fabric is %s (found %d nics)" (1.11+; a tcp fabric is a subnet, e.g. 10.1.0.0/16).
@@ -63,21 +66,32 @@ _PROVIDER = re.compile(r"Selected provider is ([\w;-]+)(?:, fabric is ([^\s(]+))
 # the key, v2.23.4-1 to v2.30.7-1 with no commId ("splitCount %d" before the color from 2.27, "childCount %d" from
 # 2.29), 2.32.3 with "commId 0x%lx" before the parent (its libnccl.so's string). The rank is the one in that
 # communicator.
-_INIT = re.compile(r"comm (?:0x[0-9a-f]+|\(nil\)) rank (\d+) nranks (\d+) cudaDev \d+ nvmlDev \d+ busId [0-9a-f]+"
-                   r"(?: commId (0x[0-9a-f]+))?(?: parent \S+(?: \w+ -?\d+)? color (-?\d+) key -?\d+"
-                   r"(?: commId (0x[0-9a-f]+))?)? ?- Init COMPLETE", re.I)  # fmt: skip
+_INIT = re.compile(
+    r"comm (?:0x[0-9a-f]+|\(nil\)) rank (\d+) nranks (\d+) cudaDev \d+ nvmlDev \d+ busId [0-9a-f]+"
+    r"(?: commId (0x[0-9a-f]+))?(?: parent \S+(?: \w+ -?\d+)? color (-?\d+) key -?\d+"
+    r"(?: commId (0x[0-9a-f]+))?)? ?- Init COMPLETE",
+    re.I,
+)
 
 # Lines worth a full parse, found by substring search (as NCCL prints them; a shared part where wording changed).
 MARKERS = (
-    b"NCCL version ", b"Using network ", b"NET/OFI ", b"Init COMPLETE", b"Connected all ", b"Connected NVLS",
+    b"NCCL version ",
+    b"Using network ",
+    b"NET/OFI ",
+    b"Init COMPLETE",
+    b"Connected all ",
+    b"Connected NVLS",
     b" NCCL WARN ",
-    b" via NET/", b"Watchdog caught collective operation timeout", b"fi_getinfo",
-)  # fmt: skip
+    b" via NET/",
+    b"Watchdog caught collective operation timeout",
+    b"fi_getinfo",
+)
 # Known error lines that are INFO-level, or not NCCL lines at all (the PyTorch watchdog, libfabric's log).
 KNOWN_ERRORS = (
-    "Unable to find a protocol that worked", "Failed to initialize any NET plugin",
+    "Unable to find a protocol that worked",
+    "Failed to initialize any NET plugin",
     "Watchdog caught collective operation timeout",
-)  # fmt: skip
+)
 INTRA = (b" via P2P/IPC", b" via P2P/CUMEM", b" via SHM")
 PARALLEL_BYTES = 64 * 2**20  # from this much log on, files are read by a process per core
 

@@ -72,8 +72,9 @@ class Prefix:
         return [f"{self.key}/*"] if self.directory else [f"{self.key}/*", self.key]
 
 
-def policy(source: str = "", tokenizer: str = "", checkpoints: str = "", export: str = "",
-           partition: str = "aws") -> dict[str, Any]:  # fmt: skip
+def policy(
+    source: str = "", tokenizer: str = "", checkpoints: str = "", export: str = "", partition: str = "aws"
+) -> dict[str, Any]:
     """The IAM policy for a run's S3 settings: read (list and get) the source and tokenizer; read, write and prune the
     checkpoint copies; write the export. An empty setting grants nothing."""
     if partition not in PARTITIONS:
@@ -88,22 +89,30 @@ def policy(source: str = "", tokenizer: str = "", checkpoints: str = "", export:
     def listing(sid: str, prefixes: list[Prefix]) -> None:
         for bucket in sorted({p.bucket for p in prefixes}):
             values = sorted({v for p in prefixes if p.bucket == bucket for v in p.listed()})
-            statements.append({"Sid": f"{sid}{len(statements)}", "Effect": "Allow", "Action": "s3:ListBucket",
-                               "Resource": f"arn:{partition}:s3:::{bucket}",
-                               "Condition": {"StringLike": {"s3:prefix": values}}})  # fmt: skip
+            statements.append(
+                {
+                    "Sid": f"{sid}{len(statements)}",
+                    "Effect": "Allow",
+                    "Action": "s3:ListBucket",
+                    "Resource": f"arn:{partition}:s3:::{bucket}",
+                    "Condition": {"StringLike": {"s3:prefix": values}},
+                }
+            )
 
     def objects(sid: str, actions: list[str], prefixes: list[Prefix]) -> None:
         resources = sorted({r for p in prefixes for r in p.objects(partition)})
-        statements.append({"Sid": f"{sid}{len(statements)}", "Effect": "Allow", "Action": actions,
-                           "Resource": resources})  # fmt: skip
+        statements.append(
+            {"Sid": f"{sid}{len(statements)}", "Effect": "Allow", "Action": actions, "Resource": resources}
+        )
 
     if reads:
         listing("ListInputs", reads)
         objects("ReadInputs", ["s3:GetObject"], reads)
     if copies:
         listing("ListCheckpointCopies", [copies])
-        objects("CheckpointCopies", ["s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"],
-                [copies])  # fmt: skip
+        objects(
+            "CheckpointCopies", ["s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"], [copies]
+        )
     if out:
         objects("WriteExport", ["s3:AbortMultipartUpload", "s3:PutObject"], [out])
     return {"Version": "2012-10-17", "Statement": statements}
@@ -113,8 +122,9 @@ def render_policy(**settings: str) -> str:
     return json.dumps(policy(**settings), indent=2) + "\n"
 
 
-def service_account(namespace: str, name: str, role_arn: str, pod_identity: bool = False, oidc_issuer: str = "",
-                    cluster: str = "") -> str:  # fmt: skip
+def service_account(
+    namespace: str, name: str, role_arn: str, pod_identity: bool = False, oidc_issuer: str = "", cluster: str = ""
+) -> str:
     """A ServiceAccount for IRSA (annotated with the role; the EKS Pod Identity Webhook then gives its pods web
     identity credentials) or for EKS Pod Identity (no annotation: the association is made with the EKS API), with
     the role's trust policy and what to run, as comments: one file that kubectl applies as it is, and the platform
@@ -134,35 +144,64 @@ def service_account(namespace: str, name: str, role_arn: str, pod_identity: bool
     if not role:
         raise InputError(f"--role-arn {role_arn!r} is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)")
     if oidc_issuer and not _OIDC_ISSUER.match(oidc_issuer):
-        raise InputError(f"--oidc-issuer {oidc_issuer!r} is not an EKS cluster's OIDC issuer "
-                         "(https://oidc.eks.<region>.amazonaws.com/id/<id>)")  # fmt: skip
+        raise InputError(
+            f"--oidc-issuer {oidc_issuer!r} is not an EKS cluster's OIDC issuer "
+            "(https://oidc.eks.<region>.amazonaws.com/id/<id>)"
+        )
     if cluster and not _CLUSTER.match(cluster):
         raise InputError(f"--cluster-name {cluster!r} is not an EKS cluster name")
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace,
-                                "labels": {"app.kubernetes.io/part-of": "hyperpod-pretrain"}}  # fmt: skip
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/part-of": "hyperpod-pretrain"},
+    }
     if pod_identity:
-        trust = {"Version": "2012-10-17", "Statement": [{
-            "Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
-            "Action": ["sts:AssumeRole", "sts:TagSession"]}]}  # fmt: skip
-        how = [f"EKS Pod Identity: associate the role with {namespace}/{name} (the EKS Pod Identity Agent add-on must "
-               "run on the cluster):",
-               f"  aws eks create-pod-identity-association --cluster-name {cluster or '<cluster>'} --namespace "
-               f"{namespace} --service-account {name} --role-arn {role_arn}"]  # fmt: skip
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": "pods.eks.amazonaws.com"},
+                    "Action": ["sts:AssumeRole", "sts:TagSession"],
+                }
+            ],
+        }
+        how = [
+            f"EKS Pod Identity: associate the role with {namespace}/{name} (the EKS Pod Identity Agent add-on must "
+            "run on the cluster):",
+            f"  aws eks create-pod-identity-association --cluster-name {cluster or '<cluster>'} --namespace "
+            f"{namespace} --service-account {name} --role-arn {role_arn}",
+        ]
     else:
         metadata["annotations"] = {IRSA_ANNOTATION: role_arn}
         partition, account = role.group(1), role_arn.split(":")[4]
         provider = oidc_issuer.removeprefix("https://") or "oidc.eks.<region>.amazonaws.com/id/<id>"
-        trust = {"Version": "2012-10-17", "Statement": [{
-            "Effect": "Allow", "Principal": {"Federated": f"arn:{partition}:iam::{account}:oidc-provider/{provider}"},
-            "Action": "sts:AssumeRoleWithWebIdentity",
-            "Condition": {"StringEquals": {f"{provider}:sub": f"system:serviceaccount:{namespace}:{name}",
-                                           f"{provider}:aud": "sts.amazonaws.com"}}}]}  # fmt: skip
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Federated": f"arn:{partition}:iam::{account}:oidc-provider/{provider}"},
+                    "Action": "sts:AssumeRoleWithWebIdentity",
+                    "Condition": {
+                        "StringEquals": {
+                            f"{provider}:sub": f"system:serviceaccount:{namespace}:{name}",
+                            f"{provider}:aud": "sts.amazonaws.com",
+                        }
+                    },
+                }
+            ],
+        }
         how = [
             f"IRSA: the cluster's OIDC provider (aws eks describe-cluster --name {cluster or '<cluster>'} --query "
             "cluster.identity.oidc.issuer) must be an IAM identity provider; the role trusts it for this account "
             "only:"
         ]
-    lines = [*how, "The role's trust policy:", *json.dumps(trust, indent=2).splitlines(),
-             "Its permissions: hyperpod-pretrain render-iam-policy with the run's S3 settings."]  # fmt: skip
+    lines = [
+        *how,
+        "The role's trust policy:",
+        *json.dumps(trust, indent=2).splitlines(),
+        "Its permissions: hyperpod-pretrain render-iam-policy with the run's S3 settings.",
+    ]
     doc = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata}
     return "\n".join(f"# {line}" for line in lines) + "\n" + json.dumps(doc, indent=2) + "\n"

@@ -106,12 +106,18 @@ def role_documents(spec: RoleSpec, subject: Subject) -> list[str]:
         role.append(f"    verbs: {_flow(rule.verbs)}")
     own = spec.where == JOBS and subject.jobs == subject.namespace
     binding = [
-        f"apiVersion: {API_VERSION}", f"kind: {kind}Binding",
+        f"apiVersion: {API_VERSION}",
+        f"kind: {kind}Binding",
         *_metadata(spec.name if own else f"{spec.name}:{subject.namespace}:{subject.service_account}", namespace),
-        "roleRef:", "  apiGroup: rbac.authorization.k8s.io", f"  kind: {kind}", f"  name: {spec.name}",
-        "subjects:", "  - kind: ServiceAccount", f"    name: {subject.service_account}",
+        "roleRef:",
+        "  apiGroup: rbac.authorization.k8s.io",
+        f"  kind: {kind}",
+        f"  name: {spec.name}",
+        "subjects:",
+        "  - kind: ServiceAccount",
+        f"    name: {subject.service_account}",
         f"    namespace: {subject.namespace}",
-    ]  # fmt: skip
+    ]
     return ["\n".join(role), "\n".join(binding)]
 
 
@@ -182,17 +188,26 @@ def write_deploy(directory: Path, subject: Subject = Subject(), runtime_name: st
     return written
 
 
-def render(subject: Subject, api_name: str, runtime_name: str = "hyperpod-pretrain", cluster_read: bool = False,
-           kubeflow_profile: bool = False) -> str:  # fmt: skip
+def render(
+    subject: Subject,
+    api_name: str,
+    runtime_name: str = "hyperpod-pretrain",
+    cluster_read: bool = False,
+    kubeflow_profile: bool = False,
+) -> str:
     """Everything ``subject`` needs for a pipeline compiled for ``api_name``, as one stream; for a Kubeflow profile,
     less what Kubeflow grants it (listed at the top, with the role and manifest that grant each)."""
     specs = roles(api_name, runtime_name, cluster_read)
-    head = [f"What {subject} needs for a pipeline compiled with --job-api {api_name} (jobs in {subject.jobs}).",
-            "Rendered by: hyperpod-pretrain render-rbac; apply with kubectl apply -f -."]  # fmt: skip
+    head = [
+        f"What {subject} needs for a pipeline compiled with --job-api {api_name} (jobs in {subject.jobs}).",
+        "Rendered by: hyperpod-pretrain render-rbac; apply with kubectl apply -f -.",
+    ]
     if kubeflow_profile:
         if subject.jobs != subject.namespace:
-            raise InputError("--kubeflow-profile: a profile's default-editor holds kubeflow-edit in its own namespace "
-                             "only: leave out --jobs-namespace")  # fmt: skip
+            raise InputError(
+                "--kubeflow-profile: a profile's default-editor holds kubeflow-edit in its own namespace "
+                "only: leave out --jobs-namespace"
+            )
         given: dict[str, list[str]] = {}
         for spec in specs:
             for rule in spec.rules:
@@ -204,8 +219,9 @@ def render(subject: Subject, api_name: str, runtime_name: str = "hyperpod-pretra
         head.append(f"Left out, as Kubeflow grants them to {subject.service_account} already:")
         for grant in KUBEFLOW_GRANTS:
             if grant.role in given:
-                where = ("to every account, cluster-wide" if grant.everyone
-                         else f"through kubeflow-edit in {subject.jobs}")  # fmt: skip
+                where = (
+                    "to every account, cluster-wide" if grant.everyone else f"through kubeflow-edit in {subject.jobs}"
+                )
                 line = f"- {grant.role} ({where}; {grant.source}): {', '.join(given[grant.role])}"
                 parts = textwrap.wrap(line, 115, subsequent_indent="    ", break_on_hyphens=False)
                 head += ["  " + part for part in parts]

@@ -44,18 +44,24 @@ class FileSystem:
         if not _FILE_SYSTEM.match(self.file_system_id):
             raise InputError(f"--file-system-id {self.file_system_id!r} is not an FSx file system id (fs-...)")
         if not self.dns_name.startswith(f"{self.file_system_id}.fsx.") or not self.dns_name.endswith(".amazonaws.com"):
-            raise InputError(f"--dns-name {self.dns_name!r} is not {self.file_system_id}'s DNS name "
-                             f"({self.file_system_id}.fsx.<region>.amazonaws.com)")  # fmt: skip
+            raise InputError(
+                f"--dns-name {self.dns_name!r} is not {self.file_system_id}'s DNS name "
+                f"({self.file_system_id}.fsx.<region>.amazonaws.com)"
+            )
         if not _MOUNT_NAME.match(self.mount_name):
-            raise InputError(f"--mount-name {self.mount_name!r} is not an FSx mount name (8 lowercase characters, or "
-                             "fsx for a SCRATCH_1 file system)")  # fmt: skip
+            raise InputError(
+                f"--mount-name {self.mount_name!r} is not an FSx mount name (8 lowercase characters, or "
+                "fsx for a SCRATCH_1 file system)"
+            )
         if not _CAPACITY.match(self.capacity):
             raise InputError(f"--capacity {self.capacity!r} is not a size in Gi or Ti (e.g. 1200Gi)")
         if self.deployment_type and self.deployment_type not in DEPLOYMENT_TYPES:
             raise InputError(f"--deployment-type {self.deployment_type!r}: one of {', '.join(DEPLOYMENT_TYPES)}")
         if self.per_unit_throughput and not self.deployment_type.startswith("PERSISTENT"):
-            raise InputError("--per-unit-storage-throughput is a PERSISTENT_1 or PERSISTENT_2 file system's: give "
-                             "--deployment-type with it")  # fmt: skip
+            raise InputError(
+                "--per-unit-storage-throughput is a PERSISTENT_1 or PERSISTENT_2 file system's: give "
+                "--deployment-type with it"
+            )
 
 
 def pv_name(file_system: FileSystem, namespace: str) -> str:
@@ -72,8 +78,10 @@ def documents(file_system: FileSystem, namespaces: list[str], pvc_name: str) -> 
         raise InputError(f"--pvc-name {pvc_name!r} is not a PVC name")
     if len(set(namespaces)) != len(namespaces):
         raise InputError("--namespace: each namespace once")
-    labels = {"app.kubernetes.io/part-of": "hyperpod-pretrain",
-              "hyperpod-pretrain/file-system": file_system.file_system_id}  # fmt: skip
+    labels = {
+        "app.kubernetes.io/part-of": "hyperpod-pretrain",
+        "hyperpod-pretrain/file-system": file_system.file_system_id,
+    }
     # the file system's tier, which a static PV has no StorageClass to say (the preflight's checkpoint-throughput)
     annotations = {STATIC_DEPLOYMENT_TYPE: file_system.deployment_type} if file_system.deployment_type else {}
     if file_system.per_unit_throughput:
@@ -81,32 +89,53 @@ def documents(file_system: FileSystem, namespaces: list[str], pvc_name: str) -> 
     docs: list[dict] = []
     for namespace in namespaces:
         name = pv_name(file_system, namespace)
-        docs.append({
-            "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": name, "labels": labels, **({"annotations": annotations} if annotations else {})},
-            "spec": {
-                "capacity": {"storage": file_system.capacity}, "volumeMode": "Filesystem",
-                "accessModes": ["ReadWriteMany"], "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                "mountOptions": ["flock"],
-                "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace,
-                             "name": pvc_name},
-                "csi": {"driver": FSX_DRIVER, "volumeHandle": file_system.file_system_id,
-                        "volumeAttributes": {"dnsname": file_system.dns_name,
-                                             "mountname": file_system.mount_name}},
-            },
-        })  # fmt: skip
-        docs.append({
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": pvc_name, "namespace": namespace, "labels": labels},
-            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": name,
-                     "resources": {"requests": {"storage": file_system.capacity}}},
-        })  # fmt: skip
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": name, "labels": labels, **({"annotations": annotations} if annotations else {})},
+                "spec": {
+                    "capacity": {"storage": file_system.capacity},
+                    "volumeMode": "Filesystem",
+                    "accessModes": ["ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "mountOptions": ["flock"],
+                    "claimRef": {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolumeClaim",
+                        "namespace": namespace,
+                        "name": pvc_name,
+                    },
+                    "csi": {
+                        "driver": FSX_DRIVER,
+                        "volumeHandle": file_system.file_system_id,
+                        "volumeAttributes": {"dnsname": file_system.dns_name, "mountname": file_system.mount_name},
+                    },
+                },
+            }
+        )
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": pvc_name, "namespace": namespace, "labels": labels},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": name,
+                    "resources": {"requests": {"storage": file_system.capacity}},
+                },
+            }
+        )
     return docs
 
 
 def render(file_system: FileSystem, namespaces: list[str], pvc_name: str) -> str:
-    head = (f"# FSx for Lustre {file_system.file_system_id} ({file_system.dns_name}@tcp:/{file_system.mount_name}) as "
-            f"PVC {pvc_name} in {', '.join(namespaces)}: one static PV per namespace, all on the same file system.\n"
-            "# Rendered by: hyperpod-pretrain render-storage; apply with kubectl apply -f - (as a cluster admin: "
-            "PersistentVolumes are cluster-scoped).\n")  # fmt: skip
+    head = (
+        f"# FSx for Lustre {file_system.file_system_id} ({file_system.dns_name}@tcp:/{file_system.mount_name}) as "
+        f"PVC {pvc_name} in {', '.join(namespaces)}: one static PV per namespace, all on the same file system.\n"
+        "# Rendered by: hyperpod-pretrain render-storage; apply with kubectl apply -f - (as a cluster admin: "
+        "PersistentVolumes are cluster-scoped).\n"
+    )
     return head + yaml.safe_dump_all(documents(file_system, namespaces, pvc_name), sort_keys=False)

@@ -52,8 +52,10 @@ def profile_namespace(plane: ControlPlane, api_name: str, cluster_read: bool = F
             if exc.status != 409 or doc["kind"].endswith("Binding"):
                 raise
             current = plane.admin.sanitize_for_serialization(
-                rbac.read_cluster_role(doc["metadata"]["name"]) if doc["kind"] == "ClusterRole"
-                else rbac.read_namespaced_role(doc["metadata"]["name"], doc["metadata"]["namespace"]))  # fmt: skip
+                rbac.read_cluster_role(doc["metadata"]["name"])
+                if doc["kind"] == "ClusterRole"
+                else rbac.read_namespaced_role(doc["metadata"]["name"], doc["metadata"]["namespace"])
+            )
             assert current["rules"] == doc["rules"], f"{doc['metadata']['name']}: rendered unlike deploy/"
     plane.run_as(profile.namespace, profile.editor_token, made)
     return profile.namespace
@@ -67,10 +69,20 @@ class Cluster:
     the launcher's own `render_runtime` with ``restart_budget`` as JobSet's maxRestarts: the real API server
     validates it against the v2.3.0 CRD when it is created."""
 
-    def __init__(self, control_plane: ControlPlane, kueue: Kueue, workdir: Path, *, timeline: Timeline | None = None,
-                 serve_logs: bool = True, grants: list[dict[str, Any]] | None = None, api: str = "pytorchjob",
-                 restart_budget: int = 3, profile: bool = False,
-                 runtime_options: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        control_plane: ControlPlane,
+        kueue: Kueue,
+        workdir: Path,
+        *,
+        timeline: Timeline | None = None,
+        serve_logs: bool = True,
+        grants: list[dict[str, Any]] | None = None,
+        api: str = "pytorchjob",
+        restart_budget: int = 3,
+        profile: bool = False,
+        runtime_options: dict[str, Any] | None = None,
+    ) -> None:
         self.control_plane, self.kueue = control_plane, kueue
         self.admin = control_plane.admin
         self.api: JobApi = job_api(api)
@@ -85,12 +97,15 @@ class Cluster:
         self._runtime_read: list[dict[str, Any]] = []
         if self.api is TRAINJOB:
             self.runtime_name = f"hpp-{self.namespace}"
-            self.custom.create_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, RUNTIMES,
-                                                     self.runtime(restart_budget, **runtime_options or {}))  # fmt: skip
+            self.custom.create_cluster_custom_object(
+                TRAINJOB.group, TRAINJOB.version, RUNTIMES, self.runtime(restart_budget, **runtime_options or {})
+            )
             if grants is None and not profile:  # deploy/rbac-trainjob.yaml's runtime read, for this runtime's name
                 self._runtime_read = self._grant_runtime_read()
-            self.controllers = [JobSetController(self.admin, self.namespace),
-                                TrainJobController(self.admin, self.namespace, on_created=self._play)]  # fmt: skip
+            self.controllers = [
+                JobSetController(self.admin, self.namespace),
+                TrainJobController(self.admin, self.namespace, on_created=self._play),
+            ]
         else:
             self.controllers = [TrainingOperator(self.admin, self.namespace, on_created=self._play)]
 
@@ -106,9 +121,16 @@ class Cluster:
     def runtime(self, restart_budget: int, **options: Any) -> dict[str, Any]:
         """Our ClusterTrainingRuntime as `hyperpod-pretrain render-runtime` makes it, named for this test; `options`:
         other platform settings it renders (grace_period_s, ttl_after_finished_s)."""
-        spec = JobSpec(name=self.runtime_name, image="", trainer_args=[], job_api=TRAINJOB.name,
-                       runtime_name=self.runtime_name, restart_budget=restart_budget,
-                       tolerations=[GPU_TOLERATION], **options)  # fmt: skip
+        spec = JobSpec(
+            name=self.runtime_name,
+            image="",
+            trainer_args=[],
+            job_api=TRAINJOB.name,
+            runtime_name=self.runtime_name,
+            restart_budget=restart_budget,
+            tolerations=[GPU_TOLERATION],
+            **options,
+        )
         return render_runtime(spec)
 
     def close(self) -> None:
@@ -144,8 +166,12 @@ class Cluster:
             """Closed, or the job deleted, replaced, or being deleted (its pods going: the timeline's writes to them
             may fail, as the real kubelet's would)."""
             current = self.job(name)
-            return (self._closed.is_set() or current is None or current["metadata"]["uid"] != uid
-                    or bool(current["metadata"].get("deletionTimestamp")))  # fmt: skip
+            return (
+                self._closed.is_set()
+                or current is None
+                or current["metadata"]["uid"] != uid
+                or bool(current["metadata"].get("deletionTimestamp"))
+            )
 
         try:
             timeline.play(JobPlay(self, name), self._closed, gone)
@@ -164,9 +190,11 @@ class Cluster:
     def job(self, name: str) -> dict[str, Any] | None:
         api = self.api
         try:
-            return json.loads(self.custom.get_namespaced_custom_object(api.group, api.version, self.namespace,
-                                                                       api.plural, name,
-                                                                       _preload_content=False).data)  # fmt: skip
+            return json.loads(
+                self.custom.get_namespaced_custom_object(
+                    api.group, api.version, self.namespace, api.plural, name, _preload_content=False
+                ).data
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -175,13 +203,15 @@ class Cluster:
     def create_job(self, job: dict[str, Any]) -> dict[str, Any]:
         """A job created by someone else (as the admin)."""
         body = {**job, "metadata": {**job["metadata"], "namespace": self.namespace}}
-        return self.custom.create_namespaced_custom_object(self.api.group, self.api.version, self.namespace,
-                                                           self.api.plural, body)  # fmt: skip
+        return self.custom.create_namespaced_custom_object(
+            self.api.group, self.api.version, self.namespace, self.api.plural, body
+        )
 
     def pods(self, job_name: str) -> list[dict[str, Any]]:
         core = kubernetes.client.CoreV1Api(self.admin)
-        response = core.list_namespaced_pod(self.namespace, label_selector=self.api.pod_selector(job_name),
-                                            _preload_content=False)  # fmt: skip
+        response = core.list_namespaced_pod(
+            self.namespace, label_selector=self.api.pod_selector(job_name), _preload_content=False
+        )
         return json.loads(response.data)["items"]
 
     def audit(self) -> list[dict[str, Any]]:
@@ -189,5 +219,10 @@ class Cluster:
         return self.control_plane.audit_events(self.namespace)
 
     def requests(self, verb: str, resource: str, subresource: str = "") -> list[dict[str, Any]]:
-        return [e for e in self.audit() if e["verb"] == verb and e["objectRef"].get("resource") == resource
-                and e["objectRef"].get("subresource", "") == subresource]  # fmt: skip
+        return [
+            e
+            for e in self.audit()
+            if e["verb"] == verb
+            and e["objectRef"].get("resource") == resource
+            and e["objectRef"].get("subresource", "") == subresource
+        ]

@@ -46,18 +46,28 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 SHARED_K8S = SHARED / "k8s"
-PYTORCHJOB_CRD = Path(os.environ.get("PYTORCHJOB_CRD")
-                      or SHARED / "reference/crds/kubeflow.org_pytorchjobs.v1.8.1.yaml")  # fmt: skip
+PYTORCHJOB_CRD = Path(
+    os.environ.get("PYTORCHJOB_CRD") or SHARED / "reference/crds/kubeflow.org_pytorchjobs.v1.8.1.yaml"
+)
 # Kubeflow Trainer v2.3.0's CRDs and the JobSet v0.12.0 CRD it runs through (reference/crds/SOURCES.md), and the
 # default torch-distributed ClusterTrainingRuntime; a directory of its own with TRAINER_CRDS.
 TRAINER_CRDS_DIR = Path(os.environ.get("TRAINER_CRDS") or SHARED / "reference/crds")
-TRAINER_CRDS = tuple(TRAINER_CRDS_DIR / name for name in (
-    "trainer.kubeflow.org_trainjobs.v2.3.0.yaml", "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml",
-    "trainer.kubeflow.org_trainingruntimes.v2.3.0.yaml", "jobset.x-k8s.io_jobsets.v0.12.0.yaml",
-))  # fmt: skip
+TRAINER_CRDS = tuple(
+    TRAINER_CRDS_DIR / name
+    for name in (
+        "trainer.kubeflow.org_trainjobs.v2.3.0.yaml",
+        "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml",
+        "trainer.kubeflow.org_trainingruntimes.v2.3.0.yaml",
+        "jobset.x-k8s.io_jobsets.v0.12.0.yaml",
+    )
+)
 TORCH_RUNTIME = TRAINER_CRDS_DIR / "torch_distributed.runtime.v2.3.0.yaml"
-RBAC_FILES = (REPO / "deploy/rbac.yaml", REPO / "deploy/rbac-cluster-read.yaml", REPO / "deploy/rbac-pytorchjob.yaml",
-              REPO / "deploy/rbac-trainjob.yaml")  # fmt: skip
+RBAC_FILES = (
+    REPO / "deploy/rbac.yaml",
+    REPO / "deploy/rbac-cluster-read.yaml",
+    REPO / "deploy/rbac-pytorchjob.yaml",
+    REPO / "deploy/rbac-trainjob.yaml",
+)
 WITHOUT_CLUSTER_READ = tuple(path for path in RBAC_FILES if path.name != "rbac-cluster-read.yaml")
 
 RUNNER_NAMESPACE, RUNNER_ACCOUNT = "kubeflow", "pipeline-runner"  # the account deploy/rbac*.yaml bind
@@ -131,8 +141,12 @@ def locate_binaries() -> tuple[Binaries | None, str]:
         if missing:
             return None, f"KUBEBUILDER_ASSETS={assets} has no {', '.join(missing)}"
         manager = root / "kube-controller-manager"
-        return Binaries(root / "etcd", root / "kube-apiserver", manager if manager.is_file() else None,
-                        f"KUBEBUILDER_ASSETS={assets}"), ""  # fmt: skip
+        return Binaries(
+            root / "etcd",
+            root / "kube-apiserver",
+            manager if manager.is_file() else None,
+            f"KUBEBUILDER_ASSETS={assets}",
+        ), ""
     if not (SHARED_K8S / "SHA256SUMS").is_file():
         return None, (
             f"no Kubernetes control plane: set KUBEBUILDER_ASSETS, or put shared/k8s beside the repository "
@@ -162,8 +176,10 @@ def trainer_skip_reason() -> str:
         return reason
     missing = [p.name for p in (*TRAINER_CRDS, TORCH_RUNTIME) if not p.is_file()]
     if missing:
-        return f"the Trainer v2.3.0 / JobSet v0.12.0 files are not here ({TRAINER_CRDS_DIR}: {', '.join(missing)}; " \
-               f"set TRAINER_CRDS)"  # fmt: skip
+        return (
+            f"the Trainer v2.3.0 / JobSet v0.12.0 files are not here ({TRAINER_CRDS_DIR}: {', '.join(missing)}; "
+            f"set TRAINER_CRDS)"
+        )
     return ""
 
 
@@ -227,8 +243,12 @@ class ControlPlane:
         if self.binaries.kube_controller_manager is not None and not self.etcd_prefix:
             self._start_controller_manager()
         self._setup_runner()
-        log.info("control plane up in %.1fs: %s (binaries from %s)", time.monotonic() - started, self.url,
-                 self.binaries.source)  # fmt: skip
+        log.info(
+            "control plane up in %.1fs: %s (binaries from %s)",
+            time.monotonic() - started,
+            self.url,
+            self.binaries.source,
+        )
         return self
 
     def stop(self) -> None:
@@ -248,8 +268,15 @@ class ControlPlane:
 
     def _spawn(self, name: str, path: Path, args: list[str]) -> subprocess.Popen:
         logfile = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child holds it)
-        process = subprocess.Popen([name, *args], executable=str(path), stdout=logfile, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent, cwd=self.workdir)  # fmt: skip
+        process = subprocess.Popen(
+            [name, *args],
+            executable=str(path),
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+            cwd=self.workdir,
+        )
         logfile.close()
         self.processes[name] = process
         return process
@@ -271,11 +298,28 @@ class ControlPlane:
     def _start_etcd(self) -> None:
         client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
         self.etcd_url = client
-        self._spawn("etcd", self.binaries.etcd, [
-            "--name", "test", "--data-dir", str(self.workdir / "etcd"), "--listen-client-urls", client,
-            "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"test={peer}", "--listen-metrics-urls", "",
-        ])  # fmt: skip
+        self._spawn(
+            "etcd",
+            self.binaries.etcd,
+            [
+                "--name",
+                "test",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"test={peer}",
+                "--listen-metrics-urls",
+                "",
+            ],
+        )
         http = urllib3.PoolManager(timeout=1.0, retries=False)
 
         def healthy() -> bool:
@@ -295,27 +339,69 @@ class ControlPlane:
         tokens = self.workdir / "tokens.csv"
         tokens.write_text(f'{self.admin_token},{ADMIN_USER},admin-uid,"system:masters"\n')
         policy = self.workdir / "audit-policy.yaml"
-        policy.write_text(yaml.safe_dump({
-            "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-            # Deletes at Request level: their DeleteOptions (propagationPolicy, preconditions) are in requestObject.
-            # Every service account: the runner, and the less-granted identities of tests that run with less.
-            "rules": [{"level": "Request", "userGroups": [ACCOUNTS], "verbs": ["delete"]},
-                      {"level": "Metadata", "userGroups": [ACCOUNTS]}, {"level": "None"}],
-        }))  # fmt: skip
-        self._spawn("kube-apiserver", self.binaries.kube_apiserver, [
-            "--etcd-servers", self.etcd_url, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-            "--secure-port", str(self.port), "--cert-dir", str(self.workdir / "certs"),
-            "--endpoint-reconciler-type", "none", "--token-auth-file", str(tokens), "--authorization-mode", "RBAC",
-            "--service-account-issuer", ISSUER, "--service-account-key-file", str(sa_pub),
-            "--service-account-signing-key-file", str(sa_key), "--api-audiences", ISSUER,
-            "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged=true",
-            "--kubelet-preferred-address-types", "InternalIP",  # never a DNS lookup of a node's name
-            "--audit-policy-file", str(policy), "--audit-log-path", str(self.audit_log), "--audit-log-maxsize", "0",
-            # No watch cache for PyTorchJobs: a watch from a compacted resourceVersion then answers 410 at once
-            # (README, "Watches that expire").
-            "--watch-cache-sizes", "pytorchjobs.kubeflow.org#0",
-            *(["--etcd-prefix", self.etcd_prefix] if self.etcd_prefix else []),
-        ])  # fmt: skip
+        policy.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived"],
+                    # Deletes at Request level: their DeleteOptions (propagationPolicy, preconditions) are in
+                    # requestObject.
+                    # Every service account: the runner, and the less-granted identities of tests that run with less.
+                    "rules": [
+                        {"level": "Request", "userGroups": [ACCOUNTS], "verbs": ["delete"]},
+                        {"level": "Metadata", "userGroups": [ACCOUNTS]},
+                        {"level": "None"},
+                    ],
+                }
+            )
+        )
+        self._spawn(
+            "kube-apiserver",
+            self.binaries.kube_apiserver,
+            [
+                "--etcd-servers",
+                self.etcd_url,
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(self.port),
+                "--cert-dir",
+                str(self.workdir / "certs"),
+                "--endpoint-reconciler-type",
+                "none",
+                "--token-auth-file",
+                str(tokens),
+                "--authorization-mode",
+                "RBAC",
+                "--service-account-issuer",
+                ISSUER,
+                "--service-account-key-file",
+                str(sa_pub),
+                "--service-account-signing-key-file",
+                str(sa_key),
+                "--api-audiences",
+                ISSUER,
+                "--service-cluster-ip-range",
+                "10.96.0.0/16",
+                "--allow-privileged=true",
+                "--kubelet-preferred-address-types",
+                "InternalIP",  # never a DNS lookup of a node's name
+                "--audit-policy-file",
+                str(policy),
+                "--audit-log-path",
+                str(self.audit_log),
+                "--audit-log-maxsize",
+                "0",
+                # No watch cache for PyTorchJobs: a watch from a compacted resourceVersion then answers 410 at once
+                # (README, "Watches that expire").
+                "--watch-cache-sizes",
+                "pytorchjobs.kubeflow.org#0",
+                *(["--etcd-prefix", self.etcd_prefix] if self.etcd_prefix else []),
+            ],
+        )
         http = urllib3.PoolManager(timeout=2.0, retries=False, cert_reqs="CERT_NONE")
         headers = {"Authorization": f"Bearer {self.admin_token}"}
 
@@ -330,14 +416,33 @@ class ControlPlane:
 
     def _start_controller_manager(self) -> None:
         kubeconfig = self.write_kubeconfig(self.workdir / "admin.kubeconfig", self.admin_token)
-        self._spawn("kube-controller-manager", self.binaries.kube_controller_manager, [
-            "--kubeconfig", str(kubeconfig), "--authentication-kubeconfig", str(kubeconfig),
-            "--authorization-kubeconfig", str(kubeconfig), "--authentication-skip-lookup",
-            "--bind-address", "127.0.0.1", "--secure-port", "0", "--leader-elect=false",
-            "--use-service-account-credentials=false",
-            "--service-account-private-key-file", str(self.workdir / "sa.key"), "--root-ca-file", str(self.ca_file),
-            "--flex-volume-plugin-dir", str(self.workdir / "flexvolume"), "--controllers", CONTROLLERS,
-        ])  # fmt: skip
+        self._spawn(
+            "kube-controller-manager",
+            self.binaries.kube_controller_manager,
+            [
+                "--kubeconfig",
+                str(kubeconfig),
+                "--authentication-kubeconfig",
+                str(kubeconfig),
+                "--authorization-kubeconfig",
+                str(kubeconfig),
+                "--authentication-skip-lookup",
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                "0",
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                "--service-account-private-key-file",
+                str(self.workdir / "sa.key"),
+                "--root-ca-file",
+                str(self.ca_file),
+                "--flex-volume-plugin-dir",
+                str(self.workdir / "flexvolume"),
+                "--controllers",
+                CONTROLLERS,
+            ],
+        )
         self._wait(
             "kube-controller-manager",
             lambda: "all resource monitors have synced" in self.log_tail("kube-controller-manager", 400),
@@ -366,13 +471,23 @@ class ControlPlane:
         return self._runner_token
 
     def write_kubeconfig(self, path: Path, token: str = "", host: str = "") -> Path:
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": host or self.url,
-                                                      "certificate-authority": str(self.ca_file)}}],
-            "users": [{"name": "test", "user": {"token": token or self._runner_token}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-        }))  # fmt: skip
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "test",
+                    "clusters": [
+                        {
+                            "name": "test",
+                            "cluster": {"server": host or self.url, "certificate-authority": str(self.ca_file)},
+                        }
+                    ],
+                    "users": [{"name": "test", "user": {"token": token or self._runner_token}}],
+                    "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+                }
+            )
+        )
         return path
 
     def _setup_runner(self) -> None:
@@ -541,8 +656,11 @@ class ControlPlane:
         runs without a watch cache for PyTorchJobs; README, "Watches that expire")."""
         http = urllib3.PoolManager(timeout=5.0, retries=False)
         key = base64.b64encode(b"/").decode()
-        revision = json.loads(http.request("POST", f"{self.etcd_url}/v3/kv/range", body=json.dumps(
-            {"key": key, "limit": 1}).encode()).data)["header"]["revision"]  # fmt: skip
+        revision = json.loads(
+            http.request(
+                "POST", f"{self.etcd_url}/v3/kv/range", body=json.dumps({"key": key, "limit": 1}).encode()
+            ).data
+        )["header"]["revision"]
         http.request("POST", f"{self.etcd_url}/v3/kv/compaction", body=json.dumps({"revision": revision}).encode())
 
     # -- what the server recorded -----------------------------------------------------------------------------
@@ -574,8 +692,9 @@ class ControlPlane:
 
     def request_counts(self, resource: str, subresource: str = "") -> dict[tuple[str, str], float]:
         """``apiserver_request_total`` for one resource (and subresource), by (verb, code), from /metrics."""
-        text = self.admin.call_api("/metrics", "GET", auth_settings=["BearerToken"], response_type="str",
-                                   _preload_content=False)[0].data.decode()  # fmt: skip
+        text = self.admin.call_api(
+            "/metrics", "GET", auth_settings=["BearerToken"], response_type="str", _preload_content=False
+        )[0].data.decode()
         counts: dict[tuple[str, str], float] = {}
         for line in text.splitlines():
             if not line.startswith("apiserver_request_total{"):

@@ -47,29 +47,63 @@ STOP_WAIT_S = 5.0
 CLIENT_POLL_S = 0.2  # how often a streaming response looks whether its client hung up
 
 # RFC 9110 section 7.6.1, plus what this proxy sets itself (Host, Content-Length, Expect: the body is already read).
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-                        "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-                        "expect"})  # fmt: skip
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "expect",
+    }
+)
 WATCH = re.compile(r"[?&]watch=(true|1)(&|$)", re.IGNORECASE)
 STREAMING = re.compile(r"[?&](watch|follow)=(true|1)(&|$)", re.IGNORECASE)
 
 # The reasons (metav1.StatusReason) the API server gives with each code; "" is StatusReasonUnknown.
-REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
-           406: "NotAcceptable", 409: "Conflict", 410: "Expired", 413: "RequestEntityTooLarge",
-           415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
-           503: "ServiceUnavailable", 504: "Timeout"}  # fmt: skip
-MESSAGES = {429: "Too many requests, please try again later.",
-            500: "Internal error occurred: injected by the fault proxy",
-            503: "the server is currently unable to handle the request",
-            504: "the server was unable to return a response in the time allotted, but may still be processing the "
-                 "request"}  # fmt: skip
+REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    406: "NotAcceptable",
+    409: "Conflict",
+    410: "Expired",
+    413: "RequestEntityTooLarge",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+MESSAGES = {
+    429: "Too many requests, please try again later.",
+    500: "Internal error occurred: injected by the fault proxy",
+    503: "the server is currently unable to handle the request",
+    504: "the server was unable to return a response in the time allotted, but may still be processing the request",
+}
 
 
 def status_body(code: int, message: str = "", reason: str | None = None, retry_after: float | None = None) -> bytes:
     """A ``Status`` (meta/v1) as the API server writes one for a failed request."""
-    status: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                              "message": message or MESSAGES.get(code, f"injected by the fault proxy: {code}"),
-                              "reason": REASONS.get(code, "") if reason is None else reason, "code": code}  # fmt: skip
+    status: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message or MESSAGES.get(code, f"injected by the fault proxy: {code}"),
+        "reason": REASONS.get(code, "") if reason is None else reason,
+        "code": code,
+    }
     if retry_after is not None:
         status["details"] = {"retryAfterSeconds": round(retry_after)}
     return json.dumps(status).encode()
@@ -132,8 +166,12 @@ class FaultProxy:
     def start(self) -> FaultProxy:
         self._server = _Server(self)
         self.url = f"https://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        daemon=True, name=f"fault-proxy-{self._server.server_address[1]}")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            daemon=True,
+            name=f"fault-proxy-{self._server.server_address[1]}",
+        )
         self._thread.start()
         log.info("fault proxy %s -> https://%s:%d", self.url, self.upstream_host, self.upstream_port)
         return self
@@ -158,8 +196,16 @@ class FaultProxy:
 
     # -- faults -------------------------------------------------------------------------------------------------
 
-    def fail_next(self, method: str, path_regex: str, status: int, times: int = 1, retry_after: float | None = None,
-                  message: str = "", reason: str | None = None) -> None:  # fmt: skip
+    def fail_next(
+        self,
+        method: str,
+        path_regex: str,
+        status: int,
+        times: int = 1,
+        retry_after: float | None = None,
+        message: str = "",
+        reason: str | None = None,
+    ) -> None:
         """Answer the next ``times`` matching requests with a Status of ``status`` (the API server's reason for that
         code unless ``reason`` is given; a Retry-After header and ``details.retryAfterSeconds`` with
         ``retry_after``), without forwarding them. ``path_regex`` is searched in the path with its query; ``method``
@@ -168,8 +214,18 @@ class FaultProxy:
         urllib3's default retries (a Configuration's ``retries`` None) resend an idempotent request answered 413, 429
         or 503 with a Retry-After by themselves, after sleeping it; and they take only whole seconds (the API server
         sends nothing else): a fraction such as "0.5" makes them raise InvalidHeader."""
-        self._add(_Rule("fail", method.upper(), re.compile(path_regex), times, status=status, retry_after=retry_after,
-                        message=message, reason=reason))  # fmt: skip
+        self._add(
+            _Rule(
+                "fail",
+                method.upper(),
+                re.compile(path_regex),
+                times,
+                status=status,
+                retry_after=retry_after,
+                message=message,
+                reason=reason,
+            )
+        )
 
     def drop_next(self, method: str, path_regex: str, times: int = 1) -> None:
         """Close the client's connection instead of answering the next ``times`` matching requests."""
@@ -220,8 +276,9 @@ class FaultProxy:
 
     def _connect(self, streaming: bool) -> tuple[http.client.HTTPSConnection, socket.socket]:
         """A fresh upstream connection (no stale keep-alive to retry), connected within CONNECT_TIMEOUT_S."""
-        conn = http.client.HTTPSConnection(self.upstream_host, self.upstream_port, timeout=CONNECT_TIMEOUT_S,
-                                           context=self.upstream_context)  # fmt: skip
+        conn = http.client.HTTPSConnection(
+            self.upstream_host, self.upstream_port, timeout=CONNECT_TIMEOUT_S, context=self.upstream_context
+        )
         conn.connect()
         assert conn.sock is not None
         sock = conn.sock  # kept: http.client hands it to the response and forgets it when the response will close
@@ -310,8 +367,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _upstream_headers(self, body: bytes | None) -> list[tuple[str, str]]:
         named = {n.strip().lower() for n in self.headers.get("Connection", "").split(",")}
         headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named]
-        headers += [("Host", f"{self.server.proxy.upstream_host}:{self.server.proxy.upstream_port}"),
-                    ("Connection", "close")]  # fmt: skip
+        headers += [
+            ("Host", f"{self.server.proxy.upstream_host}:{self.server.proxy.upstream_port}"),
+            ("Connection", "close"),
+        ]
         if body is not None:
             headers.append(("Content-Length", str(len(body))))
         return headers
@@ -345,8 +404,12 @@ class _Handler(BaseHTTPRequestHandler):
             conn.endheaders(body)
             response = conn.getresponse()
             if streaming:
-                threading.Thread(target=self._watch_client, args=(stream_done, sock), daemon=True,
-                                 name=f"fault-proxy-watch-{self.client_address[1]}").start()  # fmt: skip
+                threading.Thread(
+                    target=self._watch_client,
+                    args=(stream_done, sock),
+                    daemon=True,
+                    name=f"fault-proxy-watch-{self.client_address[1]}",
+                ).start()
             self._relay(response, cut_after if WATCH.search(path) and response.status == 200 else None)
         except (OSError, http.client.HTTPException) as exc:
             log.info("fault proxy: %s %s ended: %r", method, path, exc)

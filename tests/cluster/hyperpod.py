@@ -39,8 +39,7 @@ MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
 class JobAutoRestart(PolledController):
     """Brings the namespace's Failed auto-resume jobs back, ``delay_s`` after they failed, up to their max retries."""
 
-    def __init__(self, admin: kubernetes.client.ApiClient, namespace: str, delay_s: float = 1.0,
-                 poll_s: float = 0.1):  # fmt: skip
+    def __init__(self, admin: kubernetes.client.ApiClient, namespace: str, delay_s: float = 1.0, poll_s: float = 0.1):
         super().__init__(f"hyperpod-{namespace}", poll_s)
         self.custom = kubernetes.client.CustomObjectsApi(admin)
         self.namespace, self.delay_s = namespace, delay_s
@@ -49,8 +48,9 @@ class JobAutoRestart(PolledController):
         self.start()
 
     def reconcile_all(self) -> None:
-        response = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                             _preload_content=False)  # fmt: skip
+        response = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, _preload_content=False
+        )
         for job in json.loads(response.data)["items"]:
             self._reconcile(job)
 
@@ -67,12 +67,20 @@ class JobAutoRestart(PolledController):
             return
         status = json.loads(json.dumps(job["status"]))
         status["conditions"] = [c for c in status.get("conditions", []) if c["type"] not in ("Failed", "Restarting")]
-        status["conditions"].append({"type": "Restarting", "status": "True", "reason": "JobAutoResumed",
-                                     "message": f"PyTorchJob {meta['name']} is restarted by job auto-resume.",
-                                     "lastUpdateTime": now(), "lastTransitionTime": now()})  # fmt: skip
+        status["conditions"].append(
+            {
+                "type": "Restarting",
+                "status": "True",
+                "reason": "JobAutoResumed",
+                "message": f"PyTorchJob {meta['name']} is restarted by job auto-resume.",
+                "lastUpdateTime": now(),
+                "lastTransitionTime": now(),
+            }
+        )
         status.pop("completionTime", None)
-        self.custom.replace_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, meta["name"],
-                                                            {**job, "status": status})  # fmt: skip
+        self.custom.replace_namespaced_custom_object_status(
+            GROUP, VERSION, self.namespace, PLURAL, meta["name"], {**job, "status": status}
+        )
         self.retries[uid] = self.retries.get(uid, 0) + 1
         self.failed_seen.pop(uid, None)
         log.info("job auto-restart player: %s brought back (retry %d)", meta["name"], self.retries[uid])

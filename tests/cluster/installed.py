@@ -63,28 +63,45 @@ OPERATOR_LABELS = {"control-plane": "kubeflow-training-operator"}
 TRAINER_NAMESPACE = "kubeflow-system"
 TRAINER_DEPLOYMENT = "kubeflow-trainer-controller-manager"
 TRAINER_IMAGE = "ghcr.io/kubeflow/trainer/trainer-controller-manager"
-TRAINER_LABELS = {"app.kubernetes.io/name": "trainer", "app.kubernetes.io/component": "manager",
-                  "app.kubernetes.io/part-of": "kubeflow"}  # fmt: skip
+TRAINER_LABELS = {
+    "app.kubernetes.io/name": "trainer",
+    "app.kubernetes.io/component": "manager",
+    "app.kubernetes.io/part-of": "kubeflow",
+}
 TRAINER_PUBLIC_CONFIGMAP, TRAINER_VERSION_KEY = "kubeflow-trainer-public", "kubeflow_trainer_version"
 JOBSET_DEPLOYMENT, JOBSET_IMAGE = "jobset-controller-manager", "registry.k8s.io/jobset/jobset"
-JOBSET_LABELS = {"control-plane": "controller-manager", "app.kubernetes.io/name": "jobset",
-                 "app.kubernetes.io/instance": "jobset", "app.kubernetes.io/component": "manager",
-                 "app.kubernetes.io/created-by": "jobset", "app.kubernetes.io/part-of": "jobset",
-                 "app.kubernetes.io/managed-by": "kustomize"}  # fmt: skip
+JOBSET_LABELS = {
+    "control-plane": "controller-manager",
+    "app.kubernetes.io/name": "jobset",
+    "app.kubernetes.io/instance": "jobset",
+    "app.kubernetes.io/component": "manager",
+    "app.kubernetes.io/created-by": "jobset",
+    "app.kubernetes.io/part-of": "jobset",
+    "app.kubernetes.io/managed-by": "kustomize",
+}
 # Kubeflow Trainer's grant of its public ConfigMap to every authenticated user (manifests/base/rbac/
 # public_configmap_role.yaml and public_configmap_role_binding.yaml, in the overlay's namespace): the Trainer SDK, and
 # the preflight, read the release there.
-TRAINER_PUBLIC_ROLE = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                       "metadata": {"name": TRAINER_PUBLIC_CONFIGMAP},
-                       "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                                  "resourceNames": [TRAINER_PUBLIC_CONFIGMAP],
-                                  "verbs": ["get", "list", "watch"]}]}  # fmt: skip
-TRAINER_PUBLIC_BINDING = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                          "metadata": {"name": TRAINER_PUBLIC_CONFIGMAP},
-                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                      "name": TRAINER_PUBLIC_CONFIGMAP},
-                          "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
-                                        "name": "system:authenticated"}]}  # fmt: skip
+TRAINER_PUBLIC_ROLE = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "Role",
+    "metadata": {"name": TRAINER_PUBLIC_CONFIGMAP},
+    "rules": [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [TRAINER_PUBLIC_CONFIGMAP],
+            "verbs": ["get", "list", "watch"],
+        }
+    ],
+}
+TRAINER_PUBLIC_BINDING = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "RoleBinding",
+    "metadata": {"name": TRAINER_PUBLIC_CONFIGMAP},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TRAINER_PUBLIC_CONFIGMAP},
+    "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:authenticated"}],
+}
 # What the components installed here grant every authenticated user, by namespace (for tests/test_rbac.py, which counts
 # them as the cluster's own grants: they are gone from the server by the time it reads the session's requests).
 PUBLIC_ROLES: tuple[tuple[str, dict[str, Any]], ...] = ((TRAINER_NAMESPACE, TRAINER_PUBLIC_ROLE),)
@@ -101,13 +118,25 @@ KUEUE_LABELS = {"app.kubernetes.io/name": "kueue", "control-plane": "controller-
 KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
 # v0.19.2's controller_manager_config.yaml: its integrations.frameworks in order, each enabled or commented out.
 KUEUE_FRAMEWORKS: tuple[tuple[str, bool], ...] = (
-    ("batch/job", True), ("kubeflow.org/mpijob", True), ("ray.io/rayjob", True), ("ray.io/raycluster", True),
-    ("ray.io/rayservice", True), ("jobset.x-k8s.io/jobset", True), ("kubeflow.org/paddlejob", False),
-    ("kubeflow.org/pytorchjob", False), ("kubeflow.org/tfjob", False), ("kubeflow.org/xgboostjob", False),
-    ("kubeflow.org/jaxjob", False), ("workload.codeflare.dev/appwrapper", True),
-    ("trainer.kubeflow.org/trainjob", True), ("sparkoperator.k8s.io/sparkapplication", False), ("pod", True),
-    ("deployment", True), ("statefulset", True), ("leaderworkerset.x-k8s.io/leaderworkerset", True),
-)  # fmt: skip
+    ("batch/job", True),
+    ("kubeflow.org/mpijob", True),
+    ("ray.io/rayjob", True),
+    ("ray.io/raycluster", True),
+    ("ray.io/rayservice", True),
+    ("jobset.x-k8s.io/jobset", True),
+    ("kubeflow.org/paddlejob", False),
+    ("kubeflow.org/pytorchjob", False),
+    ("kubeflow.org/tfjob", False),
+    ("kubeflow.org/xgboostjob", False),
+    ("kubeflow.org/jaxjob", False),
+    ("workload.codeflare.dev/appwrapper", True),
+    ("trainer.kubeflow.org/trainjob", True),
+    ("sparkoperator.k8s.io/sparkapplication", False),
+    ("pod", True),
+    ("deployment", True),
+    ("statefulset", True),
+    ("leaderworkerset.x-k8s.io/leaderworkerset", True),
+)
 KUEUE_DEFAULT_FRAMEWORKS = tuple(name for name, enabled in KUEUE_FRAMEWORKS if enabled)
 FSX_DRIVER = "fsx.csi.aws.com"
 FILE_SYSTEM = "fs-0123456789abcdef0"
@@ -204,8 +233,13 @@ class Installed:
         """A node named ``base`` + tag; its allocatable is the instance type's. ``health_status`` None: no health
         label. Not ``ready``: KubeletNotReady, with the lifecycle controller's not-ready taints."""
         name = self.name(base)
-        node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                       INSTANCE_TYPE_LABEL: instance_type, "topology.kubernetes.io/zone": "us-west-2a"}  # fmt: skip
+        node_labels = {
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            INSTANCE_TYPE_LABEL: instance_type,
+            "topology.kubernetes.io/zone": "us-west-2a",
+        }
         if instance_type.startswith("ml."):
             node_labels["sagemaker.amazonaws.com/compute-type"] = "hyperpod"
         if health_status is not None:
@@ -216,15 +250,31 @@ class Installed:
         self.core.create_node({"metadata": {"name": name, "labels": node_labels}})
         self._made.append(("nodes", "", name))
         resources = {**INSTANCE_RESOURCES.get(instance_type, CPU_NODE_RESOURCES), "pods": "110"}
-        condition = ("True", "KubeletReady", "kubelet is posting ready status") if ready else (
-            "False", "KubeletNotReady", "container runtime network not ready: NetworkReady=false reason:"
-            "NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized")  # fmt: skip
+        condition = (
+            ("True", "KubeletReady", "kubelet is posting ready status")
+            if ready
+            else (
+                "False",
+                "KubeletNotReady",
+                "container runtime network not ready: NetworkReady=false reason:"
+                "NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized",
+            )
+        )
         status = {
-            "capacity": resources, "allocatable": resources,
+            "capacity": resources,
+            "allocatable": resources,
             "addresses": [{"type": "InternalIP", "address": "10.2.0.4"}],
-            "conditions": [{"type": "Ready", "status": condition[0], "reason": condition[1], "message": condition[2],
-                            "lastHeartbeatTime": now(), "lastTransitionTime": now()}],
-        }  # fmt: skip
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": condition[0],
+                    "reason": condition[1],
+                    "message": condition[2],
+                    "lastHeartbeatTime": now(),
+                    "lastTransitionTime": now(),
+                }
+            ],
+        }
         self.core.patch_node_status(name, {"status": status})
         node_taints = [taint(t) for t in taints]
         if unschedulable:
@@ -256,35 +306,67 @@ class Installed:
         """Another team's pod, bound to ``node`` (None: not scheduled), its containers as ``phase`` has them."""
         if containers is None:
             resources = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
-            containers = [{"name": "main", "image": "public.ecr.aws/docker/library/busybox:1.36",
-                           "resources": resources}]  # fmt: skip
-        spec: dict[str, Any] = {"containers": containers, "restartPolicy": "Always" if phase in ("Pending", "Running")
-                                else "Never"}  # fmt: skip
+            containers = [
+                {"name": "main", "image": "public.ecr.aws/docker/library/busybox:1.36", "resources": resources}
+            ]
+        spec: dict[str, Any] = {
+            "containers": containers,
+            "restartPolicy": "Always" if phase in ("Pending", "Running") else "Never",
+        }
         if node:
             spec["nodeName"] = node
         self.core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": spec})
         self._made.append(("pods", namespace, name))
         if node is None:
-            status: dict[str, Any] = {"phase": "Pending", "conditions": [{
-                "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": now(),
-                "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}  # fmt: skip
+            status: dict[str, Any] = {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "lastTransitionTime": now(),
+                        "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+                    }
+                ],
+            }
         else:
             running = phase == "Running"
             state = {
                 "Pending": {"waiting": {"reason": "ContainerCreating"}},
                 "Running": {"running": {"startedAt": now()}},
-                "Succeeded": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now(),
-                                             "finishedAt": now()}},
+                "Succeeded": {
+                    "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now(), "finishedAt": now()}
+                },
                 "Failed": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now(), "finishedAt": now()}},
-            }[phase]  # fmt: skip
+            }[phase]
             status = {
-                "phase": phase, "hostIP": "10.2.0.4", "podIP": "10.3.0.9", "startTime": now(),
-                "conditions": [{"type": t, "status": "True" if ok else "False", "lastTransitionTime": now()}
-                               for t, ok in (("Initialized", True), ("Ready", running), ("ContainersReady", running),
-                                             ("PodScheduled", True))],
-                "containerStatuses": [{"name": c["name"], "image": c["image"], "imageID": "", "ready": running,
-                                       "restartCount": 0, "started": running, "state": state} for c in containers],
-            }  # fmt: skip
+                "phase": phase,
+                "hostIP": "10.2.0.4",
+                "podIP": "10.3.0.9",
+                "startTime": now(),
+                "conditions": [
+                    {"type": t, "status": "True" if ok else "False", "lastTransitionTime": now()}
+                    for t, ok in (
+                        ("Initialized", True),
+                        ("Ready", running),
+                        ("ContainersReady", running),
+                        ("PodScheduled", True),
+                    )
+                ],
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "image": c["image"],
+                        "imageID": "",
+                        "ready": running,
+                        "restartCount": 0,
+                        "started": running,
+                        "state": state,
+                    }
+                    for c in containers
+                ],
+            }
         self.core.patch_namespaced_pod_status(name, namespace, {"status": status})
 
     # -- storage ----------------------------------------------------------------------------------------------
@@ -293,9 +375,15 @@ class Installed:
         """A StorageClass; ``parameters`` as the FSx CSI driver reads them (``deploymentType``,
         ``perUnitStorageThroughput``, ...: aws-fsx-csi-driver ``pkg/driver/controller.go`` ``CreateVolume``)."""
         name = self.name(base)
-        self.storage.create_storage_class({"metadata": {"name": name}, "provisioner": provisioner,
-                                           "parameters": parameters, "reclaimPolicy": "Delete",
-                                           "volumeBindingMode": "Immediate"})  # fmt: skip
+        self.storage.create_storage_class(
+            {
+                "metadata": {"name": name},
+                "provisioner": provisioner,
+                "parameters": parameters,
+                "reclaimPolicy": "Delete",
+                "volumeBindingMode": "Immediate",
+            }
+        )
         self._made.append(("storageclasses", "", name))
         return name
 
@@ -317,9 +405,11 @@ class Installed:
         spec: dict[str, Any] = {"accessModes": modes, "resources": {"requests": {"storage": capacity}}}
         storage_class = self.name("fsx-sc") if storage_class is None else storage_class
         spec["storageClassName"] = storage_class  # "" binds only to a PV without a class, as given
-        pvc = self._raw(self.core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": name},
-                                                                                        "spec": spec},
-                                                                            _preload_content=False))  # fmt: skip
+        pvc = self._raw(
+            self.core.create_namespaced_persistent_volume_claim(
+                namespace, {"metadata": {"name": name}, "spec": spec}, _preload_content=False
+            )
+        )
         self._made.append(("persistentvolumeclaims", namespace, name))
         if phase != "Bound":
             self.core.patch_namespaced_persistent_volume_claim_status(name, namespace, {"status": {"phase": phase}})
@@ -328,15 +418,26 @@ class Installed:
         annotations = {"pv.kubernetes.io/bind-completed": "yes", "pv.kubernetes.io/bound-by-controller": "yes"}
         if not static_pv:
             annotations["volume.kubernetes.io/storage-provisioner"] = FSX_DRIVER
-        pvc = self._raw(self.core.patch_namespaced_persistent_volume_claim(
-            name, namespace, {"metadata": {"annotations": annotations}, "spec": {"volumeName": volume}},
-            _preload_content=False))  # fmt: skip
+        pvc = self._raw(
+            self.core.patch_namespaced_persistent_volume_claim(
+                name,
+                namespace,
+                {"metadata": {"annotations": annotations}, "spec": {"volumeName": volume}},
+                _preload_content=False,
+            )
+        )
         self.core.patch_namespaced_persistent_volume_claim_status(
             name, namespace, {"status": {"phase": "Bound", "accessModes": modes, "capacity": {"storage": capacity}}}
         )
         if pv:
-            self.add_pv(volume, capacity=capacity, storage_class=storage_class, access_modes=modes, claim=pvc,
-                        dynamic=not static_pv)  # fmt: skip
+            self.add_pv(
+                volume,
+                capacity=capacity,
+                storage_class=storage_class,
+                access_modes=modes,
+                claim=pvc,
+                dynamic=not static_pv,
+            )
         return pvc
 
     def apply_volumes(self, documents: list[dict[str, Any]]) -> None:
@@ -355,8 +456,9 @@ class Installed:
                 self._made.append(("persistentvolumeclaims", meta["namespace"], meta["name"]))
         for pv in (d for d in documents if d["kind"] == "PersistentVolume"):
             ref = pv["spec"]["claimRef"]
-            claim = self._raw(self.core.read_namespaced_persistent_volume_claim(ref["name"], ref["namespace"],
-                                                                                _preload_content=False))  # fmt: skip
+            claim = self._raw(
+                self.core.read_namespaced_persistent_volume_claim(ref["name"], ref["namespace"], _preload_content=False)
+            )
             if claim["spec"].get("volumeName") != pv["metadata"]["name"]:
                 continue  # pre-bound to a claim that names another volume: the controller leaves both unbound
             self.core.patch_persistent_volume(
@@ -372,8 +474,9 @@ class Installed:
                 },
             )
             self.core.patch_persistent_volume_status(pv["metadata"]["name"], {"status": {"phase": "Bound"}})
-            self.core.patch_namespaced_persistent_volume_claim(ref["name"], ref["namespace"], {"metadata": {
-                "annotations": {"pv.kubernetes.io/bind-completed": "yes"}}})  # fmt: skip
+            self.core.patch_namespaced_persistent_volume_claim(
+                ref["name"], ref["namespace"], {"metadata": {"annotations": {"pv.kubernetes.io/bind-completed": "yes"}}}
+            )
             self.core.patch_namespaced_persistent_volume_claim_status(
                 ref["name"],
                 ref["namespace"],
@@ -412,55 +515,102 @@ class Installed:
         if dynamic:
             meta["annotations"] = {"pv.kubernetes.io/provisioned-by": driver}
         spec: dict[str, Any] = {
-            "accessModes": list(access_modes), "capacity": {"storage": capacity},
+            "accessModes": list(access_modes),
+            "capacity": {"storage": capacity},
             "csi": {"driver": driver, "volumeHandle": volume_handle, "volumeAttributes": context},
-            "persistentVolumeReclaimPolicy": "Delete" if dynamic else "Retain", "storageClassName": storage_class,
-        }  # fmt: skip
+            "persistentVolumeReclaimPolicy": "Delete" if dynamic else "Retain",
+            "storageClassName": storage_class,
+        }
         if claim is not None:
             m = claim["metadata"]
-            spec["claimRef"] = {"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": m["namespace"],
-                                "name": m["name"], "uid": m["uid"],
-                                "resourceVersion": m["resourceVersion"]}  # fmt: skip
+            spec["claimRef"] = {
+                "kind": "PersistentVolumeClaim",
+                "apiVersion": "v1",
+                "namespace": m["namespace"],
+                "name": m["name"],
+                "uid": m["uid"],
+                "resourceVersion": m["resourceVersion"],
+            }
         self.core.create_persistent_volume({"metadata": meta, "spec": spec})
         self._made.append(("persistentvolumes", "", name))
         self.core.patch_persistent_volume_status(name, {"status": {"phase": "Bound" if claim else "Available"}})
 
     # -- DaemonSets and Deployments ---------------------------------------------------------------------------
 
-    def add_daemonset(self, namespace: str, name: str, *, image: str, labels: dict[str, str] | None = None,
-                      container: str = "", desired: int = 0, ready: int | None = None,
-                      env: list[dict[str, str]] | None = None) -> None:  # fmt: skip
+    def add_daemonset(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        image: str,
+        labels: dict[str, str] | None = None,
+        container: str = "",
+        desired: int = 0,
+        ready: int | None = None,
+        env: list[dict[str, str]] | None = None,
+    ) -> None:
         """A DaemonSet and the status its controller writes (``ready`` defaults to ``desired``)."""
         self.plane.ensure_namespace(namespace)
         labels = labels or {"name": name}
         ready = desired if ready is None else ready
-        pod = {"containers": [{"name": container or name, "image": image, **({"env": env} if env else {})}],
-               "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]}  # fmt: skip
-        body = {"metadata": {"name": name, "labels": labels},
-                "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels},
-                                                                           "spec": pod}}}  # fmt: skip
+        pod = {
+            "containers": [{"name": container or name, "image": image, **({"env": env} if env else {})}],
+            "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+        }
+        body = {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": pod}},
+        }
         self.apps.create_namespaced_daemon_set(namespace, body)
         self._made.append(("daemonsets", namespace, name))
-        status = {"currentNumberScheduled": desired, "desiredNumberScheduled": desired, "numberMisscheduled": 0,
-                  "numberReady": ready, "numberAvailable": ready, "updatedNumberScheduled": desired,
-                  "numberUnavailable": desired - ready, "observedGeneration": 1}  # fmt: skip
+        status = {
+            "currentNumberScheduled": desired,
+            "desiredNumberScheduled": desired,
+            "numberMisscheduled": 0,
+            "numberReady": ready,
+            "numberAvailable": ready,
+            "updatedNumberScheduled": desired,
+            "numberUnavailable": desired - ready,
+            "observedGeneration": 1,
+        }
         self.apps.patch_namespaced_daemon_set_status(name, namespace, {"status": status})
 
-    def add_device_plugins(self, *, desired: int = 2, ready: int | None = None, efa: bool = True,
-                           nvidia: bool = True) -> None:  # fmt: skip
+    def add_device_plugins(
+        self, *, desired: int = 2, ready: int | None = None, efa: bool = True, nvidia: bool = True
+    ) -> None:
         """The EFA and NVIDIA device plugins in kube-system, as HyperPod installs them."""
         if efa:
-            self.add_daemonset("kube-system", EFA_PLUGIN, image=EFA_PLUGIN_IMAGE,
-                               labels={"name": "aws-efa-k8s-device-plugin"}, container="aws-efa-k8s-device-plugin",
-                               desired=desired, ready=ready)  # fmt: skip
+            self.add_daemonset(
+                "kube-system",
+                EFA_PLUGIN,
+                image=EFA_PLUGIN_IMAGE,
+                labels={"name": "aws-efa-k8s-device-plugin"},
+                container="aws-efa-k8s-device-plugin",
+                desired=desired,
+                ready=ready,
+            )
         if nvidia:
-            self.add_daemonset("kube-system", NVIDIA_PLUGIN, image=NVIDIA_PLUGIN_IMAGE,
-                               labels={"name": "nvidia-device-plugin-ds"}, container="nvidia-device-plugin-ctr",
-                               desired=desired, ready=ready)  # fmt: skip
+            self.add_daemonset(
+                "kube-system",
+                NVIDIA_PLUGIN,
+                image=NVIDIA_PLUGIN_IMAGE,
+                labels={"name": "nvidia-device-plugin-ds"},
+                container="nvidia-device-plugin-ctr",
+                desired=desired,
+                ready=ready,
+            )
 
-    def add_deployment(self, namespace: str, name: str, *, image: str, labels: dict[str, str] | None = None,
-                       container: str = "", env: list[dict[str, str]] | None = None,
-                       selector: dict[str, str] | None = None) -> None:  # fmt: skip
+    def add_deployment(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        image: str,
+        labels: dict[str, str] | None = None,
+        container: str = "",
+        env: list[dict[str, str]] | None = None,
+        selector: dict[str, str] | None = None,
+    ) -> None:
         """A Deployment of one ready replica, with the status its controller writes (``selector``: its matchLabels,
         the labels by default)."""
         self.plane.ensure_namespace(namespace)
@@ -476,41 +626,82 @@ class Installed:
         }
         self.apps.create_namespaced_deployment(namespace, body)
         self._made.append(("deployments", namespace, name))
-        status = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
-                  "availableReplicas": 1, "conditions": [{
-                      "type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
-                      "message": "Deployment has minimum availability.", "lastUpdateTime": now(),
-                      "lastTransitionTime": now()}]}  # fmt: skip
+        status = {
+            "observedGeneration": 1,
+            "replicas": 1,
+            "updatedReplicas": 1,
+            "readyReplicas": 1,
+            "availableReplicas": 1,
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": "True",
+                    "reason": "MinimumReplicasAvailable",
+                    "message": "Deployment has minimum availability.",
+                    "lastUpdateTime": now(),
+                    "lastTransitionTime": now(),
+                }
+            ],
+        }
         self.apps.patch_namespaced_deployment_status(name, namespace, {"status": status})
 
-    def add_operator(self, image: str, *, namespace: str = "kubeflow", name: str = "training-operator",
-                     labels: dict[str, str] | None = None) -> None:  # fmt: skip
+    def add_operator(
+        self,
+        image: str,
+        *,
+        namespace: str = "kubeflow",
+        name: str = "training-operator",
+        labels: dict[str, str] | None = None,
+    ) -> None:
         """The Training Operator's Deployment, labelled as its manifests label it."""
-        self.add_deployment(namespace, name, image=image, labels={**OPERATOR_LABELS, **(labels or {})},
-                            container="training-operator")  # fmt: skip
+        self.add_deployment(
+            namespace, name, image=image, labels={**OPERATOR_LABELS, **(labels or {})}, container="training-operator"
+        )
 
-    def add_trainer(self, version: str = "v2.3.0", *, jobset_version: str | None = "v0.12.0",
-                    namespace: str = TRAINER_NAMESPACE) -> None:  # fmt: skip
+    def add_trainer(
+        self, version: str = "v2.3.0", *, jobset_version: str | None = "v0.12.0", namespace: str = TRAINER_NAMESPACE
+    ) -> None:
         """Kubeflow Trainer's controller manager as ``manifests/overlays/manager`` installs it, as a client sees it:
         the Deployment ``kubeflow-trainer-controller-manager`` (image ``ghcr.io/kubeflow/trainer/trainer-controller-
         manager:<version>``, container ``manager``) and the ConfigMap ``kubeflow-trainer-public`` whose
         ``kubeflow_trainer_version`` names the release, with the Role and RoleBinding that let every authenticated
         user read it; with ``jobset_version``, JobSet's ``jobset-controller-manager`` beside it
         (``manifests/third-party/jobset``). The CRDs are the control plane's."""
-        self.add_deployment(namespace, TRAINER_DEPLOYMENT, image=f"{TRAINER_IMAGE}:{version}", labels=TRAINER_LABELS,
-                            container="manager")  # fmt: skip
-        self.core.create_namespaced_config_map(namespace, {"metadata": {"name": TRAINER_PUBLIC_CONFIGMAP},
-                                                           "data": {TRAINER_VERSION_KEY: version}})  # fmt: skip
+        self.add_deployment(
+            namespace,
+            TRAINER_DEPLOYMENT,
+            image=f"{TRAINER_IMAGE}:{version}",
+            labels=TRAINER_LABELS,
+            container="manager",
+        )
+        self.core.create_namespaced_config_map(
+            namespace, {"metadata": {"name": TRAINER_PUBLIC_CONFIGMAP}, "data": {TRAINER_VERSION_KEY: version}}
+        )
         self._made.append(("configmaps", namespace, TRAINER_PUBLIC_CONFIGMAP))
         self.rbac.create_namespaced_role(namespace, TRAINER_PUBLIC_ROLE)
         self._made.append(("roles", namespace, TRAINER_PUBLIC_CONFIGMAP))
         self.rbac.create_namespaced_role_binding(namespace, TRAINER_PUBLIC_BINDING)
         self._made.append(("rolebindings", namespace, TRAINER_PUBLIC_CONFIGMAP))
         if jobset_version:
-            selector = {k: v for k, v in JOBSET_LABELS.items() if k in ("control-plane", "app.kubernetes.io/name",
-                        "app.kubernetes.io/instance", "app.kubernetes.io/managed-by")}  # fmt: skip
-            self.add_deployment(namespace, JOBSET_DEPLOYMENT, image=f"{JOBSET_IMAGE}:{jobset_version}",
-                                labels=JOBSET_LABELS, container="manager", selector=selector)  # fmt: skip
+            selector = {
+                k: v
+                for k, v in JOBSET_LABELS.items()
+                if k
+                in (
+                    "control-plane",
+                    "app.kubernetes.io/name",
+                    "app.kubernetes.io/instance",
+                    "app.kubernetes.io/managed-by",
+                )
+            }
+            self.add_deployment(
+                namespace,
+                JOBSET_DEPLOYMENT,
+                image=f"{JOBSET_IMAGE}:{jobset_version}",
+                labels=JOBSET_LABELS,
+                container="manager",
+                selector=selector,
+            )
 
     def add_kueue(self, version: str = "v0.19.2", frameworks: Iterable[str] = KUEUE_DEFAULT_FRAMEWORKS) -> None:
         """What Kueue's release manifests install that the preflight reads: in kueue-system, the Deployment
@@ -518,20 +709,40 @@ class Installed:
         ConfigMap ``kueue-manager-config`` whose ``controller_manager_config.yaml`` is v0.19.2's with
         ``frameworks`` in its integrations.frameworks (v0.19.2's list, the others commented out as there, then any
         it does not name). The namespace stays, as kubeflow-system does (a namespace deleted takes seconds to go)."""
-        self.add_deployment(KUEUE_NAMESPACE, KUEUE_DEPLOYMENT, image=f"{KUEUE_IMAGE}:{version}", labels=KUEUE_LABELS,
-                            container="manager", selector={"control-plane": "controller-manager"})  # fmt: skip
+        self.add_deployment(
+            KUEUE_NAMESPACE,
+            KUEUE_DEPLOYMENT,
+            image=f"{KUEUE_IMAGE}:{version}",
+            labels=KUEUE_LABELS,
+            container="manager",
+            selector={"control-plane": "controller-manager"},
+        )
         enabled = list(frameworks)
         known = [name for name, _ in KUEUE_FRAMEWORKS]
         lines = [f'  - "{name}"' if name in enabled else f'  # - "{name}"' for name in known]
         lines += [f'  - "{name}"' for name in enabled if name not in known]
-        config = "\n".join([
-            "apiVersion: config.kueue.x-k8s.io/v1beta2", "kind: Configuration", "health:",
-            "  healthProbeBindAddress: :8081", "metrics:", "  bindAddress: :8443", "webhook:", "  port: 9443",
-            "leaderElection:", "  leaderElect: true", "  resourceName: c1f6bfd2.kueue.x-k8s.io", "integrations:",
-            "  frameworks:", *lines, "",
-        ])  # fmt: skip
-        self.core.create_namespaced_config_map(KUEUE_NAMESPACE, {"metadata": {"name": KUEUE_CONFIG},
-                                                                 "data": {KUEUE_CONFIG_KEY: config}})  # fmt: skip
+        config = "\n".join(
+            [
+                "apiVersion: config.kueue.x-k8s.io/v1beta2",
+                "kind: Configuration",
+                "health:",
+                "  healthProbeBindAddress: :8081",
+                "metrics:",
+                "  bindAddress: :8443",
+                "webhook:",
+                "  port: 9443",
+                "leaderElection:",
+                "  leaderElect: true",
+                "  resourceName: c1f6bfd2.kueue.x-k8s.io",
+                "integrations:",
+                "  frameworks:",
+                *lines,
+                "",
+            ]
+        )
+        self.core.create_namespaced_config_map(
+            KUEUE_NAMESPACE, {"metadata": {"name": KUEUE_CONFIG}, "data": {KUEUE_CONFIG_KEY: config}}
+        )
         self._made.append(("configmaps", KUEUE_NAMESPACE, KUEUE_CONFIG))
 
 

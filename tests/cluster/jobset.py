@@ -90,8 +90,13 @@ VALIDATING_CONFIGURATION = "jobset-validating-webhook-configuration"
 VALIDATING_NAME = "vjobset.kb.io"
 VALIDATING_PATH = "/validate-jobset-x-k8s-io-v1alpha2-jobset"
 # Pod template fields Kueue may change on a suspended JobSet (ValidateUpdate, after kueue's workload_types.go).
-MUTABLE_WHILE_SUSPENDED = (("metadata", "annotations"), ("metadata", "labels"), ("spec", "nodeSelector"),
-                           ("spec", "tolerations"), ("spec", "schedulingGates"))  # fmt: skip
+MUTABLE_WHILE_SUSPENDED = (
+    ("metadata", "annotations"),
+    ("metadata", "labels"),
+    ("spec", "nodeSelector"),
+    ("spec", "tolerations"),
+    ("spec", "schedulingGates"),
+)
 
 
 def now() -> str:
@@ -176,22 +181,48 @@ class JobSetWebhook:
 
         def configuration(kind: str, name: str, webhook: str, url: str, operations: list[str]) -> dict[str, Any]:
             return {
-                "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": name},
-                "webhooks": [{
-                    "name": webhook, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                    "failurePolicy": "Fail", "timeoutSeconds": 10, "clientConfig": {"url": url, "caBundle": ca},
-                    "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": operations,
-                               "resources": [PLURAL]}],
-                }],
-            }  # fmt: skip
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": kind,
+                "metadata": {"name": name},
+                "webhooks": [
+                    {
+                        "name": webhook,
+                        "admissionReviewVersions": ["v1"],
+                        "sideEffects": "None",
+                        "failurePolicy": "Fail",
+                        "timeoutSeconds": 10,
+                        "clientConfig": {"url": url, "caBundle": ca},
+                        "rules": [
+                            {
+                                "apiGroups": [GROUP],
+                                "apiVersions": [VERSION],
+                                "operations": operations,
+                                "resources": [PLURAL],
+                            }
+                        ],
+                    }
+                ],
+            }
 
         api = kubernetes.client.AdmissionregistrationV1Api(admin)
-        api.create_mutating_webhook_configuration(configuration(
-            "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION, WEBHOOK_NAME,
-            f"https://127.0.0.1:{self.server.port}{WEBHOOK_PATH}", ["CREATE"]))  # fmt: skip
-        api.create_validating_webhook_configuration(configuration(
-            "ValidatingWebhookConfiguration", VALIDATING_CONFIGURATION, VALIDATING_NAME,
-            f"https://127.0.0.1:{self.validator.port}{VALIDATING_PATH}", ["CREATE", "UPDATE"]))  # fmt: skip
+        api.create_mutating_webhook_configuration(
+            configuration(
+                "MutatingWebhookConfiguration",
+                WEBHOOK_CONFIGURATION,
+                WEBHOOK_NAME,
+                f"https://127.0.0.1:{self.server.port}{WEBHOOK_PATH}",
+                ["CREATE"],
+            )
+        )
+        api.create_validating_webhook_configuration(
+            configuration(
+                "ValidatingWebhookConfiguration",
+                VALIDATING_CONFIGURATION,
+                VALIDATING_NAME,
+                f"https://127.0.0.1:{self.validator.port}{VALIDATING_PATH}",
+                ["CREATE", "UPDATE"],
+            )
+        )
 
     def validate(self, request: dict[str, Any]) -> dict[str, Any]:
         """controller-runtime's validator: a denial is ``apierrors.NewInvalid``'s status (422, Invalid)."""
@@ -287,13 +318,19 @@ class JobSetController(PolledController):
         self.start()
 
     def reconcile_all(self) -> None:
-        jobsets = json.loads(self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, _preload_content=False).data)["items"]  # fmt: skip
+        jobsets = json.loads(
+            self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, _preload_content=False
+            ).data
+        )["items"]
         jobs = json.loads(self.batch.list_namespaced_job(self.namespace, _preload_content=False).data)["items"]
         for jobset in jobsets:
             uid = jobset["metadata"]["uid"]
-            mine = [j for j in jobs if any(o.get("uid") == uid and o.get("controller")
-                                           for o in j["metadata"].get("ownerReferences") or [])]  # fmt: skip
+            mine = [
+                j
+                for j in jobs
+                if any(o.get("uid") == uid and o.get("controller") for o in j["metadata"].get("ownerReferences") or [])
+            ]
             versions = (jobset["metadata"]["resourceVersion"], *sorted(j["metadata"]["resourceVersion"] for j in mine))
             due = self._timers.get(uid)
             if versions == self._versions.get(uid) and (due is None or time.monotonic() < due):
@@ -315,8 +352,9 @@ class JobSetController(PolledController):
         before = copy.deepcopy(status)
         owned = self._child_jobs(status, jobs)
         statuses = self._replicated_job_statuses(js, owned)
-        if sorted(statuses, key=lambda s: s["name"]) != sorted(status.get("replicatedJobsStatus") or [],
-                                                                 key=lambda s: s["name"]):  # fmt: skip
+        if sorted(statuses, key=lambda s: s["name"]) != sorted(
+            status.get("replicatedJobsStatus") or [], key=lambda s: s["name"]
+        ):
             status["replicatedJobsStatus"] = statuses
         view = {**js, "status": status}
         suspended = bool(spec.get("suspend"))
@@ -360,10 +398,15 @@ class JobSetController(PolledController):
         """``calculateReplicatedJobStatuses``: per replicatedJob, active Jobs whose succeeded+ready pods reach
         min(parallelism, completions) are ready; ``active`` counts Jobs with an active pod; ``suspended`` the
         suspended ones; ``succeeded`` / ``failed`` the finished Jobs."""
-        counts = {r["name"]: dict.fromkeys(("ready", "succeeded", "failed", "active", "suspended"), 0)
-                  for r in js["spec"].get("replicatedJobs") or []}  # fmt: skip
-        for kind, jobs in (("active", owned["active"]), ("succeeded", owned["successful"]),
-                           ("failed", owned["failed"])):  # fmt: skip
+        counts = {
+            r["name"]: dict.fromkeys(("ready", "succeeded", "failed", "active", "suspended"), 0)
+            for r in js["spec"].get("replicatedJobs") or []
+        }
+        for kind, jobs in (
+            ("active", owned["active"]),
+            ("succeeded", owned["successful"]),
+            ("failed", owned["failed"]),
+        ):
             for job in jobs:
                 name = (job["metadata"].get("labels") or {}).get(REPLICATED_JOB_NAME_KEY, "")
                 if name not in counts:
@@ -395,16 +438,19 @@ class JobSetController(PolledController):
         ttl = js["spec"].get("ttlSecondsAfterFinished")
         if ttl is None:
             return
-        finished = next(c for c in js["status"]["conditions"] if c["type"] in (COMPLETED, FAILED)
-                        and c["status"] == "True")  # fmt: skip
-        remaining = calendar.timegm(time.strptime(finished["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ")) + ttl - \
-            time.time()  # fmt: skip
+        finished = next(
+            c for c in js["status"]["conditions"] if c["type"] in (COMPLETED, FAILED) and c["status"] == "True"
+        )
+        remaining = (
+            calendar.timegm(time.strptime(finished["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ")) + ttl - time.time()
+        )
         if remaining > 0:
             self._timers[js["metadata"]["uid"]] = time.monotonic() + remaining
             return
         with contextlib.suppress(ApiException):  # 404: gone meanwhile
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, js["metadata"]["name"],
-                                                        propagation_policy="Foreground")  # fmt: skip
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, js["metadata"]["name"], propagation_policy="Foreground"
+            )
 
     # conditions ---------------------------------------------------------------------------------------------------
 
@@ -423,8 +469,11 @@ class JobSetController(PolledController):
                     conditions[i] = new
                 elif current.get("reason") != reason or current.get("message") != message:
                     conditions[i] = {**new, "lastTransitionTime": current["lastTransitionTime"]}
-            elif ({current["type"], kind} == {STARTUP_IN_PROGRESS, STARTUP_COMPLETED}
-                  and current["status"] == "True" and state == "True"):  # fmt: skip
+            elif (
+                {current["type"], kind} == {STARTUP_IN_PROGRESS, STARTUP_COMPLETED}
+                and current["status"] == "True"
+                and state == "True"
+            ):
                 conditions[i] = {**current, "status": "False"}
         if not found and state == "True":
             conditions.append(new)
@@ -470,8 +519,9 @@ class JobSetController(PolledController):
             message = f"{FAIL_JOBSET_ACTION[1]} (first failed job: {name})"
             return self._set_failed(status, FAIL_JOBSET_ACTION[0], message)
         if action not in ("RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"):
-            raise RuntimeError(f"{action} failure policy action cannot be used when the feature gate RestartJob is "
-                               f"disabled")  # fmt: skip
+            raise RuntimeError(
+                f"{action} failure policy action cannot be used when the feature gate RestartJob is disabled"
+            )
         counted = action == "RestartJobSet"
         if counted and status.get("restartsCountTowardsMax", 0) >= policy.get("maxRestarts", 0):
             message = f"{REACHED_MAX_RESTARTS[1]} (first failed job: {name})"
@@ -496,19 +546,24 @@ class JobSetController(PolledController):
         targets = rule.get("targetReplicatedJobs") or []
         return bool(parent) and (not targets or parent in targets)
 
-    def _execute_success_policy(self, js: dict[str, Any], status: dict[str, Any],
-                                successful: list[dict[str, Any]]) -> bool:  # fmt: skip
+    def _execute_success_policy(
+        self, js: dict[str, Any], status: dict[str, Any], successful: list[dict[str, Any]]
+    ) -> bool:
         """``executeSuccessPolicy`` / ``setJobSetCompletedCondition``: enough successful Jobs of the targeted
         replicatedJobs (operator All: all their replicas; Any: one) complete the JobSet."""
         policy = js["spec"].get("successPolicy") or {"operator": "All"}
         targets = policy.get("targetReplicatedJobs") or []
-        matching = sum(1 for j in successful if not targets
-                       or (j["metadata"].get("labels") or {}).get(REPLICATED_JOB_NAME_KEY) in targets)  # fmt: skip
+        matching = sum(
+            1
+            for j in successful
+            if not targets or (j["metadata"].get("labels") or {}).get(REPLICATED_JOB_NAME_KEY) in targets
+        )
         if policy.get("operator") == "Any":
             expected = 1
         else:
-            expected = sum(r.get("replicas", 1) for r in js["spec"]["replicatedJobs"]
-                           if not targets or r["name"] in targets)  # fmt: skip
+            expected = sum(
+                r.get("replicas", 1) for r in js["spec"]["replicatedJobs"] if not targets or r["name"] in targets
+            )
         if matching < expected:
             return False
         self._set_condition(status, COMPLETED, "True", *ALL_JOBS_COMPLETED)
@@ -520,8 +575,14 @@ class JobSetController(PolledController):
 
     def _owner(self, js: dict[str, Any]) -> dict[str, Any]:
         """``ctrl.SetControllerReference``."""
-        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": js["metadata"]["name"],
-                "uid": js["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": js["metadata"]["name"],
+            "uid": js["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
     def _create_headless_service(self, js: dict[str, Any]) -> None:
         """``createHeadlessSvcIfNecessary``: with DNS hostnames, a headless Service named after the subdomain
@@ -536,9 +597,14 @@ class JobSetController(PolledController):
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        service = {"metadata": {"name": name, "namespace": self.namespace, "ownerReferences": [self._owner(js)]},
-                   "spec": {"clusterIP": "None", "selector": {JOBSET_NAME_KEY: js["metadata"]["name"]},
-                            "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True)}}  # fmt: skip
+        service = {
+            "metadata": {"name": name, "namespace": self.namespace, "ownerReferences": [self._owner(js)]},
+            "spec": {
+                "clusterIP": "None",
+                "selector": {JOBSET_NAME_KEY: js["metadata"]["name"]},
+                "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True),
+            },
+        }
         self.core.create_namespaced_service(self.namespace, service, _preload_content=False)
 
     def _create_jobs(self, js: dict[str, Any], status: dict[str, Any], owned: dict[str, list[dict[str, Any]]]) -> None:
@@ -561,8 +627,9 @@ class JobSetController(PolledController):
                         raise
 
     @staticmethod
-    def label_and_annotate(meta: dict[str, Any], js: dict[str, Any], status: dict[str, Any], rjob: dict[str, Any],
-                           index: int) -> None:  # fmt: skip
+    def label_and_annotate(
+        meta: dict[str, Any], js: dict[str, Any], status: dict[str, Any], rjob: dict[str, Any], index: int
+    ) -> None:
         """``labelAndAnnotateObject``: the same keys as labels and as annotations, on the Job and its pod template."""
         name = js["metadata"]["name"]
         rjobs = js["spec"]["replicatedJobs"]
@@ -593,9 +660,11 @@ class JobSetController(PolledController):
             JOB_GROUP_INDEX_KEY: str(group_index + index),
         }
         if coordinator := js["spec"].get("coordinator"):
-            values[COORDINATOR_KEY] = (f"{name}-{coordinator['replicatedJob']}-{coordinator.get('jobIndex', 0)}-"
-                                       f"{coordinator.get('podIndex', 0)}."
-                                       f"{(js['spec'].get('network') or {}).get('subdomain') or name}")  # fmt: skip
+            values[COORDINATOR_KEY] = (
+                f"{name}-{coordinator['replicatedJob']}-{coordinator.get('jobIndex', 0)}-"
+                f"{coordinator.get('podIndex', 0)}."
+                f"{(js['spec'].get('network') or {}).get('subdomain') or name}"
+            )
         annotations = {**(meta.get("annotations") or {}), **values}
         if EXCLUSIVE_KEY in (js["metadata"].get("annotations") or {}):
             annotations[EXCLUSIVE_KEY] = js["metadata"]["annotations"][EXCLUSIVE_KEY]
@@ -604,16 +673,20 @@ class JobSetController(PolledController):
         meta["labels"] = {**(meta.get("labels") or {}), **values}
         meta["annotations"] = annotations
 
-    def construct_job(self, js: dict[str, Any], status: dict[str, Any], rjob: dict[str, Any],
-                      index: int) -> dict[str, Any]:  # fmt: skip
+    def construct_job(
+        self, js: dict[str, Any], status: dict[str, Any], rjob: dict[str, Any], index: int
+    ) -> dict[str, Any]:
         """``constructJob``: the replicatedJob's template as a Job named ``<jobset>-<replicatedJob>-<index>``, labelled
         and annotated (Job and pod template), the subdomain set with DNS hostnames, suspended as the JobSet is, owned
         by it (controller)."""
         template = copy.deepcopy(rjob.get("template") or {})
-        meta = {"name": gen_job_name(js["metadata"]["name"], rjob["name"], index), "namespace": self.namespace,
-                "labels": dict((template.get("metadata") or {}).get("labels") or {}),
-                "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
-                "ownerReferences": [self._owner(js)]}  # fmt: skip
+        meta = {
+            "name": gen_job_name(js["metadata"]["name"], rjob["name"], index),
+            "namespace": self.namespace,
+            "labels": dict((template.get("metadata") or {}).get("labels") or {}),
+            "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
+            "ownerReferences": [self._owner(js)],
+        }
         spec = template.get("spec") or {}
         pod_template = spec.setdefault("template", {})
         pod_meta = pod_template.setdefault("metadata", {})
@@ -639,16 +712,21 @@ class JobSetController(PolledController):
         cleared (a status update: a started Job's template is immutable), the replicatedJob's pod template labels,
         annotations, nodeSelector, tolerations and schedulingGates merged into its own (what Kueue may have changed
         while it was suspended), and ``suspend: false``."""
-        templates = {r["name"]: (r.get("template") or {}).get("spec", {}).get("template") or {}
-                     for r in js["spec"].get("replicatedJobs") or []}  # fmt: skip
+        templates = {
+            r["name"]: (r.get("template") or {}).get("spec", {}).get("template") or {}
+            for r in js["spec"].get("replicatedJobs") or []
+        }
         for job in active:
             if not job["spec"].get("suspend"):
                 continue
             job = copy.deepcopy(job)
             if (job.get("status") or {}).get("startTime"):
                 del job["status"]["startTime"]
-                job = json.loads(self.batch.replace_namespaced_job_status(
-                    job["metadata"]["name"], self.namespace, job, _preload_content=False).data)  # fmt: skip
+                job = json.loads(
+                    self.batch.replace_namespaced_job_status(
+                        job["metadata"]["name"], self.namespace, job, _preload_content=False
+                    ).data
+                )
             rjob_name = (job["metadata"].get("labels") or {}).get(REPLICATED_JOB_NAME_KEY, "")
             if rjob_name:
                 source = templates.get(rjob_name, {})
@@ -659,8 +737,9 @@ class JobSetController(PolledController):
                     if merged is not None:
                         target_meta[key] = merged
                 source_spec, target_spec = source.get("spec") or {}, target.setdefault("spec", {})
-                if (selector := _merge_maps(target_spec.get("nodeSelector"), source_spec.get("nodeSelector"))) \
-                        is not None:  # fmt: skip
+                if (
+                    selector := _merge_maps(target_spec.get("nodeSelector"), source_spec.get("nodeSelector"))
+                ) is not None:
                     target_spec["nodeSelector"] = selector
                 for key in ("tolerations", "schedulingGates"):
                     if (merged_list := _merge_slices(target_spec.get(key), source_spec.get(key))) is not None:
@@ -674,14 +753,15 @@ class JobSetController(PolledController):
             if job["metadata"].get("deletionTimestamp"):
                 continue
             with contextlib.suppress(ApiException):  # 404: gone meanwhile
-                self.batch.delete_namespaced_job(job["metadata"]["name"], self.namespace,
-                                                 propagation_policy="Foreground", _preload_content=False)  # fmt: skip
+                self.batch.delete_namespaced_job(
+                    job["metadata"]["name"], self.namespace, propagation_policy="Foreground", _preload_content=False
+                )
 
     def _write(self, js: dict[str, Any], status: dict[str, Any], before: dict[str, Any]) -> None:
         """``updateJobSetStatus``: one status update (optimistic: a conflict is retried at the next pass)."""
         if status == before:
             return
         body = {**js, "status": status}
-        self.custom.replace_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL,
-                                                            js["metadata"]["name"], body,
-                                                            _preload_content=False)  # fmt: skip
+        self.custom.replace_namespaced_custom_object_status(
+            GROUP, VERSION, self.namespace, PLURAL, js["metadata"]["name"], body, _preload_content=False
+        )

@@ -78,8 +78,16 @@ class StreamFault:
 class Kubelet:
     """Nodes, bindings, container states and logs for the pods of one namespace."""
 
-    def __init__(self, admin: kubernetes.client.ApiClient, namespace: str, workdir: Path, *, serve_logs: bool = True,
-                 node_resources: dict[str, str] | None = None, termination_s: float = 0.2):  # fmt: skip
+    def __init__(
+        self,
+        admin: kubernetes.client.ApiClient,
+        namespace: str,
+        workdir: Path,
+        *,
+        serve_logs: bool = True,
+        node_resources: dict[str, str] | None = None,
+        termination_s: float = 0.2,
+    ):
         self.core = kubernetes.client.CoreV1Api(admin)
         self.namespace = namespace
         self.node_resources = dict(node_resources or P5)
@@ -113,28 +121,50 @@ class Kubelet:
     def add_node(self, labels: dict[str, str] | None = None) -> str:
         """A Ready node (unique name) whose kubelet is this player; the not-ready taint lifted."""
         name = f"{self.namespace}-node-{len(self.nodes)}"
-        labels = {"kubernetes.io/hostname": name, "node.kubernetes.io/instance-type": "ml.p5.48xlarge",
-                  "sagemaker.amazonaws.com/node-health-status": "Schedulable", **(labels or {})}  # fmt: skip
+        labels = {
+            "kubernetes.io/hostname": name,
+            "node.kubernetes.io/instance-type": "ml.p5.48xlarge",
+            "sagemaker.amazonaws.com/node-health-status": "Schedulable",
+            **(labels or {}),
+        }
         self.core.create_node({"metadata": {"name": name, "labels": labels}})
         self.nodes.append(name)
         status = {
-            "capacity": self.node_resources, "allocatable": self.node_resources,
+            "capacity": self.node_resources,
+            "allocatable": self.node_resources,
             # InternalIP only: the API server would look a Hostname address up in DNS (off this machine).
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "message": "kubelet is posting ready status", "lastHeartbeatTime": now(),
-                            "lastTransitionTime": now()}],
-            "nodeInfo": {"kubeletVersion": "v1.36.2", "containerRuntimeVersion": "containerd://1.7.27",
-                         "operatingSystem": "linux", "architecture": "amd64", "machineID": "", "systemUUID": "",
-                         "bootID": "", "kernelVersion": "", "osImage": "", "kubeProxyVersion": ""},
-        }  # fmt: skip
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                    "lastHeartbeatTime": now(),
+                    "lastTransitionTime": now(),
+                }
+            ],
+            "nodeInfo": {
+                "kubeletVersion": "v1.36.2",
+                "containerRuntimeVersion": "containerd://1.7.27",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+                "kernelVersion": "",
+                "osImage": "",
+                "kubeProxyVersion": "",
+            },
+        }
         if self.port:
             status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.port}}
         self.core.patch_node_status(name, {"status": status})
         node = self.core.read_node(name)
         taints = [t for t in node.spec.taints or [] if t.key != NOT_READY_TAINT]
-        self.core.patch_node(name, {"spec": {"taints": [self.core.api_client.sanitize_for_serialization(t)
-                                                        for t in taints] or None}})  # fmt: skip
+        self.core.patch_node(
+            name, {"spec": {"taints": [self.core.api_client.sanitize_for_serialization(t) for t in taints] or None}}
+        )
         return name
 
     # -- pods -------------------------------------------------------------------------------------------------
@@ -177,8 +207,12 @@ class Kubelet:
     def bind(self, name: str, node: str | None = None) -> None:
         """The scheduler's binding; a node is added when none is given."""
         node = node or self.add_node()
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-                "target": {"kind": "Node", "name": node}}  # fmt: skip
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"kind": "Node", "name": node},
+        }
         self.core.create_namespaced_pod_binding(name, self.namespace, body, _preload_content=False)
 
     def unschedulable(self, name: str, message: str) -> None:
@@ -195,8 +229,13 @@ class Kubelet:
         pod = self.wait_for_pod(name)
         if not pod["spec"].get("nodeName"):
             self.bind(name, node)
-        self.event(pod, "Normal", "Scheduled", f"Successfully assigned {self.namespace}/{name} to "
-                   f"{self.pod(name)['spec']['nodeName']}", component="default-scheduler")  # fmt: skip
+        self.event(
+            pod,
+            "Normal",
+            "Scheduled",
+            f"Successfully assigned {self.namespace}/{name} to {self.pod(name)['spec']['nodeName']}",
+            component="default-scheduler",
+        )
         self._update_status(name, lambda p: self._container_running(p, restart=False))
         self.event(self.pod(name) or pod, "Normal", "Started", "Started container pytorch")
 
@@ -208,12 +247,19 @@ class Kubelet:
         previous = (status.get("containerStatuses") or [{}])[0]
         count = previous.get("restartCount", 0) + (1 if restart else 0)
         last = previous.get("state", {}) if "terminated" in previous.get("state", {}) else previous.get("lastState", {})
-        status["containerStatuses"] = [{
-            "name": container["name"], "image": container["image"], "imageID": _image_id(container["image"]),
-            "containerID": f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}", "ready": True, "started": True,
-            "restartCount": count, "state": {"running": {"startedAt": now()}}, "lastState": last if restart or
-            count else {},
-        }]  # fmt: skip
+        status["containerStatuses"] = [
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": _image_id(container["image"]),
+                "containerID": f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}",
+                "ready": True,
+                "started": True,
+                "restartCount": count,
+                "state": {"running": {"startedAt": now()}},
+                "lastState": last if restart or count else {},
+            }
+        ]
         for kind in ("Initialized", "PodReadyToStartContainers"):
             _set_condition(status, kind, "True")
         _set_ready(status, True)
@@ -226,9 +272,15 @@ class Kubelet:
 
         def mutate(pod: dict[str, Any]) -> None:
             container = pod["spec"]["containers"][0]
-            statuses = pod["status"].get("containerStatuses") or [{
-                "name": container["name"], "image": container["image"], "imageID": "", "restartCount": 0,
-                "lastState": {}}]  # fmt: skip
+            statuses = pod["status"].get("containerStatuses") or [
+                {
+                    "name": container["name"],
+                    "image": container["image"],
+                    "imageID": "",
+                    "restartCount": 0,
+                    "lastState": {},
+                }
+            ]
             waiting = {"reason": reason} | ({"message": message} if message else {})
             cs = statuses[0]
             if "terminated" in cs.get("state", {}):
@@ -267,9 +319,19 @@ class Kubelet:
             status = pod["status"]
             cs = status["containerStatuses"][0]
             started = cs.get("state", {}).get("running", {}).get("startedAt", now())
-            cs.update(ready=False, started=False, state={"terminated": {
-                "exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": now(),
-                "containerID": cs.get("containerID", "")}})  # fmt: skip
+            cs.update(
+                ready=False,
+                started=False,
+                state={
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": reason,
+                        "startedAt": started,
+                        "finishedAt": now(),
+                        "containerID": cs.get("containerID", ""),
+                    }
+                },
+            )
             if not restarts:
                 status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
             _set_ready(status, False)
@@ -334,19 +396,34 @@ class Kubelet:
             self._logs.setdefault((pod["metadata"]["uid"], count), ContainerLog()).stopped = True
             self._cond.notify_all()
 
-    def event(self, involved: dict[str, Any], type_: str, reason: str, message: str,
-              component: str = "kubelet") -> None:  # fmt: skip
+    def event(
+        self, involved: dict[str, Any], type_: str, reason: str, message: str, component: str = "kubelet"
+    ) -> None:
         """An event about a pod, as its reporter records it (core/v1, in the pod's namespace)."""
         meta = involved["metadata"]
         stamp = now()
-        self.core.create_namespaced_event(self.namespace, {
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": self.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": involved.get("kind", "Pod"), "name": meta["name"],
-                               "namespace": meta.get("namespace", self.namespace), "uid": meta["uid"],
-                               "resourceVersion": meta.get("resourceVersion", "")},
-            "reason": reason, "message": message, "type": type_, "source": {"component": component},
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "reportingComponent": component,
-        })  # fmt: skip
+        self.core.create_namespaced_event(
+            self.namespace,
+            {
+                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": self.namespace},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": involved.get("kind", "Pod"),
+                    "name": meta["name"],
+                    "namespace": meta.get("namespace", self.namespace),
+                    "uid": meta["uid"],
+                    "resourceVersion": meta.get("resourceVersion", ""),
+                },
+                "reason": reason,
+                "message": message,
+                "type": type_,
+                "source": {"component": component},
+                "firstTimestamp": stamp,
+                "lastTimestamp": stamp,
+                "count": 1,
+                "reportingComponent": component,
+            },
+        )
 
     # -- faults of the node side ------------------------------------------------------------------------------
 
@@ -419,8 +496,10 @@ class Kubelet:
             return self._logs.get((uid, count)), ""  # waiting to restart: the last instance's
         if "waiting" in state:
             reason = state["waiting"].get("reason", "")
-            text = {"ErrImagePull": "image can't be pulled",
-                    "ImagePullBackOff": "trying and failing to pull image"}.get(reason, reason)  # fmt: skip
+            text = {
+                "ErrImagePull": "image can't be pulled",
+                "ImagePullBackOff": "trying and failing to pull image",
+            }.get(reason, reason)
             return None, f'container "{container}" in pod "{name}" is waiting to start: {text}'
         return None, f'container "{container}" in pod "{name}" is waiting to start - no logs yet'
 

@@ -68,8 +68,18 @@ RUNTIME_PATCH_MANAGER = "kueue.x-k8s.io/manager"  # pkg/controller/jobs/trainjob
 # kubeflow/trainer v2.2.1 pkg/apis/trainer/v1alpha1/trainjob_types.go, PodSpecPatch: the pod fields a runtime patch
 # may carry in the types Kueue v0.19.2 is built on. v2.3.0 added terminationGracePeriodSeconds (kubeflow/trainer#3324);
 # nothing else of a TrainJob's spec is new between the two tags.
-V2_2_1_POD_SPEC_PATCH = ("serviceAccountName", "volumes", "initContainers", "containers", "imagePullSecrets",
-                         "securityContext", "nodeSelector", "affinity", "tolerations", "schedulingGates")  # fmt: skip
+V2_2_1_POD_SPEC_PATCH = (
+    "serviceAccountName",
+    "volumes",
+    "initContainers",
+    "containers",
+    "imagePullSecrets",
+    "securityContext",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "schedulingGates",
+)
 
 
 def as_trainer_v2_2_1(trainjob: dict[str, Any]) -> dict[str, Any]:
@@ -96,31 +106,63 @@ class Kueue:
         self.suspended_at_create: list[str] = []
         cert = loopback_cert(workdir, "kueue-webhook")
         self.server = HttpsServer(admission_handler(self.mutate), cert).start()
-        selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                                          "values": ["kube-system", "kueue-system"]}]}  # fmt: skip
+        selector = {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kueue-system"]}
+            ]
+        }
         registration = {
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": CONFIGURATION},
-            "webhooks": [{
-                "name": WEBHOOK_NAME, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                "failurePolicy": "Fail", "timeoutSeconds": 10, "reinvocationPolicy": "Never",
-                "clientConfig": {"url": f"https://127.0.0.1:{self.server.port}{WEBHOOK_PATH}",
-                                 "caBundle": base64.b64encode(cert.pem).decode()},
-                "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE"],
-                           "resources": [PLURAL]}],
-                "namespaceSelector": selector,
-            }],
-        }  # fmt: skip
+            "webhooks": [
+                {
+                    "name": WEBHOOK_NAME,
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 10,
+                    "reinvocationPolicy": "Never",
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{self.server.port}{WEBHOOK_PATH}",
+                        "caBundle": base64.b64encode(cert.pem).decode(),
+                    },
+                    "rules": [
+                        {
+                            "apiGroups": [GROUP],
+                            "apiVersions": [VERSION],
+                            "operations": ["CREATE"],
+                            "resources": [PLURAL],
+                        }
+                    ],
+                    "namespaceSelector": selector,
+                }
+            ],
+        }
         if trainjob:
-            registration["webhooks"].append({
-                "name": TRAINJOB_WEBHOOK_NAME, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                "failurePolicy": "Fail", "timeoutSeconds": 10, "reinvocationPolicy": "Never",
-                "clientConfig": {"url": f"https://127.0.0.1:{self.server.port}{TRAINJOB_WEBHOOK_PATH}",
-                                 "caBundle": base64.b64encode(cert.pem).decode()},
-                "rules": [{"apiGroups": [trainer_player.GROUP], "apiVersions": [trainer_player.VERSION],
-                           "operations": ["CREATE"], "resources": [trainer_player.PLURAL]}],
-                "namespaceSelector": selector,
-            })  # fmt: skip
+            registration["webhooks"].append(
+                {
+                    "name": TRAINJOB_WEBHOOK_NAME,
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 10,
+                    "reinvocationPolicy": "Never",
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{self.server.port}{TRAINJOB_WEBHOOK_PATH}",
+                        "caBundle": base64.b64encode(cert.pem).decode(),
+                    },
+                    "rules": [
+                        {
+                            "apiGroups": [trainer_player.GROUP],
+                            "apiVersions": [trainer_player.VERSION],
+                            "operations": ["CREATE"],
+                            "resources": [trainer_player.PLURAL],
+                        }
+                    ],
+                    "namespaceSelector": selector,
+                }
+            )
         kubernetes.client.AdmissionregistrationV1Api(admin).create_mutating_webhook_configuration(registration)
 
     def stop(self) -> None:
@@ -149,15 +191,21 @@ class Kueue:
         ``manageJobsWithoutQueueName`` off); an empty Kueue runtime patch appended whatever the label."""
         trainjob = request.get("object") or {}
         spec = trainjob.get("spec") or {}
-        patches = [*(spec.get("runtimePatches") or []),
-                   {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {}}}}]  # fmt: skip
+        patches = [
+            *(spec.get("runtimePatches") or []),
+            {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {}}}},
+        ]
         ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/runtimePatches", "value": patches}]
         if ((trainjob.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL):
             ops.append({"op": "add", "path": "/spec/suspend", "value": True})
             name = (trainjob.get("metadata") or {}).get("name")
             self.suspended_at_create.append(f"{request.get('namespace')}/{name}")
-        return {"uid": request["uid"], "allowed": True, "patchType": "JSONPatch",
-                "patch": base64.b64encode(json.dumps(ops).encode()).decode()}  # fmt: skip
+        return {
+            "uid": request["uid"],
+            "allowed": True,
+            "patchType": "JSONPatch",
+            "patch": base64.b64encode(json.dumps(ops).encode()).decode(),
+        }
 
     def _kind(self, namespace: str, name: str) -> str:
         """ "PyTorchJob" or "TrainJob": which of them ``name`` is in ``namespace``."""
@@ -170,8 +218,9 @@ class Kueue:
         return "TrainJob"
 
     def _trainjob(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(trainer_player.GROUP, trainer_player.VERSION, namespace,
-                                                        trainer_player.PLURAL, name)  # fmt: skip
+        return self.custom.get_namespaced_custom_object(
+            trainer_player.GROUP, trainer_player.VERSION, namespace, trainer_player.PLURAL, name
+        )
 
     def _write_trainjob(self, trainjob: dict[str, Any], patch: dict[str, Any] | None = None) -> None:
         """An update of the whole TrainJob (``c.Update``, through Trainer v2.2.1's types), or with ``patch`` a merge
@@ -182,7 +231,8 @@ class Kueue:
             self.custom.replace_namespaced_custom_object(*args, as_trainer_v2_2_1(trainjob))
         else:
             self.custom.patch_namespaced_custom_object(
-                *args, {"metadata": {"resourceVersion": meta["resourceVersion"]}, **patch})  # fmt: skip
+                *args, {"metadata": {"resourceVersion": meta["resourceVersion"]}, **patch}
+            )
 
     def _retry(self, what: str, step: Callable[[], bool], timeout_s: float = 30) -> None:
         """``step`` until it says done, again on a conflict (the controllers write in between), as Kueue requeues."""
@@ -212,20 +262,35 @@ class Kueue:
             if mine is None:
                 raise RuntimeError(f"TrainJob {namespace}/{name}: kueue runtime patch not found")
             mine.setdefault("trainingRuntimeSpec", {}).setdefault("template", {}).setdefault("spec", {})
-            mine["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"] = [{
-                "name": rjob["name"],
-                "template": {"spec": {"template": {
-                    "metadata": {"labels": {PODSET_LABEL: rjob["name"], LOCAL_QUEUE_LABEL: queue,
-                                            CLUSTER_QUEUE_LABEL: cluster_queue},
-                                 "annotations": {WORKLOAD_ANNOTATION: workload}},
-                    "spec": {}}}},
-            } for rjob in rjobs]  # fmt: skip
+            mine["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"] = [
+                {
+                    "name": rjob["name"],
+                    "template": {
+                        "spec": {
+                            "template": {
+                                "metadata": {
+                                    "labels": {
+                                        PODSET_LABEL: rjob["name"],
+                                        LOCAL_QUEUE_LABEL: queue,
+                                        CLUSTER_QUEUE_LABEL: cluster_queue,
+                                    },
+                                    "annotations": {WORKLOAD_ANNOTATION: workload},
+                                },
+                                "spec": {},
+                            }
+                        }
+                    },
+                }
+                for rjob in rjobs
+            ]
             self._write_trainjob({**trainjob, "spec": {**trainjob["spec"], "runtimePatches": patches}})
             return True
 
         self._retry(f"admission of TrainJob {namespace}/{name}", fill)
-        self._retry(f"start of TrainJob {namespace}/{name}", lambda: self._write_trainjob(
-            self._trainjob(namespace, name), {"spec": {"suspend": False}}) or True)  # fmt: skip
+        self._retry(
+            f"start of TrainJob {namespace}/{name}",
+            lambda: self._write_trainjob(self._trainjob(namespace, name), {"spec": {"suspend": False}}) or True,
+        )
 
     def _preempt_trainjob(self, namespace: str, name: str) -> None:
         """``TrainJob.Stop``: suspended (an update); once none of its Jobs is active, the Kueue runtime patch's
@@ -247,7 +312,8 @@ class Kueue:
             for patch in patches:
                 if patch.get("manager") == RUNTIME_PATCH_MANAGER:
                     ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec", {}).pop(
-                        "replicatedJobs", None)  # fmt: skip
+                        "replicatedJobs", None
+                    )
             try:
                 self._write_trainjob(trainjob, {"spec": {"runtimePatches": patches}})
             except ApiException as exc:
@@ -273,8 +339,9 @@ class Kueue:
                     raise
         raise RuntimeError(f"PyTorchJob {namespace}/{name}: 20 conflicts in a row")
 
-    def admit(self, namespace: str, name: str, cluster_queue: str = "hyperpod-ns-team-a-clusterqueue",
-              kind: str = "") -> None:  # fmt: skip
+    def admit(
+        self, namespace: str, name: str, cluster_queue: str = "hyperpod-ns-team-a-clusterqueue", kind: str = ""
+    ) -> None:
         """The workload fits its ClusterQueue: the job is started, its pod templates carrying the admission. ``kind``:
         "PyTorchJob" or "TrainJob" ("": whichever ``name`` is)."""
         if (kind or self._kind(namespace, name)) == "TrainJob":

@@ -46,8 +46,7 @@ def image_parts(image: str) -> dict[str, str]:
         registry, path = "docker.io", image if "/" in image else f"library/{image}"
     path, _, tag = path.partition(":")
     host = "registry-1.docker.io" if registry == "docker.io" else registry
-    return {"ref": f"{registry}/{path}:{tag or 'latest'}", "registry": host, "repository": path,
-            "tag": tag or "latest"}  # fmt: skip
+    return {"ref": f"{registry}/{path}:{tag or 'latest'}", "registry": host, "repository": path, "tag": tag or "latest"}
 
 
 @dataclass
@@ -61,8 +60,9 @@ class JobPlay:
         """Node `index`'s pods, newest first, those being deleted last."""
         core = self.cluster.kubelet.core
         selector = self.cluster.api.node_selector(self.name, index)
-        pods = json.loads(core.list_namespaced_pod(self.cluster.namespace, label_selector=selector,
-                                                   _preload_content=False).data)["items"]  # fmt: skip
+        pods = json.loads(
+            core.list_namespaced_pod(self.cluster.namespace, label_selector=selector, _preload_content=False).data
+        )["items"]
         return sorted(
             pods,
             key=lambda p: (
@@ -90,8 +90,13 @@ class JobPlay:
         """Once the operator has created these nodes' pods again (new, not yet bound), each scheduled and running."""
         deadline = time.monotonic() + timeout_s
         for index in indices:
-            while not (fresh := [p for p in self.pods(index) if not p["spec"].get("nodeName")
-                                 and not p["metadata"].get("deletionTimestamp")]):  # fmt: skip
+            while not (
+                fresh := [
+                    p
+                    for p in self.pods(index)
+                    if not p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+                ]
+            ):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"node {index} of {self.name} not created again within {timeout_s:.0f}s")
                 time.sleep(0.05)
@@ -159,16 +164,28 @@ class Timeline:
     @classmethod
     def success(cls, workers: int = 2, log_lines: Iterable[str] = DEFAULT_LINES, tick_s: float = 0.05) -> Timeline:
         """Running, lines printed by every worker, every container exits 0: the operator says Succeeded."""
-        return (cls.started(workers, tick_s) + cls.lines(log_lines, range(workers), tick_s)
-                + cls.exits(range(workers), 0, tick_s))  # fmt: skip
+        return (
+            cls.started(workers, tick_s)
+            + cls.lines(log_lines, range(workers), tick_s)
+            + cls.exits(range(workers), 0, tick_s)
+        )
 
     @classmethod
-    def failure(cls, workers: int = 2, failing: int = 1, log_lines: Iterable[str] = CRASH_LINES, exit_code: int = 1,
-                tick_s: float = 0.05) -> Timeline:  # fmt: skip
+    def failure(
+        cls,
+        workers: int = 2,
+        failing: int = 1,
+        log_lines: Iterable[str] = CRASH_LINES,
+        exit_code: int = 1,
+        tick_s: float = 0.05,
+    ) -> Timeline:
         """Running; worker ``failing`` prints ``log_lines`` and exits ``exit_code``. With restartPolicy Never the pod
         fails and the operator fails the job; with OnFailure the kubelet restarts the container instead."""
-        return (cls.started(workers, tick_s) + cls.lines(log_lines, [failing], tick_s)
-                + cls.exits([failing], exit_code, tick_s))  # fmt: skip
+        return (
+            cls.started(workers, tick_s)
+            + cls.lines(log_lines, [failing], tick_s)
+            + cls.exits([failing], exit_code, tick_s)
+        )
 
     @classmethod
     def running(cls, workers: int = 2, tick_s: float = 0.05) -> Timeline:
@@ -182,9 +199,16 @@ class Timeline:
         return cls([(tick_s, lambda job: [job.unschedulable(i, text) for i in range(workers)])])
 
     @classmethod
-    def crash_loop(cls, workers: int = 2, log_lines: Iterable[str] = CRASH_LINES, failing: int = 1,
-                   exit_code: int = 1, reason: str = "Error", crashes: int = 3,
-                   tick_s: float = 0.05) -> Timeline:  # fmt: skip
+    def crash_loop(
+        cls,
+        workers: int = 2,
+        log_lines: Iterable[str] = CRASH_LINES,
+        failing: int = 1,
+        exit_code: int = 1,
+        reason: str = "Error",
+        crashes: int = 3,
+        tick_s: float = 0.05,
+    ) -> Timeline:
         """Running; worker ``failing`` prints ``log_lines`` and exits ``exit_code``, ``crashes`` times. The kubelet
         restarts it (at once the first time, after a CrashLoopBackOff from then on); once the restarts reach the
         job's backoffLimit the operator deletes every pod and fails the job."""
@@ -198,8 +222,7 @@ class Timeline:
         return timeline
 
     @classmethod
-    def image_pull_error(cls, workers: int = 2, error: str = IMAGE_PULL_UNAUTHORIZED,
-                         tick_s: float = 0.05) -> Timeline:  # fmt: skip
+    def image_pull_error(cls, workers: int = 2, error: str = IMAGE_PULL_UNAUTHORIZED, tick_s: float = 0.05) -> Timeline:
         """Scheduled, but the image cannot be pulled: ErrImagePull, then ImagePullBackOff, for ever. ``error`` may
         name ``{image}``, ``{registry}``, ``{repository}`` and ``{tag}`` of the pod's image."""
 
@@ -208,8 +231,12 @@ class Timeline:
                 image = job.cluster.kubelet.wait_for_pod(job.pod(i))["spec"]["containers"][0]["image"]
                 job.cluster.kubelet.pull_failed(job.pod(i), error.format(**image_parts(image)))
 
-        return cls([(tick_s, failed), (tick_s, lambda job: [job.cluster.kubelet.pull_back_off(job.pod(i))
-                                                            for i in range(workers)])])  # fmt: skip
+        return cls(
+            [
+                (tick_s, failed),
+                (tick_s, lambda job: [job.cluster.kubelet.pull_back_off(job.pod(i)) for i in range(workers)]),
+            ]
+        )
 
     @classmethod
     def oom_killed(cls, workers: int = 2, failing: int = 1, crashes: int = 2, tick_s: float = 0.05) -> Timeline:
@@ -219,19 +246,34 @@ class Timeline:
         return cls.crash_loop(workers, [first_step], failing, 137, "OOMKilled", crashes, tick_s)
 
     @classmethod
-    def queued(cls, workers: int = 2, admit_after_s: float = 1.0, log_lines: Iterable[str] = DEFAULT_LINES,
-               tick_s: float = 0.05) -> Timeline:  # fmt: skip
+    def queued(
+        cls,
+        workers: int = 2,
+        admit_after_s: float = 1.0,
+        log_lines: Iterable[str] = DEFAULT_LINES,
+        tick_s: float = 0.05,
+    ) -> Timeline:
         """Created suspended by Kueue's webhook, admitted after ``admit_after_s``, then a success."""
         return Timeline([(admit_after_s, lambda job: job.admit())]) + cls.success(workers, log_lines, tick_s)
 
     @classmethod
-    def preempted(cls, workers: int = 2, queued_s: float = 3.0, pending_s: float = 2.0,
-                  log_lines: Iterable[str] = DEFAULT_LINES, tick_s: float = 0.05) -> Timeline:  # fmt: skip
+    def preempted(
+        cls,
+        workers: int = 2,
+        queued_s: float = 3.0,
+        pending_s: float = 2.0,
+        log_lines: Iterable[str] = DEFAULT_LINES,
+        tick_s: float = 0.05,
+    ) -> Timeline:
         """Admitted and running; Kueue preempts it (suspended: the operator deletes its pods) for ``queued_s``, admits
         it again, and the operator's new pods wait ``pending_s`` for the scheduler before they run to success."""
         lines = list(log_lines)
-        return (Timeline([(tick_s, lambda job: job.admit())]) + cls.started(workers, tick_s)
-                + cls.lines(lines[:1], range(workers), tick_s)
-                + Timeline([(tick_s, lambda job: job.preempt()), (queued_s, lambda job: job.admit())])
-                + Timeline([(pending_s, lambda job: job.start(*range(workers)))])
-                + cls.lines(lines[1:], range(workers), tick_s) + cls.exits(range(workers), 0, tick_s))  # fmt: skip
+        return (
+            Timeline([(tick_s, lambda job: job.admit())])
+            + cls.started(workers, tick_s)
+            + cls.lines(lines[:1], range(workers), tick_s)
+            + Timeline([(tick_s, lambda job: job.preempt()), (queued_s, lambda job: job.admit())])
+            + Timeline([(pending_s, lambda job: job.start(*range(workers)))])
+            + cls.lines(lines[1:], range(workers), tick_s)
+            + cls.exits(range(workers), 0, tick_s)
+        )

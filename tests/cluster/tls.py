@@ -39,10 +39,12 @@ class ServingCert:
 
 def rsa_key_pair(private_file: Path, public_file: Path) -> None:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))  # fmt: skip
-    public_file.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                          serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    private_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    public_file.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
 
 
 def loopback_cert(directory: Path, name: str) -> ServingCert:
@@ -65,8 +67,9 @@ def loopback_cert(directory: Path, name: str) -> ServingCert:
     directory.mkdir(parents=True, exist_ok=True)
     served = ServingCert(directory / f"{name}.crt", directory / f"{name}.key")
     served.cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    served.key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                  serialization.NoEncryption()))  # fmt: skip
+    served.key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return served
 
 
@@ -82,8 +85,9 @@ class HttpsServer(ThreadingHTTPServer):
         context.load_cert_chain(cert.cert_file, cert.key_file)
         self.socket = context.wrap_socket(self.socket, server_side=True)
         self.port: int = self.server_address[1]
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
-                                        name=f"https-{self.port}")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True, name=f"https-{self.port}"
+        )
 
     def start(self) -> HttpsServer:
         self._thread.start()
@@ -106,8 +110,9 @@ def admission_handler(review: Callable[[dict[str, Any]], dict[str, Any]]) -> typ
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))["request"]
-            body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                               "response": review(request)}).encode()  # fmt: skip
+            body = json.dumps(
+                {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": review(request)}
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

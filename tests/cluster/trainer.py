@@ -119,8 +119,10 @@ def go_env_list(env: list[dict[str, Any]]) -> str:
     items = []
     for e in env:
         source = "(*v1.EnvVarSource)(0xc000a2c0f0)" if e.get("valueFrom") else "(*v1.EnvVarSource)(nil)"
-        items.append(f'v1.EnvVar{{Name:{json.dumps(e.get("name", ""))}, Value:{json.dumps(e.get("value", ""))}, '
-                     f"ValueFrom:{source}}}")  # fmt: skip
+        items.append(
+            f"v1.EnvVar{{Name:{json.dumps(e.get('name', ''))}, Value:{json.dumps(e.get('value', ''))}, "
+            f"ValueFrom:{source}}}"
+        )
     return "[]v1.EnvVar{" + ", ".join(items) + "}"
 
 
@@ -134,9 +136,15 @@ def go_runtime_ref(ref: dict[str, Any]) -> str:
 def server_side_apply(api: kubernetes.client.ApiClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """``client.Apply(..., client.FieldOwner("trainer"), client.ForceOwnership)``: a server-side apply."""
     headers = {"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"}
-    response = api.call_api(path, "PATCH", body=body, auth_settings=["BearerToken"], _preload_content=False,
-                            header_params=headers,
-                            query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")])  # fmt: skip
+    response = api.call_api(
+        path,
+        "PATCH",
+        body=body,
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        header_params=headers,
+        query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+    )
     return json.loads(response[0].data)
 
 
@@ -144,9 +152,17 @@ def server_side_apply(api: kubernetes.client.ApiClient, path: str, body: dict[st
 
 # The patchMergeKey of each list a runtime patch can reach (JobSetSpec, JobSpec, PodSpec, Container); any other list
 # (tolerations, an affinity's terms) is replaced, as strategicpatch does for a list without a merge key.
-MERGE_KEYS = {"replicatedJobs": "name", "containers": "name", "initContainers": "name", "env": "name",
-              "volumes": "name", "volumeMounts": "mountPath", "imagePullSecrets": "name", "schedulingGates": "name",
-              "ports": "containerPort"}  # fmt: skip
+MERGE_KEYS = {
+    "replicatedJobs": "name",
+    "containers": "name",
+    "initContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "imagePullSecrets": "name",
+    "schedulingGates": "name",
+    "ports": "containerPort",
+}
 
 
 def strategic_merge(original: Any, patch: Any, key: str = "") -> Any:
@@ -194,8 +210,11 @@ def upsert_port(ports: list[dict[str, Any]], *new: dict[str, Any]) -> None:
     """``apply.UpsertPort``: by containerPort or by name (two ports without a name count as the same: ``ptr.Equal`` of
     two nil pointers)."""
     for p in new:
-        _upsert(ports, dict(p), lambda a, b: a.get("containerPort") == b.get("containerPort")
-                or a.get("name") == b.get("name"))  # fmt: skip
+        _upsert(
+            ports,
+            dict(p),
+            lambda a, b: a.get("containerPort") == b.get("containerPort") or a.get("name") == b.get("name"),
+        )
 
 
 def _quantity(text: str | int | float | None) -> float:
@@ -264,8 +283,9 @@ def build_jobset(trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str,
         annotations |= (patch_template.get("metadata") or {}).get("annotations") or {}
         if patch_template.get("spec") is not None:
             jobset_spec = strategic_merge(jobset_spec, patch_template["spec"])
-    jobset_spec["replicatedJobs"] = sorted(jobset_spec.get("replicatedJobs") or [],
-                                           key=lambda r: order.get(r["name"], len(order)))  # fmt: skip
+    jobset_spec["replicatedJobs"] = sorted(
+        jobset_spec.get("replicatedJobs") or [], key=lambda r: order.get(r["name"], len(order))
+    )
     counts: list[int] = []
     for rjob in jobset_spec["replicatedJobs"]:
         count = (rjob.get("template") or {}).get("spec", {}).get("parallelism", 1)
@@ -279,12 +299,19 @@ def build_jobset(trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str,
                     container["resources"] = merged
                     break
         counts.append(max(count, 1))
-    trainer_index = next((i for i, r in enumerate(jobset_spec["replicatedJobs"])
-                          if _ancestor(r) == ANCESTOR_TRAINER), None)  # fmt: skip
+    trainer_index = next(
+        (i for i, r in enumerate(jobset_spec["replicatedJobs"]) if _ancestor(r) == ANCESTOR_TRAINER), None
+    )
     policy = ml_policy or {}
     if trainer_index is not None and trainer is not None:
-        node_container = next((c for c in _pod_spec(jobset_spec["replicatedJobs"][trainer_index]).get("containers")
-                               or [] if c.get("name") == NODE), None)  # fmt: skip
+        node_container = next(
+            (
+                c
+                for c in _pod_spec(jobset_spec["replicatedJobs"][trainer_index]).get("containers") or []
+                if c.get("name") == NODE
+            ),
+            None,
+        )
     else:
         node_container = None
     if policy.get("torch") is not None:
@@ -319,15 +346,31 @@ def build_jobset(trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str,
         meta["labels"] = labels
     if annotations:
         meta["annotations"] = annotations
-    meta["ownerReferences"] = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name,
-                                "uid": trainjob["metadata"]["uid"], "controller": True,
-                                "blockOwnerDeletion": True}]  # fmt: skip
-    return {"apiVersion": f"{js_player.GROUP}/{js_player.VERSION}", "kind": js_player.KIND, "metadata": meta,
-            "spec": jobset_spec}  # fmt: skip
+    meta["ownerReferences"] = [
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": name,
+            "uid": trainjob["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    return {
+        "apiVersion": f"{js_player.GROUP}/{js_player.VERSION}",
+        "kind": js_player.KIND,
+        "metadata": meta,
+        "spec": jobset_spec,
+    }
 
 
-def _enforce_torch(trainjob: dict[str, Any], jobset_spec: dict[str, Any], counts: list[int], trainer_index: int | None,
-                   node_container: dict[str, Any] | None) -> None:  # fmt: skip
+def _enforce_torch(
+    trainjob: dict[str, Any],
+    jobset_spec: dict[str, Any],
+    counts: list[int],
+    trainer_index: int | None,
+    node_container: dict[str, Any] | None,
+) -> None:
     """``Torch.EnforceMLPolicy``: the trainer's pod count from ``numNodes``; ``PET_NPROC_PER_NODE`` from
     ``numProcPerNode``, else "auto" with GPUs, else the CPUs per node (at least 1); the trainer's env, then
     ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK`` (the completion index annotation), ``PET_MASTER_ADDR``
@@ -364,8 +407,11 @@ def _enforce_torch(trainjob: dict[str, Any], jobset_spec: dict[str, Any], counts
         {"name": "PET_NPROC_PER_NODE", "value": nproc},
         {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD_PATH}}},
     )
-    upsert_env(env, {"name": "PET_MASTER_ADDR", "value": f"{name}-{NODE}-0-0.{name}"},
-               {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)})  # fmt: skip
+    upsert_env(
+        env,
+        {"name": "PET_MASTER_ADDR", "value": f"{name}-{NODE}-0-0.{name}"},
+        {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)},
+    )
     upsert_port(node_container.setdefault("ports", []), {"containerPort": TRAINER_PORT})
 
 
@@ -383,17 +429,28 @@ class TrainerWebhooks:
         self.defaulter = HttpsServer(admission_handler(self.default), cert).start()
         self.validator = HttpsServer(admission_handler(self.validate), cert).start()
         ca = base64.b64encode(cert.pem).decode()
-        rules = [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
-                  "resources": [PLURAL]}]  # fmt: skip
+        rules = [
+            {"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"], "resources": [PLURAL]}
+        ]
         api = kubernetes.client.AdmissionregistrationV1Api(admin)
 
         def configuration(kind: str, name: str, webhook: str, server: HttpsServer, path: str) -> dict[str, Any]:
             return {
-                "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": name},
-                "webhooks": [{"name": webhook, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                              "failurePolicy": "Fail", "timeoutSeconds": 10, "rules": rules,
-                              "clientConfig": {"url": f"https://127.0.0.1:{server.port}{path}", "caBundle": ca}}],
-            }  # fmt: skip
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": kind,
+                "metadata": {"name": name},
+                "webhooks": [
+                    {
+                        "name": webhook,
+                        "admissionReviewVersions": ["v1"],
+                        "sideEffects": "None",
+                        "failurePolicy": "Fail",
+                        "timeoutSeconds": 10,
+                        "rules": rules,
+                        "clientConfig": {"url": f"https://127.0.0.1:{server.port}{path}", "caBundle": ca},
+                    }
+                ],
+            }
 
         api.create_mutating_webhook_configuration(
             configuration(
@@ -404,9 +461,15 @@ class TrainerWebhooks:
                 DEFAULTER_PATH,
             )
         )
-        api.create_validating_webhook_configuration(configuration(
-            "ValidatingWebhookConfiguration", VALIDATING_CONFIGURATION, VALIDATOR_WEBHOOK, self.validator,
-            VALIDATOR_PATH))  # fmt: skip
+        api.create_validating_webhook_configuration(
+            configuration(
+                "ValidatingWebhookConfiguration",
+                VALIDATING_CONFIGURATION,
+                VALIDATOR_WEBHOOK,
+                self.validator,
+                VALIDATOR_PATH,
+            )
+        )
 
     def stop(self) -> None:
         api = kubernetes.client.AdmissionregistrationV1Api(self.admin)
@@ -422,8 +485,14 @@ class TrainerWebhooks:
         equal (time aside) to the old one of its manager keeps the old time, a changed one gets now."""
         trainjob = request.get("object") or {}
         patches = copy.deepcopy((trainjob.get("spec") or {}).get("runtimePatches") or [])
-        old_by_manager = {p.get("manager", ""): p for p in ((request.get("oldObject") or {}).get("spec") or {})
-                          .get("runtimePatches") or []} if request.get("operation") == "UPDATE" else None  # fmt: skip
+        old_by_manager = (
+            {
+                p.get("manager", ""): p
+                for p in ((request.get("oldObject") or {}).get("spec") or {}).get("runtimePatches") or []
+            }
+            if request.get("operation") == "UPDATE"
+            else None
+        )
         stamp = now()
         for patch in patches:
             if old_by_manager is None:
@@ -465,16 +534,19 @@ def _read_runtime(custom: kubernetes.client.CustomObjectsApi, trainjob: dict[str
     """The runtime a TrainJob refers to, as the API server has it (404 raised)."""
     ref, namespace = trainjob["spec"]["runtimeRef"], trainjob["metadata"].get("namespace", "")
     if runtime_key(trainjob) == CLUSTER_RUNTIME_KEY:
-        response = custom.get_cluster_custom_object(GROUP, VERSION, CLUSTER_RUNTIMES, ref["name"],
-                                                    _preload_content=False)  # fmt: skip
+        response = custom.get_cluster_custom_object(
+            GROUP, VERSION, CLUSTER_RUNTIMES, ref["name"], _preload_content=False
+        )
     else:
-        response = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, RUNTIMES, ref["name"],
-                                                       _preload_content=False)  # fmt: skip
+        response = custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, RUNTIMES, ref["name"], _preload_content=False
+        )
     return json.loads(response.data)
 
 
-def validate_trainjob(custom: kubernetes.client.CustomObjectsApi, old: dict[str, Any] | None,
-                      new: dict[str, Any]) -> tuple[list[str], list[str]]:  # fmt: skip
+def validate_trainjob(
+    custom: kubernetes.client.CustomObjectsApi, old: dict[str, Any] | None, new: dict[str, Any]
+) -> tuple[list[str], list[str]]:
     """``TrainJobValidator`` with the runtime's ``ValidateObjects`` and the plugins' ``Validate`` (JobSet, then
     Torch): (warnings, errors as their text)."""
     key = runtime_key(new)
@@ -488,21 +560,27 @@ def validate_trainjob(custom: kubernetes.client.CustomObjectsApi, old: dict[str,
         if exc.status != 404:
             raise
         resource = CLUSTER_RUNTIMES if cluster else RUNTIMES
-        field, kind = ("spec.RuntimeRef", "clusterTrainingRuntime") if cluster else \
-            ("spec.runtimeRef", "trainingRuntime")  # fmt: skip
-        return [], [f"{field}: Invalid value: {go_runtime_ref(ref)}: {resource}.{GROUP} {json.dumps(ref.get('name'))} "
-                    f"not found: specified {kind} must be created before the TrainJob is created"]  # fmt: skip
+        field, kind = (
+            ("spec.RuntimeRef", "clusterTrainingRuntime") if cluster else ("spec.runtimeRef", "trainingRuntime")
+        )
+        return [], [
+            f"{field}: Invalid value: {go_runtime_ref(ref)}: {resource}.{GROUP} {json.dumps(ref.get('name'))} "
+            f"not found: specified {kind} must be created before the TrainJob is created"
+        ]
     warnings = []
     if cluster and (runtime["metadata"].get("labels") or {}).get(SUPPORT_LABEL) == SUPPORT_DEPRECATED:
-        warnings.append(f'Referenced ClusterTrainingRuntime "{runtime["metadata"]["name"]}" is deprecated and will be '
-                        f"removed in a future release of Kubeflow Trainer. See runtime deprecation policy: "
-                        f"{DEPRECATION_POLICY_URL}")  # fmt: skip
+        warnings.append(
+            f'Referenced ClusterTrainingRuntime "{runtime["metadata"]["name"]}" is deprecated and will be '
+            f"removed in a future release of Kubeflow Trainer. See runtime deprecation policy: "
+            f"{DEPRECATION_POLICY_URL}"
+        )
     errors = _validate_jobset_plugin(custom, runtime, old, new) + _validate_torch_plugin(runtime, new)
     return warnings, errors
 
 
-def _validate_jobset_plugin(custom: kubernetes.client.CustomObjectsApi, runtime: dict[str, Any],
-                            old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:  # fmt: skip
+def _validate_jobset_plugin(
+    custom: kubernetes.client.CustomObjectsApi, runtime: dict[str, Any], old: dict[str, Any] | None, new: dict[str, Any]
+) -> list[str]:
     """``JobSet.Validate`` (plugins/jobset/jobset.go): initializer jobs present for an initializer; runtime patches
     changed only while suspended and with no active Job (``checkRuntimePatchesImmutability``); each patch's manager a
     domain-prefixed path; a patch names only replicatedJobs and containers of the runtime, and no env for the
@@ -511,44 +589,67 @@ def _validate_jobset_plugin(custom: kubernetes.client.CustomObjectsApi, runtime:
     patches_path = "spec.runtimePatches"
     value = "[]v1alpha1.RuntimePatch{...}"  # %#v of the patches: pointers and times; not rendered here
     rjobs = (runtime["spec"].get("template") or {}).get("spec", {}).get("replicatedJobs") or []
-    names = {r["name"]: {c["name"] for c in (_pod_spec(copy.deepcopy(r)).get("initContainers") or [])
-                         + (_pod_spec(copy.deepcopy(r)).get("containers") or [])} for r in rjobs}  # fmt: skip
+    names = {
+        r["name"]: {
+            c["name"]
+            for c in (_pod_spec(copy.deepcopy(r)).get("initContainers") or [])
+            + (_pod_spec(copy.deepcopy(r)).get("containers") or [])
+        }
+        for r in rjobs
+    }
     ref = go_runtime_ref(new["spec"].get("runtimeRef") or {})
     initializer = new["spec"].get("initializer") or {}
     for kind, config in ((DATASET_INITIALIZER, "datasetConfig"), (MODEL_INITIALIZER, "modelConfig")):
         if initializer.get("dataset" if kind == DATASET_INITIALIZER else "model") is None:
             continue
         if kind not in names:
-            errors.append(f"spec.runtimeRef: Invalid value: {ref}: must have {kind} job when trainJob is configured "
-                          f"with input {config}")  # fmt: skip
+            errors.append(
+                f"spec.runtimeRef: Invalid value: {ref}: must have {kind} job when trainJob is configured "
+                f"with input {config}"
+            )
         elif kind not in names[kind]:
-            errors.append(f"spec.runtimeRef: Invalid value: {ref}: must have container with name - {kind} in the "
-                          f"{kind} job")  # fmt: skip
+            errors.append(
+                f"spec.runtimeRef: Invalid value: {ref}: must have container with name - {kind} in the {kind} job"
+            )
         else:
             rjob = next(r for r in rjobs if r["name"] == kind)
-            mounts = [m for c in _pod_spec(copy.deepcopy(rjob)).get("containers") or [] if c["name"] == kind
-                      for m in c.get("volumeMounts") or []]  # fmt: skip
+            mounts = [
+                m
+                for c in _pod_spec(copy.deepcopy(rjob)).get("containers") or []
+                if c["name"] == kind
+                for m in c.get("volumeMounts") or []
+            ]
             if not any(m.get("name") == INITIALIZER_VOLUME for m in mounts):
-                errors.append(f"spec.runtimeRef: Invalid value: {ref}: must have volumeMount with name - "
-                              f"{INITIALIZER_VOLUME} in container {kind} of the {kind} job")  # fmt: skip
+                errors.append(
+                    f"spec.runtimeRef: Invalid value: {ref}: must have volumeMount with name - "
+                    f"{INITIALIZER_VOLUME} in container {kind} of the {kind} job"
+                )
     new_patches = new["spec"].get("runtimePatches") or []
     if old is not None and (old["spec"].get("runtimePatches") or []) != new_patches:
         if not old["spec"].get("suspend") and not new["spec"].get("suspend"):
-            errors.append(f"{patches_path}: Forbidden: RuntimePatches can only be modified when the TrainJob is "
-                          f"suspended before or after the update")  # fmt: skip
+            errors.append(
+                f"{patches_path}: Forbidden: RuntimePatches can only be modified when the TrainJob is "
+                f"suspended before or after the update"
+            )
         else:
             try:
-                jobset = custom.get_namespaced_custom_object(js_player.GROUP, js_player.VERSION,
-                                                             new["metadata"]["namespace"], js_player.PLURAL,
-                                                             new["metadata"]["name"])  # fmt: skip
+                jobset = custom.get_namespaced_custom_object(
+                    js_player.GROUP,
+                    js_player.VERSION,
+                    new["metadata"]["namespace"],
+                    js_player.PLURAL,
+                    new["metadata"]["name"],
+                )
             except ApiException as exc:
                 if exc.status != 404:
                     raise
                 jobset = {}
             for status in (jobset.get("status") or {}).get("replicatedJobsStatus") or []:
                 if status.get("active", 0) > 0:
-                    errors.append(f"{patches_path}: Forbidden: RuntimePatches cannot be modified when the JobSet's "
-                                  f"ReplicatedJob {status['name']} is still active")  # fmt: skip
+                    errors.append(
+                        f"{patches_path}: Forbidden: RuntimePatches cannot be modified when the JobSet's "
+                        f"ReplicatedJob {status['name']} is still active"
+                    )
     for patch in new_patches:
         errors += _domain_prefixed_path(f"{patches_path}.manager", patch.get("manager", ""))
         spec = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec")
@@ -557,23 +658,31 @@ def _validate_jobset_plugin(custom: kubernetes.client.CustomObjectsApi, runtime:
         for rjob_patch in spec.get("replicatedJobs") or []:
             containers = names.get(rjob_patch.get("name", ""))
             if containers is None:
-                errors.append(f"{patches_path}: Invalid value: {value}: must not have replicated job that doesn't "
-                              f"exist in the runtime job template")  # fmt: skip
+                errors.append(
+                    f"{patches_path}: Invalid value: {value}: must not have replicated job that doesn't "
+                    f"exist in the runtime job template"
+                )
                 continue
             pod = (((rjob_patch.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
             if pod is None:
                 continue
             for c in pod.get("initContainers") or []:
                 if c.get("name") not in containers:
-                    errors.append(f"{patches_path}: Invalid value: {value}: must not have initContainer that doesn't "
-                                  f"exist in the runtime job {rjob_patch['name']}")  # fmt: skip
+                    errors.append(
+                        f"{patches_path}: Invalid value: {value}: must not have initContainer that doesn't "
+                        f"exist in the runtime job {rjob_patch['name']}"
+                    )
             for c in pod.get("containers") or []:
                 if c.get("name") not in containers:
-                    errors.append(f"{patches_path}: Invalid value: {value}: must not have container that doesn't "
-                                  f"exist in the runtime job {rjob_patch['name']}")  # fmt: skip
+                    errors.append(
+                        f"{patches_path}: Invalid value: {value}: must not have container that doesn't "
+                        f"exist in the runtime job {rjob_patch['name']}"
+                    )
                 elif c.get("env") and c["name"] in (DATASET_INITIALIZER, MODEL_INITIALIZER, NODE):
-                    errors.append(f"{patches_path}: Invalid value: {value}: must not have envs for the "
-                                  f"{DATASET_INITIALIZER}, {MODEL_INITIALIZER}, {NODE} containers")  # fmt: skip
+                    errors.append(
+                        f"{patches_path}: Invalid value: {value}: must not have envs for the "
+                        f"{DATASET_INITIALIZER}, {MODEL_INITIALIZER}, {NODE} containers"
+                    )
     return errors
 
 
@@ -586,14 +695,18 @@ def _domain_prefixed_path(field: str, path: str) -> list[str]:
         return [f'{field}: Invalid value: {json.dumps(path)}: must be a domain-prefixed path (such as "acme.io/foo")']
     subdomain = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
     if len(host) > 253 or not subdomain.fullmatch(host):
-        return [f"{field}: Invalid value: {json.dumps(host)}: a lowercase RFC 1123 subdomain must consist of lower "
-                f"case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character "
-                f"(e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]"
-                f"([-a-z0-9]*[a-z0-9])?)*')"]  # fmt: skip
+        return [
+            f"{field}: Invalid value: {json.dumps(host)}: a lowercase RFC 1123 subdomain must consist of lower "
+            f"case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character "
+            f"(e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]"
+            f"([-a-z0-9]*[a-z0-9])?)*')"
+        ]
     if not re.fullmatch(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+", rest):
-        return [f"{field}: Invalid value: {json.dumps(rest)}: Invalid path must consist of only alphanumeric "
-                f"characters, '/', '-', '.', '_', '~', '%', '!', '$', '&', ''', '(', ')', '*', '+', ',', ';', '=' or "
-                f"':' (e.g. '/foo/bar/', regex used for validation is '[A-Za-z0-9/\\-._~%!$&'()*+,;=:]+')"]  # fmt: skip
+        return [
+            f"{field}: Invalid value: {json.dumps(rest)}: Invalid path must consist of only alphanumeric "
+            f"characters, '/', '-', '.', '_', '~', '%', '!', '$', '&', ''', '(', ')', '*', '+', ',', ';', '=' or "
+            f"':' (e.g. '/foo/bar/', regex used for validation is '[A-Za-z0-9/\\-._~%!$&'()*+,;=:]+')"
+        ]
     return []
 
 
@@ -611,14 +724,18 @@ def _validate_torch_plugin(runtime: dict[str, Any], new: dict[str, Any]) -> list
         have = {c["name"] for c in (pod.get("containers") or []) + (pod.get("initContainers") or [])}
         for container in target.get("containerNames") or []:
             if container not in have:
-                errors.append(f"spec.runtimeRef: Invalid value: v1alpha1.EnvInjectionTarget{{...}}: envInjection "
-                              f'target podSet "{target.get("jobName")}" container "{container}" not found in runtime '
-                              f"template")  # fmt: skip
+                errors.append(
+                    f"spec.runtimeRef: Invalid value: v1alpha1.EnvInjectionTarget{{...}}: envInjection "
+                    f'target podSet "{target.get("jobName")}" container "{container}" not found in runtime '
+                    f"template"
+                )
     env = (new["spec"].get("trainer") or {}).get("env") or []
     reserved = sorted({e["name"] for e in env if e.get("name") in TORCH_RESERVED_ENVS})
     if reserved:
-        errors.append(f"spec.trainer.env: Invalid value: {go_env_list(env)}: must not have reserved envs, invalid envs "
-                      f"configured: [{' '.join(reserved)}]")  # fmt: skip
+        errors.append(
+            f"spec.trainer.env: Invalid value: {go_env_list(env)}: must not have reserved envs, invalid envs "
+            f"configured: [{' '.join(reserved)}]"
+        )
     return errors
 
 
@@ -653,22 +770,35 @@ class EventRecorder:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e6) % 1_000_000:06d}Z"
         if key not in self.seen:
             name = f"{meta['name']}.{int(time.time() * 1e9):x}"
-            body = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                    "metadata": {"name": name, "namespace": meta["namespace"]}, "eventTime": stamp,
-                    "reportingController": self.controller, "reportingInstance": f"{self.controller}-0",
-                    "action": action, "reason": reason, "note": note, "type": "Warning",
-                    "regarding": {"apiVersion": regarding["apiVersion"], "kind": regarding["kind"], "uid": meta["uid"],
-                                  "name": meta["name"], "namespace": meta["namespace"],
-                                  "resourceVersion": meta.get("resourceVersion", "")}}  # fmt: skip
+            body = {
+                "apiVersion": "events.k8s.io/v1",
+                "kind": "Event",
+                "metadata": {"name": name, "namespace": meta["namespace"]},
+                "eventTime": stamp,
+                "reportingController": self.controller,
+                "reportingInstance": f"{self.controller}-0",
+                "action": action,
+                "reason": reason,
+                "note": note,
+                "type": "Warning",
+                "regarding": {
+                    "apiVersion": regarding["apiVersion"],
+                    "kind": regarding["kind"],
+                    "uid": meta["uid"],
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "resourceVersion": meta.get("resourceVersion", ""),
+                },
+            }
             self.events.create_namespaced_event(meta["namespace"], body, _preload_content=False)
             self.seen[key] = (name, 1)
             return
         name, count = self.seen[key]
         self.seen[key] = (name, count + 1)
         if count == 1:
-            self.events.patch_namespaced_event(name, meta["namespace"],
-                                               {"series": {"count": 2, "lastObservedTime": stamp}},
-                                               _preload_content=False)  # fmt: skip
+            self.events.patch_namespaced_event(
+                name, meta["namespace"], {"series": {"count": 2, "lastObservedTime": stamp}}, _preload_content=False
+            )
 
 
 # -- the controller -----------------------------------------------------------------------------------------------
@@ -683,8 +813,13 @@ class TrainJobController(PolledController):
     """The TrainJob controller for one namespace. ``on_created(trainjob)`` runs (in its own thread) when a TrainJob is
     first seen: the test's timeline for it, as :class:`tests.cluster.training_operator.TrainingOperator` does."""
 
-    def __init__(self, admin: kubernetes.client.ApiClient, namespace: str,
-                 on_created: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.1):  # fmt: skip
+    def __init__(
+        self,
+        admin: kubernetes.client.ApiClient,
+        namespace: str,
+        on_created: Callable[[dict[str, Any]], None] | None = None,
+        poll_s: float = 0.1,
+    ):
         super().__init__(f"trainer-{namespace}", poll_s)
         self.api = admin
         self.custom = kubernetes.client.CustomObjectsApi(admin)
@@ -698,8 +833,11 @@ class TrainJobController(PolledController):
         self.start()
 
     def reconcile_all(self) -> None:
-        trainjobs = json.loads(self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, _preload_content=False).data)["items"]  # fmt: skip
+        trainjobs = json.loads(
+            self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, _preload_content=False
+            ).data
+        )["items"]
         jobsets = json.loads(
             self.custom.list_namespaced_custom_object(
                 js_player.GROUP, js_player.VERSION, self.namespace, js_player.PLURAL, _preload_content=False
@@ -711,10 +849,14 @@ class TrainJobController(PolledController):
             if uid not in self.seen:
                 self.seen.add(uid)
                 if self.on_created is not None:
-                    threading.Thread(target=self.on_created, args=(trainjob,), daemon=True,
-                                     name=f"timeline-{meta['name']}").start()  # fmt: skip
-            owned = [j for j in jobsets if any(o.get("uid") == uid and o.get("controller")
-                                               for o in j["metadata"].get("ownerReferences") or [])]  # fmt: skip
+                    threading.Thread(
+                        target=self.on_created, args=(trainjob,), daemon=True, name=f"timeline-{meta['name']}"
+                    ).start()
+            owned = [
+                j
+                for j in jobsets
+                if any(o.get("uid") == uid and o.get("controller") for o in j["metadata"].get("ownerReferences") or [])
+            ]
             versions = (meta["resourceVersion"], *sorted(j["metadata"]["resourceVersion"] for j in owned))
             due = self._timers.get(uid)
             timer = due is not None and time.monotonic() >= due
@@ -743,16 +885,24 @@ class TrainJobController(PolledController):
         ok = True
         key = runtime_key(trainjob)
         if key not in (CLUSTER_RUNTIME_KEY, RUNTIME_KEY):
-            set_status_condition(conditions, {"type": FAILED, "status": "True", "reason": NOT_SUPPORTED_REASON,
-                                              "message": f"unsupported runtime: {key}"})  # fmt: skip
+            set_status_condition(
+                conditions,
+                {
+                    "type": FAILED,
+                    "status": "True",
+                    "reason": NOT_SUPPORTED_REASON,
+                    "message": f"unsupported runtime: {key}",
+                },
+            )
             ok = False
         elif not is_finished(view):
             try:
                 self._reconcile_objects(trainjob)
             except (ApiException, LookupError, ValueError) as exc:
                 error = go_error(exc)
-                message = f"TrainJob resources reconciliation failed: {error[:950]}" + (" ..." if len(error) > 950
-                                                                                         else "")  # fmt: skip
+                message = f"TrainJob resources reconciliation failed: {error[:950]}" + (
+                    " ..." if len(error) > 950 else ""
+                )
                 log.info("%s/%s: %s", self.namespace, meta["name"], message)
                 self.build_errors.append(message)
                 self.events.warn(trainjob, "TrainJobResourcesCreationFailed", "Reconciling", message)
@@ -765,8 +915,9 @@ class TrainJobController(PolledController):
             status.pop("conditions", None)
         if status != before:
             patch = {k: status.get(k) for k in {*status, *before}}
-            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, meta["name"],
-                                                              {"status": patch}, _preload_content=False)  # fmt: skip
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, PLURAL, meta["name"], {"status": patch}, _preload_content=False
+            )
         return ok
 
     # reconcileObjects -----------------------------------------------------------------------------------------------
@@ -790,16 +941,33 @@ class TrainJobController(PolledController):
             runtime = _read_runtime(self.custom, trainjob)
         except ApiException as exc:
             if exc.status == 404:
-                kind = "not found ClusterTrainingRuntime specified in TrainJob" if runtime_key(trainjob) == \
-                    CLUSTER_RUNTIME_KEY else "TrainingRuntime specified in TrainJob is not found"  # fmt: skip
+                kind = (
+                    "not found ClusterTrainingRuntime specified in TrainJob"
+                    if runtime_key(trainjob) == CLUSTER_RUNTIME_KEY
+                    else "TrainingRuntime specified in TrainJob is not found"
+                )
                 raise LookupError(f"{kind}: {json.loads(exc.body).get('message', exc.reason)}") from exc
             raise
         runtime["metadata"].pop("managedFields", None)
-        snapshot = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-            "name": name, "namespace": self.namespace,
-            "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"],
-                                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
-            "data": {SNAPSHOT_KEY: yaml.safe_dump(runtime, sort_keys=True)}}  # fmt: skip
+        snapshot = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"{GROUP}/{VERSION}",
+                        "kind": KIND,
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "data": {SNAPSHOT_KEY: yaml.safe_dump(runtime, sort_keys=True)},
+        }
         server_side_apply(self.api, f"/api/v1/namespaces/{self.namespace}/configmaps/{name}", snapshot)
         return runtime
 
@@ -809,8 +977,9 @@ class TrainJobController(PolledController):
         runtime = self._runtime(trainjob)
         name = trainjob["metadata"]["name"]
         try:
-            old = self.custom.get_namespaced_custom_object(js_player.GROUP, js_player.VERSION, self.namespace,
-                                                           js_player.PLURAL, name)  # fmt: skip
+            old = self.custom.get_namespaced_custom_object(
+                js_player.GROUP, js_player.VERSION, self.namespace, js_player.PLURAL, name
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -840,8 +1009,9 @@ class TrainJobController(PolledController):
         ``replicatedJobsStatus``; a DeadlineExceeded Failed condition kept. False when the JobSet is missing while the
         TrainJob is not finished (an error there)."""
         try:
-            jobset = self.custom.get_namespaced_custom_object(js_player.GROUP, js_player.VERSION, self.namespace,
-                                                              js_player.PLURAL, view["metadata"]["name"])  # fmt: skip
+            jobset = self.custom.get_namespaced_custom_object(
+                js_player.GROUP, js_player.VERSION, self.namespace, js_player.PLURAL, view["metadata"]["name"]
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return is_finished(view)
@@ -850,14 +1020,23 @@ class TrainJobController(PolledController):
         for source, target in ((js_player.COMPLETED, COMPLETE), (js_player.FAILED, FAILED)):
             found = js_player.find_condition(jobset, source)
             if found is not None and found["status"] == "True":
-                deadline = next((c for c in conditions if c["type"] == FAILED
-                                 and c.get("reason") == DEADLINE_REASON), None)  # fmt: skip
+                deadline = next(
+                    (c for c in conditions if c["type"] == FAILED and c.get("reason") == DEADLINE_REASON), None
+                )
                 set_status_condition(conditions, {**found, "type": target})
                 if deadline is not None and target == FAILED:
                     set_status_condition(conditions, deadline)
-        statuses = [{"name": s["name"], "ready": s.get("ready", 0), "succeeded": s.get("succeeded", 0),
-                     "failed": s.get("failed", 0), "active": s.get("active", 0), "suspended": s.get("suspended", 0)}
-                    for s in (jobset.get("status") or {}).get("replicatedJobsStatus") or []]  # fmt: skip
+        statuses = [
+            {
+                "name": s["name"],
+                "ready": s.get("ready", 0),
+                "succeeded": s.get("succeeded", 0),
+                "failed": s.get("failed", 0),
+                "active": s.get("active", 0),
+                "suspended": s.get("suspended", 0),
+            }
+            for s in (jobset.get("status") or {}).get("replicatedJobsStatus") or []
+        ]
         if statuses:
             status["jobsStatus"] = statuses
         else:
@@ -876,11 +1055,14 @@ class TrainJobController(PolledController):
             start = seconds(suspended["lastTransitionTime"])
         remaining = start + deadline_s - time.time()
         if remaining < 0:
-            set_status_condition(status.setdefault("conditions", []), {
-                "type": FAILED, "status": "True", "reason": DEADLINE_REASON, "message": DEADLINE_MESSAGE})  # fmt: skip
+            set_status_condition(
+                status.setdefault("conditions", []),
+                {"type": FAILED, "status": "True", "reason": DEADLINE_REASON, "message": DEADLINE_MESSAGE},
+            )
             with contextlib.suppress(ApiException):
-                self.custom.delete_namespaced_custom_object(js_player.GROUP, js_player.VERSION, self.namespace,
-                                                            js_player.PLURAL, view["metadata"]["name"])  # fmt: skip
+                self.custom.delete_namespaced_custom_object(
+                    js_player.GROUP, js_player.VERSION, self.namespace, js_player.PLURAL, view["metadata"]["name"]
+                )
             return
         self._timers[view["metadata"]["uid"]] = time.monotonic() + max(remaining, 1.0)
 
@@ -888,8 +1070,9 @@ class TrainJobController(PolledController):
 # -- finding a TrainJob's pods --------------------------------------------------------------------------------------
 
 
-def node_pods(core: kubernetes.client.CoreV1Api, namespace: str, trainjob: str,
-              include_terminating: bool = False) -> dict[int, dict[str, Any]]:  # fmt: skip
+def node_pods(
+    core: kubernetes.client.CoreV1Api, namespace: str, trainjob: str, include_terminating: bool = False
+) -> dict[int, dict[str, Any]]:
     """The trainer pods of a TrainJob by node rank (the Job completion index): those of its JobSet's ``node`` Job
     (``<trainjob>-node-0``, pods ``<trainjob>-node-0-<rank>-<5 random>``), not being deleted unless asked."""
     selector = f"{js_player.JOBSET_NAME_KEY}={trainjob},{js_player.REPLICATED_JOB_NAME_KEY}={NODE}"
@@ -902,8 +1085,15 @@ def node_pods(core: kubernetes.client.CoreV1Api, namespace: str, trainjob: str,
     return found
 
 
-def wait_node_pod(core: kubernetes.client.CoreV1Api, namespace: str, trainjob: str, rank: int, *,
-                  not_named: set[str] | frozenset[str] = frozenset(), timeout_s: float = 30) -> str:  # fmt: skip
+def wait_node_pod(
+    core: kubernetes.client.CoreV1Api,
+    namespace: str,
+    trainjob: str,
+    rank: int,
+    *,
+    not_named: set[str] | frozenset[str] = frozenset(),
+    timeout_s: float = 30,
+) -> str:
     """The name of node ``rank``'s pod of a TrainJob once the Job controller has made it (one not in ``not_named``:
     after a restart or a resume, the new one)."""
     deadline = time.monotonic() + timeout_s

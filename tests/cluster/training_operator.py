@@ -85,8 +85,9 @@ def validate_pytorchjob(job: dict[str, Any]) -> tuple[list[str], list[str]]:
     replicas = spec.get("pytorchReplicaSpecs")
     if spec.get("elasticPolicy") is not None:
         if "Worker" not in (replicas or {}):
-            errors.append("spec.pytorchReplicaSpecs[Worker]: Required value: must be configured if elastic policy "
-                          "is used")  # fmt: skip
+            errors.append(
+                "spec.pytorchReplicaSpecs[Worker]: Required value: must be configured if elastic policy is used"
+            )
         if spec["elasticPolicy"].get("nProcPerNode") is not None:
             warnings.append("spec.elasticPolicy.nProcPerNode is deprecated, use spec.nprocPerNode instead")
             if spec.get("nprocPerNode") is not None:
@@ -104,8 +105,10 @@ def validate_pytorchjob(job: dict[str, Any]) -> tuple[list[str], list[str]]:
             if not container.get("image"):
                 errors.append(f"{role}.template.spec.containers[{i}].image: Required value: must be required")
         if not any(c.get("name") == CONTAINER for c in containers):
-            errors.append(f"{role}.template.spec.containers: Required value: must have at least one container with "
-                          f"name {CONTAINER}")  # fmt: skip
+            errors.append(
+                f"{role}.template.spec.containers: Required value: must have at least one container with "
+                f"name {CONTAINER}"
+            )
         count = (rspec or {}).get("replicas")
         if rtype == "Master" and count != 1:
             errors.append(f"{role}.replicas: Forbidden: must be 1")
@@ -123,17 +126,31 @@ class ValidatingWebhook:
         cert = loopback_cert(workdir, "training-operator-webhook")
         self.server = HttpsServer(admission_handler(self.review), cert).start()
         registration = {
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": "validator.training-operator.kubeflow.org"},
-            "webhooks": [{
-                "name": WEBHOOK_NAME, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                "failurePolicy": "Fail", "timeoutSeconds": 10,
-                "clientConfig": {"url": f"https://127.0.0.1:{self.server.port}{WEBHOOK_PATH}",
-                                 "caBundle": base64.b64encode(cert.pem).decode()},
-                "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
-                           "resources": [PLURAL]}],
-            }],
-        }  # fmt: skip
+            "webhooks": [
+                {
+                    "name": WEBHOOK_NAME,
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 10,
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{self.server.port}{WEBHOOK_PATH}",
+                        "caBundle": base64.b64encode(cert.pem).decode(),
+                    },
+                    "rules": [
+                        {
+                            "apiGroups": [GROUP],
+                            "apiVersions": [VERSION],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": [PLURAL],
+                        }
+                    ],
+                }
+            ],
+        }
         kubernetes.client.AdmissionregistrationV1Api(admin).create_validating_webhook_configuration(registration)
 
     def review(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -211,8 +228,13 @@ class TrainingOperator(PolledController):
     """The PyTorchJob controller for one namespace. ``on_created(job)`` runs (in its own thread) when a job is first
     seen: the test's timeline for it."""
 
-    def __init__(self, admin: kubernetes.client.ApiClient, namespace: str,
-                 on_created: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.1):  # fmt: skip
+    def __init__(
+        self,
+        admin: kubernetes.client.ApiClient,
+        namespace: str,
+        on_created: Callable[[dict[str, Any]], None] | None = None,
+        poll_s: float = 0.1,
+    ):
         super().__init__(f"operator-{namespace}", poll_s)
         self.custom = kubernetes.client.CustomObjectsApi(admin)
         self.core = kubernetes.client.CoreV1Api(admin)
@@ -232,8 +254,9 @@ class TrainingOperator(PolledController):
             self.reconcile(job, mine)
 
     def _list_jobs(self) -> list[dict[str, Any]]:
-        response = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                             _preload_content=False)  # fmt: skip
+        response = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, _preload_content=False
+        )
         return json.loads(response.data)["items"]
 
     # ReconcileJobs --------------------------------------------------------------------------------------------
@@ -308,8 +331,12 @@ class TrainingOperator(PolledController):
         replicas = job["spec"]["pytorchReplicaSpecs"]
         limit = run_policy.get("backoffLimit")
         if limit is not None:
-            active = sum(1 for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")
-                         and not p["metadata"].get("deletionTimestamp"))  # fmt: skip
+            active = sum(
+                1
+                for p in pods
+                if p["status"].get("phase") not in ("Succeeded", "Failed")
+                and not p["metadata"].get("deletionTimestamp")
+            )
             failed = sum(1 for p in pods if p["status"].get("phase") == "Failed")
             previously_failed = sum(e.get("failed", 0) for e in (status.get("replicaStatuses") or {}).values())
             total = sum(int(r.get("replicas") or 1) for r in replicas.values())
@@ -321,9 +348,9 @@ class TrainingOperator(PolledController):
                 for p in pods
                 if p["metadata"]["labels"].get(REPLICA_TYPE_LABEL) == rtype.lower()
                 and p["status"].get("phase") == "Running"
-                for cs in (p["status"].get("initContainerStatuses") or []) + (p["status"].get("containerStatuses")
-                                                                                or [])
-            )  # fmt: skip
+                for cs in (p["status"].get("initContainerStatuses") or [])
+                + (p["status"].get("containerStatuses") or [])
+            )
             if exceeds or (restarts > 0 if limit == 0 else restarts >= limit):
                 return f"Job {name} has failed because it has reached the specified backoff limit"
         deadline, started = run_policy.get("activeDeadlineSeconds"), status.get("startTime")
@@ -332,13 +359,17 @@ class TrainingOperator(PolledController):
                 return f"Job {name} has failed because it was active longer than specified deadline"
         return ""
 
-    def _reconcile_pods(self, job: dict[str, Any], status: dict[str, Any], rtype: str, rspec: dict[str, Any],
-                        pods: list[dict[str, Any]]) -> None:  # fmt: skip
+    def _reconcile_pods(
+        self, job: dict[str, Any], status: dict[str, Any], rtype: str, rspec: dict[str, Any], pods: list[dict[str, Any]]
+    ) -> None:
         """ReconcilePods: a pod for each missing index; a Failed pod restarted (deleted, Restarting) or failing the
         job, by restartPolicy and exit code; the replica counts (UpdateJobReplicaStatuses)."""
         name, policy = job["metadata"]["name"], rspec.get("restartPolicy") or "OnFailure"
-        mine = {p["metadata"]["labels"].get(REPLICA_INDEX_LABEL): p for p in pods
-                if p["metadata"]["labels"].get(REPLICA_TYPE_LABEL) == rtype.lower()}  # fmt: skip
+        mine = {
+            p["metadata"]["labels"].get(REPLICA_INDEX_LABEL): p
+            for p in pods
+            if p["metadata"]["labels"].get(REPLICA_TYPE_LABEL) == rtype.lower()
+        }
         counts = {"active": 0, "succeeded": 0, "failed": 0}
         for index in range(int(rspec.get("replicas") or 1)):
             pod = mine.get(str(index))
@@ -355,11 +386,21 @@ class TrainingOperator(PolledController):
                 code = exit_code(pod)
                 if policy in ("OnFailure", "Always") or (policy == "ExitCode" and code >= 128):
                     self._delete_pods_and_services([pod], "All")
-                    set_condition(status, "Restarting", "True", "PyTorchJobRestarting",
-                                  f"job {name} is restarting because {rtype} replica(s) failed.")  # fmt: skip
+                    set_condition(
+                        status,
+                        "Restarting",
+                        "True",
+                        "PyTorchJobRestarting",
+                        f"job {name} is restarting because {rtype} replica(s) failed.",
+                    )
                 elif policy == "ExitCode":
-                    set_condition(status, "Failed", "True", "PyTorchJobFailed",
-                                  f'job "{name}" is failing because "{rtype}" replica(s) failed.')  # fmt: skip
+                    set_condition(
+                        status,
+                        "Failed",
+                        "True",
+                        "PyTorchJobFailed",
+                        f'job "{name}" is failing because "{rtype}" replica(s) failed.',
+                    )
         selector = {JOB_NAME_LABEL: name, OPERATOR_NAME_LABEL: OPERATOR_NAME, REPLICA_TYPE_LABEL: rtype.lower()}
         status["replicaStatuses"][rtype] = {
             "labelSelector": {"matchLabels": selector},
@@ -368,12 +409,22 @@ class TrainingOperator(PolledController):
         }
 
     def _labels(self, job: dict[str, Any], rtype: str, index: int) -> dict[str, str]:
-        return {OPERATOR_NAME_LABEL: OPERATOR_NAME, JOB_NAME_LABEL: job["metadata"]["name"],
-                REPLICA_TYPE_LABEL: rtype.lower(), REPLICA_INDEX_LABEL: str(index)}  # fmt: skip
+        return {
+            OPERATOR_NAME_LABEL: OPERATOR_NAME,
+            JOB_NAME_LABEL: job["metadata"]["name"],
+            REPLICA_TYPE_LABEL: rtype.lower(),
+            REPLICA_INDEX_LABEL: str(index),
+        }
 
     def _owner(self, job: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": job["metadata"]["name"],
-                "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
     def _create_pod(self, job: dict[str, Any], rtype: str, rspec: dict[str, Any], index: int) -> None:
         replicas = job["spec"]["pytorchReplicaSpecs"]
@@ -386,13 +437,19 @@ class TrainingOperator(PolledController):
         spec["restartPolicy"] = "Never" if policy == "ExitCode" else policy
         for container in spec.get("containers", []):
             container["env"] = [*container.get("env", []), *self._env(job)]
-            if container.get("name") == CONTAINER and not any(p.get("name") == PORT_NAME
-                                                              for p in container.get("ports", [])):  # fmt: skip
+            if container.get("name") == CONTAINER and not any(
+                p.get("name") == PORT_NAME for p in container.get("ports", [])
+            ):
                 container["ports"] = [*container.get("ports", []), {"name": PORT_NAME, "containerPort": PORT}]
-        pod = {"metadata": {"name": f"{job['metadata']['name']}-{rtype.lower()}-{index}", "labels": labels,
-                            "ownerReferences": [self._owner(job)],
-                            "annotations": (template.get("metadata") or {}).get("annotations", {})},
-               "spec": spec}  # fmt: skip
+        pod = {
+            "metadata": {
+                "name": f"{job['metadata']['name']}-{rtype.lower()}-{index}",
+                "labels": labels,
+                "ownerReferences": [self._owner(job)],
+                "annotations": (template.get("metadata") or {}).get("annotations", {}),
+            },
+            "spec": spec,
+        }
         try:
             self.core.create_namespaced_pod(self.namespace, pod, _preload_content=False)
         except ApiException as exc:
@@ -406,26 +463,44 @@ class TrainingOperator(PolledController):
             return
         self._failed_creates.add(key)
         meta, stamp = job["metadata"], now()
-        self.core.create_namespaced_event(self.namespace, {
-            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": self.namespace},
-            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"],
-                               "namespace": self.namespace, "uid": meta["uid"]},
-            "reason": "FailedCreate", "message": message, "type": "Warning",
-            "source": {"component": "pytorchjob-controller"}, "firstTimestamp": stamp, "lastTimestamp": stamp,
-            "count": 1,
-        }, _preload_content=False)  # fmt: skip
+        self.core.create_namespaced_event(
+            self.namespace,
+            {
+                "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": self.namespace},
+                "involvedObject": {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": KIND,
+                    "name": meta["name"],
+                    "namespace": self.namespace,
+                    "uid": meta["uid"],
+                },
+                "reason": "FailedCreate",
+                "message": message,
+                "type": "Warning",
+                "source": {"component": "pytorchjob-controller"},
+                "firstTimestamp": stamp,
+                "lastTimestamp": stamp,
+                "count": 1,
+            },
+            _preload_content=False,
+        )
 
-    def _reconcile_services(self, job: dict[str, Any], rtype: str, rspec: dict[str, Any],
-                            pods: list[dict[str, Any]]) -> None:  # fmt: skip
+    def _reconcile_services(
+        self, job: dict[str, Any], rtype: str, rspec: dict[str, Any], pods: list[dict[str, Any]]
+    ) -> None:
         """A headless Service per index, named as its pod (created once; a 409 means it exists)."""
         if job["metadata"]["uid"] in self._services:
             return
         for index in range(int(rspec.get("replicas") or 1)):
             labels = self._labels(job, rtype, index)
-            service = {"metadata": {"name": f"{job['metadata']['name']}-{rtype.lower()}-{index}", "labels": labels,
-                                    "ownerReferences": [self._owner(job)]},
-                       "spec": {"clusterIP": "None", "selector": labels,
-                                "ports": [{"name": PORT_NAME, "port": PORT}]}}  # fmt: skip
+            service = {
+                "metadata": {
+                    "name": f"{job['metadata']['name']}-{rtype.lower()}-{index}",
+                    "labels": labels,
+                    "ownerReferences": [self._owner(job)],
+                },
+                "spec": {"clusterIP": "None", "selector": labels, "ports": [{"name": PORT_NAME, "port": PORT}]},
+            }
             with contextlib.suppress(ApiException):
                 self.core.create_namespaced_service(self.namespace, service, _preload_content=False)
         self._services.add(job["metadata"]["uid"])
@@ -440,10 +515,14 @@ class TrainingOperator(PolledController):
         if elastic is None:
             return [*env, {"name": "PET_NNODES", "value": str(total)}]
         low, high = elastic.get("minReplicas", total), elastic.get("maxReplicas", total)
-        env += [{"name": "PET_RDZV_ENDPOINT", "value": f"{elastic.get('rdzvHost') or name + '-worker-0'}:"
-                                                      f"{elastic.get('rdzvPort') or PORT}"},
-                {"name": "PET_RDZV_BACKEND", "value": elastic.get("rdzvBackend") or "c10d"},
-                {"name": "PET_NNODES", "value": f"{low}:{high}"}]  # fmt: skip
+        env += [
+            {
+                "name": "PET_RDZV_ENDPOINT",
+                "value": f"{elastic.get('rdzvHost') or name + '-worker-0'}:{elastic.get('rdzvPort') or PORT}",
+            },
+            {"name": "PET_RDZV_BACKEND", "value": elastic.get("rdzvBackend") or "c10d"},
+            {"name": "PET_NNODES", "value": f"{low}:{high}"},
+        ]
         if elastic.get("maxRestarts") is not None:
             env.append({"name": "PET_MAX_RESTARTS", "value": str(elastic["maxRestarts"])})
         return env
@@ -457,8 +536,9 @@ class TrainingOperator(PolledController):
         replicas = int(worker_spec.get("replicas") or 1)
         if replicas - succeeded == 0 or (job["spec"].get("elasticPolicy") is not None and succeeded > 0):
             status.setdefault("completionTime", now())
-            set_condition(status, "Succeeded", "True", "PyTorchJobSucceeded",
-                          f"PyTorchJob {ns}/{name} successfully completed.")  # fmt: skip
+            set_condition(
+                status, "Succeeded", "True", "PyTorchJobSucceeded", f"PyTorchJob {ns}/{name} successfully completed."
+            )
         elif running > 0:
             set_condition(status, "Running", "True", "PyTorchJobRunning", f"PyTorchJob {ns}/{name} is running.")
         if failed > 0 and replicas > succeeded + running:
@@ -497,6 +577,6 @@ class TrainingOperator(PolledController):
             return
         status["lastReconcileTime"] = now()
         body = {**job, "status": status}
-        self.custom.replace_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL,
-                                                            job["metadata"]["name"], body,
-                                                            _preload_content=False)  # fmt: skip
+        self.custom.replace_namespaced_custom_object_status(
+            GROUP, VERSION, self.namespace, PLURAL, job["metadata"]["name"], body, _preload_content=False
+        )

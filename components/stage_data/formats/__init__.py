@@ -97,13 +97,17 @@ def detect(path: Path, key: str) -> FileFormat:
             if head.startswith(magic):
                 raise InputError(f"source file {key}: {what}, not text: leave it out with --exclude")
         if name.endswith(".parquet"):
-            raise InputError(f"source file {key}: named .parquet but it does not begin with Parquet's magic bytes "
-                             "(PAR1): not a Parquet file")  # fmt: skip
+            raise InputError(
+                f"source file {key}: named .parquet but it does not begin with Parquet's magic bytes "
+                "(PAR1): not a Parquet file"
+            )
     if len(head) > 262 and head[257:262] == b"ustar":
         raise InputError(f"source file {key}: a tar archive, not text: unpack it into the source")
     if b"\x00" in head:
-        raise InputError(f"source file {key}: binary data (NUL bytes in its first {len(head):,} bytes), not text: "
-                         "leave it out with --exclude")  # fmt: skip
+        raise InputError(
+            f"source file {key}: binary data (NUL bytes in its first {len(head):,} bytes), not text: "
+            "leave it out with --exclude"
+        )
     return FileFormat("jsonl" if name.endswith(JSON_LINES_SUFFIXES) else "text", compression)
 
 

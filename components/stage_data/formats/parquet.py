@@ -23,8 +23,10 @@ def open_parquet(path: Path, key: str) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path, buffer_size=STREAM_BUFFER, pre_buffer=False)
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"source file {key}: begins like Parquet but cannot be read as it ({exc}): the file is "
-                         "truncated or damaged; fetch it again") from None  # fmt: skip
+        raise InputError(
+            f"source file {key}: begins like Parquet but cannot be read as it ({exc}): the file is "
+            "truncated or damaged; fetch it again"
+        ) from None
 
 
 def text_column_type(schema: pa.Schema, key: str, text_field: str) -> pa.DataType:
@@ -37,13 +39,17 @@ def text_column_type(schema: pa.Schema, key: str, text_field: str) -> pa.DataTyp
         if index < 0:
             where = "columns" if depth == 0 else f"fields of {'.'.join(names[:depth])}"
             have = [f.name for f in (fields if isinstance(fields, pa.Schema) else list(fields))]
-            raise InputError(f"source file {key}: no column {text_field!r}; its {where} are {', '.join(have)}: "
-                             "name the text column with text_field")  # fmt: skip
+            raise InputError(
+                f"source file {key}: no column {text_field!r}; its {where} are {', '.join(have)}: "
+                "name the text column with text_field"
+            )
         found = fields.field(index)
         fields = found.type if pa.types.is_struct(found.type) else None
         if fields is None and depth < len(names) - 1:
-            raise InputError(f"source file {key}: column {'.'.join(names[: depth + 1])} is {found.type}, not a "
-                             f"struct, so {text_field!r} does not name a field in it")  # fmt: skip
+            raise InputError(
+                f"source file {key}: column {'.'.join(names[: depth + 1])} is {found.type}, not a "
+                f"struct, so {text_field!r} does not name a field in it"
+            )
     assert found is not None
     return found.type
 
@@ -58,8 +64,10 @@ def check_parquet(path: Path, key: str, text_field: str) -> dict[str, Any]:
     parquet = open_parquet(path, key)
     kind = text_column_type(parquet.schema_arrow, key, text_field)
     if not is_text(kind):
-        raise InputError(f"source file {key}: column {text_field!r} is {kind}, not a string type: name the text "
-                         "column with text_field")  # fmt: skip
+        raise InputError(
+            f"source file {key}: column {text_field!r} is {kind}, not a string type: name the text "
+            "column with text_field"
+        )
     metadata = parquet.metadata
     return {"row_groups": metadata.num_row_groups, "rows": metadata.num_rows}
 
@@ -91,13 +99,17 @@ class ParquetReader:
         self.bytes_read += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
         if not group.num_rows:
             return
-        column_bytes = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)
-                           if group.column(c).path_in_schema == self.text_field)  # fmt: skip
+        column_bytes = sum(
+            group.column(c).total_uncompressed_size
+            for c in range(group.num_columns)
+            if group.column(c).path_in_schema == self.text_field
+        )
         rows_per_batch = max(1, min(group.num_rows, BATCH_BYTES * group.num_rows // max(column_bytes, 1)))
         row = first_row
         try:
-            batches = self.file.iter_batches(rows_per_batch, row_groups=[part], columns=[self.text_field],
-                                             use_threads=False)  # fmt: skip
+            batches = self.file.iter_batches(
+                rows_per_batch, row_groups=[part], columns=[self.text_field], use_threads=False
+            )
             for batch in batches:
                 for value in leaf(batch.column(0), self.names).to_pylist():
                     if value is None:
@@ -108,5 +120,6 @@ class ParquetReader:
                         yield Piece(value, row, True, True)
                     row += 1
         except (pa.ArrowException, OSError) as exc:
-            raise InputError(f"source file {self.key}: row group {part} cannot be read ({exc}): the file is "
-                             "damaged; fetch it again") from None  # fmt: skip
+            raise InputError(
+                f"source file {self.key}: row group {part} cannot be read ({exc}): the file is damaged; fetch it again"
+            ) from None
