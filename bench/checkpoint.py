@@ -80,7 +80,7 @@ STALL_TARGET = 0.10
 
 # The PROJECTION: llama-1b's SIGTERM save on 16 ranks, on FSx for Lustre.
 PROJECTION_PRESET, PROJECTION_VOCAB, PROJECTION_RANKS = "llama-1b", 32000, 16
-BYTES_PER_PARAMETER = 12  # fp32 weights, exp_avg, exp_avg_sq (components/preflight/core.py)
+BYTES_PER_PARAMETER = 12  # fp32 weights, exp_avg, exp_avg_sq (components/preflight/checkpoint_throughput.py)
 CAPACITIES_GIB = (1200, 2400, 4800, 9600)  # FSx's size steps; it counts 1,000 GiB per TiB of throughput
 FSX_GIB_PER_TIB = 1000
 # Baseline write MB/s per TiB.

@@ -120,8 +120,8 @@ def baseline_epoch(tokens: np.ndarray) -> int:
 def measure(kind: str, tokenized: Path) -> dict[str, object]:
     import torch
 
-    from components.evaluate_checkpoint.core import mean_loss
     from trainer.data import TokenBatches, TokenSplit, load_split
+    from trainer.evaluation import mean_loss
     from trainer.model import build_model, model_config
 
     torch.set_num_threads(1)
@@ -165,12 +165,13 @@ def run_child(kind: str, tokenized: Path) -> dict[str, dict[str, float]]:
 
 def train_rss(root: Path, dataset: str) -> float:
     """The largest rank's rss_gib (GiB) over a short 2-process torchrun training of the tiny preset."""
-    from components.launch_pytorchjob.core import LaunchConfig, launch
+    from components.launch_training.config import LaunchConfig
+    from components.launch_training.core import launch
     from trainer.layout import RunPaths
 
     run_id = f"rss-{dataset}"
     launch(
-        LaunchConfig(
+        LaunchConfig.of(
             storage_root=str(root),
             dataset=dataset,
             run_id=run_id,

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from machine import RESULTS, append_section, machine_lines
 from tokenizers import Tokenizer
 
-from components.evaluate_checkpoint.core import mean_loss, token_byte_lengths
 from components.stage_data.core import stage_data
 from trainer.data import load_meta, load_split
+from trainer.evaluation import mean_loss, token_byte_lengths
 from trainer.layout import TOKENIZER
 from trainer.model import build_model, model_config
 

@@ -334,15 +334,9 @@ def loss_caption(losses: LossCurves, args: argparse.Namespace) -> str:
 
 def projection() -> str:
     """A PROJECTION, not a measurement: llama-8b under hsdp on p5.48xlarge nodes."""
-    from components.launch_pytorchjob.manifest import INSTANCE_TYPES, JobSpec
-    from components.preflight.core import (
-        GPU_MEMORY_GIB,
-        GPU_MEMORY_TIGHT,
-        GPU_MEMORY_USABLE,
-        STATE_BYTES_PER_PARAMETER,
-        STATE_MARGIN,
-        CheckpointNeed,
-    )
+    from components.launch_training.manifest import INSTANCE_TYPES, JobSpec
+    from components.preflight.checkpoint_throughput import STATE_BYTES_PER_PARAMETER, STATE_MARGIN, CheckpointNeed
+    from components.preflight.gpu_memory import GPU_MEMORY_GIB, GPU_MEMORY_TIGHT, GPU_MEMORY_USABLE
     from trainer.memory import GIB, estimate, model_shape
     from trainer.model import model_config
 
@@ -392,9 +386,9 @@ def projection() -> str:
         f"margin, written once whatever the node count (DCP writes each replica's shard once); at {fsx_mbps:,.0f} "
         f"MB/s (FSx for Lustre PERSISTENT_2, {FSX_GIB:,} GiB at {FSX_MBPS_PER_TIB:,} MB/s per TiB) it takes "
         f"{save_s:.0f} s. Budget: {need.budget_s} s (the launcher's {job.grace_period_s} s grace period less "
-        f"{job.grace_period_s - job.shutdown_timeout} s for torchrun, README's Restarts); the trainer warns when two "
-        f"steps plus a save exceed it; the preflight fails below {float(need.mbps):,.0f} MB/s (the save in half the "
-        f"budget)."
+        f"{job.grace_period_s - job.shutdown_timeout} s for torchrun, docs/running.md, Restarts); the trainer warns "
+        f"when two steps plus a save exceed it; the preflight fails below {float(need.mbps):,.0f} MB/s (the save in "
+        f"half the budget)."
     )
     return text + "\n\n" + "\n".join(lines)
 

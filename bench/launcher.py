@@ -30,8 +30,9 @@ from machine import RESULTS, append_section, machine_lines
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.cluster and tests.helpers
 
-from components.launch_pytorchjob.core import LaunchConfig, launch  # noqa: E402
-from components.launch_pytorchjob.k8s_backend import WatchSettings  # noqa: E402
+from components.launch_training.config import LaunchConfig  # noqa: E402
+from components.launch_training.core import launch  # noqa: E402
+from components.launch_training.watch_settings import WatchSettings  # noqa: E402
 from components.stage_data.core import stage_data  # noqa: E402
 from tests.cluster.cluster import Cluster  # noqa: E402
 from tests.cluster.control_plane import (  # noqa: E402
@@ -112,7 +113,7 @@ def one_run(plane: ControlPlane, tmp: Path, root: Path, n: int, mode: str) -> fl
     clock: SucceededClock | None = None
     try:
         # One node of the default instance type (8 GPUs: nproc_per_node must match them): one worker pod.
-        cfg = LaunchConfig(
+        cfg = LaunchConfig.of(
             storage_root=str(root),
             dataset="bench",
             run_id=f"bench-{n}-{mode}",

@@ -36,7 +36,7 @@ from machine import RESULTS, append_section, machine_lines
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.helpers
 
-from components.launch_pytorchjob.core import launch  # noqa: E402
+from components.launch_training.core import launch  # noqa: E402
 from components.stage_data.core import stage_data  # noqa: E402
 from tests.helpers import snapshot_dir, tiny_launch, write_corpus  # noqa: E402
 from trainer.data import TokenBatches, TokenSplit  # noqa: E402

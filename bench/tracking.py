@@ -41,7 +41,7 @@ from machine import RESULTS, append_section, machine_lines
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.helpers, tests.mlflow_server
 
-from components.launch_pytorchjob.core import launch  # noqa: E402
+from components.launch_training.core import launch  # noqa: E402
 from components.stage_data.core import stage_data  # noqa: E402
 from tests.helpers import tiny_launch, write_corpus  # noqa: E402
 from tests.mlflow_server import MlflowServer, Relay  # noqa: E402

@@ -198,7 +198,7 @@ def stage(root: Path) -> Path:
 def torchrun(entry: list[str], log_dir: Path, nproc: int) -> tuple[str, float | None]:
     """One torchrun to completion, with the local launcher's command line and environment; its output.
 
-    As components/launch_pytorchjob/local_backend.py: --standalone, --tee=3 into a log directory,
+    As components/launch_training/local_backend.py: --standalone, --tee=3 into a log directory,
     OMP_NUM_THREADS = cpu_count // nproc, PYTHONUNBUFFERED=1. A failure raises with the output's tail.
     Also returns the CPUs that other processes kept busy meanwhile (see CpuMeter).
     """

@@ -37,8 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from components.launch_pytorchjob.core import LaunchConfig  # noqa: E402
-from components.launch_pytorchjob.manifest import RDZV_STORE_OPT_OUT, JobSpec, render_job  # noqa: E402
+from components.launch_training.config import LaunchConfig  # noqa: E402
+from components.launch_training.manifest import JobSpec, render_job  # noqa: E402
+from components.launch_training.rendering import RDZV_STORE_OPT_OUT  # noqa: E402
 from components.stage_data.core import stage_data  # noqa: E402
 from pipelines.local_run import default_corpus  # noqa: E402
 
@@ -196,7 +197,7 @@ def stop(agents: list[Agent]) -> None:
 
 def scenario(kind: str, worker: str, root: Path, workdir: Path, settle_s: float, with_fix: bool) -> str:
     run_id = f"{kind}-{worker}" + ("" if with_fix else "-torch-default")
-    cfg = LaunchConfig(
+    cfg = LaunchConfig.of(
         storage_root=str(root),
         dataset="email",
         run_id=run_id,

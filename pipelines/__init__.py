@@ -1,5 +1,7 @@
 from pathlib import Path
 
+from trainer.config import CLUSTER_TRAIN_DEFAULTS
+
 # The compiled pipeline, checked in: what users upload and what run-local executes.
 COMPILED_PIPELINE = Path(__file__).resolve().parent.parent / "compiled" / "pretrain_pipeline.yaml"
 
@@ -28,18 +30,7 @@ CLUSTER_DEFAULTS: dict[str, int | float | str] = {
     "nnodes": 2,
     "max_nodes": 0,
     "nproc_per_node": 8,
-    "preset": "gpt2-124m",
-    "max_steps": 5000,
-    "seed": 1234,
-    "batch_size": 16,
-    "seq_len": 1024,
-    "lr": 6e-4,
-    "warmup_steps": 200,
-    "dropout": 0.0,
-    "checkpoint_every": 500,
-    "log_every": 10,
-    "eval_every": 0,
-    "mlflow_experiment": "hyperpod-pretrain",
+    **CLUSTER_TRAIN_DEFAULTS,  # the trainer's settings (trainer/config.py declares each one's cluster default)
     # a finite budget, so that a job whose launcher and exit step were both lost still ends (its operator's deadline
     # follows it); 0 at run time: none
     "timeout_s": 72 * 3600,

@@ -153,7 +153,7 @@ def keep_line(line: str) -> bool:
     level, name, text = step.group("level", "name", "text")
     if level in ("WARNING", "ERROR", "CRITICAL"):
         return True
-    if name.startswith("components.launch_pytorchjob.local_backend"):
+    if name.startswith("components.launch_training.local_backend"):
         return bool(TRAINER_RANK_0.search(text)) or text.startswith("launching")
     return name.startswith(KEPT_LOGGERS)
 
@@ -275,25 +275,9 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     """What can be checked before anything is staged or written, each failing with one line (exit 2): the training
     settings as the launcher will check them, the source and the files its filters select, a tokenizer to stage with,
     the resumed run's checkpoint, a dataset to skip staging of."""
-    from components.launch_pytorchjob.core import LaunchConfig
+    from components.launch_training.config import TRAIN_SETTINGS, LaunchConfig
     from trainer.layout import DatasetPaths
 
-    settings = (
-        "nproc_per_node",
-        "preset",
-        "max_steps",
-        "seed",
-        "batch_size",
-        "seq_len",
-        "lr",
-        "warmup_steps",
-        "extend_schedule",
-        "dropout",
-        "checkpoint_every",
-        "log_every",
-        "eval_every",
-        "checkpoint_s3_uri",
-    )
     run_id = arguments["resume_run_id"] or arguments["run_id"]
     config = LaunchConfig(
         storage_root=str(storage_root),
@@ -303,7 +287,9 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
         init_from_model=checked_model(arguments.get("init_from_model", "")),
         resume=bool(arguments["resume_run_id"]),
         s3_endpoint_url=arguments.get("s3_endpoint_url", ""),
-        **{k: arguments[k] for k in settings if k in arguments},
+        checkpoint_s3_uri=arguments.get("checkpoint_s3_uri", ""),
+        nproc_per_node=arguments.get("nproc_per_node", 2),
+        train={k: arguments[k] for k in TRAIN_SETTINGS if k in arguments},
     )
     config.validate(check_storage=False)
     if arguments.get("mixture"):

@@ -25,7 +25,7 @@ import yaml
 from common.errors import InputError
 
 if TYPE_CHECKING:
-    from components.launch_pytorchjob.core import LaunchConfig
+    from components.launch_training.config import LaunchConfig
 
 PIPELINE_RUN_PLACEHOLDER = "{{$.pipeline_job_uuid}}"  # dsl.PIPELINE_JOB_ID_PLACEHOLDER, as the compiled YAML has it
 SUBMITTED_RUN = "00000000-0000-4000-8000-000000000000"  # stands for a KFP run's id (a UUID) until KFP gives one
@@ -89,9 +89,7 @@ class Package:
         values: dict[str, Any] = {}
         for key, text in pairs:
             if key not in self.inputs:
-                raise InputError(
-                    f"--param {key}: the pipeline has no such parameter (see the README's parameter table)"
-                )
+                raise InputError(f"--param {key}: the pipeline has no such parameter (see docs/parameters.md)")
             try:
                 values[key] = parse_value(text, self.inputs[key]["parameterType"])
             except ValueError as exc:
@@ -308,10 +306,10 @@ FORETOLD_OUTPUTS: dict[str, Callable[[dict[str, Any]], Any]] = {
 def step_config(inputs: dict[str, Any]) -> LaunchConfig:
     """The LaunchConfig the launcher's or the preflight's step makes of its inputs (LaunchConfig.of_step), staging's
     outputs standing in as STAGING_OUTPUTS says; the step's other inputs (preflight's warn_only) are left out."""
-    from components.launch_pytorchjob.core import LaunchConfig
+    from components.launch_training.config import TRAIN_SETTINGS, LaunchConfig
 
     step_names = set(inspect.signature(LaunchConfig.of_step).parameters) - {"settings"}
-    names = step_names | {f.name for f in fields(LaunchConfig)}
+    names = step_names | {f.name for f in fields(LaunchConfig)} | set(TRAIN_SETTINGS)
     known = {k: STAGING_OUTPUTS.get(k, v) if v is RUN_TIME else v for k, v in inputs.items() if k in names}
     unknown = [k for k, v in known.items() if v is RUN_TIME]
     if unknown:

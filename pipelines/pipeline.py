@@ -21,13 +21,14 @@ from typing import Any
 
 from kfp import compiler, dsl
 from kfp import kubernetes as k8s
+from kfp.dsl.pipeline_channel import PipelineParameterChannel
 from kfp.dsl.python_component import PythonComponent
 
 from common.errors import InputError
 from components.evaluate_checkpoint.component import evaluate_checkpoint
 from components.kfp_support import COMPONENTS_IMAGE
-from components.launch_pytorchjob.component import launch_pytorchjob
-from components.launch_pytorchjob.platform import Platform
+from components.launch_training.component import launch_pytorchjob
+from components.launch_training.platform import Platform
 from components.preflight.component import preflight
 from components.run_summary.component import summarize_run
 from components.stage_data import SAMPLE_MB, VAL_FRACTION, VOCAB_SIZE
@@ -67,6 +68,15 @@ class Images:
 def in_image(component: PythonComponent, image: str) -> PythonComponent:
     """The component, running in `image` (KFP fixes a component's image when it is decorated)."""
     return dsl.component(component.python_func, base_image=image, install_kfp_package=False)
+
+
+def inputs_for(component: PythonComponent, parameters: dict[str, Any], **wired: Any) -> dict[str, Any]:
+    """A call's arguments: each input the component declares, from `wired` (other steps' outputs, compiled-in
+    values, inputs of another name) or else the pipeline parameter of its name; so a setting that passes through
+    is named in the component's signature and the pipeline's, not again in the call."""
+    taken = {k: v for k, v in parameters.items() if isinstance(v, PipelineParameterChannel)}
+    declared = component.component_spec.inputs or {}
+    return {name: wired[name] if name in wired else taken[name] for name in declared if name in wired or name in taken}
 
 
 TRAIN_TIMEOUT_S = int(CLUSTER_DEFAULTS["timeout_s"])  # pipelines/__init__.py says why it is finite
@@ -237,6 +247,7 @@ def build_pipeline(platform: PlatformOptions):
         lr: float = float(CLUSTER_DEFAULTS["lr"]),
         warmup_steps: int = int(CLUSTER_DEFAULTS["warmup_steps"]),
         extend_schedule: str = "",
+        weight_decay: float = float(CLUSTER_DEFAULTS["weight_decay"]),
         dropout: float = float(CLUSTER_DEFAULTS["dropout"]),
         checkpoint_every: int = int(CLUSTER_DEFAULTS["checkpoint_every"]),
         log_every: int = int(CLUSTER_DEFAULTS["log_every"]),
@@ -251,7 +262,7 @@ def build_pipeline(platform: PlatformOptions):
         trainer_image: str = platform.images.trainer,
         namespace: str = (platform.job.namespaces or ("kubeflow",))[0],
         instance_type: str = str(CLUSTER_DEFAULTS["instance_type"]),
-        job_options: dict = {},  # noqa: B006 - any other manifest setting (components/launch_pytorchjob/manifest.py)
+        job_options: dict = {},  # noqa: B006 - any other manifest setting (components/launch_training/manifest.py)
         stream_logs: str = "worker-0",
         owner_reference: bool = True,
         expect_transport: str = "",
@@ -265,154 +276,79 @@ def build_pipeline(platform: PlatformOptions):
         mlflow_tracking_uri: str = platform.mlflow_tracking_uri,
         mlflow_experiment: str = str(CLUSTER_DEFAULTS["mlflow_experiment"]),
     ):
-        summary = summarize(
-            storage_root=storage_root,
-            run_id=run_id,
-            resume_run_id=resume_run_id,
-            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            backend=backend,
-            namespace=namespace,
-            job_api=platform.job.job_api,
-        )
+        parameters = dict(locals())  # the run's parameters, which the steps take by their names
+        run_ids = {"pipeline_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
+        summary = summarize(**inputs_for(summarize, parameters, **run_ids, job_api=platform.job.job_api))
         platform.apply(summary, "summarize-run")
         with dsl.ExitHandler(summary):
             # First: a cluster the job cannot run on fails in a minute, not after hours of staging.
             checked = check(
-                storage_root=storage_root,
-                dataset=dataset,
-                run_id=run_id,
-                resume_run_id=resume_run_id,
-                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                backend=backend,
-                nnodes=nnodes,
-                max_nodes=max_nodes,
-                nproc_per_node=nproc_per_node,
-                preset=preset,
-                init_from_model=init_from_model,
-                mlflow_tracking_uri=mlflow_tracking_uri,
-                image=trainer_image,
-                namespace=namespace,
-                instance_type=instance_type,
-                job_options=job_options,
-                platform=platform.job.to_dict(),
-                warn_only=preflight_warn_only,
+                **inputs_for(
+                    check,
+                    parameters,
+                    **run_ids,
+                    image=trainer_image,
+                    platform=platform.job.to_dict(),
+                    warn_only=preflight_warn_only,
+                )
             )
             platform.apply(checked, "preflight")
             staged = stage(
-                source=source,
-                storage_root=storage_root,
-                dataset=dataset,
-                include=include,
-                exclude=exclude,
-                vocab_size=vocab_size,
-                val_fraction=val_fraction,
-                tokenizer_path=tokenizer_path,
-                text_field=text_field,
-                max_bad_records=max_bad_records,
-                endpoint_url=s3_endpoint_url,
-                workers=staging_workers,
-                chunk_size_mb=staging_chunk_size_mb,
-                keep_deleted=keep_deleted,
-                tokenize_groups=tokenize_workers,
-                tokenizer_sample_mb=tokenizer_sample_mb,
-                init_from_run_id=init_from_run_id,
-                init_from_model=init_from_model,
-                skip=skip_staging,
-                mixture=mixture,
-                run_id=run_id,
-                resume_run_id=resume_run_id,
-                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                **inputs_for(
+                    stage,
+                    parameters,
+                    **run_ids,
+                    endpoint_url=s3_endpoint_url,
+                    workers=staging_workers,
+                    chunk_size_mb=staging_chunk_size_mb,
+                    tokenize_groups=tokenize_workers,
+                    skip=skip_staging,
+                )
             ).after(checked)
             platform.apply(staged, "stage-data")
             with dsl.ParallelFor(staged.outputs["Output"]) as work:  # one pod per group of files, all at once
-                tokenized = tokenize(
-                    storage_root=storage_root,
-                    dataset=dataset,
-                    work=work,
-                    run_id=run_id,
-                    resume_run_id=resume_run_id,
-                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                )
+                tokenized = tokenize(**inputs_for(tokenize, parameters, **run_ids, work=work))
                 platform.apply(tokenized, "tokenize-data")
-            finalized = finalize(
-                storage_root=storage_root,
-                dataset=dataset,
-                work=staged.outputs["Output"],
-                run_id=run_id,
-                resume_run_id=resume_run_id,
-                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            ).after(tokenized)
+            finalized = finalize(**inputs_for(finalize, parameters, **run_ids, work=staged.outputs["Output"])).after(
+                tokenized
+            )
             platform.apply(finalized, "finalize-data")
             trained = launch(
-                storage_root=storage_root,
-                dataset=finalized.outputs["dataset"],  # a mixture's first
-                snapshot=finalized.outputs["snapshot"],
-                mixture=finalized.outputs["mixture"],
-                init_from_run_id=finalized.outputs["init_from"],
-                init_from_model=init_from_model,  # staging copied an s3:// one to the place the launcher reads
-                run_id=run_id,
-                resume_run_id=resume_run_id,
-                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                backend=backend,
-                nnodes=nnodes,
-                max_nodes=max_nodes,
-                nproc_per_node=nproc_per_node,
-                preset=preset,
-                max_steps=max_steps,
-                seed=seed,
-                batch_size=batch_size,
-                seq_len=seq_len,
-                lr=lr,
-                warmup_steps=warmup_steps,
-                extend_schedule=extend_schedule,
-                dropout=dropout,
-                checkpoint_every=checkpoint_every,
-                log_every=log_every,
-                eval_every=eval_every,
-                checkpoint_s3_uri=checkpoint_s3_uri,
-                s3_endpoint_url=s3_endpoint_url,
-                mlflow_tracking_uri=mlflow_tracking_uri,
-                mlflow_experiment=mlflow_experiment,
-                timeout_s=train_timeout_s,
-                pending_timeout_s=pending_timeout_s,
-                recovery_timeout_s=recovery_timeout_s,
-                queue_timeout_s=queue_timeout_s,
-                stall_timeout_s=stall_timeout_s,
-                image=trainer_image,
-                namespace=namespace,
-                instance_type=instance_type,
-                job_options=job_options,
-                stream_logs=stream_logs,
-                owner_reference=owner_reference,
-                platform=platform.job.to_dict(),
+                **inputs_for(
+                    launch,
+                    parameters,
+                    **run_ids,
+                    dataset=finalized.outputs["dataset"],  # a mixture's first
+                    snapshot=finalized.outputs["snapshot"],
+                    mixture=finalized.outputs["mixture"],
+                    init_from_run_id=finalized.outputs["init_from"],
+                    # init_from_model as given: staging copied an s3:// one to the place the launcher reads
+                    timeout_s=train_timeout_s,
+                    image=trainer_image,
+                    platform=platform.job.to_dict(),
+                )
             )
             platform.apply(trained, "launch-pytorchjob")
             verified = verify(
-                storage_root=storage_root,
-                run_id=trained.outputs["run_id"],
-                nnodes=nnodes,
-                max_nodes=max_nodes,
-                nproc_per_node=nproc_per_node,
-                instance_type=instance_type,
-                expect_transport=expect_transport,
-                bandwidth_fails=bandwidth_fails,
-                job_name=trained.outputs["job_name"],
-                namespace=trained.outputs["namespace"],
-                job_api=platform.job.job_api,
+                **inputs_for(
+                    verify,
+                    parameters,
+                    run_id=trained.outputs["run_id"],
+                    job_name=trained.outputs["job_name"],
+                    namespace=trained.outputs["namespace"],
+                    job_api=platform.job.job_api,
+                )
             )
             platform.apply(verified, "verify-nccl")
             evaluated = evaluate(
-                storage_root=storage_root,
-                dataset=finalized.outputs["dataset"],
-                run_id=trained.outputs["run_id"],
-                max_tokens=eval_max_tokens,
-                checkpoint="latest",
-                max_val_loss=max_val_loss,
-                baseline_run_id=baseline_run_id,
-                baseline_margin=baseline_margin,
-                gate_warn_only=gate_warn_only,
-                export_s3_uri=export_s3_uri,
-                s3_endpoint_url=s3_endpoint_url,
+                **inputs_for(
+                    evaluate,
+                    parameters,
+                    dataset=finalized.outputs["dataset"],
+                    run_id=trained.outputs["run_id"],
+                    max_tokens=eval_max_tokens,
+                    checkpoint="latest",
+                )
             ).after(verified)
             platform.apply(evaluated, "evaluate-checkpoint")
 

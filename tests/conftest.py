@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from components.launch_pytorchjob.core import launch
+from components.launch_training.core import launch
 from components.stage_data.core import stage_data
 from tests.helpers import EXACT, MIXED_RUN, snapshot_dir, tiny_launch, write_corpus
 from tests.s3_server import S3Server
@@ -122,7 +122,7 @@ def make_cluster(control_plane: Any, tmp_path: Path) -> Iterator[Callable[..., A
         return made[-1]
 
     yield make
-    # The launch's readers (k8s_backend.Reader: the job's watch, the log streams) end before it returns; one left
+    # The launch's readers (readers.Reader: the job's watch, the log streams) end before it returns; one left
     # reading would log into the next test and make loggers while pytest walks them.
     readers = [t.name for t in threading.enumerate() if t.name == "job-watch" or t.name.startswith("log-")]
     for cluster in made:

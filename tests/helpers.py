@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from components.launch_pytorchjob.core import LaunchConfig
+from components.launch_training.config import LaunchConfig
 from trainer.layout import DatasetPaths
 
 NOUNS = ["cluster", "node", "pod", "volume", "checkpoint", "gradient", "tensor", "rank", "shard", "model"]
@@ -62,7 +62,7 @@ def tiny_launch(root: Path, run_id: str, **overrides) -> LaunchConfig:
         timeout_s=300,
     )
     settings.update(overrides)
-    return LaunchConfig(**settings)
+    return LaunchConfig.of(**settings)
 
 
 def snapshot_dir(root: Path, dataset: str) -> Path:

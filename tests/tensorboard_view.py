@@ -1,6 +1,6 @@
 """TensorBoard's own server on a run's event files, on loopback, and its loss chart opened in headless Chromium
 (Debian's, driven by Playwright): what a person watching the run sees. For tests/test_tracking.py, and for the
-README's picture: ``python -m tests.tensorboard_view <run>/tensorboard docs/images/tensorboard.png``."""
+picture in docs/running.md: ``python -m tests.tensorboard_view <run>/tensorboard docs/images/tensorboard.png``."""
 
 from __future__ import annotations
 

@@ -7,9 +7,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from components.launch_training.config import LaunchConfig
 from trainer.layout import RunPaths
 
 CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
@@ -127,8 +129,9 @@ def test_bad_input_is_one_line_and_leaves_nothing(corpus: Path, tmp_path: Path) 
     [
         (["--max-steps", "0"], "argument --max-steps: must be a positive integer, got 0"),
         (["--nproc-per-node", "-2"], "argument --nproc-per-node: must be a positive integer, got -2"),
-        (["--preset", "gpt5"], "argument --preset: invalid choice: 'gpt5'"),
+        (["--preset", "gpt5"], "argument --preset: 'gpt5' is unknown: choose one of tiny"),
         (["--batch-size", "x"], "argument --batch-size: 'x' is not an integer"),
+        (["--lr", "-1"], "argument --lr: must be positive, got -1.0"),
     ],
 )
 @pytest.mark.parametrize("command", ["launch", "run-local"])
@@ -143,7 +146,6 @@ def test_bad_training_arguments(command: str, args: list[str], message: str, tmp
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--lr", "-1"], "lr must be positive, got -1.0"),
         (
             ["--dropout", "0.5", "--warmup-steps", "3", "--source", "/nonexistent/corpus"],
             "source /nonexistent/corpus: no such file or directory",
@@ -180,7 +182,8 @@ def test_run_local_stages_all_of_a_given_source_and_refuses_filters_that_keep_no
     pipeline starts, in staging's own words, nothing written. --tokenizer-path reaches the pipeline, checked here
     only where it is local. In process, as the refusals above."""
     from pipelines import COMPILED_PIPELINE
-    from pipelines.cli import main, run_local_arguments
+    from pipelines.cli import main
+    from pipelines.cli.run_settings import run_local_arguments
     from pipelines.local_run import check_before_start, default_corpus
     from pipelines.package import Package
     from tests.helpers import write_corpus
@@ -222,7 +225,7 @@ def test_the_version_is_shown_and_written_into_each_runs_config(trained_root: Pa
     assert config["hyperpod_pretrain"] == tool_version()
 
 
-# -- a resume takes the run's recorded settings (pipelines/cli.py fill_train_args); in process, nothing trains ------
+# -- a resume takes the run's recorded settings (pipelines/cli/run_settings.py fill_train_args); in process -------
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -237,7 +240,7 @@ def test_a_resume_takes_the_runs_recorded_settings_where_none_are_given(trained_
     --extend-schedule it trains on with them; a setting given wins; a new run, and the cluster commands, get the
     defaults."""
     from pipelines import CLUSTER_DEFAULTS
-    from pipelines.cli import RESUMED_SETTINGS, launch_config, run_local_arguments
+    from pipelines.cli.run_settings import RESUMED_SETTINGS, launch_config, run_local_arguments
     from trainer.config import TRAIN_DEFAULTS
 
     root = str(trained_root)
@@ -275,7 +278,7 @@ def test_a_resume_takes_the_runs_recorded_settings_where_none_are_given(trained_
             "rewarm",
         )
     )
-    assert {name: getattr(relaunched, name) for name in RESUMED_SETTINGS} == {**own, "lr": 1e-3}
+    assert {name: chosen(relaunched, name) for name in RESUMED_SETTINGS} == {**own, "lr": 1e-3}
     args = relaunched.trainer_args()
     assert args[args.index("--seq-len") + 1] == "64" and args[args.index("--extend-schedule") + 1] == "rewarm"
 
@@ -283,14 +286,19 @@ def test_a_resume_takes_the_runs_recorded_settings_where_none_are_given(trained_
     new = run_local_arguments(parsed("run-local", "--storage-root", root, "--run-id", "run-2"))
     assert {name: new[name] for name in RESUMED_SETTINGS} == defaults and new["extend_schedule"] == ""
     fresh = launch_config(parsed("launch", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-2"))
-    assert {name: getattr(fresh, name) for name in RESUMED_SETTINGS} == defaults
+    assert {name: chosen(fresh, name) for name in RESUMED_SETTINGS} == defaults
     rendered = launch_config(
         parsed("render-job", "--storage-root", root, "--dataset", "synthetic", "--run-id", "run-1")
     )
-    assert {name: getattr(rendered, name) for name in RESUMED_SETTINGS} == {
+    assert {name: chosen(rendered, name) for name in RESUMED_SETTINGS} == {
         **defaults,
         **{name: CLUSTER_DEFAULTS[name] for name in RESUMED_SETTINGS if name in CLUSTER_DEFAULTS},
     }, "render-job: the pipeline's defaults"
+
+
+def chosen(config: LaunchConfig, name: str) -> Any:
+    """A run setting of the launch: in its trainer settings, or the launcher's own (init_from_model)."""
+    return config.train[name] if name in config.train else getattr(config, name)
 
 
 def test_a_resume_whose_recorded_settings_are_missing_or_unreadable_is_refused_in_one_line(

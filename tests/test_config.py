@@ -28,10 +28,10 @@ def test_everything_from_the_environment() -> None:
 @pytest.mark.parametrize(
     "argv, env, message",
     [
-        (["--max-steps", "0"], {}, "argument --max-steps: must be at least 1, got 0"),
-        (["--batch-size", "many"], {}, "argument --batch-size: 'many' is not a valid int"),
+        (["--max-steps", "0"], {}, "argument --max-steps: must be a positive integer, got 0"),
+        (["--batch-size", "many"], {}, "argument --batch-size: 'many' is not an integer"),
         (["--preset", "gpt5"], {}, "argument --preset: 'gpt5' is unknown"),
-        ([], {"TRAINER_SEED": "x"}, "TRAINER_SEED: 'x' is not a valid int"),
+        ([], {"TRAINER_SEED": "x"}, "TRAINER_SEED: 'x' is not an integer"),
         ([], {"TRAINER_ASYNC_CHECKPOINT": "maybe"}, "TRAINER_ASYNC_CHECKPOINT: 'maybe' is not a boolean"),
         ([], {"TRAINER_COMPILE": "yes"}, "TRAINER_COMPILE: 'yes' is unknown: choose one of auto, on, off"),
         (["--ddp-comm-hook", "fp8"], {}, "argument --ddp-comm-hook: 'fp8' is unknown: choose one of none, bf16"),

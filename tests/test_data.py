@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from components.evaluate_checkpoint.core import evaluate_checkpoint
-from components.launch_pytorchjob.core import launch
+from components.launch_training.core import launch
 from components.stage_data.core import stage_data
 from tests.helpers import snapshot_dir, tiny_launch, write_corpus
 from trainer.checkpoint import read_checkpoint

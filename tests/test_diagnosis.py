@@ -13,10 +13,11 @@ import kubernetes
 import pytest
 
 from common.errors import StepFailed
-from components.launch_pytorchjob import k8s_backend
-from components.launch_pytorchjob.core import LaunchConfig, launch
-from components.launch_pytorchjob.diagnosis import FIX, Diagnosis
-from components.launch_pytorchjob.k8s_backend import last_memory_use
+from components.launch_training import k8s_backend
+from components.launch_training.config import LaunchConfig
+from components.launch_training.core import launch
+from components.launch_training.diagnosis import FIX, Diagnosis
+from components.launch_training.k8s_backend import last_memory_use
 from tests.cluster.timelines import Timeline
 from trainer.metrics import step_line
 
@@ -44,7 +45,7 @@ def config(root: Path, run_id: str, namespace: str, **overrides: Any) -> LaunchC
         stream_logs="all",
         namespace=namespace,
     )
-    return LaunchConfig(**{**settings, **overrides})
+    return LaunchConfig.of(**{**settings, **overrides})
 
 
 def findings(caplog: pytest.LogCaptureFixture) -> list[str]:

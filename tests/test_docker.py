@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.launch_pytorchjob.pytorchjob import torchrun_command
+from components.launch_training.pytorchjob import torchrun_command
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
@@ -247,7 +247,7 @@ def test_this_test_environment_is_the_pinned_stack() -> None:
 
 
 def test_the_job_runs_the_module_the_trainer_image_installs() -> None:
-    from components.launch_pytorchjob.manifest import JobSpec
+    from components.launch_training.manifest import JobSpec
 
     command = torchrun_command(JobSpec(name="x", image="i", trainer_args=[]))
     module = command[command.index("-m") + 1]

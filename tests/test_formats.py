@@ -20,7 +20,7 @@ import zstandard
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from common.errors import InputError
-from components.evaluate_checkpoint.core import export_model
+from components.evaluate_checkpoint.export import export_model
 from components.stage_data.core import mirror_and_plan, stage_data
 from components.stage_data.settings import StageSettings
 from components.stage_data.tokenization import building_dir, document_position

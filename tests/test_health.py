@@ -1,4 +1,4 @@
-"""Training health (trainer/health.py, components/launch_pytorchjob/progress.py): a diverged run stops and is not
+"""Training health (trainer/health.py, components/launch_training/progress.py): a diverged run stops and is not
 restarted, a silent rank is named within the collective timeout, a stalled job is deleted."""
 
 import io
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from common.errors import StepFailed
-from components.launch_pytorchjob.core import launch
-from components.launch_pytorchjob.progress import STALL_FLOOR_S, TrainingWatch
+from components.launch_training.core import launch
+from components.launch_training.progress import STALL_FLOOR_S, TrainingWatch
 from tests.helpers import snapshot_dir, tiny_launch
 from tests.servers import free_port
 from tests.test_trainer import read_metrics, start_torchrun, wait_for_step, worker_pids
@@ -204,7 +204,7 @@ def test_the_derived_stall_timeout_follows_the_gaps_between_steps_with_a_floor(t
 
 
 def test_the_evaluation_report_counts_skipped_steps_and_lists_the_spikes(tmp_path: Path) -> None:
-    from components.evaluate_checkpoint.core import training_health
+    from components.evaluate_checkpoint.measure import training_health
     from trainer.metrics import MetricsLog
 
     run = RunPaths(tmp_path / "run")

@@ -31,11 +31,14 @@ import pytest
 
 from common.errors import InputError, StepFailed
 from components.kube import Kube, KubeSettings, api_client_from_environment
-from components.launch_pytorchjob.core import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig, launch
-from components.launch_pytorchjob.job_api import JOB_APIS
-from components.launch_pytorchjob.k8s_backend import DIAGNOSE_EVERY_S, WatchSettings, create_or_attach, run_job
-from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME, job_name, render_job
-from components.launch_pytorchjob.platform import Platform
+from components.launch_training.attach import create_or_attach
+from components.launch_training.config import OPERATOR_DEADLINE_MARGIN_S, LaunchConfig
+from components.launch_training.core import launch
+from components.launch_training.follow import run_job
+from components.launch_training.job_api import JOB_APIS
+from components.launch_training.manifest import DEFAULT_RUNTIME, job_name, render_job
+from components.launch_training.platform import Platform
+from components.launch_training.watch_settings import DIAGNOSE_EVERY_S, WatchSettings
 from components.run_summary.core import job_cleanup, summarize_run
 from components.verify_nccl.core import fetch_pod_logs
 from tests.cluster.control_plane import deploy_grants
@@ -109,7 +112,7 @@ def cluster_config(staged_root: Path, run_id: str, namespace: str = "kubeflow", 
         timeout_s=60,
         namespace=namespace,
     )
-    return LaunchConfig(**{**settings, **overrides})
+    return LaunchConfig.of(**{**settings, **overrides})
 
 
 def fast(**overrides: Any) -> WatchSettings:
@@ -748,7 +751,7 @@ def test_a_job_of_a_run_that_is_still_running_is_reattached_not_replaced(
 
 def test_the_job_is_owned_by_the_launcher_pod_in_its_namespace(staged_root: Path, tmp_path: Path, monkeypatch) -> None:
     namespace_file = tmp_path / "namespace"
-    monkeypatch.setattr("components.launch_pytorchjob.core.SERVICE_ACCOUNT_NAMESPACE", str(namespace_file))
+    monkeypatch.setattr("components.launch_training.config.SERVICE_ACCOUNT_NAMESPACE", str(namespace_file))
     monkeypatch.setenv("KFP_POD_NAME", "pretrain-launch-pytorchjob-123")
     monkeypatch.setenv("KFP_POD_UID", "6f1c9a52-0000-4000-8000-000000000001")
     namespace_file.write_text("kubeflow")
@@ -1013,9 +1016,10 @@ def test_the_training_deadline_reaches_the_operator(staged_root: Path) -> None:
 def test_after_a_kueue_resume_the_operators_deadline_waits_for_the_jobs_next_change(
     staged_root: Path, make_cluster
 ) -> None:
-    """Why cancel layer 3 is not enough alone after a preemption (README, "Cancelling"): on resume 1.8.1 sets
-    startTime anew and queues no deadline timer (the one it queued at the first start fires, finds the new startTime
-    not yet past, and none follows), so the job runs past activeDeadlineSeconds until something about it changes."""
+    """Why cancel layer 3 is not enough alone after a preemption (docs/launcher.md, "Cancelling in detail"): on
+    resume 1.8.1 sets startTime anew and queues no deadline timer (the one it queued at the first start fires, finds
+    the new startTime not yet past, and none follows), so the job runs past activeDeadlineSeconds until something
+    about it changes."""
     timeline = (
         Timeline([(0.05, lambda job: job.admit())])
         + Timeline.started(2)
@@ -1058,7 +1062,7 @@ def test_a_terminated_runs_job_is_deleted_by_the_exit_step(
     root = tmp_path / "fsx"
     shutil.copytree(staged_root, root)
     pipeline_run = "6d1c2b3a-0000-4000-8000-00000000abcd"
-    # The launcher step as its component runs it: recorded_step around launch (components/launch_pytorchjob).
+    # The launcher step as its component runs it: recorded_step around launch (components/launch_training).
     script = (
         "import sys\n"
         "from components.run_summary.core import recorded_step\n"
@@ -1118,8 +1122,8 @@ def test_a_delete_for_a_job_since_replaced_under_its_name_deletes_nothing(staged
     """Every delete of the launcher and the exit step names the uid it knows (cancel.delete_job). When someone else's
     job holds the name by then, the API server answers 409 (apiserver's registry Store.Delete, "Precondition failed:
     UID in precondition") and the job stays."""
-    from components.launch_pytorchjob.cancel import delete_job
-    from components.launch_pytorchjob.pytorchjob import PYTORCHJOB
+    from components.launch_training.cancel import delete_job
+    from components.launch_training.pytorchjob import PYTORCHJOB
 
     cluster = make_cluster()
     job = render_job(cluster_config(staged_root, "replaced", cluster.namespace).job_spec())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import InputError, StepFailed
-from components.launch_pytorchjob.core import launch
+from components.launch_training.core import launch
 from tests.helpers import tiny_launch
 from trainer.layout import RunPaths
 
@@ -31,7 +31,7 @@ def test_training_failure_fails_the_step_with_exit_code_and_output(staged_copy: 
     [
         ({"max_steps": 0}, "max-steps must be a positive integer"),
         ({"nproc_per_node": -1}, "nproc-per-node must be a positive integer"),
-        ({"preset": "gpt5"}, "model preset 'gpt5' is unknown"),
+        ({"preset": "gpt5"}, "preset 'gpt5' is unknown: choose one of tiny"),
         ({"backend": "slurm"}, "backend 'slurm' is unknown"),
         ({"dataset": "not-staged"}, "is not staged"),
         ({"run_id": "../../etc"}, "not a valid name"),
@@ -46,7 +46,7 @@ def test_bad_launch_inputs_fail_before_anything_starts(staged_copy: Path, overri
 
 
 def test_the_local_trainer_gets_its_runs_checkpoint_copies_prefix_and_the_endpoint(staged_copy: Path) -> None:
-    from components.launch_pytorchjob.local_backend import torchrun_command
+    from components.launch_training.local_backend import torchrun_command
 
     cfg = tiny_launch(
         staged_copy, "copied", checkpoint_s3_uri="s3://bucket/ckpts", s3_endpoint_url="http://127.0.0.1:9"
@@ -126,7 +126,8 @@ def test_the_step_gives_kfps_run_comparison_the_training_in_a_few_numbers(
     from kfp import dsl
 
     from components.kfp_support import log_numbers
-    from components.launch_pytorchjob.core import LaunchResult, summary_markdown, training_figures
+    from components.launch_training.config import LaunchResult
+    from components.launch_training.core import summary_markdown, training_figures
     from trainer.atomic import read_json_lines
 
     rows = read_json_lines(uninterrupted.metrics)

@@ -14,15 +14,8 @@ import pytest
 import yaml
 
 from common.errors import InputError
-from components.launch_pytorchjob.manifest import (
-    AUTO_RESUME,
-    MAX_RETRY,
-    RDZV_STORE_OPT_OUT,
-    SPEC_HASH_ANNOTATION,
-    JobSpec,
-    job_name,
-    render_job,
-)
+from components.launch_training.manifest import JobSpec, job_name, render_job
+from components.launch_training.rendering import AUTO_RESUME, MAX_RETRY, RDZV_STORE_OPT_OUT, SPEC_HASH_ANNOTATION
 
 # The seed tutorial's manifest (its "pytorchjob-ddp.yaml"), as our users apply it today.
 SEED = yaml.safe_load("""
@@ -369,8 +362,8 @@ def test_render_job_of_a_pipeline_file_is_the_launchers_job_for_its_defaults_and
     """render-job --pipeline-file prints the job a submission of the package with these --param values creates: the
     launcher's render_job of a LaunchConfig made of the package's defaults, its compiled platform and the params
     (stated here by hand, pipeline parameter by LaunchConfig field), whichever job API the package was compiled for."""
-    from components.launch_pytorchjob.core import LaunchConfig
-    from components.launch_pytorchjob.platform import Platform
+    from components.launch_training.config import LaunchConfig
+    from components.launch_training.platform import Platform
     from pipelines import COMPILED_PIPELINE
     from pipelines.cli import main
 
@@ -400,7 +393,7 @@ def test_render_job_of_a_pipeline_file_is_the_launchers_job_for_its_defaults_and
         ]
         assert main(["render-job", "--pipeline-file", str(package), *(a for p in params for a in ("--param", p))]) == 0
         printed = yaml.safe_load(capsys.readouterr().out)
-        config = LaunchConfig(
+        config = LaunchConfig.of(
             storage_root=d["storage_root"],
             dataset=d["dataset"],
             run_id="example",
@@ -468,7 +461,7 @@ def test_render_job_and_preflight_take_a_pipeline_file_and_params_or_the_flags_n
         (["render-job", "--param", "nnodes=4"], "--param sets a parameter of --pipeline-file: give the file too"),
         (
             ["preflight", *package, *image, "--param", "preset=huge"],
-            "--param preset='huge': model preset 'huge' is unknown",
+            "--param preset='huge': preset 'huge' is unknown: choose one of tiny",
         ),
         (
             ["render-job", *package],
@@ -485,7 +478,8 @@ def test_preflight_of_a_pipeline_file_warns_only_as_its_step_would() -> None:
     """The preflight step's warn_only is the preflight_warn_only parameter: preflight --pipeline-file takes it from
     the package's default and the --param values, as a submission would; --warn-only still says so on its own."""
     from pipelines import COMPILED_PIPELINE
-    from pipelines.cli import build_parser, preflight_settings
+    from pipelines.cli import build_parser
+    from pipelines.cli.job import preflight_settings
 
     package = ["preflight", "--pipeline-file", str(COMPILED_PIPELINE), "--param", "trainer_image=registry.example/t:1"]
     for extra, expected in (

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common.errors import InputError
-from components.launch_pytorchjob.core import launch
+from components.launch_training.core import launch
 from components.stage_data.core import stage_data
 from tests.helpers import MIXED_RUN, MIXTURE, tiny_launch, write_corpus
 from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics, start_torchrun
@@ -307,7 +307,8 @@ def test_the_cli_takes_a_mixture_to_the_pipeline_and_the_launcher_and_refuses_ba
     """run-local's --mixture, --mixture-source and --mixture-text-field become the pipeline's `mixture` entries;
     launch's --mixture names staged datasets, which the trainer gets as snapshot directories; bad ones are one line
     and exit 2."""
-    from pipelines.cli import build_parser, launch_config, main, run_local_arguments
+    from pipelines.cli import build_parser, main
+    from pipelines.cli.run_settings import launch_config, run_local_arguments
 
     def parsed(*argv: str):
         return build_parser().parse_args(list(argv))

@@ -15,7 +15,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from components.evaluate_checkpoint.core import evaluate_checkpoint
-from components.launch_pytorchjob.core import launch
+from components.launch_training.core import launch
 from tests.helpers import EXACT, tiny_launch
 from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics
 from trainer.checkpoint import LATEST, read_checkpoint, step_dir_name

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.launch_pytorchjob.platform import Platform
+from components.launch_training.platform import Platform
 from pipelines import COMPILED_PIPELINE
 from tests.helpers import write_corpus
 from trainer.layout import RunPaths
@@ -621,11 +621,11 @@ def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
     assert not (tmp_path / "x.yaml").exists()
 
 
-def test_the_readme_lists_every_parameter_with_its_default() -> None:
+def test_the_parameters_page_lists_every_parameter_with_its_default() -> None:
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    table = readme.split("### Pipeline parameters", 1)[1].split("\n### ", 1)[0]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "parameters.md").read_text()
+    table = page.split("\n## Pipeline parameters\n", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table, re.M))
     spec = next(yaml.safe_load_all(COMPILED_PIPELINE.read_text()))
     parameters = spec["root"]["inputDefinitions"]["parameters"]

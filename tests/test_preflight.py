@@ -7,6 +7,9 @@ test's own bound to those files less the rules cut. Tests that need the CRD abse
 over the same etcd (ControlPlane.spare). A pipeline compiled for TrainJobs (Kubeflow Trainer v2) is checked against
 Kubeflow Trainer's install, our ClusterTrainingRuntime (named hyperpod-pretrain, as deploy/rbac-trainjob.yaml lets the
 runner read only that one: cluster-scoped, so each test that makes it deletes it) and, with a queue, Kueue's.
+
+What needs no cluster is tested beside this file, a file a module (tests/test_preflight_<module>.py). The tests on the
+control plane stay here together: tests/test_rbac.py measures the deploy files' rules from this file's requests.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import json
 import logging
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -34,35 +36,18 @@ import pytest
 import yaml
 
 from common.errors import InputError, StepFailed
-from components.kube import KubeSettings
-from components.launch_pytorchjob.core import LaunchConfig
-from components.launch_pytorchjob.job_api import JOB_APIS
-from components.launch_pytorchjob.manifest import render_job
-from components.launch_pytorchjob.platform import Platform
-from components.launch_pytorchjob.trainjob import TRAINJOB, render_runtime
-from components.preflight import core as preflight_core
-from components.preflight.core import (
-    ASSUMED_VOCAB,
-    CHECK_NAMES,
-    FAIL,
-    LAUNCHER_ACCESS,
-    NOT_APPLICABLE,
-    OPERATOR_RELEASE_TAGS,
-    PASS,
-    WARN,
-    Check,
-    Context,
-    PreflightResult,
-    check_gpu_memory,
-    check_manifest,
-    failure_message,
-    fsx_size_gib,
-    launcher_access,
-    parse_reference,
-    pod_requests,
-    preflight,
-    quantity,
-)
+from components.launch_training.job_api import JOB_APIS
+from components.launch_training.manifest import render_job
+from components.launch_training.platform import Platform
+from components.launch_training.trainjob import TRAINJOB, render_runtime
+from components.preflight import fsx_pvc
+from components.preflight.access import launcher_access
+from components.preflight.context import ASSUMED_VOCAB
+from components.preflight.core import CHECK_NAMES, check_manifest, preflight
+from components.preflight.fsx_tiers import fsx_size_gib
+from components.preflight.operator_versions import OPERATOR_RELEASE_TAGS
+from components.preflight.permissions import LAUNCHER_ACCESS
+from components.preflight.result import FAIL, NOT_APPLICABLE, PASS, WARN, Check, PreflightResult, failure_message
 from pipelines.deploy.storage import FileSystem
 from pipelines.deploy.storage import documents as volume_documents
 from tests.cluster.cluster import profile_namespace
@@ -88,36 +73,18 @@ from tests.cluster.installed import (
     Installed,
     unique_tag,
 )
+from tests.preflight_helpers import ECR_IMAGE, FAST, IMAGE, check, config, statuses
 from trainer.config import TRAIN_DEFAULTS
 from trainer.layout import META, DatasetPaths
 
-IMAGE = "registry.example.com/ml/hyperpod-pretrain-trainer:1.0"
-ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-trainer:1"
 OPERATOR_IMAGE = "kubeflow/training-operator:v1-04f9f13"  # Training Operator v1.8.1's release image
 GPU8 = {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
-FAST = KubeSettings(request_timeout_s=5, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
 
 SCRATCH_2 = {
     "subnetId": "subnet-0123456789abcdef0",
     "securityGroupIds": "sg-0123456789abcdef0",
     "deploymentType": "SCRATCH_2",
 }
-
-
-def config(**overrides: Any) -> LaunchConfig:
-    settings: dict[str, Any] = dict(
-        storage_root="/fsx",
-        dataset="synthetic",
-        run_id="pf-1",
-        backend="kubernetes",
-        nnodes=2,
-        nproc_per_node=8,
-        pipeline_run_id="pipeline-pf-1",
-        image=IMAGE,
-        instance_type="ml.p5.48xlarge",
-        owner_reference=False,
-    )
-    return LaunchConfig(**{**settings, **overrides})
 
 
 @dataclass
@@ -214,14 +181,6 @@ def spare(control_plane: ControlPlane, tmp_path: Path) -> Iterator[ControlPlane]
     """A spare API server over the same etcd, with no CRD installed: the shared one is never removed."""
     with control_plane.spare(tmp_path / "spare", []) as plane:
         yield plane
-
-
-def check(result: PreflightResult, name: str) -> Any:
-    return next(c for c in result.checks if c.name == name)
-
-
-def statuses(result: PreflightResult) -> dict[str, str]:
-    return {c.name: c.status for c in result.checks}
 
 
 # A PyTorchJob without a Kueue queue (the default site): no runtime to check, no queue; no MLflow server named.
@@ -1074,7 +1033,7 @@ def test_profiles_share_one_file_system_through_the_volumes_render_storage_makes
     )
     first.hp.apply_volumes(volume_documents(fsx, [first.namespace, second.namespace], "fsx-lustre-pvc"))
     mountinfo = tmp_path / "mountinfo"
-    monkeypatch.setattr(preflight_core, "MOUNTINFO", mountinfo)
+    monkeypatch.setattr(fsx_pvc, "MOUNTINFO", mountinfo)
     root = "22 1 0:20 / / rw,relatime - overlay overlay rw\n"
     mountinfo.write_text(root + "36 22 0:50 / /fsx rw,relatime shared:5 - lustre 10.0.1.5@tcp:/abcdefgh rw,flock\n")
     for site in (first, second):
@@ -1295,27 +1254,6 @@ def test_cannot_read_the_pv_or_storage_class_warns_with_what_it_needs(make_site:
         and "kubectl apply -f deploy/rbac-cluster-read.yaml" in pv.fix
     )
     others_pass(result, "checkpoint-throughput")
-
-
-@pytest.mark.parametrize(
-    ("request_gib", "deployment", "storage_type", "per_unit", "size"),
-    [
-        (1, "SCRATCH_2", "SSD", 100, 1200),
-        (1201, "SCRATCH_2", "SSD", 100, 2400),
-        (2401, "SCRATCH_2", "SSD", 100, 4800),
-        (2401, "PERSISTENT_2", "SSD", 125, 4800),
-        (3000, "SCRATCH_1", "SSD", 200, 3600),
-        (3601, "SCRATCH_1", "SSD", 200, 7200),
-        (2401, "SCRATCH_1", "SSD", 200, 3600),
-        (100, "PERSISTENT_1", "HDD", 12, 6000),
-        (6001, "PERSISTENT_1", "HDD", 12, 12000),
-        (1801, "PERSISTENT_1", "HDD", 40, 3600),
-    ],
-)
-def test_sizes_round_up_as_the_fsx_csi_driver_provisions_them(
-    request_gib: int, deployment: str, storage_type: str, per_unit: int, size: int
-) -> None:
-    assert fsx_size_gib(Decimal(request_gib), deployment, storage_type, per_unit) == size
 
 
 # -- 4. nodes ------------------------------------------------------------------------------------------------
@@ -1624,43 +1562,6 @@ def test_a_malformed_image_fails(site: Site) -> None:
     others_pass(result, "image")
 
 
-@pytest.mark.parametrize(
-    ("reference", "parts"),
-    [
-        ("ubuntu", ("", "ubuntu", "", "")),
-        ("library/ubuntu:24.04", ("", "library/ubuntu", "24.04", "")),
-        ("localhost:5000/trainer:dev_1", ("localhost:5000", "trainer", "dev_1", "")),
-        ("nvcr.io/nvidia/pytorch:24.04-py3", ("nvcr.io", "nvidia/pytorch", "24.04-py3", "")),
-        (ECR_IMAGE, ("123456789012.dkr.ecr.us-east-1.amazonaws.com", "hyperpod-pretrain-trainer", "1", "")),
-        ("ghcr.io/a__b/c.d-e@sha256:" + "a" * 64, ("ghcr.io", "a__b/c.d-e", "", "sha256:" + "a" * 64)),
-        ("[::1]:5000/x:v1@sha256:" + "0" * 64, ("[::1]:5000", "x", "v1", "sha256:" + "0" * 64)),
-    ],
-)
-def test_well_formed_references(reference: str, parts: tuple[str, str, str, str]) -> None:
-    got = parse_reference(reference)
-    assert (got["domain"], got["path"], got["tag"], got["digest"]) == parts
-
-
-@pytest.mark.parametrize(
-    ("reference", "problem"),
-    [
-        ("", "it is empty"),
-        ("https://nvcr.io/nvidia/pytorch:24.04", "a reference has no scheme (drop the https://)"),
-        ("nvcr.io/nvidia/pytorch::24.04", "the tag is empty or has a ':'"),
-        ("nvcr.io/nvidia/pytorch:", "the tag is empty or has a ':'"),
-        ("nvcr.io/nvidia/pytorch:-rc1", "tag '-rc1' is not [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"),
-        ("nvcr.io/nvidia/pytorch@sha256:abc", "digest 'sha256:abc' is not algorithm:hex (sha256:<64 hex digits>)"),
-        ("nvcr.io/nvidia/pytorch@sha256:" + "a" * 40, "a sha256 digest has 64 hex digits, this one 40"),
-        ("nvcr.io/nvidia/-pytorch:1", "repository path components are lowercase letters and digits separated by"),
-        ("nvcr.io//pytorch:1", "repository path components are lowercase letters and digits separated by"),
-    ],
-)
-def test_malformed_references(reference: str, problem: str) -> None:
-    with pytest.raises(ValueError) as error:
-        parse_reference(reference)
-    assert str(error.value).startswith(problem)
-
-
 def test_an_untagged_image_warns(site: Site) -> None:
     image = check(site.run(image="registry.example.com/ml/trainer"), "image")
     assert image.status == WARN and "has no tag but :latest" in image.reason
@@ -1739,20 +1640,6 @@ def test_the_failure_message_and_the_log_carry_each_reason_and_fix(
     assert (logging.INFO, f"preflight image: pass ({check(result, 'image').reason})") in logged  # nothing to fix
 
 
-def test_the_failure_message_of_hand_made_results() -> None:
-    checks = [
-        Check("nodes", FAIL, "0 of 2 node(s) fit.", "add nodes"),
-        Check("image", FAIL, "no image"),
-        Check("memory", WARN, "96%", "lower memory"),
-        Check("crd", PASS, "installed"),
-    ]
-    assert (
-        failure_message(PreflightResult(checks)) == "preflight failed: nodes: 0 of 2 node(s) fit. Fix: add nodes; "
-        "image: no image."
-    )
-    assert failure_message(PreflightResult(checks[2:])) == "preflight passed, 1 warning(s)"
-
-
 def test_the_local_backend_has_nothing_to_check(site: Site) -> None:
     since = audit_time()
     with site.api() as api:
@@ -1782,77 +1669,6 @@ def test_an_api_error_fails_only_its_check(site: Site, fault_proxy: Any) -> None
     assert plugins.status == FAIL and plugins.reason == "Kubernetes API: HTTP 400 Bad Request: bad selector"
     others_pass(result, "fsx-pvc", "device-plugins", "checkpoint-throughput")
     assert check(result, "checkpoint-throughput").status == NOT_APPLICABLE, "the PVC was not read: no volume known"
-
-
-def test_an_unreachable_api_server_fails_the_cluster_checks_once() -> None:
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    configuration = kubernetes.client.Configuration()
-    configuration.host = url
-    with kubernetes.client.ApiClient(configuration) as api:
-        started = time.monotonic()
-        result = preflight(config(), api, settings=FAST)
-    assert time.monotonic() - started < 10
-    crd = check(result, "crd")
-    assert crd.status == FAIL and crd.reason.startswith("Kubernetes API: read CRD failed 3 times; last: MaxRetryError")
-    for name in ("permissions", "fsx-pvc", "checkpoint-throughput", "nodes", "device-plugins"):
-        got = check(result, name)
-        assert (got.status, got.reason) == (FAIL, "not checked: the Kubernetes API server is unreachable")
-        assert got.fix.startswith("rerun when the API server answers")
-    assert statuses(result)["image"] == statuses(result)["memory"] == PASS  # from the manifest alone
-
-
-# -- units -----------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("96", "96"),
-        ("500m", "0.5"),
-        ("512Gi", str(512 * 2**30)),
-        ("2063937952Ki", str(2063937952 * 1024)),
-        ("1e3", "1000"),
-        ("1E3", "1000"),
-        ("1E", str(10**18)),
-        ("1.5", "1.5"),
-        ("1.5Gi", str(3 * 2**29)),
-        ("100M", str(10**8)),
-        ("0.1", "0.1"),
-        (".5", "0.5"),
-        ("25u", "0.000025"),
-        (8, "8"),
-        ("+2k", "2000"),
-    ],
-)
-def test_quantities(text: str | int, value: str) -> None:
-    assert quantity(text) == Decimal(value)
-
-
-@pytest.mark.parametrize("text", ["", "Gi", "1GB", "1e", "1 Gi", "0x10", "1.2.3"])
-def test_bad_quantities(text: str) -> None:
-    with pytest.raises(ValueError):
-        quantity(text)
-
-
-def test_pod_requests_like_the_scheduler() -> None:
-    spec = {
-        "containers": [
-            {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
-            {"name": "b", "resources": {"limits": {"cpu": "500m", "nvidia.com/gpu": 2}}},  # a limit is the request
-        ],
-        "initContainers": [
-            {"name": "setup", "resources": {"requests": {"cpu": "4"}}},
-            {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"memory": "1Gi"}}},
-        ],
-        "overhead": {"cpu": "250m"},
-    }
-    assert pod_requests(spec) == {
-        "cpu": Decimal("4.25"),
-        "memory": Decimal(2 * 2**30),
-        "nvidia.com/gpu": Decimal(2),
-    }
 
 
 # -- the KFP component, the CLI, and what is read --------------------------------------------------------------
@@ -2048,153 +1864,6 @@ def test_a_plain_text_secret_in_another_namespaces_pod_reaches_neither_report_no
     assert json.loads(cli.stdout)["checks"] == result.to_json()["checks"]
     for text in (result.markdown(), json.dumps(result.to_json()), caplog.text, cli.stdout, cli.stderr):
         assert SECRET not in text and "AKIAIOSFODNN7EXAMPLE" not in text
-
-
-# -- gpu-memory (reads the manifest only: no cluster) --------------------------------------------------------------
-
-
-def gpu_memory(**overrides: Any) -> Any:
-    cfg = config(**overrides)
-    return check_gpu_memory(Context(render_job(cfg.job_spec()), None, None, 2048, cfg.instance_type))
-
-
-def test_gpu_memory_refuses_llama_8b_under_ddp_on_p5_naming_what_fits_and_passes_it_under_hsdp() -> None:
-    """16 bytes a parameter on every GPU (weights, gradients, AdamW) is 105 GiB at 7.05B before an activation: no p5
-    GPU holds it. Sharded over a node's 8 GPUs under hsdp, with two nodes and selective checkpointing, it fits."""
-    refused = gpu_memory(preset="llama-8b", nnodes=1, batch_size=2, seq_len=4096)
-    assert refused.status == FAIL
-    assert refused.reason.startswith(
-        "llama-8b (7.05B parameters at vocabulary 8,192, assumed) under ddp on 1 node(s) x 8 GPUs, micro-batch 2 x "
-        "4096 tokens, activation checkpointing none: 184.9 GiB per GPU (weights 26.3, gradients 26.3, optimizer 52.5"
-    )
-    assert refused.reason.endswith("more than the 80 GiB of a ml.p5.48xlarge GPU can hold (72 GiB usable)")
-    assert refused.fix.startswith(
-        "it would fit with job option parallelism=fsdp (70.4 GiB); or parallelism=fsdp and "
-        "activation_checkpointing=selective (45.7 GiB)"
-    )
-    fits = gpu_memory(
-        preset="llama-8b",
-        nnodes=2,
-        batch_size=2,
-        seq_len=4096,
-        job_options={"parallelism": "hsdp", "activation_checkpointing": "selective"},
-    )
-    assert fits.status == PASS and "under hsdp on 2 node(s)" in fits.reason and "45.7 GiB per GPU" in fits.reason
-    roomy = gpu_memory(
-        preset="llama-8b",
-        nnodes=1,
-        batch_size=2,
-        seq_len=4096,
-        instance_type="p5en.48xlarge",
-        job_options={"parallelism": "fsdp"},
-    )
-    assert roomy.status == PASS and roomy.reason.endswith("of the 141 GiB of a p5en.48xlarge GPU")
-
-
-def test_gpu_memory_reads_gradient_accumulation_and_refuses_llama_8b_where_it_would_not_fit() -> None:
-    """llama-8b on 2 x 8 p5 under hsdp, micro-batch 2 x 8,192, 4 micro-batches a step, no checkpointing: the
-    activations alone are 98.6 GiB. Accumulation is read and said to add nothing (gradients stay sharded between
-    micro-batches, tests/test_parallel.py); full checkpointing or micro-batch 1 would fit."""
-    refused = gpu_memory(
-        preset="llama-8b",
-        nnodes=2,
-        batch_size=2,
-        seq_len=8192,
-        job_options={"parallelism": "hsdp", "grad_accum_steps": 4},
-    )
-    assert refused.status == FAIL
-    assert (
-        "micro-batch 2 x 8192 tokens, 4 micro-batches a step (no more memory: gradients stay sharded between "
-        "them), activation checkpointing none: 124.7 GiB per GPU"
-    ) in refused.reason
-    assert "activations 98.6" in refused.reason and refused.reason.endswith("(72 GiB usable)")
-    assert refused.fix.startswith(
-        "it would fit with parallelism=hsdp and activation_checkpointing=full (24.6 GiB); "
-        "or batch_size 1 (raise grad_accum_steps to keep the global batch) (70.4 GiB)"
-    )
-    once = gpu_memory(preset="llama-8b", nnodes=2, batch_size=2, seq_len=8192, job_options={"parallelism": "hsdp"})
-    assert once.status == FAIL and "124.7 GiB per GPU" in once.reason  # the same estimate without accumulation
-
-
-def test_gpu_memory_warns_when_tight_and_says_when_the_gpu_is_unknown() -> None:
-    tight = gpu_memory(preset="llama-8b", nnodes=2, batch_size=8, seq_len=1024, job_options={"parallelism": "hsdp"})
-    assert tight.status == WARN and tight.fix.startswith("if it runs out of memory: it would fit with")
-    unknown = gpu_memory(
-        preset="llama-1b", instance_type="trn1.32xlarge", job_options={"gpus_per_node": 8, "efa_per_node": 8}
-    )
-    assert unknown.status == NOT_APPLICABLE and "the GPU memory of trn1.32xlarge is unknown" in unknown.reason
-
-
-# Llama 3.1 8B's config.json (meta-llama/Llama-3.1-8B, as published: its sizes, vocabulary, rope scaling, dtype).
-LLAMA_31_8B = {
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": False,
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-    "dtype": "bfloat16",
-    "rope_scaling": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
-}
-
-
-def test_gpu_memory_and_the_checkpoint_of_a_published_model_come_from_its_config_json(
-    s3_endpoint: str, aws_env: None, tmp_path: Path
-) -> None:
-    """Llama 3.1 8B in S3, not copied yet: its config.json alone is read (8.03B parameters at its own vocabulary of
-    128,256, not a preset's at the staged one); the job trains it from where staging will copy it."""
-    import boto3
-    from transformers import LlamaConfig
-
-    LlamaConfig(**LLAMA_31_8B).save_pretrained(tmp_path / "llama")
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-    s3.create_bucket(Bucket="published")
-    s3.upload_file(str(tmp_path / "llama" / "config.json"), "published", "meta-llama/Llama-3.1-8B/config.json")
-    cfg = config(
-        init_from_model="s3://published/meta-llama/Llama-3.1-8B",
-        s3_endpoint_url=s3_endpoint,
-        nnodes=2,
-        batch_size=2,
-        seq_len=4096,
-        job_options={"parallelism": "hsdp", "activation_checkpointing": "selective"},
-    )
-    model = preflight_core.published_config(cfg)
-    assert isinstance(model, dict) and model["vocab_size"] == 128256
-    args = cfg.trainer_args()
-    assert cfg.model_dir.startswith("/fsx/models/Llama-3.1-8B-") and "--preset" not in args
-    assert args[args.index("--init-from-model") + 1] == cfg.model_dir
-    ctx = Context(render_job(cfg.job_spec()), None, None, 2048, cfg.instance_type, model=model)
-    fits = check_gpu_memory(ctx)
-    assert fits.reason.startswith(
-        "the published llama model (8.03B parameters at vocabulary 128,256) under hsdp on 2 node(s) x 8 GPUs"
-    ), fits.reason
-    assert (
-        preflight_core.checkpoint_need(ctx)
-        .describe()
-        .startswith("the published llama model checkpoint, 8,030,261,248 parameters")
-    )
-    missing = preflight_core.published_config(
-        config(init_from_model="s3://published/gone", s3_endpoint_url=s3_endpoint)
-    )
-    assert isinstance(missing, str) and missing.startswith("init_from_model s3://published/gone: config.json not read")
-    with pytest.raises(ValueError, match="config.json not read"):
-        Context(render_job(cfg.job_spec()), None, None, 2048, cfg.instance_type, model=missing).model_config(4096)
-    with pytest.raises(
-        InputError,
-        match=r"^init_from_model '/home/me/llama' is outside the FSx mount path '/fsx', "
-        "where the training job's pods see the volume",
-    ):
-        config(init_from_model="/home/me/llama").validate(check_storage=False)
 
 
 def test_an_mlflow_server_that_answers_passes_and_one_that_does_not_is_a_warning(site: Site, mlflow_server) -> None:

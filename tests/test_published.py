@@ -108,7 +108,7 @@ def test_the_trainers_model_loads_a_published_model_on_two_processes(parallel_pr
 def test_evaluation_compares_with_the_published_model_the_run_started_from(tmp_path: Path) -> None:
     """The report's baseline column is the starting model when the run began from a published one (its weights,
     read again from the directory its config.json names), and the untrained model when that directory is gone."""
-    from components.evaluate_checkpoint.core import starting_model
+    from components.evaluate_checkpoint.measure import starting_model
 
     original = save_llama(tmp_path / "model")
     published = PublishedModel.read(tmp_path / "model")
@@ -141,8 +141,9 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     from tokenizers import Tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from components.evaluate_checkpoint.core import export_model, mean_loss, token_byte_lengths
-    from components.launch_pytorchjob.core import LaunchConfig, launch
+    from components.evaluate_checkpoint.export import export_model
+    from components.launch_training.config import LaunchConfig
+    from components.launch_training.core import launch
     from components.stage_data.models import published_model
     from tests.helpers import LLAMA3_ROPE
     from tests.test_formats import corpus_of_every_format, decoded_documents, expected_documents, split_stream
@@ -150,6 +151,7 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     from tests.test_trainer import assert_same_rows, read_metrics
     from tests.tokenizer_kinds import make_tokenizer, save_pretrained
     from trainer.data import load_split
+    from trainer.evaluation import mean_loss, token_byte_lengths
     from trainer.layout import ModelPaths, RunPaths
     from trainer.model import build_model, config_from_dict
 
@@ -267,7 +269,7 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     shutil.move(copy.raw, tmp_path / "away")
     trainer = config["trainer"]
     launch(
-        LaunchConfig(
+        LaunchConfig.of(
             storage_root=str(root),
             dataset="domain",
             run_id="continued-resumed",
@@ -436,7 +438,7 @@ def test_the_export_of_a_llama_reads_the_same_under_transformers_4_and_5(
     from tokenizers import Tokenizer, models
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
-    from components.evaluate_checkpoint.core import export_model
+    from components.evaluate_checkpoint.export import export_model
     from tests.helpers import LLAMA3_ROPE
     from trainer.model import build_model
 

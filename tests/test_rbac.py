@@ -21,10 +21,10 @@ import kubernetes
 import pytest
 import yaml
 
-from components.launch_pytorchjob.job_api import JOB_APIS, job_api
-from components.launch_pytorchjob.manifest import DEFAULT_RUNTIME
-from components.preflight.access import PROFILE_ACCOUNT
-from components.preflight.core import launcher_access
+from components.launch_training.apis import job_api
+from components.launch_training.job_api import JOB_APIS
+from components.launch_training.manifest import DEFAULT_RUNTIME
+from components.preflight.access import PROFILE_ACCOUNT, launcher_access
 from pipelines.deploy.rbac import Subject, render, render_file
 from tests.cluster.control_plane import (
     JOB_ROLES,

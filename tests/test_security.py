@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from common.errors import InputError
-from components.launch_pytorchjob.core import LaunchConfig, launch
-from components.launch_pytorchjob.manifest import render_job
-from components.launch_pytorchjob.platform import RUN_OPTIONS, TRAINER_OPTIONS, Platform
+from components.launch_training.config import LaunchConfig
+from components.launch_training.core import launch
+from components.launch_training.manifest import render_job
+from components.launch_training.platform import RUN_OPTIONS, TRAINER_OPTIONS, Platform
 from components.preflight.core import preflight
 from tests.cluster.control_plane import RUNNER_USER, audit_time
 
@@ -39,7 +40,7 @@ def config(root: Path, **overrides: Any) -> LaunchConfig:
         owner_reference=False,
         platform=PLATFORM,
     )
-    return LaunchConfig(**{**settings, **overrides})
+    return LaunchConfig.of(**{**settings, **overrides})
 
 
 HOSTILE: list[tuple[str, dict[str, Any], str]] = [
@@ -87,7 +88,7 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
         {"instance_type": "p5.48xlarge\n  hostPID: true"},
         r"instance type 'p5.48xlarge\\n  hostPID: true' is",
     ),
-    ("preset", {"preset": 'gpt2-124m"}, {"x'}, r"model preset .* is unknown"),
+    ("preset", {"preset": 'gpt2-124m"}, {"x'}, r"preset .* is unknown: choose one of"),
     ("dataset yaml", {"dataset": "corpus\nspec: {}"}, r"dataset 'corpus\\nspec: \{\}' is not a valid name"),
     # path escapes
     ("run_id escape", {"run_id": "../other-team/runs/r9"}, r"run id '\.\./other-team/runs/r9' is not a valid name"),

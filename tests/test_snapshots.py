@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from common.errors import InputError, StepFailed
-from components.evaluate_checkpoint.core import Gate, evaluate_checkpoint
-from components.launch_pytorchjob.core import launch
+from components.evaluate_checkpoint.core import evaluate_checkpoint
+from components.evaluate_checkpoint.gate import Gate
+from components.launch_training.core import launch
 from components.stage_data.core import stage_data
 from components.stage_data.snapshots import prune_snapshots
 from tests.helpers import snapshot_dir, tiny_launch

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from common.errors import InputError, StepFailed
-from components.evaluate_checkpoint.core import Resume, resumes
-from components.launch_pytorchjob.core import launch
-from components.launch_pytorchjob.local_backend import torchrun_command
-from components.launch_pytorchjob.manifest import JobSpec, render_job
-from components.launch_pytorchjob.progress import TrainingWatch
+from components.evaluate_checkpoint.report import Resume, resumes
+from components.launch_training.core import launch
+from components.launch_training.local_backend import torchrun_command
+from components.launch_training.manifest import JobSpec, render_job
+from components.launch_training.progress import TrainingWatch
 from tests.helpers import EXACT, snapshot_dir, tiny_launch, write_single_file_checkpoint
 from tests.test_schedule import legacy_lr_factor
 from trainer.checkpoint import SCHEMA, read_checkpoint
@@ -263,7 +263,7 @@ def test_the_val_loss_of_an_eval_step_is_the_evaluations_of_that_steps_checkpoin
     model's. (Its rows equal those of runs that evaluate not: test_sigterm_checkpoints_and_resume_is_bit_identical.)"""
     from tokenizers import Tokenizer
 
-    from components.evaluate_checkpoint.core import find_checkpoint
+    from components.evaluate_checkpoint.measure import find_checkpoint
     from trainer.checkpoint import read_weights
     from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
     from trainer.layout import TOKENIZER
@@ -596,7 +596,7 @@ def test_an_extended_schedule_continues_the_lr_without_a_jump(trained_root: Path
     re-warm, --extend-schedule continue: test_truncated_latest_falls_back_to_the_previous_checkpoint.)"""
     root = tmp_path / "fsx"
     shutil.copytree(trained_root, root, symlinks=True)
-    extended = dict(max_steps=80, lr=2e-3, extend_schedule="rewarm")
+    extended = dict(max_steps=80, lr=2e-3, extend_schedule="rewarm", weight_decay=0.05)
     launch(tiny_launch(root, "run-1", log_every=1, **extended))
     run = RunPaths.of(root, "run-1")
     rows = {r["step"]: r["lr"] for r in read_metrics(run)}
@@ -615,6 +615,9 @@ def test_an_extended_schedule_continues_the_lr_without_a_jump(trained_root: Path
     log_text = run.rank_log(0).read_text()
     assert "learning-rate schedule extended at step 60 (lr: 0.005 -> 0.002; max_steps: 60 -> 80)" in log_text
     assert "schedule extended" not in run.rank_log(1).read_text()
+    assert "weight decay 0.1 -> 0.05 (this start's --weight-decay)" in log_text, "a resume's own weight decay applies"
+    decays = {value for key, value in state["optimizer_groups"].items() if key.endswith(".weight_decay")}
+    assert decays == {0.05, 0.0}, "the matrices' group decays at the new rate, the vectors' not at all"
 
     launch(tiny_launch(root, "run-1", max_steps=80, lr=2e-3))  # the extended run's own settings: no flag needed
     assert "nothing to do: the run already reached step 80" in run.rank_log(0).read_text()
@@ -655,7 +658,8 @@ def test_a_schema_1_single_file_checkpoint_resumes_exactly_with_one_warning(
     too, each rank keeping its shard of the whole state (to the same losses within fp32 rounding: test_parallel.py)."""
     state = read_checkpoint(uninterrupted.checkpoints / "step_00000020")
     cfg = tiny_launch(staged_copy, "legacy", **EXACT, extra_env={"TRAINER_PARALLELISM": parallelism})
-    save_as_schema_1(state, cfg.run_paths.checkpoints, ScheduleSettings(cfg.lr, cfg.warmup_steps, cfg.max_steps, 0.1))
+    schedule = ScheduleSettings(cfg.train["lr"], cfg.train["warmup_steps"], cfg.train["max_steps"], 0.1)
+    save_as_schema_1(state, cfg.run_paths.checkpoints, schedule)
     old = read_checkpoint(cfg.run_paths.latest_checkpoint)
     assert "schema" not in old and old["scheduler"]["last_epoch"] == 20
     launch(cfg)
@@ -690,13 +694,13 @@ def test_dropout_is_set_per_family_is_no_architecture_change_and_is_bounded(caps
     with pytest.raises(SystemExit) as exit_info:
         parse_config(["--data-dir", "d", "--run-dir", "r", "--dropout", "1"], {})
     assert exit_info.value.code == 2
-    assert "argument --dropout: must be below 1, got 1.0" in capsys.readouterr().err.splitlines()[-1]
+    assert "argument --dropout: must be at least 0 and below 1, got 1.0" in capsys.readouterr().err.splitlines()[-1]
     with pytest.raises(InputError, match="dropout must be at least 0 and below 1, got 1.5"):
         tiny_launch(Path("/nonexistent"), "r", dropout=1.5).validate(check_storage=False)
     args = tiny_launch(Path("/fsx"), "r", dropout=0.1, extend_schedule="rewarm").trainer_args()
     assert args[args.index("--dropout") + 1] == "0.1" and args[args.index("--extend-schedule") + 1] == "rewarm"
     assert "--extend-schedule" not in tiny_launch(Path("/fsx"), "r").trainer_args(), "none: the trainer's default"
-    with pytest.raises(InputError, match="extend_schedule 'true' is unknown: give continue, rewarm or '' \\(none\\)"):
+    with pytest.raises(InputError, match="extend-schedule 'true' is unknown: choose one of '', continue, rewarm"):
         tiny_launch(Path("/nonexistent"), "r", extend_schedule="true").validate(check_storage=False)
 
 

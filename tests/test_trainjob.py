@@ -1,4 +1,4 @@
-"""The TrainJob and our ClusterTrainingRuntime (components/launch_pytorchjob/trainjob.py): what they hold, what a run
+"""The TrainJob and our ClusterTrainingRuntime (components/launch_training/trainjob.py): what they hold, what a run
 may not ask of them, and that the real API server takes both whole against the Kubeflow Trainer v2.3.0 CRDs."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from common.errors import InputError
-from components.launch_pytorchjob.core import LaunchConfig
-from components.launch_pytorchjob.manifest import SPEC_HASH_ANNOTATION, JobSpec, render_job
-from components.launch_pytorchjob.platform import Platform, run_options
-from components.launch_pytorchjob.trainjob import PATCH_MANAGER, TRAINJOB, render_runtime, runtime_command
+from components.launch_training.config import LaunchConfig
+from components.launch_training.manifest import JobSpec, render_job
+from components.launch_training.platform import Platform, run_options
+from components.launch_training.rendering import SPEC_HASH_ANNOTATION
+from components.launch_training.trainjob import PATCH_MANAGER, TRAINJOB, render_runtime, runtime_command
 from pipelines.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,7 +146,7 @@ def test_elastic_sizes_and_auto_resume_are_refused_for_a_trainjob() -> None:
         render_job(trainjob_spec(auto_resume=True))
     with pytest.raises(InputError, match="job API 'mpijob' is unknown: choose one of pytorchjob, trainjob"):
         Platform(job_api="mpijob")
-    cfg = LaunchConfig(
+    cfg = LaunchConfig.of(
         storage_root="/fsx",
         dataset="d",
         run_id="r",

@@ -26,10 +26,10 @@ import pytest
 
 from common.errors import InputError, StepFailed
 from components.kube import Kube
-from components.launch_pytorchjob.cancel import Cancelled
-from components.launch_pytorchjob.core import launch
-from components.launch_pytorchjob.k8s_backend import run_job
-from components.launch_pytorchjob.manifest import render_job
+from components.launch_training.cancel import Cancelled
+from components.launch_training.core import launch
+from components.launch_training.follow import run_job
+from components.launch_training.manifest import render_job
 from tests.cluster import jobset as jobset_player
 from tests.cluster.timelines import Timeline
 from tests.test_k8s_launcher import cluster_config, deleted_jobs, fast, on, running, wait_for

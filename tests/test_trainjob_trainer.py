@@ -1,7 +1,7 @@
 """The trainer runs unchanged under a Kubeflow Trainer v2 TrainJob: its rendezvous comes from the torch plugin's PET_*
 environment, and its SIGTERM checkpoint and resume work under JobSet's restart of the whole group.
 
-Each "node" is what one pod of the TrainJob runs (components/launch_pytorchjob/trainjob.py): the runtime's command,
+Each "node" is what one pod of the TrainJob runs (components/launch_training/trainjob.py): the runtime's command,
 `runtime_command()`, with the TrainJob's arguments (`trainjob_pod`), `$(VAR)` expanded by the kubelet from the
 container's environment, which is the TrainJob's `spec.trainer.env` with the PET_* variables the torch plugin upserts
 over it (kubeflow/trainer v2.3.0 pkg/runtime/framework/plugins/torch/torch.go, EnforceMLPolicy). Two such nodes run
@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from components.launch_pytorchjob.platform import Platform
-from components.launch_pytorchjob.trainjob import TRAINJOB, runtime_command, trainjob_pod
+from components.launch_training.platform import Platform
+from components.launch_training.trainjob import TRAINJOB, runtime_command, trainjob_pod
 from tests.helpers import EXACT, tiny_launch
 from tests.test_trainer import assert_same_rows, read_metrics
 from trainer.layout import RunPaths

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import InputError
-from components.launch_pytorchjob.core import launch
+from components.launch_training.core import launch
 from components.verify_nccl.core import FAIL, NOT_APPLICABLE, PASS, WARN, Expectations, verify_logs, verify_nccl
 from components.verify_nccl.nccl_log import NcclLogs
 from tests.cluster.timelines import Timeline
@@ -478,7 +478,7 @@ def test_gzip_helper_round_trip(tmp_path: Path) -> None:
 def test_reads_the_jobs_pod_logs_through_the_kubernetes_api(tmp_path: Path, make_cluster) -> None:
     """Given a job name, the pods' logs (kubectl logs --timestamps) are read through the real API server from the
     kubelet player, as the pipeline runner, and checked."""
-    from components.launch_pytorchjob.manifest import JobSpec, render_job
+    from components.launch_training.manifest import JobSpec, render_job
     from components.verify_nccl.core import fetch_pod_logs
     from tests.nccl_logs import process_lines
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,6 +20,8 @@ from trainer.data import DataError, TokenSplit
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+    from trainer.config import TrainConfig
 
 
 @torch.no_grad()
@@ -80,3 +82,43 @@ def token_byte_lengths(tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
         else:
             lengths[index] = len(token.replace("\u2581", " ").encode())
     return lengths
+
+
+def validation(
+    model: torch.nn.Module, val: dict[str, TokenSplit], byte_lengths: np.ndarray, cfg: TrainConfig, device: torch.device
+) -> dict[str, Any]:
+    """The trainer's --eval-every: the val loss over each split's first --eval-tokens tokens, as the evaluation step
+    measures a checkpoint, in training batches; of a mixture, each dataset's too and the total over them all. No
+    random numbers drawn and no training data read, so a run evaluated along the way trains exactly as one that is
+    not."""
+    training = model.training
+    measured = {}
+    for name, split in val.items():
+        loss, tokens, n_bytes = mean_loss(
+            model, split, cfg.seq_len, cfg.eval_tokens, cfg.batch_size, device, byte_lengths
+        )
+        measured[name] = (loss, tokens, n_bytes)
+    model.train(training)
+    tokens, n_bytes = sum(t for _, t, _ in measured.values()), sum(b for *_, b in measured.values())
+    loss = (
+        next(iter(measured.values()))[0]
+        if len(measured) == 1
+        else sum(loss * t for loss, t, _ in measured.values()) / tokens
+    )
+    row: dict[str, Any] = {"val_loss": loss, "val_bpb": bits_per_byte(loss, tokens, n_bytes), "val_tokens": tokens}
+    if len(val) > 1:
+        row["datasets"] = {
+            name: {"val_loss": loss, "val_bpb": bits_per_byte(loss, t, b)} for name, (loss, t, b) in measured.items()
+        }
+    return row
+
+
+def merge_rows(row: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """`row` with `more`'s fields, each dataset's figures (row["datasets"]) merged rather than replaced."""
+    datasets = {
+        name: {**row.get("datasets", {}).get(name, {}), **figures} for name, figures in more.pop("datasets", {}).items()
+    }
+    merged = row | more
+    if datasets:
+        merged["datasets"] = {**row.get("datasets", {}), **datasets}
+    return merged

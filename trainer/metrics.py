@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from trainer.atomic import atomic_open
 
@@ -161,6 +162,69 @@ class StepTimes:
         return None if per_step is None else per_step * max(0, max_steps - step)
 
 
+class StepMetrics:
+    """What a metrics.jsonl row says of the steps since the previous row: the loss and gradient norm of its own step,
+    throughput and MFU, the loop's waits (for input, for the ranks' agreement: sync_wait_s, added by the loop) and
+    the checkpoint saves' stall (save_stall_s, likewise), memory peaks; and the step times for the ETA."""
+
+    def __init__(self, rank: int, world: int, device: torch.device, flops_per_step: float, peak: float | None):
+        self.rank, self.world, self.device = rank, world, device
+        self.flops_per_step, self.peak = flops_per_step, peak  # MFU's numerator per step, and its denominator per rank
+        self.throughput, self.step_times = Throughput(), StepTimes()
+        self.steps, self.sync_wait_s, self.save_stall_s = 0, 0.0, 0.0
+
+    def stepped(self, tokens: int) -> None:
+        """A step of `tokens` (over all ranks) is done."""
+        self.throughput.add(tokens)
+        self.steps += 1
+
+    def row(
+        self,
+        step: int,
+        tokens_seen: int,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        lr: float,
+        input_wait_s: float,
+        skipped_steps: int,
+        first_step: bool,
+    ) -> tuple[dict[str, Any], float]:
+        """Collective: the row of `step` (`loss`: this rank's mean over its micro-batches), and the tokens per second
+        since the last row (unrounded, for the console); then a new interval begins."""
+        world, device, cuda = self.world, self.device, self.device.type == "cuda"
+        # One collective for the row: the loss summed over the ranks, each rank's private memory in its own slot
+        # (gloo has no average, and a sum of slots gives every rank's, for the maximum).
+        row_values = torch.zeros(1 + world, device=device)
+        row_values[0] = loss
+        row_values[1 + self.rank] = rss_gib()
+        dist.all_reduce(row_values)
+        loss_total, *rss_all, norm = torch.cat([row_values, grad_norm.reshape(1).float()]).tolist()
+        tokens_per_s, seconds_per_step = self.throughput.report()
+        row = {
+            "step": step,
+            "loss": loss_total / world,
+            "lr": lr,
+            "grad_norm": norm,
+            "tokens": tokens_seen,
+            "tokens_per_s": round(tokens_per_s, 1),
+            "step_time_s": round(seconds_per_step, 4),
+            "input_wait_s": round(input_wait_s / self.steps, 4),
+            "sync_wait_s": round(self.sync_wait_s / self.steps, 4),
+            "checkpoint_stall_s": round(self.save_stall_s, 4),  # the saves' hold on training since the last row
+            # Not for the first step alone: its time is mostly compilation and warm-up.
+            "mfu": round(self.flops_per_step / seconds_per_step / (self.peak * world), 4)
+            if self.peak and not first_step
+            else None,
+            "gpu_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None,
+            "gpu_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2) if cuda else None,
+            "rss_gib": round(max(rss_all), 2),
+            "skipped_steps": skipped_steps,
+            "time": time.time(),
+        }
+        self.steps, self.sync_wait_s, self.save_stall_s = 0, 0.0, 0.0
+        return row, tokens_per_s
+
+
 NO_VALUE = "—"  # a figure this run cannot have (MFU on a CPU) or does not have yet (the ETA before two marks)
 _UNITS = ((1e3, "k"), (1e6, "M"), (1e9, "B"), (1e12, "T"))
 
@@ -219,6 +283,16 @@ def step_line(
             f"mfu {NO_VALUE if mfu is None else f'{mfu:.1%}'}",
             f"eta {human_duration(eta_s)}",
         ]
+    )
+
+
+def eval_line(step: int, row: dict[str, Any]) -> str:
+    """An eval step's line: the val loss, bits per byte and tokens; of a mixture each dataset's val loss too."""
+    datasets = row.get("datasets", {})
+    each = "".join(f"; {name} {figures['val_loss']:.4f}" for name, figures in datasets.items() if "val_loss" in figures)
+    return (
+        f"eval step {step}: val loss {row['val_loss']:.4f} ({row['val_bpb']:.4f} bits per byte, "
+        f"{row['val_tokens']:,} tokens){each}"
     )
 
 

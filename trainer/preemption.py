@@ -16,9 +16,13 @@ import os
 import signal
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from trainer.checkpoint import SaveReport
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,30 @@ def save_budget_s(grace_period_s: float, environ: dict[str, str] | os._Environ =
         return grace_period_s
     torchrun_s = float(environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", TORCHRUN_DEFAULT_SHUTDOWN_S))
     return min(grace_period_s, torchrun_s)
+
+
+def save_budget_report(step_time_s: float, saved: SaveReport, budget_s: float) -> tuple[str, str | None]:
+    """After the first checkpoint: could a SIGTERM arriving mid-step still end in a committed checkpoint? The ranks
+    agree on it a step later (StopSignal), so up to two steps pass before the save. And how much did writing from
+    every rank help (the save would take parallel_speedup times longer from one writer)? The line that says so, and
+    a warning when two steps and a save do not fit `budget_s`."""
+    save_s, needed_s = saved.seconds, 2 * step_time_s + saved.seconds
+    fits = "fits" if needed_s <= budget_s else "does NOT fit"
+    line = (
+        f"checkpoint save: {saved.total_bytes / 1e6:.1f} MB in {save_s:.1f}s "
+        f"({saved.total_bytes / 1e6 / max(save_s, 1e-9):.0f} MB/s), written by {saved.writers} ranks in parallel, "
+        f"about {saved.parallel_speedup:.1f}x faster than one writer at the same rate; two steps ({step_time_s:.1f}s "
+        f"each) plus a save {fits} the {budget_s:.0f}s preemption budget"
+    )
+    if needed_s <= budget_s:
+        return line, None
+    return line, (
+        f"!!! PREEMPTION WOULD LOSE WORK: two steps ({step_time_s:.1f}s each: the one the signal lands in and the one "
+        f"in which the ranks agree to stop) plus a checkpoint save ({save_s:.1f}s) take longer than the "
+        f"{budget_s:.0f}s between SIGTERM and SIGKILL (the grace period, capped by torchrun's shutdown timeout); "
+        "raise terminationGracePeriodSeconds and torchrun's --shutdown-timeout, or save faster "
+        "(--async-checkpoint does not help here: the final save is always waited for)"
+    )
 
 
 class StopSignal:

@@ -26,6 +26,8 @@ from torch.futures import Future
 
 from common.objects import sha256_of
 from trainer.checkpoint import CheckpointError
+from trainer.config import SettingError
+from trainer.data import DataError
 from trainer.layout import TOKENIZER, ModelPaths
 from trainer.private_api import HF_READ_ITEM
 
@@ -203,3 +205,20 @@ class TensorAtATimeReader(dcp.HuggingFaceStorageReader):
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+
+def check_published_fits(published: PublishedModel, mconfig: Any, data_dir: Path, seq_len: int) -> None:
+    """A published model trains on this snapshot only if the snapshot's tokenizer is the model's (else its token ids
+    mean other tokens than the weights learnt) and the sequence fits its positions (bad input otherwise, one line)."""
+    from tokenizers import Tokenizer
+
+    if mismatch := published.tokenizer_mismatch(Tokenizer.from_file(str(data_dir / TOKENIZER))):
+        raise DataError(
+            f"--init-from-model {published.path}: snapshot {data_dir.name} was staged with another "
+            f"tokenizer ({mismatch}): stage the corpus with the model's own tokenizer"
+        )
+    positions = getattr(mconfig, "max_position_embeddings", None) or getattr(mconfig, "n_positions", None)
+    if positions and seq_len > positions:
+        raise SettingError(
+            f"--seq-len {seq_len} is longer than the {positions} positions of the model in {published.path}"
+        )

@@ -28,8 +28,8 @@ def evaluate_checkpoint(
     import shutil
     from pathlib import Path
 
-    from components.evaluate_checkpoint.core import Gate
     from components.evaluate_checkpoint.core import evaluate_checkpoint as run
+    from components.evaluate_checkpoint.gate import Gate
     from components.kfp_support import log_numbers, setup_logging
     from components.run_summary.core import recorded_step
     from trainer.layout import RunPaths

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.launch_pytorchjob.job_api import JobApi, job_api
+from components.launch_training.apis import job_api
+from components.launch_training.job_api import JobApi
 
 JOBS, OPERATOR, CLUSTER = "jobs", "operator", "cluster"  # where a role applies: the jobs' namespace, the Training
 # Operator's namespace, cluster-wide
@@ -53,7 +54,7 @@ LAUNCHER = RoleSpec(
             ("list", "watch"),
             """\
 list: the job's pods by label (JobApi.pod_selector: training.kubeflow.org/job-name for a PyTorchJob,
-  jobset.sigs.k8s.io/jobset-name for a TrainJob): k8s_backend.job_pods (pod_summary, describe_failure,
+  jobset.sigs.k8s.io/jobset-name for a TrainJob): pods.job_pods (pod_summary, describe_failure,
   Diagnoser.tick, the restarts at the end), PodWatcher.run; verify_nccl.fetch_pod_logs; one node's pods by label
   (JobApi.node_selector): LogStreamer.restarted_since_last_read.
 watch: PodWatcher._watch_from, the job's pods by the same label: a pod made anew after a failure counts against the
@@ -106,7 +107,7 @@ get: preflight.check_crd (the compiled job API's CRD installed, serving its vers
 )
 
 _JOB_WHY = """\
-create: k8s_backend._create (create_or_attach: the run's job, and the next attempt after a failed one).
+create: attach._create (create_or_attach: the run's job, and the next attempt after a failed one).
 get: create_or_attach (the job found on a 409), wait_until_gone, JobWatcher._get (after 410 Gone, and polling
   when watching is refused); cancel.delete_unfinished_job (the exit step's clean-up, run_summary.job_cleanup).
 watch: JobWatcher._watch_once, a watch on the one job (fieldSelector metadata.name=<job>&watch=true). It starts
@@ -132,7 +133,7 @@ def job_role(api: JobApi) -> RoleSpec:
             (plural,),
             ("get",),
             f"""\
-get: k8s_backend.wait_until_gone: before a new attempt, until the {api.kind}'s child of its name in {plural} is
+get: attach.wait_until_gone: before a new attempt, until the {api.kind}'s child of its name in {plural} is
   gone (the garbage collector deletes it after the {api.kind}; one still there would be taken for the new one's);
   cancel.wait_until_inert: after a delete, until it is gone or being deleted.""",
         )

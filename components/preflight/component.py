@@ -32,9 +32,9 @@ def preflight(
     `warn_only`."""
     from common.errors import StepFailed
     from components.kfp_support import setup_logging
-    from components.launch_pytorchjob.core import LaunchConfig
-    from components.preflight.core import failure_message
+    from components.launch_training.config import LaunchConfig
     from components.preflight.core import preflight as run
+    from components.preflight.result import failure_message
     from components.run_summary.core import recorded_step, resolve_run_id
 
     setup_logging()

@@ -486,9 +486,9 @@ def job_cleanup(
 
     def cleanup() -> str:
         from components.kube import Kube, api_client_from_environment
-        from components.launch_pytorchjob.cancel import delete_unfinished_job
-        from components.launch_pytorchjob.job_api import job_api as api_named
-        from components.launch_pytorchjob.manifest import job_name
+        from components.launch_training.apis import job_api as api_named
+        from components.launch_training.cancel import delete_unfinished_job
+        from components.launch_training.manifest import job_name
 
         kube = Kube(api_client or api_client_from_environment())
         name = job_name(pipeline_run_id or run_id, run_id)

@@ -331,7 +331,7 @@ def fetch_pod_logs(
     from kubernetes.client.exceptions import ApiException
 
     from components.kube import Kube, api_client_from_environment, describe
-    from components.launch_pytorchjob.job_api import job_api as api_named
+    from components.launch_training.apis import job_api as api_named
 
     api = api_named(job_api)
     kube = Kube(api_client or api_client_from_environment())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import InputError
-from components.launch_pytorchjob.job_api import JOB_APIS
+from components.launch_training.job_api import JOB_APIS
 from components.preflight.access import (
     CLUSTER,
     JOBS,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import yaml
 
 from common.errors import InputError
-from components.preflight.core import STATIC_DEPLOYMENT_TYPE, STATIC_PER_UNIT_THROUGHPUT
+from components.preflight.fsx_tiers import STATIC_DEPLOYMENT_TYPE, STATIC_PER_UNIT_THROUGHPUT
 
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _FILE_SYSTEM = re.compile(r"^fs-[0-9a-f]{8,17}$")

@@ -16,9 +16,10 @@ import kubernetes
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from components.launch_pytorchjob.job_api import JobApi, job_api
-from components.launch_pytorchjob.manifest import GPU_TOLERATION, JobSpec
-from components.launch_pytorchjob.trainjob import TRAINJOB, render_runtime
+from components.launch_training.apis import job_api
+from components.launch_training.job_api import JobApi
+from components.launch_training.manifest import GPU_TOLERATION, JobSpec
+from components.launch_training.trainjob import TRAINJOB, render_runtime
 from components.preflight.access import runtime_read
 from pipelines.deploy.rbac import Subject, render, role_documents
 from tests.cluster.control_plane import ControlPlane
