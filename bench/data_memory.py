@@ -37,7 +37,7 @@ import numpy as np
 from machine import RESULTS, append_section, machine_lines
 
 from components.stage_data.shards import ShardWriter
-from components.stage_data.tokenization import FORMAT
+from components.stage_data.tokenization.snapshot import FORMAT
 from trainer.atomic import write_json
 from trainer.layout import DatasetPaths
 

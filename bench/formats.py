@@ -56,7 +56,7 @@ from machine import RESULTS, answer_child, append_section, machine_lines, proc_f
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from components.stage_data.tokenization import BATCH_BYTES  # noqa: E402
+from components.stage_data.tokenization.encode import BATCH_BYTES  # noqa: E402
 from trainer.layout import DatasetPaths  # noqa: E402
 
 log = logging.getLogger("bench-formats")
@@ -295,7 +295,7 @@ def cpu_used(before: dict[str, float]) -> dict[str, float]:
 
 
 def ours_child(spec: dict[str, Any]) -> dict[str, Any]:
-    from components.stage_data.tokenization import encode_group
+    from components.stage_data.tokenization.encode import encode_group
 
     paths = DatasetPaths.of(spec["storage"], spec["dataset"])
     cpu, started = cpu_now(), time.perf_counter()
@@ -313,7 +313,7 @@ def ours_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def group_files(spec: dict[str, Any]) -> list[Path]:
-    from components.stage_data.tokenization import Plan, building_dir
+    from components.stage_data.tokenization.snapshot import Plan, building_dir
 
     paths = DatasetPaths.of(spec["storage"], spec["dataset"])
     return [paths.raw / row[0] for row in Plan.read(building_dir(paths, spec["snapshot"])).groups[0]]
@@ -450,7 +450,7 @@ class Planned:
     def __init__(self, work: Path, source: Path, dataset: str, tokenizer: Path):
         from components.stage_data.core import mirror_and_plan
         from components.stage_data.settings import StageSettings
-        from components.stage_data.tokenization import building_dir
+        from components.stage_data.tokenization.snapshot import building_dir
 
         self.storage = work / "storage"
         planned = mirror_and_plan(

@@ -259,7 +259,8 @@ def train_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Train the BPE vocabulary on the sample staging takes of these files (sample_texts, train_tokenizer)."""
     from components.stage_data.formats import FileFormat
     from components.stage_data.settings import StageSettings
-    from components.stage_data.tokenization import Entry, sample_texts
+    from components.stage_data.tokenization.plan import sample_texts
+    from components.stage_data.tokenization.snapshot import Entry
     from components.stage_data.tokenizer import train_tokenizer
 
     corpus = Path(spec["corpus"])
@@ -279,7 +280,7 @@ def train_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def encode_child(spec: dict[str, Any]) -> dict[str, Any]:
     """The project's encode of one planned group: shards written, journal and fsyncs included."""
-    from components.stage_data.tokenization import encode_group
+    from components.stage_data.tokenization.encode import encode_group
 
     paths = DatasetPaths.of(spec["storage"], spec["dataset"])
     wall, started = time.time(), time.perf_counter()
@@ -293,7 +294,9 @@ def baseline_child(spec: dict[str, Any]) -> dict[str, Any]:
     """The library's ceiling on the same group: the same files cut into the same blocks (the plain-text reader), the
     same batches of BATCH_BYTES, `encode_batch_fast`; the ids are only counted (len), never copied out or written."""
     from components.stage_data.formats.plain_text import PlainTextReader
-    from components.stage_data.tokenization import BATCH_BYTES, BLOCK_BYTES, Plan, building_dir
+    from components.stage_data.tokenization.encode import BATCH_BYTES
+    from components.stage_data.tokenization.plan import BLOCK_BYTES
+    from components.stage_data.tokenization.snapshot import Plan, building_dir
 
     paths = DatasetPaths.of(spec["storage"], spec["dataset"])
     building = building_dir(paths, spec["snapshot"])
@@ -367,7 +370,7 @@ def plan(work: Path, corpus: Path, dataset: str, groups: int, sample_mb: int, to
     """Mirror the local corpus and plan its snapshot in `groups` groups, as the staging step does."""
     from components.stage_data.core import mirror_and_plan
     from components.stage_data.settings import StageSettings
-    from components.stage_data.tokenization import building_dir
+    from components.stage_data.tokenization.snapshot import building_dir
 
     storage = work / "storage"
     planned = mirror_and_plan(

@@ -277,8 +277,8 @@ def build_pipeline(platform: PlatformOptions):
         mlflow_experiment: str = str(CLUSTER_DEFAULTS["mlflow_experiment"]),
     ):
         parameters = dict(locals())  # the run's parameters, which the steps take by their names
-        run_ids = {"pipeline_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
-        summary = summarize(**inputs_for(summarize, parameters, **run_ids, job_api=platform.job.job_api))
+        kfp_run = {"pipeline_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}  # each step records the KFP run it ran in
+        summary = summarize(**inputs_for(summarize, parameters, **kfp_run, job_api=platform.job.job_api))
         platform.apply(summary, "summarize-run")
         with dsl.ExitHandler(summary):
             # First: a cluster the job cannot run on fails in a minute, not after hours of staging.
@@ -286,7 +286,7 @@ def build_pipeline(platform: PlatformOptions):
                 **inputs_for(
                     check,
                     parameters,
-                    **run_ids,
+                    **kfp_run,
                     image=trainer_image,
                     platform=platform.job.to_dict(),
                     warn_only=preflight_warn_only,
@@ -297,7 +297,7 @@ def build_pipeline(platform: PlatformOptions):
                 **inputs_for(
                     stage,
                     parameters,
-                    **run_ids,
+                    **kfp_run,
                     endpoint_url=s3_endpoint_url,
                     workers=staging_workers,
                     chunk_size_mb=staging_chunk_size_mb,
@@ -307,9 +307,9 @@ def build_pipeline(platform: PlatformOptions):
             ).after(checked)
             platform.apply(staged, "stage-data")
             with dsl.ParallelFor(staged.outputs["Output"]) as work:  # one pod per group of files, all at once
-                tokenized = tokenize(**inputs_for(tokenize, parameters, **run_ids, work=work))
+                tokenized = tokenize(**inputs_for(tokenize, parameters, **kfp_run, work=work))
                 platform.apply(tokenized, "tokenize-data")
-            finalized = finalize(**inputs_for(finalize, parameters, **run_ids, work=staged.outputs["Output"])).after(
+            finalized = finalize(**inputs_for(finalize, parameters, **kfp_run, work=staged.outputs["Output"])).after(
                 tokenized
             )
             platform.apply(finalized, "finalize-data")
@@ -317,7 +317,7 @@ def build_pipeline(platform: PlatformOptions):
                 **inputs_for(
                     launch,
                     parameters,
-                    **run_ids,
+                    **kfp_run,
                     dataset=finalized.outputs["dataset"],  # a mixture's first
                     snapshot=finalized.outputs["snapshot"],
                     mixture=finalized.outputs["mixture"],

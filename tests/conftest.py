@@ -141,6 +141,41 @@ def kubeflow(control_plane: Any) -> Iterator[None]:
         yield
 
 
+@pytest.fixture
+def make_site(control_plane: Any) -> Iterator[Callable[..., Any]]:
+    """A healthy cluster for a preflight test, as many as it makes (tests/preflight_helpers.py sites: its settings),
+    each removed after the test."""
+    from tests.preflight_helpers import sites
+
+    with sites(control_plane) as make:
+        yield make
+
+
+@pytest.fixture
+def site(make_site: Callable[..., Any]) -> Any:
+    """One healthy cluster for a preflight test (make_site's, as it comes)."""
+    return make_site()
+
+
+@pytest.fixture
+def spare(control_plane: Any, tmp_path: Path) -> Iterator[Any]:
+    """A spare API server over the same etcd, with no CRD installed: the shared one is never removed."""
+    with control_plane.spare(tmp_path / "spare", []) as plane:
+        yield plane
+
+
+@pytest.fixture
+def trainer_site(make_site: Callable[..., Any]) -> Any:
+    """The healthy cluster on the shared control plane (both job APIs' CRDs), Kubeflow Trainer v2.3.0 installed
+    beside the Training Operator (skipped with the reason where its CRDs are not)."""
+    from tests.preflight_helpers import needs_trainer
+
+    needs_trainer()
+    site = make_site()
+    site.hp.add_trainer()
+    return site
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("corpus"))

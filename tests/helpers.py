@@ -92,7 +92,7 @@ def write_single_file_checkpoint(directory: Path, state: dict) -> Path:
 
 ENCODE_SLOWLY = """
 import sys
-import components.stage_data.tokenization as t
+import components.stage_data.tokenization.encode as t
 from trainer.layout import DatasetPaths
 t.JOURNAL_EVERY_S = 0.0  # journal every part done (a file, a Parquet row group)
 t.BATCH_BYTES = 4096  # encode a few documents at a time, not all in one batch

@@ -377,7 +377,7 @@ def test_render_rbac_for_a_profile_leaves_out_what_kubeflow_grants_and_refuses_b
 
 
 def test_render_storage_gives_each_namespace_a_pv_on_the_same_file_system_and_refuses_bad_values() -> None:
-    """render-storage: per namespace a static PV, pre-bound to its claim, and the claim; tests/test_preflight.py
+    """render-storage: per namespace a static PV, pre-bound to its claim, and the claim; tests/test_preflight_fsx_pvc.py
     applies them and runs the preflight in two profiles."""
     import yaml
 

@@ -23,7 +23,7 @@ from common.errors import InputError
 from components.evaluate_checkpoint.export import export_model
 from components.stage_data.core import mirror_and_plan, stage_data
 from components.stage_data.settings import StageSettings
-from components.stage_data.tokenization import building_dir, document_position
+from components.stage_data.tokenization.snapshot import building_dir, document_position
 from tests.helpers import ADJECTIVES, NOUNS, VERBS, encode_until_killed, write_corpus
 from tests.tokenizer_kinds import KINDS, make_tokenizer, save_pretrained
 from trainer.layout import META, TOKENIZER, DatasetPaths

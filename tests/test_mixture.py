@@ -234,7 +234,7 @@ def test_staging_a_mixture_gives_every_entry_the_first_ones_tokenizer_and_refuse
     another tokenizer is refused in one line when the snapshots are finalized."""
     from components.stage_data.mixture import finish_mixture, mixture_sources, plan_mixture
     from components.stage_data.settings import StageSettings
-    from components.stage_data.tokenization import encode_group
+    from components.stage_data.tokenization.encode import encode_group
     from tests.helpers import snapshot_dir
     from trainer.data import load_meta
     from trainer.layout import DatasetPaths

@@ -112,45 +112,19 @@ def test_compiled_pipeline_chains_the_four_steps_inside_an_exit_handler() -> Non
     assert launcher["pipeline_run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
 
 
-def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_path: Path, mlflow_server) -> None:
-    root = tmp_path / "fsx"
-    result = subprocess.run(
-        [
-            CLI,
-            "run-local",
-            "--storage-root",
-            str(root),
-            "--source",
-            str(corpus),
-            "--include",
-            "*.txt",
-            "--dataset",
-            "synthetic",
-            "--run-id",
-            "e2e",
-            "--vocab-size",
-            "512",
-            "--preset",
-            "tiny",
-            "--max-steps",
-            "40",
-            "--seq-len",
-            "64",
-            "--checkpoint-every",
-            "20",
-            "--mlflow-tracking-uri",
-            mlflow_server.url,
-            "--mlflow-experiment",
-            "e2e",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "local pipeline run e2e succeeded" in result.stdout
-    # A quiet console (pipelines/local_run.py quiet_console): each step's end, the staging and rank 0's training lines
-    # with one time each, the reports; not kfp.local's dumps of every step's inputs and outputs, nor its colours.
+def run_local(**options: object) -> subprocess.CompletedProcess[str]:
+    """`hyperpod-pretrain run-local` with ``options`` as its flags, in their order (max_steps=40: `--max-steps 40`;
+    skip_staging=True: `--skip-staging` alone)."""
+    command = [CLI, "run-local"]
+    for name, value in options.items():
+        flag = f"--{name.replace('_', '-')}"
+        command += [flag] if value is True else [flag, str(value)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def assert_a_quiet_console(result: subprocess.CompletedProcess[str]) -> None:
+    """A quiet console (pipelines/local_run.py quiet_console): each step's end, the staging and rank 0's training lines
+    with one time each, the reports; not kfp.local's dumps of every step's inputs and outputs, nor its colours."""
     console = (result.stdout + result.stderr).splitlines()
     assert len(console) <= 60, "\n".join(console)
     # One format: run-local's own lines as kfp.local's ("HH:MM:SS.mmm - LEVEL - message"), the steps' indented
@@ -168,11 +142,13 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     assert [line.split("  ")[0] for line in trainer_lines if "  loss " in line] == [
         f"step {s}/40" for s in (10, 20, 30, 40)
     ]
-    run = RunPaths.of(root, "e2e")
-    evaluation = json.loads(run.eval_result.read_text())
-    assert evaluation["step"] == 40
-    assert evaluation["val_loss"] < evaluation["untrained_val_loss"] - 1.0
-    assert "Communication check: passed" in run.comms_verification.read_text()
+
+
+def assert_the_reports_and_the_summary(
+    root: Path, run: RunPaths, result: subprocess.CompletedProcess[str]
+) -> dict[str, Path]:
+    """Each KFP step's report, where run-local says they are, and the run's summary: every step succeeded but the
+    preflight (no cluster to check locally). Returns the reports by step."""
     kfp_reports = {p.parent.name: p for p in (root / "kfp-local" / "e2e").rglob("report")}
     assert set(kfp_reports) == STEPS | {"finalize-snapshot"}
     assert "| copied |" in kfp_reports["stage-data"].read_text()
@@ -189,15 +165,21 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     outcomes = {s["step"]: s["state"] for s in summary["steps"]}
     assert outcomes == dict.fromkeys(RECORDS, "succeeded") | {"preflight": "skipped"}  # no cluster to check locally
     assert str(run.summary_report) in result.stdout
-    # Watched: the summary and the launch report say where; the MLflow run has the training's curves, the
-    # evaluation's reports and the summary (the parameter went from run-local through the pipeline to each step).
+    return kfp_reports
+
+
+def assert_watched_in_tensorboard_and_mlflow(
+    run: RunPaths, result: subprocess.CompletedProcess[str], kfp_reports: dict[str, Path], tracking_uri: str
+) -> None:
+    """Watched: the summary and the launch report say where; the MLflow run has the training's curves, the
+    evaluation's reports and the summary (the parameter went from run-local through the pipeline to each step)."""
     mlflow_run = json.loads(run.mlflow_run.read_text())
     watch = f"Watch: TensorBoard: `tensorboard --logdir {run.tensorboard}`; MLflow run [{mlflow_run['run_id']}]("
     assert watch in run.summary_report.read_text() and watch in kfp_reports["launch-pytorchjob"].read_text()
     assert f"TensorBoard                        tensorboard --logdir {run.tensorboard}" in result.stdout
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(mlflow_server.url)
+    client = MlflowClient(tracking_uri)
     assert [m.step for m in client.get_metric_history(mlflow_run["run_id"], "train/loss")] == [10, 20, 30, 40]
     stored = {a.path for where in ("evaluation", "summary") for a in client.list_artifacts(mlflow_run["run_id"], where)}
     assert stored == {
@@ -210,38 +192,9 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     ended = client.get_run(mlflow_run["run_id"]).info
     assert (ended.status, bool(ended.end_time)) == ("FINISHED", True), "the pipeline's outcome ends the MLflow run"
 
-    # Continue the same run to step 60 without staging again: the trainer resumes from its step-40 checkpoint and
-    # extends its schedule to the new max_steps.
-    resumed = subprocess.run(
-        [
-            CLI,
-            "run-local",
-            "--storage-root",
-            str(root),
-            "--source",
-            str(corpus),
-            "--dataset",
-            "synthetic",
-            "--skip-staging",
-            "--resume-run-id",
-            "e2e",
-            "--vocab-size",
-            "512",
-            "--preset",
-            "tiny",
-            "--max-steps",
-            "60",
-            "--seq-len",
-            "64",
-            "--checkpoint-every",
-            "20",
-            "--extend-schedule",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+
+def assert_resumed_to_step_60(run: RunPaths, resumed: subprocess.CompletedProcess[str]) -> None:
+    """The same run went on from its step-40 checkpoint to step 60, its schedule extended, without staging again."""
     assert "resumed at step 40" in resumed.stdout + resumed.stderr
     assert "learning-rate schedule extended at step 40 (max_steps: 40 -> 60)" in resumed.stdout + resumed.stderr
     assert json.loads(run.eval_result.read_text())["step"] == 60
@@ -250,46 +203,21 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     outcomes = {s["step"]: s["state"] for s in json.loads(run.summary.read_text())["steps"]}
     assert outcomes["stage-data"] == "skipped" and outcomes["launch-pytorchjob"] == "succeeded"
 
-    # A new run from the finished one's weights (a warm start), on a mixture of its dataset as staged and a second
-    # corpus staged now with the same tokenizer: the origin travels from staging to the trainer, the mixture from
-    # staging's fan-out (each group naming its dataset) through the finalize step to the trainer and the evaluation.
-    # The second corpus is JSON Lines with its text in `content`: its entry's own text field (--mixture-text-field).
+
+def code_corpus(tmp_path: Path) -> Path:
+    """A second corpus, JSON Lines with its text in `content` (not `text`)."""
     code = tmp_path / "code"
     code.mkdir()
     texts = sorted(write_corpus(tmp_path / "code-text", files=4, sentences=90, seed=7).rglob("*.txt"))
     for i, text in enumerate(texts):
         rows = [{"path": f"{i}/{n}.py", "content": line} for n, line in enumerate(text.read_text().splitlines())]
         (code / f"part-{i}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    warm = subprocess.run(
-        [
-            CLI,
-            "run-local",
-            "--storage-root",
-            str(root),
-            "--mixture",
-            "synthetic=0.8,code=0.2",
-            "--mixture-source",
-            f"code={code}",
-            "--mixture-text-field",
-            "code=content",
-            "--val-fraction",
-            "0.1",
-            "--run-id",
-            "e2e-warm",
-            "--init-from-run-id",
-            "previous",
-            "--preset",
-            "tiny",
-            "--max-steps",
-            "10",
-            "--seq-len",
-            "64",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
+    return code
+
+
+def assert_a_warm_start_on_a_mixture(root: Path, run: RunPaths) -> None:
+    """Run e2e-warm started from run's last weights, on the mixture of synthetic as staged and code staged now with
+    the same tokenizer, each group's dataset named through to the evaluation and the reports."""
     warm_run = RunPaths.of(root, "e2e-warm")
     config = json.loads(warm_run.config.read_text())
     assert config["init_from"]["run"] == "e2e" and config["init_from"]["step"] == 60
@@ -305,6 +233,71 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     assert "Mixture: synthetic 80.0% (weight 0.8): " in warm_run.summary_report.read_text()
     records = {p.stem for p in warm_run.steps.glob("tokenize-data-g*.json")}
     assert records == {"tokenize-data-g000-synthetic", "tokenize-data-g000-code", "tokenize-data-g001-code"}
+
+
+def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_path: Path, mlflow_server) -> None:
+    root = tmp_path / "fsx"
+    result = run_local(
+        storage_root=root,
+        source=corpus,
+        include="*.txt",
+        dataset="synthetic",
+        run_id="e2e",
+        vocab_size="512",
+        preset="tiny",
+        max_steps="40",
+        seq_len="64",
+        checkpoint_every="20",
+        mlflow_tracking_uri=mlflow_server.url,
+        mlflow_experiment="e2e",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "local pipeline run e2e succeeded" in result.stdout
+    assert_a_quiet_console(result)
+    run = RunPaths.of(root, "e2e")
+    evaluation = json.loads(run.eval_result.read_text())
+    assert evaluation["step"] == 40
+    assert evaluation["val_loss"] < evaluation["untrained_val_loss"] - 1.0
+    assert "Communication check: passed" in run.comms_verification.read_text()
+    kfp_reports = assert_the_reports_and_the_summary(root, run, result)
+    assert_watched_in_tensorboard_and_mlflow(run, result, kfp_reports, mlflow_server.url)
+
+    # Continue the same run to step 60 without staging again: the trainer resumes from its step-40 checkpoint and
+    # extends its schedule to the new max_steps.
+    resumed = run_local(
+        storage_root=root,
+        source=corpus,
+        dataset="synthetic",
+        skip_staging=True,
+        resume_run_id="e2e",
+        vocab_size="512",
+        preset="tiny",
+        max_steps="60",
+        seq_len="64",
+        checkpoint_every="20",
+        extend_schedule=True,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert_resumed_to_step_60(run, resumed)
+
+    # A new run from the finished one's weights (a warm start), on a mixture of its dataset as staged and a second
+    # corpus staged now with the same tokenizer: the origin travels from staging to the trainer, the mixture from
+    # staging's fan-out (each group naming its dataset) through the finalize step to the trainer and the evaluation.
+    # The second corpus is JSON Lines with its text in `content`: its entry's own text field (--mixture-text-field).
+    warm = run_local(
+        storage_root=root,
+        mixture="synthetic=0.8,code=0.2",
+        mixture_source=f"code={code_corpus(tmp_path)}",
+        mixture_text_field="code=content",
+        val_fraction="0.1",
+        run_id="e2e-warm",
+        init_from_run_id="previous",
+        preset="tiny",
+        max_steps="10",
+        seq_len="64",
+    )
+    assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
+    assert_a_warm_start_on_a_mixture(root, run)
 
 
 def test_run_local_fails_when_a_step_fails(staged_copy: Path) -> None:

@@ -1,5 +1,5 @@
 """Kubernetes quantities and what the scheduler counts of a pod, as the nodes check reads them (the nodes check
-itself, on the real control plane, is in tests/test_preflight.py)."""
+itself, on the real control plane, is in tests/test_preflight_nodes.py)."""
 
 from __future__ import annotations
 

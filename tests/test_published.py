@@ -5,7 +5,12 @@ trainer's model, and every bad directory refused in one line."""
 from __future__ import annotations
 
 import json
+import logging
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -123,49 +128,22 @@ def test_evaluation_compares_with_the_published_model_the_run_started_from(tmp_p
     assert name == "untrained" and not torch.equal(untrained.lm_head.weight, original.lm_head.weight)
 
 
-def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_it(
-    s3_endpoint: str, aws_env: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """`run-local --init-from-model s3://...`: staging copies the model (its files naming the weights without the
-    base model's prefix) onto the volume and stages with its own tokenizer; the trainer starts from its weights (fresh
-    optimizer and schedule) and records where they came from; the evaluation's baseline is that model, its loss
-    transformers' own; the export keeps its config (bfloat16, Llama 3's rope scaling, special
-    token ids), loads and generates; the run resumes to the bit without the model's files; the next run copies
-    nothing."""
-    import logging
-    import shutil
-    import subprocess
-    import sys
-
+def published_in_s3(given: Path, s3_endpoint: str) -> str:
+    """The model directory ``given`` uploaded to a bucket of the S3 server: its URI."""
     import boto3
-    from tokenizers import Tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from components.evaluate_checkpoint.export import export_model
-    from components.launch_training.config import LaunchConfig
-    from components.launch_training.core import launch
-    from components.stage_data.models import published_model
-    from tests.helpers import LLAMA3_ROPE
-    from tests.test_formats import corpus_of_every_format, decoded_documents, expected_documents, split_stream
-    from tests.test_parallel import rewound_copy
-    from tests.test_trainer import assert_same_rows, read_metrics
-    from tests.tokenizer_kinds import make_tokenizer, save_pretrained
-    from trainer.data import load_split
-    from trainer.evaluation import mean_loss, token_byte_lengths
-    from trainer.layout import ModelPaths, RunPaths
-    from trainer.model import build_model, config_from_dict
-
-    source = corpus_of_every_format(tmp_path / "corpus")
-    given = tmp_path / "tiny-llama"
-    original = save_llama_without_its_prefix(given)  # its files name the weights without `model.`
-    save_pretrained("llama3", make_tokenizer("llama3", [t for _, _, t in expected_documents(source)], 320), given)
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket="published")
     for path in given.iterdir():
         s3.upload_file(str(path), "published", f"models/tiny-llama/{path.name}")
-    uri, root = "s3://published/models/tiny-llama/", tmp_path / "fsx"
+    return "s3://published/models/tiny-llama/"
+
+
+def run_local_from(uri: str, source: Path, root: Path, s3_endpoint: str) -> subprocess.CompletedProcess[str]:
+    """`run-local --init-from-model <uri>`: run "continued" on dataset "domain" staged from ``source``, 8 steps with
+    a checkpoint every 4."""
     cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
-    result = subprocess.run(
+    return subprocess.run(
         [
             cli,
             "run-local",
@@ -202,9 +180,15 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
         text=True,
         timeout=600,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    run, copy = RunPaths.of(root, "continued"), ModelPaths.of(root, uri)
-    config = json.loads(run.config.read_text())
+
+
+def assert_started_from_the_copy(
+    run: Any, config: dict, copy: Any, given: Path, uri: str, staged: Any, rows: list[dict]
+) -> None:
+    """The trainer started from the copy staging made of the model (fresh optimizer and schedule), recorded where its
+    weights came from, and trained on a snapshot staged with the model's own tokenizer."""
+    from tokenizers import Tokenizer
+
     origin = config["init_from"]
     assert (origin["s3_uri"], origin["model"], origin["dtype"], origin["name"]) == (
         uri,
@@ -216,36 +200,42 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     assert len(files) > 1 and sorted(origin["etags"]) == files and all(origin["etags"].values())
     assert origin["bytes"] == sum((given / name).stat().st_size for name in files)
     assert config["trainer"]["preset"] == "" and config["model"]["num_hidden_layers"] == 2
-    snapshot = Path(config["dataset"]["tokenized_dir"])
-    staged = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
     assert staged.get_vocab() == Tokenizer.from_file(str(given / "tokenizer.json")).get_vocab()  # the model's own
-    rows = read_metrics(run)
     assert [r["step"] for r in rows] == list(range(1, 9)) and rows[0]["lr"] < rows[1]["lr"] < rows[2][
         "lr"
     ]  # a fresh warm-up
     details = next(s for s in json.loads(run.summary.read_text())["steps"] if s["step"] == "stage-data")["details"]
     assert details["init_from_model"] == uri and details["model_dir"] == str(copy.raw)
 
-    # The baseline is the published model's val loss: transformers' own model on the same val split.
+
+def assert_the_baseline_is_the_published_models_loss(
+    run: Any, result: subprocess.CompletedProcess[str], given: Path, snapshot: Path, staged: Any, meta: dict
+) -> None:
+    """The evaluation's baseline is the published model's val loss: transformers' own model on the same val split."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.data import load_split
+    from trainer.evaluation import mean_loss, token_byte_lengths
+
     evaluation = json.loads(run.eval_result.read_text())
     assert evaluation["start"] == "start (tiny-llama)"
     assert all(s["text"].startswith(s["prompt"]) for s in evaluation["samples"]), "no literal <|begin_of_text|>"
     report = (run.eval_step(evaluation["step"]) / "report.html").read_text()
     assert "none: the architecture of tiny-llama" in report, "the settings' preset row of a published start"
     assert f"(start (tiny-llama) {evaluation['untrained_val_loss']:.3f})" in result.stderr + result.stdout
-    meta = json.loads((snapshot / "meta.json").read_text())
     reference = AutoModelForCausalLM.from_pretrained(given, dtype=torch.float32)
     byte_lengths = token_byte_lengths(staged, meta["model_vocab_size"])
     loss, _, _ = mean_loss(reference, load_split(snapshot, "val"), 32, 1048576, 8, torch.device("cpu"), byte_lengths)
     assert evaluation["untrained_val_loss"] == pytest.approx(loss, abs=1e-5)
 
-    # The corpus of every format, as the reports show it.
-    finalize_report = next((root / "kfp-local" / "continued").rglob("finalize-snapshot/report")).read_text()
-    assert "First train document of the parquet files" in finalize_report and "| jsonl.zst |" in finalize_report
-    finalized = next(s for s in json.loads(run.summary.read_text())["steps"] if s["step"] == "finalize-data")
-    assert "parquet " in finalized["details"]["documents"] and "null" in finalized["details"]["skipped_records"]
 
-    # The export: the input's config, its dtype, its tokenizer, which encodes as training did; it generates.
+def assert_the_export_keeps_the_inputs_config_and_generates(run: Any, snapshot: Path, meta: dict) -> None:
+    """The export: the input's config, its dtype, its tokenizer, which encodes as training did; it generates."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from tests.helpers import LLAMA3_ROPE
+    from tests.test_formats import decoded_documents, split_stream
+
     export = run.root / "export"
     exported = AutoConfig.from_pretrained(export)
     assert (exported.dtype, exported.bos_token_id, exported.eos_token_id) == (torch.bfloat16, 0, 1)
@@ -256,17 +246,30 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
     prompt = tokenizer("the quiet river", return_tensors="pt")
     generated = model.generate(**prompt, max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert generated.shape[1] == prompt["input_ids"].shape[1] + 5
-    # ...and an export of the weights before any update is the input, bit for bit.
+
+
+def assert_an_export_before_any_update_is_the_input(
+    config: dict, copy: Any, snapshot: Path, original: torch.nn.Module, tmp_path: Path
+) -> None:
+    """An export of the weights before any update is the input, bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    from components.evaluate_checkpoint.export import export_model
+    from trainer.model import build_model, config_from_dict
+
     untouched = build_model(config_from_dict(config["model"]))
     load_weights(untouched, PublishedModel.read(copy.raw))
-    before = export_model(untouched, snapshot, tmp_path / "export-before", {"step": 0}, origin["dtype"])
+    before = export_model(untouched, snapshot, tmp_path / "export-before", {"step": 0}, config["init_from"]["dtype"])
     expected = original.to(torch.bfloat16).state_dict()
     for name, tensor in AutoModelForCausalLM.from_pretrained(before).state_dict().items():
         assert torch.equal(tensor, expected[name]), name
 
-    # A resume from the step-4 checkpoint goes on to the same losses to the bit, with the model's files gone.
-    resumed = rewound_copy(run, root, "continued-resumed", 4)
-    shutil.move(copy.raw, tmp_path / "away")
+
+def resume(root: Path, config: dict, copy: Any) -> None:
+    """Launch "continued-resumed" (a copy of the run rewound to a checkpoint) with the run's own settings."""
+    from components.launch_training.config import LaunchConfig
+    from components.launch_training.core import launch
+
     trainer = config["trainer"]
     launch(
         LaunchConfig.of(
@@ -292,6 +295,55 @@ def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_i
             },
         )
     )
+
+
+def test_a_run_from_a_published_model_in_s3_trains_resumes_exactly_and_exports_it(
+    s3_endpoint: str, aws_env: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`run-local --init-from-model s3://...`: staging copies the model (its files naming the weights without the
+    base model's prefix) onto the volume and stages with its own tokenizer; the trainer starts from its weights (fresh
+    optimizer and schedule) and records where they came from; the evaluation's baseline is that model, its loss
+    transformers' own; the export keeps its config (bfloat16, Llama 3's rope scaling, special
+    token ids), loads and generates; the run resumes to the bit without the model's files; the next run copies
+    nothing."""
+    from tokenizers import Tokenizer
+
+    from components.stage_data.models import published_model
+    from tests.test_formats import corpus_of_every_format, expected_documents
+    from tests.test_parallel import rewound_copy
+    from tests.test_trainer import assert_same_rows, read_metrics
+    from tests.tokenizer_kinds import make_tokenizer, save_pretrained
+    from trainer.layout import ModelPaths, RunPaths
+
+    source = corpus_of_every_format(tmp_path / "corpus")
+    given = tmp_path / "tiny-llama"
+    original = save_llama_without_its_prefix(given)  # its files name the weights without `model.`
+    save_pretrained("llama3", make_tokenizer("llama3", [t for _, _, t in expected_documents(source)], 320), given)
+    uri, root = published_in_s3(given, s3_endpoint), tmp_path / "fsx"
+    result = run_local_from(uri, source, root, s3_endpoint)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run, copy = RunPaths.of(root, "continued"), ModelPaths.of(root, uri)
+    config = json.loads(run.config.read_text())
+    snapshot = Path(config["dataset"]["tokenized_dir"])
+    staged = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
+    rows = read_metrics(run)
+    assert_started_from_the_copy(run, config, copy, given, uri, staged, rows)
+    meta = json.loads((snapshot / "meta.json").read_text())
+    assert_the_baseline_is_the_published_models_loss(run, result, given, snapshot, staged, meta)
+
+    # The corpus of every format, as the reports show it.
+    finalize_report = next((root / "kfp-local" / "continued").rglob("finalize-snapshot/report")).read_text()
+    assert "First train document of the parquet files" in finalize_report and "| jsonl.zst |" in finalize_report
+    finalized = next(s for s in json.loads(run.summary.read_text())["steps"] if s["step"] == "finalize-data")
+    assert "parquet " in finalized["details"]["documents"] and "null" in finalized["details"]["skipped_records"]
+
+    assert_the_export_keeps_the_inputs_config_and_generates(run, snapshot, meta)
+    assert_an_export_before_any_update_is_the_input(config, copy, snapshot, original, tmp_path)
+
+    # A resume from the step-4 checkpoint goes on to the same losses to the bit, with the model's files gone.
+    resumed = rewound_copy(run, root, "continued-resumed", 4)
+    shutil.move(copy.raw, tmp_path / "away")
+    resume(root, config, copy)
     assert "resumed at step 4" in resumed.rank_log(0).read_text()
     assert_same_rows(read_metrics(resumed), rows, "after a resume at step 4")
 

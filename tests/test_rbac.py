@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,33 @@ from tests.cluster.kubeflow import EVERYONE_BINDING
 RBAC, CLUSTER_READ, *JOB_API_FILES = RBAC_FILES  # the common file, the optional one, one per job API
 REQUIRED = (RBAC, *JOB_API_FILES)
 JOBS = "<the jobs' namespace>"  # every test namespace holds the launcher's Role, as the jobs' namespace does
-MEASURED_FROM = ("test_k8s_launcher.py", "test_preflight.py")
+# The files whose tests make the requests the rules are measured from: the launcher's and the preflight's on the
+# control plane (as the runner, or as a profile's default-editor). Each must run in the session, or a rule only its
+# tests use would be taken for unused; one of test_k8s_launcher*.py or test_preflight*.py that reaches the control plane
+# and is not listed here fails test_every_launcher_and_preflight_file_on_the_control_plane_is_measured.
+MEASURED_FROM = (
+    "test_k8s_launcher.py",
+    "test_k8s_launcher_attach.py",
+    "test_k8s_launcher_cancel.py",
+    "test_k8s_launcher_deadlines.py",
+    "test_k8s_launcher_diagnosis.py",
+    "test_k8s_launcher_restarts.py",
+    "test_k8s_launcher_streams.py",
+    "test_preflight_checkpoint_throughput.py",
+    "test_preflight_component.py",
+    "test_preflight_core.py",
+    "test_preflight_crd.py",
+    "test_preflight_device_plugins.py",
+    "test_preflight_fsx_pvc.py",
+    "test_preflight_image.py",
+    "test_preflight_kueue.py",
+    "test_preflight_memory.py",
+    "test_preflight_mlflow.py",
+    "test_preflight_nodes.py",
+    "test_preflight_permissions.py",
+    "test_preflight_trainjob.py",
+)
+MEASURED_PATTERNS = ("test_k8s_launcher*.py", "test_preflight*.py")
 
 pytestmark = pytest.mark.after_cluster_tests
 
@@ -196,15 +223,31 @@ class Measured:
     refused_by_rbac: bool  # a 403 with RBAC's decision; an admission webhook's denial is a 403 RBAC allowed
 
 
+def not_collected(request: pytest.FixtureRequest) -> list[str]:
+    """The files of MEASURED_FROM this session did not collect."""
+    ran = {Path(item.fspath).name for item in request.session.items}
+    return [name for name in MEASURED_FROM if name not in ran]
+
+
+def test_every_launcher_and_preflight_file_on_the_control_plane_is_measured(request: pytest.FixtureRequest) -> None:
+    """A test file of the launcher's or the preflight's that reaches the control plane is one MEASURED_FROM requires
+    (checked of the files this session collected)."""
+    on_plane = {
+        Path(item.fspath).name
+        for item in request.session.items
+        if "control_plane" in item.fixturenames and any(fnmatch(Path(item.fspath).name, p) for p in MEASURED_PATTERNS)
+    }
+    assert on_plane <= set(MEASURED_FROM), f"add to MEASURED_FROM: {', '.join(sorted(on_plane - set(MEASURED_FROM)))}"
+
+
 @pytest.fixture(scope="module")
 def measured(request: pytest.FixtureRequest, control_plane: ControlPlane) -> list[Measured]:
     """Every request the runner made this session, in order."""
-    ran = {Path(item.fspath).name for item in request.session.items}
-    missing = [name for name in MEASURED_FROM if name not in ran]
-    if missing:
+    if missing := not_collected(request):
         pytest.skip(
-            f"the rules are measured from the requests of {', '.join(MEASURED_FROM)}: run them in the same "
-            f"session (not collected: {', '.join(missing)})"
+            f"the rules are measured from the requests of the launcher's and the preflight's tests on the control "
+            f"plane ({', '.join(MEASURED_PATTERNS)}): run them in the same session "
+            f"(not collected: {', '.join(missing)})"
         )
     events = control_plane.audit_events(user=RUNNER_USER)
     assert events, "the runner made no request: the launcher's and preflight's tests did not reach the API server"
@@ -269,9 +312,11 @@ PROFILE_EDITOR = re.compile(r"^system:serviceaccount:hyperpod-t[^:]*:default-edi
 def profile_measured(request: pytest.FixtureRequest, control_plane: ControlPlane) -> list[Measured]:
     """Every request a profile's default-editor made this session (the launcher's and the preflight's tests in
     profiles: make_cluster(profile=True), make_site(profile=...))."""
-    ran = {Path(item.fspath).name for item in request.session.items}
-    if missing := [name for name in MEASURED_FROM if name not in ran]:
-        pytest.skip(f"measured from the requests of {', '.join(MEASURED_FROM)} (not collected: {', '.join(missing)})")
+    if missing := not_collected(request):
+        pytest.skip(
+            f"measured from the requests of the launcher's and the preflight's tests on the control plane "
+            f"({', '.join(MEASURED_PATTERNS)}; not collected: {', '.join(missing)})"
+        )
     events = [e for e in control_plane.audit_events() if PROFILE_EDITOR.match(e["user"]["username"])]
     assert events, "no profile's default-editor made a request: the profile tests did not reach the API server"
     return [

@@ -1,4 +1,4 @@
-"""`submit` and `schedule`: the real CLI and kfp.Client against the loopback KFP v2beta1 server (tests/kfp_server.py),
+"""`submit` and `schedule`: the real CLI and kfp.Client against the loopback KFP v2beta1 server (tests/kfp_server/),
 which checks every body against kfp_server_api's models and every run's parameters against the compiled spec."""
 
 import os
@@ -135,7 +135,7 @@ PRESETS = "tiny, small, gpt2-124m, gpt2-350m, llama-1b, llama-3b, llama-8b"
 @pytest.mark.parametrize(
     "params, message",
     [
-        (["preset=huge"], f"--param preset='huge': model preset 'huge' is unknown: choose one of {PRESETS}"),
+        (["preset=huge"], f"--param preset='huge': preset 'huge' is unknown: choose one of {PRESETS}"),
         (["nnodes=0"], "--param nnodes=0: nnodes must be a positive integer, got 0"),
         (["nnodes=four"], "--param nnodes='four': not an integer"),
         (["lr=inf"], "--param lr='inf': not a finite number (JSON has no NaN or infinity)"),
@@ -458,7 +458,7 @@ def test_schedule_bad_input(server: FakeKfp, env: dict[str, str], args: list[str
 def test_a_multi_user_backend_puts_the_run_in_the_profile_and_refuses_another_profiles_token(
     env: dict[str, str], control_plane: Any, kubeflow: None, tmp_path: Path
 ) -> None:
-    """KFP in multi-user mode (tests/kfp_server.py KubernetesAuthorizer: TokenReview and SubjectAccessReview on the
+    """KFP in multi-user mode (tests/kfp_server/ KubernetesAuthorizer: TokenReview and SubjectAccessReview on the
     real API server, Kubeflow's roles aggregated by its controller manager): a profile's default-editor, with a token
     for KFP's audience, submits and schedules into its profile; another profile's account, or no token, is refused in
     one line naming the namespace and the account, with exit 2."""

@@ -15,7 +15,8 @@ from tokenizers import Tokenizer
 from common.errors import InputError
 from components.stage_data.core import stage_data
 from components.stage_data.mirror import ProgressLog
-from components.stage_data.tokenization import EOS, STALE_BUILD_S, val_keys
+from components.stage_data.tokenization.plan import STALE_BUILD_S, val_keys
+from components.stage_data.tokenizer import EOS
 from tests.helpers import snapshot_dir
 from trainer.layout import META, TOKENIZER, DatasetPaths
 

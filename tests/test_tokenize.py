@@ -17,7 +17,9 @@ from tokenizers import Tokenizer
 from components.stage_data.core import mirror_and_plan, stage_data
 from components.stage_data.formats import FileFormat
 from components.stage_data.settings import StageSettings
-from components.stage_data.tokenization import EOS, Entry, Plan, building_dir, sample_texts
+from components.stage_data.tokenization.plan import sample_texts
+from components.stage_data.tokenization.snapshot import Entry, Plan, building_dir
+from components.stage_data.tokenizer import EOS
 from tests.helpers import encode_until_killed, write_corpus
 from trainer.layout import META, TOKENIZER, DatasetPaths
 
@@ -137,7 +139,7 @@ def test_a_groups_progress_line_says_files_bytes_rate_and_time_left_of_what_is_e
     at) scaled by the share of the text read that is written, since reading runs up to two batches ahead of the
     encoder (a run-local of 80 MB said "about 2 s left" with nothing written yet). Wired into a group's encode: when
     it is done, the line says every file, every byte and every token."""
-    import components.stage_data.tokenization as tokenization
+    import components.stage_data.tokenization.encode as encode
     from components.stage_data.progress import GroupProgress, SampleProgress
 
     class Reading:
@@ -178,13 +180,13 @@ def test_a_groups_progress_line_says_files_bytes_rate_and_time_left_of_what_is_e
         def __exit__(self, *exc: object) -> None:
             return None
 
-    monkeypatch.setattr(tokenization, "Progress", Recorded)
+    monkeypatch.setattr(encode, "Progress", Recorded)
     source = write_corpus(tmp_path / "src", files=2, sentences=50)
     rows = "".join(json.dumps({"text": f"record {i} " * 30}) + "\n" for i in range(200))
     (source / "records.jsonl.gz").write_bytes(gzip.compress(rows.encode()))
     root = tmp_path / "fsx"
     planned = mirror_and_plan(StageSettings(str(source), str(root), "d", vocab_size=300))
-    result = tokenization.encode_group(DatasetPaths.of(root, "d"), planned.snapshot, 0)
+    result = encode.encode_group(DatasetPaths.of(root, "d"), planned.snapshot, 0)
     total = sum(p.stat().st_size for p in source.rglob("*") if p.is_file()) / 1e6
     line = made[-1](1.0)
     assert line.startswith(f"encoding group 0 of 'd' (1 groups): 3 of 3 files done, {total:,.1f} of {total:,.1f} MB, ")

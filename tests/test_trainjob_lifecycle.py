@@ -32,7 +32,7 @@ from components.launch_training.follow import run_job
 from components.launch_training.manifest import render_job
 from tests.cluster import jobset as jobset_player
 from tests.cluster.timelines import Timeline
-from tests.test_k8s_launcher import cluster_config, deleted_jobs, fast, on, running, wait_for
+from tests.launcher_helpers import cluster_config, deleted_jobs, fast, on, running, wait_for
 
 QUEUE = "hyperpod-ns-team-a-localqueue"
 

@@ -1,4 +1,4 @@
-"""The Kubeflow Trainer v2.3.0 and JobSet v0.12.0 players (tests/cluster/trainer.py, jobset.py) and Kueue's TrainJob
+"""The Kubeflow Trainer v2.3.0 and JobSet v0.12.0 players (tests/cluster/trainer/, jobset.py) and Kueue's TrainJob
 integration (kueue.py) on the real API server, with the real Job controller and garbage collector. Each test names the
 upstream behaviour it checks."""
 

@@ -23,7 +23,8 @@ from trainer.model import config_from_dict, model_config
 from trainer.snapshot import given_snapshot, model_vocab
 
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
-ASSUMED_VOCAB = 8192  # the pipeline's default vocab_size (pipelines/pipeline.py; tests/test_preflight.py holds it)
+# The pipeline's default vocab_size (pipelines/pipeline.py; tests/test_preflight_checkpoint_throughput.py holds it).
+ASSUMED_VOCAB = 8192
 
 
 class Context:

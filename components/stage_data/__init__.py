@@ -1,5 +1,5 @@
 """Staging: mirror a corpus onto the volume, tokenize it, publish a snapshot. The defaults below live here, not in
-tokenization.py, so that the CLI shows them in --help without loading numpy and tokenizers; every entry point (the
+tokenization/, so that the CLI shows them in --help without loading numpy and tokenizers; every entry point (the
 pipeline's parameters, stage-data, run-local) takes these."""
 
 SHARD_TOKENS = 64 * 2**20  # tokens per shard file by default (about 250 MB of text)

@@ -1,4 +1,4 @@
-"""KFP wrappers of staging's three steps (core.py and tokenization.py hold the logic): mirror and plan, encode one
+"""KFP wrappers of staging's three steps (core.py and tokenization/ hold the logic): mirror and plan, encode one
 group (the pipeline runs one per group, in parallel), finalize the snapshot."""
 
 from typing import NamedTuple
@@ -135,7 +135,7 @@ def tokenize_group(
     exists."""
     from components.kfp_support import log_numbers, setup_logging
     from components.run_summary.core import recorded_step, resolve_run_id
-    from components.stage_data.tokenization import encode_group
+    from components.stage_data.tokenization.encode import encode_group
     from trainer.layout import DatasetPaths
 
     setup_logging()

@@ -22,14 +22,10 @@ from components.stage_data.models import check_tokenizer, own_tokenizer, publish
 from components.stage_data.settings import StageSettings, check_source
 from components.stage_data.snapshots import directory_bytes, resolve_init_run, run_tokenizer, unused_snapshots
 from components.stage_data.sources import LocalSource, select
-from components.stage_data.tokenization import (
-    TokenizeResult,
-    current_snapshot_id,
-    encode_group,
-    finalize_snapshot,
-    plan_snapshot,
-    read_meta,
-)
+from components.stage_data.tokenization.encode import encode_group
+from components.stage_data.tokenization.finalize import finalize_snapshot
+from components.stage_data.tokenization.plan import plan_snapshot
+from components.stage_data.tokenization.snapshot import TokenizeResult, current_snapshot_id, read_meta
 from components.stage_data.tokenizer import read_given, snapshot_tokenizer
 from trainer.layout import DatasetPaths
 from trainer.published import PublishedModel

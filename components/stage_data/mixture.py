@@ -56,7 +56,7 @@ def plan_mixture(sources: list[MixtureSource], settings: StageSettings) -> list[
     tokenizer, in parallel); the encoders' work items of them all, each naming its dataset and weight."""
     from components.stage_data.core import mirror_and_plan, staged_dataset, starting_model
     from components.stage_data.snapshots import resolve_init_run
-    from components.stage_data.tokenization import building_dir
+    from components.stage_data.tokenization.snapshot import building_dir
 
     def plan(source: MixtureSource, tokenizer: str) -> tuple[list[dict[str, Any]], Path]:
         """One entry's work items, and the tokenizer.json its snapshot is (or will be) staged with."""

@@ -19,7 +19,8 @@ from components.stage_data.core import open_source
 from components.stage_data.formats import Skipped, check_file, detect, reader_for
 from components.stage_data.settings import StageSettings
 from components.stage_data.sources import select
-from components.stage_data.tokenization import BLOCK_BYTES, BY_DOCUMENT, Entry, document_position, load_given
+from components.stage_data.tokenization.plan import BLOCK_BYTES, load_given
+from components.stage_data.tokenization.snapshot import BY_DOCUMENT, Entry, document_position
 from components.stage_data.tokenizer import EOS, Specials, read_given, train_tokenizer
 
 log = logging.getLogger(__name__)

@@ -279,7 +279,7 @@ KUBEFLOW_ROLES: tuple[dict[str, Any], ...] = (
         ],
     ),
     # KFP's (kubeflow/pipelines 2.17.0 manifests/kustomize/base/installs/multi-user/view-edit-cluster-roles.yaml):
-    # what its API server's SubjectAccessReviews ask for (tests/kfp_server.py KubernetesAuthorizer)
+    # what its API server's SubjectAccessReviews ask for (tests/kfp_server/ KubernetesAuthorizer)
     _role("kubeflow-pipelines-edit", [], into=("kubeflow-edit",), aggregates="kubeflow-pipelines-edit"),
     _role(
         "kubeflow-pipelines-view",

@@ -253,7 +253,7 @@ class Kueue:
 
         def fill() -> bool:
             trainjob = self._trainjob(namespace, name)
-            runtime = trainer_player._read_runtime(self.custom, trainjob)
+            runtime = trainer_player.read_runtime(self.custom, trainjob)
             rjobs = (runtime["spec"].get("template") or {}).get("spec", {}).get("replicatedJobs") or []
             queue = (trainjob["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
             workload = f"trainjob-{name}-{trainjob['metadata']['uid'][:5]}"
