@@ -6,6 +6,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable, Iterator
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,48 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"kubernetes: real etcd, kube-apiserver and {manager} from {binaries.source}"
 
 
+# The test files whose tests run on the session's control plane: under pytest-xdist (`-n 2`, the suite's default)
+# they run in one worker, in order, so that one control plane's audit log holds every request tests/test_rbac.py
+# measures, and the control plane starts once. A test on the control plane elsewhere is refused at collection.
+CONTROL_PLANE_FILES = (
+    "test_k8s_launcher*.py",
+    "test_preflight*.py",
+    "test_trainjob*.py",
+    "test_rbac.py",
+    "test_diagnosis.py",
+    "test_fault_proxy.py",
+    "test_manifest.py",
+    "test_remote.py",
+    "test_security.py",
+    "test_verify_nccl.py",
+)
+
+
+def on_control_plane(path: str) -> bool:
+    return any(fnmatch(Path(path).name, pattern) for pattern in CONTROL_PLANE_FILES)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked after_cluster_tests read the audit log of the session's control-plane tests: they go last."""
     last = [item for item in items if item.get_closest_marker("after_cluster_tests")]
     items[:] = [item for item in items if not item.get_closest_marker("after_cluster_tests")] + last
+    for item in items:
+        if "control_plane" in item.fixturenames and not on_control_plane(str(item.fspath)):
+            raise pytest.UsageError(f"{item.nodeid} runs on the control plane: add its file to CONTROL_PLANE_FILES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's load scheduling (each test to the next free worker), but for the control plane's files, which
+    are one unit: one worker runs them in collection order (so tests/test_rbac.py last). xdist's own loadgroup reads
+    a node id suffix that pytest 9.2's node ids no longer carry."""
+    from xdist.scheduler import LoadScopeScheduling  # the dev extra's; only a run under xdist gets here
+
+    class ControlPlaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "control-plane" if on_control_plane(nodeid.split("::")[0]) else nodeid
+
+    return ControlPlaneScheduling(config, log) if config.getvalue("dist") == "load" else None
 
 
 @pytest.hookimpl(wrapper=True)
