@@ -16,7 +16,8 @@ from typing import Any
 from common.errors import InputError
 from components.stage_data import report
 from components.stage_data.core import open_source
-from components.stage_data.formats import Skipped, check_file, detect, reader_for
+from components.stage_data.formats import check_file, detect, reader_for
+from components.stage_data.formats.reader import Skipped
 from components.stage_data.settings import StageSettings
 from components.stage_data.sources import select
 from components.stage_data.tokenization.plan import BLOCK_BYTES, load_given

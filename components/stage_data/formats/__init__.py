@@ -18,9 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from common.errors import InputError
+from components.stage_data.formats.json_lines import JsonLinesReader, check_json_lines
+from components.stage_data.formats.plain_text import PlainTextReader
+from components.stage_data.formats.reader import Reader
 from components.stage_data.formats.streams import BINARY_MAGIC, COMPRESSION_MAGIC, PARQUET_MAGIC, byte_chunks
 
 SNIFF_BYTES = 64 * 2**10  # read to tell text from binary, and to check a JSON Lines file's first record
@@ -48,36 +51,6 @@ class FileFormat:
     def parse(cls, name: str) -> FileFormat:
         kind, _, suffix = name.partition(".")
         return cls(kind, {"gz": "gzip", "zst": "zstd"}.get(suffix, ""))
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Text of one document, in order; a document may come in several pieces (a large plain-text file)."""
-
-    text: str
-    record: int  # the document's number in its file: with the file's key, it chooses the document's split
-    first: bool  # the document's first piece: a beginning-of-document token goes before it
-    last: bool  # its last: the end-of-document token goes after it
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A record that is not a document: no text (missing, null, empty, not a string), or malformed (bad)."""
-
-    record: int
-    cause: str
-    where: str  # "<key>:<line>" or "<key> row <n>", for the report and the refusal
-    bad: bool = False
-
-
-class Reader(Protocol):
-    """One file's documents, a part at a time (a killed encode redoes at most one part)."""
-
-    bytes_read: int  # of the file so far (compressed; Parquet: its row groups begun), for progress lines
-
-    def parts(self) -> int: ...
-
-    def read(self, part: int) -> Iterator[Piece | Skipped]: ...
 
 
 def detect(path: Path, key: str) -> FileFormat:
@@ -132,15 +105,11 @@ def _bounded(chunks: Iterator[bytes], limit: int) -> Iterator[bytes]:
 def reader_for(path: Path, key: str, fmt: FileFormat, text_field: str, block_bytes: int) -> Reader:
     """The reader of one file of a known format (detect's)."""
     if fmt.kind == "parquet":
-        from components.stage_data.formats.parquet import ParquetReader
+        from components.stage_data.formats.parquet import ParquetReader  # pyarrow, loaded for Parquet files only
 
         return ParquetReader(path, key, text_field)
     if fmt.kind == "jsonl":
-        from components.stage_data.formats.json_lines import JsonLinesReader
-
         return JsonLinesReader(path, key, fmt.compression, text_field)
-    from components.stage_data.formats.plain_text import PlainTextReader
-
     return PlainTextReader(path, key, fmt.compression, block_bytes)
 
 
@@ -149,11 +118,9 @@ def check_file(path: Path, key: str, fmt: FileFormat, text_field: str, dataset: 
     read as the run asks (a Parquet file without the text column, a JSON Lines file of arrays or whose records lack
     the text field; `dataset` names the file's dataset there, which a mixture needs)."""
     if fmt.kind == "parquet":
-        from components.stage_data.formats.parquet import check_parquet
+        from components.stage_data.formats.parquet import check_parquet  # pyarrow, loaded for Parquet files only
 
         return check_parquet(path, key, text_field)
     if fmt.kind == "jsonl":
-        from components.stage_data.formats.json_lines import check_json_lines
-
         check_json_lines(path, key, fmt.compression, text_field, dataset)
     return {}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
-from components.stage_data.formats import Piece, Skipped
+from components.stage_data.formats.reader import Piece, Skipped
 from components.stage_data.formats.streams import byte_chunks
 
 

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from common.errors import InputError
-from components.stage_data.formats import Piece, Skipped
+from components.stage_data.formats.reader import Piece, Skipped
 
 BATCH_BYTES = 8 * 2**20  # text decoded into Python at a time
 STREAM_BUFFER = 4 * 2**20  # pyarrow reads column chunks through a buffer this size instead of whole

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from components.stage_data.formats import Piece
+from components.stage_data.formats.reader import Piece
 from components.stage_data.formats.streams import byte_chunks
 
 

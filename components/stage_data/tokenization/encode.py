@@ -23,7 +23,8 @@ from tokenizers import Tokenizer
 
 from common.errors import InputError
 from components.stage_data import report
-from components.stage_data.formats import Piece, Skipped, reader_for
+from components.stage_data.formats import reader_for
+from components.stage_data.formats.reader import Piece, Skipped
 from components.stage_data.progress import GroupProgress, Progress
 from components.stage_data.shards import ShardWriter
 from components.stage_data.tokenization.snapshot import (

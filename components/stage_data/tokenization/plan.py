@@ -25,7 +25,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from common.errors import InputError
-from components.stage_data.formats import FileFormat, Skipped, check_file, detect, reader_for
+from components.stage_data.formats import FileFormat, check_file, detect, reader_for
+from components.stage_data.formats.reader import Skipped
 from components.stage_data.mirror import checksum_field
 from components.stage_data.progress import Progress, SampleProgress
 from components.stage_data.settings import StageSettings
