@@ -38,16 +38,6 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def dropout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {value}")
-    return value
-
-
 class Parser(argparse.ArgumentParser):
     """argparse as this command line wants it: no abbreviations (`--max-step 5` is not `--max-steps 5`), and an
     unknown flag answered with the command's closest one (`--text_field`: did you mean --text-field?)."""
