@@ -54,8 +54,9 @@ def test_an_exit_code_job_whose_worker_is_oom_killed_and_made_anew_ends_at_its_r
 
     def oom_and_made_anew(job: Any) -> None:
         job.exit(1, 137, "OOMKilled")
-        job.start_recreated(1)
+        # Noted before the new pod exists: the launcher may see it and end before this thread goes on.
         made_anew.append(time.monotonic())
+        job.start_recreated(1)
 
     timeline = Timeline.started(2)
     for _ in range(8):  # more than the budget: the old launcher watched this loop until its deadline
