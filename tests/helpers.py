@@ -45,6 +45,27 @@ MIXTURE = [
 MIXED_RUN = dict(dataset="synthetic", mixture=MIXTURE, max_steps=20, log_every=1, checkpoint_every=5, dropout=0.1)
 
 
+# `render-job` of a 2-node, 8-GPU run as a person types it (tests/test_manifest.py, tests/test_trainjob.py).
+RENDER_JOB = [
+    sys.executable,
+    "-m",
+    "pipelines.cli",
+    "render-job",
+    "--storage-root",
+    "/fsx",
+    "--dataset",
+    "corpus",
+    "--run-id",
+    "r1",
+    "--image",
+    "img:1",
+    "--nnodes",
+    "2",
+    "--nproc-per-node",
+    "8",
+]
+
+
 def tiny_launch(root: Path, run_id: str, **overrides) -> LaunchConfig:
     settings = dict(
         storage_root=str(root),

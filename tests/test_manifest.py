@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import yaml
 from common.errors import InputError
 from components.launch_training.manifest import JobSpec, job_name, render_job
 from components.launch_training.rendering import AUTO_RESUME, MAX_RETRY, RDZV_STORE_OPT_OUT, SPEC_HASH_ANNOTATION
+from tests.helpers import RENDER_JOB
 
 # The seed tutorial's manifest (its "pytorchjob-ddp.yaml"), as our users apply it today.
 SEED = yaml.safe_load("""
@@ -264,24 +264,7 @@ def test_every_rendered_manifest_is_accepted_whole_by_the_api_server(control_pla
 
 
 def test_render_job_prints_yaml(tmp_path: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "pipelines.cli",
-        "render-job",
-        "--storage-root",
-        "/fsx",
-        "--dataset",
-        "corpus",
-        "--run-id",
-        "r1",
-        "--image",
-        "img:1",
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "8",
-    ]
+    command = list(RENDER_JOB)
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     job = yaml.safe_load(result.stdout)
@@ -291,24 +274,7 @@ def test_render_job_prints_yaml(tmp_path: Path) -> None:
 
 
 def test_render_job_gives_the_trainer_its_runs_checkpoint_copies_prefix_and_endpoint() -> None:
-    base = [
-        sys.executable,
-        "-m",
-        "pipelines.cli",
-        "render-job",
-        "--storage-root",
-        "/fsx",
-        "--dataset",
-        "corpus",
-        "--run-id",
-        "r1",
-        "--image",
-        "img:1",
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "8",
-    ]
+    base = list(RENDER_JOB)
 
     def container(*extra: str) -> dict[str, Any]:
         result = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)

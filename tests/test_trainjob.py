@@ -20,27 +20,10 @@ from components.launch_training.platform import Platform, run_options
 from components.launch_training.rendering import SPEC_HASH_ANNOTATION
 from components.launch_training.trainjob import PATCH_MANAGER, TRAINJOB, render_runtime, runtime_command
 from pipelines.cli import main
+from tests.helpers import RENDER_JOB
 
 REPO = Path(__file__).resolve().parents[1]
 RESERVED = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
-RENDER_JOB = [
-    sys.executable,
-    "-m",
-    "pipelines.cli",
-    "render-job",
-    "--storage-root",
-    "/fsx",
-    "--dataset",
-    "corpus",
-    "--run-id",
-    "r1",
-    "--image",
-    "img:1",
-    "--nnodes",
-    "2",
-    "--nproc-per-node",
-    "8",
-]
 
 
 def leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
