@@ -121,7 +121,7 @@ def measure(kind: str, tokenized: Path) -> dict[str, object]:
     import torch
 
     from trainer.data import TokenBatches, TokenSplit, load_split
-    from trainer.evaluation import mean_loss
+    from trainer.evaluation import TokenBytes, mean_loss
     from trainer.model import build_model, model_config
 
     torch.set_num_threads(1)
@@ -142,7 +142,8 @@ def measure(kind: str, tokenized: Path) -> dict[str, object]:
         val = TokenSplit([concatenated_split(tokenized, "val")])  # the same mean_loss loop over the copy
     result["batch_us"] = (time.perf_counter() - started) / steps * 1e6
     result["train"] = memory_mib()
-    mean_loss(model, val, SEQ_LEN, EVAL_TOKENS, BATCH, torch.device("cpu"), np.ones(VOCAB, dtype=np.int64))
+    ones = TokenBytes(np.ones(VOCAB, dtype=np.int64), None, ())
+    mean_loss(model, val, SEQ_LEN, EVAL_TOKENS, BATCH, torch.device("cpu"), ones)
     result["eval"] = memory_mib()
     return result
 

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from components.stage_data.core import stage_data
 from trainer.data import load_meta, load_split
-from trainer.evaluation import mean_loss, token_byte_lengths
+from trainer.evaluation import mean_loss, token_bytes
 from trainer.layout import TOKENIZER
 from trainer.model import build_model, model_config
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         meta = load_meta(snapshot)
         val = load_split(snapshot, "val")
-        lengths = token_byte_lengths(Tokenizer.from_file(str(snapshot / TOKENIZER)), meta["vocab_size"])
+        lengths = token_bytes(Tokenizer.from_file(str(snapshot / TOKENIZER)), meta)
         torch.manual_seed(0)
         model = build_model(model_config(args.preset, meta["vocab_size"], args.seq_len, meta["eos_id"])).eval()
         device = torch.device("cpu")

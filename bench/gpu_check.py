@@ -11,6 +11,8 @@ Cases (trainer/train_ddp.py under torchrun, one GPU, bf16, a real corpus: the st
     async-ckpt     gpt2-124m under ddp, compiled, an asynchronous checkpoint every 25 steps: the stall
     8b-geometry    Llama 3.1 8B's shapes with 4 blocks, 1 x 8,192 tokens, selective (bench/estimate_probe.py): the
                    memory estimate's constants at the target shape
+    eval-gpu       the evaluation step on llama-1b's fp32 checkpoint, in bf16 on the GPU, with three benchmarks of 50
+                   items each and the export (bench/eval_probe.py): its time and peak memory beside the bf16 model
     published-fsdp a published Llama (save_pretrained in bf16, several shards, Llama 3's rope scaling) started from
                    with --init-from-model under fsdp, eager: the CUDA side of loading it (bf16 on disk into fp32
                    DTensors on the GPU), then training it
@@ -74,8 +76,8 @@ def plan(dry_run: bool) -> tuple[list[Case], int, int]:
             entry="bench.sync_debug",
             timeout_s=40,
         ),
-        Case("gpt2-ddp", gpt2, 16 if big else 4, steps, compiled, timeout_s=90),
-        Case("llama1b-fsdp-compiled", llama, 4, steps, ["--parallelism", "fsdp", *compiled], timeout_s=100),
+        Case("gpt2-ddp", gpt2, 16 if big else 4, steps, compiled, timeout_s=75),
+        Case("llama1b-fsdp-compiled", llama, 4, steps, ["--parallelism", "fsdp", *compiled], timeout_s=85),
         Case(
             "llama1b-fsdp-compiled-accum2",
             llama,
@@ -84,7 +86,7 @@ def plan(dry_run: bool) -> tuple[list[Case], int, int]:
             ["--parallelism", "fsdp", "--grad-accum-steps", "2", *compiled],
             timeout_s=45,
         ),
-        Case("llama1b-fsdp-eager", llama, 4, steps // 2, ["--parallelism", "fsdp", "--compile", "off"], timeout_s=40),
+        Case("llama1b-fsdp-eager", llama, 4, steps // 2, ["--parallelism", "fsdp", "--compile", "off"], timeout_s=35),
         Case(
             "llama1b-fsdp-eager-accum2",
             llama,
@@ -103,6 +105,7 @@ def plan(dry_run: bool) -> tuple[list[Case], int, int]:
             checkpoints=2,
         ),
         Case("8b-geometry", "llama-8b", 1, 3, entry="bench.estimate_probe", timeout_s=50, checkpoints=0),
+        Case("eval-gpu", llama, 8, 0, entry="bench.eval_probe", timeout_s=35),
         Case(
             "published-fsdp",
             "",
@@ -196,6 +199,8 @@ def run_case(case: Case, data_dir: Path, work: Path, seq_len: int, dry_run: bool
     if case.entry == "bench.estimate_probe":
         sizes = ["4", "1", "8192", "selective"] if not dry_run else ["2", "1", "64", "selective", "512", "128", "256"]
         args = ["-m", case.entry, *sizes]
+    elif case.entry == "bench.eval_probe":
+        args = ["-m", case.entry, str(data_dir), str(run_dir), case.preset, "4" if dry_run else "50"]
     else:
         model = ["--init-from-model", str(work / "published")] if case.published else ["--preset", case.preset]
         args = [
@@ -244,6 +249,16 @@ def row(case: Case, ended: str, run_dir: Path, output: str) -> str:
     """The case's table row, from its metrics.jsonl and log (or the probe's JSON line)."""
     breaks = len(re.findall(r"Graph break", output))
     recompiles = len(re.findall(r"Recompiling function", output))
+    if case.entry == "bench.eval_probe":
+        probe = next((json.loads(line) for line in output.splitlines() if line.startswith("{")), None)
+        if probe is None:
+            return f"| {case.name} | | | | | | | {breaks} | {recompiles} | | {ended} |"
+        gib = lambda v: "—" if v is None else f"{v:.1f}"  # noqa: E731
+        return (
+            f"| {case.name} | | | {probe['seconds']:.1f} (whole step) | {gib(probe['allocated_gib'])} | "
+            f"{gib(probe['reserved_gib'])} | {probe['bf16_model_gib']:.1f} (bf16 model) | {breaks} | {recompiles} | "
+            f"{probe['val_loss']:.3f} | {ended}; {json.dumps(probe['benchmarks'])} |"
+        )
     if case.entry == "bench.estimate_probe":
         probe = next((json.loads(line) for line in output.splitlines() if line.startswith("{")), None)
         if probe is None:

@@ -13,6 +13,9 @@ from typing import Any, Protocol
 # The components image carries kfp and this project (docker/ comes with the cluster pipeline issue);
 # no step installs packages when it starts.
 COMPONENTS_IMAGE = "hyperpod-pretrain-components:0.1.0"
+# The evaluate step's image on a GPU: the trainer image's CUDA stack, with kfp and this project
+# (docker/evaluator.Dockerfile).
+EVALUATOR_IMAGE = "hyperpod-pretrain-evaluator:0.1.0"
 
 
 class MetricsSink(Protocol):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the trainer and components images, push both to ECR (log in, build, tag, push, as in the seed), and
-# print the compile command that puts their references into the pipeline.
+# Build the trainer, components and evaluator images, push them to ECR (log in, build, tag, push, as in the seed),
+# and print the compile command that puts their references into the pipeline. The evaluator image is built from the
+# trainer image (docker/evaluator.Dockerfile), so after it.
 #
 #   docker/build.sh --account 123456789012 --region us-east-1 [--tag TAG] [--platform linux/amd64] [--no-push]
 #
@@ -8,7 +9,7 @@
 # CLI with credentials that may push to ECR. The repositories are created when missing.
 set -euo pipefail
 
-usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "docker/build.sh: error: $*" >&2; exit 2; }
 
 account="${AWS_ACCOUNT_ID:-}" region="${AWS_REGION:-${AWS_DEFAULT_REGION:-}}" tag="" platform="linux/amd64" push=1
@@ -34,7 +35,7 @@ fi
 [[ "$tag" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] || die "--tag '$tag' is not a valid image tag"
 
 registry="$account.dkr.ecr.$region.amazonaws.com"
-images=(trainer components)
+images=(trainer components evaluator)  # the evaluator after the trainer: it is built FROM it
 
 if [ "$push" = 1 ]; then
   echo "logging in to $registry"
@@ -44,7 +45,11 @@ fi
 for image in "${images[@]}"; do
   repository="hyperpod-pretrain-$image"
   echo "building $repository:$tag ($platform)"
-  docker build --platform "$platform" -f "docker/$image.Dockerfile" --build-arg "COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo "$tag")" -t "$repository:$tag" .
+  build_args=(--build-arg "COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo "$tag")")
+  if [ "$image" = evaluator ]; then
+    build_args+=(--build-arg "TRAINER_IMAGE=$registry/hyperpod-pretrain-trainer:$tag")  # tagged above
+  fi
+  docker build --platform "$platform" -f "docker/$image.Dockerfile" "${build_args[@]}" -t "$repository:$tag" .
   docker tag "$repository:$tag" "$registry/$repository:$tag"
   if [ "$push" = 1 ]; then
     aws ecr describe-repositories --region "$region" --repository-names "$repository" >/dev/null 2>&1 \

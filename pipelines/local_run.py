@@ -273,8 +273,8 @@ def failed_step_reason(run: RunPaths) -> tuple[str, bool]:
 
 def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
     """What can be checked before anything is staged or written, each failing with one line (exit 2): the training
-    settings as the launcher will check them, the source and the files its filters select, a tokenizer to stage with,
-    the resumed run's checkpoint, a dataset to skip staging of."""
+    settings as the launcher will check them, the evaluate step's checkpoints, the source and the files its filters
+    select, a tokenizer to stage with, the resumed run's checkpoint, a dataset to skip staging of."""
     from components.launch_training.config import TRAIN_SETTINGS, LaunchConfig
     from trainer.layout import DatasetPaths
 
@@ -292,6 +292,7 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
         train={k: arguments[k] for k in TRAIN_SETTINGS if k in arguments},
     )
     config.validate(check_storage=False)
+    check_eval_checkpoints(arguments.get("eval_checkpoints", "latest"))
     if arguments.get("mixture"):
         check_mixture_before_start(storage_root, arguments)
         return
@@ -314,6 +315,16 @@ def check_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:
         raise InputError(
             f"resume_run_id {run_id!r}: {config.run_paths.checkpoints} holds no checkpoint to continue from"
         )
+
+
+def check_eval_checkpoints(checkpoints: str) -> None:
+    """The evaluate step's checkpoints, refused before training rather than after it."""
+    from components.evaluate_checkpoint.inputs import check_checkpoints
+
+    try:
+        check_checkpoints(checkpoints)
+    except InputError as exc:
+        raise InputError(f"eval_checkpoints: {exc}") from None
 
 
 def check_mixture_before_start(storage_root: Path, arguments: dict[str, Any]) -> None:

@@ -364,9 +364,13 @@ def _check_verification(inputs: dict[str, Any]) -> None:
 
 
 def _check_evaluation(inputs: dict[str, Any]) -> None:
-    from components.evaluate_checkpoint.inputs import check_inputs
+    from components.evaluate_checkpoint.benchmarks import BenchmarkSettings
+    from components.evaluate_checkpoint.inputs import check_checkpoints, check_inputs
 
     _call_with(check_inputs, inputs)
+    check_checkpoints(inputs["checkpoint"])
+    settings = BenchmarkSettings(inputs["benchmarks"], inputs["benchmark_data_uri"], inputs["benchmark_limit"])
+    settings.checked(inputs["benchmark_gate"])
 
 
 STEP_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {

@@ -7,6 +7,14 @@ timeouts, the images) comes from `PlatformOptions` at compile time and is baked 
 it. An exit step writes the run summary whatever happened (runs/<run_id>/summary.json) and deletes a PyTorchJob
 that a terminated run left running.
 
+The evaluation runs where the model fits: by default a pod of the pipeline that asks for one GPU on the training
+nodes (their node selector and tolerations, the GPU's among them), which are idle once the training ended, in the
+evaluator image (the trainer's CUDA torch with this project); compiled with `--evaluation-gpus 0`, a CPU pod in the
+components image. Not a one-GPU job of the job API: that would be another create-follow-cancel round trip through the
+launcher's machinery for one pod, a wait for Kueue's admission behind the queue's other work, and a pod that is not
+KFP's, so the step's reports, metrics and model artifact would have to be carried back to a KFP step; a pipeline pod
+needs none of it, and KFP already retries, times out and cancels it.
+
 The compiled YAML needs KFP backend 2.14.0 or newer (pipelines.MIN_KFP_BACKEND): its exit step takes
 `dsl.PipelineTaskFinalStatus`, which the Argo compiler of older backends rejects ("task final status not supported
 yet", backend/src/v2/compiler/argocompiler/dag.go), and before 2.14 retry policies on the tasks inside the exit
@@ -14,7 +22,7 @@ handler are silently dropped.
 """
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -25,9 +33,12 @@ from kfp.dsl.pipeline_channel import PipelineParameterChannel
 from kfp.dsl.python_component import PythonComponent
 
 from common.errors import InputError
+from components.evaluate_checkpoint.benchmarks import DEFAULT_BENCHMARKS
 from components.evaluate_checkpoint.component import evaluate_checkpoint
-from components.kfp_support import COMPONENTS_IMAGE
+from components.evaluate_checkpoint.resources import EvaluationResources
+from components.kfp_support import COMPONENTS_IMAGE, EVALUATOR_IMAGE
 from components.launch_training.component import launch_pytorchjob
+from components.launch_training.manifest import GPU_TOLERATION
 from components.launch_training.platform import Platform
 from components.preflight.component import preflight
 from components.run_summary.component import summarize_run
@@ -40,20 +51,26 @@ from trainer.tracking import check_tracking_uri
 PIPELINE_NAME = "hyperpod-pretrain"
 COMPONENTS_REPOSITORY = "hyperpod-pretrain-components"
 TRAINER_REPOSITORY = "hyperpod-pretrain-trainer"
+EVALUATOR_REPOSITORY = "hyperpod-pretrain-evaluator"
+EVALUATION = "evaluate-checkpoint"
+DEFAULT_EVALUATION = EvaluationResources()  # its default pod: one GPU (compile --evaluation-gpus/-cpu/-memory)
+GPU = "nvidia.com/gpu"
 _REGISTRY = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._/-][a-z0-9]+)*)?$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
 @dataclass
 class Images:
-    """The components image every step runs in, and the trainer image (the default of `trainer_image`)."""
+    """The components image the steps run in, the trainer image (the default of `trainer_image`), and the evaluator
+    image the evaluation runs in on a GPU."""
 
     components: str = COMPONENTS_IMAGE
     trainer: str = ""  # empty: each run sets trainer_image (the local backend needs none)
+    evaluator: str = EVALUATOR_IMAGE
 
     @classmethod
     def in_registry(cls, registry: str, tag: str = "") -> "Images":
-        """Both images as docker/build.sh pushes them: <registry>/<repository>:<tag>."""
+        """The three images as docker/build.sh pushes them: <registry>/<repository>:<tag>."""
         registry, tag = registry.rstrip("/"), tag or version("hyperpod-pretrain")
         if not _REGISTRY.match(registry):
             raise InputError(
@@ -62,7 +79,11 @@ class Images:
             )
         if not _TAG.match(tag):
             raise InputError(f"image tag {tag!r}: up to 128 of [A-Za-z0-9_.-], not starting with . or -")
-        return cls(f"{registry}/{COMPONENTS_REPOSITORY}:{tag}", f"{registry}/{TRAINER_REPOSITORY}:{tag}")
+        return cls(
+            f"{registry}/{COMPONENTS_REPOSITORY}:{tag}",
+            f"{registry}/{TRAINER_REPOSITORY}:{tag}",
+            f"{registry}/{EVALUATOR_REPOSITORY}:{tag}",
+        )
 
 
 def in_image(component: PythonComponent, image: str) -> PythonComponent:
@@ -94,6 +115,9 @@ class StepSettings:
     # KFP retries a failed step with exponential backoff from 10 s (kfp.local too). A step's own calls retry
     # transient errors already; these are for the pod itself (a node lost, an eviction).
     retries: int = 0
+    # nvidia.com/gpu: a step with GPUs runs on the training nodes (the trainer pods' node selector and tolerations),
+    # not where the other steps run.
+    gpus: int = 0
 
     def retry_window_s(self) -> int:
         """Argo counts the backoff's maxDuration from the start of the first attempt, and gives up on a retry that
@@ -124,19 +148,42 @@ class PlatformOptions:
             "finalize-data": StepSettings("500m", "1Gi", 600, retries=2),
             "launch-pytorchjob": StepSettings("500m", "1Gi", 0),  # it re-attaches to (or replaces) its job itself
             "verify-nccl": StepSettings("1", "2Gi", 3600, retries=2),
-            "evaluate-checkpoint": StepSettings("8", "32Gi", 4 * 3600),
+            EVALUATION: StepSettings(
+                DEFAULT_EVALUATION.cpu, DEFAULT_EVALUATION.memory, 4 * 3600, gpus=DEFAULT_EVALUATION.gpus
+            ),
             "summarize-run": StepSettings("500m", "1Gi", 600),
         }
     )
     images: Images = field(default_factory=Images)
     # The mlflow_tracking_uri parameter's default: the team's MLflow tracking server (http(s):// or a SageMaker ARN).
     mlflow_tracking_uri: str = ""
+    # The benchmark_data_s3_uri parameter's default: where the team mirrored the benchmarks' task data. With one, the
+    # benchmarks parameter defaults to the small 0-shot suite; without, to none (nothing to score them on).
+    benchmark_data_s3_uri: str = ""
 
     def __post_init__(self) -> None:
         try:
             check_tracking_uri(self.mlflow_tracking_uri)
         except ValueError as exc:
             raise InputError(f"--mlflow-tracking-uri: {exc}") from None
+        if self.benchmark_data_s3_uri and not self.benchmark_data_s3_uri.startswith("s3://"):
+            raise InputError(f"--benchmark-data-s3-uri {self.benchmark_data_s3_uri!r}: give s3://bucket/prefix")
+        self.evaluation()  # a GPU count, CPU or memory the evaluation cannot run with fails the compile here
+
+    def evaluation(self) -> EvaluationResources:
+        """The evaluate step's pod, as the preflight checks the model against it."""
+        settings = self.steps[EVALUATION]
+        return EvaluationResources(settings.gpus, settings.cpu, settings.memory)
+
+    def evaluate_with(self, resources: EvaluationResources) -> None:
+        """Run the evaluate step with these GPUs, CPUs and memory (compile --evaluation-gpus/-cpu/-memory)."""
+        self.steps[EVALUATION] = replace(
+            self.steps[EVALUATION], gpus=resources.gpus, cpu=resources.cpu, memory=resources.memory
+        )
+
+    def image(self, step: str) -> str:
+        """A step with GPUs runs in the evaluator image (CUDA torch); the others in the components image."""
+        return self.images.evaluator if self.steps[step].gpus else self.images.components
 
     def described(self) -> list[str]:
         """What this compile bakes in, a line each, for the platform engineer to check before uploading."""
@@ -154,9 +201,15 @@ class PlatformOptions:
                 f"{t.get('key', '')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect', '')}" for t in values
             )
 
+        evaluation = self.evaluation()
+        where = (
+            f"{evaluation.gpus} GPU ({GPU}) on the training nodes (the trainer pods' node selector and tolerations)"
+            if evaluation.on_gpu
+            else "the CPU (--evaluation-gpus 0)"
+        )
         return [
             f"images: components {self.images.components}; trainer {self.images.trainer or 'none (each run sets it)'};"
-            f" allowed registries {listed(job.registries) or 'any'}",
+            f" evaluator {self.images.evaluator}; allowed registries {listed(job.registries) or 'any'}",
             f"job API: {job.job_api}"
             + (f" (ClusterTrainingRuntime {job.runtime_name})" if job.job_api == "trainjob" else ""),
             f"jobs' namespaces: {listed(job.namespaces) or 'any'} (a run's namespace parameter picks one)",
@@ -170,17 +223,37 @@ class PlatformOptions:
             f"{listed(job.image_pull_secrets) or 'none'}; environment {listed(job.env) or 'none'}; HyperPod "
             f"health affinity {'on' if job.health_affinity else 'off'}",
             f"MLflow: {self.mlflow_tracking_uri or 'none'} by default (a run's mlflow_tracking_uri parameter)",
+            f"benchmarks: {self.default_benchmarks() or 'none'} by default, their data from "
+            f"{self.benchmark_data_s3_uri or 'the volume (none mirrored)'} (a run's benchmarks and "
+            "benchmark_data_uri parameters)",
             f"steps: node selector {listed(self.node_selector) or 'none'}; tolerations "
             f"{tolerations(self.tolerations) or 'none'}; pull secrets {listed(self.image_pull_secrets) or 'none'}",
+            f"evaluation: on {where}, {evaluation.cpu} CPUs, {evaluation.memory} memory, in {self.image(EVALUATION)}",
         ]
+
+    def default_benchmarks(self) -> str:
+        return DEFAULT_BENCHMARKS if self.benchmark_data_s3_uri else ""
 
     def apply(self, task: dsl.PipelineTask, step: str) -> None:
         settings = self.steps[step]
         k8s.mount_pvc(task, pvc_name=self.job.pvc_name, mount_path=self.job.mount_path)
-        for key, value in self.node_selector.items():
+        # A step with GPUs goes where the trainer pods go (the GPU nodes, tainted for GPU pods); the others where the
+        # platform's steps run.
+        node_selector = self.job.node_selector if settings.gpus else self.node_selector
+        tolerations = [GPU_TOLERATION, *self.job.tolerations] if settings.gpus else self.tolerations
+        for key, value in node_selector.items():
             k8s.add_node_selector(task, label_key=key, label_value=value)
-        for toleration in self.tolerations:
-            k8s.add_toleration(task, **toleration)
+        for toleration in tolerations:
+            k8s.add_toleration(
+                task,
+                key=toleration.get("key"),
+                operator=toleration.get("operator"),
+                value=toleration.get("value"),
+                effect=toleration.get("effect"),
+                toleration_seconds=toleration.get("tolerationSeconds"),
+            )
+        if settings.gpus:
+            task.set_accelerator_type(GPU).set_accelerator_limit(settings.gpus)
         if self.image_pull_secrets:
             k8s.set_image_pull_secrets(task, self.image_pull_secrets)
         task.set_cpu_request(settings.cpu).set_cpu_limit(settings.cpu)
@@ -204,13 +277,14 @@ def build_pipeline(platform: PlatformOptions):
     image = platform.images.components
     stage, launch = in_image(stage_data, image), in_image(launch_pytorchjob, image)
     tokenize, finalize = in_image(tokenize_group, image), in_image(finalize_snapshot, image)
-    verify, evaluate = in_image(verify_nccl, image), in_image(evaluate_checkpoint, image)
+    verify, evaluate = in_image(verify_nccl, image), in_image(evaluate_checkpoint, platform.image(EVALUATION))
     check, summarize = in_image(preflight, image), in_image(summarize_run, image)
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
         description="Pretrain a causal LM with PyTorch DDP on SageMaker HyperPod (EKS). Every step runs in the "
-        "components image, which carries kfp and this project: no step installs packages when it starts.",
+        "components image, the evaluation on a GPU in the evaluator image (the trainer's CUDA torch); both carry kfp "
+        "and this project: no step installs packages when it starts.",
     )
     def pretrain_pipeline(
         source: str = "",
@@ -268,10 +342,15 @@ def build_pipeline(platform: PlatformOptions):
         expect_transport: str = "",
         bandwidth_fails: bool = False,
         eval_max_tokens: int = 1048576,
+        eval_checkpoints: str = "latest",
         max_val_loss: float = 0.0,
         baseline_run_id: str = "",
         baseline_margin: float = 0.0,
         gate_warn_only: bool = False,
+        benchmarks: str = platform.default_benchmarks(),
+        benchmark_data_uri: str = platform.benchmark_data_s3_uri,
+        benchmark_limit: int = 0,
+        benchmark_gate: str = "",
         export_s3_uri: str = "",
         mlflow_tracking_uri: str = platform.mlflow_tracking_uri,
         mlflow_experiment: str = str(CLUSTER_DEFAULTS["mlflow_experiment"]),
@@ -289,6 +368,7 @@ def build_pipeline(platform: PlatformOptions):
                     **kfp_run,
                     image=trainer_image,
                     platform=platform.job.to_dict(),
+                    evaluation=platform.evaluation().to_dict(),
                     warn_only=preflight_warn_only,
                 )
             )
@@ -347,10 +427,10 @@ def build_pipeline(platform: PlatformOptions):
                     dataset=finalized.outputs["dataset"],
                     run_id=trained.outputs["run_id"],
                     max_tokens=eval_max_tokens,
-                    checkpoint="latest",
+                    checkpoint=eval_checkpoints,
                 )
             ).after(verified)
-            platform.apply(evaluated, "evaluate-checkpoint")
+            platform.apply(evaluated, EVALUATION)
 
     return pretrain_pipeline
 

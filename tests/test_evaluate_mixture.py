@@ -1,6 +1,7 @@
 """Evaluating a run trained on a mixture: each dataset on its own val split, the totals, the report's per-dataset
 table and plots, and the baseline of a mixture."""
 
+import html
 import json
 import logging
 import math
@@ -13,7 +14,7 @@ import torch
 
 from common.errors import InputError
 from components.evaluate_checkpoint.core import evaluate_checkpoint
-from components.evaluate_checkpoint.results import EvalResult
+from components.evaluate_checkpoint.results import WEIGHTING, EvalResult
 from tests.evaluate_helpers import QUICK, table
 from trainer.layout import RunPaths
 
@@ -59,8 +60,8 @@ def test_a_mixture_is_evaluated_on_each_datasets_val_split(
     mixture_eval: tuple[RunPaths, EvalResult, list[str]],
 ) -> None:
     """eval.json has each dataset's share, tokens trained and epochs (the checkpoint's and the rows' accounting), and
-    its own val figures; the top-level ones are their totals: the token-weighted mean loss, bits per byte of the
-    summed nats and bytes. Each dataset's loss is the one the trainer measured at step 20 over the same tokens."""
+    its own val figures; the top-level ones are their totals, weighted by the mixture's shares. Each dataset's loss is
+    the one the trainer measured at step 20 over the same tokens, and so are the totals."""
     from components.evaluate_checkpoint.measure import find_checkpoint, read_metrics
 
     run, result, lines = mixture_eval
@@ -78,9 +79,9 @@ def test_a_mixture_is_evaluated_on_each_datasets_val_split(
     tokens = sum(d["val_tokens"] for d in datasets)
     assert saved["val_tokens"] == tokens
     assert min(losses) <= saved["val_loss"] <= max(losses)
-    assert saved["val_loss"] == pytest.approx(sum(d["val_loss"] * d["val_tokens"] for d in datasets) / tokens, abs=2e-6)
+    assert saved["val_loss"] == pytest.approx(sum(d["val_loss"] * d["share"] for d in datasets), abs=2e-6)
     assert saved["untrained_val_loss"] == pytest.approx(
-        sum(d["untrained_val_loss"] * d["val_tokens"] for d in datasets) / tokens, abs=2e-6
+        sum(d["untrained_val_loss"] * d["share"] for d in datasets), abs=2e-6
     )
     assert (
         min(d["val_bits_per_byte"] for d in datasets)
@@ -115,14 +116,15 @@ def test_a_mixture_is_evaluated_on_each_datasets_val_split(
 def test_each_dataset_of_a_mixture_measures_as_its_val_split_alone(
     mixture_eval: tuple[RunPaths, EvalResult, list[str]],
 ) -> None:
-    """mean_loss of the step-20 weights and of the untrained model (the run's seed) on each dataset's val split alone:
-    each dataset's figures, and the totals computed from them."""
+    """mean_loss of the step-20 weights and of the untrained model (the trainer's initial weights for the run's seed)
+    on each dataset's val split alone: each dataset's figures, and the totals computed from them."""
     from tokenizers import Tokenizer
 
+    from components.evaluate_checkpoint.loading import starting_model
     from components.evaluate_checkpoint.measure import find_checkpoint
     from trainer.checkpoint import read_weights
-    from trainer.data import load_split
-    from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
+    from trainer.data import load_meta, load_split
+    from trainer.evaluation import bits_per_byte, mean_loss, token_bytes
     from trainer.layout import TOKENIZER, DatasetPaths
     from trainer.model import build_model, config_from_dict
 
@@ -132,13 +134,10 @@ def test_each_dataset_of_a_mixture_measures_as_its_val_split_alone(
     snapshots = {
         m["dataset"]: DatasetPaths.of(root, m["dataset"]).snapshot(m["snapshot"]) for m in config["dataset"]["mixture"]
     }
-    lengths = token_byte_lengths(
-        Tokenizer.from_file(str(snapshots["code"] / TOKENIZER)), config["dataset"]["model_vocab_size"]
-    )
+    lengths = token_bytes(Tokenizer.from_file(str(snapshots["code"] / TOKENIZER)), load_meta(snapshots["code"]))
     model = build_model(config_from_dict(config["model"]))
     model.load_state_dict(read_weights(find_checkpoint(run, "20")))
-    torch.manual_seed(config["trainer"]["seed"])
-    untrained = build_model(config_from_dict(config["model"]))
+    untrained, _ = starting_model(config_from_dict(config["model"]), config, cpu, torch.float32)
     measured = {}
     for name, directory in snapshots.items():
         val = load_split(directory, "val")
@@ -150,12 +149,14 @@ def test_each_dataset_of_a_mixture_measures_as_its_val_split_alone(
         assert mine["untrained_val_loss"] == pytest.approx(
             mean_loss(untrained, val, 64, 16384, 8, cpu, lengths)[0], abs=1e-6
         )
-    tokens = sum(t for _, t, _ in measured.values())
-    loss = sum(x * t for x, t, _ in measured.values()) / tokens
+    shares = {
+        m["dataset"]: m["weight"] / sum(n["weight"] for n in config["dataset"]["mixture"])
+        for m in config["dataset"]["mixture"]
+    }
+    loss = sum(shares[name] * x for name, (x, _, _) in measured.items())
+    bytes_per_token = sum(shares[name] * b / t for name, (_, t, b) in measured.items())
     assert result.val_loss == pytest.approx(loss, abs=1e-6)
-    assert result.val_bits_per_byte == pytest.approx(
-        bits_per_byte(loss, tokens, sum(b for *_, b in measured.values())), abs=1e-6
-    )
+    assert result.val_bits_per_byte == pytest.approx(loss / bytes_per_token / math.log(2), abs=1e-6)
 
 
 def test_the_report_of_a_mixture_has_each_dataset(mixture_eval: tuple[RunPaths, EvalResult, list[str]]) -> None:
@@ -185,6 +186,13 @@ def test_the_report_of_a_mixture_has_each_dataset(mixture_eval: tuple[RunPaths, 
     assert "| " + " | ".join(header) + " |" in markdown
     assert all("| " + " | ".join(row) + " |" in markdown for row in expected), markdown
     assert "1,984 held-out tokens of the 3 datasets' val splits" in markdown
+    assert WEIGHTING in markdown and f'<p id="weighting">{html.escape(WEIGHTING)}</p>' in page
+    # the trainer's own row at step 20 beside it: the same tokens (--eval-tokens 16384 = max_tokens), the same loss
+    assert result.training_eval is not None and result.training_eval["val_loss"] == pytest.approx(result.val_loss)
+    assert (
+        f"val loss {result.training_eval['val_loss']:.4f} (" in markdown and "the same val tokens as here" in markdown
+    )
+    assert '<p id="training-eval">Training measured step 20 too (--eval-every)' in page
     for name in ("curve-loss", "curve-dataset-val-loss", "curve-dataset-tokens"):
         assert re.search(f'<img id="{name}" alt="[^"]+" src="data:image/png;base64,iVBORw0KGgo', page), name
     settings = dict(table(page, "settings")[1:])

@@ -169,7 +169,7 @@ def test_a_mixture_stopped_by_sigterm_resumes_bit_identical_with_each_datasets_t
         each = row["datasets"]
         assert {name for name in each if "val_loss" in each[name]} == {"synthetic", "code", "math"}
         low, high = min(d["val_loss"] for d in each.values()), max(d["val_loss"] for d in each.values())
-        assert low <= row["val_loss"] <= high, "the total is the datasets' token-weighted mean"
+        assert low <= row["val_loss"] <= high, "the total is the datasets' share-weighted mean"
     from pipelines.runs import read_run
 
     assert read_run(stopped.run_paths).dataset == "synthetic+code+math", "runs' DATA column names each dataset"

@@ -11,6 +11,8 @@ import yaml
 
 from components.launch_training.platform import Platform
 from pipelines import COMPILED_PIPELINE
+from tests.benchmark_data import write_task_data
+from tests.evaluate_helpers import table
 from tests.helpers import write_corpus
 from trainer.layout import RunPaths
 
@@ -76,6 +78,12 @@ def test_compile_says_the_platform_settings_it_baked_in(tmp_path: Path) -> None:
     assert "jobs' namespaces: team-a, team-b" in said and "PVC team-fsx mounted at /fsx" in said
     assert "Kueue: queue team-queue" in said and "service account trainer, token not mounted" in said
     assert "tolerations nvidia.com/gpu, dedicated=gpu:NoSchedule" in said and "steps: node selector pool=cpu" in said
+    assert "evaluator 123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-evaluator:v7;" in said
+    assert (
+        "evaluation: on 1 GPU (nvidia.com/gpu) on the training nodes (the trainer pods' node selector and "
+        "tolerations), 8 CPUs, 32Gi memory, in 123456789012.dkr.ecr.us-east-1.amazonaws.com/"
+        "hyperpod-pretrain-evaluator:v7"
+    ) in said
 
 
 def test_drift_is_detected(tmp_path: Path) -> None:
@@ -193,6 +201,35 @@ def assert_watched_in_tensorboard_and_mlflow(
     assert (ended.status, bool(ended.end_time)) == ("FINISHED", True), "the pipeline's outcome ends the MLflow run"
 
 
+def assert_the_benchmarks_in_the_reports_and_mlflow(
+    run: RunPaths, kfp_reports: dict[str, Path], tracking_uri: str
+) -> None:
+    """--benchmarks went from run-local through the pipeline to the evaluation: the task data staged from the local
+    mirror onto the volume, 5 items of each task scored for the trained and the untrained model, the table in both
+    reports (the KFP one and the volume's), the figures in eval.json and the MLflow run at the checkpoint's step."""
+    from mlflow.tracking import MlflowClient
+
+    evaluation = json.loads(run.eval_result.read_text())
+    rows = {(b["task"], b["metric"]): b for b in evaluation["benchmarks"]}
+    assert set(rows) == {
+        ("hellaswag", "acc"),
+        ("hellaswag", "acc_norm"),
+        ("piqa", "acc"),
+        ("piqa", "acc_norm"),
+        ("lambada_openai", "perplexity"),
+        ("lambada_openai", "acc"),
+    }
+    assert all(b["items"] == 5 and b["start_value"] is not None for b in rows.values())
+    assert (run.root.parent.parent / "benchmarks" / "piqa" / "current.json").is_file()
+    markdown, page = kfp_reports["evaluate-checkpoint"].read_text(), run.eval_html.read_text()
+    assert "## Benchmarks" in markdown and f"| piqa | 0 | 5 | acc | {rows['piqa', 'acc']['value']:.4f} |" in markdown
+    assert table(page, "benchmarks")[0][:5] == ["task", "shots", "items", "metric", "trained"]
+    history = MlflowClient(tracking_uri).get_metric_history(
+        json.loads(run.mlflow_run.read_text())["run_id"], "benchmarks/hellaswag/acc_norm"
+    )
+    assert [(m.step, m.value) for m in history] == [(40, rows["hellaswag", "acc_norm"]["value"])]
+
+
 def assert_resumed_to_step_60(run: RunPaths, resumed: subprocess.CompletedProcess[str]) -> None:
     """The same run went on from its step-40 checkpoint to step 60, its schedule extended, without staging again."""
     assert "resumed at step 40" in resumed.stdout + resumed.stderr
@@ -250,6 +287,9 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
         checkpoint_every="20",
         mlflow_tracking_uri=mlflow_server.url,
         mlflow_experiment="e2e",
+        benchmarks="hellaswag,piqa,lambada_openai",
+        benchmark_data=write_task_data(tmp_path / "benchmark-mirror", items=8)["piqa"].parent,
+        benchmark_limit=5,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "local pipeline run e2e succeeded" in result.stdout
@@ -261,6 +301,7 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
     assert "Communication check: passed" in run.comms_verification.read_text()
     kfp_reports = assert_the_reports_and_the_summary(root, run, result)
     assert_watched_in_tensorboard_and_mlflow(run, result, kfp_reports, mlflow_server.url)
+    assert_the_benchmarks_in_the_reports_and_mlflow(run, kfp_reports, mlflow_server.url)
 
     # Continue the same run to step 60 without staging again: the trainer resumes from its step-40 checkpoint and
     # extends its schedule to the new max_steps.
@@ -492,6 +533,8 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
             "dedicated=training:NoSchedule",
             "--trainer-env",
             "FI_EFA_FORK_SAFE=1",
+            "--trainer-node-selector",
+            "pool=gpu",
         ],
         capture_output=True,
         text=True,
@@ -517,11 +560,18 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
                 "pvcNameParameter": {"runtimeValue": {"constant": "team-fsx"}},
             }
         ], name
+        assert [s["secretName"] for s in k8s["imagePullSecret"]] == ["ecr-pull"]
+        if name == "evaluate-checkpoint":  # on a GPU: where the trainer pods go, the GPU nodes idle after training
+            assert k8s["nodeSelector"]["labels"] == {"pool": "gpu"}
+            assert k8s["tolerations"] == [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"},
+            ]
+            continue
         assert k8s["nodeSelector"]["labels"] == {"role": "cpu-workers"}
         assert k8s["tolerations"] == [
             {"key": "dedicated", "operator": "Equal", "value": "pipelines", "effect": "NoSchedule"}
         ]
-        assert [s["secretName"] for s in k8s["imagePullSecret"]] == ["ecr-pull"]
     parameters = pipeline_spec["root"]["inputDefinitions"]["parameters"]
     assert "fsx_pvc" not in parameters, "a run cannot choose another volume than the steps mount"
     assert parameters["storage_root"]["defaultValue"] == "/fsx"
@@ -537,6 +587,7 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
             service_account="trainer",
             env={"FI_EFA_FORK_SAFE": "1"},
             tolerations=({"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"},),
+            node_selector={"pool": "gpu"},
         ), name
     # What touches privileges is not a run parameter; the namespace's default is the first one allowed.
     assert not {"fsx_pvc", "service_account", "tolerations", "node_selector", "image_pull_secrets"} & set(parameters)
@@ -566,6 +617,54 @@ def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     }
     assert resources["launch-pytorchjob"]["resourceCpuLimit"] == "500m"
     assert resources["evaluate-checkpoint"]["resourceMemoryLimit"] == "32Gi"
+    # One GPU for the evaluation, through KFP's own task API (the driver makes it the pod's nvidia.com/gpu limit);
+    # no other step has one. The preflight is given the same resources, to hold the model's need against them.
+    accelerator = {"count": "1", "resourceCount": "1", "resourceType": "nvidia.com/gpu", "type": "nvidia.com/gpu"}
+    assert {name: r.get("accelerator") for name, r in resources.items() if r.get("accelerator")} == {
+        "evaluate-checkpoint": accelerator
+    }
+    evaluation = tasks["preflight"]["inputs"]["parameters"]["evaluation"]["runtimeValue"]["constant"]
+    assert evaluation == {"gpus": 1, "cpu": "8", "memory": "32Gi"}
+
+
+def test_the_evaluation_compiles_onto_the_cpu_for_a_cluster_without_a_spare_gpu(tmp_path: Path) -> None:
+    """--evaluation-gpus 0: the evaluate step runs where the other steps run, in the components image, with the
+    memory and CPUs given, and no GPU; the preflight is told so. A GPU count the evaluation cannot use is refused."""
+    output = tmp_path / "cpu.yaml"
+    registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+    flags = ["--image-registry", registry, "--tag", "v7", "--node-selector", "role=cpu-workers"]
+    result = subprocess.run(
+        [CLI, "compile", "--output", str(output), *flags, "--evaluation-gpus", "0", "--evaluation-memory", "96Gi"]
+        + ["--evaluation-cpu", "16"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "evaluation: on the CPU (--evaluation-gpus 0), 16 CPUs, 96Gi memory, in "
+        f"{registry}/hyperpod-pretrain-components:v7" in result.stderr
+    )
+    spec, platform = yaml.safe_load_all(output.read_text())
+    container = spec["deploymentSpec"]["executors"][executor_of(spec, "evaluate-checkpoint")]["container"]
+    assert (
+        container["image"] == f"{registry}/hyperpod-pretrain-components:v7"
+        and "accelerator" not in container["resources"]
+    )
+    assert (container["resources"]["resourceMemoryLimit"], container["resources"]["resourceCpuLimit"]) == ("96Gi", "16")
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][executor_of(spec, "evaluate-checkpoint")]
+    assert k8s["nodeSelector"]["labels"] == {"role": "cpu-workers"} and "tolerations" not in k8s
+    preflight = all_tasks(spec)["preflight"]["inputs"]["parameters"]["evaluation"]["runtimeValue"]["constant"]
+    assert preflight == {"gpus": 0, "cpu": "16", "memory": "96Gi"}
+    for flags, message in (
+        (["--evaluation-gpus", "2"], "--evaluation-gpus 2: 1 (the evaluation loads the model on one GPU) or 0"),
+        (["--evaluation-memory", "64GB"], "--evaluation-memory '64GB': a whole amount with its unit, e.g. 64Gi"),
+    ):
+        bad = subprocess.run(
+            [CLI, "compile", "--output", str(tmp_path / "x.yaml"), *flags], capture_output=True, text=True, timeout=120
+        )
+        assert bad.returncode == 2 and message in bad.stderr.splitlines()[-1], bad.stderr
+    assert not (tmp_path / "x.yaml").exists()
 
 
 def test_the_compiled_yaml_round_trips_through_kfp() -> None:
@@ -591,7 +690,12 @@ def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
     spec = next(yaml.safe_load_all(output.read_text()))
     containers = [e["container"] for e in spec["deploymentSpec"]["executors"].values()]
     assert len(containers) == len(CONTAINER_TASKS)
-    assert {c["image"] for c in containers} == {f"{registry}/hyperpod-pretrain-components:v7"}
+    assert {c["image"] for c in containers} == {
+        f"{registry}/hyperpod-pretrain-components:v7",
+        f"{registry}/hyperpod-pretrain-evaluator:v7",  # the evaluation's, on a GPU: CUDA torch
+    }
+    evaluator = spec["deploymentSpec"]["executors"][executor_of(spec, "evaluate-checkpoint")]["container"]
+    assert evaluator["image"] == f"{registry}/hyperpod-pretrain-evaluator:v7"
     trainer = spec["root"]["inputDefinitions"]["parameters"]["trainer_image"]
     assert trainer["defaultValue"] == f"{registry}/hyperpod-pretrain-trainer:v7"
     # Nothing is installed when a step starts: the image carries kfp and the project.
@@ -602,7 +706,8 @@ def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
     # The checked-in YAML names the local image and leaves the trainer image to each run.
     default = next(yaml.safe_load_all(COMPILED_PIPELINE.read_text()))
     assert {e["container"]["image"] for e in default["deploymentSpec"]["executors"].values()} == {
-        "hyperpod-pretrain-components:0.1.0"
+        "hyperpod-pretrain-components:0.1.0",
+        "hyperpod-pretrain-evaluator:0.1.0",
     }
     bad = subprocess.run(
         [CLI, "compile", "--output", str(tmp_path / "x.yaml"), "--image-registry", "https://ecr"],
@@ -657,6 +762,9 @@ KFP_FEATURES = {
     # A task outside a loop that depends on it: 2.0-2.3 name the loop's Argo tasks otherwise and refuse the workflow
     # ("invalid dependency for-loop-2", #10050); #11627 fixed the name, in 2.4.1 (read from the CHANGELOG's sections).
     "fan-in after a ParallelFor": ("2.4.1", "argocompiler/dag.go, iteratorTask and depends (#11627)"),
+    # The SDK writes the accelerator twice: type/count, which every v2 driver makes the container's limit, and
+    # resourceType/resourceCount, which 2.4.0's reads first (#11501, with the quantities as strings).
+    "GPU request (accelerator)": ("2.0.0", "backend/src/v2/driver/driver.go, initPodSpecPatch: accelerator type/count"),
 }
 
 
@@ -686,6 +794,9 @@ def features_used(spec: dict, platform: dict) -> set[str]:
             for t in tasks.values()
             for dependency in t.get("dependentTasks", [])
         ),
+        "GPU request (accelerator)": any(
+            "accelerator" in e["container"].get("resources", {}) for e in spec["deploymentSpec"]["executors"].values()
+        ),
     }
     return {name for name, used in found.items() if used}
 
@@ -697,6 +808,7 @@ def test_the_minimum_kfp_backend_is_what_the_compiled_yaml_needs() -> None:
     spec, platform = yaml.safe_load_all(COMPILED_PIPELINE.read_text())
     used = features_used(spec, platform)
     assert {"PipelineTaskFinalStatus input", "retry policy inside a sub-DAG", "fan-in after a ParallelFor"} <= used
+    assert "GPU request (accelerator)" in used
     needed = max((KFP_FEATURES[name][0] for name in used), key=lambda v: tuple(map(int, v.split("."))))
     assert needed == MIN_KFP_BACKEND
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

@@ -49,6 +49,7 @@ def component_args(tmp_path: Path, namespace: str, **overrides: Any) -> dict[str
             "queue_name": "",
             "priority_class": "",
         },
+        evaluation={"gpus": 1.0, "cpu": "8", "memory": "32Gi"},  # as the compiled constant arrives (KFP: 1.0)
         warn_only=False,
         report=SimpleNamespace(path=str(tmp_path / "report.md"), uri="minio://report"),
     )

@@ -112,19 +112,27 @@ def test_the_trainers_model_loads_a_published_model_on_two_processes(parallel_pr
 
 def test_evaluation_compares_with_the_published_model_the_run_started_from(tmp_path: Path) -> None:
     """The report's baseline column is the starting model when the run began from a published one (its weights,
-    read again from the directory its config.json names), and the untrained model when that directory is gone."""
-    from components.evaluate_checkpoint.measure import starting_model
+    read again from the directory its config.json names, into a model of the evaluation's dtype), and the untrained
+    model when that directory is gone."""
+    from components.evaluate_checkpoint.loading import starting_model
 
     original = save_llama(tmp_path / "model")
     published = PublishedModel.read(tmp_path / "model")
     config = {"init_from": published.record(), "trainer": {"seed": 1}}
-    start, name = starting_model(published.model_config(), config)
+    cpu = torch.device("cpu")
+    start, name = starting_model(published.model_config(), config, cpu, torch.float32)
     assert name == "start (model)"
     assert all(
         torch.equal(p, original.state_dict()[k]) for k, p in start.state_dict().items() if k in original.state_dict()
     )
+    in_bf16, _ = starting_model(published.model_config(), config, cpu, torch.bfloat16)
+    assert all(
+        torch.equal(p, original.state_dict()[k].to(torch.bfloat16))
+        for k, p in in_bf16.named_parameters()
+        if k in original.state_dict()
+    )
     config["init_from"]["model"] = str(tmp_path / "gone")
-    untrained, name = starting_model(published.model_config(), config)
+    untrained, name = starting_model(published.model_config(), config, cpu, torch.float32)
     assert name == "untrained" and not torch.equal(untrained.lm_head.weight, original.lm_head.weight)
 
 
@@ -215,7 +223,7 @@ def assert_the_baseline_is_the_published_models_loss(
     from transformers import AutoModelForCausalLM
 
     from trainer.data import load_split
-    from trainer.evaluation import mean_loss, token_byte_lengths
+    from trainer.evaluation import mean_loss, token_bytes
 
     evaluation = json.loads(run.eval_result.read_text())
     assert evaluation["start"] == "start (tiny-llama)"
@@ -224,7 +232,7 @@ def assert_the_baseline_is_the_published_models_loss(
     assert "none: the architecture of tiny-llama" in report, "the settings' preset row of a published start"
     assert f"(start (tiny-llama) {evaluation['untrained_val_loss']:.3f})" in result.stderr + result.stdout
     reference = AutoModelForCausalLM.from_pretrained(given, dtype=torch.float32)
-    byte_lengths = token_byte_lengths(staged, meta["model_vocab_size"])
+    byte_lengths = token_bytes(staged, meta)
     loss, _, _ = mean_loss(reference, load_split(snapshot, "val"), 32, 1048576, 8, torch.device("cpu"), byte_lengths)
     assert evaluation["untrained_val_loss"] == pytest.approx(loss, abs=1e-5)
 

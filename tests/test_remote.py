@@ -183,6 +183,11 @@ PRESETS = "tiny, small, gpt2-124m, gpt2-350m, llama-1b, llama-3b, llama-8b"
         ),
         (["eval_max_tokens=0"], "--param eval_max_tokens=0: max tokens and batch size must be positive, got 0 and 8"),
         (
+            ["eval_checkpoints=20;40"],
+            "--param eval_checkpoints='20;40': checkpoint '20;40': give 'latest', 'unevaluated', or step numbers "
+            "separated by commas (e.g. 100,200)",
+        ),
+        (
             ["run_id=a", "resume_run_id=b"],
             "--param run_id='a', --param resume_run_id='b': run_id 'a' and "
             "resume_run_id 'b' name different runs: give one",

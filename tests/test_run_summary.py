@@ -381,6 +381,7 @@ def test_a_local_preflight_is_skipped_without_a_verdict(tmp_path: Path) -> None:
         instance_type="ml.p5.48xlarge",
         job_options={},
         platform={},
+        evaluation={"gpus": 1, "cpu": "8", "memory": "32Gi"},
         warn_only=False,
         report=report,
     )

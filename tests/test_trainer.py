@@ -28,7 +28,7 @@ from tests.helpers import EXACT, snapshot_dir, tiny_launch, write_single_file_ch
 from tests.test_schedule import legacy_lr_factor
 from trainer.checkpoint import SCHEMA, read_checkpoint
 from trainer.config import parse_config
-from trainer.data import TokenBatches, load_split
+from trainer.data import TokenBatches, load_meta, load_split
 from trainer.dcp_io import MODEL, OPTIM, apply_state
 from trainer.layout import RunPaths
 from trainer.metrics import plan_line
@@ -265,7 +265,7 @@ def test_the_val_loss_of_an_eval_step_is_the_evaluations_of_that_steps_checkpoin
 
     from components.evaluate_checkpoint.measure import find_checkpoint
     from trainer.checkpoint import read_weights
-    from trainer.evaluation import bits_per_byte, mean_loss, token_byte_lengths
+    from trainer.evaluation import bits_per_byte, mean_loss, token_bytes
     from trainer.layout import TOKENIZER
 
     rows = {r["step"]: r for r in read_metrics(uninterrupted)}
@@ -273,7 +273,7 @@ def test_the_val_loss_of_an_eval_step_is_the_evaluations_of_that_steps_checkpoin
     config = json.loads(uninterrupted.config.read_text())
     snapshot = Path(config["dataset"]["tokenized_dir"])
     val = load_split(snapshot, "val")
-    lengths = token_byte_lengths(Tokenizer.from_file(str(snapshot / TOKENIZER)), config["model"]["vocab_size"])
+    lengths = token_bytes(Tokenizer.from_file(str(snapshot / TOKENIZER)), load_meta(snapshot))
     model = build_model(config_from_dict(config["model"]))
     model.load_state_dict(read_weights(find_checkpoint(uninterrupted, "40")))
     loss, tokens, n_bytes = mean_loss(model, val, 64, 16384, 8, torch.device("cpu"), lengths)

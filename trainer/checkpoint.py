@@ -584,6 +584,34 @@ def read_weights(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
     return _with_tied({k.removeprefix(dcp_io.MODEL): v for k, v in tensors.items()}, checkpoint.trainer_state())
 
 
+def read_weights_into(checkpoint: Checkpoint, model: torch.nn.Module) -> None:
+    """Fill `model`'s weights (any dtype, any device) from the checkpoint in place, a piece at a time, each converted
+    as it is copied in: no second copy of the model exists. A weight the checkpoint lacks, or holds in another
+    shape, is a CheckpointError naming it."""
+    if not checkpoint.sharded:
+        try:
+            model.load_state_dict(checkpoint.trainer_state()["model"])
+        except RuntimeError as exc:
+            raise CheckpointError(str(exc).splitlines()[0]) from None
+        return
+    state = model.state_dict()
+    tied = dcp_io.tied_aliases(state)  # the save left them out; filling the first fills both
+    targets = {dcp_io.MODEL + name: tensor for name, tensor in state.items() if name not in tied}
+    shapes = dcp_io.saved_shapes(checkpoint.path)
+    for key, tensor in targets.items():
+        if key not in shapes:
+            raise CheckpointError(f"the checkpoint has no {key.removeprefix(dcp_io.MODEL)}")
+        if shapes[key] != tuple(tensor.shape):
+            raise CheckpointError(
+                f"{key.removeprefix(dcp_io.MODEL)} is {list(shapes[key])} in the checkpoint and "
+                f"{list(tensor.shape)} in the model"
+            )
+    try:
+        dcp_io.load_into(checkpoint.path, targets)
+    except (CheckpointException, dcp_io.CorruptCheckpoint) as exc:
+        raise CheckpointError(f"checkpoint {checkpoint.path} cannot be read: {_first_failure(exc)}") from None
+
+
 def _with_tied(weights: dict[str, torch.Tensor], trainer_state: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The tied names the save left out, back beside the tensor they share."""
     return weights | {alias: weights[first] for alias, first in trainer_state.get("tied", {}).items()}

@@ -211,6 +211,18 @@ def load_shared(path: Path, tensors: dict[str, torch.Tensor], group: dist.Proces
         dist.broadcast(tensors[key], src=owner[key])
 
 
+def saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's name and whole shape in the checkpoint at `path`, from its metadata (nothing else is read)."""
+    metadata = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    return {key: tuple(md.size) for key, md in metadata.items() if isinstance(md, TensorStorageMetadata)}
+
+
+def load_into(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Fill `tensors` (by their names in the checkpoint) in place, read by this process alone: each piece is read,
+    checked, copied into its tensor (converted to its dtype) and dropped before the next."""
+    dcp.load(tensors, storage_reader=VerifyingReader(path), no_dist=True)
+
+
 def load_alone(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
     """The tensors whose names start with `prefix`, read by this process alone (no process group): evaluation reads
     the weights (MODEL) and nothing of the optimizer."""
@@ -220,5 +232,5 @@ def load_alone(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
         for key, md in metadata.items()
         if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)
     }
-    dcp.load(tensors, storage_reader=VerifyingReader(path), no_dist=True)
+    load_into(path, tensors)
     return tensors

@@ -1,8 +1,10 @@
 """Loss on held-out text: one reader of the val windows for the evaluation step and the trainer's --eval-every.
 
-Both measure the same windows the same way (the split's first windows, a batch at a time, mean next-token
-cross-entropy in fp64, bits per byte from the bytes the target tokens stand for), so a val loss the trainer logged
-at a step is the one the evaluation step reports for that step's checkpoint over the same tokens.
+Both measure the same windows the same way (the split's first windows, a batch at a time, the summed next-token
+cross-entropy through the chunked loss of trainer/loss.py, accumulated in fp64; bits per byte from the bytes of text
+the target tokens stand for), so a val loss the trainer logged at a step is the one the evaluation step reports for
+that step's checkpoint over the same tokens: the same numbers in fp32 (the CPU); on a GPU up to the precision each
+computed in (bf16) and its batches. A mixture's total weights each dataset by its share of the mixture.
 """
 
 from __future__ import annotations
@@ -10,18 +12,44 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from trainer.data import DataError, TokenSplit
+from trainer.loss import summed_loss
+from trainer.snapshot import model_vocab
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from trainer.config import TrainConfig
+
+WORD_MARK = "\u2581"  # SentencePiece's '▁': a space, or (prepended to a document's first word) no byte of the text
+
+
+@dataclass(frozen=True)
+class TokenBytes:
+    """The bytes of text target tokens stand for (bits per byte's denominator): each token's own, less one for a
+    document's first token when the tokenizer prepended its word mark to the document: that '▁' stands for no byte
+    of the text (the decoder drops it), so without this a SentencePiece-style tokenizer counts a byte too many per
+    document."""
+
+    lengths: np.ndarray  # token id -> bytes ('▁' as a space)
+    prepended: np.ndarray | None  # token id -> its piece begins with '▁'; None: the tokenizer prepends nothing
+    separators: tuple[int, ...]  # the ids between documents (EOS, BOS): the token after one begins a document
+
+    def of(self, windows: np.ndarray) -> int:
+        """The bytes that the targets of `windows` (rows of seq_len + 1 tokens: inputs, then targets shifted by one)
+        stand for."""
+        targets = windows[:, 1:]
+        n_bytes = int(self.lengths[targets].sum())
+        if self.prepended is not None:
+            n_bytes -= int((np.isin(windows[:, :-1], self.separators) & self.prepended[targets]).sum())
+        return n_bytes
 
 
 @torch.no_grad()
@@ -32,11 +60,11 @@ def mean_loss(
     max_tokens: int,
     batch_size: int,
     device: torch.device,
-    byte_lengths: np.ndarray,
+    text_bytes: TokenBytes,
 ) -> tuple[float, int, int]:
     """Mean next-token cross-entropy over the split's first windows (up to max_tokens targets), the number of
-    targets, and the bytes of text they stand for. Windows are read a batch at a time from the shards. Leaves the
-    model in eval mode; draws no random numbers."""
+    targets, and the bytes of text they stand for. Windows are read a batch at a time from the shards; no batch's
+    whole logits are made (trainer/loss.py summed_loss). Leaves the model in eval mode; draws no random numbers."""
     model.eval()
     windows = min(split.num_windows(seq_len), max(1, max_tokens // seq_len))
     if windows == 0:
@@ -45,24 +73,53 @@ def mean_loss(
     count = n_bytes = 0
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     for start in range(0, windows, batch_size):
-        inputs = torch.from_numpy(split.windows(np.arange(start, min(windows, start + batch_size)), seq_len))
-        batch = inputs.to(device, non_blocking=True)
+        rows = split.windows(np.arange(start, min(windows, start + batch_size)), seq_len)
+        batch = torch.from_numpy(rows).to(device, non_blocking=True)
         with autocast:
-            logits = model(input_ids=batch[:, :-1], use_cache=False).logits
-        flat = logits.float().reshape(-1, logits.size(-1))
-        total += F.cross_entropy(flat, batch[:, 1:].reshape(-1), reduction="sum")
-        targets = inputs[:, 1:].numpy()
-        count += targets.size
-        n_bytes += int(byte_lengths[targets].sum())
+            loss = summed_loss(model, batch[:, :-1], batch[:, 1:])
+        total += loss
+        count += rows[:, 1:].size
+        n_bytes += text_bytes.of(rows)
     return total.item() / count, count, n_bytes
 
 
-def bits_per_byte(loss: float, tokens: int, n_bytes: int) -> float:
+def bits_per_byte(loss: float, tokens: int, n_bytes: float) -> float:
     """Nats per token to bits per byte of text: comparable across tokenizers."""
     return loss * tokens / (n_bytes * math.log(2)) if n_bytes else float("nan")
 
 
 BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's byte fallback: one byte of text
+
+
+def token_bytes(tokenizer: Tokenizer, meta: dict[str, Any]) -> TokenBytes:
+    """The bytes of text the tokens of a snapshot (its meta.json: the model's vocabulary, BOS and EOS) stand for."""
+    lengths = token_byte_lengths(tokenizer, model_vocab(meta))
+    prepended = None
+    if prepends_word_mark(json.loads(tokenizer.to_str())):
+        prepended = np.zeros(len(lengths), dtype=bool)
+        for token, index in tokenizer.get_vocab().items():
+            if index < len(lengths) and lengths[index] and token.startswith(WORD_MARK):  # not a special token
+                prepended[index] = True
+    separators = tuple(i for i in (meta.get("bos_id"), meta["eos_id"]) if i is not None)
+    return TokenBytes(lengths, prepended, separators)
+
+
+def prepends_word_mark(spec: Any) -> bool:
+    """Whether a tokenizer (its JSON) puts '▁' before the first word of what it encodes: a Metaspace pre-tokenizer
+    with prepend_scheme first or always (add_prefix_space before tokenizers 0.14), or a Prepend normalizer (Llama
+    2's); nested in a Sequence or not. A ByteLevel tokenizer's space is a byte of the text: it prepends nothing."""
+    if isinstance(spec, list):
+        return any(prepends_word_mark(each) for each in spec)
+    if not isinstance(spec, dict):
+        return False
+    if spec.get("type") == "Metaspace":
+        scheme = spec.get("prepend_scheme", "always" if spec.get("add_prefix_space", True) else "never")
+        return scheme in ("first", "always")
+    if spec.get("type") == "Prepend":
+        return spec.get("prepend") == WORD_MARK
+    return any(
+        prepends_word_mark(spec.get(key)) for key in ("normalizer", "normalizers", "pre_tokenizer", "pretokenizers")
+    )
 
 
 def token_byte_lengths(tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
@@ -80,31 +137,48 @@ def token_byte_lengths(tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
         elif BYTE_TOKEN.fullmatch(token):
             lengths[index] = 1
         else:
-            lengths[index] = len(token.replace("\u2581", " ").encode())
+            lengths[index] = len(token.replace(WORD_MARK, " ").encode())
     return lengths
 
 
+def mixture_total(
+    measured: Mapping[str, tuple[float, int, int]], weights: Mapping[str, float]
+) -> tuple[float, int, float]:
+    """Several val splits' (loss, tokens, bytes) as one, each dataset weighted by its share of the mixture (`weights`,
+    normalised here), as Megatron blends its validation data with the training weights; not by the val tokens
+    measured, which are capped per dataset (--eval-tokens, max_tokens), so a 0.99/0.01 mixture would count its two
+    datasets alike. The loss is the share-weighted mean; the tokens are those measured; the bytes are those the
+    measured tokens stand for at the blend's bytes per token (each dataset's, share-weighted), so bits per byte is
+    the blend's nats over its bytes. One split's figures are its own, exactly."""
+    if len(measured) == 1:
+        return next(iter(measured.values()))
+    whole = sum(weights[name] for name in measured)
+    shares = {name: weights[name] / whole for name in measured}
+    tokens = sum(t for _, t, _ in measured.values())
+    loss = sum(shares[name] * each for name, (each, _, _) in measured.items())
+    bytes_per_token = sum(shares[name] * b / t for name, (_, t, b) in measured.items())
+    return loss, tokens, tokens * bytes_per_token
+
+
 def validation(
-    model: torch.nn.Module, val: dict[str, TokenSplit], byte_lengths: np.ndarray, cfg: TrainConfig, device: torch.device
+    model: torch.nn.Module,
+    val: dict[str, TokenSplit],
+    text_bytes: TokenBytes,
+    cfg: TrainConfig,
+    device: torch.device,
+    weights: Mapping[str, float],
 ) -> dict[str, Any]:
     """The trainer's --eval-every: the val loss over each split's first --eval-tokens tokens, as the evaluation step
-    measures a checkpoint, in training batches; of a mixture, each dataset's too and the total over them all. No
-    random numbers drawn and no training data read, so a run evaluated along the way trains exactly as one that is
-    not."""
+    measures a checkpoint, in training batches; of a mixture (`weights`: each dataset's), each dataset's too and the
+    total over them all, weighted by the mixture's shares. No random numbers drawn and no training data read, so a
+    run evaluated along the way trains exactly as one that is not."""
     training = model.training
-    measured = {}
-    for name, split in val.items():
-        loss, tokens, n_bytes = mean_loss(
-            model, split, cfg.seq_len, cfg.eval_tokens, cfg.batch_size, device, byte_lengths
-        )
-        measured[name] = (loss, tokens, n_bytes)
+    measured = {
+        name: mean_loss(model, split, cfg.seq_len, cfg.eval_tokens, cfg.batch_size, device, text_bytes)
+        for name, split in val.items()
+    }
     model.train(training)
-    tokens, n_bytes = sum(t for _, t, _ in measured.values()), sum(b for *_, b in measured.values())
-    loss = (
-        next(iter(measured.values()))[0]
-        if len(measured) == 1
-        else sum(loss * t for loss, t, _ in measured.values()) / tokens
-    )
+    loss, tokens, n_bytes = mixture_total(measured, weights)
     row: dict[str, Any] = {"val_loss": loss, "val_bpb": bits_per_byte(loss, tokens, n_bytes), "val_tokens": tokens}
     if len(val) > 1:
         row["datasets"] = {

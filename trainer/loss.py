@@ -10,7 +10,8 @@ softmax kernels. A batch whose logits fit in one chunk takes the plain form too:
 
 The output layer is an `OutputHead`: a Linear (same weight, same checkpoint key) that, while training, returns the
 loss instead of the logits. Called once, as the model calls it, it is one FSDP forward (one all-gather of its
-weight) and one backward (one reduce-scatter), however many chunks it runs.
+weight) and one backward (one reduce-scatter), however many chunks it runs. The val loss takes the same path, summed
+(`summed_loss`), so evaluating holds no more than a training step.
 """
 
 from __future__ import annotations
@@ -61,43 +62,50 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    reduction: str = "mean",
 ) -> torch.Tensor:
     """The mean next-token cross-entropy (fp32) of the logits `hidden` [..., h] @ `weight` [vocab, h].T against
     `targets` [...], one chunk of at most `chunk_elements` fp32 logits at a time (the plain form when they all fit
-    in one). Targets equal to `IGNORE_INDEX` take no part, as in `F.cross_entropy`: the mean is over the others."""
+    in one). Targets equal to `IGNORE_INDEX` take no part, as in `F.cross_entropy`: the mean is over the others.
+    `reduction="sum"`: their sum instead, for a mean over several batches (the val loss)."""
     flat_hidden, flat_targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
     vocab = weight.size(0)
     if flat_targets.numel() * vocab <= chunk_elements:
-        return plain_cross_entropy(F.linear(flat_hidden, weight), flat_targets)
+        return plain_cross_entropy(F.linear(flat_hidden, weight), flat_targets, reduction)
     rows = max(1, chunk_elements // vocab)
-    return _LinearCrossEntropy.apply(flat_hidden, weight, flat_targets, rows) / (flat_targets != IGNORE_INDEX).sum()
+    total = _LinearCrossEntropy.apply(flat_hidden, weight, flat_targets, rows)
+    return total if reduction == "sum" else total / (flat_targets != IGNORE_INDEX).sum()
 
 
-def plain_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+def plain_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), reduction=reduction)
 
 
 class OutputHead(torch.nn.Linear):
     """The model's output layer: the logits, as a Linear gives them; or, inside `loss_against(targets)`, the mean
-    loss over them, computed without them (`linear_cross_entropy`)."""
+    (or summed) loss over them, computed without them (`linear_cross_entropy`)."""
 
     targets: torch.Tensor | None = None
+    reduction: str = "mean"
     chunk_elements: int = CHUNK_ELEMENTS  # fp32 logits per chunk (a test sets fewer to run many chunks)
 
     @contextlib.contextmanager
-    def loss_against(self, targets: torch.Tensor) -> Iterator[None]:
-        self.targets = targets
+    def loss_against(self, targets: torch.Tensor, reduction: str = "mean") -> Iterator[None]:
+        self.targets, self.reduction = targets, reduction
         try:
             yield
         finally:
-            self.targets = None
+            self.targets, self.reduction = None, "mean"
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.targets is None:
             return super().forward(hidden)
         assert self.bias is None, "the causal LMs built here have no output bias"
-        return linear_cross_entropy(hidden, self.weight, self.targets, self.chunk_elements)
+        return linear_cross_entropy(hidden, self.weight, self.targets, self.chunk_elements, self.reduction)
 
 
 def with_output_head(model: torch.nn.Module) -> torch.nn.Module:
@@ -131,3 +139,18 @@ class CausalLMLoss(torch.nn.Module):
             return plain_cross_entropy(self.model(input_ids=inputs, use_cache=False).logits, targets)
         with self.model.get_output_embeddings().loss_against(targets):
             return self.model(input_ids=inputs, use_cache=False).logits  # no KV cache; the "logits" are the loss
+
+
+def summed_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The summed next-token cross-entropy (fp32) of a transformers causal LM over a batch, without the batch's logits
+    (the val loss: a 128k vocabulary's logits of 4 x 1,024 tokens are 2 GB in fp32). A model whose output layer is an
+    `OutputHead` runs whole, as in training (under FSDP the root's forward gathers every unit), the head returning
+    the loss; a plain one (a published model as transformers loads it) runs its base model, and its output layer's
+    weight goes through the same chunked loss: the same numbers either way."""
+    head = model.get_output_embeddings()
+    if isinstance(head, OutputHead):
+        with head.loss_against(targets, reduction="sum"):
+            return model(input_ids=inputs, use_cache=False).logits  # the "logits" are the loss
+    assert head.bias is None, "the causal LMs evaluated here have no output bias"
+    hidden = model.base_model(input_ids=inputs, use_cache=False).last_hidden_state
+    return linear_cross_entropy(hidden, head.weight, targets, OutputHead.chunk_elements, "sum")

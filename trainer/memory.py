@@ -80,6 +80,7 @@ class ModelShape:
     heads: int = 0
     kv_width: int = 0  # the keys' (and values') width: hidden under multi-head attention, less under GQA
     output_unit: int = 0  # parameters gathered with the output layer: the final norm and it (and a tied embedding)
+    largest_tensor: int = 0  # elements of the largest parameter: the largest piece a checkpoint is read in
 
 
 def model_shape(config: Any) -> ModelShape:
@@ -110,6 +111,7 @@ def model_shape(config: Any) -> ModelShape:
         heads,
         kv_width,
         sum(output.values()),
+        max(p.numel() for p in model.parameters()),
     )
 
 

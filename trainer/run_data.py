@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from trainer.data import DataError, TokenBatches, TokenSplit, load_meta, load_split
-from trainer.evaluation import token_byte_lengths
+from trainer.evaluation import TokenBytes, token_bytes
 from trainer.layout import TOKENIZER
 from trainer.mixture import MixtureBatches, MixtureEntry, resolve_mixture, shares
 from trainer.snapshot import model_vocab, snapshot_record, training_snapshot
@@ -31,7 +29,7 @@ class RunData:
     mixture: list[MixtureEntry]  # a mixture's datasets; empty for one dataset
     batches: TokenBatches | MixtureBatches
     val: dict[str, TokenSplit] | None = None  # with --eval-every: each dataset's val split
-    byte_lengths: np.ndarray | None = None  # and the bytes of text each token stands for
+    text_bytes: TokenBytes | None = None  # and the bytes of text the tokens stand for
 
     @classmethod
     def read(cls, cfg: TrainConfig, state: dict[str, Any] | None, rank: int, world: int) -> RunData:
@@ -62,8 +60,12 @@ class RunData:
             val_dirs = {e.name: e.directory for e in mixture} or {
                 snapshot_record(directory, meta)["dataset"]: directory
             }
-            data.val, data.byte_lengths = validation_data(val_dirs, meta, cfg.seq_len)
+            data.val, data.text_bytes = validation_data(val_dirs, meta, cfg.seq_len)
         return data
+
+    def weights(self) -> dict[str, float]:
+        """A mixture's weights by dataset, which weigh its datasets' val losses in the total; {} for one dataset."""
+        return {e.name: e.weight for e in self.mixture}
 
     def record(self) -> dict[str, Any]:
         """config.json's dataset: the snapshot, the tokenizer's vocabulary and the model's (padded); of a mixture,
@@ -92,10 +94,10 @@ class RunData:
 
 def validation_data(
     snapshots: dict[str, Path], meta: dict[str, Any], seq_len: int
-) -> tuple[dict[str, TokenSplit], np.ndarray]:
+) -> tuple[dict[str, TokenSplit], TokenBytes]:
     """--eval-every's data, read once: each dataset's val split (memory-mapped; one, or a mixture's), and the bytes
-    each token stands for (bits per byte; a mixture's datasets share their tokenizer). A split without one window is
-    bad input at start, not a crash at the first evaluation."""
+    of text the tokens stand for (bits per byte; a mixture's datasets share their tokenizer). A split without one
+    window is bad input at start, not a crash at the first evaluation."""
     splits = {}
     for name, data_dir in snapshots.items():
         splits[name] = val = load_split(data_dir, "val")
@@ -108,4 +110,4 @@ def validation_data(
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(next(iter(snapshots.values())) / TOKENIZER))
-    return splits, token_byte_lengths(tokenizer, model_vocab(meta))
+    return splits, token_bytes(tokenizer, meta)

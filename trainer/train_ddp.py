@@ -509,7 +509,10 @@ class Trainer:
         if self.data.mixture:  # each dataset's tokens and epochs so far
             row["datasets"] = self.data.batches.accounting()
         if validate:  # (a collective under fsdp)
-            row = merge_rows(row, validation(self.model, self.data.val, self.data.byte_lengths, cfg, self.device))
+            measured = validation(
+                self.model, self.data.val, self.data.text_bytes, cfg, self.device, self.data.weights()
+            )
+            row = merge_rows(row, measured)
             metrics.throughput.reset()  # its time is not training's
         if self.spikes.is_spike(step, row["loss"]):
             row["loss_spike"] = True

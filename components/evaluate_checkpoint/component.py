@@ -16,6 +16,10 @@ def evaluate_checkpoint(
     baseline_run_id: str,
     baseline_margin: float,
     gate_warn_only: bool,
+    benchmarks: str,
+    benchmark_data_uri: str,
+    benchmark_limit: int,
+    benchmark_gate: str,
     export_s3_uri: str,
     s3_endpoint_url: str,
     report: dsl.Output[dsl.Markdown],
@@ -23,12 +27,15 @@ def evaluate_checkpoint(
     metrics: dsl.Output[dsl.Metrics],
     model: dsl.Output[dsl.Model],
 ):
-    """Val loss, perplexity and bits/byte of the checkpoint against the untrained model; the quality gate; the
-    Hugging Face export."""
+    """Val loss, perplexity and bits/byte of the checkpoints `checkpoint` names ('latest', 'unevaluated', or steps
+    "100,200"), each against the model it started from; the benchmarks asked for (lm-evaluation-harness); the quality
+    gate and the Hugging Face export of the newest evaluated, whose result the outputs hold (every one is kept under
+    <run>/eval/)."""
     import shutil
     from pathlib import Path
 
-    from components.evaluate_checkpoint.core import evaluate_checkpoint as run
+    from components.evaluate_checkpoint.benchmarks import BenchmarkSettings
+    from components.evaluate_checkpoint.checkpoints import evaluate_checkpoints
     from components.evaluate_checkpoint.gate import Gate
     from components.kfp_support import log_numbers, setup_logging
     from components.run_summary.core import recorded_step
@@ -46,18 +53,21 @@ def evaluate_checkpoint(
             max_val_loss=max_val_loss,
             baseline_run_id=baseline_run_id,
             baseline_margin=baseline_margin,
+            benchmarks=benchmark_gate,
             warn_only=gate_warn_only,
         )
-        result = run(
+        results = evaluate_checkpoints(
             storage_root=storage_root,
             dataset=dataset,
             run_id=run_id,
             max_tokens=max_tokens,
-            checkpoint=checkpoint,
+            checkpoints=checkpoint,
             gate=gate,
             export_s3_uri=export_s3_uri,
             s3_endpoint_url=s3_endpoint_url,
+            benchmarks=BenchmarkSettings(benchmarks, benchmark_data_uri, benchmark_limit),
         )
+        result = results[-1]  # the newest step evaluated: the gated and exported one
         with open(report.path, "w") as f:
             f.write(result.markdown())
         # this evaluation's own report: eval/report.html holds the newest evaluated step's, which may be another
@@ -74,4 +84,9 @@ def evaluate_checkpoint(
         )
         with open(model.path, "w") as f:  # the export stays on the volume; the artifact says where
             f.write(result.export_dir + "\n")
-        record.details = {"step": result.step, "val_loss": round(result.val_loss, 4), "gate_passed": result.gate_passed}
+        record.details = {
+            "step": result.step,
+            "val_loss": round(result.val_loss, 4),
+            "gate_passed": result.gate_passed,
+            "evaluated_steps": [r.step for r in results],
+        }

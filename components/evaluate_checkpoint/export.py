@@ -13,27 +13,30 @@ import logging
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from components.evaluate_checkpoint.results import EXPORT_RECORD, EvalResult
+from components.evaluate_checkpoint.results import EXPORT_RECORD
 from trainer.atomic import file_mode, replace_dir, write_json
 from trainer.data import load_meta
 from trainer.layout import TOKENIZER
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
 log = logging.getLogger(__name__)
 
 
-def export_record(result: EvalResult) -> dict[str, Any]:
-    """What export.json says: the checkpoint exported and the data it was trained on, so that an export replaced by
-    an evaluation of an older checkpoint is not taken for the newest one."""
+def export_record(run_id: str, step: int, checkpoint: str, trained_on: tuple[str, str]) -> dict[str, Any]:
+    """What export.json says: the checkpoint exported and the data it was trained on (dataset, snapshot), so that an
+    export replaced by an evaluation of an older checkpoint is not taken for the newest one."""
     return {
-        "run_id": result.run_id,
-        "step": result.step,
-        "checkpoint": result.checkpoint,
-        "dataset": result.dataset,
-        "snapshot": result.snapshot,
+        "run_id": run_id,
+        "step": step,
+        "checkpoint": checkpoint,
+        "dataset": trained_on[0],
+        "snapshot": trained_on[1],
         "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
@@ -47,20 +50,11 @@ def export_model(
     EOS named; `record` (export_record) goes in beside them as export.json, so the directory says which checkpoint
     it holds. The model's other config fields (rope scaling, special token ids) are the run's, so a published
     model's, in the keys both transformers 4.x and 5.x read (transformers_4_rope)."""
-    from transformers import PreTrainedTokenizerFast
-
-    from components.stage_data.tokenizer import EOS
-
-    meta = load_meta(snapshot_dir)
     staging = directory.with_name(f".{directory.name}.new")
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
     model.to("cpu", getattr(torch, dtype)).save_pretrained(staging)  # safetensors: transformers 5 writes no other
     write_json(staging / "config.json", transformers_4_rope(json.loads((staging / "config.json").read_text())))
-    bos = meta["bos"] if "bos" in meta else EOS  # a snapshot staged before BOS: the trained tokenizer's one token
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_file=str(snapshot_dir / TOKENIZER), eos_token=meta.get("eos", EOS), bos_token=bos
-    )
-    tokenizer.save_pretrained(staging)
+    hf_tokenizer(snapshot_dir).save_pretrained(staging)
     write_json(staging / EXPORT_RECORD, record)
     readable_by_the_team(staging)
     replace_dir(staging, directory)
@@ -68,6 +62,20 @@ def export_model(
         "exported step %s (%s) in Hugging Face format to %s", record.get("step"), record.get("checkpoint"), directory
     )
     return directory
+
+
+def hf_tokenizer(snapshot_dir: Path) -> PreTrainedTokenizerFast:
+    """The snapshot's tokenizer as transformers' AutoTokenizer and lm-eval take it: it encodes as training did
+    ([BOS] text, the snapshot's post-processor), with the snapshot's own BOS and EOS named."""
+    from transformers import PreTrainedTokenizerFast
+
+    from components.stage_data.tokenizer import EOS
+
+    meta = load_meta(snapshot_dir)
+    bos = meta["bos"] if "bos" in meta else EOS  # a snapshot staged before BOS: the trained tokenizer's one token
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(snapshot_dir / TOKENIZER), eos_token=meta.get("eos", EOS), bos_token=bos
+    )
 
 
 def transformers_4_rope(config: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ class Gate:
     baseline_run_id: str = ""  # a run id, "previous", or "" for none
     baseline_margin: float = 0.0  # bits per byte the run may exceed the baseline's by
     baseline_step: int = 0  # the baseline's evaluation of this step; 0: its newest evaluated step
+    benchmarks: str = ""  # thresholds on benchmark metrics, "hellaswag:acc_norm>=0.30,piqa:acc>0.6" (benchmarks.py)
     warn_only: bool = False
 
 
@@ -111,7 +112,11 @@ def baseline_of(run: RunPaths, evaluation: dict[str, Any], asked: int) -> Baseli
     return Baseline(run.root.name, step, evaluation, which)
 
 
-def apply_gate(result: EvalResult, gate: Gate, baseline: Baseline | None) -> None:
+def apply_gate(
+    result: EvalResult, gate: Gate, baseline: Baseline | None, benchmark_verdicts: list[tuple[bool, str]]
+) -> None:
+    """Mark the result with each part of the gate: the ceiling, the baseline, and the benchmark thresholds'
+    verdicts (benchmarks.py check_benchmark_gates)."""
     if gate.max_val_loss:
         ok = result.val_loss <= gate.max_val_loss
         result.gate_reasons.append(
@@ -135,4 +140,7 @@ def apply_gate(result: EvalResult, gate: Gate, baseline: Baseline | None) -> Non
             f"{theirs['val_bits_per_byte']:.4f} + margin {gate.baseline_margin:.4f} (bits per "
             f"byte compare across tokenizers{note})"
         )
+        result.gate_passed &= ok
+    for ok, words in benchmark_verdicts:
+        result.gate_reasons.append(words)
         result.gate_passed &= ok

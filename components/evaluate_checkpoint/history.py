@@ -81,6 +81,7 @@ def history_entry(result: EvalResult) -> dict[str, Any]:
         "baseline_run_id": result.baseline_run_id,
         "baseline_step": result.baseline_step,
         "report_dir": Path(result.report_dir).name,
+        "benchmarks": {f"{b['task']}:{b['metric']}": b["value"] for b in result.benchmarks},
     }
 
 

@@ -1,16 +1,18 @@
-"""Measure a checkpoint: which checkpoint and which snapshot, the model loaded from its weights beside the model the
-run started from, and the numbers over the val split; apart from the gate, reports and export that only read them.
+"""Measure a checkpoint: which checkpoint and which snapshot, and the numbers over the val split of the models
+loading.py builds (the checkpoint's, then the one the run started from); apart from the gate, reports and export
+that only read them.
 
 Mean loss, perplexity and bits per byte (tokenizer-independent: runs with different tokenizers compare) over up to
 `max_tokens` val tokens, beside the same model untrained; greedy samples from fixed prompts for a person to read. bf16
 on a GPU, fp32 on the CPU. A run trained on a mixture: each dataset on its own val split (up to `max_tokens` of each),
-and the totals over them, as the trainer's --eval-every measures them. And what the trainer's metrics rows say of the
-training: its throughput and health marks.
+and the totals over them, weighted by the mixture's shares, as the trainer's --eval-every measures them. And what the
+trainer's metrics rows say of the training: its throughput, its health marks and its own val loss at the step.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,10 @@ from tokenizers import Tokenizer
 
 from common.errors import InputError
 from trainer.atomic import read_json_lines
-from trainer.checkpoint import Checkpoint, CheckpointError, checked, committed_checkpoints, read_weights
+from trainer.checkpoint import Checkpoint, CheckpointError, checked, committed_checkpoints
 from trainer.data import DataError, TokenSplit, load_meta, load_split
-from trainer.evaluation import bits_per_byte, mean_loss
+from trainer.evaluation import TokenBytes, bits_per_byte, mean_loss, mixture_total
 from trainer.layout import META, DatasetPaths, RunPaths
-from trainer.model import build_model
 from trainer.snapshot import config_snapshot
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,21 @@ def mixture_snapshots(storage_root: str, config: dict[str, Any], run_id: str) ->
 
 
 def mixture_val_set(mixture: list[tuple[dict[str, Any], Path]]) -> str:
-    """A mixture's val text's identity: a digest over each dataset's name and val set (in name order: the totals do
-    not depend on the order), so a baseline compares only with a run evaluated on the same datasets' val sets; ""
-    when a dataset's val set was not recorded (staged before), as for one such dataset."""
+    """A mixture's val text's identity: a digest over each dataset's name, val set and share (in name order: the
+    totals do not depend on the order), so a baseline compares only with a run evaluated on the same blend of the
+    same datasets' val sets (the totals weigh each by its share; an evaluation from before they did has no share in
+    its digest); "" when a dataset's val set was not recorded (staged before), as for one such dataset."""
     sets = {entry["dataset"]: load_meta(directory).get("val_set_sha256", "") for entry, directory in mixture}
     if not all(sets.values()):
         return ""
-    return hashlib.sha256("".join(f"{name}\n{sets[name]}\n" for name in sorted(sets)).encode()).hexdigest()
+    shares = {entry["dataset"]: entry["share"] for entry, _ in mixture}
+    blend = "".join(f"{name}\n{sets[name]}\n{shares[name]}\n" for name in sorted(sets))
+    return hashlib.sha256(blend.encode()).hexdigest()
+
+
+def mixture_weights(mixture: list[tuple[dict[str, Any], Path]]) -> dict[str, float]:
+    """A mixture's weights by dataset, as its config.json records them (the trainer's own): they weigh the totals."""
+    return {entry["dataset"]: entry["weight"] for entry, _ in mixture}
 
 
 def val_split(snapshot_dir: Path, dataset: str, seq_len: int) -> TokenSplit:
@@ -91,33 +100,16 @@ def val_split(snapshot_dir: Path, dataset: str, seq_len: int) -> TokenSplit:
     return val
 
 
-def measure(
-    model: torch.nn.Module,
-    start: torch.nn.Module,
-    val: TokenSplit,
-    seq_len: int,
-    max_tokens: int,
-    batch_size: int,
-    device: torch.device,
-    byte_lengths: np.ndarray,
-) -> tuple[float, int, int, float]:
-    """The trained and the starting model's mean loss over the same val windows: (loss, tokens, bytes, the starting
-    model's loss)."""
-    loss, tokens, n_bytes = mean_loss(model, val, seq_len, max_tokens, batch_size, device, byte_lengths)
-    untrained, _, _ = mean_loss(start, val, seq_len, max_tokens, batch_size, device, byte_lengths)
+def total(
+    measured: dict[str, tuple[float, int, int, float]], weights: dict[str, float]
+) -> tuple[float, int, float, float]:
+    """Several val splits' measures (dataset -> loss, tokens, bytes, the starting model's loss) as one, as the
+    trainer's --eval-every totals a mixture's (trainer/evaluation.py mixture_total): the losses weighted by the
+    mixture's `weights` (mixture_weights), the tokens measured, and the bytes the blend's tokens stand for, which
+    give bits per byte. One split's are its own, exactly."""
+    loss, tokens, n_bytes = mixture_total({name: m[:3] for name, m in measured.items()}, weights)
+    untrained, _, _ = mixture_total({name: (u, t, b) for name, (_, t, b, u) in measured.items()}, weights)
     return loss, tokens, n_bytes, untrained
-
-
-def total(measured: list[tuple[float, int, int, float]]) -> tuple[float, int, int, float]:
-    """Several val splits' measures as one, as the trainer's --eval-every totals a mixture's (train_ddp.validation):
-    the token-weighted mean losses, the summed tokens and bytes (so bits per byte are the summed nats over the
-    summed bytes). One split's are its own, exactly."""
-    if len(measured) == 1:
-        return measured[0]
-    tokens = sum(t for _, t, _, _ in measured)
-    loss = sum(loss * t for loss, t, _, _ in measured) / tokens
-    untrained = sum(u * t for _, t, _, u in measured) / tokens
-    return loss, tokens, sum(b for _, _, b, _ in measured), untrained
 
 
 def dataset_results(
@@ -183,50 +175,42 @@ def find_checkpoint(run: RunPaths, checkpoint: str) -> Checkpoint:
     return checked(found)
 
 
-def read_checkpoint(run: RunPaths, checkpoint: str) -> tuple[Checkpoint, dict[str, Any], dict[str, torch.Tensor]]:
-    """The checkpoint asked for (find_checkpoint), its trainer state and its weights; the optimizer state is never
-    read."""
+def read_checkpoint(run: RunPaths, checkpoint: str) -> tuple[Checkpoint, dict[str, Any]]:
+    """The checkpoint asked for (find_checkpoint) and its trainer state; its weights are read into the model
+    (loading.py), and its optimizer state never."""
     try:
         found = find_checkpoint(run, checkpoint)
-        return found, found.trainer_state(), read_weights(found)
+        return found, found.trainer_state()
     except CheckpointError as exc:
         raise InputError(str(exc)) from None
 
 
-def checkpoint_model(
-    model_config: Any, weights: dict[str, torch.Tensor], found: Checkpoint, run: RunPaths, state: dict[str, Any]
-) -> torch.nn.Module:
-    """The run's model with the checkpoint's weights, refused in one line when they do not fit it."""
-    model = build_model(model_config)
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as exc:
-        raise InputError(
-            f"checkpoint {found.path} does not fit the model in {run.config} (preset "
-            f"{state.get('preset')!r}): {str(exc).splitlines()[0]}"
-        ) from None
-    return model
-
-
 def measure_splits(
     model: torch.nn.Module,
-    start: torch.nn.Module,
     vals: dict[str, TokenSplit],
     seq_len: int,
     max_tokens: int,
     batch_size: int,
     device: torch.device,
-    byte_lengths: np.ndarray,
-) -> dict[str, tuple[float, int, int, float]]:
-    """Each dataset's measure over up to max_tokens of its val split: dataset -> (loss, tokens, bytes, the starting
-    model's loss)."""
+    text_bytes: TokenBytes,
+) -> dict[str, tuple[float, int, int]]:
+    """One model's measure of each dataset over up to max_tokens of its val split: dataset -> (loss, tokens,
+    bytes)."""
     try:
         return {
-            name: measure(model, start, split, seq_len, max_tokens, batch_size, device, byte_lengths)
+            name: mean_loss(model, split, seq_len, max_tokens, batch_size, device, text_bytes)
             for name, split in vals.items()
         }
     except DataError as exc:
         raise InputError(str(exc)) from None
+
+
+def beside_start(
+    trained: dict[str, tuple[float, int, int]], start: dict[str, tuple[float, int, int]]
+) -> dict[str, tuple[float, int, int, float]]:
+    """The trained model's measures with the starting model's loss over the same windows: dataset -> (loss,
+    tokens, bytes, the starting model's loss)."""
+    return {name: (*figures, start[name][0]) for name, figures in trained.items()}
 
 
 @torch.no_grad()
@@ -244,28 +228,6 @@ def greedy_samples(model: torch.nn.Module, tokenizer: Tokenizer, device: torch.d
     return samples
 
 
-def starting_model(model_config: Any, config: dict[str, Any]) -> tuple[torch.nn.Module, str]:
-    """The model the run started from, and its name in the report: a published model's weights when the run began
-    from one (its config.json's init_from) and the directory is still there; otherwise the untrained model, drawn
-    from the run's seed."""
-    origin = config.get("init_from") or {}
-    if origin.get("model"):
-        from trainer.published import PublishedModel, load_weights
-
-        path = Path(origin["model"])
-        if (path / "config.json").is_file():
-            model = build_model(model_config)
-            load_weights(model, PublishedModel.read(path))
-            return model, f"start ({origin.get('name', path.name)})"
-        log.warning(
-            "the run started from the published model in %s, which is gone: its baseline is the untrained "
-            "model instead",
-            path,
-        )
-    torch.manual_seed(config["trainer"]["seed"])
-    return build_model(model_config), "untrained"
-
-
 def training_throughput(run: RunPaths) -> tuple[float | None, float | None]:
     """The training's median tokens/s and MFU over its logged steps (metrics.jsonl)."""
     rows = read_metrics(run)
@@ -281,6 +243,27 @@ def training_health(run: RunPaths) -> dict[str, Any]:
     return {
         "skipped_steps": skipped,
         "loss_spikes": [{"step": r["step"], "loss": r["loss"]} for r in rows if r.get("loss_spike")],
+    }
+
+
+def training_eval(run: RunPaths, step: int) -> dict[str, Any] | None:
+    """The trainer's own val figures at `step` (its --eval-every row, if it logged one), for the reports to show
+    beside this evaluation's: the same weights, over the first --eval-tokens of each val split (config.json's
+    eval_tokens) in training's batches. None when no row at that step measured the val loss."""
+    row = next((r for r in reversed(read_metrics(run)) if r.get("step") == step and "val_loss" in r), None)
+    if row is None:
+        return None
+    try:
+        trainer = json.loads(run.config.read_text()).get("trainer", {})
+    except (OSError, ValueError):
+        trainer = {}
+    return {
+        "val_loss": row["val_loss"],
+        "val_bits_per_byte": row.get("val_bpb"),
+        "val_tokens": row.get("val_tokens"),
+        "eval_tokens": trainer.get("eval_tokens"),
+        "batch_size": trainer.get("batch_size"),
+        "datasets": {name: d["val_loss"] for name, d in (row.get("datasets") or {}).items() if "val_loss" in d},
     }
 
 

@@ -2,8 +2,8 @@
 run's settings and the samples. Apart from the measuring: a report is drawn from what the run directory recorded.
 
 eval/step_<N>/report.html holds the eval table beside the untrained model and the baseline; plots of loss with
-checkpoints, resumes and the baseline's curves, learning rate, gradient norm and throughput as embedded PNGs; the run's
-settings; the samples.
+checkpoints, resumes and the baseline's curves, learning rate, gradient norm and throughput, and the benchmarks of every
+evaluated step as embedded PNGs; the run's settings; the samples.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import torch
 
 from components.evaluate_checkpoint.history import read_history
 from components.evaluate_checkpoint.measure import read_metrics
-from components.evaluate_checkpoint.results import NOT_RECORDED, EvalResult
+from components.evaluate_checkpoint.results import BENCHMARKS_NOTE, NOT_RECORDED, WEIGHTING, EvalResult
 from trainer.checkpoint import committed_checkpoints
 from trainer.layout import CHECKPOINT_COMMIT, RunPaths
 
 FIGURE_INCHES = (6.4, 3.6)  # 960 x 540 px at FIGURE_DPI; the page scales each plot to its column's width
 FIGURE_DPI = 150
 SAMPLE_MAX_HEIGHT = "16em"  # a greedy sample taller than this (one of newlines, say) scrolls inside its box
+ACCURACIES = ("acc", "acc_norm")  # the benchmark metrics that are shares of items, plotted together from 0 to 1
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Curves:
     baseline_evaluations: list[tuple[int, float]] = field(default_factory=list)
     datasets: list[str] = field(default_factory=list)  # a mixture's, in its order: their own plots
     dataset_evaluations: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # name: (step, val loss)
+    # "task:metric": (step, value) of each evaluated step that scored it, this evaluation included
+    benchmarks: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, run: RunPaths, result: EvalResult, config: dict[str, Any]) -> Curves:
@@ -66,6 +69,7 @@ class Curves:
             sorted(set(checkpoint_times(run)) | {s for s, _ in evaluations}),
             resumes(run, rows),
             float(config.get("trainer", {}).get("grad_clip", 0.0)),
+            benchmarks=evaluated_benchmarks(run, result),
         )
         if result.datasets:
             curves.datasets = [d["dataset"] for d in result.datasets]
@@ -134,6 +138,24 @@ def evaluated_losses(run: RunPaths, result: EvalResult | None = None) -> list[tu
     return sorted(losses.items())
 
 
+def evaluated_benchmarks(run: RunPaths, result: EvalResult) -> dict[str, list[tuple[int, float]]]:
+    """Each benchmark metric's value per evaluated step, from eval/history.jsonl (a step evaluated again: its latest
+    evaluation's, which may have scored other tasks or none) and `result`, this evaluation, not yet written:
+    "task:metric" -> [(step, value)], the names in order."""
+    by_step: dict[int, dict[str, float]] = {}
+    for entry in read_history(run):
+        if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+            scores = entry.get("benchmarks")
+            by_step[entry["step"]] = scores if isinstance(scores, dict) else {}
+    by_step[result.step] = {f"{b['task']}:{b['metric']}": b["value"] for b in result.benchmarks}
+    points: dict[str, dict[int, float]] = {}
+    for step, scores in by_step.items():
+        for name, value in scores.items():
+            if isinstance(value, int | float) and math.isfinite(value):
+                points.setdefault(str(name), {})[step] = float(value)
+    return {name: sorted(points[name].items()) for name in sorted(points)}
+
+
 def checkpoint_times(run: RunPaths) -> dict[int, float]:
     """The committed checkpoints kept on the volume: step -> commit time (commit.json's; 0 when unreadable). Older
     ones were deleted as newer ones came (--keep-checkpoints): the evaluated ones are in the eval history."""
@@ -177,7 +199,8 @@ def resumes(run: RunPaths, rows: list[dict[str, Any]]) -> list[Resume]:
 
 def curve_figures(curves: Curves) -> list[tuple[str, str, Any]]:
     """The report's plots as (element id, description, matplotlib Figure): loss (train, val, evaluations, the
-    baseline's, checkpoints and resumes), learning rate, gradient norm, tokens/s. Every magnitude's axis starts at
+    baseline's, checkpoints and resumes), a mixture's datasets, the benchmarks of the evaluated steps, learning rate,
+    gradient norm, tokens/s. Every magnitude's axis starts at
     zero, so a dip reads at its true size. Figures without pyplot: no global state, no GUI backend."""
     from matplotlib.figure import Figure
 
@@ -216,7 +239,11 @@ def curve_figures(curves: Curves) -> list[tuple[str, str, Any]]:
     # The loss keeps its natural range, not zero: it falls from about ln(vocab) toward the text's entropy, never to
     # zero, and an axis from zero would squeeze the late steps, where checkpoints and runs differ, into a thin band.
     axis.legend(fontsize="small")
-    figures = [("curve-loss", "loss against step", loss), *dataset_figures(curves, figure)]
+    figures = [
+        ("curve-loss", "loss against step", loss),
+        *dataset_figures(curves, figure),
+        *benchmark_figures(curves, figure),
+    ]
     for key, title in (
         ("lr", "learning rate"),
         ("grad_norm", "gradient norm (before clipping)"),
@@ -263,6 +290,36 @@ def dataset_figures(curves: Curves, figure: Any) -> list[tuple[str, str, Any]]:
         axis.set_ylim(bottom=0)
         axis.legend(fontsize="small")
         figures.append(("curve-dataset-tokens", "tokens trained per dataset against step", made))
+    return figures
+
+
+def benchmark_figures(curves: Curves, figure: Any) -> list[tuple[str, str, Any]]:
+    """The benchmarks against step, one marked line per task and metric over the evaluated steps: the accuracies
+    (shares of items, 0 to 1) on one plot, a task's metrics in its colour (acc solid, acc_norm dashed); perplexities
+    on their own, on a log axis (they fall by orders of magnitude as a model learns). None without benchmarks."""
+    accuracies = {n: p for n, p in curves.benchmarks.items() if n.rpartition(":")[2] in ACCURACIES}
+    perplexities = {n: p for n, p in curves.benchmarks.items() if n.rpartition(":")[2] == "perplexity"}
+    tasks = list(dict.fromkeys(n.partition(":")[0] for n in curves.benchmarks))
+    figures = []
+    if accuracies:
+        made, axis = figure("benchmarks (accuracy)")
+        for name, points in accuracies.items():
+            task, _, metric = name.partition(":")
+            style = "s--" if metric == "acc_norm" else "o-"
+            axis.plot(*zip(*points, strict=True), style, ms=4, color=f"C{tasks.index(task) % 10}", label=name)
+        axis.set_ylim(0, 1)
+        axis.legend(fontsize="small", ncols=2)
+        figures.append(("curve-benchmarks", "benchmarks against step", made))
+    if perplexities:
+        made, axis = figure("benchmark perplexity")
+        for name, points in perplexities.items():
+            shown = [(step, value) for step, value in points if value > 0]  # a log axis
+            if shown:
+                color = f"C{tasks.index(name.partition(':')[0]) % 10}"
+                axis.plot(*zip(*shown, strict=True), "o-", ms=4, color=color, label=name)
+        axis.set_yscale("log")
+        axis.legend(fontsize="small")
+        figures.append(("curve-benchmark-perplexity", "benchmark perplexity against step", made))
     return figures
 
 
@@ -391,7 +448,15 @@ def html_report(result: EvalResult, run: RunPaths) -> str:
     resumed = "; ".join(f"attempt {r.attempt} went on from step {r.step}" for r in curves.resumes) or "none"
     per_dataset = (
         f"<h3>Per dataset</h3>\n{html_table('datasets', result.dataset_columns(), result.dataset_rows())}\n"
+        f'<p id="weighting">{html.escape(WEIGHTING)}</p>\n'
         if result.datasets
+        else ""
+    )
+    training = f'<p id="training-eval">{html.escape(result.training_line())}</p>\n' if result.training_eval else ""
+    benchmarks = (
+        f"<h2>Benchmarks</h2>\n{html_table('benchmarks', result.benchmark_columns(), result.benchmark_rows())}\n"
+        f"<p>{html.escape(BENCHMARKS_NOTE)}</p>\n"
+        if result.benchmarks
         else ""
     )
     samples = "".join(
@@ -417,7 +482,7 @@ background:#f6f6f6;padding:6px;margin:0.3em 0 1em}}
 {result.val_tokens:,} held-out tokens evaluated. {html.escape(result.gate_line())}</p>
 <h2>Validation</h2>
 {html_table("eval", result.table_columns(), result.table_rows())}
-{per_dataset}<h2>Training</h2>
+{training}{per_dataset}{benchmarks}<h2>Training</h2>
 <div class="plots">{plots or "<p>No training metrics.</p>"}</div>
 <p>Checkpoints (dotted): those kept and those evaluated. Resumes (dashed): {html.escape(resumed)}.</p>
 <p>{html.escape(result.health_line())}</p>

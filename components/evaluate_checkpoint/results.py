@@ -9,6 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NOT_RECORDED = "not recorded"
+WEIGHTING = (
+    "Totals: each dataset weighted by its share of the mixture (as training drew them), not by its val tokens; bits "
+    "per byte is that blend's nats over its bytes."
+)
+BENCHMARKS_NOTE = (
+    "Scored by lm-evaluation-harness on the staged task data (each task's copy is named by its content hash in "
+    "eval.json): acc is the share of items whose most likely choice is right, acc_norm the same with each choice's "
+    "log-likelihood divided by its length in characters."
+)
 EXPORT_RECORD = "export.json"  # in the export: which checkpoint its weights are
 
 
@@ -49,9 +58,15 @@ class EvalResult:
     report_dir: str = ""  # eval/step_<N>/: this evaluation's own files, whatever is evaluated after
     parameters: int = 0  # the model's weights (tied ones once)
     train_split_tokens: int = 0  # the snapshot's train split (a mixture's: all its datasets'): gives the epochs
-    # A mixture's datasets (dataset_results), in its order; the val figures above are then their totals (the
-    # token-weighted mean loss; bits per byte of the summed nats and bytes). [] for a run of one dataset.
+    # A mixture's datasets (dataset_results), in its order; the val figures above are then their totals, each
+    # dataset weighted by its share of the mixture (WEIGHTING). [] for a run of one dataset.
     datasets: list[dict[str, Any]] = field(default_factory=list)
+    # The trainer's own val figures at this step (its --eval-every row: measure.py training_eval), shown beside these:
+    # val_loss, val_bits_per_byte, val_tokens, eval_tokens, batch_size, datasets (name: val_loss). None: no such row.
+    training_eval: dict[str, Any] | None = None
+    # The benchmarks run (benchmarks.py benchmark_rows): task, metric, value, stderr, shots, items, data_sha256, and
+    # the starting model's and the baseline's value (None when the baseline did not measure the same).
+    benchmarks: list[dict[str, Any]] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         values = {
@@ -66,6 +81,7 @@ class EvalResult:
             "gate_passed": float(self.gate_passed),
         }
         values |= {f"val_loss_{d['dataset']}": d["val_loss"] for d in self.datasets}
+        values |= {f"{b['task']}_{b['metric']}": b["value"] for b in self.benchmarks}
         return {k: float(v) for k, v in values.items() if v is not None}
 
     def table_columns(self) -> list[str]:
@@ -117,6 +133,36 @@ class EvalResult:
             )
         return rows
 
+    def benchmark_columns(self) -> list[str]:
+        baseline = (
+            [f"baseline {self.baseline_run_id}"]
+            if any(b["baseline_value"] is not None for b in self.benchmarks)
+            else []
+        )
+        return ["task", "shots", "items", "metric", "trained", "± stderr", self.start, *baseline]
+
+    def benchmark_rows(self) -> list[tuple[str, ...]]:
+        """Each benchmark metric of the trained model (with lm-eval's standard error), the starting model's and the
+        baseline's (when it measured the same task, shots and data)."""
+
+        def shown(value: float | None) -> str:
+            return "" if value is None else f"{value:.4f}"
+
+        baseline = len(self.benchmark_columns()) > 7
+        return [
+            (
+                b["task"],
+                str(b["shots"]),
+                f"{b['items']:,}",
+                b["metric"],
+                shown(b["value"]),
+                shown(b["stderr"]),
+                shown(b["start_value"]),
+                *([shown(b["baseline_value"])] if baseline else []),
+            )
+            for b in self.benchmarks
+        ]
+
     def gate_line(self) -> str:
         if not self.gate_reasons:
             return "Gate: none set."
@@ -129,23 +175,34 @@ class EvalResult:
                 "",
                 f"Checkpoint `{self.checkpoint}` at step {self.step} ({self.train_tokens_seen:,} training tokens).",
                 "",
-                "| " + " | ".join(self.table_columns()) + " |",
-                "|" + " --- |" * len(self.table_columns()),
-                *("| " + " | ".join(row) + " |" for row in self.table_rows()),
+                *markdown_table(self.table_columns(), self.table_rows()),
                 "",
                 f"Evaluated on {self.val_tokens:,} held-out tokens{self.totals_note()}; training lowered the loss by "
                 f"{self.loss_reduction:.4f} nats/token. {self.gate_line()}",
                 "",
+                *([self.training_line(), ""] if self.training_eval else []),
                 *(
                     [
                         "Per dataset:",
                         "",
-                        "| " + " | ".join(self.dataset_columns()) + " |",
-                        "|" + " --- |" * len(self.dataset_columns()),
-                        *("| " + " | ".join(row) + " |" for row in self.dataset_rows()),
+                        *markdown_table(self.dataset_columns(), self.dataset_rows()),
+                        "",
+                        WEIGHTING,
                         "",
                     ]
                     if self.datasets
+                    else []
+                ),
+                *(
+                    [
+                        "## Benchmarks",
+                        "",
+                        *markdown_table(self.benchmark_columns(), self.benchmark_rows()),
+                        "",
+                        BENCHMARKS_NOTE,
+                        "",
+                    ]
+                    if self.benchmarks
                     else []
                 ),
                 self.health_line(),
@@ -161,8 +218,30 @@ class EvalResult:
         if not self.datasets:
             return ""
         return (
-            f" of the {len(self.datasets)} datasets' val splits (the figures are their totals, the loss their "
-            "token-weighted mean)"
+            f" of the {len(self.datasets)} datasets' val splits (the figures are their totals, weighted by the "
+            "mixture's shares)"
+        )
+
+    def training_line(self) -> str:
+        """The trainer's own val loss at this step (--eval-every) beside this evaluation's. Both read each val split's
+        first windows with the same function, so over the same tokens they agree (exactly in fp32; on a GPU up to
+        bf16 and the batches); over other tokens (--eval-tokens is not max_tokens) they differ as that text does."""
+        theirs = self.training_eval or {}
+        each = ", ".join(f"{name} {loss:.4f}" for name, loss in (theirs.get("datasets") or {}).items())
+        tokens = theirs.get("val_tokens")
+        budget = f", --eval-tokens {theirs['eval_tokens']:,} of each" if theirs.get("eval_tokens") else ""
+        batch = f", batches of {theirs['batch_size']}" if theirs.get("batch_size") else ""
+        if tokens == self.val_tokens:
+            why = "the same val tokens as here: the same figures, up to the precision and batches each computed in"
+        else:
+            why = (
+                f"not the {self.val_tokens:,} read here: each reads the first windows of the val split"
+                f"{'s' if self.datasets else ''}, so the figures differ as that text does"
+            )
+        read = f"{tokens:,} tokens" if isinstance(tokens, int) else "tokens not recorded"
+        return (
+            f"Training measured step {self.step} too (--eval-every): val loss {theirs['val_loss']:.4f}"
+            f"{f' ({each})' if each else ''} over {read}{budget}{batch}; {why}."
         )
 
     def export_line(self) -> str:
@@ -181,3 +260,11 @@ class EvalResult:
             f"Training health: {self.skipped_steps} step(s) skipped for a non-finite loss or gradient norm; "
             f"{len(self.loss_spikes)} loss spike(s){': ' + spikes + more if spikes else ''}."
         )
+
+
+def markdown_table(columns: list[str], rows: list[tuple[str, ...]]) -> list[str]:
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|" + " --- |" * len(columns),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]

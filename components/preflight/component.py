@@ -24,13 +24,15 @@ def preflight(
     instance_type: str,
     job_options: dict,
     platform: dict,
+    evaluation: dict,
     warn_only: bool,
     report: dsl.Output[dsl.Markdown],
 ):
     """Check the cluster for the job the launcher would create (job API, runtime, queue, permissions, FSx PVC,
-    checkpoint throughput, nodes, device plugins, image, memory, the MLflow server); fails on any failed check unless
-    `warn_only`."""
+    checkpoint throughput, nodes, device plugins, image, memory, the MLflow server) and the evaluate step's GPU and
+    memory (`evaluation`, compiled in) for its model; fails on any failed check unless `warn_only`."""
     from common.errors import StepFailed
+    from components.evaluate_checkpoint.resources import EvaluationResources
     from components.kfp_support import setup_logging
     from components.launch_training.config import LaunchConfig
     from components.preflight.core import preflight as run
@@ -62,7 +64,8 @@ def preflight(
             owner_reference=False,  # the job is not created here: whose pod owns it does not matter
             platform=platform,
         )
-        result = run(config, warn_only=warn_only)  # validates the config first (not the storage: not staged yet)
+        # Validates the config first (not the storage: not staged yet).
+        result = run(config, warn_only=warn_only, evaluation=EvaluationResources.from_dict(evaluation))
         with open(report.path, "w") as f:
             f.write(result.markdown())
         if backend == "local":  # every check is n/a: nothing was checked, so there is no verdict to record

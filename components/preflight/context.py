@@ -12,6 +12,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from components.evaluate_checkpoint.resources import EvaluationResources
 from components.kube import Kube
 from components.launch_training.apis import api_of
 from components.launch_training.job_api import JobApi
@@ -28,7 +29,8 @@ ASSUMED_VOCAB = 8192
 
 
 class Context:
-    """The manifest's facts the checks need, and the API groups to read the cluster with."""
+    """The manifest's facts the checks need, the evaluate step's resources, and the API groups to read the cluster
+    with."""
 
     def __init__(
         self,
@@ -40,9 +42,11 @@ class Context:
         pod: dict[str, Any] | None = None,
         runtime: dict[str, Any] | None = None,
         model: dict[str, Any] | str | None = None,
+        evaluation: EvaluationResources | None = None,
     ):
         self.job, self.kube, self.memory_gib, self.instance_type = job, kube, memory_gib, instance_type
         self.model = model  # a published model's config.json (a string: why it was not read); None: a preset
+        self.evaluation = evaluation or EvaluationResources()  # the evaluate step's pod (None: the default compile's)
         self.api: JobApi = api_of(job)
         self.runtime = runtime  # a TrainJob's: the ClusterTrainingRuntime the compiled pipeline expects
         self.namespace: str = job["metadata"]["namespace"]

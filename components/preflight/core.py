@@ -4,7 +4,8 @@ The manifest is rendered with the launcher's own `render_job(cfg.job_spec())` (a
 pod its runtime makes) and everything checked comes from it: the job API and its operator (and a TrainJob's
 runtime), the Kueue queue, namespace, the worker's resources, nodeSelector, node affinity, tolerations, the PVC,
 /dev/shm, the image, the node counts, the auto-resume annotation, and the trainer's preset, grace period and torchrun
-shutdown timeout (what a SIGTERM's checkpoint must write, and in how long). Each check is pass, warn, fail or n/a
+shutdown timeout (what a SIGTERM's checkpoint must write, and in how long); beside it, the evaluate step's GPU and
+memory limit as compiled (`EvaluationResources`), against the same model. Each check is pass, warn, fail or n/a
 with a one-line reason and a one-line fix (the seed's troubleshooting table where it has one). Every call goes
 through `Kube.call` (timeouts, retries of transient errors); any other API error fails only its own check, and a 403
 on reading cluster state warns (the step's service account may not be allowed to look), so the other checks still
@@ -25,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from common.errors import InputError, StepFailed
 from common.s3 import S3Settings, S3Source
+from components.evaluate_checkpoint.resources import EvaluationResources
 from components.kube import Kube, KubeSettings, api_client_from_environment, describe
 from components.launch_training.apis import job_api
 from components.launch_training.config import LaunchConfig
@@ -32,6 +34,7 @@ from components.preflight.checkpoint_throughput import check_checkpoint_throughp
 from components.preflight.context import Context
 from components.preflight.crd import check_crd
 from components.preflight.device_plugins import check_device_plugins
+from components.preflight.evaluation_memory import check_evaluation_memory
 from components.preflight.fsx_pvc import check_pvc
 from components.preflight.gpu_memory import check_gpu_memory
 from components.preflight.image import check_image
@@ -60,6 +63,7 @@ CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("image", check_image),
     ("memory", check_memory),
     ("gpu-memory", check_gpu_memory),
+    ("evaluation-memory", check_evaluation_memory),
     ("mlflow", check_mlflow),
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
@@ -73,9 +77,15 @@ API_CHECKS = frozenset(
 
 
 def preflight(
-    cfg: LaunchConfig, api_client: Any = None, *, warn_only: bool = False, settings: KubeSettings | None = None
+    cfg: LaunchConfig,
+    api_client: Any = None,
+    *,
+    warn_only: bool = False,
+    settings: KubeSettings | None = None,
+    evaluation: EvaluationResources | None = None,
 ) -> PreflightResult:
-    """Check the cluster for the PyTorchJob `cfg` makes; `api_client` replaces the in-cluster/kubeconfig one."""
+    """Check the cluster for the PyTorchJob `cfg` makes, and the evaluate step's resources (`evaluation`; None: the
+    default compile's) for its model; `api_client` replaces the in-cluster/kubeconfig one."""
     if cfg.backend == "local":
         reason = "backend local: torchrun runs on this machine, there is no cluster to check"
         return PreflightResult([Check(name, NOT_APPLICABLE, reason) for name in CHECK_NAMES], warn_only, "local run")
@@ -91,6 +101,7 @@ def preflight(
         pod=api.runtime_pod(spec),
         runtime=api.runtime_manifest(spec),
         model=published_config(cfg) if cfg.init_from_model else None,
+        evaluation=evaluation,
     )
 
 
@@ -126,13 +137,15 @@ def check_manifest(
     pod: dict[str, Any] | None = None,
     runtime: dict[str, Any] | None = None,
     model: dict[str, Any] | str | None = None,
+    evaluation: EvaluationResources | None = None,
 ) -> PreflightResult:
     """Check the cluster for a rendered job (`render_job`'s dict); `memory_gib`: the instance's. A TrainJob comes
     with the pod template its runtime makes of it (`pod`) and the runtime it expects (`runtime`); a run from a
-    published model with its config.json (`model`; a string: why it could not be read)."""
+    published model with its config.json (`model`; a string: why it could not be read); the evaluate step's
+    resources (`evaluation`; None: the default compile's)."""
     api_client = api_client or api_client_from_environment()
     kube = Kube(api_client, settings or KubeSettings())
-    ctx = Context(job, kube, api_client, memory_gib, instance_type, pod, runtime, model)
+    ctx = Context(job, kube, api_client, memory_gib, instance_type, pod, runtime, model, evaluation)
     checks = [_guarded(name, fn, ctx) for name, fn in CHECKS]
     for c in checks:  # the log is all a failed step shows in the KFP UI (no artifact is uploaded): the fix goes too
         level = {FAIL: logging.ERROR, WARN: logging.WARNING}.get(c.status, logging.INFO)

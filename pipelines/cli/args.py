@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from components.evaluate_checkpoint.benchmarks import DEFAULT_BENCHMARKS
 from components.launch_training.job_api import DEFAULT_JOB_API, JOB_APIS
 from components.launch_training.manifest import DEFAULT_RUNTIME
 from components.launch_training.platform import Platform
@@ -360,3 +361,25 @@ def platform_from_args(args: argparse.Namespace, namespaces: list[str], registri
 # own (--source) is staged whole, less DEFAULT_EXCLUDE, unless --include says.
 DEMO_INCLUDE = ["*.py"]
 SOURCE_INCLUDE = ["*"]
+
+
+def add_benchmark_args(p: argparse._ActionsContainer) -> None:
+    """The benchmarks an evaluation runs (evaluate's and run-local's flags)."""
+    p.add_argument(
+        "--benchmarks",
+        default="",
+        help=f"lm-evaluation-harness tasks to score, task or task:shots, comma-separated (e.g. {DEFAULT_BENCHMARKS}); "
+        "their data must be staged (--benchmark-data)",
+    )
+    p.add_argument(
+        "--benchmark-data",
+        default="",
+        help="where the tasks' data is mirrored, one folder per task (s3://bucket/prefix or a local directory): "
+        "staged onto the storage root first; empty: what is staged already",
+    )
+    p.add_argument("--benchmark-limit", type=non_negative_int, default=0, help="items of each task at most (0: all)")
+    p.add_argument(
+        "--benchmark-gate",
+        default="",
+        help="gate: thresholds on benchmark metrics, e.g. 'hellaswag:acc_norm>=0.30,piqa:acc>0.6'",
+    )

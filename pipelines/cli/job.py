@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from common.errors import InputError, StepFailed
+from components.evaluate_checkpoint.resources import EvaluationResources
 from pipelines import CLUSTER_DEFAULTS
 from pipelines.cli.args import (
     add_cluster_args,
@@ -112,8 +113,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from components.preflight.core import preflight
     from components.preflight.result import failure_message
 
-    config, warn_only = preflight_settings(args)
-    result = preflight(config, warn_only=warn_only)
+    config, warn_only, evaluation = preflight_settings(args)
+    result = preflight(config, warn_only=warn_only, evaluation=evaluation)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.markdown())
     if not result.passed:
         raise StepFailed(failure_message(result).removeprefix("preflight failed: "))  # the CLI says "failed: "
@@ -174,10 +175,16 @@ def submitted_inputs(args: argparse.Namespace, step: str) -> dict[str, Any] | No
     return Package.load(Path(args.pipeline_file)).submitted_inputs(args.param, step, run)
 
 
-def preflight_settings(args: argparse.Namespace) -> tuple[LaunchConfig, bool]:
-    """The preflight's job and whether it only warns: --warn-only, or with --pipeline-file the preflight step's own
-    warn_only (the preflight_warn_only parameter), as a run would check."""
+def preflight_settings(args: argparse.Namespace) -> tuple[LaunchConfig, bool, EvaluationResources | None]:
+    """The preflight's job, whether it only warns (--warn-only, or with --pipeline-file the preflight step's own
+    warn_only, the preflight_warn_only parameter, as a run would check) and the evaluate step's resources: with
+    --pipeline-file those compiled into it, else None (the default compile's)."""
     inputs = submitted_inputs(args, "preflight")
     if inputs is None:
-        return launch_config(args), args.warn_only
-    return step_config(inputs), args.warn_only or inputs.get("warn_only") is True
+        return launch_config(args), args.warn_only, None
+    evaluation = inputs.get("evaluation")  # a package compiled before the step had it: the default compile's
+    return (
+        step_config(inputs),
+        args.warn_only or inputs.get("warn_only") is True,
+        EvaluationResources.from_dict(evaluation) if isinstance(evaluation, dict) else None,
+    )

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError, StepFailed
+from components.evaluate_checkpoint.benchmarks import DEFAULT_BENCHMARKS
+from components.evaluate_checkpoint.inputs import LATEST, UNEVALUATED
+from components.evaluate_checkpoint.resources import EvaluationResources
 from components.stage_data import SAMPLE_MB, SHARD_TOKENS, TEXT_FIELD, VAL_FRACTION, VOCAB_SIZE
 from components.stage_data.settings import StageSettings
 from components.stage_data.snapshots import prune_snapshots
@@ -22,11 +25,13 @@ from pipelines import COMPILED_PIPELINE
 from pipelines.cli.args import (
     DEMO_INCLUDE,
     SOURCE_INCLUDE,
+    add_benchmark_args,
     add_mixture_arg,
     add_platform_args,
     add_storage_args,
     command,
     key_value,
+    non_negative_int,
     platform_from_args,
     positive_int,
     toleration,
@@ -40,6 +45,7 @@ from trainer.tracking import where_to_look
 # `hyperpod-pretrain --help` loads none.
 
 log = logging.getLogger("hyperpod-pretrain")
+EVALUATION = EvaluationResources()  # the evaluate step's pod by default: compile's --evaluation-* flags
 
 EXAMPLES = {  # each command's example, ending its --help (a test parses each)
     "compile": "compile --image-registry 123456789012.dkr.ecr.us-west-2.amazonaws.com --tag v0.2.0 "
@@ -89,7 +95,8 @@ def add_compile(sub: Any) -> None:
         default="",
         metavar="REGISTRY",
         help="where docker/build.sh pushed the images, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com: "
-        "the steps run in REGISTRY/hyperpod-pretrain-components:TAG and trainer_image defaults to "
+        "the steps run in REGISTRY/hyperpod-pretrain-components:TAG (the evaluation on a GPU in "
+        "REGISTRY/hyperpod-pretrain-evaluator:TAG) and trainer_image defaults to "
         "REGISTRY/hyperpod-pretrain-trainer:TAG",
     )
     p.add_argument("--tag", default="", help="the images' tag (default: the project's version)")
@@ -100,6 +107,35 @@ def add_compile(sub: Any) -> None:
         metavar="URI",
         help="the team's MLflow tracking server (http(s):// or a SageMaker MLflow ARN): the "
         "mlflow_tracking_uri parameter's default (default: none)",
+    )
+    evaluation = p.add_argument_group(
+        "evaluation", "where the evaluate step runs; the preflight's evaluation-memory check holds the model to it"
+    )
+    evaluation.add_argument(
+        "--evaluation-gpus",
+        type=non_negative_int,
+        default=EVALUATION.gpus,
+        metavar="N",
+        help="1: on a GPU of the training nodes (the trainer pods' node selector and tolerations), the model in "
+        "bf16, in the evaluator image; 0: on the CPU, in fp32, in the components image (a cluster without a "
+        "spare GPU)",
+    )
+    evaluation.add_argument(
+        "--evaluation-cpu", default=EVALUATION.cpu, metavar="CPU", help="the evaluate step's CPUs (e.g. 8, 500m)"
+    )
+    evaluation.add_argument(
+        "--evaluation-memory",
+        default=EVALUATION.memory,
+        metavar="QUANTITY",
+        help="the evaluate step's memory limit (e.g. 64Gi): on the CPU it holds the fp32 model, 4 bytes a parameter",
+    )
+    evaluation.add_argument(
+        "--benchmark-data-s3-uri",
+        default="",
+        metavar="URI",
+        help="where the team mirrored lm-evaluation-harness tasks' data (s3://bucket/prefix, a folder per task; "
+        "docs/evaluation.md): the benchmark_data_uri parameter's default, and then the benchmarks parameter "
+        f"defaults to {DEFAULT_BENCHMARKS} (default: none, and no benchmarks)",
     )
     p.set_defaults(func=cmd_compile)
 
@@ -119,7 +155,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         image_pull_secrets=args.image_pull_secret,
         images=images,
         mlflow_tracking_uri=args.mlflow_tracking_uri,
+        benchmark_data_s3_uri=args.benchmark_data_s3_uri,
     )
+    platform.evaluate_with(EvaluationResources(args.evaluation_gpus, args.evaluation_cpu, args.evaluation_memory))
     output = Path(args.output)
     if not args.check:
         compile_pipeline(output, platform)
@@ -200,6 +238,15 @@ def add_run_local(sub: Any) -> None:
     )
     p.add_argument("--pipeline-file", default=str(COMPILED_PIPELINE), help="the compiled pipeline to run")
     add_train_args(p.add_argument_group("training", "the trainer's settings"))
+    p.add_argument(
+        "--eval-checkpoints",
+        default=LATEST,
+        metavar="WHICH",
+        help=f"the checkpoints the evaluate step measures (the eval_checkpoints parameter): {LATEST!r}, "
+        f"{UNEVALUATED!r} (each one not evaluated yet, oldest first), or steps, e.g. 100,200; the newest of them is "
+        "gated and exported",
+    )
+    add_benchmark_args(p.add_argument_group("benchmarks", "what the evaluation scores besides the val loss"))
     add_endpoint_arg(p.add_argument_group("S3"))
     p.set_defaults(func=cmd_run_local)
 

@@ -1,5 +1,5 @@
 """What runs left on the volume: verify-nccl (a run's NCCL logs and comms self-test reports), runs (the runs on a
-storage root) and evaluate (a checkpoint on the val split, and its gate)."""
+storage root) and evaluate (a run's checkpoints on the val split, and the gate)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from dataclasses import asdict
 from typing import Any
 
 from common.errors import InputError, StepFailed
-from pipelines.cli.args import add_storage_args, command, positive_int
+from components.evaluate_checkpoint.benchmarks import BenchmarkSettings
+from components.evaluate_checkpoint.inputs import DTYPES, LATEST, UNEVALUATED
+from pipelines.cli.args import add_benchmark_args, add_storage_args, command, positive_int
 from pipelines.runs import list_runs, render_table
 
 # The imports inside functions are heavy (torch; verify_nccl's multiprocessing, 0.1 s): only the command that runs
@@ -122,10 +124,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def add_evaluate(sub: Any) -> None:
     """evaluate: a run's checkpoint on the val split."""
-    p = command(sub, "evaluate", "evaluate a run's latest checkpoint on the val split", EXAMPLES["evaluate"])
+    p = command(sub, "evaluate", "evaluate a run's checkpoints on the val split", EXAMPLES["evaluate"])
     add_storage_args(p)
     p.add_argument("--max-tokens", type=positive_int, default=65536, help="val tokens to evaluate at most")
-    p.add_argument("--checkpoint", default="latest", help="'latest' or a step number")
+    p.add_argument(
+        "--checkpoint",
+        default=LATEST,
+        metavar="WHICH",
+        help=f"{LATEST!r} (the newest committed), {UNEVALUATED!r} (each committed checkpoint not evaluated yet, "
+        "oldest first; the newest again when all are), or steps, e.g. 100 or 100,200; only the newest evaluated is "
+        "gated and exported",
+    )
     p.add_argument("--max-val-loss", type=float, default=0.0, help="gate: fail above this val loss (0: none)")
     p.add_argument("--baseline-run-id", default="", help="gate: a run id, or 'previous', to be no worse than")
     p.add_argument(
@@ -138,14 +147,22 @@ def add_evaluate(sub: Any) -> None:
         help="gate: the baseline's evaluation of this step (0: its newest evaluated)",
     )
     p.add_argument("--gate-warn-only", action="store_true", help="a failed gate warns instead of failing")
+    add_benchmark_args(p)
     p.add_argument("--no-export", action="store_true", help="skip the Hugging Face export to <run>/export/")
     p.add_argument("--export-s3-uri", default="", help="also upload the export to s3://bucket/prefix")
     p.add_argument("--endpoint-url", default="", help="an S3-compatible endpoint for the upload")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="the models' dtype while evaluated (auto: bfloat16 on a GPU, float32 on a CPU); the export's too, "
+        "unless the run began from a published model",
+    )
     p.set_defaults(func=cmd_evaluate)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from components.evaluate_checkpoint.core import evaluate_checkpoint
+    from components.evaluate_checkpoint.checkpoints import evaluate_checkpoints
     from components.evaluate_checkpoint.gate import Gate
 
     gate = Gate(
@@ -153,18 +170,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         baseline_run_id=args.baseline_run_id,
         baseline_margin=args.baseline_margin,
         baseline_step=args.baseline_step,
+        benchmarks=args.benchmark_gate,
         warn_only=args.gate_warn_only,
     )
-    result = evaluate_checkpoint(
+    results = evaluate_checkpoints(
         args.storage_root,
         args.dataset,
         args.run_id,
         max_tokens=args.max_tokens,
-        checkpoint=args.checkpoint,
+        checkpoints=args.checkpoint,
         gate=gate,
         export=not args.no_export,
         export_s3_uri=args.export_s3_uri,
         s3_endpoint_url=args.endpoint_url,
+        dtype=args.dtype,
+        benchmarks=BenchmarkSettings(args.benchmarks, args.benchmark_data, args.benchmark_limit),
     )
-    print(result.markdown())
+    print("\n\n".join(result.markdown() for result in results))
     return 0

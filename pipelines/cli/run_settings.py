@@ -161,6 +161,11 @@ def run_local_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "init_from_model": absolute(args.init_from_model),
         "s3_endpoint_url": args.endpoint_url,
         "eval_max_tokens": 65536,
+        "eval_checkpoints": args.eval_checkpoints,
+        "benchmarks": args.benchmarks,
+        "benchmark_data_uri": absolute(args.benchmark_data),
+        "benchmark_limit": args.benchmark_limit,
+        "benchmark_gate": args.benchmark_gate,
     }
 
 
