@@ -631,9 +631,11 @@ def run_benchmarks(
     batch_size: int,
     device: torch.device | str,
     limit: int | None = None,
+    which: str = "the model",
 ) -> list[BenchmarkResult]:
     """Each task's metrics on `model` (where it is: `device` must be its device), over the first `limit` documents
-    of its scored split (all by default), in the order of `tasks`.
+    of its scored split (all by default), in the order of `tasks`; the log lines name the model as `which` (an
+    evaluation scores the checkpoint's, then the starting model).
 
     lm-eval's HFLM encodes with the tokenizer's own special tokens (its add_bos_token left unset): the snapshot's
     tokenizer puts BOS first, so every context and continuation is scored as a document training saw, [BOS] text;
@@ -650,7 +652,12 @@ def run_benchmarks(
         raise ValueError(f"the model is on {at}, not on {device}")
     loaded = load_tasks(tasks, data)
     shas = {task.name: content_sha256(data[task.name]) for task in tasks}
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, softmax_dtype=torch.float32)
+    # HFLM warns, at each model handed to it, that a model in memory takes no loading arguments: none are given
+    with (
+        _dropped("lm_eval.models.huggingface", "model kwarg is not of type"),
+        _dropped("lm_eval.models.huggingface", "already-initialized model"),
+    ):
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, softmax_dtype=torch.float32)
     # lm-eval warns once per request longer than the model's positions (it keeps their last tokens): said once here
     with _bootstrap_in_process(), _dropped("lm_eval.models.huggingface", "Combined length of context") as cut:
         out = evaluate(
@@ -664,9 +671,10 @@ def run_benchmarks(
         )
     if cut.count:
         log.warning(
-            "%d benchmark request(s) were longer than the model's %d positions: their first tokens were left out, "
+            "%d benchmark request(s) to %s were longer than its %d positions: their first tokens were left out, "
             "as lm-eval does",
             cut.count,
+            which,
             lm.max_length,
         )
     results = []
@@ -687,8 +695,9 @@ def run_benchmarks(
                 )
             )
         log.info(
-            "benchmark %s (%d-shot, %d items): %s",
+            "benchmark %s of %s (%d-shot, %d items): %s",
             task.name,
+            which,
             task.shots,
             items,
             ", ".join(f"{r.metric} {r.value:.4f}" for r in results if r.task == task.name),

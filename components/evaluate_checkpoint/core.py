@@ -109,14 +109,14 @@ def evaluate_checkpoint(
     trained = measure_splits(model, vals, seq_len, max_tokens, batch_size, device, text_bytes)
     samples = greedy_samples(model, tokenizer, device)
     lm_tokenizer, limit = hf_tokenizer(snapshot_dir), benchmarks.limit or None
-    scores = run_benchmarks(model, lm_tokenizer, tasks, task_data, batch_size, device, limit)
+    scores = run_benchmarks(model, lm_tokenizer, tasks, task_data, batch_size, device, limit, f"step {state['step']}")
     record = export_record(run_id, int(state["step"]), str(found.path), (dataset, snapshot_dir.name))
     exported = export_evaluated(model, precision, record, snapshot_dir, run, config, export)
     del model
     release_memory()
     start, started_from = starting_model(model_config, config, device, precision)
     measured = beside_start(trained, measure_splits(start, vals, seq_len, max_tokens, batch_size, device, text_bytes))
-    start_scores = run_benchmarks(start, lm_tokenizer, tasks, task_data, batch_size, device, limit)
+    start_scores = run_benchmarks(start, lm_tokenizer, tasks, task_data, batch_size, device, limit, started_from)
     del start
     val_loss, n_tokens, n_bytes, untrained = total(measured, mixture_weights(mixture))
     throughput = training_throughput(run)
