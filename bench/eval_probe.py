@@ -29,6 +29,9 @@ GIB = 2**30
 
 
 def main(snapshot: Path, work: Path, preset: str, items: int) -> None:
+    dataset = snapshot.parent.parent  # <root>/datasets/<name>/snapshots/<id>: the dataset, seen from WORK as a root
+    (work / "datasets").mkdir(parents=True, exist_ok=True)
+    (work / "datasets" / dataset.name).symlink_to(dataset, target_is_directory=True)
     parameters = make_run(work, preset, snapshot)
     tasks = write_task_data(work / "benchmark-mirror", items=items)
     benchmarks = BenchmarkSettings("hellaswag,piqa,lambada_openai", str(tasks["piqa"].parent), items)
@@ -36,9 +39,7 @@ def main(snapshot: Path, work: Path, preset: str, items: int) -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     started = time.monotonic()
-    result = evaluate_checkpoint(
-        str(work), snapshot.parent.parent.name, preset, max_tokens=65536, batch_size=8, benchmarks=benchmarks
-    )
+    result = evaluate_checkpoint(str(work), dataset.name, preset, max_tokens=65536, batch_size=8, benchmarks=benchmarks)
     print(
         json.dumps(
             {

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine import RESULTS, answer_child, append_section, machine_lines, proc_field
+from machine import RESULTS, answer_child, append_section, machine_lines, memory_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -275,9 +275,9 @@ def write_one_row_group(path: Path, text_bytes: int, maker: TextMaker) -> dict[s
 
 
 def peak_mb() -> float:
-    """This process's peak resident memory (VmHWM: starts afresh at exec, unlike ru_maxrss across fork)."""
-    kb = proc_field(Path("/proc/self/status"), "VmHWM").removesuffix("kB").strip()
-    return int(kb) / 1024 if kb.isdigit() else float("nan")
+    """This process's peak resident memory (VmHWM)."""
+    peak = memory_bytes("VmHWM")
+    return peak / 2**20 if peak >= 0 else float("nan")
 
 
 def cpu_now() -> dict[str, float]:

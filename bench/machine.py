@@ -27,6 +27,14 @@ def proc_field(path: Path, key: str) -> str:
     return ""
 
 
+def memory_bytes(key: str) -> int:
+    """A memory figure of this process from /proc/self/status (VmRSS, VmHWM...), in bytes; -1 where not readable.
+    For a child's peak read VmHWM, which starts afresh at exec: getrusage's ru_maxrss carries the parent's peak
+    across fork (or vfork) and exec (Linux's exec_mmap keeps the old mm's high-water mark)."""
+    kb = proc_field(Path("/proc/self/status"), key).removesuffix("kB").strip()
+    return int(kb) * 1024 if kb.isdigit() else -1
+
+
 def machine_lines(*packages: str) -> list[str]:
     """Platform, CPUs, memory, and the versions of Python and `packages` (from metadata: nothing imported)."""
     mem_kb = proc_field(Path("/proc/meminfo"), "MemTotal").removesuffix("kB").strip()

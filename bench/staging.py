@@ -55,7 +55,7 @@ from typing import Any
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from machine import RESULTS, answer_child, append_section, machine_lines, proc_field
+from machine import RESULTS, answer_child, append_section, machine_lines, memory_bytes
 from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -243,14 +243,13 @@ def prefix(files: list[tuple[str, int]], megabytes: float) -> list[str]:
 
 
 def child_result(started_wall: float, seconds: float, **fields: Any) -> dict[str, Any]:
-    """The child's timings, and its peak memory: VmHWM, which starts afresh at exec (ru_maxrss keeps the parent's
-    peak across fork and exec)."""
-    peak_kb = proc_field(Path("/proc/self/status"), "VmHWM").removesuffix("kB").strip()
+    """The child's timings, and its peak memory (VmHWM)."""
+    peak = memory_bytes("VmHWM")
     return {
         "start": started_wall,
         "end": started_wall + seconds,
         "seconds": seconds,
-        "peak_mb": int(peak_kb) / 1024 if peak_kb.isdigit() else float("nan"),
+        "peak_mb": peak / 2**20 if peak >= 0 else float("nan"),
         **fields,
     }
 

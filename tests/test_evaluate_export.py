@@ -11,16 +11,23 @@ import torch
 
 from common.errors import InputError
 from components.evaluate_checkpoint.core import evaluate_checkpoint
+from components.evaluate_checkpoint.export import SHARD_SIZE
 from tests.evaluate_helpers import short_samples  # noqa: F401 (a fixture the tests name)
 from trainer.layout import RunPaths
 
 
-def test_export_loads_with_from_pretrained_and_gives_the_same_loss(trained_copy: Path) -> None:
+@pytest.mark.parametrize("shard_size", [SHARD_SIZE, "100KB"], ids=["one-file", "sharded"])
+def test_export_loads_with_from_pretrained_and_gives_the_same_loss(
+    trained_copy: Path, shard_size: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In one file, or (a model larger than the shard size: an 8B export is four 5 GB files) in shards with their
+    index, as the Hub's models come."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.checkpoint import read_checkpoint
     from trainer.model import build_model, config_from_dict
 
+    monkeypatch.setattr("components.evaluate_checkpoint.export.SHARD_SIZE", shard_size)
     result = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1")
     run = RunPaths.of(trained_copy, "run-1")
     exported = AutoModelForCausalLM.from_pretrained(result.export_dir, local_files_only=True).eval()
@@ -32,7 +39,12 @@ def test_export_loads_with_from_pretrained_and_gives_the_same_loss(trained_copy:
         theirs = exported(input_ids=batch, labels=batch).loss.item()
         ours = original(input_ids=batch, labels=batch).loss.item()
     assert abs(theirs - ours) < 1e-5
-    assert (Path(result.export_dir) / "model.safetensors").is_file()
+    weights = sorted(p.name for p in Path(result.export_dir).glob("model*.safetensors*"))
+    if shard_size == SHARD_SIZE:
+        assert weights == ["model.safetensors"]
+    else:
+        shards = json.loads((Path(result.export_dir) / "model.safetensors.index.json").read_text())["weight_map"]
+        assert len(weights) > 2 and set(shards.values()) == set(weights) - {"model.safetensors.index.json"}
 
 
 @pytest.mark.usefixtures("short_samples")

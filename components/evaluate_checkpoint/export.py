@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SHARD_SIZE = "5GB"  # the Hub's usual shard (Llama 3.1 8B ships four): an 8B export is four files, not one of 16 GB
+
 
 def export_record(run_id: str, step: int, checkpoint: str, trained_on: tuple[str, str]) -> dict[str, Any]:
     """What export.json says: the checkpoint exported and the data it was trained on (dataset, snapshot), so that an
@@ -52,7 +54,9 @@ def export_model(
     model's, in the keys both transformers 4.x and 5.x read (transformers_4_rope)."""
     staging = directory.with_name(f".{directory.name}.new")
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
-    model.to("cpu", getattr(torch, dtype)).save_pretrained(staging)  # safetensors: transformers 5 writes no other
+    # On its device (a GPU's model is not moved whole to the host), written a shard at a time: what the host holds
+    # is one shard's tensors as safetensors copies them out. Safetensors: transformers 5 writes no other format.
+    model.to(getattr(torch, dtype)).save_pretrained(staging, max_shard_size=SHARD_SIZE)
     write_json(staging / "config.json", transformers_4_rope(json.loads((staging / "config.json").read_text())))
     hf_tokenizer(snapshot_dir).save_pretrained(staging)
     write_json(staging / EXPORT_RECORD, record)

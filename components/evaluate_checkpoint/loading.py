@@ -69,18 +69,19 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 def steady_host_memory() -> None:
     """Every block of 1 MiB or more mapped on its own and unmapped when freed (glibc's mallopt): by default glibc
-    raises that threshold as blocks are freed, and a model's weights then land in heaps that keep their pages, so
-    what the process holds swings from run to run (0.84 to 1.30 GB at gpt2-350m) with how its threads' heaps
-    fragment."""
+    raises that threshold as blocks are freed, and the next model's weights then land in heaps that keep their
+    pages (gpt2-350m's step held 0.98 to 1.01 GB over the process floor without this, 0.83 GB with it: 1.6x and
+    1.36x its bf16 size). Process-wide, as allocator settings are: the step's process is the evaluation's own."""
     libc = ctypes.util.find_library("c")
     if libc and hasattr(ctypes.CDLL(libc), "mallopt"):
         ctypes.CDLL(libc).mallopt(M_MMAP_THRESHOLD, 2**20)
 
 
 def release_memory() -> None:
-    """Give the memory of a model just dropped back, before the next is built: the allocator keeps freed blocks
-    (glibc's heap, CUDA's cache), and the next model, allocated in other pieces, would grow the process beside them
-    (2.2 x the bf16 model instead of 1.2 x at llama-1b: bench/RESULTS.md)."""
+    """Give the memory of a model just dropped back before the next is built: what still refers to it in a cycle
+    (lm-eval's wrapper) is collected, and CUDA's cache and glibc's heap return their free pages. With
+    steady_host_memory's threshold the weights' blocks are unmapped as they are freed anyway; the trim is for the
+    small ones (at gpt2-350m on the CPU the step's peak is the same without it, 0.83 GB over the floor)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
