@@ -84,7 +84,9 @@ def make_run(root: Path, preset: str, snapshot: Path) -> int:
 
 def child_new(spec: dict[str, Any]) -> dict[str, Any]:
     from components.evaluate_checkpoint.core import evaluate_checkpoint
+    from components.evaluate_checkpoint.loading import steady_host_memory
 
+    steady_host_memory()  # as the step's process starts (component.py, the CLI's evaluate)
     floor = memory_bytes("VmRSS")
     result = evaluate_checkpoint(
         spec["root"], "email", spec["preset"], max_tokens=MAX_TOKENS, batch_size=BATCH, dtype="bfloat16"
@@ -99,13 +101,14 @@ def child_batch(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from tokenizers import Tokenizer
 
-    from components.evaluate_checkpoint.loading import checkpoint_model
+    from components.evaluate_checkpoint.loading import checkpoint_model, steady_host_memory
     from components.evaluate_checkpoint.measure import read_checkpoint, val_split
     from trainer.data import load_meta
     from trainer.evaluation import mean_loss, token_bytes
     from trainer.layout import TOKENIZER, RunPaths
     from trainer.model import config_from_dict
 
+    steady_host_memory()
     run = RunPaths.of(spec["root"], spec["preset"])
     config = json.loads(run.config.read_text())
     found, state = read_checkpoint(run, "latest")

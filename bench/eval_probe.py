@@ -23,6 +23,7 @@ from eval_memory import make_run  # noqa: E402
 
 from components.evaluate_checkpoint.benchmarks import BenchmarkSettings  # noqa: E402
 from components.evaluate_checkpoint.core import evaluate_checkpoint  # noqa: E402
+from components.evaluate_checkpoint.loading import steady_host_memory  # noqa: E402
 from tests.benchmark_data import write_task_data  # noqa: E402
 
 GIB = 2**30
@@ -35,6 +36,7 @@ def main(snapshot: Path, work: Path, preset: str, items: int) -> None:
     parameters = make_run(work, preset, snapshot)
     tasks = write_task_data(work / "benchmark-mirror", items=items)
     benchmarks = BenchmarkSettings("hellaswag,piqa,lambada_openai", str(tasks["piqa"].parent), items)
+    steady_host_memory()  # as the step's process starts
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()

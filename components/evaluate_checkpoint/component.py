@@ -37,11 +37,13 @@ def evaluate_checkpoint(
     from components.evaluate_checkpoint.benchmarks import BenchmarkSettings
     from components.evaluate_checkpoint.checkpoints import evaluate_checkpoints
     from components.evaluate_checkpoint.gate import Gate
+    from components.evaluate_checkpoint.loading import steady_host_memory
     from components.kfp_support import log_numbers, setup_logging
     from components.run_summary.core import recorded_step
     from trainer.layout import RunPaths
 
     setup_logging()
+    steady_host_memory()
     run_paths = RunPaths.of(storage_root, run_id)
     with recorded_step(
         storage_root,

@@ -36,7 +36,6 @@ from components.evaluate_checkpoint.loading import (
     evaluation_dtype,
     release_memory,
     starting_model,
-    steady_host_memory,
 )
 from components.evaluate_checkpoint.measure import (
     beside_start,
@@ -103,7 +102,6 @@ def evaluate_checkpoint(
     # starting model is built (loading.py).
     device = evaluation_device()
     precision = evaluation_dtype(device, dtype)
-    steady_host_memory()
     model = checkpoint_model(model_config, found, run, state, device, precision)
     parameters = sum(p.numel() for p in model.parameters())
     trained = measure_splits(model, vals, seq_len, max_tokens, batch_size, device, text_bytes)

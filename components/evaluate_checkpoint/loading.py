@@ -71,7 +71,8 @@ def steady_host_memory() -> None:
     """Every block of 1 MiB or more mapped on its own and unmapped when freed (glibc's mallopt): by default glibc
     raises that threshold as blocks are freed, and the next model's weights then land in heaps that keep their
     pages (gpt2-350m's step held 0.98 to 1.01 GB over the process floor without this, 0.83 GB with it: 1.6x and
-    1.36x its bf16 size). Process-wide, as allocator settings are: the step's process is the evaluation's own."""
+    1.36x its bf16 size). Process-wide, as allocator settings are: called where the step's process starts (the
+    component, the CLI's evaluate), not by a library function a test process calls."""
     libc = ctypes.util.find_library("c")
     if libc and hasattr(ctypes.CDLL(libc), "mallopt"):
         ctypes.CDLL(libc).mallopt(M_MMAP_THRESHOLD, 2**20)

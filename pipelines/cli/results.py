@@ -164,7 +164,9 @@ def add_evaluate(sub: Any) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from components.evaluate_checkpoint.checkpoints import evaluate_checkpoints
     from components.evaluate_checkpoint.gate import Gate
+    from components.evaluate_checkpoint.loading import steady_host_memory
 
+    steady_host_memory()
     gate = Gate(
         max_val_loss=args.max_val_loss,
         baseline_run_id=args.baseline_run_id,
