@@ -211,7 +211,13 @@ class PlatformOptions:
             f"images: components {self.images.components}; trainer {self.images.trainer or 'none (each run sets it)'};"
             f" evaluator {self.images.evaluator}; allowed registries {listed(job.registries) or 'any'}",
             f"job API: {job.job_api}"
-            + (f" (ClusterTrainingRuntime {job.runtime_name})" if job.job_api == "trainjob" else ""),
+            + (f" (ClusterTrainingRuntime {job.runtime_name})" if job.job_api == "trainjob" else "")
+            + (
+                f" (topology {'required' if job.topology_required else 'preferred'}: {job.topology_label or 'none'};"
+                f" log monitoring rules {'compiled in' if job.hyperpod_log_rules else 'derived from the trainer'})"
+                if job.job_api == "hyperpodpytorchjob"
+                else ""
+            ),
             f"jobs' namespaces: {listed(job.namespaces) or 'any'} (a run's namespace parameter picks one)",
             f"volume: PVC {job.pvc_name} mounted at {job.mount_path} in every step and in the job's pods",
             f"Kueue: {'queue ' + job.queue_name if job.queue_name else 'no queue'}"

@@ -10,10 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from components.launch_training.job_api import JOB_APIS
 from components.launch_training.platform import Platform
 from components.launch_training.trainjob import TRAINJOB
-from components.preflight.access import launcher_access
+from components.preflight.access import RBAC_JOB_APIS, launcher_access
 from components.preflight.result import FAIL, PASS, WARN
 from tests.cluster.control_plane import LESS_GRANTED, deploy_grants
 from tests.preflight_helpers import (
@@ -74,7 +73,7 @@ def test_permissions_in_a_namespace_rbac_yaml_does_not_cover(make_site: Callable
     )
 
 
-@pytest.mark.parametrize("api", JOB_APIS)
+@pytest.mark.parametrize("api", RBAC_JOB_APIS)
 def test_a_kubeflow_profiles_default_editor_passes_with_what_kubeflow_and_render_rbac_grant(
     api: str, make_site: Callable[..., Site], kubeflow: None
 ) -> None:

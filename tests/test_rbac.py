@@ -23,9 +23,8 @@ import pytest
 import yaml
 
 from components.launch_training.apis import job_api
-from components.launch_training.job_api import JOB_APIS
 from components.launch_training.manifest import DEFAULT_RUNTIME
-from components.preflight.access import PROFILE_ACCOUNT, launcher_access
+from components.preflight.access import PROFILE_ACCOUNT, RBAC_JOB_APIS, launcher_access
 from pipelines.deploy.rbac import Subject, render, render_file
 from tests.cluster.control_plane import (
     JOB_ROLES,
@@ -362,7 +361,7 @@ def test_a_profiles_default_editor_needs_of_render_rbac_only_what_kubeflow_does_
     def rendered(cluster_read: bool) -> list[Permission]:
         return [
             p
-            for api in JOB_APIS
+            for api in RBAC_JOB_APIS
             for p in granted_to(
                 f"render-rbac --kubeflow-profile --job-api {api}",
                 list(yaml.safe_load_all(render(profile, api, cluster_read=cluster_read, kubeflow_profile=True))),
@@ -390,7 +389,7 @@ def test_the_deploy_files_are_what_render_rbac_writes(file: str) -> None:
     )
 
 
-@pytest.mark.parametrize("api_name", JOB_APIS)
+@pytest.mark.parametrize("api_name", RBAC_JOB_APIS)
 def test_the_launchers_access_check_asks_for_what_the_roles_grant(api_name: str) -> None:
     """The preflight's SelfSubjectAccessReviews (launcher_access) ask, for each job API, about the launcher Role's
     grants and that API's Role's, for the launcher and the exit step's clean-up: all of them, and nothing else. The

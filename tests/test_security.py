@@ -18,6 +18,7 @@ from components.launch_training.config import LaunchConfig
 from components.launch_training.core import launch
 from components.launch_training.manifest import render_job
 from components.launch_training.platform import RUN_OPTIONS, TRAINER_OPTIONS, Platform
+from components.launch_training.pytorchjob import PYTORCHJOB
 from components.preflight.core import preflight
 from tests.cluster.control_plane import RUNNER_USER, audit_time
 
@@ -159,7 +160,8 @@ def test_a_run_may_set_sizes_counts_timeouts_and_training_settings(staged_root: 
         "compile": "off",
         "ddp_comm_hook": "none",
     }
-    assert set(options) == {*RUN_OPTIONS, *TRAINER_OPTIONS}
+    # every option a PyTorchJob has a place for (the HyperPodPyTorchJob's rules': tests/test_hyperpodpytorchjob.py)
+    assert set(options) == {*RUN_OPTIONS, *TRAINER_OPTIONS} - set(PYTORCHJOB.refused_options)
     job = render_job(config(staged_root, job_options=options).job_spec())
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["memory"] == "1024Gi"

@@ -127,7 +127,7 @@ def test_elastic_sizes_and_auto_resume_are_refused_for_a_trainjob() -> None:
         render_job(trainjob_spec(min_nodes=2, max_nodes=4))
     with pytest.raises(InputError, match="HyperPod auto-resume covers PyTorchJobs only, not TrainJobs"):
         render_job(trainjob_spec(auto_resume=True))
-    with pytest.raises(InputError, match="job API 'mpijob' is unknown: choose one of pytorchjob, trainjob"):
+    with pytest.raises(InputError, match="job API 'mpijob' is unknown: choose one of pytorchjob, trainjob, hyperpod"):
         Platform(job_api="mpijob")
     cfg = LaunchConfig.of(
         storage_root="/fsx",

@@ -64,6 +64,7 @@ from trainer.memory import estimate, model_shape
 from trainer.metrics import MetricsLog, StepMetrics, eval_line, flops_per_token, peak_flops, plan_line, step_line
 from trainer.mixture import mixture_plan
 from trainer.model import SMALL_PRESETS, architecture_differences, config_from_dict, model_config, set_dropout
+from trainer.monitor import monitor_logger, monitor_step_line, monitor_stop_line, monitored
 from trainer.parallel import parallelize
 from trainer.preemption import ExitCode, StopSignal, save_budget_report, save_budget_s
 from trainer.prefetch import Prefetcher
@@ -156,6 +157,7 @@ class Trainer:
         cfg, run = self.cfg, self.run
         self.rank, self.world, self.attempt, self.device = join(run, self.use_cuda, self.collective_timeout)
         setup_logging(self.rank, run.rank_log(self.rank))
+        self.monitor = monitor_logger(monitored())  # a per-node log monitor's lines (trainer/monitor.py), if asked
         if self.rank == 0 and cfg.mlflow_tracking_uri:
             preload_mlflow()
         self.restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -523,6 +525,7 @@ class Trainer:
         self.status("running", step=step, world_size=self.world, attempt=self.attempt, durable=False)
         metrics.step_times.mark(step, time.perf_counter())
         eta_s = metrics.step_times.eta_s(step, cfg.max_steps)
+        self.monitor.info("%s", monitor_step_line(step, tokens_per_s))
         if self.rank == 0:
             line = step_line(
                 step, cfg.max_steps, row["loss"], row["lr"], row["grad_norm"], tokens_per_s, row["mfu"], eta_s
@@ -575,6 +578,7 @@ class Trainer:
         """Stopping: a blocking save, waited for by every rank, so that the exit code tells the truth; none after a
         divergence (the newest checkpoint stays the last good one) or when there was nothing to do."""
         progress = self.progress
+        self.monitor.info("%s", monitor_stop_line(progress.step, stop_reason or "stopped"))
         if stop_reason == "diverged":
             return self.end_diverged()
         if progress.step == self.resumed_at:

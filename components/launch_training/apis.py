@@ -1,16 +1,18 @@
 """The job APIs the launcher drives, found by name (`job_api`, as --job-api spells it) or by a rendered or stored
-job's apiVersion and kind (`api_of`): pytorchjob.py and trainjob.py, each a `JobApi` (job_api.py)."""
+job's apiVersion and kind (`api_of`): pytorchjob.py, trainjob.py and hyperpodpytorchjob.py, each a `JobApi`
+(job_api.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from common.errors import InputError
+from components.launch_training.hyperpodpytorchjob import HYPERPODPYTORCHJOB
 from components.launch_training.job_api import JOB_APIS, JobApi
 from components.launch_training.pytorchjob import PYTORCHJOB
 from components.launch_training.trainjob import TRAINJOB
 
-_BY_NAME: dict[str, JobApi] = {api.name: api for api in (PYTORCHJOB, TRAINJOB)}
+_BY_NAME: dict[str, JobApi] = {api.name: api for api in (PYTORCHJOB, TRAINJOB, HYPERPODPYTORCHJOB)}
 
 
 def job_api(name: str) -> JobApi:

@@ -1,7 +1,8 @@
 """What the launcher needs to know of a job API, and nothing more: the one seam between what it guarantees (create
-or re-attach, watch, deadlines, logs, diagnosis, cancel; attach.py, follow.py, cancel.py, deadlines.py) and the two
-APIs it can drive. Each API is one small module: pytorchjob.py (Kubeflow Training Operator v1) and trainjob.py
-(Kubeflow Trainer v2); apis.py finds them by name or by a job's kind. The platform team picks one at compile time
+or re-attach, watch, deadlines, logs, diagnosis, cancel; attach.py, follow.py, cancel.py, deadlines.py) and the
+APIs it can drive. Each API is one small module: pytorchjob.py (Kubeflow Training Operator v1), trainjob.py
+(Kubeflow Trainer v2) and hyperpodpytorchjob.py (the SageMaker HyperPod training operator); apis.py finds them by name
+or by a job's kind. The platform team picks one at compile time
 (Platform.job_api).
 
 Conditions are read in the API's own words (the step's log shows them as the operator wrote them); the launcher's
@@ -18,7 +19,7 @@ from common.errors import InputError
 if TYPE_CHECKING:
     from components.launch_training.manifest import JobSpec
 
-JOB_APIS = ("pytorchjob", "trainjob")
+JOB_APIS = ("pytorchjob", "trainjob", "hyperpodpytorchjob")
 DEFAULT_JOB_API = "pytorchjob"  # what HyperPod clusters run (and the only API HyperPod auto-resume covers)
 
 

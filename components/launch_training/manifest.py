@@ -3,7 +3,8 @@
 `JobSpec` holds what a job is made of, whatever API runs it; the pod's parts (resources, environment, volumes,
 tolerations, the node-health affinity) are built once (rendering.py). Each job API renders its own object from them
 (pytorchjob.py: a kubeflow.org/v1 PyTorchJob; trainjob.py: a trainer.kubeflow.org/v1alpha1 TrainJob and the
-ClusterTrainingRuntime it refers to); `render_job` picks the spec's (apis.py).
+ClusterTrainingRuntime it refers to; hyperpodpytorchjob.py: a sagemaker.amazonaws.com/v1 HyperPodPyTorchJob);
+`render_job` picks the spec's (apis.py).
 
 It reproduces the seed's pod (8 GPUs and the EFA devices of the instance type, Guaranteed CPU/memory, NCCL/EFA
 environment, /dev/shm in memory, the FSx PVC at /fsx, the GPU toleration, a 120 s grace period) and adds what the
@@ -21,7 +22,9 @@ from typing import Any
 from common.errors import InputError
 from components.launch_training.apis import job_api
 from components.launch_training.job_api import DEFAULT_JOB_API, JobApi
+from components.launch_training.progress import STALL_FLOOR_S
 from components.launch_training.rendering import AUTO_RESUME, MAX_RETRY
+from trainer.config import TRAIN_DEFAULTS
 
 ATTEMPT_ANNOTATION = "hyperpod-pretrain.io/attempt"  # 1, then +1 each time a failed job of the run is replaced
 RUN_LABEL = "hyperpod-pretrain.io/run-id"
@@ -111,6 +114,17 @@ class JobSpec:
     # trainjob: the grace period the runtime's pods have (read from the cluster at launch; None: not known). The
     # TrainJob patches its own only when it differs, and a queued one may not differ (trainjob.queued_grace_conflict).
     runtime_grace_period_s: int | None = None
+    # hyperpodpytorchjob: Kueue's topology-aware placement of the pods, the platform's (Platform.topology_label): a
+    # topology.k8s.aws/... node label ("": none), required or only preferred.
+    topology_label: str = ""
+    topology_required: bool = False
+    # hyperpodpytorchjob: its log monitoring rules (log_rules.py). None: derived from the trainer's lines with the
+    # settings below; the platform's own otherwise (compile --hyperpod-log-rules).
+    log_rules: tuple[dict[str, Any], ...] | None = None
+    log_every: int = TRAIN_DEFAULTS["log_every"]  # the trainer's steps between step lines
+    startup_allowance_s: int = int(STALL_FLOOR_S)  # from the workers' start to the first step (loading, compiling)
+    expected_step_ms: int = 0  # one optimizer step's expected time (0: not known: the launcher's stall floor)
+    min_tokens_per_s: int = 0  # below this, SLOW_DATA_POINTS step lines in a row, the job is slow (0: no slow rule)
 
     def instance(self) -> InstanceType:
         key = self.instance_type.removeprefix("ml.")

@@ -18,7 +18,9 @@ from typing import Any
 
 from common.errors import InputError
 from components.launch_training.apis import job_api
+from components.launch_training.hyperpodpytorchjob import topology_labels
 from components.launch_training.job_api import DEFAULT_JOB_API, JOB_APIS
+from components.launch_training.log_rules import check_rules
 from trainer.config import JOB_OPTION, check_setting, run_settings
 
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -49,6 +51,12 @@ class Platform:
     node_selector: dict[str, str] = field(default_factory=dict)
     image_pull_secrets: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the trainer (NCCL/EFA tuning, proxies)
+    # hyperpodpytorchjob: Kueue topology-aware placement of the job's pods over a topology.k8s.aws/... node label
+    # ("": none), required or only preferred; and log monitoring rules in place of those derived from the trainer's
+    # lines (empty: derived; log_rules.py).
+    topology_label: str = ""
+    topology_required: bool = False
+    hyperpod_log_rules: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.job_api not in JOB_APIS:
@@ -68,6 +76,23 @@ class Platform:
         for name in self.env:
             if not _ENV_NAME.match(name):
                 raise InputError(f"environment variable name {name!r} is not valid")
+        hyperpod = (
+            ("topology_label", self.topology_label),
+            ("topology_required", self.topology_required),
+            ("hyperpod_log_rules", self.hyperpod_log_rules),
+        )
+        for name, value in hyperpod:
+            if value and self.job_api != "hyperpodpytorchjob":
+                raise InputError(f"platform setting {name} is for --job-api hyperpodpytorchjob, not {self.job_api}")
+        if self.topology_required and not self.topology_label:
+            raise InputError("platform setting topology_required needs a topology_label to require")
+        if self.topology_label and self.topology_label not in topology_labels():
+            raise InputError(
+                f"platform setting topology_label {self.topology_label!r} is not a topology layer Kueue places "
+                f"HyperPod pods by: choose one of {', '.join(topology_labels())}"
+            )
+        if self.hyperpod_log_rules:
+            check_rules(list(self.hyperpod_log_rules), "platform setting hyperpod_log_rules")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Platform:
@@ -127,6 +152,10 @@ RUN_OPTIONS: dict[str, tuple[type, int, int]] = {
     "restart_policy": (str, 0, 0),
     "clean_pod_policy": (str, 0, 0),
     "rdzv_backend": (str, 0, 0),
+    # hyperpodpytorchjob: what its derived log monitoring rules are made of (log_rules.py)
+    "startup_allowance_s": (int, 60, 24 * 3600),
+    "expected_step_ms": (int, 0, 3600 * 1000),
+    "min_tokens_per_s": (int, 0, 10**12),
 }
 # Training settings a run may set in `job_options` (trainer/config.py's JOB_OPTION): handed to the trainer as its
 # flags, checked as it checks them.

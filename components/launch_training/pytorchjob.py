@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from components.launch_training.job_api import JobApi, seconds, true_condition
+from components.launch_training.log_rules import NO_RULES, RULE_SETTINGS
 from components.launch_training.rendering import job_metadata, owned_by_launcher, pod_template
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class PyTorchJobApi(JobApi):
         "kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1)"
     )
     kueue_framework = "kubeflow.org/pytorchjob"
+    refused_options = dict.fromkeys(RULE_SETTINGS, NO_RULES)
 
     def render(self, spec: JobSpec) -> dict[str, Any]:
         run_policy: dict[str, Any] = {

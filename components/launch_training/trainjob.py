@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.errors import InputError
 from components.launch_training.job_api import JobApi, seconds, true_condition
+from components.launch_training.log_rules import NO_RULES, RULE_SETTINGS
 from components.launch_training.rendering import (
     container_env,
     job_metadata,
@@ -90,6 +91,7 @@ class TrainJobApi(JobApi):
         "auto_resume": "HyperPod auto-resume covers PyTorchJobs only",
         "auto_resume_max_retries": "HyperPod auto-resume covers PyTorchJobs only",
         "auto_resume_wait_s": "HyperPod auto-resume covers PyTorchJobs only",
+        **dict.fromkeys(RULE_SETTINGS, NO_RULES),
     }
     propagation = "Background"  # see the module's docstring: Trainer v2.3.0 rebuilds a deleting TrainJob's JobSet
     children = (("jobset.x-k8s.io", "v1alpha2", "jobsets"),)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from components.evaluate_checkpoint.benchmarks import DEFAULT_BENCHMARKS
 from components.launch_training.job_api import DEFAULT_JOB_API, JOB_APIS
+from components.launch_training.log_rules import load_rules
 from components.launch_training.manifest import DEFAULT_RUNTIME
 from components.launch_training.platform import Platform
 
@@ -263,7 +265,9 @@ def add_platform_args(p: argparse.ArgumentParser, mount_path: str, mount_help: s
         default=DEFAULT_JOB_API,
         help="pytorchjob: a kubeflow.org/v1 PyTorchJob (Training Operator v1, what HyperPod runs and "
         "auto-resumes); trainjob: a trainer.kubeflow.org/v1alpha1 TrainJob (Kubeflow Trainer v2, what the "
-        "Kubeflow distribution installs since July 2026). Default: %(default)s",
+        "Kubeflow distribution installs since July 2026); hyperpodpytorchjob: a sagemaker.amazonaws.com/v1 "
+        "HyperPodPyTorchJob (the HyperPod training operator, its workers under hyperpodrun; in progress, "
+        "not yet usable: docs/launcher.md). Default: %(default)s",
     )
     p.add_argument(
         "--runtime-name",
@@ -334,6 +338,23 @@ def add_platform_args(p: argparse.ArgumentParser, mount_path: str, mount_help: s
         action="store_true",
         help="do not require HyperPod's node-health label (a cluster without HyperPod)",
     )
+    p.add_argument(
+        "--topology-label",
+        default="",
+        metavar="LABEL",
+        help="hyperpodpytorchjob: place the job's pods together under this node label by Kueue's topology-aware "
+        "scheduling, e.g. topology.k8s.aws/network-node-layer-3 (preferred, unless --topology-required)",
+    )
+    p.add_argument(
+        "--topology-required", action="store_true", help="hyperpodpytorchjob: require --topology-label's placement"
+    )
+    p.add_argument(
+        "--hyperpod-log-rules",
+        default="",
+        metavar="FILE.json",
+        help="hyperpodpytorchjob: the operator's log monitoring rules (a JSON list of logMonitoringConfiguration "
+        "rules) in place of those derived from the trainer's lines",
+    )
 
 
 def platform_from_args(args: argparse.Namespace, namespaces: list[str], registries: list[str]) -> Platform:
@@ -353,6 +374,9 @@ def platform_from_args(args: argparse.Namespace, namespaces: list[str], registri
         image_pull_secrets=tuple(args.trainer_image_pull_secret),
         env=dict(args.trainer_env),
         health_affinity=not args.no_health_affinity,
+        topology_label=args.topology_label,
+        topology_required=args.topology_required,
+        hyperpod_log_rules=load_rules(Path(args.hyperpod_log_rules)) if args.hyperpod_log_rules else (),
     )
 
 

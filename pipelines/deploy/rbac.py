@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import InputError
-from components.launch_training.job_api import JOB_APIS
 from components.preflight.access import (
     CLUSTER,
     JOBS,
     KUBEFLOW_GRANTS,
     OPERATOR_NAMESPACE,
+    RBAC_JOB_APIS,
     RoleSpec,
     beyond_kubeflow,
     kubeflow_source,
@@ -173,13 +173,13 @@ pods' node names, labels and resource requests; the Deployment's labels and imag
 
 def render_file(file: str, subject: Subject = Subject(), runtime_name: str = "hyperpod-pretrain") -> str:
     """One deploy file's text (rbac.yaml, rbac-<job api>.yaml or rbac-cluster-read.yaml)."""
-    specs = {s.name: s for api in JOB_APIS for s in roles(api, runtime_name, cluster_read=True)}
+    specs = {s.name: s for api in RBAC_JOB_APIS for s in roles(api, runtime_name, cluster_read=True)}
     docs = [d for spec in specs.values() if spec.file == file for d in role_documents(spec, subject)]
     return _header(file, subject) + "\n" + "\n---\n".join(docs) + "\n"
 
 
 def write_deploy(directory: Path, subject: Subject = Subject(), runtime_name: str = "hyperpod-pretrain") -> list[Path]:
-    files = ["rbac.yaml", *(f"rbac-{api}.yaml" for api in JOB_APIS), "rbac-cluster-read.yaml"]
+    files = ["rbac.yaml", *(f"rbac-{api}.yaml" for api in RBAC_JOB_APIS), "rbac-cluster-read.yaml"]
     written = []
     for file in files:
         path = directory / file
