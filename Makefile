@@ -13,6 +13,12 @@ TORCH_SPEC ?= $(shell sed -n 's/^\(torch==[^ ;#]*\).*/\1/p' $(STACK))
 TORCH_INDEX_URL ?=
 TORCH_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
+# The HyperPodPyTorchJob's workers run the trainer under the HyperPod elastic agent, on the stack
+# trainer/stack-hyperpod.txt changes (torch 2.11, the agent): .venv-hyperpod is that stack, where the tests run
+# hyperpodrun and the trainer (tests/test_hyperpod_agent.py). Its torch is PyPI's CUDA build (docs/images.md).
+HYPERPOD_STACK := trainer/stack-hyperpod.txt
+HYPERPOD_VENV := .venv-hyperpod
+
 .PHONY: setup browser run-local test compile bench clean
 
 # The pipeline needs the project alone; the tests add the dev extra (an MLflow server, Playwright, moto, ruff, ...).
@@ -25,6 +31,16 @@ $(BIN)/hyperpod-pretrain: pyproject.toml $(STACK)
 
 $(VENV)/dev-installed: $(BIN)/hyperpod-pretrain
 	$(BIN)/python -m pip install --quiet -c $(STACK) -e '.[dev]'
+	touch $@
+
+# As the image installs it (docker/trainer.Dockerfile, STACK_VARIANT=hyperpod): stack.txt less its torch line, and
+# the variant's file; the trainer itself comes from the working tree (PYTHONPATH), as the image's /workspace does.
+$(HYPERPOD_VENV)/installed: $(STACK) $(HYPERPOD_STACK)
+	rm -rf $(HYPERPOD_VENV)
+	$(PYTHON) -m venv $(HYPERPOD_VENV)
+	sed '/^torch==/d' $(STACK) > $(HYPERPOD_VENV)/stack-without-torch.txt
+	$(HYPERPOD_VENV)/bin/python -m pip install --quiet -r $(HYPERPOD_VENV)/stack-without-torch.txt -r $(HYPERPOD_STACK)
+	$(HYPERPOD_VENV)/bin/python -m pip check
 	touch $@
 
 setup: $(BIN)/hyperpod-pretrain
@@ -41,7 +57,7 @@ browser:
 	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; } ; } || \
 	  echo "no Chromium: the HTML report's browser test will be skipped"
 
-test: $(VENV)/dev-installed browser
+test: $(VENV)/dev-installed $(HYPERPOD_VENV)/installed browser
 	$(BIN)/python -m pytest $(ARGS)
 
 compile: setup
@@ -51,4 +67,4 @@ bench: $(VENV)/dev-installed
 	$(BIN)/python bench/bench_run_local.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) local-runs
+	rm -rf $(VENV) $(HYPERPOD_VENV) local-runs

@@ -23,8 +23,12 @@
 # rdma-core 65.0 and the plugin 1.22.0 (docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-changelog.html). Without
 # them NCCL falls back to TCP sockets, which `verify-nccl` fails.
 #
+# STACK_VARIANT: "" (the default) installs trainer/stack.txt; "hyperpod" builds the HyperPodPyTorchJob's image
+# (hyperpod-pretrain-trainer-hyperpod): stack.txt less its torch line plus trainer/stack-hyperpod.txt, torch 2.11 and
+# the HyperPod elastic agent, which cannot start on torch 2.12 or later (docs/images.md).
+#
 # Build from the repository root: docker build -f docker/trainer.Dockerfile -t hyperpod-pretrain-trainer .
-# (docker/build.sh builds, tags and pushes both images to ECR.)
+# (docker/build.sh builds, tags and pushes the images to ECR; --job-api hyperpodpytorchjob adds the variant.)
 FROM nvidia/cuda:13.0.3-base-ubuntu22.04
 
 # Must equal trainer/stack.txt's `# python:` line (tests/test_docker.py checks it, and so does the build below).
@@ -81,10 +85,26 @@ ENV NCCL_NET_PLUGIN=ofi \
 
 # The pinned stack first, from the pin itself, in a layer of its own (torch's wheels are gigabytes; a change to
 # the trainer does not reinstall them). The grep fails the build when PYTHON_VERSION was overridden away from the pin.
+# The hyperpod variant installs stack.txt without its torch line and stack-hyperpod.txt (its torch and the agent),
+# as the Makefile installs .venv-hyperpod; pip check fails the build on a conflict (the agent's own pip<25.3 is
+# left to pip to meet). Any other STACK_VARIANT fails the build rather than quietly building the plain image. It is
+# declared here, not above: a build argument changes the cache key of every RUN after it, and the layers above are
+# the same in both images.
+ARG STACK_VARIANT=""
 WORKDIR /workspace
 COPY trainer/stack.txt /opt/hyperpod-pretrain/stack.txt
+COPY trainer/stack-hyperpod.txt /opt/hyperpod-pretrain/stack-hyperpod.txt
 RUN grep -qx "# python: ${PYTHON_VERSION}" /opt/hyperpod-pretrain/stack.txt \
-    && pip install --no-cache-dir -r /opt/hyperpod-pretrain/stack.txt
+    && if [ "${STACK_VARIANT}" = hyperpod ]; then \
+        sed '/^torch==/d' /opt/hyperpod-pretrain/stack.txt > /opt/hyperpod-pretrain/stack-without-torch.txt \
+        && pip install --no-cache-dir -r /opt/hyperpod-pretrain/stack-without-torch.txt \
+            -r /opt/hyperpod-pretrain/stack-hyperpod.txt \
+        && pip check; \
+    elif [ -z "${STACK_VARIANT}" ]; then \
+        pip install --no-cache-dir -r /opt/hyperpod-pretrain/stack.txt; \
+    else \
+        echo "STACK_VARIANT=${STACK_VARIANT}: not \"\" or hyperpod" >&2 && exit 1; \
+    fi
 # The project without its dependencies: what the trainer imports is already the pin's, and the project's own
 # ranges (kfp, kubernetes, ... for the pipeline steps) are not the trainer's; boto3, which its durable checkpoint copies
 # use, is in the pin. Of the project, only what the trainer imports: trainer/ and common/ (the errors and the S3

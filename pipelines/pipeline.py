@@ -38,6 +38,7 @@ from components.evaluate_checkpoint.component import evaluate_checkpoint
 from components.evaluate_checkpoint.resources import EvaluationResources
 from components.kfp_support import COMPONENTS_IMAGE, EVALUATOR_IMAGE
 from components.launch_training.component import launch_pytorchjob
+from components.launch_training.job_api import DEFAULT_JOB_API
 from components.launch_training.manifest import GPU_TOLERATION
 from components.launch_training.platform import Platform
 from components.preflight.component import preflight
@@ -51,6 +52,9 @@ from trainer.tracking import check_tracking_uri
 PIPELINE_NAME = "hyperpod-pretrain"
 COMPONENTS_REPOSITORY = "hyperpod-pretrain-components"
 TRAINER_REPOSITORY = "hyperpod-pretrain-trainer"
+# The trainer on the HyperPod elastic agent's stack (trainer/stack-hyperpod.txt: its torch is older), for the
+# HyperPodPyTorchJob only: docker/build.sh --job-api hyperpodpytorchjob builds it.
+HYPERPOD_TRAINER_REPOSITORY = "hyperpod-pretrain-trainer-hyperpod"
 EVALUATOR_REPOSITORY = "hyperpod-pretrain-evaluator"
 EVALUATION = "evaluate-checkpoint"
 DEFAULT_EVALUATION = EvaluationResources()  # its default pod: one GPU (compile --evaluation-gpus/-cpu/-memory)
@@ -69,8 +73,9 @@ class Images:
     evaluator: str = EVALUATOR_IMAGE
 
     @classmethod
-    def in_registry(cls, registry: str, tag: str = "") -> "Images":
-        """The three images as docker/build.sh pushes them: <registry>/<repository>:<tag>."""
+    def in_registry(cls, registry: str, tag: str = "", job_api: str = DEFAULT_JOB_API) -> "Images":
+        """The three images as docker/build.sh --job-api pushes them: <registry>/<repository>:<tag>, the trainer's
+        repository the one whose stack the job API's workers run."""
         registry, tag = registry.rstrip("/"), tag or version("hyperpod-pretrain")
         if not _REGISTRY.match(registry):
             raise InputError(
@@ -79,9 +84,10 @@ class Images:
             )
         if not _TAG.match(tag):
             raise InputError(f"image tag {tag!r}: up to 128 of [A-Za-z0-9_.-], not starting with . or -")
+        trainer = HYPERPOD_TRAINER_REPOSITORY if job_api == "hyperpodpytorchjob" else TRAINER_REPOSITORY
         return cls(
             f"{registry}/{COMPONENTS_REPOSITORY}:{tag}",
-            f"{registry}/{TRAINER_REPOSITORY}:{tag}",
+            f"{registry}/{trainer}:{tag}",
             f"{registry}/{EVALUATOR_REPOSITORY}:{tag}",
         )
 

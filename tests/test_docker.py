@@ -5,6 +5,7 @@ runs against recording stand-ins for the docker and aws commands."""
 
 import ast
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.launch_training.job_api import DEFAULT_JOB_API, JOB_APIS
 from components.launch_training.pytorchjob import torchrun_command
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,27 +27,44 @@ HADOLINT = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or sh
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 PACKAGES = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]  # ["trainer*", ...]
 STACK = REPO / "trainer" / "stack.txt"  # the one pin of the trainer's stack
+HYPERPOD_STACK = REPO / "trainer" / "stack-hyperpod.txt"  # what the HyperPodPyTorchJob's stack changes of it
+HYPERPOD_VENV = REPO / ".venv-hyperpod"  # that stack, as the Makefile installs it
+# The one way the hyperpod variant drops stack.txt's torch line, in the Dockerfile and the Makefile alike: a deletion,
+# not a pin of torch beside the file.
+DELETE_TORCH = "sed '/^torch==/d'"
+
+
+def read_requirements(path: Path, text: str | None = None) -> tuple[str, dict[str, str]]:
+    """A requirements file of exact pins (its text, when given, else the file's): the Python of its
+    `# python: 3.11` line ("" without one) and {package: version}."""
+    python, pins = "", {}
+    for number, line in enumerate((path.read_text() if text is None else text).splitlines(), 1):
+        directive = re.fullmatch(r"#\s*python:\s*(\S+)\s*", line.strip())
+        if directive:
+            assert not python, f"{path.name}:{number}: a second python line"
+            assert re.fullmatch(r"3\.\d+", directive[1]), f"{path.name}:{number}: python {directive[1]!r} is not 3.N"
+            python = directive[1]
+        elif line.strip() and not line.lstrip().startswith("#"):
+            pin = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.]*)", line.strip())
+            assert pin, f"{path.name}:{number}: {line!r} is not an exact pin (name==version)"
+            name = re.sub(r"[-_.]+", "-", pin[1]).lower()
+            assert name not in pins, f"{path.name}:{number}: {name} is pinned twice"
+            pins[name] = pin[2]
+    return python, pins
 
 
 def read_stack() -> tuple[str, dict[str, str]]:
     """trainer/stack.txt: the pinned Python ("3.11", from its `# python: 3.11` line) and {package: version}."""
-    python, pins = "", {}
-    for number, line in enumerate(STACK.read_text().splitlines(), 1):
-        directive = re.fullmatch(r"#\s*python:\s*(\S+)\s*", line.strip())
-        if directive:
-            assert not python, f"trainer/stack.txt:{number}: a second python line"
-            assert re.fullmatch(r"3\.\d+", directive[1]), (
-                f"trainer/stack.txt:{number}: python {directive[1]!r} is not 3.N"
-            )
-            python = directive[1]
-        elif line.strip() and not line.lstrip().startswith("#"):
-            pin = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.]*)", line.strip())
-            assert pin, f"trainer/stack.txt:{number}: {line!r} is not an exact pin (name==version)"
-            name = re.sub(r"[-_.]+", "-", pin[1]).lower()
-            assert name not in pins, f"trainer/stack.txt:{number}: {name} is pinned twice"
-            pins[name] = pin[2]
+    python, pins = read_requirements(STACK)
     assert python, "trainer/stack.txt has no `# python: 3.N` line"
     return python, pins
+
+
+def stray_pins(run: str) -> set[str]:
+    """The packages a RUN names with a version (name==, >=, ~=), leaving out the hyperpod variant's deletion of
+    stack.txt's torch line."""
+    names = re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:==|>=|~=)", run.replace(DELETE_TORCH, ""))
+    return {re.sub(r"[-_.]+", "-", n).lower() for n in names}
 
 
 def instructions(dockerfile: Path) -> list[tuple[str, str]]:
@@ -221,11 +240,8 @@ def test_the_trainer_image_installs_the_pinned_stack() -> None:
     assert f'grep -qx "# python: ${{PYTHON_VERSION}}" {copies["trainer/stack.txt"]}' in installs[0]
     # Nothing pins any of the stack beside the file, and the project comes without dependencies so pip keeps the pin.
     for run in runs:
-        stray = {
-            re.sub(r"[-_.]+", "-", n).lower() for n in re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:==|>=|~=)", run)
-        }
-        assert not stray & set(pins), (
-            f"docker/trainer.Dockerfile pins {sorted(stray & set(pins))} outside trainer/stack.txt"
+        assert not stray_pins(run) & set(pins), (
+            f"docker/trainer.Dockerfile pins {sorted(stray_pins(run) & set(pins))} outside trainer/stack.txt"
         )
     project = [r for r in runs if "/workspace/src" in r and "pip install" in r]
     assert project and all("--no-deps" in r for r in project)
@@ -247,10 +263,8 @@ def test_the_evaluator_image_installs_the_project_under_the_trainer_pins() -> No
     assert 'pip install --no-cache-dir -c "${STACK}" .' in install and "--no-deps" not in install
     assert 'test -f "${STACK}"' in install and "pip check" in install
     for run in runs:  # nothing pins any of the stack beside the file
-        stray = {
-            re.sub(r"[-_.]+", "-", n).lower() for n in re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:==|>=|~=)", run)
-        }
-        assert not stray & set(pins), f"docker/evaluator.Dockerfile pins {sorted(stray & set(pins))} beside the pin"
+        stray = stray_pins(run) & set(pins)
+        assert not stray, f"docker/evaluator.Dockerfile pins {sorted(stray)} beside the pin"
     # The project's own dependencies hold the trainer's pins: this environment installed them the same way
     # (Makefile: pip install -c trainer/stack.txt), and the evaluation's benchmarks come with them.
     assert any(d.startswith("lm-eval") for d in PYPROJECT["project"]["dependencies"])
@@ -273,6 +287,121 @@ def test_this_test_environment_is_the_pinned_stack() -> None:
         if installed.split("+")[0] != pinned:
             problems.append(f"{name}: the test environment has {installed}, trainer/stack.txt pins {pinned}")
     assert not problems, "\n".join(problems) + "\n(make setup installs the pin; change the pin, not the environment)"
+
+
+def hyperpod_stack() -> dict[str, str]:
+    """The HyperPodPyTorchJob's stack, {package: version}: stack.txt's pins with stack-hyperpod.txt's torch, and the
+    agent. stack-hyperpod.txt changes torch and adds the rest: it repins nothing else of stack.txt."""
+    _, pins = read_stack()
+    python, changed = read_requirements(HYPERPOD_STACK)
+    assert not python, "trainer/stack-hyperpod.txt: the Python is stack.txt's"
+    assert set(changed) & set(pins) == {"torch"}, f"trainer/stack-hyperpod.txt pins {sorted(changed)}"
+    assert "hyperpod-elastic-agent" in changed
+    return {**pins, **changed}
+
+
+def test_the_hyperpod_variant_installs_the_stack_less_torch_and_stack_hyperpod() -> None:
+    """--build-arg STACK_VARIANT=hyperpod (the HyperPodPyTorchJob's image) installs stack.txt with its torch line
+    deleted and stack-hyperpod.txt, nothing else; without it, the plain stack as before; any other value fails."""
+    steps = instructions(DOCKER / "trainer.Dockerfile")
+    assert ("ARG", 'STACK_VARIANT=""') in steps
+    copies = {a.split()[0]: a.split()[1] for op, a in steps if op == "COPY" and len(a.split()) == 2}
+    assert "trainer/stack-hyperpod.txt" in copies, "docker/trainer.Dockerfile does not copy trainer/stack-hyperpod.txt"
+    stack, changed = copies["trainer/stack.txt"], copies["trainer/stack-hyperpod.txt"]
+    (run,) = [a for op, a in steps if op == "RUN" and stack in a]
+    run = " ".join(run.split())
+    branches = re.fullmatch(
+        rf'grep -qx "# python: \$\{{PYTHON_VERSION\}}" {stack} '
+        r'&& if \[ "\$\{STACK_VARIANT\}" = hyperpod \]; then (.*); '
+        r'elif \[ -z "\$\{STACK_VARIANT\}" \]; then (.*); '
+        r"else (echo .* >&2 && exit 1); fi",
+        run,
+    )
+    assert branches, (
+        f"docker/trainer.Dockerfile's stack RUN is not grep, then if hyperpod / elif plain / else fail: {run}"
+    )
+    assert branches[2] == f"pip install --no-cache-dir -r {stack}"  # the plain image's install, unchanged
+    variant = re.fullmatch(
+        rf"{re.escape(DELETE_TORCH)} {stack} > (\S+) && pip install --no-cache-dir -r (\S+) -r {changed} && pip check",
+        branches[1],
+    )
+    assert variant and variant[1] == variant[2], f"the hyperpod variant installs: {branches[1]}"
+    # What that deletion leaves of stack.txt, with stack-hyperpod.txt, is the stack less torch plus the variant's.
+    deleted = subprocess.run(
+        ["sed", DELETE_TORCH.split()[1].strip("'"), str(STACK)], capture_output=True, text=True, check=True
+    ).stdout
+    removed = set(STACK.read_text().splitlines()) - set(deleted.splitlines())
+    assert removed == {f"torch=={read_stack()[1]['torch']}"}, f"the sed deletes {sorted(removed)}"
+    _, without_torch = read_requirements(STACK, deleted)
+    _, changed_pins = read_requirements(HYPERPOD_STACK)
+    assert not set(without_torch) & set(changed_pins), "pip would be given a package twice"
+    stack_pins = hyperpod_stack()
+    assert without_torch | changed_pins == stack_pins
+    for other in (a for op, a in steps if op == "RUN"):  # nothing pins any of it beside the two files
+        stray = stray_pins(other) & set(stack_pins)
+        assert not stray, f"docker/trainer.Dockerfile pins {sorted(stray)} outside the stack files"
+
+
+def test_the_makefile_installs_the_hyperpod_venv_as_the_variant_image_does() -> None:
+    """.venv-hyperpod, where the tests run hyperpodrun and the trainer, is the two files installed the Dockerfile's
+    way: stack.txt with the same deletion, then stack-hyperpod.txt, then pip check."""
+    text = (REPO / "Makefile").read_text()
+    variables = dict(re.findall(r"^(\w+) := (\S+)$", text, re.MULTILINE))
+    assert (
+        variables["HYPERPOD_VENV"] == HYPERPOD_VENV.name and variables["HYPERPOD_STACK"] == "trainer/stack-hyperpod.txt"
+    )
+    assert variables["STACK"] == "trainer/stack.txt"
+    rule = re.search(r"^\$\(HYPERPOD_VENV\)/installed: (.*)\n((?:\t.*\n)+)", text, re.MULTILINE)
+    assert rule, "the Makefile has no $(HYPERPOD_VENV)/installed target"
+    expanded = re.sub(r"\$\((\w+)\)", lambda m: variables.get(m[1], m[0]), rule[0])
+    prerequisites, *recipe = [line.strip() for line in expanded.splitlines()]
+    assert set(prerequisites.split(": ", 1)[1].split()) == {"trainer/stack.txt", "trainer/stack-hyperpod.txt"}
+    (deletion,) = [line for line in recipe if line.startswith("sed ")]
+    without_torch = re.fullmatch(rf"{re.escape(DELETE_TORCH)} trainer/stack\.txt > (\S+)", deletion)
+    assert without_torch and without_torch[1].startswith(f"{HYPERPOD_VENV.name}/"), deletion
+    (install,) = [line for line in recipe if " pip install " in line]
+    assert install.endswith(f" -r {without_torch[1]} -r trainer/stack-hyperpod.txt"), install
+    assert (
+        recipe.index(deletion) < recipe.index(install) < recipe.index(f"{HYPERPOD_VENV.name}/bin/python -m pip check")
+    )
+
+
+VERSIONS = """import importlib.metadata, json, sys
+versions = {}
+for name in sys.argv[1:]:
+    try:
+        versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        versions[name] = "none"
+print(json.dumps({"python": f"{sys.version_info.major}.{sys.version_info.minor}", "versions": versions}))
+"""
+
+
+@pytest.mark.skipif(
+    not (HYPERPOD_VENV / "installed").is_file(), reason=".venv-hyperpod is not built (make test builds it)"
+)
+def test_the_hyperpod_venv_is_the_hyperpod_stack() -> None:
+    """What the tests run hyperpodrun on is the variant image's stack: the pinned Python, stack.txt's packages with
+    stack-hyperpod.txt's torch and the agent (torch's local label, e.g. +cu130, is the build), and no conflict."""
+    python, _ = read_stack()
+    stack = hyperpod_stack()
+    interpreter = str(HYPERPOD_VENV / "bin" / "python")
+    result = subprocess.run([interpreter, "-c", VERSIONS, *stack], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    problems = (
+        [f"python: .venv-hyperpod has {found['python']}, trainer/stack.txt pins {python}"]
+        if found["python"] != python
+        else []
+    )
+    problems += [
+        f"{name}: .venv-hyperpod has {found['versions'][name]}, the stack files pin {pinned}"
+        for name, pinned in stack.items()
+        if found["versions"][name].split("+")[0] != pinned
+    ]
+    assert not problems, "\n".join(problems) + "\n(rm .venv-hyperpod/installed; make test rebuilds it)"
+    check = subprocess.run([interpreter, "-m", "pip", "check"], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_the_job_runs_the_module_the_trainer_image_installs() -> None:
@@ -318,6 +447,24 @@ def build(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def built_commit(tag: str) -> str:
+    """What build.sh passes as COMMIT: the checkout's commit, or the tag outside a git checkout."""
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=DOCKER.parent)
+    return head.stdout.strip() if head.returncode == 0 else tag
+
+
+def compiled_images(compile_line: list[str], output: Path) -> tuple[set[str], str]:
+    """Run the compile command build.sh printed: every image the pipeline names, and trainer_image's default."""
+    cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
+    compiled = subprocess.run(
+        [cli, *compile_line[1:], "--output", str(output)], capture_output=True, text=True, timeout=120
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    spec = next(yaml.safe_load_all(output.read_text()))
+    trainer = spec["root"]["inputDefinitions"]["parameters"]["trainer_image"]["defaultValue"]
+    return {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()} | {trainer}, trainer
+
+
 def test_build_sh_logs_in_builds_tags_and_pushes_the_three_then_prints_the_compile_command(
     stand_ins: dict[str, str], tmp_path: Path
 ) -> None:
@@ -330,8 +477,7 @@ def test_build_sh_logs_in_builds_tags_and_pushes_the_three_then_prints_the_compi
         f"docker login --username AWS --password-stdin {registry}",
     }  # a pipe: either first
     assert Path(stand_ins["CALLS"] + ".stdin").read_text() == "secret-password\n"
-    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=DOCKER.parent)
-    commit = head.stdout.strip() if head.returncode == 0 else "v3"  # the image says what it was built from
+    commit = built_commit("v3")  # the image says what it was built from
     builds = [c for c in calls if c.startswith("docker build")]
     for image in ("trainer", "components", "evaluator"):
         repository = f"hyperpod-pretrain-{image}"
@@ -351,17 +497,47 @@ def test_build_sh_logs_in_builds_tags_and_pushes_the_three_then_prints_the_compi
     compile_line = result.stdout.strip().splitlines()[-1].split()
     assert compile_line == ["hyperpod-pretrain", "compile", "--image-registry", registry, "--tag", "v3"]
     # That command names exactly the images that were pushed.
-    output = tmp_path / "cluster.yaml"
-    cli = str(Path(sys.executable).parent / "hyperpod-pretrain")
-    compiled = subprocess.run(
-        [cli, *compile_line[1:], "--output", str(output)], capture_output=True, text=True, timeout=120
-    )
-    assert compiled.returncode == 0, compiled.stderr
     pushed = {c.split()[-1] for c in calls if c.startswith("docker push")}
-    spec = next(yaml.safe_load_all(output.read_text()))
-    named = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
-    named.add(spec["root"]["inputDefinitions"]["parameters"]["trainer_image"]["defaultValue"])
-    assert named == pushed
+    assert compiled_images(compile_line, tmp_path / "cluster.yaml")[0] == pushed
+
+
+def test_build_sh_for_the_hyperpodpytorchjob_pushes_the_hyperpod_trainer_in_place_of_the_trainer(
+    stand_ins: dict[str, str], tmp_path: Path
+) -> None:
+    """Its workers run the trainer image built with STACK_VARIANT=hyperpod; the evaluator stays built FROM the plain
+    trainer, which is built for it but not pushed: what is pushed is what the printed compile command names."""
+    result = build(
+        stand_ins, *"--account 123456789012 --region eu-west-1 --tag v3 --job-api hyperpodpytorchjob".split()
+    )
+    assert result.returncode == 0, result.stderr
+    registry, commit = "123456789012.dkr.ecr.eu-west-1.amazonaws.com", built_commit("v3")
+    calls = Path(stand_ins["CALLS"]).read_text().splitlines()
+    head = f"docker build --platform linux/amd64 -f docker/{{}}.Dockerfile --build-arg COMMIT={commit}"
+    assert [c for c in calls if c.startswith("docker build")] == [
+        f"{head.format('trainer')} -t hyperpod-pretrain-trainer:v3 .",
+        f"{head.format('trainer')} --build-arg STACK_VARIANT=hyperpod -t hyperpod-pretrain-trainer-hyperpod:v3 .",
+        f"{head.format('components')} -t hyperpod-pretrain-components:v3 .",
+        f"{head.format('evaluator')} --build-arg TRAINER_IMAGE={registry}/hyperpod-pretrain-trainer:v3 "
+        "-t hyperpod-pretrain-evaluator:v3 .",
+    ]
+    assert f"docker tag hyperpod-pretrain-trainer:v3 {registry}/hyperpod-pretrain-trainer:v3" in calls
+    pushed = {c.split()[-1] for c in calls if c.startswith("docker push")}
+    assert pushed == {f"{registry}/hyperpod-pretrain-{i}:v3" for i in ("trainer-hyperpod", "components", "evaluator")}
+    compile_line = result.stdout.strip().splitlines()[-1].split()
+    assert (
+        compile_line
+        == f"hyperpod-pretrain compile --image-registry {registry} --tag v3 --job-api hyperpodpytorchjob".split()
+    )
+    named, trainer = compiled_images(compile_line, tmp_path / "cluster.yaml")
+    assert named == pushed and trainer == f"{registry}/hyperpod-pretrain-trainer-hyperpod:v3"
+
+
+@pytest.mark.parametrize("job_api", JOB_APIS)
+def test_build_sh_takes_every_job_api_and_prints_its_compile_command(stand_ins: dict[str, str], job_api: str) -> None:
+    result = build(stand_ins, *"--account 123456789012 --region us-east-1 --tag t --no-push --job-api".split(), job_api)
+    assert result.returncode == 0, result.stderr
+    compile_line = result.stdout.strip().splitlines()[-1]
+    assert compile_line.endswith("--tag t" if job_api == DEFAULT_JOB_API else f"--tag t --job-api {job_api}")
 
 
 def test_build_sh_without_push_and_with_existing_repositories(stand_ins: dict[str, str]) -> None:
@@ -383,6 +559,10 @@ def test_build_sh_without_push_and_with_existing_repositories(stand_ins: dict[st
         (["--account", "123456789012", "--region", "useast"], "--region 'useast' is not an AWS region"),
         (["--account", "123456789012", "--region", "us-east-1", "--tag", "-x"], "--tag '-x' is not a valid image tag"),
         (["--acount", "1"], "unknown argument '--acount'"),
+        (
+            ["--account", "123456789012", "--region", "us-east-1", "--job-api", "hyperpod"],
+            "--job-api 'hyperpod' is not one of pytorchjob, trainjob, hyperpodpytorchjob",
+        ),
     ],
 )
 def test_build_sh_bad_input_is_one_line_and_runs_nothing(

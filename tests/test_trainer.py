@@ -808,3 +808,17 @@ def test_the_bf16_comm_hook_on_a_cpu_is_bad_input_in_one_line(tmp_path: Path) ->
         .endswith("--ddp-comm-hook bf16 compresses NCCL's gradient all-reduce and needs GPUs; on a CPU (gloo) use none")
     )
     assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "bad-input"
+
+
+def test_torch_2_11_refuses_background_checkpoints_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HyperPodPyTorchJob's image runs torch 2.11 (trainer/stack-hyperpod.txt), whose checkpoint stager fails a
+    save after a background one: the trainer refuses --async-checkpoint there before it joins anything."""
+    from contextlib import ExitStack
+
+    from trainer.config import SettingError
+    from trainer.train_ddp import Trainer
+
+    cfg = parse_config(["--data-dir", "d", "--run-dir", "r", "--async-checkpoint", "true"], {})
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    with pytest.raises(SettingError, match=r"--async-checkpoint needs torch 2\.12 or newer, this is 2\.11\.0\+cu130"):
+        Trainer(cfg, ExitStack())

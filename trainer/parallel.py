@@ -116,7 +116,7 @@ def parallelize(
             loss,
             device_ids=[device.index] if device.type == "cuda" else None,
             gradient_as_bucket_view=True,
-            forward_sync_buffers=False,
+            **no_buffer_sync_at_forward(),
         )
         if comm_hook is not None:
             ddp.register_comm_hook(None, comm_hook)
@@ -124,6 +124,19 @@ def parallelize(
     if compile_model:
         forward_loss = torch.compile(forward_loss)
     return Parallelized(model, forward_loss, kind, mesh, ddp)
+
+
+def torch_release() -> tuple[int, int]:
+    """torch's (major, minor): the trainer runs on the pinned 2.13 and on the HyperPodPyTorchJob image's 2.11
+    (trainer/stack-hyperpod.txt, docs/images.md)."""
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def no_buffer_sync_at_forward() -> dict[str, bool]:
+    """DDP's keyword for not broadcasting buffers at each forward: torch 2.12 renamed `broadcast_buffers` to
+    `forward_sync_buffers` (the old name warns there)."""
+    return {"forward_sync_buffers": False} if torch_release() >= (2, 12) else {"broadcast_buffers": False}
 
 
 # What selective activation checkpointing keeps from a block's forward: the matmuls' and attention's outputs (the

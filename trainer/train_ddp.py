@@ -65,7 +65,7 @@ from trainer.metrics import MetricsLog, StepMetrics, eval_line, flops_per_token,
 from trainer.mixture import mixture_plan
 from trainer.model import SMALL_PRESETS, architecture_differences, config_from_dict, model_config, set_dropout
 from trainer.monitor import monitor_logger, monitor_step_line, monitor_stop_line, monitored
-from trainer.parallel import parallelize
+from trainer.parallel import parallelize, torch_release
 from trainer.preemption import ExitCode, StopSignal, save_budget_report, save_budget_s
 from trainer.prefetch import Prefetcher
 from trainer.private_api import default_store, skip_update_if
@@ -94,6 +94,12 @@ class Trainer:
         if cfg.ddp_comm_hook == "bf16" and not self.use_cuda:  # DDP refuses the hook under gloo
             raise SettingError(
                 "--ddp-comm-hook bf16 compresses NCCL's gradient all-reduce and needs GPUs; on a CPU (gloo) use none"
+            )
+        if cfg.async_checkpoint and torch_release() < (2, 12):
+            raise SettingError(
+                f"--async-checkpoint needs torch 2.12 or newer, this is {torch.__version__}: torch 2.11's checkpoint "
+                "stager empties its copy table when a background save ends, and the next one fails (KeyError: "
+                "<class 'type'>); the HyperPodPyTorchJob's image runs 2.11 (docs/images.md): save in the foreground"
             )
         self.run = RunPaths(Path(cfg.run_dir))
         self.collective_timeout = timedelta(seconds=cfg.collective_timeout_s)  # a silent rank fails the others

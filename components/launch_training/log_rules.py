@@ -18,7 +18,9 @@ with the exact tokens/s, and one when the loop ends (before the final checkpoint
 rules:
 - hang: a step line within the start-up allowance plus one interval of step lines, then one every interval, the
   interval being the launcher's own stall margin over the expected time between step lines (progress.py: STALL_GAPS
-  times it, at least STALL_FLOOR_S; STALL_FLOOR_S alone while the step time is not given);
+  times it, at least HANG_FLOOR_S); while the step time is not given, the launcher's own stall floor (STALL_FLOOR_S).
+  The margin is what covers a blocking periodic checkpoint between two step lines: a save longer than STALL_GAPS - 1
+  intervals needs asynchronous checkpoints or a larger expected step time;
 - slow (only with a tokens/s floor): the step line's tokens/s below the floor SLOW_DATA_POINTS lines in a row;
 - both retired at the stop line.
 """
@@ -45,6 +47,9 @@ HANG_RULE, SLOW_RULE = "TrainerStepHang", "TrainerSlowTokensPerSecond"
 # The run's settings the derived rules are made of (JobSpec fields, run options): only a HyperPodPyTorchJob has a place.
 RULE_SETTINGS = ("startup_allowance_s", "expected_step_ms", "min_tokens_per_s")
 NO_RULES = "log monitoring rules are a HyperPodPyTorchJob's (compile --job-api hyperpodpytorchjob)"
+# The least hang interval a given step time makes: the agent reads the log once a second when it is idle, and a line
+# may reach the file a few seconds late on a loaded node.
+HANG_FLOOR_S = 5
 SLOW_DATA_POINTS = 3  # slow step lines in a row before the job is called slow: one slow interval is not a trend
 # The rule's fields and the operators the SDK's LogMonitoringConfiguration model lists.
 RULE_FIELDS = {
@@ -66,8 +71,11 @@ def step_line_interval_s(spec: JobSpec) -> float:
 
 
 def hang_frequency_s(spec: JobSpec) -> int:
-    """How long without a step line is a hang: the launcher's stall margin over the expected interval."""
-    return math.ceil(max(STALL_FLOOR_S, STALL_GAPS * step_line_interval_s(spec)))
+    """How long without a step line is a hang: the launcher's stall margin over the expected interval, or its stall
+    floor while the step time is not given."""
+    if not spec.expected_step_ms:
+        return math.ceil(STALL_FLOOR_S)
+    return math.ceil(max(HANG_FLOOR_S, STALL_GAPS * step_line_interval_s(spec)))
 
 
 def derived_rules(spec: JobSpec) -> list[dict[str, Any]]:

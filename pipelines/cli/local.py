@@ -97,7 +97,8 @@ def add_compile(sub: Any) -> None:
         help="where docker/build.sh pushed the images, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com: "
         "the steps run in REGISTRY/hyperpod-pretrain-components:TAG (the evaluation on a GPU in "
         "REGISTRY/hyperpod-pretrain-evaluator:TAG) and trainer_image defaults to "
-        "REGISTRY/hyperpod-pretrain-trainer:TAG",
+        "REGISTRY/hyperpod-pretrain-trainer:TAG (REGISTRY/hyperpod-pretrain-trainer-hyperpod:TAG for "
+        "--job-api hyperpodpytorchjob)",
     )
     p.add_argument("--tag", default="", help="the images' tag (default: the project's version)")
     p.add_argument(
@@ -145,7 +146,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     if args.tag and not args.image_registry:
         raise InputError("--tag names the images in --image-registry: give both")
-    images = Images.in_registry(args.image_registry, args.tag) if args.image_registry else Images()
+    images = Images.in_registry(args.image_registry, args.tag, args.job_api) if args.image_registry else Images()
     registry = [args.image_registry.rstrip("/")] if args.image_registry else []
     job = platform_from_args(args, namespaces=["kubeflow"], registries=registry)
     platform = PlatformOptions(
