@@ -7,7 +7,8 @@ One run carries every path, as the pod would live through them: a worker killed,
 restart); a worker that stops printing steps, caught by the rendered hang rule as the agent's log agent evaluates it,
 restarted in place; the pod stopped (SIGTERM from the kubelet), the preemption checkpoint saved within the agent's
 shutdown timeout; a new pod (the job's pods made anew) resuming to the end. Every step's loss, gradient norm and
-learning rate equal, to the bit, those of the same run under plain torchrun on the same stack.
+learning rate equal, to the bit, those of the same run under plain torchrun on the same stack; the NCCL verification
+reads the run as it reads any other.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 from components.launch_training.hyperpodpytorchjob import HYPERPODPYTORCHJOB
 from components.launch_training.log_rules import HANG_RULE
 from components.launch_training.platform import Platform
+from components.verify_nccl.core import verify_nccl
 from tests.cluster.hyperpod_agents import AgentOperator, NodeAgent
 from tests.helpers import EXACT, tiny_launch
 from tests.test_trainer import assert_same_rows, read_metrics, wait_for_step
@@ -145,6 +147,12 @@ def test_process_level_restarts_a_hang_rule_and_a_stop_under_hyperpodrun_resume_
     assert operator.faults == []
     assert json.loads(run.status.read_text())["state"] == "done"
     assert_same_rows(read_metrics(run), reference_rows(staged_copy, reference, tmp_path / "reference.out"), "")
+
+    # 5. The NCCL verification reads what the run left under the agent: the trainer's reports on the volume, one
+    # attempt per start of the workers (four), and the last pod's log as hyperpodrun tees it ([default<rank>]: lines).
+    result = verify_nccl(str(staged_copy), "hpto", world_size=2, extra_logs=[str(pod.output)])
+    assert result.passed and result.attempt == 4, result.markdown()
+    assert [line.split(":")[0] for line in result.history] == ["attempt 1", "attempt 2", "attempt 3"], result.history
 
 
 def resumed_past(run, attempt: int, step: int) -> bool:
