@@ -401,6 +401,7 @@ def test_render_rbac_for_a_profile_leaves_out_what_kubeflow_grants_and_refuses_b
     assert cli("render-rbac", "--split", str(tmp_path)).returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "rbac-cluster-read.yaml",
+        "rbac-hyperpodpytorchjob.yaml",
         "rbac-pytorchjob.yaml",
         "rbac-trainjob.yaml",
         "rbac.yaml",

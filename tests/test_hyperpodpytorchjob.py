@@ -21,6 +21,7 @@ import yaml
 from common.errors import InputError
 from components.launch_training.apis import api_of
 from components.launch_training.config import LaunchConfig
+from components.launch_training.evidence import TrainerEvidence, failure_evidence
 from components.launch_training.hyperpodpytorchjob import (
     HYPERPODPYTORCHJOB,
     RESTART_WINDOW_S,
@@ -41,6 +42,7 @@ from components.launch_training.log_rules import (
 from components.launch_training.manifest import JobSpec, render_job
 from components.launch_training.platform import Platform, run_options
 from components.launch_training.progress import STALL_FLOOR_S, STALL_GAPS
+from components.launch_training.pytorchjob import PYTORCHJOB
 from components.launch_training.rendering import PRIORITY_CLASS_LABEL, QUEUE_LABEL
 from pipelines.cli import main
 from tests.helpers import RENDER_JOB, tiny_launch
@@ -113,7 +115,7 @@ def test_a_job_of_one_or_two_nodes_is_one_replica_group_run_by_the_operators_pol
     # max_restarts 3 process-level restarts before a full one, restart_budget 3 full ones: 4 x 3 + 3 retries in all
     assert spec["runPolicy"] == {
         "jobMaxRetryCount": 15,
-        "cleanPodPolicy": "Running",
+        "cleanPodPolicy": "None",  # our default Running: finished pods kept for their logs
         "ttlSecondsAfterFinished": 7 * 24 * 3600,
         "restartPolicy": {
             "numRestartBeforeFullJobRestart": 3,
@@ -236,7 +238,11 @@ def test_a_job_the_template_would_refuse_is_refused_in_one_line() -> None:
             {"log_rules": ({"name": "Slow", "logPattern": ".*(\\d+)", "metricThreshold": 3, "operator": "<"},)},
             "rule 'Slow': operator '<': choose one of gt, lt, eq, gteq, lteq",
         ),
-        ({"log_rules": ({"name": "Fast", "logPattern": ".*", "faultOnMatch": True},)}, "unknown field 'faultOnMatch'"),
+        (
+            {"log_rules": ({"name": "Fast", "logPattern": ".*", "faultOnMatch": "yes"},)},
+            "rule 'Fast': faultOnMatch must be a bool, not 'yes'",
+        ),
+        ({"log_rules": ({"name": "Fast", "logPattern": ".*", "onMatch": True},)}, "unknown field 'onMatch'"),
         ({"topology_label": "topology.k8s.aws/network-node-layer-9"}, "topology label 'topology.k8s.aws/network-node"),
         ({"min_nodes": 2, "max_nodes": 4}, "max_nodes 4 above nnodes 2: hyperpodrun 1.1.3 runs a fixed number"),
         ({"auto_resume": True}, "auto_resume: the HyperPod training operator restarts its jobs itself"),
@@ -293,6 +299,11 @@ def test_the_derived_rules_follow_the_run_and_the_launchers_stall_margin() -> No
     )
     assert hang["expectedRecurringFrequencyInSeconds"] == STALL_GAPS * 250
     assert hang["expectedStartCutOffInSeconds"] == 1200 + STALL_GAPS * 250
+    # fast steps: the margin, but never below the floor the agent's once-a-second reading needs
+    assert (
+        derived_rules(hyperpod_spec(log_every=1, expected_step_ms=300))[0]["expectedRecurringFrequencyInSeconds"] == 5
+    )
+    assert derived_rules(hyperpod_spec(log_every=1, expected_step_ms=20))[0]["expectedRecurringFrequencyInSeconds"] == 5
     assert slow == {
         "name": SLOW_RULE,
         "logPattern": TOKENS_PER_S_PATTERN,
@@ -382,6 +393,31 @@ def test_the_status_reads_as_the_sdks_models_describe_it() -> None:
     assert api.times(job) == (120.0, 3600.0)
     job["spec"]["runPolicy"]["suspend"] = True
     assert api.is_suspended(job)
+
+
+def test_a_failed_jobs_evidence_names_the_operators_last_restart_before_the_trainers_account() -> None:
+    """The step's failure message (follow.JobFollower.fail): the operator's latestFaultyPodInstanceList (restart type,
+    faulty pods and ranks), then the trainer's account from the volume, or the failed pods' last lines. An API whose
+    status keeps no such account (or a job never restarted) adds nothing. On the real control plane:
+    tests/test_k8s_launcher_diagnosis.py."""
+    job = render_job(hyperpod_spec())
+    job["status"] = {
+        "latestFaultyPodInstanceList": {
+            "restartType": "JLR",
+            "faultyPodList": ["hpp-r1-train-0123456789-pods-1"],
+            "faultyRankList": ["8", "9"],
+        }
+    }
+    trainer = TrainerEvidence("crashed", 30, "", 3, ["boom"])
+    faults = HYPERPODPYTORCHJOB.faults(job)
+    assert failure_evidence(trainer, {}, faults) == (
+        "; the operator's last restart: JLR restart: pods hpp-r1-train-0123456789-pods-1; ranks 8, 9; "
+        "trainer crashed at step 30; last lines of rank 3, the first to log an error: boom"
+    )
+    tails = {"pods-1": "exit code 1 (Error): boom"}
+    assert failure_evidence(None, tails, faults).endswith("ranks 8, 9; pods-1: exit code 1 (Error): boom")
+    assert HYPERPODPYTORCHJOB.faults(render_job(hyperpod_spec())) == ""
+    assert failure_evidence(None, tails, PYTORCHJOB.faults(job)) == "; pods-1: exit code 1 (Error): boom"
 
 
 # -- the command line ---------------------------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 The launcher is the pipeline runner (its service-account token; deploy/rbac*.yaml's Roles in the test's namespace,
 the real RBAC authorizer deciding). The Training Operator v1.8.1 and its webhook, Kubeflow Trainer v2.3.0 and JobSet
-v0.12.0 with their webhooks (over the real Job controller), Kueue and the kubelet are played on top (tests/cluster/);
-what the tests assert of requests comes from the API server's audit log and metrics.
+v0.12.0 with their webhooks (over the real Job controller), the SageMaker HyperPod training operator (its job level,
+from what AWS publishes), Kueue and the kubelet are played on top (tests/cluster/); what the tests assert of requests
+comes from the API server's audit log and metrics.
 
 The launcher's lifecycle (success, failure with evidence, a new attempt after a failure, re-attach, SIGTERM, the exit
-step's clean-up, deadlines, Kueue's queueing and preemption, stall, divergence) runs against both job APIs: those
-tests take `api` (BOTH_APIS) and say what differs between the two where their timelines must.
+step's clean-up, deadlines, Kueue's queueing and preemption) runs against all three job APIs (ALL_APIS); stall,
+divergence and what else it guarantees against the two Kubeflow ones (BOTH_APIS). Those tests take `api` and say
+what differs between the APIs where their timelines must.
 
 Here: a launch from start to end, what the API server and the webhooks make of the job, the login and the job's
 owner and volume. Beside it, by topic: tests/test_k8s_launcher_streams.py (the job's watch and the pods' log streams,
@@ -35,10 +37,19 @@ from components.run_summary.core import job_cleanup
 from components.verify_nccl.core import fetch_pod_logs
 from tests.cluster.timelines import Timeline
 from tests.helpers import snapshot_dir
-from tests.launcher_helpers import BOTH_APIS, LINES, cluster_config, forbidden, node_lines, on, wait_for
+from tests.launcher_helpers import (
+    ALL_APIS,
+    LINES,
+    cluster_config,
+    forbidden,
+    node_lines,
+    on,
+    restart_budget,
+    wait_for,
+)
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_success_streams_worker_0_and_reports(api: str, staged_root: Path, make_cluster, caplog) -> None:
     caplog.set_level(logging.INFO)
     cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES), api=api)
@@ -62,6 +73,11 @@ def test_success_streams_worker_0_and_reports(api: str, staged_root: Path, make_
         # An elastic job (every job renders elasticPolicy) succeeds when one worker has (1.8.1 UpdateJobStatus,
         # kubeflow/training-operator#1752): worker-1 may still be Running when the condition is logged.
         assert "successfully completed" in caplog.text and "worker-0 Succeeded" in caplog.text
+    elif api == "hyperpodpytorchjob":
+        # every pod Succeeded: Completed (tests/cluster/hyperpod_training_operator.py), with the job's own times
+        assert job["spec"]["replicaSpecs"][0]["replicas"] == 2 and result.job_kind == "HyperPodPyTorchJob"
+        assert f"HyperPodPyTorchJob {result.job_name}: Completed (JobCompleted)" in caplog.text
+        assert job["status"]["startTime"] and job["status"]["completionTime"]
     else:
         # v2.3.0 copies JobSet's Completed as Complete (plugins/jobset/jobset.go Status), with the child jobs' counts.
         assert job["spec"]["trainer"]["numNodes"] == 2 and result.job_kind == "TrainJob"
@@ -71,26 +87,29 @@ def test_success_streams_worker_0_and_reports(api: str, staged_root: Path, make_
         ]
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_a_profiles_default_editor_launches_verifies_and_cleans_up(
     api: str, staged_root: Path, make_cluster, kubeflow: None, tmp_path: Path
 ) -> None:
     """In a Kubeflow profile's namespace, as its default-editor (kubeflow-edit from the profile controller, and only
     what `render-rbac --kubeflow-profile` adds): the launch, verification's read of the pods' logs and the exit step's
     clean-up meet no refusal; tests/test_rbac.py holds each rendered rule to a request made here. A TrainJob run
-    first finds a Failed TrainJob of its name left behind, and replaces it once its JobSet is gone."""
+    first finds a Failed TrainJob of its name left behind, and replaces it once its JobSet is gone; a HyperPodPyTorchJob
+    run a Failed one too (kubeflow-edit does not cover the kind: the delete is render-rbac's to grant)."""
     cluster = make_cluster(
         timeline=Timeline.success(workers=2, log_lines=LINES), api=api, profile=True, restart_budget=0
     )
-    cfg = cluster_config(staged_root, "in-profile", **on(cluster))
-    if api == "trainjob":
+    options = restart_budget(api, 0) if api == "hyperpodpytorchjob" else {}  # fails at its first fault
+    cfg = cluster_config(staged_root, "in-profile", **on(cluster), job_options=options)
+    replaced = api in ("trainjob", "hyperpodpytorchjob")
+    if replaced:
         cluster.timeline = Timeline.failure()
         cluster.create_job(render_job(cfg.job_spec()))
-        wait_for(lambda: cluster.api.is_failed(cluster.job(cfg.job_name) or {}), 30, "the TrainJob failed")
+        wait_for(lambda: cluster.api.is_failed(cluster.job(cfg.job_name) or {}), 30, f"the {cluster.api.kind} failed")
         cluster.timeline = Timeline.success(workers=2, log_lines=LINES)
     result = launch(cfg, cluster.runner())
     assert (result.state, result.namespace) == ("Succeeded", cluster.namespace)
-    assert result.attempt == (2 if api == "trainjob" else 1)
+    assert result.attempt == (2 if replaced else 1)
     logs = fetch_pod_logs(result.job_name, cluster.namespace, tmp_path / "logs", api, api_client=cluster.runner())
     assert len(logs) == 2 and all(path.read_text() for path in logs)
     cleanup = job_cleanup("kubernetes", cluster.namespace, "in-profile", "pipeline-in-profile", api, cluster.runner())

@@ -14,6 +14,7 @@ from components.launch_training.core import launch
 from components.launch_training.manifest import render_job
 from tests.cluster.timelines import Timeline
 from tests.launcher_helpers import (
+    ALL_APIS,
     BOTH_APIS,
     LINES,
     cluster_config,
@@ -26,7 +27,7 @@ from tests.launcher_helpers import (
 )
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_a_retried_step_reattaches_to_its_job(api: str, staged_root: Path, make_cluster, caplog) -> None:
     cluster = make_cluster(timeline=Timeline.success(workers=2, log_lines=LINES[:3]), api=api)
     cfg = cluster_config(staged_root, "retry", **on(cluster))
@@ -45,18 +46,23 @@ def test_a_different_job_under_the_same_name_is_refused(staged_root: Path, make_
     assert deleted_jobs(cluster) == [], "someone else's job is left alone"
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_a_retried_run_after_a_failed_job_trains_again(
     api: str, staged_root: Path, make_cluster, garbage_collector, caplog
 ) -> None:
     """KFP's run-level Retry keeps the run id, so the job name: the failed job is replaced, not re-reported. The
     foreground deletion of the failed job ends only when the garbage collector has removed its pods. A Failed TrainJob
     is deleted by the launch that saw it fail (Trainer v2.3.0 would run it again once its JobSet's TTL removed the
-    JobSet), so the retry finds none and creates it anew, as attempt 1: the trainer's own attempt counts on."""
+    JobSet), so the retry finds none and creates it anew, as attempt 1: the trainer's own attempt counts on. A Failed
+    HyperPodPyTorchJob stays, as a PyTorchJob does, and is replaced the same way."""
     caplog.set_level(logging.INFO)
     cluster = make_cluster(timeline=crash_until_failed(api, tick_s=0.2), api=api, restart_budget=1)
     cfg = cluster_config(staged_root, "retried", **on(cluster), job_options=restart_budget(api, 1))
-    reason = "PyTorchJobFailed: Job .* backoff limit" if api == "pytorchjob" else "ReachedMaxRestarts"
+    reason = {
+        "pytorchjob": "PyTorchJobFailed: Job .* backoff limit",
+        "trainjob": "ReachedMaxRestarts",
+        "hyperpodpytorchjob": "MaxFullJobRestartsReached",
+    }[api]
     with pytest.raises(StepFailed, match=rf"failed \(attempt 1\): {reason}"):
         launch(cfg, cluster.runner())
     cluster.timeline = Timeline.success(workers=2, log_lines=LINES[:3])

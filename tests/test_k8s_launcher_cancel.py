@@ -21,7 +21,7 @@ from components.launch_training.core import launch
 from components.launch_training.manifest import DEFAULT_RUNTIME, job_name, render_job
 from components.run_summary.core import job_cleanup, summarize_run
 from tests.cluster.timelines import Timeline
-from tests.launcher_helpers import BOTH_APIS, LINES, cluster_config, deleted_jobs, on, running, wait_for
+from tests.launcher_helpers import ALL_APIS, BOTH_APIS, LINES, cluster_config, deleted_jobs, on, running, wait_for
 
 
 def launcher_command(staged_root: Path, run_id: str, namespace: str, cluster: Any = None) -> list[str]:
@@ -53,7 +53,7 @@ def launcher_command(staged_root: Path, run_id: str, namespace: str, cluster: An
     ]
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_sigterm_deletes_the_job_and_exits_within_5_s(
     api: str, staged_root: Path, make_cluster, tmp_path: Path
 ) -> None:
@@ -95,7 +95,7 @@ def test_sigterm_deletes_the_job_even_when_the_process_is_killed_right_after(
     assert deleted_jobs(cluster)[:1] == [(name, "Foreground")]
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_a_terminated_runs_job_is_deleted_by_the_exit_step(
     api: str, staged_root: Path, make_cluster, tmp_path: Path
 ) -> None:

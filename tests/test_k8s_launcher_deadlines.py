@@ -25,15 +25,26 @@ from components.launch_training.manifest import render_job
 from components.launch_training.platform import Platform
 from components.launch_training.watch_settings import DIAGNOSE_EVERY_S
 from tests.cluster.timelines import Timeline
-from tests.launcher_helpers import BOTH_APIS, LINES, cluster_config, deleted_jobs, fast, on, running, wait_for
+from tests.launcher_helpers import (
+    ALL_APIS,
+    BOTH_APIS,
+    LINES,
+    cluster_config,
+    deleted_jobs,
+    fast,
+    on,
+    running,
+    wait_for,
+)
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_the_deadline_deletes_the_job_and_the_garbage_collector_its_pods(
     api: str, staged_root: Path, make_cluster, garbage_collector
 ) -> None:
-    """A PyTorchJob in the foreground: it goes once its pods have gone. A TrainJob in the background (Trainer v2.3.0
-    would build a new JobSet for one still there without its JobSet): it goes first, its JobSet, Jobs and pods after."""
+    """A PyTorchJob (or a HyperPodPyTorchJob) in the foreground: it goes once its pods have gone. A TrainJob in the
+    background (Trainer v2.3.0 would build a new JobSet for one still there without its JobSet): it goes first, its
+    JobSet, Jobs and pods after."""
     cluster = make_cluster(timeline=Timeline.stuck_pending(), api=api)
     cfg = cluster_config(staged_root, "stuck", **on(cluster), timeout_s=2)
     with pytest.raises(StepFailed, match=r"did not finish within 2s .*Pending.*it was deleted"):
@@ -132,7 +143,7 @@ def test_a_pod_stuck_terminating_on_a_lost_node_counts_as_lost(staged_root: Path
     assert stuck and stuck[0]["metadata"].get("deletionTimestamp"), "still Terminating"
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(
     api: str, staged_root: Path, make_cluster, caplog
 ) -> None:
@@ -154,7 +165,9 @@ def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(
     assert f"{cluster.namespace}/{cfg.job_name}" in cluster.kueue.suspended_at_create, "Kueue's webhook held it"
     assert "is queued: suspended until the cluster's queue (Kueue) admits it" in caplog.text
     assert re.search(r"was admitted after \d+s in the queue", caplog.text)
-    if api == "pytorchjob":
+    if api == "hyperpodpytorchjob":  # admitted through runPolicy.suspend (tests/cluster/kueue.py)
+        assert stored["spec"]["runPolicy"]["suspend"] is False
+    elif api == "pytorchjob":
         assert stored["spec"]["runPolicy"]["suspend"] is False
         template = stored["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
         assert template["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "worker", "Kueue's pod-set labels"
@@ -165,7 +178,7 @@ def test_a_queued_job_is_reported_and_not_deleted_by_the_pending_deadline(
         assert node["template"]["spec"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "node"
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_a_job_preempted_by_kueue_and_admitted_again_is_not_taken_for_a_lost_node(
     api: str, staged_root: Path, make_cluster, caplog
 ) -> None:
@@ -179,8 +192,11 @@ def test_a_job_preempted_by_kueue_and_admitted_again_is_not_taken_for_a_lost_nod
     outcome = run_job(Kube(cluster.runner()), job, fast(pending_timeout_s=6, recovery_timeout_s=1.5), threading.Event())
     conditions = {c["type"]: c for c in outcome.conditions}
     assert outcome.state == "Succeeded" and deleted_jobs(cluster) == []
-    resumed = "PyTorchJobResumed" if api == "pytorchjob" else "Resumed"  # TrainJobResumedReason (v2.3.0)
-    assert conditions["Suspended"]["status"] == "False" and conditions["Suspended"]["reason"] == resumed
+    if api == "hyperpodpytorchjob":  # no Suspended condition is published: its pods went, Running turned False
+        assert "Suspended" not in conditions and cluster.job(cfg.job_name)["spec"]["runPolicy"]["suspend"] is False
+    else:
+        resumed = "PyTorchJobResumed" if api == "pytorchjob" else "Resumed"  # TrainJobResumedReason (v2.3.0)
+        assert conditions["Suspended"]["status"] == "False" and conditions["Suspended"]["reason"] == resumed
     assert len(re.findall(r"was admitted after \d+s in the queue", caplog.text)) == 2, "admitted, then re-admitted"
 
 
@@ -199,6 +215,20 @@ def test_the_training_deadline_reaches_the_operator(staged_root: Path) -> None:
     assert policy["activeDeadlineSeconds"] == 3600 + OPERATOR_DEADLINE_MARGIN_S
     unbounded = render_job(cluster_config(staged_root, "deadline", timeout_s=0).job_spec())["spec"]["runPolicy"]
     assert "activeDeadlineSeconds" not in unbounded
+
+
+def test_the_hyperpod_operators_deadline_fails_the_job_and_the_step_says_so(staged_root: Path, make_cluster) -> None:
+    """A HyperPodPyTorchJob past its runPolicy.activeDeadlineSeconds (the launcher's deadline plus a margin: the one
+    that holds when the launcher is gone): its operator deletes its pods and fails it, and a launcher still there
+    fails the step with the operator's reason (tests/cluster/hyperpod_training_operator.py)."""
+    cluster = make_cluster(timeline=Timeline.running(2), api="hyperpodpytorchjob")
+    spec = cluster_config(staged_root, "hp-deadline", **on(cluster)).job_spec()
+    spec.active_deadline_s = 2
+    job = render_job(spec)
+    with pytest.raises(StepFailed, match=r"failed \(attempt 1\): DeadlineExceeded: .* activeDeadlineSeconds"):
+        run_job(Kube(cluster.runner()), job, fast(), threading.Event())
+    wait_for(lambda: cluster.pods(spec.name) == [], 10, "the operator deleted the pods")
+    assert deleted_jobs(cluster) == [], "the operator failed it; a failed job stays for its logs"
 
 
 def test_after_a_kueue_resume_the_operators_deadline_waits_for_the_jobs_next_change(

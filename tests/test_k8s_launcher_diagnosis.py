@@ -22,6 +22,7 @@ from components.launch_training.manifest import render_job
 from tests.cluster.control_plane import deploy_grants
 from tests.cluster.timelines import Timeline
 from tests.launcher_helpers import (
+    ALL_APIS,
     BOTH_APIS,
     cluster_config,
     crash_until_failed,
@@ -108,21 +109,29 @@ def write_trainer_logs(run: RunPaths, failing_rank: int, world: int = 4) -> None
     write_status(run, 0, "crashed", exit_code=1, step=30, error="RuntimeError('Connection reset by peer')")
 
 
-@BOTH_APIS
+@ALL_APIS
 def test_a_failed_job_whose_pods_were_deleted_still_names_the_trainers_last_lines(
     api: str, staged_copy: Path, make_cluster
 ) -> None:
     """Training Operator 1.8.1 deletes every pod at the backoff limit before it writes Failed; JobSet deletes a
-    failed group's Jobs, and with them their pods, at each restart: the evidence comes from the trainer's own logs on
-    the volume."""
+    failed group's Jobs, and with them their pods, at each restart, as the HyperPod training operator deletes a
+    job's pods at each job-level restart: the evidence comes from the trainer's own logs on the volume, and where the
+    operator keeps an account of its last restart (a HyperPodPyTorchJob's latestFaultyPodInstanceList), from it too."""
     cluster = make_cluster(timeline=crash_until_failed(api, log_lines=["boom"], tick_s=0.05), api=api, restart_budget=1)
     cfg = cluster_config(staged_copy, "evidence", **on(cluster), job_options=restart_budget(api, 1))
     write_trainer_logs(cfg.run_paths, failing_rank=3)
     with pytest.raises(StepFailed) as failure:
         launch(cfg, cluster.runner())
     message = str(failure.value)
-    limit = "backoff limit" if api == "pytorchjob" else "ReachedMaxRestarts: jobset failed due to reaching max number"
+    limit = {
+        "pytorchjob": "backoff limit",
+        "trainjob": "ReachedMaxRestarts: jobset failed due to reaching max number",
+        "hyperpodpytorchjob": "MaxFullJobRestartsReached",
+    }[api]
     assert limit in message and "trainer crashed at step 30" in message
+    if api == "hyperpodpytorchjob":  # worker 1 of 2 nodes of 8 processes: ranks 8 to 15
+        ranks = ", ".join(map(str, range(8, 16)))
+        assert f"the operator's last restart: JLR restart: pods {cfg.job_name}-pods-1; ranks {ranks}" in message
     assert "rank 3, the first to log an error" in message
     assert "RuntimeError: CUDA error: an illegal memory access was encountered" in message
 

@@ -414,9 +414,8 @@ def test_the_grants_hold_no_wildcard_no_secret_and_write_only_the_jobs() -> None
         for permission in permissions(path):
             assert "*" not in (permission.group, permission.resource, permission.verb), permission
             assert permission.resource != "secrets", permission
-            assert permission.verb in ("get", "list", "watch") or permission.resource in ("pytorchjobs", "trainjobs"), (
-                permission
-            )
+            jobs = ("pytorchjobs", "trainjobs", "hyperpodpytorchjobs")
+            assert permission.verb in ("get", "list", "watch") or permission.resource in jobs, permission
 
 
 def test_the_matcher_reads_rules_as_rbac_does() -> None:

@@ -71,6 +71,19 @@ def read_evidence(run: RunPaths, tail: int = TAIL_LINES) -> TrainerEvidence | No
     )
 
 
+def failure_evidence(trainer: TrainerEvidence | None, pod_tails: dict[str, str], operator_faults: str = "") -> str:
+    """What the step's failure message adds to the job's condition: the operator's own account of the faults it
+    restarted the job for, where its status keeps one (a HyperPodPyTorchJob's latestFaultyPodInstanceList: the
+    restart type, the faulty pods and their ranks); then the trainer's account from the volume, or without one what
+    the failed pods showed (at their last restart, or now, if they still exist)."""
+    faults = f"; the operator's last restart: {operator_faults}" if operator_faults else ""
+    if trainer is not None and (summary := trainer.summary()):
+        return f"{faults}; {summary}"
+    if pod_tails:
+        return f"{faults}; " + "; ".join(f"{pod}: {tail}" for pod, tail in sorted(pod_tails.items()))
+    return f"{faults}; the trainer left no log or status on the volume (it may never have started)"
+
+
 def last_lines_of_every_rank(run: RunPaths, lines: int = 2) -> str:
     """Each rank's last lines, for a stall: which ranks were where when progress stopped."""
     tails = {rank: _tail(path, TAIL_BYTES)[-lines:] for rank, path in sorted(_rank_logs(run.logs).items())}

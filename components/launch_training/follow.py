@@ -27,7 +27,7 @@ from components.launch_training.attach import create_or_attach
 from components.launch_training.cancel import Cancelled, delete_job
 from components.launch_training.deadlines import Deadlines
 from components.launch_training.diagnosis import Diagnosis
-from components.launch_training.evidence import TrainerEvidence, last_lines_of_every_rank
+from components.launch_training.evidence import TrainerEvidence, failure_evidence, last_lines_of_every_rank
 from components.launch_training.log_stream import LogStreamer
 from components.launch_training.pods import Diagnoser, describe_failure, job_pods, last_lines, pod_summary
 from components.launch_training.progress import TrainingWatch
@@ -335,8 +335,8 @@ class JobFollower:
         pod_tails = {**self.diagnoser.restart_tails, **describe_failure(kube, api, ns, name)}
         reason = f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
         message = (
-            f"{api.kind} {ns}/{name} failed (attempt {self.attempt}): {reason}{_evidence(evidence(), pod_tails)}"
-            f"{_why(self.diagnosis)}"
+            f"{api.kind} {ns}/{name} failed (attempt {self.attempt}): {reason}"
+            f"{failure_evidence(evidence(), pod_tails, api.faults(self.current))}{_why(self.diagnosis)}"
         )
         if api.delete_failed:  # its operator would run it again (trainjob.py); what it showed is read above
             try:
@@ -348,16 +348,6 @@ class JobFollower:
                     f"{name}`), or {api.operator} may run it again"
                 )
         raise StepFailed(message)
-
-
-def _evidence(trainer: TrainerEvidence | None, pod_tails: dict[str, str]) -> str:
-    """The trainer's account from the volume; without one, what the failed pods showed (at their last restart,
-    or now, if they still exist)."""
-    if trainer is not None and (summary := trainer.summary()):
-        return f"; {summary}"
-    if pod_tails:
-        return "; " + "; ".join(f"{pod}: {tail}" for pod, tail in sorted(pod_tails.items()))
-    return "; the trainer left no log or status on the volume (it may never have started)"
 
 
 def _why(diagnosis: Diagnosis) -> str:

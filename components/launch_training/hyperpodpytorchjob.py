@@ -38,9 +38,13 @@ The manifest:
     length: its deadline, or RESTART_WINDOW_S without one, so that the budget counts over the run as it does on the
     other APIs;
   - `jobMaxRetryCount` = every restart the two allow: `max_restarts` in each of the `restart_budget + 1` incarnations
-    plus the `restart_budget` full restarts. The SDK gives the field no description and AWS's guide no definition;
-    set so, it stops nothing the two limits above allow, whichever restarts it counts;
-  - `cleanPodPolicy`, `ttlSecondsAfterFinished`, `activeDeadlineSeconds` from the settings of the same names;
+    plus the `restart_budget` full restarts. AWS's guide calls it the "maximum number of restarts at the process
+    level", its sample sets 50 beside 3 and 1; set so, it stops nothing the two limits above allow, whichever restarts
+    it counts;
+  - `cleanPodPolicy` from the run's clean pod policy, in the operator's values (AWS's guide: `All`, `OnlyComplete`,
+    `None`): `All` and `None` as they are; the default `Running` (running pods go with the job, finished ones stay for
+    their logs) as `None`, since every pod of a finished HyperPodPyTorchJob has ended;
+  - `ttlSecondsAfterFinished`, `activeDeadlineSeconds` from the settings of the same names;
   - `logMonitoringConfiguration`: log_rules.py.
 - Metadata as every API's (rendering.job_metadata): Kueue's queue-name and priority-class labels (the template's
   `to_domain` puts the same two on the job), our labels and annotations; and, where the platform compiled one in,
@@ -106,6 +110,7 @@ PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 SUCCEEDED_TYPES = ("Completed", "Complete", "Succeeded")  # module docstring: the operator's own is not published
 TEMPLATE = "hyperpod-pytorch-job-template 1.5.0 v1_1"
+CLEAN_POD_POLICIES = {"All": "All", "None": "None", "Running": "None"}  # ours -> the operator's (module docstring)
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -174,7 +179,7 @@ class HyperPodPyTorchJobApi(JobApi):
         check_rules(rules, "the job's log monitoring rules")
         run_policy: dict[str, Any] = {
             "jobMaxRetryCount": job_max_retry_count(spec),
-            "cleanPodPolicy": spec.clean_pod_policy,
+            "cleanPodPolicy": CLEAN_POD_POLICIES[spec.clean_pod_policy],
             "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
             "restartPolicy": {
                 "numRestartBeforeFullJobRestart": spec.max_restarts,
@@ -228,6 +233,9 @@ class HyperPodPyTorchJobApi(JobApi):
         """The operator's count of the job's restarts (status.restartCount), plus containers restarted in place."""
         in_place = sum(c.restart_count or 0 for pod in pods for c in pod.status.container_statuses or [])
         return int(job.get("status", {}).get("restartCount") or 0) + in_place
+
+    def faults(self, job: dict[str, Any]) -> str:
+        return latest_faults(job)
 
     def times(self, job: dict[str, Any]) -> tuple[float | None, float | None]:
         """Queued: creation to status.startTime (acknowledged, and under Kueue admitted); running: to completionTime."""

@@ -141,6 +141,11 @@ class JobApi:
         """(queued, running) seconds from the job's own timestamps: creation to start, start to end."""
         raise NotImplementedError
 
+    def faults(self, job: dict[str, Any]) -> str:
+        """The operator's own account of the faults it restarted the job for, one line; "" where its status keeps
+        none (the failure evidence: evidence.failure_evidence)."""
+        return ""
+
     def refuse_options(self, options: dict[str, Any]) -> None:
         for key in options:
             if key in self.refused_options:

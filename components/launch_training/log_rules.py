@@ -51,7 +51,9 @@ NO_RULES = "log monitoring rules are a HyperPodPyTorchJob's (compile --job-api h
 # may reach the file a few seconds late on a loaded node.
 HANG_FLOOR_S = 5
 SLOW_DATA_POINTS = 3  # slow step lines in a row before the job is called slow: one slow interval is not a trend
-# The rule's fields and the operators the SDK's LogMonitoringConfiguration model lists.
+# The rule's fields and the operators the SDK's LogMonitoringConfiguration model lists, and faultOnMatch, which AWS's
+# guide lists ("Using the training operator to run jobs": a match faults the job at once) and the agent reads
+# (`LogEvaluator`, faultOnMatch).
 RULE_FIELDS = {
     "name": str,
     "logPattern": str,
@@ -61,6 +63,7 @@ RULE_FIELDS = {
     "operator": str,
     "metricEvaluationDataPoints": int,
     "stopPattern": str,
+    "faultOnMatch": bool,
 }
 OPERATORS = ("gt", "lt", "eq", "gteq", "lteq")
 
@@ -127,7 +130,7 @@ def check_rules(rules: Any, source: str) -> None:
             raise InputError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(RULE_FIELDS)})")
         for key, kind in RULE_FIELDS.items():
             value = rule.get(key)
-            if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
                 raise InputError(f"{where}: {key} must be a {kind.__name__}, not {value!r}")
         if not rule.get("name"):
             raise InputError(f"{where}: has no name")

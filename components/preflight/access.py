@@ -55,9 +55,9 @@ LAUNCHER = RoleSpec(
             ("list", "watch"),
             """\
 list: the job's pods by label (JobApi.pod_selector: training.kubeflow.org/job-name for a PyTorchJob,
-  jobset.sigs.k8s.io/jobset-name for a TrainJob): pods.job_pods (pod_summary, describe_failure,
-  Diagnoser.tick, the restarts at the end), PodWatcher.run; verify_nccl.fetch_pod_logs; one node's pods by label
-  (JobApi.node_selector): LogStreamer.restarted_since_last_read.
+  jobset.sigs.k8s.io/jobset-name for a TrainJob, HPJob for a HyperPodPyTorchJob): pods.job_pods (pod_summary,
+  describe_failure, Diagnoser.tick, the restarts at the end), PodWatcher.run; verify_nccl.fetch_pod_logs; one
+  node's pods by label (JobApi.node_selector): LogStreamer.restarted_since_last_read.
 watch: PodWatcher._watch_from, the job's pods by the same label: a pod made anew after a failure counts against the
   restart budget (restarts.py). Pods are never read one by one (get).""",
         ),
@@ -247,17 +247,18 @@ get configmaps, kueue-manager-config only: preflight.check_queue (whether Kueue 
 )
 
 
-# The job APIs whose Roles are modelled here and measured from the audit log (tests/test_rbac.py). A
-# HyperPodPyTorchJob's are not yet (issue 59): render-rbac refuses it rather than print grants nobody measured.
-RBAC_JOB_APIS = ("pytorchjob", "trainjob")
+# The job APIs whose Roles are modelled here and measured from the audit log (tests/test_rbac.py): every one the
+# launcher drives. A HyperPodPyTorchJob's job Role is the launcher's alone: the preflight reads nothing of its operator
+# yet (components/preflight/crd.py), and its CRD is not among PREFLIGHT_READ's names (issue 59).
+RBAC_JOB_APIS = ("pytorchjob", "trainjob", "hyperpodpytorchjob")
 
 
 def roles(api_name: str, runtime_name: str = "hyperpod-pretrain", cluster_read: bool = False) -> list[RoleSpec]:
     """What the pipeline's service account needs for a pipeline compiled for ``api_name``, in deploy-file order."""
     api = job_api(api_name)
     if api_name not in RBAC_JOB_APIS:
-        raise InputError(f"the Roles a --job-api {api_name} pipeline needs are not measured yet (issue 59)")
-    extra = [OPERATOR_READ] if api_name == "pytorchjob" else [runtime_read(runtime_name)]
+        raise InputError(f"the Roles a --job-api {api_name} pipeline needs are not measured")
+    extra = {"pytorchjob": [OPERATOR_READ], "trainjob": [runtime_read(runtime_name)]}.get(api_name, [])
     return [LAUNCHER, PREFLIGHT_READ, job_role(api), *extra, *([CLUSTER_READ] if cluster_read else [])]
 
 

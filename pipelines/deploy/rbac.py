@@ -128,11 +128,12 @@ def _header(file: str, subject: Subject) -> str:
         "rbac.yaml": f"""\
 What the pipeline's steps need whichever job API the pipeline was compiled for, and nothing more, for {who}
 (jobs go to {subject.jobs}): there, to follow and diagnose the job's pods and to read the FSx PVC;
-and the preflight's read of the two job APIs' CRDs. The job API's own rules are in rbac-pytorchjob.yaml (compile
---job-api pytorchjob, the default) or rbac-trainjob.yaml (--job-api trainjob): apply this file and that one. Each rule
+and the preflight's read of the two Kubeflow job APIs' CRDs. The job API's own rules are in rbac-pytorchjob.yaml
+(compile --job-api pytorchjob, the default), rbac-trainjob.yaml (--job-api trainjob) or rbac-hyperpodpytorchjob.yaml
+(--job-api hyperpodpytorchjob): apply this file and that one. Each rule
 names the calls that make its requests (tests/test_rbac.py checks them against what the runner asked the real API
 server for across the launcher's and the preflight's tests: every request granted, every rule used).
-  {apply.format(api="pytorchjob")}      (or rbac-trainjob.yaml)
+  {apply.format(api="pytorchjob")}      (or another job API's file)
 Optional, for the preflight's cluster-wide reads (nodes, pods on them, DaemonSets, Deployments in other namespaces,
 the FSx PVC's PersistentVolume and StorageClass, Kueue's configuration); without it those checks warn that they
 could not look:
@@ -156,6 +157,12 @@ authenticated user may read (Trainer's own kubeflow-trainer-public Role). The Jo
 Kubeflow Trainer's and JobSet's to make: nothing here creates them. tests/test_rbac.py holds every rule to a request
 the runner made.
   {apply.format(api="trainjob")}""",
+        "rbac-hyperpodpytorchjob.yaml": f"""\
+A pipeline compiled with --job-api hyperpodpytorchjob: what {who} needs of the SageMaker HyperPod training operator's
+HyperPodPyTorchJob API, besides rbac.yaml: in the jobs' namespace, to launch, follow and clean up HyperPodPyTorchJobs.
+Their pods are the operator's to make: nothing here creates them. tests/test_rbac.py holds every rule to a request the
+runner made.
+  {apply.format(api="hyperpodpytorchjob")}""",
         "rbac-cluster-read.yaml": f"""\
 Optional: the preflight's cluster-wide reads, read-only, for {who}. With it the preflight sees whether the job
 fits (nodes and what already runs on them), whether the device plugins are ready, whether the FSx file system writes

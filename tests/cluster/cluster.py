@@ -1,6 +1,6 @@
 """One test's part of the shared control plane: a namespace with deploy/rbac*.yaml in it, and the players in it: the
 Training Operator for a PyTorchJob test, Kubeflow Trainer and JobSet (with the real Job controller) for a TrainJob
-test, and the kubelet for both."""
+test, the SageMaker HyperPod training operator for a HyperPodPyTorchJob test, and the kubelet for each."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from components.launch_training.apis import job_api
+from components.launch_training.hyperpodpytorchjob import HYPERPODPYTORCHJOB
 from components.launch_training.job_api import JobApi
 from components.launch_training.manifest import GPU_TOLERATION, JobSpec
 from components.launch_training.trainjob import TRAINJOB, render_runtime
 from components.preflight.access import runtime_read
 from pipelines.deploy.rbac import Subject, render, role_documents
 from tests.cluster.control_plane import ControlPlane
+from tests.cluster.hyperpod_training_operator import HyperPodTrainingOperator
 from tests.cluster.jobset import JobSetController
 from tests.cluster.kubeflow import EDITOR, make_profile
 from tests.cluster.kubelet import Kubelet
@@ -63,8 +65,9 @@ def profile_namespace(plane: ControlPlane, api_name: str, cluster_read: bool = F
 
 
 class Cluster:
-    """The job API's operator (``api``: pytorchjob or trainjob) and the kubelet played in a fresh namespace;
-    ``timeline`` is played for each job created there. What went wrong inside a player is in :attr:`errors`.
+    """The job API's operator (``api``: pytorchjob, trainjob or hyperpodpytorchjob) and the kubelet played in a fresh
+    namespace; ``timeline`` is played for each job created there. What went wrong inside a player is in
+    :attr:`errors`.
 
     A TrainJob test gets its own ClusterTrainingRuntime (cluster-scoped, so named after the namespace), rendered by
     the launcher's own `render_runtime` with ``restart_budget`` as JobSet's maxRestarts: the real API server
@@ -107,6 +110,8 @@ class Cluster:
                 JobSetController(self.admin, self.namespace),
                 TrainJobController(self.admin, self.namespace, on_created=self._play),
             ]
+        elif self.api is HYPERPODPYTORCHJOB:
+            self.controllers = [HyperPodTrainingOperator(self.admin, self.namespace, on_created=self._play)]
         else:
             self.controllers = [TrainingOperator(self.admin, self.namespace, on_created=self._play)]
 

@@ -62,11 +62,15 @@ TRAINER_CRDS = tuple(
     )
 )
 TORCH_RUNTIME = TRAINER_CRDS_DIR / "torch_distributed.runtime.v2.3.0.yaml"
+# The HyperPodPyTorchJob CRD: ours (AWS publishes none; its header says what it is derived from), so read from the
+# project, never from ../shared; installed in every control plane a test session starts, not in its spares.
+HYPERPODPYTORCHJOB_CRD = Path(__file__).resolve().parent / "crds/sagemaker.amazonaws.com_hyperpodpytorchjobs.yaml"
 RBAC_FILES = (
     REPO / "deploy/rbac.yaml",
     REPO / "deploy/rbac-cluster-read.yaml",
     REPO / "deploy/rbac-pytorchjob.yaml",
     REPO / "deploy/rbac-trainjob.yaml",
+    REPO / "deploy/rbac-hyperpodpytorchjob.yaml",
 )
 WITHOUT_CLUSTER_READ = tuple(path for path in RBAC_FILES if path.name != "rbac-cluster-read.yaml")
 
@@ -76,8 +80,8 @@ ADMIN_USER = "admin"
 ACCOUNTS = "system:serviceaccounts"  # the group of every service account
 LESS_GRANTED = "less-granted-runner"  # the account a test of less granted runs as, in its own namespace
 LAUNCHER_ROLE = "hyperpod-pretrain-launcher"  # deploy/rbac.yaml's Role for the jobs' namespace
-# deploy/rbac-pytorchjob.yaml's and deploy/rbac-trainjob.yaml's, for the jobs' namespace too
-JOB_ROLES = ("hyperpod-pretrain-pytorchjob", "hyperpod-pretrain-trainjob")
+# deploy/rbac-<job api>.yaml's, for the jobs' namespace too
+JOB_ROLES = ("hyperpod-pretrain-pytorchjob", "hyperpod-pretrain-trainjob", "hyperpod-pretrain-hyperpodpytorchjob")
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Only what a test needs of the controller manager: anything more overwrites what the players write (README, "Flags").
 # The Job controller is the real one: it makes the pods of the batch Jobs the JobSet player creates (indexed
@@ -238,7 +242,8 @@ class ControlPlane:
             self._start_etcd()
         self._start_apiserver()
         self.admin = kubernetes.client.ApiClient(self.configuration(self.admin_token))
-        for crd in self.crds:  # before the controller manager, so that its garbage collector knows them at once
+        own = [] if self.etcd_prefix else [HYPERPODPYTORCHJOB_CRD]  # a spare gets only the CRDs it is given
+        for crd in [*self.crds, *own]:  # before the controller manager, so that its garbage collector knows them
             self.install_crd(crd)
         if self.binaries.kube_controller_manager is not None and not self.etcd_prefix:
             self._start_controller_manager()

@@ -25,6 +25,14 @@ Sources, kubernetes-sigs/kueue (the release is named in :data:`RELEASE`):
   (``clientutil.Patch``, ``client.MergeFrom``): they never name the dropped field, whose loss the update already
   made, except RestorePodSetsInfo's: a merge patch replaces a list whole, so it sends the whole runtimePatches list
   in v2.2.1's form again.
+- A SageMaker ``HyperPodPyTorchJob``: how task governance's Kueue manages it is not published (no Kueue release has
+  an integration for it; the HyperPod training operator's is closed source). What is: the SDK's model of it (PyPI
+  sagemaker-hyperpod 3.12.0, ``hyperpod_pytorch_job_unified_config.py``) has ``spec.runPolicy.suspend`` ("Suspend
+  suspends HyperPodPytorchJob") and status fields "used by Kueue" (``podSets``, ``podSetInfos``). Played as the
+  simplest job of Kueue's ``jobframework`` would be: a webhook (ours: ``mhyperpodpytorchjob.kb.io``, at the path
+  controller-runtime would give it) applying ``ApplyDefaultForSuspend`` as above, admission a merge patch of
+  ``runPolicy.suspend: false``, preemption one of ``true``. Kueue's pod-set labels, which would reach the pods
+  through ``status.podSetInfos`` and the operator, are not played.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster import hyperpod_training_operator as hyperpod_player
 from tests.cluster import trainer as trainer_player
 from tests.cluster.tls import HttpsServer, admission_handler, loopback_cert
 from tests.cluster.training_operator import GROUP, PLURAL, VERSION
@@ -63,6 +72,9 @@ CONFIGURATION = "kueue-mutating-webhook-configuration"
 TRAINJOB_WEBHOOK_NAME = "mtrainjob.kb.io"
 TRAINJOB_WEBHOOK_PATH = "/mutate-trainer-kubeflow-org-v1alpha1-trainjob"
 RUNTIME_PATCH_MANAGER = "kueue.x-k8s.io/manager"  # pkg/controller/jobs/trainjob: runtimePatchManagerName
+HYPERPOD_WEBHOOK_NAME = "mhyperpodpytorchjob.kb.io"  # ours: no integration of this kind is published (docstring)
+HYPERPOD_WEBHOOK_PATH = "/mutate-sagemaker-amazonaws-com-v1-hyperpodpytorchjob"
+PYTORCHJOB = (GROUP, VERSION, PLURAL)
 
 
 # kubeflow/trainer v2.2.1 pkg/apis/trainer/v1alpha1/trainjob_types.go, PodSpecPatch: the pod fields a runtime patch
@@ -139,6 +151,24 @@ class Kueue:
                 }
             ],
         }
+        registration["webhooks"].append(
+            {
+                **registration["webhooks"][0],
+                "name": HYPERPOD_WEBHOOK_NAME,
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{self.server.port}{HYPERPOD_WEBHOOK_PATH}",
+                    "caBundle": base64.b64encode(cert.pem).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": [hyperpod_player.GROUP],
+                        "apiVersions": [hyperpod_player.VERSION],
+                        "operations": ["CREATE"],
+                        "resources": [hyperpod_player.PLURAL],
+                    }
+                ],
+            }
+        )
         if trainjob:
             registration["webhooks"].append(
                 {
@@ -325,25 +355,39 @@ class Kueue:
         self._retry(f"suspension of TrainJob {namespace}/{name}", suspend)
         self._retry(f"restoring TrainJob {namespace}/{name}", restore)
 
-    def _patch_job(self, namespace: str, name: str, patch_for: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        """Read the job and patch it with its resourceVersion; on a conflict (the operator wrote its status in
-        between) read it again and retry, as a controller requeues."""
+    def _patch_job(
+        self,
+        namespace: str,
+        name: str,
+        patch_for: Callable[[dict[str, Any]], dict[str, Any]],
+        resource: tuple[str, str, str] = PYTORCHJOB,
+    ) -> None:
+        """Read the job (a PyTorchJob, or ``resource``'s) and patch it with its resourceVersion; on a conflict (the
+        operator wrote its status in between) read it again and retry, as a controller requeues."""
+        group, version, plural = resource
         for _ in range(20):
-            job = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            job = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
             patch = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, **patch_for(job)}
             try:
-                self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+                self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch)
                 return
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-        raise RuntimeError(f"PyTorchJob {namespace}/{name}: 20 conflicts in a row")
+        raise RuntimeError(f"{plural} {namespace}/{name}: 20 conflicts in a row")
+
+    def _suspend_hyperpod_job(self, namespace: str, name: str, suspend: bool) -> None:
+        """A HyperPodPyTorchJob admitted (False) or preempted (True): its runPolicy.suspend (module docstring)."""
+        resource = (hyperpod_player.GROUP, hyperpod_player.VERSION, hyperpod_player.PLURAL)
+        self._patch_job(namespace, name, lambda job: {"spec": {"runPolicy": {"suspend": suspend}}}, resource)
 
     def admit(
         self, namespace: str, name: str, cluster_queue: str = "hyperpod-ns-team-a-clusterqueue", kind: str = ""
     ) -> None:
         """The workload fits its ClusterQueue: the job is started, its pod templates carrying the admission. ``kind``:
-        "PyTorchJob" or "TrainJob" ("": whichever ``name`` is)."""
+        "PyTorchJob", "TrainJob" or "HyperPodPyTorchJob" ("": whichever of the first two ``name`` is)."""
+        if kind == hyperpod_player.KIND:
+            return self._suspend_hyperpod_job(namespace, name, False)
         if (kind or self._kind(namespace, name)) == "TrainJob":
             return self._admit_trainjob(namespace, name, cluster_queue)
         self._patch_job(namespace, name, lambda job: self._admission(job, cluster_queue))
@@ -363,6 +407,8 @@ class Kueue:
     def preempt(self, namespace: str, name: str, kind: str = "") -> None:
         """A higher-priority workload needs the quota: the job is stopped (suspended) and its templates restored. For a
         TrainJob this returns once its Jobs are no longer active and the restore is written."""
+        if kind == hyperpod_player.KIND:
+            return self._suspend_hyperpod_job(namespace, name, True)
         if (kind or self._kind(namespace, name)) == "TrainJob":
             return self._preempt_trainjob(namespace, name)
         self._patch_job(namespace, name, self._preemption)

@@ -3,7 +3,9 @@
 The operator players (the Training Operator; Kubeflow Trainer, JobSet and the real Job controller) react to what these
 write (pods Running, containers exiting, suspend flipped) as the real ones do: a timeline never writes a job condition
 itself. A timeline speaks of nodes by index; the pod of a node is found by the job API's label, whatever its name (a
-PyTorchJob's <job>-worker-<i>; a TrainJob's <job>-node-0-<i>-<suffix>, a new one after each restart of the group).
+PyTorchJob's <job>-worker-<i>; a TrainJob's <job>-node-0-<i>-<suffix>, a new one after each restart of the group). A
+HyperPodPyTorchJob's pods carry no label of their node (tests/cluster/hyperpod_training_operator.py): node i's is the
+one its operator names <job>-<group>-<i>.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from components.launch_training.hyperpodpytorchjob import HYPERPODPYTORCHJOB, REPLICA
+from tests.cluster.hyperpod_training_operator import pod_name
 from trainer.metrics import step_line
 
 if TYPE_CHECKING:
@@ -63,6 +67,8 @@ class JobPlay:
         pods = json.loads(
             core.list_namespaced_pod(self.cluster.namespace, label_selector=selector, _preload_content=False).data
         )["items"]
+        if self.cluster.api is HYPERPODPYTORCHJOB:
+            pods = [p for p in pods if p["metadata"]["name"] == pod_name(self.name, REPLICA, index)]
         return sorted(
             pods,
             key=lambda p: (
