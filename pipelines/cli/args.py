@@ -266,8 +266,8 @@ def add_platform_args(p: argparse.ArgumentParser, mount_path: str, mount_help: s
         help="pytorchjob: a kubeflow.org/v1 PyTorchJob (Training Operator v1, what HyperPod runs and "
         "auto-resumes); trainjob: a trainer.kubeflow.org/v1alpha1 TrainJob (Kubeflow Trainer v2, what the "
         "Kubeflow distribution installs since July 2026); hyperpodpytorchjob: a sagemaker.amazonaws.com/v1 "
-        "HyperPodPyTorchJob (the HyperPod training operator, its workers under hyperpodrun; in progress, "
-        "not yet usable: docs/launcher.md). Default: %(default)s",
+        "HyperPodPyTorchJob (the HyperPod training operator, its workers under hyperpodrun, in the "
+        "trainer-hyperpod image: docker/build.sh --job-api hyperpodpytorchjob). Default: %(default)s",
     )
     p.add_argument(
         "--runtime-name",
