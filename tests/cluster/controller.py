@@ -13,11 +13,25 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
+
+
+def controller_reference(api_version: str, kind: str, owner: dict[str, Any]) -> dict[str, Any]:
+    """controller-runtime's ``SetControllerReference`` of an object to ``owner`` (its metadata): the owner the
+    garbage collector deletes it with, and waits for in a foreground delete."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": owner["name"],
+        "uid": owner["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 class PolledController:

@@ -61,7 +61,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.controller import PolledController
+from tests.cluster.controller import PolledController, controller_reference
 
 log = logging.getLogger(__name__)
 
@@ -256,16 +256,7 @@ class HyperPodTrainingOperator(PolledController):
                 "name": pod_name(meta["name"], group, index),
                 "labels": {**template_meta.get("labels", {}), JOB_LABEL: meta["name"]},
                 "annotations": template_meta.get("annotations", {}),
-                "ownerReferences": [
-                    {
-                        "apiVersion": f"{GROUP}/{VERSION}",
-                        "kind": KIND,
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [controller_reference(f"{GROUP}/{VERSION}", KIND, meta)],
             },
             "spec": {**(template.get("spec") or {}), "restartPolicy": "Never"},
         }

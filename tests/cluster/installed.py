@@ -10,7 +10,8 @@ unless named):
 - Pods of other teams: bound at create (``spec.nodeName``), their status as the kubelet writes it.
 - DaemonSets and Deployments: ``status`` as their controllers write it (``pkg/controller/daemon``
   ``updateDaemonSetStatus``, ``pkg/controller/deployment`` ``syncDeploymentStatus``); the device plugins as HyperPod
-  installs them in kube-system; the Training Operator as its manifests or HyperPod's chart install it.
+  installs them in kube-system; the Training Operator as its manifests or HyperPod's chart install it; the HyperPod
+  training operator's Deployment in aws-hyperpod under the name we take it to have (``add_hyperpod_operator``).
 - FSx for Lustre volumes as dynamic provisioning leaves them: the PVC made, the CSI provisioner's PV ``pvc-<uid>``
   (kubernetes-csi/external-provisioner ``makeVolumeName``) with the FSx CSI driver's volume context (``dnsname``,
   ``mountname``: kubernetes-sigs/aws-fsx-csi-driver ``pkg/driver/controller.go``), and the PV controller's binding
@@ -60,6 +61,13 @@ OPERATOR_LABELS = {"control-plane": "kubeflow-training-operator"}
 # (manifests/third-party/jobset: the JobSet release manifests, namespace removed so that the overlay's applies;
 # kubernetes-sigs/jobset config/default/kustomization.yaml namePrefix "jobset-" and commonLabels over
 # config/components/manager/manager.yaml).
+# The SageMaker HyperPod training operator (the EKS add-on amazon-sagemaker-hyperpod-training-operator) runs in
+# aws-hyperpod (AWS, "Using the HyperPod training operator"). AWS publishes neither its Deployment's name nor its image:
+# the name here is its ServiceMonitor's (hyperpod-training-operator: "Using the training operator to run jobs",
+# Monitoring), which is what the preflight assumes the Deployment's contains; the image's registry and repository
+# are stand-ins, only its tag is read.
+HYPERPOD_OPERATOR_NAMESPACE, HYPERPOD_OPERATOR_DEPLOYMENT = "aws-hyperpod", "hyperpod-training-operator"
+HYPERPOD_OPERATOR_IMAGE = "registry.example.com/hyperpod/hyperpod-training-operator"
 TRAINER_NAMESPACE = "kubeflow-system"
 TRAINER_DEPLOYMENT = "kubeflow-trainer-controller-manager"
 TRAINER_IMAGE = "ghcr.io/kubeflow/trainer/trainer-controller-manager"
@@ -656,6 +664,14 @@ class Installed:
         """The Training Operator's Deployment, labelled as its manifests label it."""
         self.add_deployment(
             namespace, name, image=image, labels={**OPERATOR_LABELS, **(labels or {})}, container="training-operator"
+        )
+
+    def add_hyperpod_operator(self, tag: str, *, name: str = HYPERPOD_OPERATOR_DEPLOYMENT) -> None:
+        """The HyperPod training operator's Deployment in aws-hyperpod, its image tagged ``tag`` (a ``sha256:...``
+        digest: the image pinned by digest alone)."""
+        at = "@" if tag.startswith("sha256:") else ":"
+        self.add_deployment(
+            HYPERPOD_OPERATOR_NAMESPACE, name, image=f"{HYPERPOD_OPERATOR_IMAGE}{at}{tag}", container="manager"
         )
 
     def add_trainer(

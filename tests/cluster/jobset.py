@@ -43,7 +43,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.controller import PolledController
+from tests.cluster.controller import PolledController, controller_reference
 from tests.cluster.tls import HttpsServer, admission_handler, loopback_cert
 
 log = logging.getLogger(__name__)
@@ -575,14 +575,7 @@ class JobSetController(PolledController):
 
     def _owner(self, js: dict[str, Any]) -> dict[str, Any]:
         """``ctrl.SetControllerReference``."""
-        return {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": KIND,
-            "name": js["metadata"]["name"],
-            "uid": js["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        return controller_reference(f"{GROUP}/{VERSION}", KIND, js["metadata"])
 
     def _create_headless_service(self, js: dict[str, Any]) -> None:
         """``createHeadlessSvcIfNecessary``: with DNS hostnames, a headless Service named after the subdomain

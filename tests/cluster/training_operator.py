@@ -45,7 +45,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.controller import PolledController
+from tests.cluster.controller import PolledController, controller_reference
 from tests.cluster.tls import HttpsServer, admission_handler, loopback_cert
 
 log = logging.getLogger(__name__)
@@ -417,14 +417,7 @@ class TrainingOperator(PolledController):
         }
 
     def _owner(self, job: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": KIND,
-            "name": job["metadata"]["name"],
-            "uid": job["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        return controller_reference(f"{GROUP}/{VERSION}", KIND, job["metadata"])
 
     def _create_pod(self, job: dict[str, Any], rtype: str, rspec: dict[str, Any], index: int) -> None:
         replicas = job["spec"]["pytorchReplicaSpecs"]

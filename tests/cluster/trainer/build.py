@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.cluster import jobset as js_player
+from tests.cluster.controller import controller_reference
 from tests.cluster.trainer.api import (
     ANCESTOR_LABEL,
     ANCESTOR_TRAINER,
@@ -181,16 +182,7 @@ def build_jobset(trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str,
         meta["labels"] = labels
     if annotations:
         meta["annotations"] = annotations
-    meta["ownerReferences"] = [
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": KIND,
-            "name": name,
-            "uid": trainjob["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
+    meta["ownerReferences"] = [controller_reference(f"{GROUP}/{VERSION}", KIND, trainjob["metadata"])]
     return {
         "apiVersion": f"{js_player.GROUP}/{js_player.VERSION}",
         "kind": js_player.KIND,

@@ -12,6 +12,7 @@ import kubernetes
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster.controller import controller_reference
 from tests.cluster.trainer.api import (
     CLUSTER_RUNTIME_KEY,
     CLUSTER_RUNTIMES,
@@ -86,16 +87,7 @@ def resolve_runtime(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": KIND,
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [controller_reference(f"{GROUP}/{VERSION}", KIND, meta)],
         },
         "data": {SNAPSHOT_KEY: yaml.safe_dump(runtime, sort_keys=True)},
     }
