@@ -29,6 +29,7 @@ from components.launch_training.platform import Platform
 from components.verify_nccl.core import verify_nccl
 from tests.cluster.hyperpod_agents import AgentOperator, NodeAgent
 from tests.helpers import EXACT, tiny_launch
+from tests.launcher_helpers import wait_for
 from tests.test_trainer import assert_same_rows, read_metrics, wait_for_step
 from trainer.checkpoint import read_checkpoint
 
@@ -105,14 +106,14 @@ def test_process_level_restarts_a_hang_rule_and_a_stop_under_hyperpodrun_resume_
     try:
         logged_step(run, pod.process, 12)
         os.kill(pod.workers()[1], signal.SIGKILL)
-        wait_until(lambda: len(operator.faults) == 1 and operator.fault_count == 1, "the process-level restart")
+        wait_for(lambda: len(operator.faults) == 1 and operator.fault_count == 1, 120, "the process-level restart")
         crash = operator.faults[0]
         assert crash.reason == "WorkerCrash" and "Local Rank 1 exited with code -9" in crash.message, crash
 
         # 2. Rank 0 stops (SIGSTOP: no more step lines, rank 1 waits in its collective): the rendered hang rule trips.
-        wait_until(lambda: resumed_past(run, 2, 22), "the first restart's step 22")
+        wait_for(lambda: resumed_past(run, 2, 22), 120, "the first restart's step 22")
         os.kill(pod.workers()[0], signal.SIGSTOP)
-        wait_until(lambda: len(operator.faults) == 2 and operator.fault_count == 2, "the hang rule's restart", 60)
+        wait_for(lambda: len(operator.faults) == 2 and operator.fault_count == 2, 60, "the hang rule's restart")
         hang_fault = operator.faults[1]
         assert hang_fault.reason == f"LogHang_{HANG_RULE}", hang_fault
         assert f"'{HANG_RULE}': 'monitor: step" in hang_fault.message, hang_fault
@@ -120,9 +121,9 @@ def test_process_level_restarts_a_hang_rule_and_a_stop_under_hyperpodrun_resume_
         assert re.search(r"^monitor: step 2\d tokens_per_s \d+$", agent_log, re.M), agent_log[-500:]
 
         # 3. The kubelet stops the pod (SIGTERM to hyperpodrun): the workers save within the shutdown timeout.
-        wait_until(lambda: resumed_past(run, 3, 25), "the second restart's step 25")
+        wait_for(lambda: resumed_past(run, 3, 25), 120, "the second restart's step 25")
         os.kill(pod.process.pid, signal.SIGTERM)
-        wait_until(lambda: not pod.workers(), "the workers' exit after SIGTERM", 30)
+        wait_for(lambda: not pod.workers(), 30, "the workers' exit after SIGTERM")
         # hyperpodrun 1.1.3 itself does not exit while log rules are on (its log agent's thread is never stopped on
         # this path: docs/deploy.md): the pod ends at the kubelet's SIGKILL, at the grace period's end.
         time.sleep(2)
@@ -166,12 +167,3 @@ def resumed_past(run, attempt: int, step: int) -> bool:
     except (OSError, ValueError):
         return False
     return status.get("attempt") == attempt and status.get("step", 0) >= step
-
-
-def wait_until(predicate, what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
