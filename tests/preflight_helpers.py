@@ -8,7 +8,9 @@ test's tag. The runner is the pipeline runner (deploy/rbac*.yaml), or, in a test
 test's own bound to those files less the rules cut. Tests that need the CRD absent or changed run on a spare API server
 over the same etcd (ControlPlane.spare). A pipeline compiled for TrainJobs (Kubeflow Trainer v2) is checked against
 Kubeflow Trainer's install, our ClusterTrainingRuntime (named hyperpod-pretrain, as deploy/rbac-trainjob.yaml lets the
-runner read only that one: cluster-scoped, so each test that makes it deletes it) and, with a queue, Kueue's.
+runner read only that one: cluster-scoped, so each test that makes it deletes it) and, with a queue, Kueue's. One
+compiled for HyperPodPyTorchJobs (HYPERPOD_PLATFORM, its image HYPERPOD_IMAGE) is checked against our CRD of the kind
+(in every session's control plane) and the HyperPod training operator's Deployment in aws-hyperpod.
 tests/test_rbac.py measures the deploy files' rules from the requests of these tests.
 """
 
@@ -24,6 +26,7 @@ import pytest
 
 from components.kube import KubeSettings
 from components.launch_training.config import LaunchConfig
+from components.launch_training.hyperpodpytorchjob import HYPERPODPYTORCHJOB
 from components.launch_training.platform import Platform
 from components.launch_training.trainjob import TRAINJOB, render_runtime
 from components.preflight.core import CHECK_NAMES, preflight
@@ -34,6 +37,7 @@ from tests.cluster.installed import Installed, unique_tag
 
 IMAGE = "registry.example.com/ml/hyperpod-pretrain-trainer:1.0"
 ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/hyperpod-pretrain-trainer:1"
+HYPERPOD_IMAGE = "registry.example.com/ml/hyperpod-pretrain-trainer-hyperpod:1.0"  # the image with hyperpodrun
 FAST = KubeSettings(request_timeout_s=5, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
 
 
@@ -185,6 +189,10 @@ TRAINJOB_PLATFORM = Platform(job_api=TRAINJOB.name, runtime_name="hyperpod-pretr
 
 RUNTIMES = "clustertrainingruntimes"
 
+# Compiled with --job-api hyperpodpytorchjob: the SageMaker HyperPod training operator's HyperPodPyTorchJob, whose
+# workers run hyperpodrun (run it with HYPERPOD_IMAGE).
+HYPERPOD_PLATFORM = Platform(job_api=HYPERPODPYTORCHJOB.name)
+
 QUEUE = "hyperpod-ns-team-a-localqueue"  # HyperPod task governance's LocalQueue of a team
 
 
@@ -219,14 +227,12 @@ def needs_trainer() -> None:
 
 
 def runner_reads(site: Site, since: str) -> set[tuple[str, str, str, str, int]]:
-    """The runner's requests since ``since``: (verb, resource, namespace, name, HTTP code)."""
-    return {
-        (
-            e["verb"],
-            e["objectRef"]["resource"],
-            e["objectRef"].get("namespace", ""),
-            e["objectRef"].get("name", ""),
-            e["responseStatus"]["code"],
+    """The runner's requests since ``since``: (verb, resource, namespace, name, HTTP code); a request for a path that
+    is no resource (/version) as (verb, its path, "", "", HTTP code)."""
+    reads = set()
+    for e in site.runner_requests(since):
+        ref = e.get("objectRef") or {"resource": e["requestURI"].split("?", 1)[0]}
+        reads.add(
+            (e["verb"], ref["resource"], ref.get("namespace", ""), ref.get("name", ""), e["responseStatus"]["code"])
         )
-        for e in site.runner_requests(since)
-    }
+    return reads

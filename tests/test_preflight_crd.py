@@ -1,7 +1,8 @@
 """The crd check on the real control plane (tests/cluster/; the cluster each test writes: make_site in
 tests/conftest.py): the PyTorchJob CRD, and the Training Operator's version read from its Deployment's image or labels,
 as HyperPod auto-resume needs it. Tests that need the CRD absent or changed run on a spare API server over the same etcd
-(ControlPlane.spare); the crd check of a pipeline compiled for TrainJobs is in tests/test_preflight_trainjob.py."""
+(ControlPlane.spare); the crd check of a pipeline compiled for TrainJobs is in tests/test_preflight_trainjob.py, for
+HyperPodPyTorchJobs in tests/test_preflight_hyperpodpytorchjob.py."""
 
 from __future__ import annotations
 

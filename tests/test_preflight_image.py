@@ -1,6 +1,7 @@
 """The image check on the real control plane (tests/cluster/; the cluster each test writes: make_site in
 tests/conftest.py): an ECR image's warning and its pull secret, a malformed or untagged image (the reference grammar
-itself: tests/test_preflight_image_reference.py)."""
+itself: tests/test_preflight_image_reference.py). A HyperPodPyTorchJob's hyperpodrun (its command, and whether the image
+carries it): tests/test_preflight_hyperpodpytorchjob.py."""
 
 from __future__ import annotations
 

@@ -61,6 +61,7 @@ MEASURED_FROM = (
     "test_preflight_crd.py",
     "test_preflight_device_plugins.py",
     "test_preflight_fsx_pvc.py",
+    "test_preflight_hyperpodpytorchjob.py",
     "test_preflight_image.py",
     "test_preflight_kueue.py",
     "test_preflight_memory.py",

@@ -8,16 +8,18 @@ holds every rule to a request the steps made on a real API server.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.errors import InputError
 from components.launch_training.apis import job_api
 from components.launch_training.job_api import JobApi
 
-JOBS, OPERATOR, CLUSTER = "jobs", "operator", "cluster"  # where a role applies: the jobs' namespace, the Training
-# Operator's namespace, cluster-wide
+JOBS, OPERATOR, CLUSTER = "jobs", "operator", "cluster"  # where a role applies: the jobs' namespace, an operator's
+# namespace (RoleSpec.namespace), cluster-wide
 PROFILE_ACCOUNT = "default-editor"  # what a Kubeflow profile's pipeline pods run as (KFP multi-user)
 OPERATOR_NAMESPACE = "kubeflow"  # the Training Operator's, as its release manifests and HyperPod's chart install it
+# The HyperPod training operator's, where its EKS add-on installs it (operator_versions.py HYPERPOD_NAMESPACE)
+HYPERPOD_OPERATOR_NAMESPACE = "aws-hyperpod"
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,14 @@ class Rule:
 
 @dataclass(frozen=True)
 class RoleSpec:
-    """A Role (``where`` JOBS or OPERATOR) or ClusterRole (CLUSTER) and the deploy file it is rendered into."""
+    """A Role (``where`` JOBS or OPERATOR) or ClusterRole (CLUSTER) and the deploy file it is rendered into; an
+    OPERATOR Role is in its operator's ``namespace``."""
 
     name: str
     where: str
     file: str
     rules: tuple[Rule, ...]
+    namespace: str = OPERATOR_NAMESPACE
 
 
 LAUNCHER_ROLE = "hyperpod-pretrain-launcher"
@@ -100,9 +104,13 @@ PREFLIGHT_READ = RoleSpec(
             ("get",),
             """\
 get: preflight.check_crd (the compiled job API's CRD installed, serving its version, Established) and
-  preflight.other_api_line (when it is missing: whether the other API is there, for the one-line fix); these two
-  CRDs only.""",
-            names=("pytorchjobs.kubeflow.org", "trainjobs.trainer.kubeflow.org"),
+  preflight.other_api_line (when it is missing: which other job API is there, for the one-line fix); the three job
+  APIs' CRDs only.""",
+            names=(
+                "pytorchjobs.kubeflow.org",
+                "trainjobs.trainer.kubeflow.org",
+                "hyperpodpytorchjobs.sagemaker.amazonaws.com",
+            ),
         ),
     ),
 )
@@ -168,6 +176,27 @@ list: preflight.operator_version (the Training Operator's version, for HyperPod 
   the preflight keeps nothing but the operator's labels and image.""",
         ),
     ),
+)
+
+
+HYPERPOD_OPERATOR_READ = RoleSpec(
+    "hyperpod-pretrain-hyperpod-operator-read",
+    OPERATOR,
+    "rbac-hyperpodpytorchjob.yaml",
+    (
+        Rule(
+            "apps",
+            ("deployments",),
+            ("list",),
+            """\
+list: preflight.hyperpod_operator_version (the SageMaker HyperPod training operator's version, its image tag,
+  for the crd check's report): the EKS add-on's Deployment, taken to be the one whose name contains
+  training-operator (AWS publishes no name for it; its ServiceMonitor is hyperpod-training-operator). RBAC cannot
+  narrow a list to part of a name, so this reads every Deployment in aws-hyperpod; the preflight keeps nothing but
+  their names and the operator's image.""",
+        ),
+    ),
+    namespace=HYPERPOD_OPERATOR_NAMESPACE,
 )
 
 
@@ -248,8 +277,7 @@ get configmaps, kueue-manager-config only: preflight.check_queue (whether Kueue 
 
 
 # The job APIs whose Roles are modelled here and measured from the audit log (tests/test_rbac.py): every one the
-# launcher drives. A HyperPodPyTorchJob's job Role is the launcher's alone: the preflight reads nothing of its operator
-# yet (components/preflight/crd.py), and its CRD is not among PREFLIGHT_READ's names (issue 59).
+# launcher drives.
 RBAC_JOB_APIS = ("pytorchjob", "trainjob", "hyperpodpytorchjob")
 
 
@@ -258,7 +286,11 @@ def roles(api_name: str, runtime_name: str = "hyperpod-pretrain", cluster_read: 
     api = job_api(api_name)
     if api_name not in RBAC_JOB_APIS:
         raise InputError(f"the Roles a --job-api {api_name} pipeline needs are not measured")
-    extra = {"pytorchjob": [OPERATOR_READ], "trainjob": [runtime_read(runtime_name)]}.get(api_name, [])
+    extra = {
+        "pytorchjob": [OPERATOR_READ],
+        "trainjob": [runtime_read(runtime_name)],
+        "hyperpodpytorchjob": [HYPERPOD_OPERATOR_READ],
+    }[api_name]
     return [LAUNCHER, PREFLIGHT_READ, job_role(api), *extra, *([CLUSTER_READ] if cluster_read else [])]
 
 
@@ -340,7 +372,7 @@ def beyond_kubeflow(spec: RoleSpec, api_name: str) -> RoleSpec | None:
         )
         if verbs:
             rules.append(Rule(rule.group, rule.resources, verbs, rule.why, rule.names))
-    return RoleSpec(spec.name, spec.where, spec.file, tuple(rules)) if rules else None
+    return replace(spec, rules=tuple(rules)) if rules else None
 
 
 def launcher_access(api: JobApi) -> tuple[tuple[str, str, str, str, bool], ...]:

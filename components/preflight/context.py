@@ -59,8 +59,9 @@ class Context:
         self.authn = client.AuthenticationV1Api(api_client)
         self.storage = client.StorageV1Api(api_client)
         self.min_nodes, self.max_nodes = self.api.nodes(job)
-        if pod is None:  # a PyTorchJob carries its pod
-            pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+        if pod is None:  # a PyTorchJob carries its pod, as a HyperPodPyTorchJob does in its one replica group
+            replicas = job["spec"].get("pytorchReplicaSpecs")
+            pod = replicas["Worker"]["template"] if replicas else job["spec"]["replicaSpecs"][0]["template"]
         self.pod: dict[str, Any] = pod.get("spec") or {}
         containers = self.pod.get("containers") or []
         self.container: dict[str, Any] = next(

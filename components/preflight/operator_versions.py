@@ -1,23 +1,28 @@
 """Which release of each job API's operator the cluster runs, read where that operator publishes it: the Training
 Operator's Deployment (its version label, else its image tag and the table of release images below), Kubeflow
-Trainer's public ConfigMap (else its controller's image tag). The crd check reports it; HyperPod auto-resume needs
-certain Training Operator releases.
+Trainer's public ConfigMap (else its controller's image tag), the SageMaker HyperPod training operator's Deployment in
+aws-hyperpod (its image tag). The crd check reports it; HyperPod auto-resume needs certain Training Operator releases,
+and the HyperPod training operator certain Kubernetes versions (`OperatorReader.kubernetes`).
 
 Reading the cluster is the preflight's, so the reader of each API's operator is chosen here by the API's name
 (`OPERATOR_READERS`); what the launcher knows of each API stays on its JobApi."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from components.launch_training.hyperpodpytorchjob import HYPERPODPYTORCHJOB
 from components.launch_training.pytorchjob import PYTORCHJOB
 from components.launch_training.trainjob import TRAINJOB
 from components.preflight.context import Context, forbidden, not_found, raw_items
 from components.preflight.image_reference import SEMVER, image_tag
+
+log = logging.getLogger(__name__)
 
 # The Training Operator is found by its label, whatever its Deployment is called: the release manifests name it
 # training-operator, HyperPod's dependency chart after the Helm release (aws/sagemaker-hyperpod-cli,
@@ -53,6 +58,19 @@ TRAINER_NAMESPACE, TRAINER_PUBLIC = "kubeflow-system", "kubeflow-trainer-public"
 TRAINER_VERSION_KEY = "kubeflow_trainer_version"
 TRAINER_DEPLOYMENT = "kubeflow-trainer-controller-manager"  # manifests/base/manager/manager.yaml, image tagged vX.Y.Z
 TRAINER = "Kubeflow Trainer"
+
+# The SageMaker HyperPod training operator, the EKS add-on amazon-sagemaker-hyperpod-training-operator, runs in
+# aws-hyperpod (AWS, "Using the HyperPod training operator", docs.aws.amazon.com/sagemaker/latest/dg/
+# sagemaker-eks-operator.html). AWS publishes no name of its Deployment; the one name it publishes of the operator's
+# objects is its ServiceMonitor's, hyperpod-training-operator (AWS, "Using the training operator to run jobs",
+# sagemaker-eks-operator-usage.html, Monitoring). That the Deployment's name contains training-operator is our
+# assumption from it. The add-on's version is what EKS says it installed.
+HYPERPOD_NAMESPACE, HYPERPOD_DEPLOYMENT_PART = "aws-hyperpod", "training-operator"
+HYPERPOD_ADDON = "amazon-sagemaker-hyperpod-training-operator"
+HYPERPOD_HOW_TO_CHECK = (
+    f"check by hand: aws eks describe-addon --cluster-name <cluster> --addon-name {HYPERPOD_ADDON} "
+    "--query addon.addonVersion"
+)
 
 
 @dataclass
@@ -174,15 +192,86 @@ def training_operator_installed(ctx: Context) -> str:
     return "the Kubeflow Training Operator (PyTorchJob)"
 
 
+def hyperpod_operator_version(ctx: Context) -> OperatorVersion:
+    """The HyperPod training operator's version: the image tag of the Deployment in aws-hyperpod whose name contains
+    training-operator (module comment: our assumption), when the tag reads as a version.
+
+    deploy/rbac-hyperpodpytorchjob.yaml grants the list; read raw, as the Training Operator's is (its env stays out of
+    the client's DEBUG log)."""
+    try:
+        deployments = raw_items(
+            ctx.kube.call(
+                "list Deployments", ctx.apps.list_namespaced_deployment, HYPERPOD_NAMESPACE, _preload_content=False
+            )
+        )
+    except ApiException as exc:
+        if not forbidden(exc):
+            raise
+        return _hyperpod_unknown(
+            f"Deployments in {HYPERPOD_NAMESPACE} not readable: the service account may not list them"
+        )
+    names = [d["metadata"]["name"] for d in deployments]
+    name = next((n for n in names if HYPERPOD_DEPLOYMENT_PART in n), "")
+    if not name:
+        return _hyperpod_unknown(f"no Deployment named *{HYPERPOD_DEPLOYMENT_PART}* in {HYPERPOD_NAMESPACE}")
+    deployment = deployments[names.index(name)]
+    containers = (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+    tag = image_tag(next((c.get("image") or "" for c in containers), ""))
+    version = tag if SEMVER.fullmatch(tag) else f"image tag {tag or 'none'}"
+    log.debug("the HyperPod training operator: %s/%s, %s", HYPERPOD_NAMESPACE, name, version)
+    return OperatorVersion(version, f"{HYPERPOD_NAMESPACE}/{name}", HYPERPODPYTORCHJOB.operator, HYPERPOD_HOW_TO_CHECK)
+
+
+def _hyperpod_unknown(why: str) -> OperatorVersion:
+    """Version unknown: why, and how to read it by hand, in what the crd check shows (its version gates nothing, so
+    no fix is called for)."""
+    return OperatorVersion("", f"{why}; {HYPERPOD_HOW_TO_CHECK}", HYPERPODPYTORCHJOB.operator, HYPERPOD_HOW_TO_CHECK)
+
+
+def hyperpod_operator_installed(ctx: Context) -> str:
+    """The HyperPod training operator, its version unread: a pipeline compiled for another job API may not list
+    Deployments in aws-hyperpod."""
+    return f"{HYPERPODPYTORCHJOB.operator} ({HYPERPODPYTORCHJOB.kind})"
+
+
+@dataclass(frozen=True)
+class SupportedKubernetes:
+    """The Kubernetes minor versions an operator's publisher says it supports, and where it says so."""
+
+    lowest: tuple[int, int]
+    highest: tuple[int, int]
+    source: str
+
+    def __contains__(self, version: tuple[int, int]) -> bool:
+        return self.lowest <= version <= self.highest
+
+    def __str__(self) -> str:
+        return f"{self.lowest[0]}.{self.lowest[1]} to {self.highest[0]}.{self.highest[1]}"
+
+
+# AWS, "Using the HyperPod training operator" (docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-eks-operator.html),
+# Supported versions: Kubernetes 1.28, 1.29, 1.30, 1.31, 1.32 and 1.33 (an older copy of the page stops at 1.32).
+HYPERPOD_KUBERNETES = SupportedKubernetes(
+    (1, 28),
+    (1, 33),
+    'AWS, "Using the HyperPod training operator", Supported versions: '
+    "docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-eks-operator.html",
+)
+
+
 @dataclass(frozen=True)
 class OperatorReader:
     """How the preflight reads one job API's operator off the cluster."""
 
     version: Callable[[Context], OperatorVersion]  # its release, where it publishes it
-    installed: Callable[[Context], str]  # what the cluster has, said to a pipeline compiled for the other job API
+    installed: Callable[[Context], str]  # what the cluster has, said to a pipeline compiled for another job API
+    kubernetes: SupportedKubernetes | None = None  # the Kubernetes versions it supports, where its publisher says
 
 
 OPERATOR_READERS: dict[str, OperatorReader] = {
     PYTORCHJOB.name: OperatorReader(training_operator_version, training_operator_installed),
     TRAINJOB.name: OperatorReader(trainer_version, trainer_installed),
+    HYPERPODPYTORCHJOB.name: OperatorReader(
+        hyperpod_operator_version, hyperpod_operator_installed, HYPERPOD_KUBERNETES
+    ),
 }

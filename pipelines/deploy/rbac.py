@@ -18,6 +18,7 @@ from pathlib import Path
 from common.errors import InputError
 from components.preflight.access import (
     CLUSTER,
+    HYPERPOD_OPERATOR_NAMESPACE,
     JOBS,
     KUBEFLOW_GRANTS,
     OPERATOR_NAMESPACE,
@@ -89,12 +90,12 @@ def _metadata(name: str, namespace: str) -> list[str]:
 
 
 def _namespace_of(spec: RoleSpec, subject: Subject) -> str:
-    return {JOBS: subject.jobs, CLUSTER: ""}.get(spec.where, OPERATOR_NAMESPACE)
+    return {JOBS: subject.jobs, CLUSTER: ""}.get(spec.where, spec.namespace)
 
 
 def role_documents(spec: RoleSpec, subject: Subject) -> list[str]:
-    """The role and its binding to ``subject``. A binding outside the subject's namespace (the Training Operator's
-    namespace, or cluster-wide) is named after the subject, so that each profile's account has its own."""
+    """The role and its binding to ``subject``. A binding outside the subject's namespace (an operator's namespace,
+    or cluster-wide) is named after the subject, so that each profile's account has its own."""
     namespace = _namespace_of(spec, subject)
     kind = "ClusterRole" if spec.where == CLUSTER else "Role"
     role = [f"apiVersion: {API_VERSION}", f"kind: {kind}", *_metadata(spec.name, namespace), "rules:"]
@@ -128,7 +129,7 @@ def _header(file: str, subject: Subject) -> str:
         "rbac.yaml": f"""\
 What the pipeline's steps need whichever job API the pipeline was compiled for, and nothing more, for {who}
 (jobs go to {subject.jobs}): there, to follow and diagnose the job's pods and to read the FSx PVC;
-and the preflight's read of the two Kubeflow job APIs' CRDs. The job API's own rules are in rbac-pytorchjob.yaml
+and the preflight's read of the three job APIs' CRDs. The job API's own rules are in rbac-pytorchjob.yaml
 (compile --job-api pytorchjob, the default), rbac-trainjob.yaml (--job-api trainjob) or rbac-hyperpodpytorchjob.yaml
 (--job-api hyperpodpytorchjob): apply this file and that one. Each rule
 names the calls that make its requests (tests/test_rbac.py checks them against what the runner asked the real API
@@ -159,8 +160,9 @@ the runner made.
   {apply.format(api="trainjob")}""",
         "rbac-hyperpodpytorchjob.yaml": f"""\
 A pipeline compiled with --job-api hyperpodpytorchjob: what {who} needs of the SageMaker HyperPod training operator's
-HyperPodPyTorchJob API, besides rbac.yaml: in the jobs' namespace, to launch, follow and clean up HyperPodPyTorchJobs.
-Their pods are the operator's to make: nothing here creates them. tests/test_rbac.py holds every rule to a request the
+HyperPodPyTorchJob API, besides rbac.yaml: in the jobs' namespace, to launch, follow and clean up HyperPodPyTorchJobs;
+in {HYPERPOD_OPERATOR_NAMESPACE}, to find the operator's Deployment (its version, for the preflight's report). Their
+pods are the operator's to make: nothing here creates them. tests/test_rbac.py holds every rule to a request the
 runner made.
   {apply.format(api="hyperpodpytorchjob")}""",
         "rbac-cluster-read.yaml": f"""\

@@ -54,13 +54,6 @@ EFA_PLUGIN_IMAGE = "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s
 NVIDIA_PLUGIN = "nvidia-device-plugin-daemonset"
 NVIDIA_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.16.2"
 OPERATOR_LABELS = {"control-plane": "kubeflow-training-operator"}
-# Kubeflow Trainer v2.3.0 as its manifests install it (kubeflow/trainer
-# manifests/overlays/manager/kustomization.yaml: namespace kubeflow-system, image tag v2.3.0, the ConfigMap
-# kubeflow-trainer-public; manifests/base/manager/manager.yaml: the Deployment, its labels and its container
-# "manager"), with the JobSet v0.12.0 it pulls in
-# (manifests/third-party/jobset: the JobSet release manifests, namespace removed so that the overlay's applies;
-# kubernetes-sigs/jobset config/default/kustomization.yaml namePrefix "jobset-" and commonLabels over
-# config/components/manager/manager.yaml).
 # The SageMaker HyperPod training operator (the EKS add-on amazon-sagemaker-hyperpod-training-operator) runs in
 # aws-hyperpod (AWS, "Using the HyperPod training operator"). AWS publishes neither its Deployment's name nor its image:
 # the name here is its ServiceMonitor's (hyperpod-training-operator: "Using the training operator to run jobs",
@@ -68,6 +61,13 @@ OPERATOR_LABELS = {"control-plane": "kubeflow-training-operator"}
 # are stand-ins, only its tag is read.
 HYPERPOD_OPERATOR_NAMESPACE, HYPERPOD_OPERATOR_DEPLOYMENT = "aws-hyperpod", "hyperpod-training-operator"
 HYPERPOD_OPERATOR_IMAGE = "registry.example.com/hyperpod/hyperpod-training-operator"
+# Kubeflow Trainer v2.3.0 as its manifests install it (kubeflow/trainer
+# manifests/overlays/manager/kustomization.yaml: namespace kubeflow-system, image tag v2.3.0, the ConfigMap
+# kubeflow-trainer-public; manifests/base/manager/manager.yaml: the Deployment, its labels and its container
+# "manager"), with the JobSet v0.12.0 it pulls in
+# (manifests/third-party/jobset: the JobSet release manifests, namespace removed so that the overlay's applies;
+# kubernetes-sigs/jobset config/default/kustomization.yaml namePrefix "jobset-" and commonLabels over
+# config/components/manager/manager.yaml).
 TRAINER_NAMESPACE = "kubeflow-system"
 TRAINER_DEPLOYMENT = "kubeflow-trainer-controller-manager"
 TRAINER_IMAGE = "ghcr.io/kubeflow/trainer/trainer-controller-manager"
