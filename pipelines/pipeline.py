@@ -37,6 +37,7 @@ from components.evaluate_checkpoint.benchmarks import DEFAULT_BENCHMARKS
 from components.evaluate_checkpoint.component import evaluate_checkpoint
 from components.evaluate_checkpoint.resources import EvaluationResources
 from components.kfp_support import COMPONENTS_IMAGE, EVALUATOR_IMAGE
+from components.launch_training.apis import job_api as api_named
 from components.launch_training.component import launch_pytorchjob
 from components.launch_training.job_api import DEFAULT_JOB_API
 from components.launch_training.manifest import GPU_TOLERATION
@@ -51,10 +52,6 @@ from trainer.tracking import check_tracking_uri
 
 PIPELINE_NAME = "hyperpod-pretrain"
 COMPONENTS_REPOSITORY = "hyperpod-pretrain-components"
-TRAINER_REPOSITORY = "hyperpod-pretrain-trainer"
-# The trainer on the HyperPod elastic agent's stack (trainer/stack-hyperpod.txt: its torch is older), for the
-# HyperPodPyTorchJob only: docker/build.sh --job-api hyperpodpytorchjob builds it.
-HYPERPOD_TRAINER_REPOSITORY = "hyperpod-pretrain-trainer-hyperpod"
 EVALUATOR_REPOSITORY = "hyperpod-pretrain-evaluator"
 EVALUATION = "evaluate-checkpoint"
 DEFAULT_EVALUATION = EvaluationResources()  # its default pod: one GPU (compile --evaluation-gpus/-cpu/-memory)
@@ -84,7 +81,7 @@ class Images:
             )
         if not _TAG.match(tag):
             raise InputError(f"image tag {tag!r}: up to 128 of [A-Za-z0-9_.-], not starting with . or -")
-        trainer = HYPERPOD_TRAINER_REPOSITORY if job_api == "hyperpodpytorchjob" else TRAINER_REPOSITORY
+        trainer = api_named(job_api).trainer_repository  # the job API's: HyperPod's carries the agent
         return cls(
             f"{registry}/{COMPONENTS_REPOSITORY}:{tag}",
             f"{registry}/{trainer}:{tag}",

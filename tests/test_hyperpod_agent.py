@@ -40,10 +40,10 @@ pytestmark = pytest.mark.skipif(
     reason=".venv-hyperpod is not built (make test builds it: trainer/stack-hyperpod.txt)",
 )
 
-# The run's settings for the job: a step line every step, expected every 600 ms (so the hang rule's interval is
-# 10 x that: 6 s), the least start-up allowance a run may give, 2 process-level restarts before a full one, and a
-# shutdown timeout of 5 s that the preemption checkpoint (a tiny model's) must fit.
-JOB_OPTIONS = {"expected_step_ms": 600, "startup_allowance_s": 60, "max_restarts": 2, "shutdown_timeout_s": 5}
+# The run's settings for the job: a step line every step, expected every 500 ms (so the hang rule's interval is
+# 10 x that: 5 s), the least start-up allowance a run may give, 2 process-level restarts before a full one, and a
+# shutdown timeout of 3 s that the preemption checkpoint (a tiny model's: 0.1 s here) must fit.
+JOB_OPTIONS = {"expected_step_ms": 500, "startup_allowance_s": 60, "max_restarts": 2, "shutdown_timeout_s": 3}
 
 
 def rendered_job(root: Path, run_id: str) -> tuple[dict, list[str], dict[str, str]]:
@@ -96,7 +96,7 @@ def test_process_level_restarts_a_hang_rule_and_a_stop_under_hyperpodrun_resume_
     job, command, env = rendered_job(staged_copy, "hpto")
     rules = job["spec"]["runPolicy"]["logMonitoringConfiguration"]
     hang = next(rule for rule in rules if rule["name"] == HANG_RULE)
-    assert hang["expectedRecurringFrequencyInSeconds"] == 6
+    assert hang["expectedRecurringFrequencyInSeconds"] == 5
     run = tiny_launch(staged_copy, "hpto").run_paths
     reference = start_reference(staged_copy, tmp_path / "reference.out")
 
@@ -134,10 +134,10 @@ def test_process_level_restarts_a_hang_rule_and_a_stop_under_hyperpodrun_resume_
     status = json.loads(run.status.read_text())
     assert status["state"] == "preempted", status
     stop_line = re.search(
-        r"stopped by SIGTERM at step (\d+): checkpoint committed ([\d.]+)s after the signal \(budget 5s\)",
+        r"stopped by SIGTERM at step (\d+): checkpoint committed ([\d.]+)s after the signal \(budget 3s\)",
         (pod.attempt_dir(2) / "0" / "stderr.log").read_text(),
     )
-    assert stop_line and float(stop_line[2]) < 5, pod.tail()
+    assert stop_line and float(stop_line[2]) < 3, pod.tail()
     assert read_checkpoint(run.latest_checkpoint)["step"] == int(stop_line[1]) == status["step"]
 
     # 4. The job's pods made anew (the whole job restarted: faultCount carries the job's restarts): resumed to the end.

@@ -245,11 +245,9 @@ def test_the_command_must_start_with_hyperpodrun(command: list[str], first: str)
     assert image_check(HYPERPOD_IMAGE, ["/usr/local/bin/hyperpodrun", "--nnodes=2"]).status == PASS
 
 
-def test_the_image_checks_repositories_are_the_ones_docker_build_pushes() -> None:
-    assert (TRAINER_REPOSITORY, HYPERPOD_TRAINER_REPOSITORY) == (
-        pipeline.TRAINER_REPOSITORY,
-        pipeline.HYPERPOD_TRAINER_REPOSITORY,
-    )
+def test_the_image_checks_repositories_are_the_ones_compile_names() -> None:
+    for api, repository in (("pytorchjob", TRAINER_REPOSITORY), ("hyperpodpytorchjob", HYPERPOD_TRAINER_REPOSITORY)):
+        assert pipeline.Images.in_registry("r.example", "t", api).trainer == f"r.example/{repository}:t"
 
 
 # -- the Kubernetes versions and the Role, no cluster ------------------------------------------------------------

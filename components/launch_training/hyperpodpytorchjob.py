@@ -119,6 +119,9 @@ class HyperPodPyTorchJobApi(JobApi):
     kind = "HyperPodPyTorchJob"
     group, version, plural = "sagemaker.amazonaws.com", "v1", "hyperpodpytorchjobs"
     container = CONTAINER
+    # its workers run hyperpodrun: the trainer on the agent's stack (trainer/stack-hyperpod.txt; docker/build.sh
+    # --job-api hyperpodpytorchjob builds it)
+    trainer_repository = "hyperpod-pretrain-trainer-hyperpod"
     succeeded = SUCCEEDED_TYPES[0]
     operator = "the SageMaker HyperPod training operator"
     crd = "the installed HyperPod training operator's CRD lacks a field this job sets; update the add-on"

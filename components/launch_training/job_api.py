@@ -46,6 +46,7 @@ class JobApi:
     failed = "Failed"
     operator = ""  # who runs the jobs, for messages
     crd = ""  # the CRD file a pruned field means is out of date, for messages
+    trainer_repository = "hyperpod-pretrain-trainer"  # the trainer image's repository docker/build.sh pushes for it
     # Run options (platform.RUN_OPTIONS) this API has no place for, with why and where the setting lives instead.
     refused_options: dict[str, str] = {}
     # How the launcher deletes a job (cancel.delete_job): Foreground, the job going once its pods have gone, unless

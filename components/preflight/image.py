@@ -10,6 +10,7 @@ import logging
 from pathlib import PurePosixPath
 
 from components.launch_training.hyperpodpytorchjob import HYPERPODPYTORCHJOB
+from components.launch_training.job_api import JobApi
 from components.preflight.context import Context
 from components.preflight.image_reference import ECR, parse_reference
 from components.preflight.result import FAIL, PASS, SEED_FIX, WARN, Check
@@ -17,9 +18,9 @@ from components.preflight.result import FAIL, PASS, SEED_FIX, WARN, Check
 log = logging.getLogger(__name__)
 
 AGENT = "hyperpodrun"
-# The trainer repositories docker/build.sh pushes (pipelines/pipeline.py TRAINER_REPOSITORY and
-# HYPERPOD_TRAINER_REPOSITORY): the first has no hyperpodrun, the second is built on the agent's stack.
-TRAINER_REPOSITORY, HYPERPOD_TRAINER_REPOSITORY = "hyperpod-pretrain-trainer", "hyperpod-pretrain-trainer-hyperpod"
+# The trainer repositories docker/build.sh pushes: the other job APIs' has no hyperpodrun, this one's is built on the
+# agent's stack.
+TRAINER_REPOSITORY, HYPERPOD_TRAINER_REPOSITORY = JobApi.trainer_repository, HYPERPODPYTORCHJOB.trainer_repository
 HYPERPOD_BUILD = f"docker/build.sh --job-api hyperpodpytorchjob, which pushes {HYPERPOD_TRAINER_REPOSITORY}"
 
 
