@@ -47,7 +47,10 @@ def hyperpod_versions() -> str:
         "print(f\"python {platform.python_version()}, torch {m.version('torch')}, "
         "hyperpod-elastic-agent {m.version('hyperpod-elastic-agent')}\")"
     )
-    return subprocess.run([str(HYPERPOD_BIN / "python"), "-c", code], capture_output=True, text=True).stdout.strip()
+    answer = subprocess.run(
+        [str(HYPERPOD_BIN / "python"), "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return answer.stdout.strip()
 
 
 def first_row_s(metrics: Path, started: float, process: subprocess.Popen, timeout_s: float = 300) -> float:

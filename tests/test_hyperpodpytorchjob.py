@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from components.launch_training.hyperpodpytorchjob import (
     template_config,
     template_schema,
 )
+from components.launch_training.local_backend import torchrun_command, torchrun_log_dir
 from components.launch_training.log_rules import (
     HANG_RULE,
     SLOW_DATA_POINTS,
@@ -328,27 +328,13 @@ def test_the_patterns_match_the_trainers_monitor_lines_as_the_agent_matches_them
 
 
 def test_local_rank_0_of_a_real_run_prints_the_lines_the_rules_read_in_the_file_the_agent_reads(
-    staged_root: Path, tmp_path: Path
+    staged_copy: Path,
 ) -> None:
     """Our trainer under torchrun (whose parser and log layout hyperpodrun inherits) with --tee=3 --log_dir, the
     monitor asked for: local rank 0's stdout.log holds a step line per logged step and the stop line, each matched by
     the rules; rank 1's holds none; the console lines (stderr) are not in it."""
-    cfg = tiny_launch(staged_root, "monitored", max_steps=6, log_every=2, checkpoint_every=100)
-    run_dir = tmp_path / "runs" / "monitored"
-    args = [a if a != str(cfg.run_paths.root) else str(run_dir) for a in cfg.trainer_args()]
-    log_dir = tmp_path / "agent-logs"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--tee=3",
-        f"--log_dir={log_dir}",
-        "-m",
-        "trainer.train_ddp",
-        *args,
-    ]
+    cfg = tiny_launch(staged_copy, "monitored", max_steps=6, log_every=2, checkpoint_every=100)
+    command, log_dir = torchrun_command(cfg), torchrun_log_dir(cfg)  # torchrun as run-local starts it
     env = {**os.environ, MONITOR_ENV: "1", "PYTHONPATH": str(REPO)}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

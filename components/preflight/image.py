@@ -6,7 +6,6 @@ image must be that one, or one this check cannot tell about."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import PurePosixPath
 
 from components.launch_training.hyperpodpytorchjob import HYPERPODPYTORCHJOB
@@ -14,8 +13,6 @@ from components.launch_training.job_api import JobApi
 from components.preflight.context import Context
 from components.preflight.image_reference import ECR, parse_reference
 from components.preflight.result import FAIL, PASS, SEED_FIX, WARN, Check
-
-log = logging.getLogger(__name__)
 
 AGENT = "hyperpodrun"
 # The trainer repositories docker/build.sh pushes: the other job APIs' has no hyperpodrun, this one's is built on the
@@ -90,7 +87,6 @@ def check_agent(ctx: Context, image: str, repository: str, pulled: Check) -> Che
             "its workers through the HyperPod elastic agent, PID 1 in exec form",
             f"start the command with {AGENT}, as hyperpod-pretrain render-job --job-api hyperpodpytorchjob renders it",
         )
-    log.debug("image %s: repository %s, command %s", image, repository, command[0])
     if repository == TRAINER_REPOSITORY:
         return Check(
             "image",

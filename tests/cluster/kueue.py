@@ -123,76 +123,50 @@ class Kueue:
                 {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kueue-system"]}
             ]
         }
+        ca = base64.b64encode(cert.pem).decode()
+
+        def webhook(name: str, path: str, group: str, version: str, plural: str) -> dict[str, Any]:
+            """One of Kueue's per-kind mutating webhooks (on CREATE, outside kube-system and kueue-system)."""
+            return {
+                "name": name,
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "timeoutSeconds": 10,
+                "reinvocationPolicy": "Never",
+                "clientConfig": {"url": f"https://127.0.0.1:{self.server.port}{path}", "caBundle": ca},
+                "rules": [
+                    {"apiGroups": [group], "apiVersions": [version], "operations": ["CREATE"], "resources": [plural]}
+                ],
+                "namespaceSelector": selector,
+            }
+
+        webhooks = [
+            webhook(WEBHOOK_NAME, WEBHOOK_PATH, GROUP, VERSION, PLURAL),
+            webhook(
+                HYPERPOD_WEBHOOK_NAME,
+                HYPERPOD_WEBHOOK_PATH,
+                hyperpod_player.GROUP,
+                hyperpod_player.VERSION,
+                hyperpod_player.PLURAL,
+            ),
+        ]
+        if trainjob:
+            webhooks.append(
+                webhook(
+                    TRAINJOB_WEBHOOK_NAME,
+                    TRAINJOB_WEBHOOK_PATH,
+                    trainer_player.GROUP,
+                    trainer_player.VERSION,
+                    trainer_player.PLURAL,
+                )
+            )
         registration = {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": CONFIGURATION},
-            "webhooks": [
-                {
-                    "name": WEBHOOK_NAME,
-                    "admissionReviewVersions": ["v1"],
-                    "sideEffects": "None",
-                    "failurePolicy": "Fail",
-                    "timeoutSeconds": 10,
-                    "reinvocationPolicy": "Never",
-                    "clientConfig": {
-                        "url": f"https://127.0.0.1:{self.server.port}{WEBHOOK_PATH}",
-                        "caBundle": base64.b64encode(cert.pem).decode(),
-                    },
-                    "rules": [
-                        {
-                            "apiGroups": [GROUP],
-                            "apiVersions": [VERSION],
-                            "operations": ["CREATE"],
-                            "resources": [PLURAL],
-                        }
-                    ],
-                    "namespaceSelector": selector,
-                }
-            ],
+            "webhooks": webhooks,
         }
-        registration["webhooks"].append(
-            {
-                **registration["webhooks"][0],
-                "name": HYPERPOD_WEBHOOK_NAME,
-                "clientConfig": {
-                    "url": f"https://127.0.0.1:{self.server.port}{HYPERPOD_WEBHOOK_PATH}",
-                    "caBundle": base64.b64encode(cert.pem).decode(),
-                },
-                "rules": [
-                    {
-                        "apiGroups": [hyperpod_player.GROUP],
-                        "apiVersions": [hyperpod_player.VERSION],
-                        "operations": ["CREATE"],
-                        "resources": [hyperpod_player.PLURAL],
-                    }
-                ],
-            }
-        )
-        if trainjob:
-            registration["webhooks"].append(
-                {
-                    "name": TRAINJOB_WEBHOOK_NAME,
-                    "admissionReviewVersions": ["v1"],
-                    "sideEffects": "None",
-                    "failurePolicy": "Fail",
-                    "timeoutSeconds": 10,
-                    "reinvocationPolicy": "Never",
-                    "clientConfig": {
-                        "url": f"https://127.0.0.1:{self.server.port}{TRAINJOB_WEBHOOK_PATH}",
-                        "caBundle": base64.b64encode(cert.pem).decode(),
-                    },
-                    "rules": [
-                        {
-                            "apiGroups": [trainer_player.GROUP],
-                            "apiVersions": [trainer_player.VERSION],
-                            "operations": ["CREATE"],
-                            "resources": [trainer_player.PLURAL],
-                        }
-                    ],
-                    "namespaceSelector": selector,
-                }
-            )
         kubernetes.client.AdmissionregistrationV1Api(admin).create_mutating_webhook_configuration(registration)
 
     def stop(self) -> None:
