@@ -6,7 +6,6 @@ the cluster has that one instead, as a cluster with Kubeflow Trainer alone needs
 from __future__ import annotations
 
 import json
-import logging
 import re
 from typing import Any
 
@@ -23,8 +22,6 @@ from components.preflight.operator_versions import (
 )
 from components.preflight.result import FAIL, PASS, READ_FIX, WARN, Check
 from components.preflight.runtime import DEPLOY_RUNTIME
-
-log = logging.getLogger(__name__)
 
 MINOR_VERSION = re.compile(r"v?(\d+)\.(\d+)")  # gitVersion: "v1.31.2", EKS's "v1.31.4-eks-2d5f260"
 
@@ -141,7 +138,6 @@ def check_crd(ctx: Context) -> Check:
     if reader.kubernetes is not None:  # /version: every user may read it (the bootstrap system:public-info-viewer)
         info = ctx.kube.call("read the Kubernetes version", client.VersionApi(ctx.apps.api_client).get_code)
         judged, line, fix = judge_kubernetes(info.git_version, reader.kubernetes)
-        log.debug("the cluster's Kubernetes %s against %s: %s", info.git_version, reader.kubernetes, judged)
         reasons.append(line)
         if judged == WARN:
             status = WARN

@@ -9,7 +9,6 @@ Reading the cluster is the preflight's, so the reader of each API's operator is 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +20,6 @@ from components.launch_training.pytorchjob import PYTORCHJOB
 from components.launch_training.trainjob import TRAINJOB
 from components.preflight.context import Context, forbidden, not_found, raw_items
 from components.preflight.image_reference import SEMVER, image_tag
-
-log = logging.getLogger(__name__)
 
 # The Training Operator is found by its label, whatever its Deployment is called: the release manifests name it
 # training-operator, HyperPod's dependency chart after the Helm release (aws/sagemaker-hyperpod-cli,
@@ -218,7 +215,6 @@ def hyperpod_operator_version(ctx: Context) -> OperatorVersion:
     containers = (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
     tag = image_tag(next((c.get("image") or "" for c in containers), ""))
     version = tag if SEMVER.fullmatch(tag) else f"image tag {tag or 'none'}"
-    log.debug("the HyperPod training operator: %s/%s, %s", HYPERPOD_NAMESPACE, name, version)
     return OperatorVersion(version, f"{HYPERPOD_NAMESPACE}/{name}", HYPERPODPYTORCHJOB.operator, HYPERPOD_HOW_TO_CHECK)
 
 
