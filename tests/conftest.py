@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -215,39 +216,70 @@ def trainer_site(make_site: Callable[..., Any]) -> Any:
     return site
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """A read-only session fixture's directory, built by whichever pytest-xdist worker asks first and read by the
+    others: under `-n 2` each worker has its own session, and a training run built twice is CPU the suite pays twice
+    (pytest-xdist's docs, "Making session-scoped fixtures execute only once"). `build` fills the directory; a build
+    that failed is started again by the next asker."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    directory, built = shared / name, shared / f"{name}.built"
+    with FileLock(shared / f"{name}.lock"):
+        if not built.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            build(directory)
+            built.touch()
+    return directory
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
+    return built_once(tmp_path_factory, "corpus", write_corpus)
 
 
 @pytest.fixture(scope="session")
 def staged_root(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     """A storage root with the corpus staged as dataset 'synthetic' (treat as read-only)."""
-    root = tmp_path_factory.mktemp("fsx")
-    stage_data(str(corpus), str(root), "synthetic", vocab_size=512, val_fraction=0.1)
-    return root
+    return built_once(
+        tmp_path_factory,
+        "fsx",
+        lambda root: stage_data(str(corpus), str(root), "synthetic", vocab_size=512, val_fraction=0.1),
+    )
 
 
 @pytest.fixture(scope="session")
 def mixed_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) -> Path:
     """staged_root and two more datasets staged with its tokenizer, for mixtures (MIXTURE; treat as read-only):
     'code' a quarter of its size, 'math' a sixteenth, each with its own text."""
-    root = tmp_path_factory.mktemp("mixed")
-    shutil.copytree(staged_root, root, dirs_exist_ok=True)
-    tokenizer = str(snapshot_dir(root, "synthetic") / "tokenizer.json")
-    for dataset, files, sentences, seed in (("code", 4, 90, 7), ("math", 2, 45, 8)):
-        source = write_corpus(tmp_path_factory.mktemp(dataset), files=files, sentences=sentences, seed=seed)
-        stage_data(str(source), str(root), dataset, tokenizer_path=tokenizer, val_fraction=0.25)
-    return root
+
+    def build(root: Path) -> None:
+        shutil.copytree(staged_root, root, dirs_exist_ok=True)
+        tokenizer = str(snapshot_dir(root, "synthetic") / "tokenizer.json")
+        for dataset, files, sentences, seed in (("code", 4, 90, 7), ("math", 2, 45, 8)):
+            source = write_corpus(root.parent / f"{dataset}-text", files=files, sentences=sentences, seed=seed)
+            stage_data(str(source), str(root), dataset, tokenizer_path=tokenizer, val_fraction=0.25)
+
+    return built_once(tmp_path_factory, "mixed", build)
+
+
+def trained(staged: Path, run_id: str, **settings: Any) -> Callable[[Path], None]:
+    """A build for built_once: a copy of a staged storage root and a run trained on it."""
+
+    def build(root: Path) -> None:
+        shutil.copytree(staged, root, dirs_exist_ok=True)
+        launch(tiny_launch(root, run_id, **settings))
+
+    return build
 
 
 @pytest.fixture(scope="session")
 def mixture_run(mixed_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
     """Run 'mixed': 20 steps of the tiny preset with dropout on MIXTURE under DDP, every step logged, a checkpoint
     every 5, the val losses every 10 (treat as read-only; its storage root holds mixed_root's datasets)."""
-    root = tmp_path_factory.mktemp("mixture-run")
-    shutil.copytree(mixed_root, root, dirs_exist_ok=True)
-    launch(tiny_launch(root, "mixed", **MIXED_RUN, eval_every=10))
+    root = built_once(tmp_path_factory, "mixture-run", trained(mixed_root, "mixed", **MIXED_RUN, eval_every=10))
     return RunPaths.of(root, "mixed")
 
 
@@ -262,10 +294,7 @@ def staged_copy(staged_root: Path, tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def trained_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) -> Path:
     """A storage root holding run 'run-1': 60 steps of the tiny preset under torchrun with 2 processes."""
-    root = tmp_path_factory.mktemp("trained")
-    shutil.copytree(staged_root, root, dirs_exist_ok=True)
-    launch(tiny_launch(root, "run-1"))
-    return root
+    return built_once(tmp_path_factory, "trained", trained(staged_root, "run-1"))
 
 
 @pytest.fixture(scope="session")
@@ -273,9 +302,7 @@ def uninterrupted(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -
     """40 steps of the tiny preset under DDP, every step logged, a checkpoint every 10: what the exact-resume tests
     (test_trainer.py, test_parallel.py) compare against. It measures the val loss every 10 steps (--eval-every),
     which the runs compared with it do not: the same rows show that evaluating changes nothing of the training."""
-    root = tmp_path_factory.mktemp("uninterrupted")
-    shutil.copytree(staged_root, root, dirs_exist_ok=True)
-    launch(tiny_launch(root, "straight", **EXACT, eval_every=10))
+    root = built_once(tmp_path_factory, "uninterrupted", trained(staged_root, "straight", **EXACT, eval_every=10))
     return RunPaths.of(root, "straight")
 
 
@@ -338,35 +365,35 @@ def parallel_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/parallel_probe.py, run once on 2 processes for the tests that read it (one torchrun's start-up, not
     several): its output directory, with the published models it loaded: llama/ (sharded), gpt2/ (in the Hub's
     layout, without its base model's prefix) and llama-unprefixed/."""
-    import os
     import subprocess
     import sys
 
     from tests.helpers import save_gpt2_as_the_hub_serves_it, save_llama, save_llama_without_its_prefix
 
-    out = tmp_path_factory.mktemp("parallel-probe")
-    save_llama(out / "llama")
-    save_gpt2_as_the_hub_serves_it(out / "gpt2")
-    save_llama_without_its_prefix(out / "llama-unprefixed")
-    models = [str(out / name) for name in ("llama", "gpt2", "llama-unprefixed")]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "tests.parallel_probe",
-        str(out),
-        *models,
-    ]
-    result = subprocess.run(
-        command,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return out
+    def build(out: Path) -> None:
+        save_llama(out / "llama")
+        save_gpt2_as_the_hub_serves_it(out / "gpt2")
+        save_llama_without_its_prefix(out / "llama-unprefixed")
+        models = [str(out / name) for name in ("llama", "gpt2", "llama-unprefixed")]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "tests.parallel_probe",
+            str(out),
+            *models,
+        ]
+        result = subprocess.run(
+            command,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "parallel-probe", build)
