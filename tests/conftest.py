@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from components.launch_training.core import launch
 from components.stage_data.core import stage_data
-from tests.helpers import EXACT, MIXED_RUN, snapshot_dir, tiny_launch, write_corpus
+from tests.helpers import EXACT, MIXED_RUN, built_once, snapshot_dir, trained, write_corpus
 from tests.s3_server import S3Server
 from trainer.layout import RunPaths
 
@@ -216,25 +215,6 @@ def trainer_site(make_site: Callable[..., Any]) -> Any:
     return site
 
 
-def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
-    """A read-only session fixture's directory, built by whichever pytest-xdist worker asks first and read by the
-    others: under `-n 2` each worker has its own session, and a training run built twice is CPU the suite pays twice
-    (pytest-xdist's docs, "Making session-scoped fixtures execute only once"). `build` fills the directory; a build
-    that failed is started again by the next asker."""
-    from filelock import FileLock
-
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    directory, built = shared / name, shared / f"{name}.built"
-    with FileLock(shared / f"{name}.lock"):
-        if not built.exists():
-            shutil.rmtree(directory, ignore_errors=True)
-            directory.mkdir()
-            build(directory)
-            built.touch()
-    return directory
-
-
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built_once(tmp_path_factory, "corpus", write_corpus)
@@ -263,16 +243,6 @@ def mixed_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) -> P
             stage_data(str(source), str(root), dataset, tokenizer_path=tokenizer, val_fraction=0.25)
 
     return built_once(tmp_path_factory, "mixed", build)
-
-
-def trained(staged: Path, run_id: str, **settings: Any) -> Callable[[Path], None]:
-    """A build for built_once: a copy of a staged storage root and a run trained on it."""
-
-    def build(root: Path) -> None:
-        shutil.copytree(staged, root, dirs_exist_ok=True)
-        launch(tiny_launch(root, run_id, **settings))
-
-    return build
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from components.launch_training.config import LaunchConfig
@@ -97,9 +101,6 @@ def write_single_file_checkpoint(directory: Path, state: dict) -> Path:
     """`state` as the trainer saved it before sharded checkpoints: one torch.save file per step, a hard link
     checkpoint_latest.pt to it, and index.json with its size (trainer/checkpoint.py at 9d2ef2b, _commit)."""
     import json
-    import os
-
-    import torch
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"checkpoint_step_{state['step']:08d}.pt"
@@ -227,3 +228,34 @@ def save_llama_without_its_prefix(path: Path) -> torch.nn.Module:
     loaded = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert all(torch.equal(p, loaded.state_dict()[k]) for k, p in original.state_dict().items()), "transformers' load"
     return loaded
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """A read-only session fixture's directory, built by whichever pytest-xdist worker asks first and read by the
+    others: under `-n 2` each worker has its own session, and a training run built twice is CPU the suite pays twice
+    (pytest-xdist's docs, "Making session-scoped fixtures execute only once"). `build` fills the directory; a build
+    that failed is started again by the next asker."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    directory, built = shared / name, shared / f"{name}.built"
+    with FileLock(shared / f"{name}.lock"):
+        if not built.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            build(directory)
+            built.touch()
+    return directory
+
+
+def trained(staged: Path, run_id: str, **settings: object) -> Callable[[Path], None]:
+    """A build for built_once: a copy of a staged storage root and a run trained on it."""
+
+    def build(root: Path) -> None:
+        from components.launch_training.core import launch
+
+        shutil.copytree(staged, root, dirs_exist_ok=True)
+        launch(tiny_launch(root, run_id, **settings))
+
+    return build

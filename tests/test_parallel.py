@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from components.evaluate_checkpoint.core import evaluate_checkpoint
 from components.launch_training.core import launch
-from tests.helpers import EXACT, tiny_launch
+from tests.helpers import EXACT, built_once, tiny_launch, trained
 from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics
 from trainer.checkpoint import LATEST, read_checkpoint, step_dir_name
 from trainer.config import ACTIVATION_CHECKPOINTING
@@ -34,14 +34,12 @@ FSDP = {"TRAINER_PARALLELISM": "fsdp"}
 RTOL = 1e-4
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fsdp_straight(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
-    root = tmp_path_factory.mktemp("fsdp")
-    shutil.copytree(staged_root, root, dirs_exist_ok=True)
     # As the uninterrupted run, and SIGTERM on the last step (rank 0's own, --fault-signal-at-step): it is done.
     signalled = {**FSDP, "TRAINER_FAULT_SIGNAL_AT_STEP": str(EXACT["max_steps"])}
-    launch(tiny_launch(root, "fsdp-straight", **EXACT, eval_every=10, extra_env=signalled))
-    return RunPaths.of(root, "fsdp-straight")
+    build = trained(staged_root, "fsdp-straight", **EXACT, eval_every=10, extra_env=signalled)
+    return RunPaths.of(built_once(tmp_path_factory, "fsdp", build), "fsdp-straight")
 
 
 def assert_close_losses(rows: list[dict], reference: list[dict], rtol: float = RTOL) -> None:
