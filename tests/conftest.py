@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -335,35 +334,12 @@ def parallel_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/parallel_probe.py, run once on 2 processes for the tests that read it (one torchrun's start-up, not
     several): its output directory, with the published models it loaded: llama/ (sharded), gpt2/ (in the Hub's
     layout, without its base model's prefix) and llama-unprefixed/."""
-    import subprocess
-    import sys
-
-    from tests.helpers import save_gpt2_as_the_hub_serves_it, save_llama, save_llama_without_its_prefix
+    from tests.helpers import run_probe, save_gpt2_as_the_hub_serves_it, save_llama, save_llama_without_its_prefix
 
     def build(out: Path) -> None:
         save_llama(out / "llama")
         save_gpt2_as_the_hub_serves_it(out / "gpt2")
         save_llama_without_its_prefix(out / "llama-unprefixed")
-        models = [str(out / name) for name in ("llama", "gpt2", "llama-unprefixed")]
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "tests.parallel_probe",
-            str(out),
-            *models,
-        ]
-        result = subprocess.run(
-            command,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        run_probe("tests.parallel_probe", str(out), *(str(out / m) for m in ("llama", "gpt2", "llama-unprefixed")))
 
     return built_once(tmp_path_factory, "parallel-probe", build)

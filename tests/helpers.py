@@ -259,3 +259,18 @@ def trained(staged: Path, run_id: str, **settings: object) -> Callable[[Path], N
         launch(tiny_launch(root, run_id, **settings))
 
     return build
+
+
+def run_probe(module: str, *args: str, env: dict[str, str] | None = None) -> None:
+    """A probe of the tests (tests/<name>_probe.py) under torchrun on 2 processes, from the repository root: it must
+    exit 0 (its output, the end of it, is the failure's message)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", module, *args]
+    result = subprocess.run(
+        command,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

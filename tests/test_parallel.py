@@ -4,10 +4,7 @@ and another world size."""
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from components.evaluate_checkpoint.core import evaluate_checkpoint
 from components.launch_training.core import launch
-from tests.helpers import EXACT, built_once, tiny_launch, trained
+from tests.helpers import EXACT, built_once, run_probe, tiny_launch, trained
 from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics
 from trainer.checkpoint import LATEST, read_checkpoint, step_dir_name
 from trainer.config import ACTIVATION_CHECKPOINTING
@@ -174,22 +171,7 @@ def test_no_rank_ever_holds_the_whole_model(tmp_path: Path) -> None:
     at most 0.6 of the model (its half, one unit drawn whole, one shard of it: 0.57 measured), the resume included
     (under ddp it is 1.4). glibc is told to give large freed blocks back at once (MALLOC_MMAP_THRESHOLD_, its
     documented tunable): otherwise it keeps some for reuse, which is not memory the trainer holds."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "tests.memory_probe",
-        str(tmp_path),
-        "fsdp",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
-    result = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_probe("tests.memory_probe", str(tmp_path), "fsdp", env={"MALLOC_MMAP_THRESHOLD_": "131072"})
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank_{rank}.json").read_text())
         assert record["model_bytes"] >= 1.5e9
