@@ -18,8 +18,10 @@ import pytest
 
 from common.errors import StepFailed
 from components.kube import Kube
+from components.launch_training.apis import api_of
 from components.launch_training.config import OPERATOR_DEADLINE_MARGIN_S
 from components.launch_training.core import launch
+from components.launch_training.deadlines import Deadlines
 from components.launch_training.follow import run_job
 from components.launch_training.manifest import render_job
 from components.launch_training.platform import Platform
@@ -198,6 +200,25 @@ def test_a_job_preempted_by_kueue_and_admitted_again_is_not_taken_for_a_lost_nod
         resumed = "PyTorchJobResumed" if api == "pytorchjob" else "Resumed"  # TrainJobResumedReason (v2.3.0)
         assert conditions["Suspended"]["status"] == "False" and conditions["Suspended"]["reason"] == resumed
     assert len(re.findall(r"was admitted after \d+s in the queue", caplog.text)) == 2, "admitted, then re-admitted"
+
+
+@ALL_APIS
+def test_an_admitted_job_is_not_queued_again_by_its_operators_late_suspended_condition(
+    api: str, staged_root: Path, caplog
+) -> None:
+    """Kueue admits by clearing the spec's suspend; the operator's Suspended condition follows a reconcile later,
+    and a reconcile of the object as cached before the admission writes it True after it (seen here on a loaded
+    machine, the test above counting three admissions). The spec is the one reading (JobApi.is_suspended)."""
+    caplog.set_level(logging.INFO)
+    job = render_job(cluster_config(staged_root, "late", platform=Platform(job_api=api)).job_spec())
+    policy = job["spec"] if api == "trainjob" else job["spec"]["runPolicy"]
+    deadlines = Deadlines(min_pods=2, api=api_of(job))
+    for suspend, condition in ((True, None), (False, None), (False, "True"), (False, "False")):
+        policy["suspend"] = suspend
+        job["status"] = {"conditions": [{"type": "Suspended", "status": condition}] if condition else []}
+        deadlines.job_changed(job)
+        assert deadlines.queued is suspend
+    assert len(re.findall(r"was admitted after \d+s in the queue", caplog.text)) == 1
 
 
 @BOTH_APIS

@@ -227,7 +227,7 @@ class HyperPodPyTorchJobApi(JobApi):
 
     def is_suspended(self, job: dict[str, Any]) -> bool:
         """Kueue holds it through runPolicy.suspend (the SDK's RunPolicy: "Suspend suspends HyperPodPytorchJob")."""
-        return bool((job.get("spec", {}).get("runPolicy") or {}).get("suspend")) or true_condition(job, "Suspended")
+        return bool((job.get("spec", {}).get("runPolicy") or {}).get("suspend"))
 
     def is_running(self, job: dict[str, Any]) -> bool:
         return true_condition(job, "Running")

@@ -122,7 +122,11 @@ class JobApi:
         return self.is_succeeded(job) or self.is_failed(job)
 
     def is_suspended(self, job: dict[str, Any]) -> bool:
-        """Queued by Kueue (created suspended) or preempted by it: no pods, and none coming until admitted."""
+        """Queued by Kueue (created suspended) or preempted by it: no pods, and none coming until admitted.
+
+        Read from the spec's suspend field alone, the one Kueue writes. The operator's Suspended condition follows it
+        a reconcile later, and from a stale cache it can be written True after Kueue's admission: read as well, that
+        condition made an admitted job look queued again (seen on a loaded machine: "admitted" logged twice)."""
         raise NotImplementedError
 
     def is_running(self, job: dict[str, Any]) -> bool:

@@ -85,7 +85,7 @@ class PyTorchJobApi(JobApi):
         return int(job["spec"].get("elasticPolicy", {}).get("minReplicas") or workers), workers
 
     def is_suspended(self, job: dict[str, Any]) -> bool:
-        return true_condition(job, "Suspended") or bool(job.get("spec", {}).get("runPolicy", {}).get("suspend"))
+        return bool(job.get("spec", {}).get("runPolicy", {}).get("suspend"))
 
     def is_running(self, job: dict[str, Any]) -> bool:
         return true_condition(job, "Running")

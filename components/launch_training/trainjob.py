@@ -46,7 +46,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from common.errors import InputError
-from components.launch_training.job_api import JobApi, seconds, true_condition
+from components.launch_training.job_api import JobApi, seconds
 from components.launch_training.log_rules import NO_RULES, RULE_SETTINGS
 from components.launch_training.rendering import (
     container_env,
@@ -184,7 +184,7 @@ class TrainJobApi(JobApi):
         return count, count
 
     def is_suspended(self, job: dict[str, Any]) -> bool:
-        return bool(job.get("spec", {}).get("suspend")) or true_condition(job, "Suspended")
+        return bool(job.get("spec", {}).get("suspend"))
 
     def is_running(self, job: dict[str, Any]) -> bool:
         """The TrainJob has no Running condition: admitted (not suspended) and not finished; its pods tell the rest."""
