@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from components.launch_training.config import LaunchConfig
-from trainer.layout import DatasetPaths
+from trainer.layout import DatasetPaths, RunPaths
 
 NOUNS = ["cluster", "node", "pod", "volume", "checkpoint", "gradient", "tensor", "rank", "shard", "model"]
 VERBS = ["saves", "loads", "reduces", "streams", "trains", "restores", "verifies", "schedules"]
@@ -259,6 +259,21 @@ def trained(staged: Path, run_id: str, **settings: object) -> Callable[[Path], N
         launch(tiny_launch(root, run_id, **settings))
 
     return build
+
+
+def rewound_copy(run: RunPaths, root: Path, name: str, step: int) -> RunPaths:
+    """A copy of `run` as it was when `step` was its newest checkpoint: a run to resume from a shared, read-only
+    one, without training its first steps again."""
+    from trainer.checkpoint import LATEST, step_dir_name
+
+    copy = RunPaths.of(root, name)
+    shutil.copytree(run.root, copy.root, symlinks=True)
+    for later in copy.checkpoints.glob("step_*"):
+        if int(later.name.removeprefix("step_")) > step:
+            shutil.rmtree(later)
+    (copy.checkpoints / LATEST).unlink()
+    (copy.checkpoints / LATEST).symlink_to(step_dir_name(step))
+    return copy
 
 
 def run_probe(module: str, *args: str, env: dict[str, str] | None = None) -> None:

@@ -4,7 +4,6 @@ and another world size."""
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,9 @@ from torch.distributed.tensor import DTensor
 
 from components.evaluate_checkpoint.core import evaluate_checkpoint
 from components.launch_training.core import launch
-from tests.helpers import EXACT, built_once, run_probe, tiny_launch, trained
+from tests.helpers import EXACT, built_once, rewound_copy, run_probe, tiny_launch, trained
 from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics
-from trainer.checkpoint import LATEST, read_checkpoint, step_dir_name
+from trainer.checkpoint import read_checkpoint
 from trainer.config import ACTIVATION_CHECKPOINTING
 from trainer.layout import RunPaths
 from trainer.memory import model_shape
@@ -77,18 +76,6 @@ def test_an_fsdp_run_stopped_by_sigterm_resumes_bit_identically(staged_copy: Pat
     status = preempt_at_random_step(cfg, 3, 30)
     launch(cfg)
     assert_same_rows(read_metrics(cfg.run_paths), read_metrics(fsdp_straight), f"after a SIGTERM at {status['step']}")
-
-
-def rewound_copy(run: RunPaths, root: Path, name: str, step: int) -> RunPaths:
-    """A copy of `run` as it was when `step` was its newest checkpoint."""
-    copy = RunPaths.of(root, name)
-    shutil.copytree(run.root, copy.root, symlinks=True)
-    for later in copy.checkpoints.glob("step_*"):
-        if int(later.name.removeprefix("step_")) > step:
-            shutil.rmtree(later)
-    (copy.checkpoints / LATEST).unlink()
-    (copy.checkpoints / LATEST).symlink_to(step_dir_name(step))
-    return copy
 
 
 def test_checkpoints_resume_under_another_parallelism_and_world_size(

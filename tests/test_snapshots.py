@@ -15,7 +15,7 @@ from components.evaluate_checkpoint.gate import Gate
 from components.launch_training.core import launch
 from components.stage_data.core import stage_data
 from components.stage_data.snapshots import prune_snapshots
-from tests.helpers import snapshot_dir, tiny_launch
+from tests.helpers import EXACT, rewound_copy, snapshot_dir, tiny_launch
 from trainer.layout import META, DatasetPaths, RunPaths
 
 TOKENS_PER_STEP = 8 * 64 * 2  # tiny_launch: batch 8, seq_len 64, 2 ranks
@@ -51,10 +51,14 @@ def test_a_restage_writes_a_new_snapshot_beside_the_old(staged_copy: Path, sourc
         stage_data(str(source), str(staged_copy), "synthetic", vocab_size=512, val_fraction=0.2)
 
 
-def test_a_resume_after_a_restage_keeps_its_snapshot_or_is_refused(staged_copy: Path, source: Path) -> None:
-    stop_at_10 = {"TRAINER_MAX_TOKENS": str(10 * TOKENS_PER_STEP)}
-    launch(tiny_launch(staged_copy, "run", max_steps=20, extra_env=stop_at_10))
+def test_a_resume_after_a_restage_keeps_its_snapshot_or_is_refused(
+    staged_copy: Path, source: Path, uninterrupted: RunPaths
+) -> None:
+    """The uninterrupted run as it was at step 20 (trained on the snapshot staged_copy holds), resumed after a
+    restage: refused when asked to, else it goes on on its own snapshot."""
+    run = rewound_copy(uninterrupted, staged_copy, "run", 20)
     started_on = snapshot_dir(staged_copy, "synthetic").name
+    assert json.loads(run.config.read_text())["dataset"]["snapshot"] == started_on
     change_a_train_file(source)
     restaged = restage(source, staged_copy)
 
@@ -64,13 +68,12 @@ def test_a_resume_after_a_restage_keeps_its_snapshot_or_is_refused(staged_copy: 
         match=rf"was staged again: --data-dir is snapshot {restaged}, this run's checkpoint "
         rf"was trained on snapshot {started_on}",
     ):
-        launch(tiny_launch(staged_copy, "run", max_steps=20, extra_env=refuse))
+        launch(tiny_launch(staged_copy, "run", **EXACT, extra_env=refuse))
 
-    launch(tiny_launch(staged_copy, "run", max_steps=20))  # the launcher hands it the current snapshot
-    run = RunPaths.of(staged_copy, "run")
+    launch(tiny_launch(staged_copy, "run", **EXACT))  # the launcher hands it the current snapshot
     assert f"keeps training on its snapshot {started_on}, not on {restaged}" in run.rank_log(0).read_text()
     config = json.loads(run.config.read_text())
-    assert config["dataset"]["snapshot"] == started_on and json.loads(run.status.read_text())["step"] == 20
+    assert config["dataset"]["snapshot"] == started_on and json.loads(run.status.read_text())["step"] == 40
     result = evaluate_checkpoint(str(staged_copy), "synthetic", "run", export=False)
     assert result.snapshot == started_on, "the evaluation reads the run's own val split and tokenizer"
 
