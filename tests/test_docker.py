@@ -343,8 +343,8 @@ def test_the_hyperpod_variant_installs_the_stack_less_torch_and_stack_hyperpod()
 
 
 def test_the_makefile_installs_the_hyperpod_venv_as_the_variant_image_does() -> None:
-    """.venv-hyperpod, where the tests run hyperpodrun and the trainer, is the two files installed the Dockerfile's
-    way: stack.txt with the same deletion, then stack-hyperpod.txt, then pip check."""
+    """.venv-hyperpod, where the tests run hyperpodrun and the trainer, is the Dockerfile's two files (installed by uv,
+    every package pinned in them): stack.txt with the same deletion, then stack-hyperpod.txt, then pip check."""
     text = (REPO / "Makefile").read_text()
     variables = dict(re.findall(r"^(\w+) := (\S+)$", text, re.MULTILINE))
     assert (
@@ -353,13 +353,13 @@ def test_the_makefile_installs_the_hyperpod_venv_as_the_variant_image_does() -> 
     assert variables["STACK"] == "trainer/stack.txt"
     rule = re.search(r"^\$\(HYPERPOD_VENV\)/installed: (.*)\n((?:\t.*\n)+)", text, re.MULTILINE)
     assert rule, "the Makefile has no $(HYPERPOD_VENV)/installed target"
-    expanded = re.sub(r"\$\((\w+)\)", lambda m: variables.get(m[1], m[0]), rule[0])
+    expanded = re.sub(r"\$\((\w+)\)", lambda m: variables.get(m[1], m[0]), rule[0].replace("\\\n\t", ""))
     prerequisites, *recipe = [line.strip() for line in expanded.splitlines()]
     assert set(prerequisites.split(": ", 1)[1].split()) == {"trainer/stack.txt", "trainer/stack-hyperpod.txt"}
     (deletion,) = [line for line in recipe if line.startswith("sed ")]
     without_torch = re.fullmatch(rf"{re.escape(DELETE_TORCH)} trainer/stack\.txt > (\S+)", deletion)
     assert without_torch and without_torch[1].startswith(f"{HYPERPOD_VENV.name}/"), deletion
-    (install,) = [line for line in recipe if " pip install " in line]
+    (install,) = [line for line in recipe if " pip install " in line and " -r " in line]
     assert install.endswith(f" -r {without_torch[1]} -r trainer/stack-hyperpod.txt"), install
     assert (
         recipe.index(deletion) < recipe.index(install) < recipe.index(f"{HYPERPOD_VENV.name}/bin/python -m pip check")
