@@ -27,7 +27,7 @@ from typing import Any
 
 import kubernetes
 
-from tests.cluster.controller import PolledController
+from tests.cluster.controller import POLL_S, PolledController
 from tests.cluster.training_operator import GROUP, PLURAL, VERSION, is_true, now
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,9 @@ MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
 class JobAutoRestart(PolledController):
     """Brings the namespace's Failed auto-resume jobs back, ``delay_s`` after they failed, up to their max retries."""
 
-    def __init__(self, admin: kubernetes.client.ApiClient, namespace: str, delay_s: float = 1.0, poll_s: float = 0.1):
+    def __init__(
+        self, admin: kubernetes.client.ApiClient, namespace: str, delay_s: float = 1.0, poll_s: float = POLL_S
+    ):
         super().__init__(f"hyperpod-{namespace}", poll_s)
         self.custom = kubernetes.client.CustomObjectsApi(admin)
         self.namespace, self.delay_s = namespace, delay_s

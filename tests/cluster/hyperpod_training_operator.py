@@ -17,7 +17,7 @@ CRD of it is published (tests/cluster/crds/ holds ours). What is played follows 
   Starting, Running, Faulted, Completed: "Job runs when all pods and managers good", "All managers complete so job is
   complete"), ``k8s/fetch_pod_logs_parallel.py`` (every pod labelled ``HPJob``).
 
-Played, per job of the namespace (every ~0.1 s, as a controller's informers would deliver):
+Played, per job of the namespace (every POLL_S, as a controller's informers would deliver):
 - Pods: for each ``spec.replicaSpecs[]`` group, ``replicas`` pods ``<job>-<group>-<index>`` [cli], labelled
   ``HPJob=<job>`` [sdk] [agent] beside the template's labels and annotations, with a controller ownerReference to the
   job, so that the garbage collector deletes them with it (a foreground delete of the job ends when they are gone).
@@ -61,7 +61,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.controller import PolledController, controller_reference
+from tests.cluster.controller import POLL_S, PolledController, controller_reference
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class HyperPodTrainingOperator(PolledController):
         admin: kubernetes.client.ApiClient,
         namespace: str,
         on_created: Callable[[dict[str, Any]], None] | None = None,
-        poll_s: float = 0.1,
+        poll_s: float = POLL_S,
     ):
         super().__init__(f"hyperpod-operator-{namespace}", poll_s)
         self.custom = kubernetes.client.CustomObjectsApi(admin)

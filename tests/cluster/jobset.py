@@ -21,7 +21,7 @@ Sources, kubernetes-sigs/jobset at tag v0.12.0 (each function below names its ow
 - ``pkg/features/features.go``: every gate that changes this path (RestartJob, InPlaceRestart, ElasticJobSet) is off by
   default at v0.12.0, so the ``job-restart-attempt`` label, in-place restarts and elastic scaling are not played.
 
-The controller polls the namespace's JobSets and Jobs every ~0.1 s and reconciles a JobSet when it or one of its Jobs
+The controller polls the namespace's JobSets and Jobs every POLL_S and reconciles a JobSet when it or one of its Jobs
 changed (what ``Owns(&batchv1.Job{})`` would deliver), or its TTL timer is due. Not played: the validating webhook's
 checks on create, ``InOrder`` startup, ``dependsOn``, volume claim policies, exclusive placement, events.
 """
@@ -43,7 +43,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.controller import PolledController, controller_reference
+from tests.cluster.controller import POLL_S, PolledController, controller_reference
 from tests.cluster.tls import HttpsServer, admission_handler, loopback_cert
 
 log = logging.getLogger(__name__)
@@ -307,7 +307,7 @@ def _merge_slices(old: list[Any] | None, new: list[Any] | None) -> list[Any] | N
 class JobSetController(PolledController):
     """The JobSet controller for one namespace."""
 
-    def __init__(self, admin: kubernetes.client.ApiClient, namespace: str, poll_s: float = 0.1):
+    def __init__(self, admin: kubernetes.client.ApiClient, namespace: str, poll_s: float = POLL_S):
         super().__init__(f"jobset-{namespace}", poll_s)
         self.custom = kubernetes.client.CustomObjectsApi(admin)
         self.batch = kubernetes.client.BatchV1Api(admin)

@@ -39,6 +39,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster.controller import POLL_S
 from tests.cluster.tls import HttpsServer, loopback_cert
 
 log = logging.getLogger(__name__)
@@ -455,7 +456,7 @@ class Kubelet:
     def _finish_deletions(self) -> None:
         """A bound pod being deleted: its containers stopped, then the kubelet's final delete (grace 0, UID)."""
         seen: set[str] = set()
-        while not self._stop.wait(0.1):
+        while not self._stop.wait(POLL_S):
             try:
                 pods = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)
             except Exception:  # noqa: BLE001 (the control plane going away at the end)

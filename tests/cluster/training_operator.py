@@ -21,7 +21,7 @@ Sources, kubeflow/training-operator at tag v1.8.1 (each function below names its
 - ``pkg/webhooks/pytorch/pytorchjob_webhook.go`` ``validatePyTorchJob``: what is refused at create, served here as a
   ``ValidatingWebhookConfiguration`` named ``validator.pytorchjob.training-operator.kubeflow.org``.
 
-The controller polls the namespace's jobs and pods every ~0.1 s and reconciles a job when it or one of its pods
+The controller polls the namespace's jobs and pods every POLL_S and reconciles a job when it or one of its pods
 changed (what its informers would deliver), or when a queued timer is due: the one ``UpdateJobStatus`` queues with
 ``WorkQueue.AddAfter`` for ``activeDeadlineSeconds`` when it first sets ``startTime``. After a suspend and resume
 ``ReconcileJobs`` sets ``startTime`` anew and no timer is queued, so a resumed job passes its deadline only at its
@@ -45,7 +45,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.controller import PolledController, controller_reference
+from tests.cluster.controller import POLL_S, PolledController, controller_reference
 from tests.cluster.tls import HttpsServer, admission_handler, loopback_cert
 
 log = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ class TrainingOperator(PolledController):
         admin: kubernetes.client.ApiClient,
         namespace: str,
         on_created: Callable[[dict[str, Any]], None] | None = None,
-        poll_s: float = 0.1,
+        poll_s: float = POLL_S,
     ):
         super().__init__(f"operator-{namespace}", poll_s)
         self.custom = kubernetes.client.CustomObjectsApi(admin)

@@ -21,7 +21,7 @@ Sources, kubeflow/trainer at tag v2.3.0 (each function names its own), and the m
   api.py.
 pods.py finds a TrainJob's pods for the tests.
 
-The controller polls the namespace's TrainJobs and JobSets every ~0.1 s and reconciles a TrainJob when it or its
+The controller polls the namespace's TrainJobs and JobSets every POLL_S and reconciles a TrainJob when it or its
 JobSet changed (``Owns`` through the JobSet plugin's watch), or its deadline timer is due. Not played: initializer
 jobs' env, MPI / JAX / XGBoost / Flux policies, coscheduling and Volcano, torchtune, the TrainJobStatus feature (off by
 default at v2.3.0), events other than TrainJobResourcesCreationFailed, the runtimes' own webhooks and finalizers.

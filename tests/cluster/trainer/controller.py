@@ -3,7 +3,7 @@
 ``reconcileDeadline``, one status merge patch), with the JobSet plugin's ``Build`` (runtime.py, build.py) and
 ``Status``.
 
-It polls the namespace's TrainJobs and JobSets every ~0.1 s and reconciles a TrainJob when it or its JobSet changed
+It polls the namespace's TrainJobs and JobSets every POLL_S and reconciles a TrainJob when it or its JobSet changed
 (``Owns`` through the JobSet plugin's watch), or its deadline timer is due."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster import jobset as js_player
-from tests.cluster.controller import PolledController
+from tests.cluster.controller import POLL_S, PolledController
 from tests.cluster.trainer.api import (
     CLUSTER_RUNTIME_KEY,
     COMPLETE,
@@ -83,7 +83,7 @@ class TrainJobController(PolledController):
         admin: kubernetes.client.ApiClient,
         namespace: str,
         on_created: Callable[[dict[str, Any]], None] | None = None,
-        poll_s: float = 0.1,
+        poll_s: float = POLL_S,
     ):
         super().__init__(f"trainer-{namespace}", poll_s)
         self.api = admin
