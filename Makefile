@@ -21,10 +21,15 @@ HYPERPOD_VENV := .venv-hyperpod
 
 .PHONY: setup browser run-local test compile bench clean
 
+# Where PYTHONDONTWRITEBYTECODE is set (as on this project's CI machines), no process would keep what it compiled:
+# every start of a worker, a CLI or a KFP step compiled the project's own modules again, and each pytest worker
+# rewrote and compiled every test module (collecting the suite: 12.9 CPU-s, 9.4 with the caches kept). The
+# project's caches land in its ignored __pycache__ folders.
+unexport PYTHONDONTWRITEBYTECODE
+
 # The pipeline needs the project alone; the tests add the dev extra (an MLflow server, Playwright, moto, ruff, ...).
 # pip installs torch (the build TORCH_INDEX_URL names, or the one pip's configuration finds); uv installs the rest
-# under the same constraints, byte-compiled on every core (where PYTHONDONTWRITEBYTECODE is set, as on this project's
-# CI machines, nothing is compiled later and every process would compile what it imports from source).
+# under the same constraints, byte-compiled on every core.
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode
 $(BIN)/hyperpod-pretrain: pyproject.toml $(STACK)
 	$(PYTHON) -m venv $(VENV)

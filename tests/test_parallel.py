@@ -12,10 +12,11 @@ from torch.distributed.tensor import DTensor
 
 from components.evaluate_checkpoint.core import evaluate_checkpoint
 from components.launch_training.core import launch
-from tests.helpers import EXACT, built_once, rewound_copy, run_probe, tiny_launch, trained
+from tests.helpers import EXACT, built_once, rewound_copy, run_probe, snapshot_dir, tiny_launch, trained
 from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics
 from trainer.checkpoint import read_checkpoint
 from trainer.config import ACTIVATION_CHECKPOINTING
+from trainer.data import TokenBatches, load_split
 from trainer.layout import RunPaths
 from trainer.memory import model_shape
 from trainer.model import build_model, model_config
@@ -32,8 +33,9 @@ RTOL = 1e-4
 
 @pytest.fixture(scope="session")
 def fsdp_straight(staged_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
-    # As the uninterrupted run, and SIGTERM on the last step (rank 0's own, --fault-signal-at-step): it is done.
-    signalled = {**FSDP, "TRAINER_FAULT_SIGNAL_AT_STEP": str(EXACT["max_steps"])}
+    # As the uninterrupted run, and SIGTERM on the last step (rank 0's own, --fault-signal-at-step): it is done. Each
+    # rank's windows recorded, for the resume in one process.
+    signalled = {**FSDP, "TRAINER_FAULT_SIGNAL_AT_STEP": str(EXACT["max_steps"]), "TRAINER_LOG_SAMPLES": "true"}
     build = trained(staged_root, "fsdp-straight", **EXACT, eval_every=10, extra_env=signalled)
     return RunPaths.of(built_once(tmp_path_factory, "fsdp", build), "fsdp-straight")
 
@@ -82,7 +84,7 @@ def test_checkpoints_resume_under_another_parallelism_and_world_size(
     staged_copy: Path, uninterrupted: RunPaths, fsdp_straight: RunPaths
 ) -> None:
     """DDP's step-20 checkpoint goes on under HSDP (a 2-D mesh: 1 replica x 2 shards), FSDP's under DDP, both to
-    the losses of the uninterrupted run; FSDP's also goes on in one process (the data re-partitioned)."""
+    the losses of the uninterrupted run."""
     for source, name, settings in [
         (uninterrupted, "ddp-to-hsdp", {"TRAINER_PARALLELISM": "hsdp"}),
         (fsdp_straight, "fsdp-to-ddp", {}),
@@ -91,10 +93,35 @@ def test_checkpoints_resume_under_another_parallelism_and_world_size(
         launch(tiny_launch(staged_copy, name, **EXACT, extra_env=settings))
         assert "resumed at step 20" in run.rank_log(0).read_text()
         assert_close_losses(read_metrics(run)[20:], read_metrics(uninterrupted)[20:])
+
+
+def test_fsdps_checkpoint_goes_on_in_one_process_repeating_and_skipping_no_window(
+    staged_copy: Path, fsdp_straight: RunPaths
+) -> None:
+    """FSDP's step-20 checkpoint of 2 ranks goes on in one process (DDP, the data re-partitioned): each epoch's
+    windows are the first of its order, each once, before and after the change of world size."""
     alone = rewound_copy(fsdp_straight, staged_copy, "fsdp-to-one", 20)
-    launch(tiny_launch(staged_copy, "fsdp-to-one", **EXACT, nproc_per_node=1))
-    assert "resumed at step 20 (20480 tokens seen) from a checkpoint of 2 ranks" in alone.rank_log(0).read_text()
+    for rank_file in alone.logs.glob("samples_rank_*.txt"):  # as the run had recorded them by step 20
+        lines = rank_file.read_text().splitlines()
+        rank_file.write_text("".join(f"{line}\n" for line in lines if int(line.split()[0]) <= 20))
+    launch(
+        tiny_launch(staged_copy, "fsdp-to-one", **EXACT, nproc_per_node=1, extra_env={"TRAINER_LOG_SAMPLES": "true"})
+    )
+    log_text = alone.rank_log(0).read_text()
+    assert "resumed at step 20 (20480 tokens seen) from a checkpoint of 2 ranks" in log_text
+    assert "world size changed from 2 to 1" in log_text
     assert read_checkpoint(alone.latest_checkpoint)["step"] == 40
+    # 165 windows of 64 tokens, an epoch's ragged tail left out: an epoch is 10 steps of 2 ranks x 8 windows, or 20
+    # steps of 1 x 8. Steps 1-20 are epochs 0 and 1, steps 21-40 epoch 2.
+    batches = TokenBatches(load_split(snapshot_dir(staged_copy, "synthetic"), "train"), 64, 8, 0, 1, seed=1234)
+    assert batches.num_windows == 165
+    seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for rank_file in alone.logs.glob("samples_rank_*.txt"):
+        for line in rank_file.read_text().splitlines():
+            step, _micro, *windows = map(int, line.split())
+            seen[(step - 1) // 10 if step <= 20 else 2] += windows
+    for epoch, windows in seen.items():
+        assert sorted(windows) == sorted(batches.epoch_order(epoch, 0, 160).tolist()), f"epoch {epoch}"
 
 
 @pytest.mark.usefixtures("one_process_group")
