@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 
 from components.evaluate_checkpoint.core import evaluate_checkpoint
 from components.launch_training.core import launch
+from components.verify_nccl.core import Expectations, verify_nccl
 from tests.helpers import EXACT, built_once, rewound_copy, run_probe, snapshot_dir, tiny_launch, trained
 from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics
 from trainer.checkpoint import read_checkpoint
@@ -99,7 +100,8 @@ def test_fsdps_checkpoint_goes_on_in_one_process_repeating_and_skipping_no_windo
     staged_copy: Path, fsdp_straight: RunPaths
 ) -> None:
     """FSDP's step-20 checkpoint of 2 ranks goes on in one process (DDP, the data re-partitioned): each epoch's
-    windows are the first of its order, each once, before and after the change of world size."""
+    windows are the first of its order, each once, before and after the change of world size. The trainer numbered
+    its starts, and the NCCL verification reads the latest: rank 1's report is attempt 1's and fails nothing."""
     alone = rewound_copy(fsdp_straight, staged_copy, "fsdp-to-one", 20)
     for rank_file in alone.logs.glob("samples_rank_*.txt"):  # as the run had recorded them by step 20
         lines = rank_file.read_text().splitlines()
@@ -122,6 +124,12 @@ def test_fsdps_checkpoint_goes_on_in_one_process_repeating_and_skipping_no_windo
             seen[(step - 1) // 10 if step <= 20 else 2] += windows
     for epoch, windows in seen.items():
         assert sorted(windows) == sorted(batches.epoch_order(epoch, 0, 160).tolist()), f"epoch {epoch}"
+
+    assert alone.attempts() == [1, 2] and json.loads(alone.status.read_text())["attempt"] == 2
+    verified = verify_nccl(str(staged_copy), "fsdp-to-one", expect=Expectations(min_world_size=1, max_world_size=2))
+    assert verified.passed, verified.markdown()
+    assert (verified.attempt, verified.world_size, len(verified.reports)) == (2, 1, 1)
+    assert verified.history == ["attempt 1: world size 2, 2 report(s), passed"]
 
 
 @pytest.mark.usefixtures("one_process_group")

@@ -400,7 +400,8 @@ def test_run_local_fails_when_a_step_fails(staged_copy: Path) -> None:
     assert summary["state"] == "FAILED"
     outcomes = {s["step"]: s for s in summary["steps"]}
     assert outcomes["launch-pytorchjob"]["state"] == "failed"
-    assert "no usable checkpoint" in outcomes["launch-pytorchjob"]["error"]
+    error = outcomes["launch-pytorchjob"]["error"]  # the launcher's: the workers' exit code and their reason
+    assert "exit code 1" in error and "no usable checkpoint" in error and "not a complete checkpoint" in error
     assert outcomes["stage-data"]["state"] == "skipped" and outcomes["verify-nccl"]["state"] == "no record"
 
 

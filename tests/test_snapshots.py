@@ -68,7 +68,7 @@ def test_a_resume_after_a_restage_keeps_its_snapshot_or_is_refused(
         match=rf"was staged again: --data-dir is snapshot {restaged}, this run's checkpoint "
         rf"was trained on snapshot {started_on}",
     ):
-        launch(tiny_launch(staged_copy, "run", **EXACT, extra_env=refuse))
+        launch(tiny_launch(staged_copy, "run", **EXACT, nproc_per_node=1, extra_env=refuse))  # a refusal: one rank
 
     launch(tiny_launch(staged_copy, "run", **EXACT))  # the launcher hands it the current snapshot
     assert f"keeps training on its snapshot {started_on}, not on {restaged}" in run.rank_log(0).read_text()
@@ -87,7 +87,7 @@ def test_the_gate_compares_bits_per_byte_on_the_same_val_set_only(trained_copy: 
     first = snapshot_dir(trained_copy, "synthetic").name
     change_a_train_file(source)
     other_tokenizer = stage_data(str(source), str(trained_copy), "synthetic", vocab_size=400, val_fraction=0.1)
-    launch(tiny_launch(trained_copy, "run-2", max_steps=20))
+    launch(tiny_launch(trained_copy, "run-2", max_steps=20, nproc_per_node=1))  # runs to evaluate: one process
     result = evaluate_checkpoint(
         str(trained_copy),
         "synthetic",
@@ -108,7 +108,7 @@ def test_the_gate_compares_bits_per_byte_on_the_same_val_set_only(trained_copy: 
     val_file = next(k for k in json.loads(DatasetPaths.of(trained_copy, "synthetic").val_set.read_text())["keys"])
     (source / val_file).write_text((source / val_file).read_text() + "the stale node loads the model.\n")
     stage_data(str(source), str(trained_copy), "synthetic", vocab_size=400, val_fraction=0.1)
-    launch(tiny_launch(trained_copy, "run-3", max_steps=10))
+    launch(tiny_launch(trained_copy, "run-3", max_steps=10, nproc_per_node=1))
     with pytest.raises(InputError, match=r"baseline run 'run-1' was evaluated on another val set"):
         evaluate_checkpoint(str(trained_copy), "synthetic", "run-3", export=False, gate=Gate(baseline_run_id="run-1"))
     with pytest.raises(InputError, match=r"baseline 'previous': no other run of dataset 'synthetic' evaluated on"):
@@ -163,7 +163,12 @@ def test_a_warm_start_continues_a_finished_run_on_a_restaged_corpus(trained_copy
     with pytest.raises(StepFailed, match=r"its weights were trained with tokenizer \w+, and this run's snapshot has"):
         launch(
             tiny_launch(
-                trained_copy, "run-3", max_steps=10, snapshot=other_tokenizer.snapshot, init_from_run_id="run-1"
+                trained_copy,
+                "run-3",
+                max_steps=10,
+                nproc_per_node=1,  # a refusal: one rank
+                snapshot=other_tokenizer.snapshot,
+                init_from_run_id="run-1",
             )
         )
 

@@ -89,7 +89,7 @@ def test_a_resume_with_another_architecture_is_refused_naming_the_fields(trained
     root = tmp_path / "fsx"
     shutil.copytree(trained_root, root, symlinks=True)
     with pytest.raises(StepFailed) as failure:
-        launch(tiny_launch(root, "run-1", max_steps=80, seq_len=128))
+        launch(tiny_launch(root, "run-1", max_steps=80, seq_len=128, nproc_per_node=1))  # a refusal: one rank
     first_line = str(failure.value).splitlines()[0]
     assert "exit code" in first_line and "is of preset 'tiny'" in first_line and "n_positions: 64 -> 128" in first_line
     run = RunPaths.of(root, "run-1")
