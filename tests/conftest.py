@@ -246,9 +246,10 @@ def mixed_root(tmp_path_factory: pytest.TempPathFactory, staged_root: Path) -> P
 
 @pytest.fixture(scope="session")
 def mixture_run(mixed_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
-    """Run 'mixed': 20 steps of the tiny preset with dropout on MIXTURE under DDP, every step logged, a checkpoint
+    """Run 'mixed': 20 steps of the tiny preset with dropout on MIXTURE under FSDP, every step logged, a checkpoint
     every 5, the val losses every 10 (treat as read-only; its storage root holds mixed_root's datasets)."""
-    root = built_once(tmp_path_factory, "mixture-run", trained(mixed_root, "mixed", **MIXED_RUN, eval_every=10))
+    build = trained(mixed_root, "mixed", **MIXED_RUN, eval_every=10, extra_env={"TRAINER_PARALLELISM": "fsdp"})
+    root = built_once(tmp_path_factory, "mixture-run", build)
     return RunPaths.of(root, "mixed")
 
 

@@ -139,14 +139,15 @@ def test_weights_are_kept_as_given_and_a_dataset_too_short_for_a_window_is_refus
 def test_a_mixture_stopped_by_sigterm_resumes_bit_identical_with_each_datasets_tokens(
     mixed_root: Path, mixture_run: RunPaths, tmp_path: Path
 ) -> None:
-    """Under torchrun with 2 ranks, dropout (its masks draw from each rank's RNG) and asynchronous saves every 5
-    steps, a SIGTERM at a random step: the run stops after the step the ranks agree on and commits it (after the
-    pending background save); resumed to the end, every row repeats the uninterrupted run's (mixture_run, which also
-    measured each dataset's val loss: evaluating, in eval mode, changes nothing of the training), each dataset's tokens
-    included. The rows' tokens add up; the plan says the shares."""
+    """Under torchrun with 2 ranks of FSDP, dropout (its masks draw from each rank's RNG) and asynchronous saves every
+    5 steps (each rank staging and writing its own shards), a SIGTERM at a random step: the run stops after the step
+    the ranks agree on and commits it (after the pending background save); resumed to the end, every row repeats the
+    uninterrupted run's (mixture_run, which also measured each dataset's val loss: evaluating, in eval mode, changes
+    nothing of the training), each dataset's tokens included. The rows' tokens add up; the plan says the shares."""
     root = tmp_path / "fsx"
     shutil.copytree(mixed_root, root)
-    stopped = tiny_launch(root, "mixed-resumed", **MIXED_RUN, extra_env={"TRAINER_ASYNC_CHECKPOINT": "true"})
+    fsdp_async = {"TRAINER_PARALLELISM": "fsdp", "TRAINER_ASYNC_CHECKPOINT": "true"}
+    stopped = tiny_launch(root, "mixed-resumed", **MIXED_RUN, extra_env=fsdp_async)
     status = preempt_at_random_step(stopped, 3, 16)
     assert status["step"] < 20
     launch(stopped)
@@ -197,7 +198,7 @@ def test_a_resume_with_other_weights_or_tokenizers_is_refused_in_one_line(
     run = RunPaths.of(root, "mixed")
     before = run.metrics.read_text()
     other = [dict(e, weight=w) for e, w in zip(MIXTURE, (0.5, 0.4, 0.1), strict=True)]
-    assert refusal(tiny_launch(root, "mixed", **dict(MIXED_RUN, mixture=other))) == (
+    assert refusal(tiny_launch(root, "mixed", **dict(MIXED_RUN, mixture=other), nproc_per_node=1)) == (
         "--mixture synthetic=0.5,code=0.4,math=0.1 differs from the mixture this run trained on "
         "(synthetic=0.6,code=0.3,math=0.1); an exact resume keeps its mixture: resume with it, or start a new run "
         "from this one's weights (--init-from) with the new weights"
