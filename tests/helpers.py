@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 import shutil
@@ -11,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -289,3 +292,19 @@ def run_probe(module: str, *args: str, env: dict[str, str] | None = None) -> Non
         cwd=Path(__file__).resolve().parent.parent,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`hyperpod-pretrain ARGS` through the console script's entry point (pipelines.cli:main) in this process, with
+    `env`, where given, as the whole environment: its exit code and what it printed. A process per call spent about a
+    CPU-second on imports alone. (What a process reads at import, as the kubernetes client KUBECONFIG, needs one.)"""
+    from pipelines.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    environ = mock.patch.dict(os.environ, env, clear=True) if env is not None else contextlib.nullcontext()
+    with environ, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exited:  # argparse's refusals, --help and --version
+            code = exited.code if isinstance(exited.code, int) else 1
+    return subprocess.CompletedProcess(["hyperpod-pretrain", *args], code, out.getvalue(), err.getvalue())

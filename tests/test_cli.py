@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from components.launch_training.config import LaunchConfig
+from tests.helpers import run_cli
 from trainer.layout import RunPaths
 
 CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
@@ -19,7 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300)
+    """The command's entry point in this process (tests/helpers.py run_cli); the installed script itself runs in
+    test_the_version_is_shown_and_written_into_each_runs_config."""
+    return run_cli(*args)
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -249,7 +252,7 @@ def test_run_local_stages_all_of_a_given_source_and_refuses_filters_that_keep_no
 def test_the_version_is_shown_and_written_into_each_runs_config(trained_root: Path) -> None:
     from common.version import tool_version
 
-    shown = cli("--version")
+    shown = subprocess.run([CLI, "--version"], capture_output=True, text=True, timeout=60)  # the installed script
     assert shown.returncode == 0 and shown.stdout.strip() == f"hyperpod-pretrain {tool_version()}"
     assert tool_version() != "unknown", "the project is installed (make setup)"
     config = json.loads(RunPaths.of(trained_root, "run-1").config.read_text())

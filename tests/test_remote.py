@@ -1,22 +1,20 @@
 """`submit` and `schedule`: the real CLI and kfp.Client against the loopback KFP v2beta1 server (tests/kfp_server/),
 which checks every body against kfp_server_api's models and every run's parameters against the compiled spec."""
 
-import io
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import yaml
 
 from pipelines import COMPILED_PIPELINE
 from pipelines.remote import MIN_KFP_BACKEND
+from tests.helpers import run_cli
 from tests.kfp_server import FakeKfp
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,17 +40,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """The console script's entry point (pipelines.cli:main) in this process, with `env` as the whole environment:
-    its exit code and what it printed. A process per call spent about a CPU-second on imports, over 60 calls."""
-    from pipelines.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with mock.patch.dict(os.environ, env, clear=True), redirect_stdout(out), redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as exited:  # argparse's refusals
-            code = exited.code if isinstance(exited.code, int) else 1
-    return subprocess.CompletedProcess([CLI, *args], code, out.getvalue(), err.getvalue())
+    return run_cli(*args, env=env)
 
 
 def test_submit_uploads_once_and_creates_a_run_with_typed_parameters(server: FakeKfp, env: dict[str, str]) -> None:
