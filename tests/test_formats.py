@@ -7,8 +7,6 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from components.evaluate_checkpoint.export import export_model
 from components.stage_data.core import mirror_and_plan, stage_data
 from components.stage_data.settings import StageSettings
 from components.stage_data.tokenization.snapshot import building_dir, document_position
-from tests.helpers import ADJECTIVES, NOUNS, VERBS, encode_until_killed, write_corpus
+from tests.helpers import ADJECTIVES, NOUNS, VERBS, encode_until_killed, run_cli, write_corpus
 from tests.tokenizer_kinds import KINDS, make_tokenizer, save_pretrained
 from trainer.layout import META, TOKENIZER, DatasetPaths
 from trainer.model import build_model, model_config
@@ -424,31 +422,22 @@ def test_a_killed_encode_of_a_large_parquet_file_carries_on_after_its_last_row_g
     assert resumed.documents == clean.documents, "the report counts nothing twice"
 
 
-CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
-
-
 def test_a_dry_run_shows_what_the_model_will_read_and_writes_nothing(tmp_path: Path) -> None:
     source = corpus_of_every_format(tmp_path / "corpus")
     root = tmp_path / "fsx"
-    shown = subprocess.run(
-        [
-            CLI,
-            "stage-data",
-            "--source",
-            str(source),
-            "--storage-root",
-            str(root),
-            "--dataset",
-            "d",
-            "--vocab-size",
-            "300",
-            "--val-fraction",
-            "0.2",
-            "--dry-run",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    shown = run_cli(
+        "stage-data",
+        "--source",
+        str(source),
+        "--storage-root",
+        str(root),
+        "--dataset",
+        "d",
+        "--vocab-size",
+        "300",
+        "--val-fraction",
+        "0.2",
+        "--dry-run",
     )
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "of 7 files sampled" in shown.stdout and "| jsonl.zst | 1 |" in shown.stdout
@@ -464,21 +453,8 @@ def test_the_command_line_refuses_bad_input_in_one_line_with_exit_code_2(tmp_pat
     source = two_good_files(tmp_path / "a")
     (source / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
     for dry_run in ([], ["--dry-run"]):
-        result = subprocess.run(
-            [
-                CLI,
-                "stage-data",
-                "--source",
-                str(source),
-                "--storage-root",
-                str(tmp_path / "fsx"),
-                "--dataset",
-                "d",
-                *dry_run,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        result = run_cli(
+            "stage-data", "--source", str(source), "--storage-root", str(tmp_path / "fsx"), "--dataset", "d", *dry_run
         )
         assert result.returncode == 2, result.stderr[-2000:]
         assert (
