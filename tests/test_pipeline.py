@@ -13,7 +13,7 @@ from components.launch_training.platform import Platform
 from pipelines import COMPILED_PIPELINE
 from tests.benchmark_data import write_task_data
 from tests.evaluate_helpers import table
-from tests.helpers import write_corpus
+from tests.helpers import run_cli, write_corpus
 from trainer.layout import RunPaths
 
 CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
@@ -33,43 +33,37 @@ def all_tasks(spec: dict) -> dict[str, dict]:
 
 
 def test_checked_in_yaml_matches_a_fresh_compile() -> None:
-    result = subprocess.run([CLI, "compile", "--check"], capture_output=True, text=True, timeout=120)
+    result = run_cli("compile", "--check")
     assert result.returncode == 0, result.stderr
 
 
 def test_compile_says_the_platform_settings_it_baked_in(tmp_path: Path) -> None:
     """What the platform team chose, printed as compiled, so that a wrong flag is seen before the upload."""
     output = tmp_path / "pipeline.yaml"
-    result = subprocess.run(
-        [
-            CLI,
-            "compile",
-            "--output",
-            str(output),
-            "--image-registry",
-            "123456789012.dkr.ecr.us-east-1.amazonaws.com",
-            "--tag",
-            "v7",
-            "--job-api",
-            "trainjob",
-            "--job-namespace",
-            "team-a",
-            "--job-namespace",
-            "team-b",
-            "--fsx-pvc",
-            "team-fsx",
-            "--queue-name",
-            "team-queue",
-            "--trainer-service-account",
-            "trainer",
-            "--trainer-toleration",
-            "dedicated=gpu:NoSchedule",
-            "--node-selector",
-            "pool=cpu",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_cli(
+        "compile",
+        "--output",
+        str(output),
+        "--image-registry",
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+        "--tag",
+        "v7",
+        "--job-api",
+        "trainjob",
+        "--job-namespace",
+        "team-a",
+        "--job-namespace",
+        "team-b",
+        "--fsx-pvc",
+        "team-fsx",
+        "--queue-name",
+        "team-queue",
+        "--trainer-service-account",
+        "trainer",
+        "--trainer-toleration",
+        "dedicated=gpu:NoSchedule",
+        "--node-selector",
+        "pool=cpu",
     )
     assert result.returncode == 0, result.stderr
     said = result.stderr.split("with the platform settings compiled in:\n", 1)[1]
@@ -90,9 +84,7 @@ def test_drift_is_detected(tmp_path: Path) -> None:
     stale = tmp_path / "pipeline.yaml"
     stale.write_text(COMPILED_PIPELINE.read_text().replace("defaultValue: 5000.0", "defaultValue: 4000.0"))
     assert stale.read_text() != COMPILED_PIPELINE.read_text()
-    result = subprocess.run(
-        [CLI, "compile", "--check", "--output", str(stale)], capture_output=True, text=True, timeout=120
-    )
+    result = run_cli("compile", "--check", "--output", str(stale))
     assert result.returncode == 1
     assert "differs from a fresh compile" in result.stderr.splitlines()[-1]
     assert any(line.startswith("-") and "defaultValue: 4000.0" in line for line in result.stderr.splitlines())
@@ -508,38 +500,32 @@ def test_the_quiet_console_puts_back_the_print_that_parallel_kfp_tasks_leave_ind
 
 def test_the_platform_settings_are_on_the_right_steps(tmp_path: Path) -> None:
     output = tmp_path / "cluster.yaml"
-    result = subprocess.run(
-        [
-            CLI,
-            "compile",
-            "--output",
-            str(output),
-            "--node-selector",
-            "role=cpu-workers",
-            "--toleration",
-            "dedicated=pipelines:NoSchedule",
-            "--image-pull-secret",
-            "ecr-pull",
-            "--fsx-pvc",
-            "team-fsx",
-            "--queue-name",
-            "hyperpod-ns-team-a-localqueue",
-            "--image-registry",
-            "123456789012.dkr.ecr.us-east-1.amazonaws.com",
-            "--job-namespace",
-            "hyperpod-ns-team-a",
-            "--trainer-service-account",
-            "trainer",
-            "--trainer-toleration",
-            "dedicated=training:NoSchedule",
-            "--trainer-env",
-            "FI_EFA_FORK_SAFE=1",
-            "--trainer-node-selector",
-            "pool=gpu",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_cli(
+        "compile",
+        "--output",
+        str(output),
+        "--node-selector",
+        "role=cpu-workers",
+        "--toleration",
+        "dedicated=pipelines:NoSchedule",
+        "--image-pull-secret",
+        "ecr-pull",
+        "--fsx-pvc",
+        "team-fsx",
+        "--queue-name",
+        "hyperpod-ns-team-a-localqueue",
+        "--image-registry",
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+        "--job-namespace",
+        "hyperpod-ns-team-a",
+        "--trainer-service-account",
+        "trainer",
+        "--trainer-toleration",
+        "dedicated=training:NoSchedule",
+        "--trainer-env",
+        "FI_EFA_FORK_SAFE=1",
+        "--trainer-node-selector",
+        "pool=gpu",
     )
     assert result.returncode == 0, result.stderr
     pipeline_spec, platform = yaml.safe_load_all(output.read_text())
@@ -634,12 +620,17 @@ def test_the_evaluation_compiles_onto_the_cpu_for_a_cluster_without_a_spare_gpu(
     output = tmp_path / "cpu.yaml"
     registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
     flags = ["--image-registry", registry, "--tag", "v7", "--node-selector", "role=cpu-workers"]
-    result = subprocess.run(
-        [CLI, "compile", "--output", str(output), *flags, "--evaluation-gpus", "0", "--evaluation-memory", "96Gi"]
-        + ["--evaluation-cpu", "16"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_cli(
+        "compile",
+        "--output",
+        str(output),
+        *flags,
+        "--evaluation-gpus",
+        "0",
+        "--evaluation-memory",
+        "96Gi",
+        "--evaluation-cpu",
+        "16",
     )
     assert result.returncode == 0, result.stderr
     assert (
@@ -661,9 +652,7 @@ def test_the_evaluation_compiles_onto_the_cpu_for_a_cluster_without_a_spare_gpu(
         (["--evaluation-gpus", "2"], "--evaluation-gpus 2: 1 (the evaluation loads the model on one GPU) or 0"),
         (["--evaluation-memory", "64GB"], "--evaluation-memory '64GB': a whole amount with its unit, e.g. 64Gi"),
     ):
-        bad = subprocess.run(
-            [CLI, "compile", "--output", str(tmp_path / "x.yaml"), *flags], capture_output=True, text=True, timeout=120
-        )
+        bad = run_cli("compile", "--output", str(tmp_path / "x.yaml"), *flags)
         assert bad.returncode == 2 and message in bad.stderr.splitlines()[-1], bad.stderr
     assert not (tmp_path / "x.yaml").exists()
 
@@ -681,12 +670,7 @@ def test_the_compiled_yaml_round_trips_through_kfp() -> None:
 def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
     registry = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
     output = tmp_path / "cluster.yaml"
-    result = subprocess.run(
-        [CLI, "compile", "--output", str(output), "--image-registry", registry, "--tag", "v7"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("compile", "--output", str(output), "--image-registry", registry, "--tag", "v7")
     assert result.returncode == 0, result.stderr
     spec = next(yaml.safe_load_all(output.read_text()))
     containers = [e["container"] for e in spec["deploymentSpec"]["executors"].values()]
@@ -710,12 +694,7 @@ def test_the_images_come_from_the_registry_and_tag(tmp_path: Path) -> None:
         "hyperpod-pretrain-components:0.1.0",
         "hyperpod-pretrain-evaluator:0.1.0",
     }
-    bad = subprocess.run(
-        [CLI, "compile", "--output", str(tmp_path / "x.yaml"), "--image-registry", "https://ecr"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = run_cli("compile", "--output", str(tmp_path / "x.yaml"), "--image-registry", "https://ecr")
     assert bad.returncode == 2 and "image registry 'https://ecr'" in bad.stderr.splitlines()[-1]
     assert not (tmp_path / "x.yaml").exists()
 

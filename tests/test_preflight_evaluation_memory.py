@@ -4,8 +4,6 @@ evaluate step's need for the run's model on a GPU of the training nodes, or on t
 from __future__ import annotations
 
 import inspect
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +15,12 @@ from components.launch_training.manifest import render_job
 from components.preflight.context import Context
 from components.preflight.evaluation_memory import EVAL_BATCH_SIZE, check_evaluation_memory, evaluation_need
 from components.preflight.result import FAIL, NOT_APPLICABLE, PASS, WARN
+from tests.helpers import run_cli
 from tests.preflight_helpers import config
 from tests.test_preflight_gpu_memory import LLAMA_31_8B
 from trainer.memory import model_shape
 from trainer.model import config_from_dict
 
-CLI = str(Path(sys.executable).parent / "hyperpod-pretrain")
 ON_CPU = EvaluationResources(gpus=0, cpu="8", memory="32Gi")
 # Llama 3.1's published configs (config.json, model_type included), 8B and 70B.
 LLAMA_8B = {**LLAMA_31_8B, "model_type": "llama"}
@@ -147,12 +145,7 @@ def test_preflight_of_a_pipeline_file_checks_the_evaluation_it_was_compiled_with
     from pipelines.cli.job import preflight_settings
 
     compiled = tmp_path / "cpu.yaml"
-    result = subprocess.run(
-        [CLI, "compile", "--output", str(compiled), "--evaluation-gpus", "0", "--evaluation-memory", "96Gi"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("compile", "--output", str(compiled), "--evaluation-gpus", "0", "--evaluation-memory", "96Gi")
     assert result.returncode == 0, result.stderr
     package = ["preflight", "--pipeline-file", str(compiled), "--param", "trainer_image=registry.example/t:1"]
     assert preflight_settings(build_parser().parse_args(package))[2] == EvaluationResources(0, "8", "96Gi")
