@@ -7,8 +7,9 @@ One run carries every path, as the pod would live through them: a worker killed,
 restart); a worker that stops printing steps, caught by the rendered hang rule as the agent's log agent evaluates it,
 restarted in place; the pod stopped (SIGTERM from the kubelet), the preemption checkpoint saved within the agent's
 shutdown timeout; a new pod (the job's pods made anew) resuming to the end. Every step's loss, gradient norm and
-learning rate equal, to the bit, those of the same run uninterrupted under plain torchrun; the NCCL verification
-reads the run as it reads any other.
+learning rate equal, to the bit, those of the same run uninterrupted under plain torchrun; the lines the rules read
+(trainer/monitor.py) are in the files the agent reads, from local rank 0 alone; the NCCL verification reads the run
+as it reads any other.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from components.launch_training.hyperpodpytorchjob import HYPERPODPYTORCHJOB
-from components.launch_training.log_rules import HANG_RULE
+from components.launch_training.log_rules import HANG_RULE, STEP_PATTERN, STOP_PATTERN, TOKENS_PER_S_PATTERN
 from components.launch_training.platform import Platform
 from components.verify_nccl.core import verify_nccl
 from tests.cluster.hyperpod_agents import AgentOperator, NodeAgent
@@ -134,6 +135,19 @@ def test_process_level_restarts_a_hang_rule_and_a_stop_under_hyperpodrun_resume_
     # gave the same bits on 2026-12-07. After a change of either torch, a difference here may be theirs, not the
     # agent's: run the same config under .venv-hyperpod's torchrun to tell.
     assert_same_rows(read_metrics(run), read_metrics(uninterrupted), "under hyperpodrun on torch 2.11")
+
+    # The lines the rendered rules read, in the file the agent's log agent reads (its --tee=3 --log_dir): the last
+    # start's local rank 0 has a step line for each step it trained, then the stop line; rank 1's file has nothing
+    # (one monitor per node); the console lines (loss, lr, ...) stay on stderr.
+    stopped_at = int(stop_line[1])
+    lines = (pod.attempt_dir(3) / "0" / "stdout.log").read_text().splitlines(keepends=True)
+    steps = [line for line in lines if re.match(STEP_PATTERN, line)]
+    assert [int(re.search(r"monitor: step (\d+) ", line)[1]) for line in steps] == list(range(stopped_at + 1, 41))
+    assert all(float(re.match(TOKENS_PER_S_PATTERN, line)[1]) > 0 for line in steps)  # type: ignore[index]
+    stops = [i for i, line in enumerate(lines) if re.match(STOP_PATTERN, line)]
+    assert len(stops) == 1 and "step 40 (max-steps)" in lines[stops[0]] and stops[0] > lines.index(steps[-1])
+    assert not any("loss" in line for line in lines), "the console lines stay on stderr"
+    assert not (pod.attempt_dir(3) / "1" / "stdout.log").read_text().strip(), "one monitor per node: local rank 0"
 
     # 5. The NCCL verification reads what the run left under the agent: the trainer's reports on the volume, one
     # attempt per start of the workers (four), and the last pod's log as hyperpodrun tees it ([default<rank>]: lines).

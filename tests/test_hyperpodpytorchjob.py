@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -29,7 +28,6 @@ from components.launch_training.hyperpodpytorchjob import (
     template_config,
     template_schema,
 )
-from components.launch_training.local_backend import torchrun_command, torchrun_log_dir
 from components.launch_training.log_rules import (
     HANG_RULE,
     SLOW_DATA_POINTS,
@@ -45,7 +43,7 @@ from components.launch_training.progress import STALL_FLOOR_S, STALL_GAPS
 from components.launch_training.pytorchjob import PYTORCHJOB
 from components.launch_training.rendering import PRIORITY_CLASS_LABEL, QUEUE_LABEL
 from pipelines.cli import main
-from tests.helpers import RENDER_JOB, tiny_launch
+from tests.helpers import RENDER_JOB
 from trainer.monitor import MONITOR_ENV, monitor_step_line, monitor_stop_line
 
 REPO = Path(__file__).resolve().parents[1]
@@ -325,28 +323,6 @@ def test_the_patterns_match_the_trainers_monitor_lines_as_the_agent_matches_them
     assert re.match(STOP_PATTERN, stop) and not re.match(STOP_PATTERN, step)
     # torchrun's --tee prefixes console lines with the rank; a prefixed line still matches
     assert re.match(STEP_PATTERN, "[default0]:" + step)
-
-
-def test_local_rank_0_of_a_real_run_prints_the_lines_the_rules_read_in_the_file_the_agent_reads(
-    staged_copy: Path,
-) -> None:
-    """Our trainer under torchrun (whose parser and log layout hyperpodrun inherits) with --tee=3 --log_dir, the
-    monitor asked for: local rank 0's stdout.log holds a step line per logged step and the stop line, each matched by
-    the rules; rank 1's holds none; the console lines (stderr) are not in it."""
-    cfg = tiny_launch(staged_copy, "monitored", max_steps=6, log_every=2, checkpoint_every=100)
-    command, log_dir = torchrun_command(cfg), torchrun_log_dir(cfg)  # torchrun as run-local starts it
-    env = {**os.environ, MONITOR_ENV: "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (rank0,) = log_dir.glob("*/attempt_0/0/stdout.log")
-    lines = rank0.read_text().splitlines(keepends=True)
-    steps = [line for line in lines if re.match(STEP_PATTERN, line)]
-    assert [int(line.split()[2]) for line in steps] == [2, 4, 6]
-    assert all(float(re.match(TOKENS_PER_S_PATTERN, line).group(1)) > 0 for line in steps)  # type: ignore[union-attr]
-    stops = [i for i, line in enumerate(lines) if re.match(STOP_PATTERN, line)]
-    assert len(stops) == 1 and "step 6 (max-steps)" in lines[stops[0]] and stops[0] > lines.index(steps[-1])
-    assert not any("loss" in line for line in lines), "the console lines stay on stderr"
-    assert not (rank0.parent.parent / "1" / "stdout.log").read_text().strip(), "one monitor per node: local rank 0"
 
 
 # -- the status -------------------------------------------------------------------------------------------------------
