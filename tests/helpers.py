@@ -276,6 +276,9 @@ def rewound_copy(run: RunPaths, root: Path, name: str, step: int) -> RunPaths:
             shutil.rmtree(later)
     (copy.checkpoints / LATEST).unlink()
     (copy.checkpoints / LATEST).symlink_to(step_dir_name(step))
+    for samples in copy.logs.glob("samples_rank_*.txt"):  # --log-samples' lines ("<step> <micro> <windows>")
+        lines = samples.read_text().splitlines(keepends=True)
+        samples.write_text("".join(line for line in lines if int(line.split()[0]) <= step))
     return copy
 
 
