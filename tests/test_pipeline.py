@@ -305,6 +305,7 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
         resume_run_id="e2e",
         vocab_size="512",
         preset="tiny",
+        nproc_per_node="1",  # the pipeline's resume is the claim; a world size going 2 -> 1 is test_parallel.py's
         max_steps="60",
         seq_len="64",
         checkpoint_every="20",
@@ -326,6 +327,7 @@ def test_run_local_executes_the_compiled_pipeline_end_to_end(corpus: Path, tmp_p
         run_id="e2e-warm",
         init_from_run_id="previous",
         preset="tiny",
+        nproc_per_node="1",  # a warm start reads weights alone, whatever the world size
         max_steps="10",
         seq_len="64",
     )
@@ -376,6 +378,8 @@ def test_run_local_fails_when_a_step_fails(staged_copy: Path) -> None:
             "tiny",
             "--max-steps",
             "2",
+            "--nproc-per-node",
+            "1",
         ],
         capture_output=True,
         text=True,

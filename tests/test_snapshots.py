@@ -70,7 +70,7 @@ def test_a_resume_after_a_restage_keeps_its_snapshot_or_is_refused(
     ):
         launch(tiny_launch(staged_copy, "run", **EXACT, nproc_per_node=1, extra_env=refuse))  # a refusal: one rank
 
-    launch(tiny_launch(staged_copy, "run", **EXACT))  # the launcher hands it the current snapshot
+    launch(tiny_launch(staged_copy, "run", **EXACT, nproc_per_node=1))  # handed the current snapshot; one rank
     assert f"keeps training on its snapshot {started_on}, not on {restaged}" in run.rank_log(0).read_text()
     config = json.loads(run.config.read_text())
     assert config["dataset"]["snapshot"] == started_on and json.loads(run.status.read_text())["step"] == 40
@@ -142,7 +142,7 @@ def test_a_warm_start_continues_a_finished_run_on_a_restaged_corpus(trained_copy
     assert staged.init_from_run_id == "run-1" and staged.snapshot != snapshot_dir_of(first)
     assert staged.vocab_size == json.loads(first.config.read_text())["dataset"]["vocab_size"], "run-1's tokenizer"
 
-    launch(tiny_launch(trained_copy, "run-2", max_steps=10, log_every=1, init_from_run_id="previous"))
+    launch(tiny_launch(trained_copy, "run-2", max_steps=10, log_every=1, nproc_per_node=1, init_from_run_id="previous"))
     second = RunPaths.of(trained_copy, "run-2")
     last_before = [json.loads(line) for line in first.metrics.read_text().splitlines()][-1]
     first_after = json.loads(second.metrics.read_text().splitlines()[0])

@@ -413,15 +413,6 @@ def test_truncated_latest_falls_back_to_the_previous_checkpoint(trained_root: Pa
     assert_series([(e.step, e.value) for e in events.Scalars("train/lr")], list(rows.items()), "train/lr")
 
 
-def test_gradient_accumulation_matches_one_big_batch(staged_copy: Path, uninterrupted: RunPaths) -> None:
-    """4 sequences x 2 micro-steps per rank is the same 16 sequences per step as 8 x 1: the same training."""
-    launch(tiny_launch(staged_copy, "accum", batch_size=4, extra_env={"TRAINER_GRAD_ACCUM_STEPS": "2"}, **EXACT))
-    accumulated, reference_rows = read_metrics(RunPaths.of(staged_copy, "accum")), read_metrics(uninterrupted)
-    assert [r["tokens"] for r in accumulated] == [r["tokens"] for r in reference_rows]
-    for mine, reference in zip(accumulated, reference_rows, strict=True):
-        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-4), mine["step"]
-
-
 def assert_the_metrics_rows_fields(rows: list[dict]) -> None:
     """Every row has the step's figures; on a CPU no MFU or GPU memory (no peak FLOP/s to compare with)."""
     for row in rows:
@@ -567,7 +558,7 @@ def test_an_extended_schedule_continues_the_lr_without_a_jump(trained_root: Path
     decays = {value for key, value in state["optimizer_groups"].items() if key.endswith(".weight_decay")}
     assert decays == {0.05, 0.0}, "the matrices' group decays at the new rate, the vectors' not at all"
 
-    launch(tiny_launch(root, "run-1", max_steps=80, lr=2e-3))  # the extended run's own settings: no flag needed
+    launch(tiny_launch(root, "run-1", max_steps=80, lr=2e-3, nproc_per_node=1))  # its own settings: no flag needed
     assert "nothing to do: the run already reached step 80" in run.rank_log(0).read_text()
 
 
@@ -690,10 +681,13 @@ def test_a_run_stopped_by_tokens_resumes_from_its_s3_copy_when_its_volume_lost_i
 
 
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(
-    staged_copy: Path, parallelism: str
+def test_accumulated_micro_batches_train_as_one_batch_and_quiet_steps_wait_for_nothing(
+    staged_copy: Path, uninterrupted: RunPaths, parallelism: str
 ) -> None:
-    """tests/sync_probe.py counts, per step, what makes the training thread wait for a value (Tensor.__bool__, item,
+    """4 sequences x 2 micro-steps per rank is the same 16 sequences per step as the uninterrupted run's 8 x 1: the
+    same training (its losses within fp32's reduction-order tolerance, under FSDP too).
+
+    tests/sync_probe.py counts, per step, what makes the training thread wait for a value (Tensor.__bool__, item,
     tolist, __float__, __int__, numpy, cpu; Work.wait) and the token rows' host-to-device copies. A step with nothing
     to log or save, after one that had none either, waits for nothing of its own: its only read is the previous
     step's stop/non-finite flags, which that step's all-reduce finished while this one ran. Each micro-batch is one
@@ -703,7 +697,8 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(
     cfg = tiny_launch(
         staged_copy,
         "probed",
-        max_steps=12,
+        batch_size=4,
+        max_steps=EXACT["max_steps"],
         log_every=4,
         checkpoint_every=100,
         extra_env={"TRAINER_GRAD_ACCUM_STEPS": "2", "TRAINER_PARALLELISM": parallelism},
@@ -716,8 +711,16 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(
         command, env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    sync_steps = {1, 4, 8, 12}  # the first (timed on its own), logged (log_every 4), and the last
-    quiet = [s for s in range(2, 13) if s not in sync_steps and s - 1 not in sync_steps]
+    accumulated = read_metrics(cfg.run_paths)
+    reference = {r["step"]: r for r in read_metrics(uninterrupted)}
+    assert [r["step"] for r in accumulated] == list(range(4, 41, 4))
+    for mine in accumulated:
+        assert mine["tokens"] == reference[mine["step"]]["tokens"]
+        assert mine["loss"] == pytest.approx(reference[mine["step"]]["loss"], rel=1e-4), mine["step"]
+
+    last = EXACT["max_steps"]
+    sync_steps = {1, *range(4, last + 1, 4)}  # the first (timed on its own) and the logged (log_every 4)
+    quiet = [s for s in range(2, last + 1) if s not in sync_steps and s - 1 not in sync_steps]
     for rank in (0, 1):
         steps: dict[int, list[dict]] = {}
         for event in json.loads((out / f"rank_{rank}.json").read_text()):
@@ -731,9 +734,9 @@ def test_no_host_sync_on_steps_that_log_nothing_and_one_copy_per_micro_batch(
             assert sorted(e["kind"] for e in waits[step]) == ["Work.wait", "tolist"], f"rank {rank} step {step}"
         for step in sync_steps:  # the counters count: a logged step reads its values
             assert any(not e["earlier"] for e in waits[step] + waits.get(step + 1, [])), f"rank {rank} step {step}"
-        for step in range(1, 13):
+        for step in range(1, last + 1):
             copies = [e for e in steps[step] if e["kind"] == "h2d"]
-            assert copies == [{"step": step, "kind": "h2d", "shape": [8, 65], "non_blocking": True}] * 2, copies
+            assert copies == [{"step": step, "kind": "h2d", "shape": [4, 65], "non_blocking": True}] * 2, copies
 
 
 def test_the_bf16_comm_hook_on_a_cpu_is_bad_input_in_one_line(tmp_path: Path) -> None:
