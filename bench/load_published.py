@@ -8,11 +8,11 @@ sides, their order alternating, each in processes of its own:
 
   fsdp      torchrun, 2 ranks, gloo, CPU, started as trainer/train_ddp.py starts from a published model:
             `trainer.parallel.parallelize(..., initial_weights=False)` (built on the meta device, sharded, given
-            storage; no random weights drawn), then `trainer.published.load_weights` (DCP's HuggingFaceStorageReader:
-            each rank reads its own rows). The same steps run first on a tiny model, so code paths, caches and
-            allocator arenas are in the baseline. Memory: peak RSS (ru_maxrss; VmHWM, reset as the load starts) less
-            the peak before `parallelize`, over the model's bytes, and what the load's peak is made of (RssAnon and
-            RssFile, sampled every 10 ms). The rows loaded from the last file are checked against it.
+            storage; no random weights drawn), then `trainer.published_weights.load_weights` (DCP's
+            HuggingFaceStorageReader: each rank reads its own rows). The same steps run first on a tiny model, so code
+            paths, caches and allocator arenas are in the baseline. Memory: peak RSS (ru_maxrss; VmHWM, reset as the
+            load starts) less the peak before `parallelize`, over the model's bytes, and what the load's peak is made of
+            (RssAnon and RssFile, sampled every 10 ms). The rows loaded from the last file are checked against it.
   baseline  one process: `load_file` of every file with its tensors cloned (its default mmap backend makes none of
             them resident), `load_file(backend="pread")`, and `load_file` alone (a mapping, not a load).
 
@@ -135,7 +135,8 @@ def fsdp(model_dir: Path, small_dir: Path, out: Path, cold: bool) -> None:
     from torch.distributed.tensor import DTensor
 
     from trainer.parallel import parallelize
-    from trainer.published import PublishedModel, load_weights
+    from trainer.published import PublishedModel
+    from trainer.published_weights import load_weights
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -322,7 +323,7 @@ def projection(per_rank_rate: float) -> list[str]:
         f"{per_rank_rate / 1e9:.2f} GB/s (cold, CPU, fp32 to fp32); all nodes' bytes / FSx for Lustre "
         f"PERSISTENT_2 of {FSX_GIB:,} GiB at {FSX_MBPS_PER_TIB:,} MB/s per TiB = {fsx / 1e9:.1f} GB/s, "
         f"bench/fsdp.py's assumption). Peak host memory per rank: `parallelize` gives the weights GPU storage "
-        f"(nothing on the host); during the load, the largest piece a rank reads, mapped (trainer/published.py "
+        f"(nothing on the host); during the load, the largest piece a rank reads, mapped (trainer/published_weights.py "
         f"TensorAtATimeReader opens a file per piece: {slice_bf16 / 1e9:.2f} GB, a rank's rows of the 128,256 "
         f"x 4,096 embedding in bf16), plus its fp32 copy ({2 * slice_bf16 / 1e9:.2f} GB: a blocking CPU-to-GPU "
         f"`copy_` that changes dtype converts on the CPU first, ATen/native/cuda/Copy.cu `copy_kernel_cuda`). "

@@ -34,7 +34,8 @@ from torch.distributed.tensor import DTensor
 from tests.allocations import LiveBytes
 from trainer import dcp_io
 from trainer.parallel import parallelize
-from trainer.published import PublishedModel, load_weights
+from trainer.published import PublishedModel
+from trainer.published_weights import load_weights
 
 SHAPE = {
     "num_hidden_layers": 4,

@@ -15,7 +15,8 @@ from components.launch_training.core import launch
 from components.stage_data.core import stage_data
 from tests.helpers import snapshot_dir, tiny_launch, write_corpus
 from trainer.checkpoint import read_checkpoint
-from trainer.data import ORDER, DataError, DataPosition, TokenBatches, TokenSplit, WindowOrder, load_split
+from trainer.data import ORDER, DataPosition, TokenBatches, TokenSplit, WindowOrder, load_split
+from trainer.errors import DataError
 from trainer.layout import META, RunPaths
 
 
@@ -140,10 +141,10 @@ def test_a_multi_shard_dataset_stages_trains_under_torchrun_and_evaluates(tmp_pa
     train = load_split(snapshot, "train")
     assert train.num_windows(64) < (len(train) - 1) // 64  # the shards' tails are dropped, not joined
 
-    launch(tiny_launch(root, "sharded", max_steps=20, checkpoint_every=10, log_every=5))
+    launch(tiny_launch(root, "sharded", max_steps=20, checkpoint_every=10, log_every=5, nproc_per_node=1))
     run = RunPaths.of(root, "sharded")
     checkpoint = read_checkpoint(run.latest_checkpoint)
-    assert checkpoint["step"] == 20 and checkpoint["data"] == {"epoch": 0, "offset": 20 * 8 * 2, "order": ORDER}
+    assert checkpoint["step"] == 20 and checkpoint["data"] == {"epoch": 0, "offset": 20 * 8, "order": ORDER}
     rows = [json.loads(line) for line in run.metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == [5, 10, 15, 20] and rows[-1]["loss"] < rows[0]["loss"]
 

@@ -105,7 +105,8 @@ def test_evaluation_reads_the_weights_and_not_the_optimizer_state(trained_copy: 
     records, is unaffected; a full read of the same checkpoint fails their CRC32."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    from trainer.checkpoint import CheckpointError, read_checkpoint
+    from trainer.checkpoint import read_checkpoint
+    from trainer.errors import CheckpointError
 
     checkpoint = latest_dir(trained_copy)
     before = evaluate_checkpoint(str(trained_copy), "synthetic", "run-1", export=False)
@@ -168,7 +169,8 @@ def test_an_empty_val_split_is_one_clear_error(trained_copy: Path) -> None:
 def test_mean_loss_reads_the_windows_of_each_shard_without_joining_them() -> None:
     import numpy as np
 
-    from trainer.data import DataError, TokenSplit
+    from trainer.data import TokenSplit
+    from trainer.errors import DataError
     from trainer.evaluation import TokenBytes, mean_loss
     from trainer.model import build_model, model_config
 

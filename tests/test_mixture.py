@@ -16,7 +16,8 @@ from components.stage_data.core import stage_data
 from tests.helpers import MIXED_RUN, MIXTURE, tiny_launch, write_corpus
 from tests.test_trainer import assert_same_rows, preempt_at_random_step, read_metrics, start_torchrun
 from trainer.checkpoint import read_checkpoint
-from trainer.data import DataError, DataPosition, TokenSplit
+from trainer.data import DataPosition, TokenSplit
+from trainer.errors import DataError
 from trainer.layout import RunPaths
 from trainer.mixture import DatasetChoice, MixtureBatches, MixturePosition, mixture_plan, parse_weights
 from trainer.preemption import ExitCode

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 
 from tests.helpers import PUBLISHED_VOCAB as VOCAB
 from tests.helpers import save_gpt2, save_gpt2_as_the_hub_serves_it, save_llama, save_llama_without_its_prefix
-from trainer.checkpoint import CheckpointError
+from trainer.errors import CheckpointError
 from trainer.parallel import parallelize
-from trainer.published import PublishedModel, load_weights
+from trainer.published import PublishedModel
+from trainer.published_weights import load_weights
 
 
 def plain_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -437,7 +438,7 @@ def test_the_trainer_refuses_a_snapshot_staged_with_another_tokenizer(tmp_path: 
     """A run that skips staging, on a snapshot of another tokenizer than the model's: the ids would mean other
     tokens than its weights learnt."""
     from tests.tokenizer_kinds import make_tokenizer, save_pretrained
-    from trainer.data import DataError
+    from trainer.errors import DataError
     from trainer.train_ddp import check_published_fits
 
     texts = ["the quiet river runs to the sea."] * 20

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from trainer.checkpoint import CheckpointError, CheckpointManager, newest_checkpoint
+from trainer.checkpoint import CheckpointManager, newest_checkpoint
+from trainer.errors import CheckpointError
 from trainer.schedule import Extension, LRSchedule, ScheduleSettings
 
 BASE = ScheduleSettings(lr=5e-3, warmup_steps=5, max_steps=60, min_lr_ratio=0.1)

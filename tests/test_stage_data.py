@@ -4,6 +4,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -259,3 +261,12 @@ def test_outside_the_include_a_changed_file_is_not_trusted_and_a_deleted_one_goe
     assert (paths.raw / "part-b/doc 04.txt").read_bytes() == stale
     expected = {p.relative_to(source).as_posix(): p.read_bytes() for p in source.rglob("*") if p.is_file()}
     assert mirrored_files(paths) == expected
+
+
+def test_staging_and_the_launcher_start_without_torch() -> None:
+    """The staging step, each task of its fan-out and the launcher read the trainer's metadata, errors and mixture
+    weights, never its tensors: each starts without importing torch (about 2 CPU-s of a process's start)."""
+    modules = ["stage_data.component", "stage_data.core", "stage_data.mixture", "launch_training.core"]
+    probe = f"import sys, {', '.join(f'components.{m}' for m in modules)}; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr

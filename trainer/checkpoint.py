@@ -53,6 +53,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from trainer import dcp_io
 from trainer.atomic import atomic_open, fsync_dir, replace_dir, write_json
+from trainer.errors import CheckpointError
 from trainer.layout import CHECKPOINT_COMMIT, CHECKPOINT_LATEST, CHECKPOINT_STEP_DIR
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,6 @@ RECORDED_SINCE = {
     "its learning-rate schedule (this run's flags set it)": 2,
     "its dataset snapshot (it goes on with --data-dir's)": 2,
 }
-
-
-class CheckpointError(Exception):
-    """No usable checkpoint, or one that does not fit this run."""
 
 
 def step_dir_name(step: int) -> str:

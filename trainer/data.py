@@ -22,19 +22,19 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from trainer.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
 ORDER = "feistel-1"  # the sample order's kind, saved with the data position
 MIXTURE_ORDER = "mixture-1"  # a mixture's (trainer/mixture.py), which a run of one dataset cannot resume
-
-
-class DataError(Exception):
-    """The dataset cannot feed this run (missing, empty, or too small for one global batch)."""
 
 
 def load_meta(tokenized_dir: Path) -> dict[str, Any]:
@@ -247,6 +247,8 @@ class TokenBatches:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's next (inputs, targets), read here and now (the trainer reads ahead: trainer/prefetch.py)."""
+        import torch  # here alone: staging and the launcher read this module's metadata and need no torch (2 s)
+
         self.last_windows = self.take(self.position)
         rows_t = torch.from_numpy(self.tokens.windows(self.last_windows, self.seq_len))
         return rows_t[:, :-1], rows_t[:, 1:]

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trainer.data import DataError, TokenSplit
+from trainer.data import TokenSplit
+from trainer.errors import DataError
 from trainer.loss import summed_loss
 from trainer.snapshot import model_vocab
 

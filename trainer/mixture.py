@@ -22,12 +22,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from trainer.data import MIXTURE_ORDER, DataError, TokenSplit, WindowOrder
+from trainer.data import MIXTURE_ORDER, TokenSplit, WindowOrder
+from trainer.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 WEYL_STEP = 0x9E3779B97F4A7C15  # 2^64 / golden ratio, odd: the Weyl sequence's step
 
@@ -290,6 +293,8 @@ class MixtureBatches:
         return [f"{self.names[k]}/{w}" for k, w in rows.tolist()]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch  # as TokenBatches.next_batch: the launcher checks a mixture's weights here without torch
+
         self.last_windows = self.take(self.position)
         rows = self.read(self.last_windows, np.empty((self.batch_size, self.seq_len + 1), dtype=np.int64))
         rows_t = torch.from_numpy(rows)

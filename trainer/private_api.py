@@ -10,7 +10,7 @@ import torch.distributed as dist
 # FileSystemReader.read_data): trainer/dcp_io.py's VerifyingReader overrides it to check each item's CRC32.
 READER_SLICE_HOOK = "_slice_file"
 # DCP's Hugging Face reader reads each item with this, given the open safetensors file (torch/distributed/checkpoint/
-# hf_storage.py, HuggingFaceStorageReader.read_data): trainer/published.py's TensorAtATimeReader calls it.
+# hf_storage.py, HuggingFaceStorageReader.read_data): trainer/published_weights.py's TensorAtATimeReader calls it.
 HF_READ_ITEM = "_process_read_request"
 
 

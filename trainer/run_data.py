@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.data import DataError, TokenBatches, TokenSplit, load_meta, load_split
+from trainer.data import TokenBatches, TokenSplit, load_meta, load_split
+from trainer.errors import DataError
 from trainer.evaluation import TokenBytes, token_bytes
 from trainer.layout import TOKENIZER
 from trainer.mixture import MixtureBatches, MixtureEntry, resolve_mixture, shares

@@ -21,8 +21,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from trainer.checkpoint import CheckpointError
 from trainer.config import CONTINUE, EXTENSIONS, REWARM
+from trainer.errors import CheckpointError
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import CheckpointError, DataError
 from trainer.layout import META, DatasetPaths, dataset_of_snapshot
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,6 @@ def config_snapshot(config: dict[str, Any]) -> tuple[str, str]:
 
 def given_snapshot(data_dir: Path) -> Path:
     """--data-dir is a snapshot's directory, or a dataset's (then its current snapshot, as staging left it)."""
-    from trainer.data import DataError  # here: `runs` reads config_snapshot and loads no torch (1 s)
-
     if (data_dir / META).is_file():
         return data_dir
     try:
@@ -65,8 +64,6 @@ def given_snapshot(data_dir: Path) -> Path:
 
 def training_snapshot(data_dir: Path, checkpoint: dict[str, Any] | None, policy: str = KEEP) -> Path:
     """The snapshot directory to train on: `data_dir`'s for a new run, else the one the checkpoint was trained on."""
-    from trainer.checkpoint import CheckpointError  # here: staging reads this module and needs no DCP (0.7 s)
-
     data_dir = given_snapshot(data_dir)
     if checkpoint is None:
         return data_dir

@@ -56,7 +56,7 @@ from trainer.checkpoint import (
     unchecked_by_old_checkpoint,
 )
 from trainer.config import CONTINUE, SettingError, TrainConfig, parse_config
-from trainer.data import DataError
+from trainer.errors import DataError
 from trainer.evaluation import merge_rows, validation
 from trainer.health import Divergence, Heartbeat, SpikeWatch, announce_failure, collective_failed
 from trainer.layout import RunPaths
@@ -70,7 +70,8 @@ from trainer.preemption import ExitCode, StopSignal, save_budget_report, save_bu
 from trainer.prefetch import Prefetcher
 from trainer.private_api import default_store, skip_update_if
 from trainer.process_group import join
-from trainer.published import PublishedModel, check_published_fits, load_weights
+from trainer.published import PublishedModel, check_published_fits
+from trainer.published_weights import load_weights
 from trainer.run_data import RunData
 from trainer.schedule import LRSchedule, ScheduleSettings
 from trainer.snapshot import model_vocab, snapshot_record

@@ -12,7 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import CheckpointError, newest_checkpoint, read_weights
+from trainer.checkpoint import newest_checkpoint, read_weights
+from trainer.errors import CheckpointError
 from trainer.layout import RunPaths
 from trainer.model import architecture_differences
 

@@ -21,7 +21,8 @@ from components.evaluate_checkpoint.gate import Gate
 from components.evaluate_checkpoint.history import evaluated_step
 from components.evaluate_checkpoint.inputs import LATEST, UNEVALUATED, check_checkpoints, check_inputs
 from components.evaluate_checkpoint.results import EvalResult
-from trainer.checkpoint import Checkpoint, CheckpointError, checked, committed_checkpoints
+from trainer.checkpoint import Checkpoint, checked, committed_checkpoints
+from trainer.errors import CheckpointError
 from trainer.layout import RunPaths
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ import torch
 
 from common.errors import InputError
 from components.evaluate_checkpoint.inputs import DTYPES
-from trainer.checkpoint import Checkpoint, CheckpointError, read_weights_into
+from trainer.checkpoint import Checkpoint, read_weights_into
+from trainer.errors import CheckpointError
 from trainer.layout import RunPaths
 from trainer.loss import with_output_head
 from trainer.model import build_model
@@ -113,7 +114,8 @@ def starting_model(
     trainer drew from the run's seed (trainer/parallel.py initialize), exactly."""
     origin = config.get("init_from") or {}
     if origin.get("model"):
-        from trainer.published import PublishedModel, load_weights
+        from trainer.published import PublishedModel
+        from trainer.published_weights import load_weights
 
         path = Path(origin["model"])
         if (path / "config.json").is_file():

@@ -23,8 +23,9 @@ from tokenizers import Tokenizer
 
 from common.errors import InputError
 from trainer.atomic import read_json_lines
-from trainer.checkpoint import Checkpoint, CheckpointError, checked, committed_checkpoints
-from trainer.data import DataError, TokenSplit, load_meta, load_split
+from trainer.checkpoint import Checkpoint, checked, committed_checkpoints
+from trainer.data import TokenSplit, load_meta, load_split
+from trainer.errors import CheckpointError, DataError
 from trainer.evaluation import TokenBytes, bits_per_byte, mean_loss, mixture_total
 from trainer.layout import META, DatasetPaths, RunPaths
 from trainer.snapshot import config_snapshot

@@ -28,6 +28,7 @@ from components.stage_data.snapshots import resolve_init_run
 from trainer.config import SETTING, TRAIN_DEFAULTS, as_flags, check_setting, flag_of, run_settings
 from trainer.durable import MirrorError, parse_mirror_uri
 from trainer.layout import META, DatasetPaths, ModelPaths, RunPaths
+from trainer.mixture import entry_weights
 from trainer.tracking import check_tracking_uri
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,6 @@ class LaunchConfig:
 
     def check_mixture(self, check_storage: bool) -> None:
         """Each entry a dataset name and a weight (numbers, none negative, not all 0, no dataset twice), staged."""
-        from trainer.mixture import entry_weights  # torch: imported only for a run with a mixture
-
         try:
             weighed = entry_weights(self.mixture, {"snapshot"})
         except ValueError as exc:

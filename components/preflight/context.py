@@ -102,7 +102,7 @@ def dataset_vocab(data_dir: str) -> tuple[int, bool]:
     """The vocabulary of the snapshot the job trains on, read where the trainer reads it (the preflight step mounts
     the same volume at the same path); (ASSUMED_VOCAB, True) before the dataset is staged."""
     # Here, not at the top: trainer.data imports torch (1.5 s), which importing the preflight should not cost.
-    from trainer.data import DataError
+    from trainer.errors import DataError
 
     if not data_dir:
         return ASSUMED_VOCAB, True

@@ -17,7 +17,7 @@ from typing import Any
 
 from common.errors import InputError
 from components.stage_data.settings import StageSettings, check_source
-from trainer.data import DataError
+from trainer.errors import DataError
 from trainer.layout import META, TOKENIZER, DatasetPaths, check_name
 from trainer.mixture import entry_weights, one_tokenizer
 

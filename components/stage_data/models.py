@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from common.errors import InputError
 from components.stage_data.mirror import mirror, staging_lock
 from components.stage_data.settings import check_source
-from trainer.checkpoint import CheckpointError
+from trainer.errors import CheckpointError
 from trainer.layout import TOKENIZER, ModelPaths
 from trainer.published import PublishedModel
 
